@@ -1,0 +1,173 @@
+"""Step-time math (DESIGN §2): the (t65 - t1)/64 protocol, medians, the batch-size grid,
+interpolation of T(B, k) between measured batch sizes, and the acceptance-dependent correction.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tabletune_pipelines.core.goodput import validate_step_time
+from tabletune_pipelines.errors import EmptyProfileError, InvalidStepTimeError
+
+#: Output tokens of the long request in the timing protocol (max_tokens = 65 → 64 decode steps).
+LONG_MAX_TOKENS = 65
+#: Output tokens of the short request (prefill + first token only).
+SHORT_MAX_TOKENS = 1
+
+
+def step_time_from_pair(t1_s: float, t65_s: float, decode_steps: int = LONG_MAX_TOKENS - SHORT_MAX_TOKENS) -> float:
+    """Milliseconds per decode step from the wall times of a 1-token and a 65-token batch.
+
+    Both batches pay the same prefill, so the difference is pure decode: (t65 - t1) / 64.
+    """
+    if decode_steps <= 0:
+        raise ValueError(f"decode_steps = {decode_steps!r} must be positive")
+    for name, value in (("t1", t1_s), ("t65", t65_s)):
+        if value is None or not math.isfinite(value) or value <= 0:
+            raise InvalidStepTimeError(f"{name} = {value!r} s is not a positive wall time")
+    if t65_s <= t1_s:
+        raise InvalidStepTimeError(
+            f"t65 = {t65_s:.4f} s is not longer than t1 = {t1_s:.4f} s: the long batch cannot be "
+            "faster than the short one; the engine was probably disturbed, re-measure this cell"
+        )
+    return (t65_s - t1_s) * 1000.0 / decode_steps
+
+
+def median_step_time(repetitions_ms: Sequence[float]) -> float:
+    """Median of repeated step-time measurements (DESIGN §2: three repetitions, median)."""
+    reps = [validate_step_time(r) for r in repetitions_ms]
+    if not reps:
+        raise EmptyProfileError("no repetitions were measured for this cell")
+    return float(np.median(reps))
+
+
+def relative_spread(repetitions_ms: Sequence[float]) -> float:
+    """(max - min) / median of the repetitions: the figure reported next to every cell."""
+    reps = np.asarray([validate_step_time(r) for r in repetitions_ms], dtype=float)
+    if reps.size == 0:
+        raise EmptyProfileError("no repetitions were measured for this cell")
+    return float((reps.max() - reps.min()) / np.median(reps))
+
+
+def batch_size_grid(max_num_seqs: int, dense_until: int = 16, stride: int = 8) -> list[int]:
+    """Batch sizes to measure: every B from 1 to ``dense_until``, then every ``stride``, always
+    ending at ``max_num_seqs`` so the table's last range is measured, not extrapolated."""
+    if max_num_seqs < 1:
+        raise ValueError(f"max_num_seqs = {max_num_seqs!r} must be >= 1")
+    if not 4 <= stride <= 8:
+        raise ValueError(f"stride = {stride!r}: the method measures every 4-8 batch sizes past the dense part")
+    grid = list(range(1, min(dense_until, max_num_seqs) + 1))
+    b = dense_until + stride
+    while b < max_num_seqs:
+        grid.append(b)
+        b += stride
+    if grid[-1] != max_num_seqs:
+        grid.append(max_num_seqs)
+    return grid
+
+
+@dataclass(frozen=True)
+class StepTimeSurface:
+    """Measured step times T(B, k) in milliseconds on a grid of batch sizes.
+
+    Pure data: built from a profile's cells, interpolated linearly between measured batch sizes.
+    """
+
+    ks: tuple[int, ...]
+    """Draft lengths measured, ascending (0 = table says 0; the drafter still runs)."""
+    batch_sizes: tuple[int, ...]
+    """Measured batch sizes, ascending, starting at 1."""
+    ms: np.ndarray
+    """Step time in ms, shape (len(ks), len(batch_sizes))."""
+
+    @classmethod
+    def from_cells(cls, cells: Mapping[int, Mapping[int, float]]) -> "StepTimeSurface":
+        """Build from ``{k: {batch_size: ms}}``; every k must be measured at the same batch sizes."""
+        if not cells or not any(cells.values()):
+            raise EmptyProfileError("the step-time profile has no measured cells; run the profiler first")
+        ks = tuple(sorted(int(k) for k in cells))
+        if ks[0] < 0:
+            raise ValueError(f"k = {ks[0]!r} is negative")
+        bs_sets = {k: sorted(int(b) for b in cells[k]) for k in ks}
+        ref = bs_sets[ks[0]]
+        for k in ks:
+            if bs_sets[k] != ref:
+                missing = sorted(set(ref) ^ set(bs_sets[k]))
+                raise EmptyProfileError(
+                    f"profile is incomplete: k = {k} and k = {ks[0]} differ at batch sizes {missing}; "
+                    "re-run the profiler to fill the missing cells"
+                )
+        if ref[0] != 1:
+            raise EmptyProfileError(f"profile starts at batch size {ref[0]}, it must include B = 1")
+        ms = np.empty((len(ks), len(ref)))
+        for i, k in enumerate(ks):
+            for j, b in enumerate(ref):
+                ms[i, j] = validate_step_time(cells[k][b], where=f" at B={b}, k={k}")
+        return cls(ks=ks, batch_sizes=tuple(ref), ms=ms)
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.batch_sizes[-1]
+
+    def dense(self, max_num_seqs: int) -> np.ndarray:
+        """T for every B in 1..max_num_seqs, shape (len(ks), max_num_seqs)."""
+        if max_num_seqs > self.max_batch_size:
+            raise EmptyProfileError(
+                f"profile only reaches batch size {self.max_batch_size} but the table must cover "
+                f"1..{max_num_seqs}; profile up to max_num_seqs"
+            )
+        b = np.arange(1, max_num_seqs + 1, dtype=float)
+        xs = np.asarray(self.batch_sizes, dtype=float)
+        return np.vstack([np.interp(b, xs, row) for row in self.ms])
+
+    def at(self, k: int, batch_size: int) -> float:
+        if k not in self.ks:
+            raise KeyError(f"k = {k} was not profiled (profiled: {list(self.ks)})")
+        xs = np.asarray(self.batch_sizes, dtype=float)
+        return float(np.interp(batch_size, xs, self.ms[self.ks.index(k)]))
+
+
+def accepted_work_correction(
+    reject_ms: StepTimeSurface,
+    accept_cells: Mapping[int, Mapping[int, float]],
+    rates: Sequence[float],
+    max_num_seqs: int,
+) -> np.ndarray:
+    """Predicted T(B, k) including work that grows with accepted tokens (limitation 2).
+
+    ``accept_cells`` holds steps where every draft was accepted, ``{k: {B: ms}}``, at a few batch
+    sizes. The extra cost of accepting all k drafts, T_acc - T_rej, is interpolated over B
+    (held constant outside the measured range) and scaled by the expected fraction of drafts
+    kept, (tau(k) - 1) / k. Returns dense step times shaped like ``reject_ms.dense``.
+    """
+    from tabletune_pipelines.core.goodput import tau_curve
+
+    dense = reject_ms.dense(max_num_seqs).copy()
+    taus = tau_curve(rates)
+    b = np.arange(1, max_num_seqs + 1, dtype=float)
+    for i, k in enumerate(reject_ms.ks):
+        if k == 0 or k not in accept_cells or not accept_cells[k]:
+            continue
+        if k >= len(taus):
+            raise ValueError(f"k = {k} exceeds the {len(taus) - 1} known acceptance rates")
+        pts = sorted((int(bb), validate_step_time(v, where=f" (all-accepted) at B={bb}, k={k}"))
+                     for bb, v in accept_cells[k].items())
+        xs = np.array([p[0] for p in pts], dtype=float)
+        extra = np.array([p[1] - reject_ms.at(k, p[0]) for p in pts])
+        # The extra work cannot be negative in expectation; measurement noise can make it so.
+        extra = np.maximum(extra, 0.0)
+        frac_kept = (taus[k] - 1.0) / k
+        dense[i] += np.interp(b, xs, extra) * frac_kept
+    return dense
+
+
+def ms_by_cell(cells: Iterable[tuple[int, int, float]]) -> dict[int, dict[int, float]]:
+    """Group ``(k, batch_size, ms)`` triples into ``{k: {B: ms}}``."""
+    out: dict[int, dict[int, float]] = {}
+    for k, b, ms in cells:
+        out.setdefault(int(k), {})[int(b)] = float(ms)
+    return out

@@ -1,0 +1,308 @@
+"""Typed data model: what is measured and what is published, each round-tripping through JSON.
+
+Every document carries ``schema`` (its kind) and ``schema_version``; loading a document of
+another kind or a newer version fails with a message that says which. Numpy and stdlib only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
+
+from tabletune_pipelines.core.goodput import validate_acceptance, validate_step_time
+from tabletune_pipelines.core.steptime import StepTimeSurface
+from tabletune_pipelines.core.table import validate_table
+from tabletune_pipelines.errors import EmptyProfileError, SchemaVersionError
+
+SCHEMA_VERSION = 1
+
+T = TypeVar("T", bound="_Document")
+
+
+def _digest(obj: Any, n: int = 12) -> str:
+    blob = json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:n]
+
+
+def _slug(text: str) -> str:
+    tail = text.rstrip("/").split("/")[-1] or text
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", tail)[:40] or "none"
+
+
+class _Document:
+    """JSON round-trip with a schema tag and version."""
+
+    SCHEMA: ClassVar[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        body = dataclasses.asdict(self)  # type: ignore[call-overload]
+        return {"schema": self.SCHEMA, "schema_version": SCHEMA_VERSION, **body}
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, **kwargs)
+
+    @classmethod
+    def _check_header(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+        if not isinstance(data, Mapping):
+            raise SchemaVersionError(f"expected a JSON object for {cls.SCHEMA}, got {type(data).__name__}")
+        body = dict(data)
+        schema = body.pop("schema", None)
+        version = body.pop("schema_version", None)
+        if schema != cls.SCHEMA:
+            raise SchemaVersionError(f"document has schema {schema!r}, expected {cls.SCHEMA!r}")
+        if version != SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"{cls.SCHEMA} document has schema_version {version!r}; this TableTune reads version "
+                f"{SCHEMA_VERSION} (upgrade TableTune or re-export the document)"
+            )
+        return body
+
+    @classmethod
+    def from_json(cls: type[T], text: str) -> T:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SchemaVersionError(f"not valid JSON for {cls.SCHEMA}: {exc}") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls: type[T], data: Mapping[str, Any]) -> T:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class EngineIdentity(_Document):
+    """Everything that changes step times: a profile is valid for exactly one identity."""
+
+    SCHEMA: ClassVar[str] = "tabletune.engine_identity"
+
+    gpu: str
+    """Accelerator name as reported by the engine (``"cpu"`` on the embedded default)."""
+    vllm_version: str
+    """vLLM version string, e.g. ``"0.32.0+cpu"``."""
+    model: str
+    """Target model (hub name or local path)."""
+    drafter: str | None
+    """Draft model (hub name or local path); None for n-gram drafting."""
+    method: str
+    """Speculative method: ``draft_model``, ``ngram``, ``eagle``, ``eagle3``, ..."""
+    max_k: int
+    """Launch ``num_speculative_tokens``: the largest k any table may use."""
+    max_num_seqs: int
+    """Largest batch size the engine schedules; tables cover 1..max_num_seqs."""
+    dtype: str = "bfloat16"
+    """Model dtype."""
+    cudagraph_mode: str = "none"
+    """CUDA-graph mode of the serving path (``"none"`` when eager, e.g. on CPU)."""
+
+    def __post_init__(self) -> None:
+        if self.max_k < 1:
+            raise ValueError(f"max_k = {self.max_k!r} must be >= 1")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs = {self.max_num_seqs!r} must be >= 1")
+        for name in ("gpu", "vllm_version", "model", "method"):
+            if not getattr(self, name):
+                raise ValueError(f"engine identity field {name!r} must not be empty")
+
+    @property
+    def key(self) -> str:
+        """Readable, stable partition key: ``gpu__vllm__model__drafter__method__kK__nN__hash``."""
+        parts = [
+            _slug(self.gpu), "vllm-" + _slug(self.vllm_version), _slug(self.model),
+            _slug(self.drafter or "none"), _slug(self.method), f"k{self.max_k}", f"n{self.max_num_seqs}",
+        ]
+        return "__".join(parts) + "__" + _digest(dataclasses.asdict(self), 8)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "EngineIdentity":
+        return cls(**cls._check_header(data))
+
+
+@dataclass(frozen=True)
+class StepTimeCell:
+    """One measured cell T(B, k): the median of repetitions and their spread."""
+
+    k: int | None
+    """Draft length; None is the no-speculation baseline server."""
+    batch_size: int
+    """Requests in the decode step."""
+    median_ms: float
+    """Median step time over repetitions, milliseconds."""
+    repetitions_ms: tuple[float, ...]
+    """Each repetition's step time, milliseconds."""
+    acceptance: str = "reject"
+    """``"reject"``: every draft rejected (synthetic 0); ``"accept"``: every draft accepted."""
+    launch_k: int | None = None
+    """``num_speculative_tokens`` of the launch the cell was timed under."""
+    timing: str = "engine"
+    """``"engine"`` (intervals between scheduler updates) or ``"wall"`` ((t65 - t1)/64)."""
+
+    def __post_init__(self) -> None:
+        validate_step_time(self.median_ms, where=f" at B={self.batch_size}, k={self.k}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size = {self.batch_size!r} must be >= 1")
+        if self.acceptance not in ("reject", "accept"):
+            raise ValueError(f"acceptance = {self.acceptance!r} must be 'reject' or 'accept'")
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median of the repetitions."""
+        if not self.repetitions_ms:
+            return 0.0
+        return (max(self.repetitions_ms) - min(self.repetitions_ms)) / self.median_ms
+
+
+@dataclass(frozen=True)
+class StepTimeProfile(_Document):
+    """All cells measured for one engine identity."""
+
+    SCHEMA: ClassVar[str] = "tabletune.step_time_profile"
+
+    identity: EngineIdentity
+    """The engine the cells were measured on."""
+    cells: tuple[StepTimeCell, ...]
+    """Measured cells (spec k ≥ 0, the no-spec baseline, all-accepted cells)."""
+    mode: str = "one_launch"
+    """``"one_launch"`` (switch k at runtime) or ``"launch_per_k"``."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("one_launch", "launch_per_k"):
+            raise ValueError(f"mode = {self.mode!r} must be 'one_launch' or 'launch_per_k'")
+
+    def reject_cells(self) -> dict[int, dict[int, float]]:
+        out: dict[int, dict[int, float]] = {}
+        for c in self.cells:
+            if c.k is not None and c.acceptance == "reject":
+                out.setdefault(c.k, {})[c.batch_size] = c.median_ms
+        return out
+
+    def accept_cells(self) -> dict[int, dict[int, float]]:
+        out: dict[int, dict[int, float]] = {}
+        for c in self.cells:
+            if c.k is not None and c.acceptance == "accept":
+                out.setdefault(c.k, {})[c.batch_size] = c.median_ms
+        return out
+
+    def no_spec_ms(self) -> dict[int, float]:
+        return {c.batch_size: c.median_ms for c in self.cells if c.k is None}
+
+    def surface(self) -> StepTimeSurface:
+        """T(B, k) with every draft rejected, for the table search."""
+        cells = self.reject_cells()
+        if not cells:
+            raise EmptyProfileError(f"profile of {self.identity.key} has no speculative cells")
+        return StepTimeSurface.from_cells(cells)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "StepTimeProfile":
+        body = cls._check_header(data)
+        ident = body.pop("identity")
+        ident = EngineIdentity.from_dict(ident if "schema" in ident else
+                                         {"schema": EngineIdentity.SCHEMA, "schema_version": SCHEMA_VERSION, **ident})
+        cells = tuple(StepTimeCell(**{**c, "repetitions_ms": tuple(c["repetitions_ms"])}) for c in body.pop("cells"))
+        return cls(identity=ident, cells=cells, **body)
+
+
+@dataclass(frozen=True)
+class AcceptancePrior(_Document):
+    """Per-position survival a_1..a_K measured on a prompt set. Stores the prompt set's
+    fingerprint and size, never the prompts."""
+
+    SCHEMA: ClassVar[str] = "tabletune.acceptance_prior"
+
+    rates: tuple[float, ...]
+    """a_i = probability that the first i drafts are all accepted."""
+    num_drafts: int
+    """Request-steps that drafted (denominator of a_1)."""
+    drafted_per_pos: tuple[int, ...]
+    """How often position i was drafted."""
+    accepted_per_pos: tuple[int, ...]
+    """How often position i was kept."""
+    prompt_fingerprint: str
+    """sha256 over the sampled prompts (identifies the set, cannot reproduce it)."""
+    prompt_count: int
+    """Number of prompts the measurement ran."""
+    temperature: float = 0.0
+    """Sampling temperature used (same as serving)."""
+    source: str = "measured"
+    """``measured`` (offline run), ``synthetic`` (known rates), or ``live`` (controller counters)."""
+    week: str | None = None
+    """ISO week start date of the logged prompts, for weekly priors."""
+    deployment: str | None = None
+    """Deployment whose logged prompts were measured."""
+
+    def __post_init__(self) -> None:
+        validate_acceptance(self.rates, name="acceptance prior")
+        if len(self.drafted_per_pos) != len(self.rates) or len(self.accepted_per_pos) != len(self.rates):
+            raise ValueError("drafted_per_pos, accepted_per_pos and rates must have the same length")
+        if self.num_drafts < 0 or self.prompt_count < 0:
+            raise ValueError(f"num_drafts = {self.num_drafts!r} and prompt_count = {self.prompt_count!r} must be >= 0")
+
+    @property
+    def max_k(self) -> int:
+        return len(self.rates)
+
+    @property
+    def prior_id(self) -> str:
+        body = self.to_dict()
+        return f"prior-{body.get('week') or 'adhoc'}-{_digest(body, 10)}"
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "AcceptancePrior":
+        body = cls._check_header(data)
+        for name in ("rates", "drafted_per_pos", "accepted_per_pos"):
+            body[name] = tuple(body[name])
+        return cls(**body)
+
+
+@dataclass(frozen=True)
+class DraftLengthTable(_Document):
+    """A tuned ``num_speculative_tokens_per_batch_size`` with its provenance."""
+
+    SCHEMA: ClassVar[str] = "tabletune.draft_length_table"
+
+    ranges: tuple[tuple[int, int, int], ...]
+    """vLLM's inclusive ranges ``[[start, end, k], ...]`` covering 1..max_num_seqs."""
+    max_num_seqs: int
+    """Batch sizes covered."""
+    max_k: int
+    """Launch ``num_speculative_tokens`` the table is meant for."""
+    identity_key: str
+    """Engine identity whose step-time profile produced the table."""
+    prior_id: str
+    """Acceptance prior that produced the table."""
+    acceptance_rates: tuple[float, ...] = ()
+    """The prior's a_i, kept so a controller can start from them."""
+    predicted_worst_loss: float = 0.0
+    """Predicted worst loss over B against the best fixed k at that B."""
+    step_ms: dict[str, dict[str, float]] = field(default_factory=dict)
+    """T(B, k) the table was derived from, ``{k: {B: ms}}`` (string keys for JSON)."""
+
+    def __post_init__(self) -> None:
+        validate_table([list(r) for r in self.ranges], self.max_num_seqs, self.max_k)
+
+    def as_vllm(self) -> list[list[int]]:
+        return [list(r) for r in self.ranges]
+
+    def speculative_config(self, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The ``--speculative-config`` JSON for a deployment without the controller."""
+        cfg = dict(base or {})
+        cfg["num_speculative_tokens"] = self.max_k
+        cfg["num_speculative_tokens_per_batch_size"] = self.as_vllm()
+        return cfg
+
+    @property
+    def table_id(self) -> str:
+        return "table-" + _digest(self.to_dict(), 12)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "DraftLengthTable":
+        body = cls._check_header(data)
+        body["ranges"] = tuple(tuple(int(x) for x in r) for r in body["ranges"])
+        body["acceptance_rates"] = tuple(body.get("acceptance_rates", ()))
+        return cls(**body)

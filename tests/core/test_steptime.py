@@ -1,0 +1,75 @@
+import numpy as np
+import pytest
+
+from tabletune_pipelines.core.steptime import (
+    StepTimeSurface,
+    accepted_work_correction,
+    batch_size_grid,
+    median_step_time,
+    relative_spread,
+    step_time_from_pair,
+)
+from tabletune_pipelines.errors import EmptyProfileError, InvalidStepTimeError
+
+
+def test_step_time_protocol():
+    # 64 decode steps between the 1-token and the 65-token batch.
+    assert step_time_from_pair(0.100, 0.420) == pytest.approx(5.0)
+
+
+def test_step_time_rejects_inverted_pair():
+    with pytest.raises(InvalidStepTimeError, match="not longer than t1"):
+        step_time_from_pair(0.5, 0.4)
+    with pytest.raises(InvalidStepTimeError, match="t1 = 0"):
+        step_time_from_pair(0, 0.4)
+
+
+def test_median_and_spread():
+    assert median_step_time([5.0, 4.0, 6.5]) == 5.0
+    assert relative_spread([5.0, 4.0, 6.5]) == pytest.approx(0.5)
+    with pytest.raises(EmptyProfileError):
+        median_step_time([])
+    with pytest.raises(InvalidStepTimeError):
+        median_step_time([1.0, -2.0])
+
+
+def test_grid_dense_then_strided():
+    assert batch_size_grid(16) == list(range(1, 17))
+    g = batch_size_grid(64, stride=8)
+    assert g[:16] == list(range(1, 17)) and g[16:] == [24, 32, 40, 48, 56, 64]
+    assert batch_size_grid(50, stride=8)[-2:] == [48, 50]
+    assert batch_size_grid(4) == [1, 2, 3, 4]
+    with pytest.raises(ValueError, match="stride = 2"):
+        batch_size_grid(64, stride=2)
+
+
+def test_surface_interpolates_between_measured_batch_sizes():
+    s = StepTimeSurface.from_cells({0: {1: 3.0, 16: 4.5, 32: 6.0}, 1: {1: 4.0, 16: 8.0, 32: 12.0}})
+    dense = s.dense(32)
+    assert dense.shape == (2, 32)
+    assert dense[1, 23] == pytest.approx(8.0 + (24 - 16) / 16 * 4.0)
+    assert s.at(0, 16) == 4.5
+
+
+def test_surface_errors_are_actionable():
+    with pytest.raises(EmptyProfileError, match="no measured cells"):
+        StepTimeSurface.from_cells({})
+    with pytest.raises(EmptyProfileError, match="differ at batch sizes \\[4\\]"):
+        StepTimeSurface.from_cells({0: {1: 3.0, 4: 3.5}, 1: {1: 4.0}})
+    with pytest.raises(EmptyProfileError, match="must include B = 1"):
+        StepTimeSurface.from_cells({0: {2: 3.0}})
+    with pytest.raises(InvalidStepTimeError, match="B=4, k=1"):
+        StepTimeSurface.from_cells({0: {1: 3.0, 4: 3.5}, 1: {1: 4.0, 4: 0.0}})
+    s = StepTimeSurface.from_cells({0: {1: 3.0, 8: 3.5}})
+    with pytest.raises(EmptyProfileError, match="only reaches batch size 8"):
+        s.dense(16)
+
+
+def test_accepted_work_correction_scales_with_kept_fraction():
+    s = StepTimeSurface.from_cells({0: {1: 3.0, 8: 4.0}, 2: {1: 5.0, 8: 7.0}})
+    # Accepting everything at k=2 costs +2 ms at B=1 and +4 ms at B=8.
+    out = accepted_work_correction(s, {2: {1: 7.0, 8: 11.0}}, (0.5, 0.25), 8)
+    frac = (0.5 + 0.25) / 2
+    assert out[1, 0] == pytest.approx(5.0 + 2.0 * frac)
+    assert out[1, 7] == pytest.approx(7.0 + 4.0 * frac)
+    np.testing.assert_allclose(out[0], s.dense(8)[0])  # k = 0 keeps no drafts
