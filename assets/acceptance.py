@@ -1,0 +1,106 @@
+"""``acceptance_prior``: a_1..a_K per deployment, measured weekly on that week's logged prompts."""
+
+
+import dagster as dg
+from dagster_duckdb import DuckDBResource
+
+from assets.common import OWNERS, prior_gate
+from tabletune_pipelines import pipeline_ops
+from tabletune_pipelines.errors import TableTuneError
+from tabletune_pipelines.partitions import weekly_partitions
+from tabletune_pipelines.resources import EngineResource, FleetResource, TuningPolicy, store_from
+
+logged_prompts = dg.AssetSpec(
+    "logged_prompts",
+    group_name="sources",
+    kinds={"jsonl"},
+    owners=OWNERS,
+    description=("Each deployment's logged real prompts, one JSONL file per week: "
+                 "`<logged_prompts>/<Monday YYYY-MM-DD>.jsonl`, one `{\"prompt\": ...}` object per line "
+                 "(fleet file, `logged_prompts`). Written by the serving side, not by this pipeline."),
+)
+
+
+class AcceptanceConfig(dg.Config):
+    """Which deployments to measure (empty = every deployment of the fleet)."""
+
+    deployments: list[str] = []
+
+
+@dg.asset(
+    partitions_def=weekly_partitions,
+    deps=[logged_prompts],
+    kinds={"vllm", "duckdb"},
+    group_name="acceptance",
+    owners=OWNERS,
+    tags={"tabletune/uses_engine": "true"},
+    description=(
+        "Acceptance prior a_i (probability the first i drafts are all accepted) per deployment, measured at "
+        "K = max_k on the week's logged prompts (DESIGN §2). Weekly partitions, weeks start Monday 00:00 UTC. "
+        "Rows: DuckDB `acceptance_priors` (`WHERE week = '<partition>' AND source = 'measured'`)."
+    ),
+    check_specs=[dg.AssetCheckSpec("prior_sane", asset="acceptance_prior", blocking=True,
+                                   description="Rates in [0, 1], non-increasing, one per k up to K, enough drafts.")],
+)
+def acceptance_prior(context: dg.AssetExecutionContext, config: AcceptanceConfig, duckdb: DuckDBResource,
+                     fleet: FleetResource, engine: EngineResource, policy: TuningPolicy):
+    week = context.partition_key
+    the_fleet = fleet.load()
+    deps = [the_fleet.deployment(n) for n in config.deployments] if config.deployments else list(the_fleet.deployments)
+    store = store_from(duckdb)
+    measured, no_prompts, failures, gates = [], [], [], []
+    for dep in deps:
+        prompts = dep.prompts_file(week)
+        n = pipeline_ops.count_prompts(prompts)
+        if n == 0:
+            msg = (f"{dep.name}: no logged prompts for the week of {week} (expected JSONL lines with a \"prompt\" "
+                   f"in {prompts}{'' if prompts.exists() else ', which does not exist'})")
+            context.log.warning(msg)
+            no_prompts.append(msg)
+            continue
+        try:
+            identity = engine.current_identity(dep)
+            context.log.info(f"{dep.name}: measuring acceptance on {n} logged prompts of {week} ({identity.key})")
+            prior = engine.measure_acceptance(identity, dep, prompts, week, context.log)
+        except TableTuneError as exc:
+            context.log.error(f"{dep.name}: acceptance measurement failed: {exc}")
+            failures.append(f"{dep.name}: {exc}")
+            continue
+        store.upsert_identity(identity)
+        store.write_acceptance_prior(prior, identity.key)
+        gate = prior_gate(prior, identity.max_k, policy.min_prior_drafts)
+        gates.append((dep.name, gate))
+        measured.append((dep.name, prior, identity.key))
+    if not measured:
+        problems = no_prompts + failures
+        raise dg.Failure(
+            description=f"no acceptance prior measured for the week of {week}:\n" + "\n".join(problems)
+            + "\nThe previous priors and published tables are unchanged.",
+            metadata={"week": week, "deployments_without_prompts": len(no_prompts), "failures": len(failures)},
+        )
+    if failures:
+        raise dg.Failure(
+            description=(f"acceptance measurement failed for {len(failures)} deployment(s) in the week of {week}:\n"
+                         + "\n".join(failures) + f"\nMeasured and stored: {[m[0] for m in measured]}"),
+            metadata={"week": week, "measured": dg.MetadataValue.json([m[0] for m in measured])},
+        )
+    rows = ["| deployment | prior | a_1..a_K | drafts | prompts |", "|---|---|---|---|---|"]
+    for name, prior, _ in measured:
+        rows.append(f"| {name} | `{prior.prior_id}` | {[round(a, 3) for a in prior.rates]} | {prior.num_drafts} | "
+                    f"{prior.prompt_count} |")
+    bad = [f"{name}: {g.description}" for name, g in gates if not g.passed]
+    check = dg.AssetCheckResult(
+        check_name="prior_sane", passed=not bad,
+        description=("; ".join(bad) if bad else f"{len(gates)} prior(s) sane"),
+        metadata={name: g.description for name, g in gates},
+    )
+    yield dg.MaterializeResult(
+        metadata={
+            "priors": dg.MetadataValue.md("\n".join(rows)),
+            "dagster/row_count": len(measured),
+            "week": week,
+            "identities": dg.MetadataValue.json(sorted({m[2] for m in measured})),
+            "deployments_without_prompts": dg.MetadataValue.json(no_prompts),
+        },
+        check_results=[check],
+    )

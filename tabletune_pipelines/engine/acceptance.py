@@ -1,0 +1,270 @@
+"""Acceptance measurement a_1..a_K on a real engine (DESIGN §2, "Offline tuner, part 2").
+
+Prompt file format (JSONL, UTF-8): one JSON object per line with a non-empty string ``"prompt"``;
+other keys (``id``, ``ts``, ...) are ignored; blank lines are skipped::
+
+    {"prompt": "Summarise the following text: ..."}
+    {"prompt": "def fib(n):", "id": 17}
+
+A measurement samples ``n`` (160) prompts with a fixed seed, runs them at the launch K with the
+production temperature, and reads vLLM's Prometheus counters before and after:
+``vllm:spec_decode_num_drafts_total``, ``vllm:spec_decode_num_draft_tokens_total``,
+``vllm:spec_decode_num_accepted_tokens_total`` and
+``vllm:spec_decode_num_accepted_tokens_per_pos_total{position="i"}`` (0-based). Then
+``a_i = kept_i / drafted_i`` where drafted_i is how often position i was drafted (from
+TableTune's step records when the step scheduler runs, else ``num_drafts`` for every position,
+exact under a fixed K). The result stores the sampled prompts' sha256 fingerprint and count,
+never the prompts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import random
+import re
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from tabletune_pipelines.engine.errors import EngineConfigError, EngineError, PromptFileError
+from tabletune_pipelines.engine.server import ServerConfig, VLLMServer
+from tabletune_pipelines.model import AcceptancePrior
+
+DEFAULT_SAMPLE_SIZE = 160
+DEFAULT_MAX_TOKENS = 64
+
+_METRIC_RE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
+_LABEL_RE = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+# --------------------------------------------------------------------------- prompt files
+def load_prompts(path: str | Path) -> list[str]:
+    """Read a JSONL prompt file; errors name the file and the line."""
+    p = Path(path)
+    if not p.exists():
+        raise PromptFileError(f"prompt file {str(p)!r} does not exist")
+    prompts: list[str] = []
+    with open(p, encoding="utf-8", errors="strict") as fh:
+        try:
+            lines = fh.readlines()
+        except UnicodeDecodeError as exc:
+            raise PromptFileError(f"prompt file {str(p)!r} is not UTF-8 text: {exc}") from None
+    for no, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise PromptFileError(f"{p}:{no}: not valid JSON ({exc.msg}); each line must be "
+                                  '{"prompt": "..."}') from None
+        if not isinstance(obj, dict):
+            raise PromptFileError(f"{p}:{no}: expected a JSON object like {{\"prompt\": \"...\"}}, "
+                                  f"got {type(obj).__name__}")
+        if "prompt" not in obj:
+            raise PromptFileError(f"{p}:{no}: object has no \"prompt\" key (keys: {sorted(obj)})")
+        prompt = obj["prompt"]
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise PromptFileError(f"{p}:{no}: \"prompt\" must be a non-empty string, got {prompt!r:.60}")
+        prompts.append(prompt)
+    if not prompts:
+        raise PromptFileError(f"prompt file {str(p)!r} has no prompts (it is empty or only blank lines)")
+    return prompts
+
+
+def sample_prompts(prompts: Sequence[str], n: int = DEFAULT_SAMPLE_SIZE, seed: int = 0) -> list[str]:
+    """``n`` prompts drawn without replacement with a fixed seed (all of them if fewer)."""
+    if n < 1:
+        raise EngineConfigError(f"sample size n = {n!r} must be >= 1")
+    if len(prompts) <= n:
+        return list(prompts)
+    return random.Random(seed).sample(list(prompts), n)
+
+
+def prompt_fingerprint(prompts: Sequence[str]) -> str:
+    """sha256 over the prompts in order (length-prefixed): identifies the set, cannot rebuild it."""
+    h = hashlib.sha256()
+    for s in prompts:
+        b = s.encode("utf-8")
+        h.update(len(b).to_bytes(8, "little"))
+        h.update(b)
+    return h.hexdigest()
+
+
+def write_default_prompt_file(path: str | Path, n: int = 400, seed: int = 7) -> Path:
+    """The embedded default's prompt set: short texts with repeated phrases, so n-gram drafting
+    finds matches and acceptance is real and non-trivial."""
+    from tabletune_pipelines.engine.tiny_models import generate_corpus
+
+    rng = random.Random(seed)
+    lines = generate_corpus(num_lines=600, seed=seed)
+    out = []
+    for i in range(n):
+        base = rng.choice(lines)
+        words = base.split()
+        phrase = " ".join(words[: rng.randint(3, 8)])
+        reps = rng.randint(2, 5)
+        tail = " ".join(rng.choice(lines).split()[:6])
+        out.append(json.dumps({"prompt": f"{tail}. " + ". ".join([phrase] * reps) + ".", "id": i}))
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(p.suffix + ".tmp")
+    tmp.write_text("\n".join(out) + "\n", encoding="utf-8")
+    tmp.replace(p)
+    return p
+
+
+# --------------------------------------------------------------------------- metrics
+@dataclass(frozen=True)
+class SpecCounters:
+    """vLLM's speculative-decoding counters (summed over engines)."""
+
+    num_drafts: float
+    num_draft_tokens: float
+    num_accepted_tokens: float
+    accepted_per_pos: tuple[float, ...]
+
+    def minus(self, before: "SpecCounters") -> "SpecCounters":
+        n = max(len(self.accepted_per_pos), len(before.accepted_per_pos))
+        a = list(self.accepted_per_pos) + [0.0] * (n - len(self.accepted_per_pos))
+        b = list(before.accepted_per_pos) + [0.0] * (n - len(before.accepted_per_pos))
+        return SpecCounters(self.num_drafts - before.num_drafts, self.num_draft_tokens - before.num_draft_tokens,
+                            self.num_accepted_tokens - before.num_accepted_tokens,
+                            tuple(x - y for x, y in zip(a, b)))
+
+
+def parse_spec_counters(text: str) -> SpecCounters:
+    """Read the spec-decode counters from Prometheus text exposition."""
+    totals = {"vllm:spec_decode_num_drafts_total": 0.0, "vllm:spec_decode_num_draft_tokens_total": 0.0,
+              "vllm:spec_decode_num_accepted_tokens_total": 0.0}
+    per_pos: dict[int, float] = {}
+    seen = False
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _METRIC_RE.match(line)
+        if not m:
+            continue
+        name = m.group("name")
+        try:
+            value = float(m.group("value"))
+        except ValueError:
+            continue
+        if name in totals:
+            totals[name] += value
+            seen = True
+        elif name == "vllm:spec_decode_num_accepted_tokens_per_pos_total":
+            labels = dict(_LABEL_RE.findall(m.group("labels") or ""))
+            pos = int(labels.get("position", "0"))
+            per_pos[pos] = per_pos.get(pos, 0.0) + value
+    if not seen:
+        raise EngineError("the server exposes no vllm:spec_decode_* counters: is speculative decoding on and "
+                          "stats logging enabled (no --disable-log-stats)?")
+    n = max(per_pos) + 1 if per_pos else 0
+    return SpecCounters(totals["vllm:spec_decode_num_drafts_total"], totals["vllm:spec_decode_num_draft_tokens_total"],
+                        totals["vllm:spec_decode_num_accepted_tokens_total"],
+                        tuple(per_pos.get(i, 0.0) for i in range(n)))
+
+
+def _settled_counters(server: VLLMServer, settle: float = 0.3, tries: int = 20) -> SpecCounters:
+    last = parse_spec_counters(server.metrics_text())
+    for _ in range(tries):
+        time.sleep(settle)
+        cur = parse_spec_counters(server.metrics_text())
+        if cur == last:
+            return cur
+        last = cur
+    return last
+
+
+# --------------------------------------------------------------------------- measurement
+def rates_from_counts(accepted_per_pos: Sequence[float], drafted_per_pos: Sequence[float]) -> tuple[float, ...]:
+    """a_i = accepted_i / drafted_i, clipped to [0, 1] and made non-increasing (rounding only)."""
+    rates: list[float] = []
+    for a, d in zip(accepted_per_pos, drafted_per_pos):
+        r = (a / d) if d > 0 else (rates[-1] if rates else 0.0)
+        r = min(max(r, 0.0), 1.0)
+        if rates:
+            r = min(r, rates[-1])
+        rates.append(r)
+    return tuple(rates)
+
+
+def measure_acceptance(
+    server: VLLMServer,
+    prompts: Sequence[str],
+    *,
+    temperature: float = 0.0,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    concurrency: int | None = None,
+    seed: int = 0,
+    source: str | None = None,
+    week: str | None = None,
+    deployment: str | None = None,
+) -> AcceptancePrior:
+    """Run ``prompts`` on a running speculative server and return the per-position acceptance."""
+    cfg = server.config
+    K = int(cfg.num_speculative_tokens or 0)
+    if cfg.method is None or K < 1:
+        raise EngineConfigError("acceptance needs a speculative server (method and num_speculative_tokens)")
+    if not prompts:
+        raise PromptFileError("no prompts to measure acceptance on")
+    before = _settled_counters(server, tries=2)
+    t0 = time.monotonic()
+    workers = concurrency or cfg.max_num_seqs
+
+    def one(i_prompt: tuple[int, str]) -> None:
+        i, p = i_prompt
+        server.complete(p, max_tokens=max_tokens, temperature=temperature,
+                        seed=None if temperature == 0 else seed + i)
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(one, enumerate(prompts)))
+    t1 = time.monotonic()
+    after = _settled_counters(server)
+    delta = after.minus(before)
+    if delta.num_drafts <= 0:
+        raise EngineError(f"no drafts were made for {len(prompts)} prompts (method {cfg.method!r}); "
+                          "acceptance is undefined", server.log_tail(10))
+    accepted = [int(round(x)) for x in (list(delta.accepted_per_pos) + [0.0] * K)[:K]]
+    drafted = [int(round(delta.num_drafts))] * K
+    steps = server.read_steps(since=t0, until=t1 + 1.0)
+    dp = [0] * K
+    for s in steps:
+        for i, v in enumerate(s.get("dp", [])[:K]):
+            dp[i] += int(v)
+    if steps and dp[0] > 0:
+        drafted = dp
+    rates = rates_from_counts(accepted, drafted)
+    if source is None:
+        source = "synthetic" if cfg.synthetic_acceptance_rates is not None else "measured"
+    return AcceptancePrior(
+        rates=rates, num_drafts=int(round(delta.num_drafts)), drafted_per_pos=tuple(drafted),
+        accepted_per_pos=tuple(accepted), prompt_fingerprint=prompt_fingerprint(prompts),
+        prompt_count=len(prompts), temperature=float(temperature), source=source, week=week, deployment=deployment)
+
+
+def measure_acceptance_from_file(
+    config: ServerConfig,
+    prompt_file: str | Path,
+    *,
+    n: int = DEFAULT_SAMPLE_SIZE,
+    seed: int = 0,
+    temperature: float = 0.0,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    server: VLLMServer | None = None,
+    **kwargs: object,
+) -> AcceptancePrior:
+    """Load + sample the prompt file, then measure at the config's K (launching a server unless
+    ``server`` is given). The launch uses a fixed K (no table) so every draft covers all K positions."""
+    prompts = sample_prompts(load_prompts(prompt_file), n=n, seed=seed)
+    if server is not None:
+        return measure_acceptance(server, prompts, temperature=temperature, max_tokens=max_tokens, seed=seed,
+                                  **kwargs)  # type: ignore[arg-type]
+    cfg = dataclasses.replace(config, table=None)
+    with VLLMServer(cfg) as srv:
+        return measure_acceptance(srv, prompts, temperature=temperature, max_tokens=max_tokens, seed=seed,
+                                  **kwargs)  # type: ignore[arg-type]

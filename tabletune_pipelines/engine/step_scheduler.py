@@ -1,0 +1,306 @@
+"""Engine-side step timing and runtime k switching: a vLLM scheduler subclass (DESIGN §3–§4).
+
+Passed to vLLM with ``--scheduler-cls tabletune_pipelines.engine.step_scheduler.TimingScheduler``
+(``TimingAsyncScheduler`` when the engine runs async scheduling, e.g. on GPU). It runs inside the
+engine core process and imports only vLLM and the stdlib.
+
+Per step (each ``update_from_output`` call) it appends one JSON line to the file named by
+``TABLETUNE_STEP_LOG`` (if set)::
+
+    {"t": 12345.678,   # time.monotonic() at the end of update_from_output (CLOCK_MONOTONIC,
+                       #  comparable with the client's time.monotonic() on the same machine)
+     "dt": 4.41,       # ms since the previous update_from_output (the step's wall interval)
+     "b": 8,           # requests in the step (len(num_scheduled_tokens))
+     "k": 3,           # num_spec_tokens_to_schedule (drafts asked of the drafter this step)
+     "d": 24,          # draft tokens verified in this step (sum over requests)
+     "a": 0,           # draft tokens kept in this step (sum over requests)
+     "new": 0,         # requests newly admitted (first scheduled) in this step
+     "tok": 32,        # total scheduled tokens
+     "c": 2,           # sequence number of the control command in force
+     "dp": [8, 8, 8],  # per draft position: requests that drafted it (only when drafts were verified)
+     "ap": [0, 0, 0]}  # per draft position: requests that kept it
+
+Admission gate: ``{"seq": n, "gate": 8}`` holds the next 8 arriving requests and hands them to
+the scheduler together (one-shot, expires after ``gate_timeout`` s, checked on arrival), so a
+timed batch of B requests is admitted in one step.
+
+Runtime k switching: if ``TABLETUNE_K_CONTROL`` names a file, each step does one ``os.stat`` of
+it; when its (mtime, size) changes, it reads ``{"seq": n, "k": 2}`` (every batch size uses k) or
+``{"seq": n, "table": [[1, 8, 3], [9, 16, 1]]}`` and rewrites ``dynamic_sd_lookup`` (taking effect
+on the next step; k is capped at the launch ``num_speculative_tokens``). It acknowledges by
+writing ``{"ack": n, ...}`` to ``<control file>.ack``. The launch must set a table
+(``num_speculative_tokens_per_batch_size``) for switching to be possible.
+
+Nothing here may crash the engine: every hook catches its own errors, logs them once, and
+carries on without the feature.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any
+
+try:  # Imported inside vLLM's engine core; the module stays importable without vLLM for docs/tests.
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+except Exception:  # pragma: no cover - vLLM absent
+    Scheduler = object  # type: ignore[assignment,misc]
+    AsyncScheduler = object  # type: ignore[assignment,misc]
+
+logger = logging.getLogger("tabletune.step_scheduler")
+
+STEP_LOG_ENV = "TABLETUNE_STEP_LOG"
+K_CONTROL_ENV = "TABLETUNE_K_CONTROL"
+
+
+def build_lookup(table: list[list[int]], max_num_seqs: int, max_k: int) -> list[int]:
+    """vLLM's dense lookup (index = batch size, index 0 unused) for ``table``."""
+    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+    return build_dynamic_sd_schedule_lookup(table, vllm_max_batch_size=max_num_seqs,
+                                            vllm_num_speculative_tokens=max_k)
+
+
+class _TimingMixin:
+    """Step recording + k control; mixed into vLLM's Scheduler / AsyncScheduler."""
+
+    # Class-level defaults keep every hook safe even if _tt_init failed.
+    _tt_errors: set[str] = set()
+    _tt_last_t: float | None = None
+    _tt_log: Any = None
+    _tt_ctl_path: str | None = None
+    _tt_ctl_sig: tuple[int, int, int] | None = None
+    _tt_ctl_seq = 0
+    _tt_gate: tuple[int, float] | None = None
+    _tt_held: list[Any] = []
+
+    def _tt_init(self) -> None:
+        self._tt_errors = set()
+        self._tt_last_t = None
+        self._tt_log = None
+        self._tt_ctl_path = os.environ.get(K_CONTROL_ENV) or None
+        self._tt_ctl_sig = None
+        self._tt_ctl_seq = 0
+        self._tt_gate = None
+        self._tt_held = []
+        path = os.environ.get(STEP_LOG_ENV)
+        if path:
+            try:
+                self._tt_log = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the engine
+            except OSError as exc:
+                self._tt_fail("open step log", exc)
+        logger.info("TableTune step scheduler: step log %s, k control %s", path, self._tt_ctl_path)
+
+    def _tt_fail(self, what: str, exc: BaseException) -> None:
+        if what not in self._tt_errors:
+            self._tt_errors.add(what)
+            logger.warning("TableTune step scheduler: %s failed (%r); continuing without it", what, exc)
+
+    def _tt_poll_control(self) -> None:
+        path = self._tt_ctl_path
+        if not path:
+            return
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return
+        sig = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if sig == self._tt_ctl_sig:
+            return
+        self._tt_ctl_sig = sig
+        with open(path) as fh:
+            cmd = json.load(fh)
+        max_k = int(self.num_spec_tokens)
+        max_seqs = int(self.scheduler_config.max_num_seqs)
+        ack: dict[str, Any] = {"ack": cmd.get("seq")}
+        table = cmd.get("table")
+        if table is None and cmd.get("k") is not None:
+            table = [[1, max_seqs, int(cmd["k"])]]
+        if table is not None:
+            ack["table"] = table
+            if self.dynamic_sd_lookup is None:
+                ack["error"] = "launch has no num_speculative_tokens_per_batch_size; k cannot be switched"
+            elif max_k <= 0:
+                ack["error"] = "launch has no speculation"
+            else:
+                self.dynamic_sd_lookup = build_lookup(table, max_seqs, max_k)
+        if cmd.get("gate"):
+            self._tt_gate = (int(cmd["gate"]), time.monotonic() + float(cmd.get("gate_timeout", 10.0)))
+            ack["gate"] = int(cmd["gate"])
+        self._tt_ctl_seq = int(cmd.get("seq") or 0)
+        tmp = path + ".ack.tmp"
+        with open(tmp, "w") as fh:
+            json.dump(ack, fh)
+        os.replace(tmp, path + ".ack")
+
+    def _tt_record(self, scheduler_output: Any, model_runner_output: Any) -> None:
+        now = time.monotonic()
+        last, self._tt_last_t = self._tt_last_t, now
+        if self._tt_log is None:
+            return
+        nst = scheduler_output.num_scheduled_tokens
+        b = len(nst)
+        if b == 0:
+            return
+        spec = scheduler_output.scheduled_spec_decode_tokens or {}
+        drafted = kept = 0
+        dpos: list[int] = []
+        apos: list[int] = []
+        if spec:
+            idx = model_runner_output.req_id_to_index
+            sampled = model_runner_output.sampled_token_ids
+            for rid, toks in spec.items():
+                n = len(toks)
+                if n == 0:
+                    continue
+                drafted += n
+                m = 0
+                i = idx.get(rid)
+                if i is not None and i < len(sampled):
+                    m = max(0, min(n, len(sampled[i]) - 1))
+                kept += m
+                if len(dpos) < n:
+                    dpos.extend([0] * (n - len(dpos)))
+                    apos.extend([0] * (n - len(apos)))
+                for j in range(n):
+                    dpos[j] += 1
+                for j in range(m):
+                    apos[j] += 1
+        rec = {
+            "t": round(now, 6),
+            "dt": None if last is None else round((now - last) * 1000.0, 4),
+            "b": b,
+            "k": getattr(scheduler_output, "num_spec_tokens_to_schedule", None),
+            "d": drafted,
+            "a": kept,
+            "new": len(scheduler_output.scheduled_new_reqs),
+            "tok": scheduler_output.total_num_scheduled_tokens,
+            "c": self._tt_ctl_seq,
+        }
+        if dpos:
+            rec["dp"] = dpos
+            rec["ap"] = apos
+        self._tt_log.write(json.dumps(rec, separators=(",", ":")) + "\n")
+
+    def _tt_update(self, scheduler_output: Any, model_runner_output: Any) -> None:
+        try:
+            self._tt_record(scheduler_output, model_runner_output)
+        except Exception as exc:  # noqa: BLE001 - never crash the engine
+            self._tt_fail("step record", exc)
+        try:
+            self._tt_poll_control()
+        except Exception as exc:  # noqa: BLE001
+            # A malformed command is acknowledged with the error; the next change is tried again.
+            self._tt_fail("k control", exc)
+            try:
+                path = self._tt_ctl_path
+                with open(path + ".ack.tmp", "w") as fh:
+                    json.dump({"ack": None, "error": repr(exc)}, fh)
+                os.replace(path + ".ack.tmp", path + ".ack")
+            except Exception:  # noqa: BLE001
+                pass
+
+
+    def _tt_admit(self, request: Any) -> list[Any] | None:
+        """Admission gate: None = add the request now; a list = add these now (may be empty = hold).
+
+        The profiler arms the gate with ``{"gate": B}`` just before sending B requests, so all B
+        reach the waiting queue at once and are scheduled in one step (on 2 cores the API server
+        otherwise hands them over across several steps). One-shot; expires after its timeout
+        (checked when the next request arrives).
+        """
+        try:
+            self._tt_poll_control()
+        except Exception as exc:  # noqa: BLE001
+            self._tt_fail("k control", exc)
+        gate = self._tt_gate
+        if gate is None:
+            return None
+        self._tt_held.append(request)
+        n, deadline = gate
+        if len(self._tt_held) >= n or time.monotonic() > deadline:
+            held, self._tt_held, self._tt_gate = self._tt_held, [], None
+            return held
+        return []
+
+    def _tt_add_request(self, request: Any, add: Any) -> None:
+        try:
+            batch = self._tt_admit(request)
+        except Exception as exc:  # noqa: BLE001 - never lose a request
+            self._tt_fail("admission gate", exc)
+            held, self._tt_held, self._tt_gate = getattr(self, "_tt_held", []), [], None
+            batch = [r for r in held if r is not request] + [request]
+        if batch is None:
+            add(request)
+            return
+        for r in batch:
+            add(r)
+
+    def _tt_drop_held(self, request_ids: Any) -> None:
+        if not getattr(self, "_tt_held", None):
+            return
+        if request_ids is None:
+            self._tt_held = []
+            self._tt_gate = None
+            return
+        ids = {request_ids} if isinstance(request_ids, str) else set(request_ids)
+        self._tt_held = [r for r in self._tt_held if r.request_id not in ids]
+
+
+class TimingScheduler(_TimingMixin, Scheduler):  # type: ignore[misc,valid-type]
+    """vLLM ``Scheduler`` + TableTune step log + runtime k switching (sync scheduling, e.g. CPU)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        try:
+            self._tt_init()
+        except Exception as exc:  # noqa: BLE001
+            self._tt_log = None
+            self._tt_ctl_path = None
+            logger.warning("TableTune step scheduler disabled: %r", exc)
+
+    def update_from_output(self, scheduler_output, model_runner_output):  # type: ignore[no-untyped-def]
+        out = super().update_from_output(scheduler_output, model_runner_output)
+        self._tt_update(scheduler_output, model_runner_output)
+        return out
+
+    def add_request(self, request):  # type: ignore[no-untyped-def]
+        self._tt_add_request(request, super().add_request)
+
+    def finish_requests(self, request_ids, finished_status):  # type: ignore[no-untyped-def]
+        try:
+            self._tt_drop_held(request_ids)
+        except Exception as exc:  # noqa: BLE001
+            self._tt_fail("drop held", exc)
+        return super().finish_requests(request_ids, finished_status)
+
+
+class TimingAsyncScheduler(_TimingMixin, AsyncScheduler):  # type: ignore[misc,valid-type]
+    """Same as ``TimingScheduler`` on vLLM's ``AsyncScheduler`` (async scheduling, e.g. GPU)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        try:
+            self._tt_init()
+        except Exception as exc:  # noqa: BLE001
+            self._tt_log = None
+            self._tt_ctl_path = None
+            logger.warning("TableTune step scheduler disabled: %r", exc)
+
+    def update_from_output(self, scheduler_output, model_runner_output):  # type: ignore[no-untyped-def]
+        out = super().update_from_output(scheduler_output, model_runner_output)
+        self._tt_update(scheduler_output, model_runner_output)
+        return out
+
+    def add_request(self, request):  # type: ignore[no-untyped-def]
+        self._tt_add_request(request, super().add_request)
+
+    def finish_requests(self, request_ids, finished_status):  # type: ignore[no-untyped-def]
+        try:
+            self._tt_drop_held(request_ids)
+        except Exception as exc:  # noqa: BLE001
+            self._tt_fail("drop held", exc)
+        return super().finish_requests(request_ids, finished_status)

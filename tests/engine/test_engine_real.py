@@ -1,0 +1,208 @@
+"""Real vLLM (CPU build) end-to-end tests: one shared server for the session where possible.
+
+Tolerances (stated): a profile cell's repetitions "agree" when at least 2 of 3 lie within 20%
+of the cell's median (the median is then backed by a majority; a single disturbed repetition on
+a shared 2-core machine is allowed), and the median relative spread over all cells is <= 25%.
+Synthetic acceptance (0.7, 0.5, 0.3) on 160 prompts is recovered within ±0.05 per position.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+
+import pytest
+
+from tabletune_pipelines.engine.acceptance import (
+    load_prompts,
+    measure_acceptance,
+    measure_acceptance_from_file,
+    prompt_fingerprint,
+    sample_prompts,
+)
+from tabletune_pipelines.engine.errors import EngineError, EngineStartupTimeout
+from tabletune_pipelines.engine.profiler import (
+    default_plan,
+    engine_identity,
+    profile_step_times,
+    store_hooks,
+)
+from tabletune_pipelines.engine.server import ServerConfig, VLLMServer, _group_alive
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
+
+
+def test_synthetic_acceptance_recovered(shared_server, prompt_file):
+    prompts = sample_prompts(load_prompts(prompt_file), 160, seed=0)
+    prior = measure_acceptance(shared_server, prompts, max_tokens=32)
+    assert prior.prompt_count == 160
+    assert prior.prompt_fingerprint == prompt_fingerprint(prompts)
+    assert prior.source == "synthetic"
+    for got, want in zip(prior.rates, (0.7, 0.5, 0.3)):
+        assert abs(got - want) <= 0.05, prior.rates
+    assert prior.num_drafts > 1000
+    # Never the prompts themselves.
+    assert prompts[0] not in prior.to_json()
+
+
+def test_all_zero_rates_reject_everything_and_ones_accept_all(shared_server, prompt_file):
+    prompts = sample_prompts(load_prompts(prompt_file), 16, seed=1)
+    try:
+        shared_server.set_synthetic_rates([0.0, 0.0, 0.0])
+        zero = measure_acceptance(shared_server, prompts, max_tokens=16)
+        assert zero.rates == (0.0, 0.0, 0.0) and zero.num_drafts > 0
+        shared_server.set_synthetic_rates([1.0, 1.0, 1.0])
+        one = measure_acceptance(shared_server, prompts, max_tokens=16)
+        assert one.rates == (1.0, 1.0, 1.0)
+    finally:
+        shared_server.set_synthetic_rates([0.7, 0.5, 0.3])
+
+
+def test_profile_one_launch_real(shared_server, shared_config, tmp_path):
+    from tabletune_pipelines.store import TableTuneStore
+
+    store = TableTuneStore(tmp_path / "tt.duckdb")
+    identity = engine_identity(shared_config)
+    existing, on_cell = store_hooks(store, identity, "one_launch")
+    assert existing == []
+    plan = default_plan(shared_config, batch_sizes=[1, 4, 8], ks=[0, 1, 3], accept_batch_sizes=[8])
+    lines: list[str] = []
+    t0 = time.monotonic()
+    prof = profile_step_times(shared_config, plan=plan, server=shared_server, existing=existing, on_cell=on_cell,
+                              identity=identity, progress=lines.append)
+    elapsed = time.monotonic() - t0
+    print("\n".join(lines))
+    print(f"profile took {elapsed:.0f} s")
+    assert any("ETA" in line for line in lines)
+    reject = prof.reject_cells()
+    nospec = prof.no_spec_ms()
+    assert set(reject) == {0, 1, 3} and all(set(v) == {1, 4, 8} for v in reject.values())
+    assert set(nospec) == {1, 4, 8}
+    assert set(prof.accept_cells()) == {1, 3}
+    spreads = []
+    for c in prof.cells:
+        assert c.median_ms > 0 and len(c.repetitions_ms) == 3
+        near = sum(1 for r in c.repetitions_ms if abs(r - c.median_ms) <= 0.20 * c.median_ms)
+        assert near >= 2, c
+        spreads.append(c.spread)
+        assert c.timing == "engine", c
+    assert statistics.median(spreads) <= 0.25, spreads
+    # Step time grows with k at the largest batch size, and k = 0 is not free (limitation 3).
+    assert reject[0][8] < reject[1][8] < reject[3][8], reject
+    assert nospec[8] < reject[0][8] * 1.05
+    # Everything went to the store as it was measured.
+    stored = store.profile_cells(identity.key, "one_launch")
+    assert len(stored) == len(prof.cells)
+    assert prof.surface().ks == (0, 1, 3)
+    # The shared server was left as found: K = 3 and the original synthetic rates.
+    prior = measure_acceptance(shared_server, sample_prompts(load_prompts_default(), 40, seed=3), max_tokens=16)
+    assert prior.rates[0] > 0.5
+
+
+def load_prompts_default():
+    return [f"the cat sat on the mat {i} " * 3 for i in range(60)]
+
+
+def test_kill_mid_profile_then_resume(shared_server, shared_config, tmp_path):
+    """A server killed mid-profile raises EngineError; a rerun keeps the stored cells and measures
+    only the missing ones (here on the shared server, same identity)."""
+    from tabletune_pipelines.store import TableTuneStore
+
+    store = TableTuneStore(tmp_path / "resume.duckdb")
+    identity = engine_identity(shared_config)
+    plan = default_plan(shared_config, batch_sizes=[1, 2], ks=[0, 1], repetitions=1, include_no_spec=False,
+                        accept_batch_sizes=[])
+    launched: list[VLLMServer] = []
+
+    def factory(cfg: ServerConfig) -> VLLMServer:
+        srv = VLLMServer(cfg)
+        launched.append(srv)
+        return srv
+
+    existing, write = store_hooks(store, identity, "one_launch")
+
+    def on_cell(cell):
+        write(cell)
+        if len(store.profile_cells(identity.key, "one_launch")) == 2:
+            launched[0].kill()  # the engine dies after the B = 1 cells
+
+    with pytest.raises(EngineError):
+        profile_step_times(shared_config, plan=plan, existing=existing, on_cell=on_cell, identity=identity,
+                           server_factory=factory, progress=lambda m: None)
+    pgid = launched[0].proc.pid if launched[0].proc else None
+    assert not launched[0].is_alive()
+    if pgid:
+        assert not _group_alive(pgid)
+    kept = store.profile_cells(identity.key, "one_launch")
+    assert sorted((c.k, c.batch_size) for c in kept) == [(0, 1), (1, 1)]
+
+    measured: list = []
+    existing, write = store_hooks(store, identity, "one_launch")
+
+    def on_cell2(cell):
+        measured.append(cell)
+        write(cell)
+
+    prof = profile_step_times(shared_config, plan=plan, existing=existing, on_cell=on_cell2, identity=identity,
+                              server=shared_server, progress=lambda m: None)
+    assert sorted((c.k, c.batch_size) for c in measured) == [(0, 2), (1, 2)]
+    assert len(prof.cells) == 4
+    before = {(c.k, c.batch_size): c.median_ms for c in kept}
+    after = {(c.k, c.batch_size): c.median_ms for c in store.profile_cells(identity.key, "one_launch")}
+    for key, v in before.items():
+        assert after[key] == v
+
+
+def test_ngram_acceptance_is_real_and_nontrivial(tiny_models, prompt_file, tmp_path):
+    cfg = ServerConfig(model=str(tiny_models.target_dir), method="ngram", num_speculative_tokens=3,
+                       speculative_extra={"prompt_lookup_max": 4, "prompt_lookup_min": 2}, max_num_seqs=8,
+                       work_dir=str(tmp_path))
+    prior = measure_acceptance_from_file(cfg, prompt_file, n=160, seed=0, max_tokens=48)
+    print("n-gram acceptance", prior.rates, prior.num_drafts, prior.drafted_per_pos, prior.accepted_per_pos)
+    assert prior.source == "measured" and prior.prompt_count == 160
+    assert 0.0 < prior.rates[0] < 1.0
+    assert prior.rates[0] >= prior.rates[1] >= prior.rates[2]
+    assert prior.num_drafts > 100
+
+
+def test_never_healthy_times_out_with_log_tail(tiny_models, tmp_path):
+    cfg = ServerConfig(model=str(tiny_models.target_dir), startup_timeout=4.0, work_dir=str(tmp_path))
+    srv = VLLMServer(cfg)
+    t0 = time.monotonic()
+    with pytest.raises(EngineStartupTimeout) as err:
+        srv.start()
+    assert time.monotonic() - t0 < 60
+    msg = str(err.value)
+    assert "startup_timeout = 4.0" in msg and "last lines of the server log" in msg
+    assert "$ " in msg or "vllm" in msg.lower()
+    assert srv.proc is None  # stopped and reaped
+    assert not any(
+        _cmdline_has(pid, str(srv.log_path)) for pid in os.listdir("/proc") if pid.isdigit()
+    )
+
+
+def _cmdline_has(pid: str, text: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return text.encode() in fh.read()
+    except OSError:
+        return False
+
+
+def test_server_crash_during_startup_quotes_log(tiny_models, tmp_path):
+    # A model folder whose config names an architecture vLLM does not know: the server exits.
+    bad = tmp_path / "bad-model"
+    bad.mkdir()
+    for name in os.listdir(tiny_models.target_dir):
+        (bad / name).write_bytes((tiny_models.target_dir / name).read_bytes())
+    cfg_path = bad / "config.json"
+    data = json.loads(cfg_path.read_text())
+    data["architectures"] = ["NoSuchModelForCausalLM"]
+    data["model_type"] = "no_such_model_type"
+    cfg_path.write_text(json.dumps(data))
+    with pytest.raises(EngineError) as err:
+        VLLMServer(ServerConfig(model=str(bad), startup_timeout=120, work_dir=str(tmp_path))).start()
+    assert "exited with code" in str(err.value)
+    assert "last lines of the server log" in str(err.value)
