@@ -19,7 +19,11 @@ from pathlib import Path
 
 
 def _ints(text: str | None) -> list[int] | None:
-    return None if not text else [int(x) for x in text.split(",") if x.strip()]
+    if text is None:
+        return None
+    if text.strip().lower() in ("", "none"):
+        return []
+    return [int(x) for x in text.split(",") if x.strip()]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-sizes", default=None, help="default: batch_size_grid(max_num_seqs)")
     ap.add_argument("--max-num-seqs", type=int, default=16)
     ap.add_argument("--repetitions", type=int, default=3)
-    ap.add_argument("--accept-batch-sizes", default=None)
+    ap.add_argument("--accept-batch-sizes", default=None, help="'none' to skip the all-accepted cells")
     ap.add_argument("--mode", default="one_launch", choices=["one_launch", "launch_per_k"])
     ap.add_argument("--no-nospec", action="store_true")
     ap.add_argument("--no-acceptance", action="store_true")

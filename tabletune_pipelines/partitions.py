@@ -15,7 +15,7 @@ from datetime import datetime, timedelta, timezone
 import dagster as dg
 
 ENGINE_IDENTITY_PARTITIONS_NAME = "engine_identity"
-WEEKLY_START = "2026-01-05"  # a Monday
+WEEKLY_START = "2024-01-01"  # a Monday
 
 engine_identity_partitions = dg.DynamicPartitionsDefinition(name=ENGINE_IDENTITY_PARTITIONS_NAME)
 weekly_partitions = dg.WeeklyPartitionsDefinition(start_date=WEEKLY_START, day_offset=1, timezone="UTC")

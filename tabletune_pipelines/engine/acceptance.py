@@ -213,6 +213,7 @@ def measure_acceptance(
     if not prompts:
         raise PromptFileError("no prompts to measure acceptance on")
     before = _settled_counters(server, tries=2)
+    offset = server.step_log_offset()
     t0 = time.monotonic()
     workers = concurrency or cfg.max_num_seqs
 
@@ -231,7 +232,7 @@ def measure_acceptance(
                           "acceptance is undefined", server.log_tail(10))
     accepted = [int(round(x)) for x in (list(delta.accepted_per_pos) + [0.0] * K)[:K]]
     drafted = [int(round(delta.num_drafts))] * K
-    steps = server.read_steps(since=t0, until=t1 + 1.0)
+    steps = server.read_steps(since=t0, until=t1 + 1.0, offset=offset)
     dp = [0] * K
     for s in steps:
         for i, v in enumerate(s.get("dp", [])[:K]):

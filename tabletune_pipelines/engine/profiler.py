@@ -141,7 +141,8 @@ def _prompts(batch_size: int, prompt_tokens: int, vocab_size: int, seed: int) ->
 
 
 def _run_batch(server: VLLMServer, prompts: list[list[int]], max_tokens: int, timeout: float) -> tuple[float, float, float]:
-    """Send the B prompts as one request; returns (wall seconds, t_start, t_end) in time.monotonic()."""
+    """Send the B prompts as one request (after arming the engine's admission gate so all B are
+    scheduled in one step); returns (wall seconds, t_start, t_end) in time.monotonic()."""
     server.arm_gate(len(prompts))
     t0 = time.monotonic()
     out = server.complete(prompts, max_tokens=max_tokens, ignore_eos=True, temperature=0.0, timeout=timeout)
@@ -195,8 +196,9 @@ def measure_cell_once(
         prompts = _prompts(batch_size, prompt_tokens, vocab_size, seed * 1000 + attempt)
         t1, _, _ = _run_batch(server, prompts, SHORT_MAX_TOKENS, request_timeout)
         prompts = _prompts(batch_size, prompt_tokens, vocab_size, seed * 1000 + 500 + attempt)
+        offset = server.step_log_offset()
         t65, a, b = _run_batch(server, prompts, LONG_MAX_TOKENS, request_timeout)
-        steps = server.read_steps(since=a, until=b + 0.5)
+        steps = server.read_steps(since=a, until=b + 0.5, offset=offset)
         intervals, together = analyse_steps(steps, batch_size, None if k is None else k)
         min_steps = min(MIN_ENGINE_STEPS, max(2, decode_steps // 2))
         engine_ms = statistics.median(intervals) if len(intervals) >= min_steps else None

