@@ -112,9 +112,11 @@ def _latest_profiled_identity(store, dep) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from tabletune_pipelines.main_job import run_main_job
+    from tabletune_pipelines.embedded import main as run_embedded
 
-    return run_main_job(fleet=args.fleet, deployment=args.deployment)
+    if args.fleet:
+        os.environ["TABLETUNE_FLEET"] = args.fleet
+    return run_embedded((["--quick"] if args.quick else []) + (["--week", args.week] if args.week else []))
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -157,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_table)
 
     p = sub.add_parser("run", help="run the whole Dagster pipeline on the fleet (the README's main command)")
+    p.add_argument("--quick", action="store_true", help="small profile plan (3 batch sizes, 2 repetitions)")
+    p.add_argument("--week", help="week of logged prompts (Monday, YYYY-MM-DD); default the last complete week")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("show", help="print the deployment's published table")

@@ -24,6 +24,8 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+#: Dagster's console logger at INFO (its DEBUG event stream is in the UI).
+LOGGERS = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 QUICK_PROFILE = {"batch_sizes": [1, 4, 16], "repetitions": 2, "accept_batch_sizes": []}
 REPO = Path(__file__).resolve().parents[1]
 
@@ -85,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[tabletune] measuring acceptance for the week of {week} ...", flush=True)
         weekly = dg.materialize(ALL_ASSETS, selection=["acceptance_prior", "live_acceptance_counters"],
                                 resources=resources, instance=instance, partition_key=week, raise_on_error=False,
-                                tags={"tabletune/engine": next(iter(fleet.groups()))})
+                                tags={"tabletune/engine": next(iter(fleet.groups()))}, run_config=LOGGERS)
         if not weekly.success:
             return fail(weekly, "acceptance")
         status = 0
@@ -102,16 +104,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[tabletune] {dep.name}: profiling {key}, deriving and publishing its table ...", flush=True)
             chain = dg.materialize(ALL_ASSETS, selection=["step_time_profile", "draft_length_table", "published_table"],
                                    resources=resources, instance=instance, partition_key=key, raise_on_error=False,
-                                   tags=run_tags(dep), run_config={"ops": {"step_time_profile": {"config": {
+                                   tags=run_tags(dep), run_config={**LOGGERS, "ops": {"step_time_profile": {"config": {
                                        "deployment": dep.name, "identity_json": identity.to_json()}}}})
             if not chain.success:
                 status = fail(chain, dep.name)
                 continue
             doc = read_published_table(dep.published_table)
             print(f"\n[tabletune] {dep.name}: published table v{doc['version']} at {dep.published_table}")
-            print(json.dumps({"num_speculative_tokens_per_batch_size": doc["table"]["ranges"],
-                              "predicted_worst_loss": doc["table"]["predicted_worst_loss"],
-                              "prior_id": doc["table"]["prior_id"]}, indent=2))
+            print("  num_speculative_tokens_per_batch_size = " + json.dumps(doc["table"]["ranges"]))
+            print(f"  num_speculative_tokens = {doc['table']['max_k']}, acceptance prior {doc['table']['prior_id']} "
+                  f"a = {[round(a, 3) for a in doc['table']['acceptance_rates']]}, predicted worst loss vs best "
+                  f"fixed k {doc['table']['predicted_worst_loss']:.2%}")
             print(f"[tabletune] --speculative-config for a deployment without the controller: "
                   f"{dep.speculative_config_path}")
     print(f"\n[tabletune] open the UI on it:\n  DAGSTER_HOME={dagster_home} env --default-signal=INT,TERM "

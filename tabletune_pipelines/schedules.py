@@ -13,7 +13,7 @@ carries that group's ``tabletune/engine`` tag and Kubernetes placement). When th
 import dagster as dg
 
 from tabletune_pipelines.fleet import ENGINE_TAG, FleetError, default_engine_tag, run_tags, try_load_fleet
-from tabletune_pipelines.partitions import last_complete_week, weekly_partitions
+from tabletune_pipelines.partitions import last_complete_week
 from tabletune_pipelines.resources import FleetResource
 
 WEEKLY_CRON = "0 3 * * 1"

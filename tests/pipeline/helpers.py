@@ -142,7 +142,7 @@ class VersionServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.httpd.server_address[1]}"
 
-    def __enter__(self) -> "VersionServer":
+    def __enter__(self) -> VersionServer:
         self.thread.start()
         return self
 

@@ -149,3 +149,25 @@ def test_definitions_load_and_instance_config(home, tmp_path, monkeypatch):
                                                "value": {"applyLimitPerUniqueValue": True}, "limit": 1}]
         assert type(inst.run_storage).__name__ == "SqliteRunStorage"
         assert not inst.telemetry_enabled
+
+
+def test_retune_after_weekly_acceptance_requests_one_run_per_running_identity(home, instance):
+    from conftest import make_resources
+    from helpers import WEEK, write_prompts
+
+    from assets import ALL_ASSETS
+    from tabletune_pipelines.sensors import retune_after_acceptance
+
+    fleet = write_fleet(home, [deployment_dict("a"), deployment_dict("b")])  # same engine identity
+    write_prompts(load_fleet(fleet).deployment("a").prompts_file(WEEK))
+    engine = ScriptedEngine()
+    key = identity_for(load_fleet(fleet).deployment("a"), engine.vllm_version).key
+    instance.add_dynamic_partitions("engine_identity", [key])
+    res = dg.materialize(ALL_ASSETS, selection=["acceptance_prior"], partition_key=WEEK, instance=instance,
+                         resources=make_resources(home, fleet, engine=engine))
+    (success,) = instance.all_logs(res.run_id, of_type=dg.DagsterEventType.RUN_SUCCESS)
+    ctx = dg.build_run_status_sensor_context(sensor_name="retune_after_acceptance", dagster_instance=instance,
+                                             dagster_run=res.dagster_run, dagster_event=success.dagster_event,
+                                             resources={"fleet": FleetResource(path=str(fleet)), "engine": engine})
+    reqs = retune_after_acceptance(ctx)
+    assert [r.partition_key for r in reqs] == [key]

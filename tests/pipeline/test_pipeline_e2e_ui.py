@@ -68,9 +68,11 @@ class Procs:
 
     def __init__(self) -> None:
         self.procs: list[tuple[subprocess.Popen, Path]] = []
+        self.files: list = []
 
     def start(self, argv: list[str], env: dict, log: Path) -> subprocess.Popen:
         fh = log.open("w")
+        self.files.append(fh)
         p = subprocess.Popen(argv, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
         self.procs.append((p, log))
         return p
@@ -91,6 +93,8 @@ class Procs:
                 os.killpg(p.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        for fh in self.files:
+            fh.close()
 
     def tails(self) -> str:
         return "\n".join(f"--- {log.name}\n" + log.read_text()[-3000:] for _, log in self.procs if log.exists())
