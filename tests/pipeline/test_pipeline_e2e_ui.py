@@ -1,6 +1,6 @@
 """End to end: real dagster-webserver + dagster-daemon on 127.0.0.1, GraphQL lineage, a sensor tick
 that launches a run through the run queue, and a headless-Chromium screenshot of published_table's
-lineage page (saved to tests/pipeline/artifacts/, or $TABLETUNE_TEST_ARTIFACTS)."""
+lineage page (saved to test-artifacts/ at the repository root, or $TABLETUNE_TEST_ARTIFACTS)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.dagster_e2e
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-ARTIFACTS = Path(os.environ.get("TABLETUNE_TEST_ARTIFACTS", Path(__file__).parent / "artifacts"))
+ARTIFACTS = Path(os.environ.get("TABLETUNE_TEST_ARTIFACTS", REPO / "test-artifacts"))
 
 
 def chromium() -> str | None:
@@ -211,8 +211,7 @@ def test_webserver_daemon_sensor_run_and_lineage_screenshot(tmp_path, monkeypatc
             assert "needs vLLM 0.99.0-e2e" in messages
 
             browser = chromium()
-            if browser is None:
-                pytest.skip("chromium is not installed (apt-get install -y chromium)")
+            assert browser is not None, "chromium is not installed: apt-get install -y chromium (Debian)"
             shot = ARTIFACTS / "published_table_lineage.png"
             shot.unlink(missing_ok=True)
             url = f"http://127.0.0.1:{port}/assets/published_table?view=lineage&lineageScope=upstream&lineageDepth=3"
