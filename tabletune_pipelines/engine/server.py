@@ -570,9 +570,9 @@ class VLLMServer:
         return self._ctl_seq
 
     # ------------------------------------------------------------------ requests
-    def complete(self, prompt: str | list[int], *, max_tokens: int, ignore_eos: bool = False,
+    def complete(self, prompt: str | list[int] | list[str] | list[list[int]], *, max_tokens: int, ignore_eos: bool = False,
                  temperature: float = 0.0, seed: int | None = None, timeout: float = 300.0) -> dict[str, Any]:
-        """One ``/v1/completions`` request; returns the decoded JSON answer."""
+        """One ``/v1/completions`` request (a list of prompts = one batch); returns the decoded JSON answer."""
         body: dict[str, Any] = {"model": SERVED_MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens,
                                 "temperature": temperature, "ignore_eos": ignore_eos}
         if seed is not None:
