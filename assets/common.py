@@ -23,6 +23,7 @@ from tabletune_pipelines.core.table import expand_table, validate_table, validat
 from tabletune_pipelines.errors import TableTuneError
 from tabletune_pipelines.fleet import Deployment, Fleet, tabletune_home
 from tabletune_pipelines.model import AcceptancePrior, DraftLengthTable, EngineIdentity, StepTimeProfile
+from tabletune_pipelines.report import table_step_and_tau
 from tabletune_pipelines.store import TableTuneStore
 
 OWNERS = ["team:tabletune"]
@@ -157,15 +158,6 @@ def table_gates(table: DraftLengthTable, max_predicted_loss: float) -> list[Gate
     return gates
 
 
-def _table_step_and_tau(table: DraftLengthTable) -> tuple[np.ndarray, np.ndarray]:
-    """Per B (index B-1): the step time of the table's k and tau of that k."""
-    dense_k = expand_table([list(r) for r in table.ranges], table.max_num_seqs, table.max_k)
-    taus = tau_curve(table.acceptance_rates)
-    t = np.array([table.step_ms[str(k)][str(b)] for b, k in enumerate(dense_k, start=1)])
-    tau = np.array([taus[k] for k in dense_k])
-    return t, tau
-
-
 def engine_dependence_gate(table: DraftLengthTable, fixed_cells: Mapping[int, Mapping[int, float]],
                            margin: float) -> Gate:
     """Warn: is the table slower somewhere than the best fixed k launched with K = k (no table)?"""
@@ -174,7 +166,7 @@ def engine_dependence_gate(table: DraftLengthTable, fixed_cells: Mapping[int, Ma
         return Gate(name, True, "NOT MEASURED: the profile has no cells of launches with K = k and no table, so the "
                                 "engine-dependence trap (DESIGN §4b) cannot be checked; profile in launch_per_k "
                                 "mode to measure it", {"status": "not measured"})
-    t, tau = _table_step_and_tau(table)
+    t, tau = table_step_and_tau(table)
     taus = tau_curve(table.acceptance_rates)
     rows, worst, worst_b = [], 0.0, None
     bs = sorted(set.intersection(*[set(v) for v in fixed_cells.values()]))
@@ -207,7 +199,7 @@ def k0_gate(table: DraftLengthTable, no_spec_ms: Mapping[int, float], k0_ms: Map
     if not no_spec_ms:
         return Gate(name, True, "NOT MEASURED: the profile has no no-speculation baseline cells",
                     {"status": "not measured"})
-    t, tau = _table_step_and_tau(table)
+    t, tau = table_step_and_tau(table)
     dense_k = expand_table([list(r) for r in table.ranges], table.max_num_seqs, table.max_k)
     rows, losing, k0_costly, worst_overhead = [], [], [], 0.0
     for b in sorted(no_spec_ms):
@@ -270,13 +262,6 @@ def select_prior(store: TableTuneStore, identity: EngineIdentity, min_drafts: in
 
 # -- metadata ------------------------------------------------------------------------------
 
-def table_markdown(ranges: Iterable[Iterable[int]]) -> str:
-    lines = ["| batch sizes | k |", "|---|---|"]
-    for start, end, k in ranges:
-        lines.append(f"| {start}–{end} | {k} |")
-    return "\n".join(lines)
-
-
 def identity_markdown(identity: EngineIdentity) -> str:
     body = identity.to_dict()
     lines = ["| field | value |", "|---|---|", f"| key | `{identity.key}` |"]
@@ -289,36 +274,6 @@ def plots_dir() -> Path:
     p = tabletune_home() / "plots"
     p.mkdir(parents=True, exist_ok=True)
     return p
-
-
-def goodput_plot(table: DraftLengthTable, no_spec_ms: Mapping[int, float] | None, title: str) -> bytes:
-    """PNG: goodput vs batch size, one curve per k, the table's choice and no speculation."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    taus = tau_curve(table.acceptance_rates)
-    b = np.arange(1, table.max_num_seqs + 1)
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=90)
-    for k in sorted(int(x) for x in table.step_ms):
-        t = np.array([table.step_ms[str(k)][str(x)] for x in b])
-        ax.plot(b, b * taus[k] / t * 1000.0, label=f"k = {k}", linewidth=1.4)
-    t_tab, tau_tab = _table_step_and_tau(table)
-    ax.plot(b, b * tau_tab / t_tab * 1000.0, "k--", linewidth=2.2, label="table")
-    if no_spec_ms:
-        xs = sorted(x for x in no_spec_ms if x <= table.max_num_seqs)
-        ax.plot(xs, [x / no_spec_ms[x] * 1000.0 for x in xs], ":", color="grey", marker=".", label="no speculation")
-    ax.set_xlabel("batch size B (concurrent requests)")
-    ax.set_ylabel("goodput (tokens kept / s)")
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
 
 
 def image_metadata(png: bytes, name: str) -> dict[str, dg.MetadataValue]:

@@ -6,9 +6,10 @@ import json
 import dagster as dg
 from dagster_duckdb import DuckDBResource
 
-from assets.common import OWNERS, deployments_running, json_md, table_gates, table_markdown
+from assets.common import OWNERS, deployments_running, json_md, table_gates
 from tabletune_pipelines.errors import StoreError
 from tabletune_pipelines.model import DraftLengthTable
+from tabletune_pipelines.report import table_markdown
 from tabletune_pipelines.partitions import engine_identity_partitions
 from tabletune_pipelines.published import atomic_write_text
 from tabletune_pipelines.resources import EngineResource, FleetResource, TuningPolicy, store_from

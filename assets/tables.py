@@ -7,16 +7,15 @@ from dagster_duckdb import DuckDBResource
 from assets.common import (
     OWNERS,
     engine_dependence_gate,
-    goodput_plot,
     identity_markdown,
     image_metadata,
     json_md,
     k0_gate,
     select_prior,
     table_gates,
-    table_markdown,
 )
 from tabletune_pipelines.errors import TableTuneError
+from tabletune_pipelines.report import goodput_plot, table_markdown
 from tabletune_pipelines.partitions import engine_identity_partitions
 from tabletune_pipelines.resources import TuningPolicy, store_from
 from tabletune_pipelines.tuning import derive_table

@@ -74,7 +74,7 @@ def cmd_acceptance(args: argparse.Namespace) -> int:
 
 
 def cmd_table(args: argparse.Namespace) -> int:
-    from tabletune_pipelines.report import goodput_markdown, plot_goodput, ranges_markdown
+    from tabletune_pipelines.report import goodput_markdown, goodput_plot, table_markdown
     from tabletune_pipelines.tuning import derive_table
 
     dep, store = _context(args)
@@ -89,13 +89,14 @@ def cmd_table(args: argparse.Namespace) -> int:
         print(json.dumps(tuned.table.as_vllm()))
     else:
         print(f"# draft-length table for {key}\n# prior {prior.prior_id}: a = {[round(a, 3) for a in prior.rates]}\n")
-        print(ranges_markdown(tuned.table.as_vllm()))
+        print(table_markdown(tuned.table.as_vllm()))
         print()
         print(goodput_markdown(tuned))
         print(f"\npredicted worst loss vs best fixed k: {tuned.table.predicted_worst_loss:.2%}")
         print("vLLM --speculative-config:", json.dumps(tuned.table.speculative_config(dep.base_speculative_config())))
     if args.plot:
-        print(f"plot: {plot_goodput(tuned, args.plot, title=key)}", file=sys.stderr)
+        Path(args.plot).write_bytes(goodput_plot(tuned.table, profile.no_spec_ms(), f"{key}\nprior {prior.prior_id}"))
+        print(f"plot: {args.plot}", file=sys.stderr)
     if args.save:
         print(f"stored as {store.write_table(tuned.table)}", file=sys.stderr)
     return 0

@@ -20,6 +20,14 @@ Protocol (``mode="one_launch"``, the default):
 ``mode="launch_per_k"`` launches one server per k (same launch K, one-range table ``[[1, N, k]]``)
 instead of switching at runtime.
 
+``mode="fixed_k"`` (the engine-dependence trap, DESIGN §4b / limitation 1) launches one server per
+k ≥ 1 with ``num_speculative_tokens = k`` and NO table — what a deployment running a fixed k
+without DSD gets (on GPU: full CUDA graphs for that k; on vLLM's V1 runner any table forces
+piecewise graphs). Only reject cells of k ≥ 1 are measured (k = 0 is not a launch: it is the
+no-speculation server); each cell has ``launch_k = k``. Store them under mode ``"fixed_k"``
+(``store_hooks(store, identity, "fixed_k")``, same identity as the production profile) so the
+``engine_dependence_trap`` check can compare the table against them.
+
 Every cell is handed to ``on_cell`` the moment its last repetition is measured, and cells passed
 in ``existing`` are skipped, so a rerun after a crash resumes where it stopped (with the DuckDB
 store: ``existing=store.profile_cells(identity.key, mode)`` and
@@ -54,6 +62,9 @@ from tabletune_pipelines.model import EngineIdentity, StepTimeCell, StepTimeProf
 logger = logging.getLogger("tabletune.profiler")
 
 CellKey = tuple[int | None, int, str]  # (k, batch_size, acceptance)
+#: Profiler modes: runtime k switching in one launch (default), one launch per k under the same
+#: launch K, and one launch per k with K = k and no table (the engine-dependence trap check).
+MODES = ("one_launch", "launch_per_k", "fixed_k")
 #: Fewest engine-side steps at exactly batch size B for an engine timing to count.
 MIN_ENGINE_STEPS = 8
 
@@ -274,6 +285,9 @@ class ProfilePlan:
     """Prompt length in tokens."""
 
     def cells(self, mode: str) -> list[CellKey]:
+        if mode == "fixed_k":
+            # Launches with K = k and no table: k >= 1 only, no baseline, no all-accepted cells.
+            return [(k, b, "reject") for b in self.batch_sizes for k in self.ks if k >= 1]
         keys: list[CellKey] = [(k, b, "reject") for b in self.batch_sizes for k in self.ks]
         if self.include_no_spec:
             keys += [(None, b, "reject") for b in self.batch_sizes]
@@ -320,6 +334,26 @@ def _launch_config(base: ServerConfig, *, table_k: int | None, rates: float | No
                                synthetic_acceptance_rates=tuple([float(rates)] * K), work_dir=work_dir)
 
 
+def _fixed_k_config(base: ServerConfig, k: int, work_dir: str | None) -> ServerConfig:
+    """Launch with ``num_speculative_tokens = k`` and no table (fixed k, no DSD), every draft rejected."""
+    return dataclasses.replace(base, num_speculative_tokens=int(k), table=None,
+                               synthetic_acceptance_rates=tuple([0.0] * int(k)), work_dir=work_dir)
+
+
+def _make_profile(identity: EngineIdentity, cells: tuple[StepTimeCell, ...], mode: str) -> StepTimeProfile:
+    """``StepTimeProfile`` for ``mode``; builds a ``fixed_k`` profile even if the data model's mode
+    check predates that mode (the cells and every method are the same)."""
+    try:
+        return StepTimeProfile(identity=identity, cells=cells, mode=mode)
+    except ValueError:
+        if mode != "fixed_k":
+            raise
+    prof = object.__new__(StepTimeProfile)
+    for name, value in (("identity", identity), ("cells", cells), ("mode", mode)):
+        object.__setattr__(prof, name, value)
+    return prof
+
+
 def profile_step_times(
     config: ServerConfig,
     *,
@@ -345,9 +379,15 @@ def profile_step_times(
     not stopped). ``server`` must be a launch of ``config`` with a table and synthetic rates (any
     values: on the CPU build they are switched to 0 / 1 at runtime, and restored afterwards).
     """
-    if mode not in ("one_launch", "launch_per_k"):
-        raise EngineConfigError(f"mode = {mode!r} must be 'one_launch' or 'launch_per_k'")
+    if mode not in MODES:
+        raise EngineConfigError(f"mode = {mode!r} must be one of {MODES}")
     plan = plan or default_plan(config)
+    if mode == "fixed_k":
+        if server is not None or nospec_server is not None:
+            raise EngineConfigError("mode 'fixed_k' launches its own servers (K = k, no table); do not pass "
+                                    "server / nospec_server")
+        if not any(k >= 1 for k in plan.ks):
+            raise EngineConfigError(f"mode 'fixed_k' needs some k >= 1 in the plan (got ks = {plan.ks})")
     identity = identity or engine_identity(config)
     if vocab_size is None:
         from tabletune_pipelines.engine.tiny_models import read_vocab_size
@@ -373,7 +413,7 @@ def profile_step_times(
         prog.cell(cell, note)
 
     def run_group(server: VLLMServer, ks: Sequence[int | None], batch_sizes: Sequence[int], acceptance: str,
-                  switch: bool) -> None:
+                  switch: bool, launch_k: int | None = None) -> None:
         current_k: list[int | None] = [object()]  # type: ignore[list-item]
         for b in batch_sizes:
             pending = [k for k in ks if (k, b, acceptance) not in have]
@@ -395,7 +435,9 @@ def profile_step_times(
                 timing = "engine" if all(m.timing == "engine" for m in ms) else "wall"
                 late = sum(1 for m in ms if not m.admitted_together)
                 cell = StepTimeCell(k=k, batch_size=b, median_ms=median_step_time(vals), repetitions_ms=vals,
-                                    acceptance=acceptance, launch_k=None if k is None else K, timing=timing)
+                                    acceptance=acceptance,
+                                    launch_k=None if k is None else (K if launch_k is None else launch_k),
+                                    timing=timing)
                 walls = [m.wall_ms for m in ms if m.wall_ms]
                 note = f"  wall {statistics.median(walls):.2f} ms" if walls else ""
                 if late:
@@ -428,7 +470,16 @@ def profile_step_times(
         if int(server.config.num_speculative_tokens or 0) != K:
             raise EngineConfigError(f"the given server runs K = {server.config.num_speculative_tokens}, the "
                                     f"profile wants K = {K}")
-    if mode == "one_launch" and (reject_ks or (accept_ks and server is not None and server.can_switch_synthetic_rates)):
+    if mode == "fixed_k":
+        for k in reject_ks:  # plan.cells("fixed_k") holds k >= 1 only
+            srv = launch(_fixed_k_config(config, k, work))
+            try:
+                warm(srv, [k], False)
+                run_group(srv, [k], plan.batch_sizes, "reject", False, launch_k=k)
+            finally:
+                srv.stop()
+        reject_ks, accept_ks = [], []
+    elif mode == "one_launch" and (reject_ks or (accept_ks and server is not None and server.can_switch_synthetic_rates)):
         srv = server or launch(_launch_config(config, table_k=K, rates=0.0, no_spec=False, work_dir=work))
         original_rates = list(srv.config.synthetic_acceptance_rates or zeros)
         try:
@@ -476,7 +527,7 @@ def profile_step_times(
     order = {key: i for i, key in enumerate(wanted)}
     cells = sorted(have.values(), key=lambda c: order.get(cell_key(c), len(order)))
     prog.say(f"[profile] done: {len(new_cells)} cells measured in {time.monotonic() - prog.started:.0f} s")
-    return StepTimeProfile(identity=identity, cells=tuple(cells), mode=mode)
+    return _make_profile(identity, tuple(cells), mode)
 
 
 def store_hooks(store: Any, identity: EngineIdentity, mode: str) -> tuple[list[StepTimeCell], Callable[[StepTimeCell], None]]:
