@@ -106,6 +106,10 @@ def test_device_selection_without_gpu(tmp_path):
     assert gpu[gpu.index("serve") - 1].endswith("vllm") or gpu[:3][-1] == "vllm.entrypoints.cli.main"
     assert "--enforce-eager" not in gpu and "--no-enable-prefix-caching" not in gpu
     assert "tabletune_pipelines.engine.step_scheduler.AutoTimingScheduler" in gpu
+    # Defaults: GPU timing keeps production's CUDA graphs; the CPU build is always eager.
+    default = ServerConfig(model="/m", drafter="/d", method="draft_model", num_speculative_tokens=3)
+    assert "--enforce-eager" not in build_command(default, 8000, "gpu")
+    assert "--enforce-eager" in build_command(default, 8000, "cpu")
     cpu = build_command(cfg, 8000, "cpu")
     assert cpu[1:3] == ["-m", "tabletune_pipelines.engine.launcher"]
     assert "--enforce-eager" in cpu and "--no-enable-prefix-caching" in cpu
@@ -237,6 +241,71 @@ def test_analyse_steps_filters_batch_and_detects_late_admission():
 
 def test_k_order_rotates_across_repetitions():
     assert _rotations([0, 1, 3], 3) == [[0, 1, 3], [1, 3, 0], [3, 0, 1]]
+
+
+def test_fixed_k_mode_launches_k_without_table(tmp_path):
+    """mode="fixed_k": one launch per k >= 1 with num_speculative_tokens = k and no table; cells carry
+    launch_k = k (what the engine_dependence_trap check reads), are handed to on_cell, and resume."""
+    from tabletune_pipelines.engine.profiler import ProfilePlan, profile_step_times
+    from tabletune_pipelines.model import EngineIdentity
+
+    launched, stopped = [], []
+
+    class FakeServer:
+        def __init__(self, cfg):
+            self.config, self.startup_seconds, self.log_path, self._b = cfg, 0.0, "fake.log", 1
+            launched.append(cfg)
+
+        def start(self):
+            return self
+
+        def stop(self):
+            stopped.append(self.config.num_speculative_tokens)
+
+        def arm_gate(self, n):
+            pass
+
+        def complete(self, prompts, max_tokens, **kw):
+            self._b = len(prompts)
+            return {"choices": [{}] * len(prompts)}
+
+        def step_log_offset(self):
+            return 0
+
+        def read_steps(self, since=None, until=None, offset=0):
+            b, k = self._b, self.config.num_speculative_tokens
+            return [{"b": b, "new": b, "dt": 9.0, "d": 0, "k": k}] + [
+                {"b": b, "new": 0, "dt": 4.0 + k + b / 10, "d": b * k, "k": k} for _ in range(20)]
+
+        def set_k(self, *a, **kw):
+            raise AssertionError("fixed_k launches have no table: k must not be switched")
+
+        def log_tail(self, n=40):
+            return ""
+
+    cfg = ServerConfig(model=str(tmp_path), drafter=str(tmp_path), method="draft_model", num_speculative_tokens=3,
+                       table=((1, 8, 3),), synthetic_acceptance_rates=(0.7, 0.5, 0.3), max_num_seqs=8)
+    ident = EngineIdentity(gpu="cpu", vllm_version="0.32.0+cpu", model="m", drafter="d", method="draft_model",
+                           max_k=3, max_num_seqs=8)
+    plan = ProfilePlan(batch_sizes=(1, 8), ks=(0, 1, 3), repetitions=2, accept_batch_sizes=(1,))
+    assert plan.cells("fixed_k") == [(1, 1, "reject"), (3, 1, "reject"), (1, 8, "reject"), (3, 8, "reject")]
+    got = []
+    prof = profile_step_times(cfg, plan=plan, mode="fixed_k", identity=ident, vocab_size=100, warmup=False,
+                              server_factory=FakeServer, on_cell=got.append, progress=lambda m: None)
+    assert [(c.num_speculative_tokens, c.table, c.synthetic_acceptance_rates) for c in launched] == [
+        (1, None, (0.0,)), (3, None, (0.0, 0.0, 0.0))]
+    assert stopped == [1, 3]
+    assert prof.mode == "fixed_k" and len(got) == 4
+    assert all(c.k >= 1 and c.acceptance == "reject" and c.launch_k == c.k and c.timing == "engine" for c in got)
+    assert prof.reject_cells() == {1: {1: 5.1, 8: 5.8}, 3: {1: 7.1, 8: 7.8}}
+    # A rerun with the cells already measured launches nothing.
+    launched.clear()
+    profile_step_times(cfg, plan=plan, mode="fixed_k", identity=ident, vocab_size=100, existing=got,
+                       server_factory=FakeServer, progress=lambda m: None)
+    assert launched == []
+    with pytest.raises(EngineConfigError, match="fixed_k"):
+        profile_step_times(cfg, plan=ProfilePlan(batch_sizes=(1,), ks=(0,)), mode="fixed_k", identity=ident,
+                           vocab_size=100, server_factory=FakeServer)
 
 
 # ----------------------------------------------------------------------------- metrics + prompts
