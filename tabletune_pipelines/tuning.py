@@ -31,14 +31,18 @@ def derive_table(
     allowed_ks: Iterable[int] | None = None,
     stickiness: float = DEFAULT_STICKINESS,
     correct_accepted_work: bool = True,
+    non_decreasing_in_batch: bool = True,
 ) -> TunedTable:
     """Goodput-best table for ``profile``'s engine under ``prior``'s acceptance.
 
     With ``correct_accepted_work`` and all-accepted cells in the profile, step times include the
-    work that grows with accepted tokens (the published method's limitation 2).
+    work that grows with accepted tokens (the published method's limitation 2). With
+    ``non_decreasing_in_batch``, measured dips of T over B (noise) are pooled away first.
     """
     ident = profile.identity
     surface = profile.surface()
+    if non_decreasing_in_batch:
+        surface = surface.non_decreasing()
     rates = prior.rates
     if len(rates) < max(surface.ks):
         raise ValueError(

@@ -70,6 +70,23 @@ def batch_size_grid(max_num_seqs: int, dense_until: int = 16, stride: int = 8) -
     return grid
 
 
+def non_decreasing_fit(values: Sequence[float]) -> np.ndarray:
+    """Least-squares non-decreasing fit (pool-adjacent-violators).
+
+    A decode step cannot get cheaper when more requests share it, so a measured dip in T over B is
+    noise (cells vary 5–25% on our machines, DESIGN §4). Pooling a dip with its neighbours keeps a
+    single noisy cell from carving a one-batch-size range into the table.
+    """
+    blocks: list[list[float]] = []  # [mean, count]
+    for v in values:
+        blocks.append([float(v), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            m2, n2 = blocks.pop()
+            m1, n1 = blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    return np.concatenate([np.full(int(n), m) for m, n in blocks]) if blocks else np.empty(0)
+
+
 @dataclass(frozen=True)
 class StepTimeSurface:
     """Measured step times T(B, k) in milliseconds on a grid of batch sizes.
@@ -108,6 +125,11 @@ class StepTimeSurface:
             for j, b in enumerate(ref):
                 ms[i, j] = validate_step_time(cells[k][b], where=f" at B={b}, k={k}")
         return cls(ks=ks, batch_sizes=tuple(ref), ms=ms)
+
+    def non_decreasing(self) -> "StepTimeSurface":
+        """The same surface with each k's T made non-decreasing in B (see ``non_decreasing_fit``)."""
+        ms = np.vstack([non_decreasing_fit(row) for row in self.ms])
+        return StepTimeSurface(ks=self.ks, batch_sizes=self.batch_sizes, ms=ms)
 
     @property
     def max_batch_size(self) -> int:

@@ -1,5 +1,7 @@
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tabletune_pipelines.core.steptime import (
     StepTimeSurface,
@@ -73,3 +75,38 @@ def test_accepted_work_correction_scales_with_kept_fraction():
     assert out[1, 0] == pytest.approx(5.0 + 2.0 * frac)
     assert out[1, 7] == pytest.approx(7.0 + 4.0 * frac)
     np.testing.assert_allclose(out[0], s.dense(8)[0])  # k = 0 keeps no drafts
+
+
+def test_non_decreasing_fit_pools_dips():
+    from tabletune_pipelines.core.steptime import non_decreasing_fit
+
+    np.testing.assert_allclose(non_decreasing_fit([1.0, 2.0, 3.0]), [1.0, 2.0, 3.0])
+    np.testing.assert_allclose(non_decreasing_fit([10.0, 15.83, 14.49]), [10.0, 15.16, 15.16])
+    np.testing.assert_allclose(non_decreasing_fit([3.0, 1.0, 2.0, 5.0]), [2.0, 2.0, 2.0, 5.0])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.1, 100.0), min_size=1, max_size=40))
+def test_non_decreasing_fit_properties(values):
+    from tabletune_pipelines.core.steptime import non_decreasing_fit
+
+    fit = non_decreasing_fit(values)
+    assert len(fit) == len(values)
+    assert np.all(np.diff(fit) >= -1e-9)
+    assert fit.sum() == pytest.approx(sum(values))  # PAV preserves the total
+    if all(b >= a for a, b in zip(values, values[1:])):
+        np.testing.assert_allclose(fit, values)
+
+
+def test_noisy_dip_does_not_carve_a_one_batch_size_range():
+    # k = 3 cells from an embedded-default profile (n-gram, a = 0.836/0.708/0.632) measured
+    # 15.83 ms at B = 15 but 14.49 ms at B = 16; with a low k = 1 cell at B = 15 the raw search
+    # carves a lone [15, 15, 1] range out of a k = 3 table.
+    from tabletune_pipelines.core.table import build_table
+
+    cells = {1: {1: 6.0, 14: 10.9, 15: 9.0, 16: 12.93}, 3: {1: 7.0, 14: 13.67, 15: 15.83, 16: 14.49}}
+    rates = (0.836, 0.708, 0.632)
+    raw = build_table(StepTimeSurface.from_cells(cells), rates, 16)
+    assert [15, 15, 1] in raw.ranges
+    smooth = build_table(StepTimeSurface.from_cells(cells).non_decreasing(), rates, 16)
+    assert smooth.ranges == [[1, 16, 3]]
