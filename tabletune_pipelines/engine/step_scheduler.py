@@ -77,6 +77,31 @@ class _TimingMixin:
     _tt_gate: tuple[int, float] | None = None
     _tt_held: list[Any] = []
 
+    # Cooperative overrides: the mixin comes first in the MRO, so super() is vLLM's scheduler.
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        try:
+            self._tt_init()
+        except Exception as exc:  # noqa: BLE001
+            self._tt_log = None
+            self._tt_ctl_path = None
+            logger.warning("TableTune step scheduler disabled: %r", exc)
+
+    def update_from_output(self, scheduler_output, model_runner_output):  # type: ignore[no-untyped-def]
+        out = super().update_from_output(scheduler_output, model_runner_output)
+        self._tt_update(scheduler_output, model_runner_output)
+        return out
+
+    def add_request(self, request):  # type: ignore[no-untyped-def]
+        self._tt_add_request(request, super().add_request)
+
+    def finish_requests(self, request_ids, finished_status):  # type: ignore[no-untyped-def]
+        try:
+            self._tt_drop_held(request_ids)
+        except Exception as exc:  # noqa: BLE001
+            self._tt_fail("drop held", exc)
+        return super().finish_requests(request_ids, finished_status)
+
     def _tt_init(self) -> None:
         self._tt_errors = set()
         self._tt_last_t = None
@@ -253,57 +278,9 @@ class _TimingMixin:
 class TimingScheduler(_TimingMixin, Scheduler):  # type: ignore[misc,valid-type]
     """vLLM ``Scheduler`` + TableTune step log + runtime k switching (sync scheduling, e.g. CPU)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        try:
-            self._tt_init()
-        except Exception as exc:  # noqa: BLE001
-            self._tt_log = None
-            self._tt_ctl_path = None
-            logger.warning("TableTune step scheduler disabled: %r", exc)
-
-    def update_from_output(self, scheduler_output, model_runner_output):  # type: ignore[no-untyped-def]
-        out = super().update_from_output(scheduler_output, model_runner_output)
-        self._tt_update(scheduler_output, model_runner_output)
-        return out
-
-    def add_request(self, request):  # type: ignore[no-untyped-def]
-        self._tt_add_request(request, super().add_request)
-
-    def finish_requests(self, request_ids, finished_status):  # type: ignore[no-untyped-def]
-        try:
-            self._tt_drop_held(request_ids)
-        except Exception as exc:  # noqa: BLE001
-            self._tt_fail("drop held", exc)
-        return super().finish_requests(request_ids, finished_status)
-
 
 class TimingAsyncScheduler(_TimingMixin, AsyncScheduler):  # type: ignore[misc,valid-type]
     """Same as ``TimingScheduler`` on vLLM's ``AsyncScheduler`` (async scheduling, e.g. GPU)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        try:
-            self._tt_init()
-        except Exception as exc:  # noqa: BLE001
-            self._tt_log = None
-            self._tt_ctl_path = None
-            logger.warning("TableTune step scheduler disabled: %r", exc)
-
-    def update_from_output(self, scheduler_output, model_runner_output):  # type: ignore[no-untyped-def]
-        out = super().update_from_output(scheduler_output, model_runner_output)
-        self._tt_update(scheduler_output, model_runner_output)
-        return out
-
-    def add_request(self, request):  # type: ignore[no-untyped-def]
-        self._tt_add_request(request, super().add_request)
-
-    def finish_requests(self, request_ids, finished_status):  # type: ignore[no-untyped-def]
-        try:
-            self._tt_drop_held(request_ids)
-        except Exception as exc:  # noqa: BLE001
-            self._tt_fail("drop held", exc)
-        return super().finish_requests(request_ids, finished_status)
 
 
 class AutoTimingScheduler:
