@@ -164,8 +164,8 @@ def engine_dependence_gate(table: DraftLengthTable, fixed_cells: Mapping[int, Ma
     name = "engine_dependence_trap"
     if not fixed_cells:
         return Gate(name, True, "NOT MEASURED: the profile has no cells of launches with K = k and no table, so the "
-                                "engine-dependence trap (DESIGN §4b) cannot be checked; profile in launch_per_k "
-                                "mode to measure it", {"status": "not measured"})
+                                "engine-dependence trap (DESIGN §4b) cannot be checked; profile in fixed_k mode "
+                                "(EngineResource fixed_k_baseline, or `tabletune profile --mode fixed_k`) to measure it", {"status": "not measured"})
     t, tau = table_step_and_tau(table)
     taus = tau_curve(table.acceptance_rates)
     rows, worst, worst_b = [], 0.0, None

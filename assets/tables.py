@@ -28,12 +28,12 @@ class TableConfig(dg.Config):
 
 
 def fixed_launch_cells(store, key: str) -> dict[int, dict[int, float]]:
-    """Cells timed under a launch with K = k and no table (for the engine-dependence check)."""
+    """Cells timed under a launch with K = k and no table (``fixed_k`` mode), for the
+    engine-dependence check."""
     out: dict[int, dict[int, float]] = {}
-    for mode in ("launch_per_k", "one_launch"):
-        for c in store.profile_cells(key, mode):
-            if c.k is not None and c.k >= 1 and c.acceptance == "reject" and c.launch_k == c.k:
-                out.setdefault(c.k, {})[c.batch_size] = c.median_ms
+    for c in store.profile_cells(key, "fixed_k"):
+        if c.k is not None and c.k >= 1 and c.acceptance == "reject":
+            out.setdefault(c.k, {})[c.batch_size] = c.median_ms
     # Only meaningful when at least two k values were timed under their own launch.
     return out if len(out) >= 2 else {}
 

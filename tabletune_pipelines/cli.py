@@ -138,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("profile", help="measure step times T(B, k) on the deployment's engine (resumable)")
-    p.add_argument("--mode", default="one_launch", choices=["one_launch", "launch_per_k"])
+    p.add_argument("--mode", default="one_launch", choices=["one_launch", "launch_per_k", "fixed_k"])
     p.add_argument("--batch-sizes", help="comma-separated (default: 1..16 then every 8 to max_num_seqs)")
     p.add_argument("--ks", help="comma-separated k values (default 0..max_k)")
     p.add_argument("--repetitions", type=int, default=3)
@@ -152,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("table", help="derive and show the goodput-optimal table from the store")
     p.add_argument("--identity", help="engine identity key (default: the deployment's latest profile)")
     p.add_argument("--prior", help="acceptance prior id (default: the latest)")
-    p.add_argument("--mode", default="one_launch", choices=["one_launch", "launch_per_k"])
+    p.add_argument("--mode", default="one_launch", choices=["one_launch", "launch_per_k", "fixed_k"])
     p.add_argument("--format", default="text", choices=["text", "vllm"])
     p.add_argument("--plot", help="write a goodput-vs-batch-size PNG here")
     p.add_argument("--no-correction", action="store_true", help="ignore the accepted-work step-time correction")

@@ -27,6 +27,8 @@ from pathlib import Path
 #: Dagster's console logger at INFO (its DEBUG event stream is in the UI).
 LOGGERS = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 QUICK_PROFILE = {"batch_sizes": [1, 4, 16], "repetitions": 2, "accept_batch_sizes": []}
+#: The full run also times fixed k (K = k, no table) for the engine-dependence check.
+FULL_PROFILE = {"fixed_k_baseline": True}
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -61,8 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     fleet = load_fleet()
     week = args.week or last_complete_week(datetime.now(timezone.utc))
     resources = default_resources()
-    if args.quick:
-        resources["engine"] = EngineResource(profile_options=QUICK_PROFILE)
+    resources["engine"] = EngineResource(profile_options=QUICK_PROFILE if args.quick else FULL_PROFILE)
     engine = resources["engine"]
     print(f"[tabletune] fleet {fleet.source}; store {resources['duckdb'].database}; Dagster home {dagster_home}")
 

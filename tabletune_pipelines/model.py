@@ -21,6 +21,11 @@ from tabletune_pipelines.errors import EmptyProfileError, SchemaVersionError
 
 SCHEMA_VERSION = 1
 
+#: How a profile's cells were launched: ``one_launch`` (every k in one launch at K, switched at
+#: runtime), ``launch_per_k`` (a launch at K per k, one-range table), ``fixed_k`` (a launch per
+#: k >= 1 with K = k and no table: the "fixed k, no DSD" baseline of the engine-dependence check).
+PROFILE_MODES = ("one_launch", "launch_per_k", "fixed_k")
+
 T = TypeVar("T", bound="_Document")
 
 
@@ -168,11 +173,11 @@ class StepTimeProfile(_Document):
     cells: tuple[StepTimeCell, ...]
     """Measured cells (spec k ≥ 0, the no-spec baseline, all-accepted cells)."""
     mode: str = "one_launch"
-    """``"one_launch"`` (switch k at runtime) or ``"launch_per_k"``."""
+    """One of ``PROFILE_MODES``."""
 
     def __post_init__(self) -> None:
-        if self.mode not in ("one_launch", "launch_per_k"):
-            raise ValueError(f"mode = {self.mode!r} must be 'one_launch' or 'launch_per_k'")
+        if self.mode not in PROFILE_MODES:
+            raise ValueError(f"mode = {self.mode!r} must be one of {PROFILE_MODES}")
 
     def reject_cells(self) -> dict[int, dict[int, float]]:
         out: dict[int, dict[int, float]] = {}

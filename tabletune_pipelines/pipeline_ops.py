@@ -105,20 +105,34 @@ def profile(
     Each cell is written to ``store`` as soon as it is measured; cells already in the store are
     skipped, so a re-run after a crash resumes. ``options``: ``mode`` (``one_launch``),
     ``batch_sizes``, ``ks``, ``repetitions``, ``include_no_spec``, ``accept_batch_sizes`` (the
-    profiler's ``default_plan`` arguments), ``startup_timeout``, ``kv_cache_space_gib``.
+    profiler's ``default_plan`` arguments), ``startup_timeout``, ``kv_cache_space_gib``, and
+    ``fixed_k_baseline``: also time every k >= 1 in its own launch with K = k and no table (the
+    engine-dependence check's baseline; one more launch per k).
     """
     check_local_engine(identity)
     from tabletune_pipelines.engine import profiler as engine_profiler
 
     opts = dict(options or {})
     mode = opts.pop("mode", "one_launch")
+    fixed_k_baseline = bool(opts.pop("fixed_k_baseline", False))
     server_kw = {k: opts.pop(k) for k in _SERVER_OPTIONS if k in opts}
     plan_kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in opts.items()}
     cfg = _server_config(identity, dep, cache_dir, work_dir, server_kw)
     plan = engine_profiler.default_plan(cfg, **plan_kw)
     existing, on_cell = engine_profiler.store_hooks(store, identity, mode)
-    return engine_profiler.profile_step_times(cfg, plan=plan, mode=mode, existing=existing, on_cell=on_cell,
-                                              identity=identity, progress=log.info)
+    profile = engine_profiler.profile_step_times(cfg, plan=plan, mode=mode, existing=existing, on_cell=on_cell,
+                                                 identity=identity, progress=log.info)
+    if fixed_k_baseline and mode != "fixed_k":
+        # A launch per k: a few batch sizes are enough to show the trap, the full grid is not.
+        bs = plan.batch_sizes
+        sparse = sorted({bs[0], bs[len(bs) // 4], bs[len(bs) // 2], bs[-1]})
+        fixed_plan = engine_profiler.default_plan(cfg, batch_sizes=sparse, ks=[k for k in plan.ks if k >= 1],
+                                                  repetitions=plan.repetitions, include_no_spec=False,
+                                                  accept_batch_sizes=[])
+        existing, on_cell = engine_profiler.store_hooks(store, identity, "fixed_k")
+        engine_profiler.profile_step_times(cfg, plan=fixed_plan, mode="fixed_k", existing=existing, on_cell=on_cell,
+                                           identity=identity, progress=log.info)
+    return profile
 
 
 def _server_config(identity: EngineIdentity, dep: Deployment | None, cache_dir: str, work_dir: str,

@@ -57,14 +57,14 @@ from tabletune_pipelines.core.steptime import (
 from tabletune_pipelines.engine.errors import EngineConfigError, EngineError
 from tabletune_pipelines.engine.server import ServerConfig, VLLMServer
 from tabletune_pipelines.errors import TableTuneError
-from tabletune_pipelines.model import EngineIdentity, StepTimeCell, StepTimeProfile
+from tabletune_pipelines.model import PROFILE_MODES, EngineIdentity, StepTimeCell, StepTimeProfile
 
 logger = logging.getLogger("tabletune.profiler")
 
 CellKey = tuple[int | None, int, str]  # (k, batch_size, acceptance)
 #: Profiler modes: runtime k switching in one launch (default), one launch per k under the same
 #: launch K, and one launch per k with K = k and no table (the engine-dependence trap check).
-MODES = ("one_launch", "launch_per_k", "fixed_k")
+MODES = PROFILE_MODES
 #: Fewest engine-side steps at exactly batch size B for an engine timing to count.
 MIN_ENGINE_STEPS = 8
 
@@ -340,20 +340,6 @@ def _fixed_k_config(base: ServerConfig, k: int, work_dir: str | None) -> ServerC
                                synthetic_acceptance_rates=tuple([0.0] * int(k)), work_dir=work_dir)
 
 
-def _make_profile(identity: EngineIdentity, cells: tuple[StepTimeCell, ...], mode: str) -> StepTimeProfile:
-    """``StepTimeProfile`` for ``mode``; builds a ``fixed_k`` profile even if the data model's mode
-    check predates that mode (the cells and every method are the same)."""
-    try:
-        return StepTimeProfile(identity=identity, cells=cells, mode=mode)
-    except ValueError:
-        if mode != "fixed_k":
-            raise
-    prof = object.__new__(StepTimeProfile)
-    for name, value in (("identity", identity), ("cells", cells), ("mode", mode)):
-        object.__setattr__(prof, name, value)
-    return prof
-
-
 def profile_step_times(
     config: ServerConfig,
     *,
@@ -527,7 +513,7 @@ def profile_step_times(
     order = {key: i for i, key in enumerate(wanted)}
     cells = sorted(have.values(), key=lambda c: order.get(cell_key(c), len(order)))
     prog.say(f"[profile] done: {len(new_cells)} cells measured in {time.monotonic() - prog.started:.0f} s")
-    return _make_profile(identity, tuple(cells), mode)
+    return StepTimeProfile(identity=identity, cells=tuple(cells), mode=mode)
 
 
 def store_hooks(store: Any, identity: EngineIdentity, mode: str) -> tuple[list[StepTimeCell], Callable[[StepTimeCell], None]]:

@@ -226,7 +226,7 @@ def test_insane_prior_is_blocked_and_skipped(home, one_fleet, instance):
     assert "no sane acceptance prior" in failure.step_failure_data.user_failure_data.description
 
 
-def test_k0_warning_and_trap_with_launch_per_k_cells(home, one_fleet, instance):
+def test_k0_warning_and_trap_with_fixed_k_cells(home, one_fleet, instance):
     """Warn checks with figures: k = 0 much slower than no-spec, and fixed-K launches faster than the table."""
     from tabletune_pipelines.model import StepTimeCell
     from tabletune_pipelines.store import TableTuneStore
@@ -243,7 +243,7 @@ def test_k0_warning_and_trap_with_launch_per_k_cells(home, one_fleet, instance):
 
     cells = [StepTimeCell(k=k, batch_size=b, median_ms=scripted_ms(k, b) * 0.7, repetitions_ms=(1.0,), launch_k=k)
              for k in (1, 2, 3) for b in (1, 4, 16)]
-    store.write_profile_cells(ident, cells, mode="launch_per_k")
+    store.write_profile_cells(ident, cells, mode="fixed_k")
     res = materialize(["draft_length_table"], resources, instance, key)
     assert res.success  # WARN checks never block
     checks = {c.check_name: c for c in res.get_asset_check_evaluations()}

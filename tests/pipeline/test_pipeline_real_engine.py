@@ -25,8 +25,9 @@ from tabletune_pipelines.resources import EngineResource, FleetResource, TuningP
 
 pytestmark = pytest.mark.engine
 
-#: Small plan on 2 cores: 3 batch sizes × (k 0..3 + no-spec), 2 repetitions, no all-accepted launch.
-PROFILE_OPTIONS = {"batch_sizes": [1, 4, 16], "repetitions": 2, "accept_batch_sizes": []}
+#: Small plan on 2 cores: 3 batch sizes × (k 0..3 + no-spec), 2 repetitions, no all-accepted launch,
+#: plus the fixed-k baseline (a launch per k with K = k, no table) for the engine-dependence check.
+PROFILE_OPTIONS = {"batch_sizes": [1, 4, 16], "repetitions": 2, "accept_batch_sizes": [], "fixed_k_baseline": True}
 
 
 @pytest.fixture(scope="session")
@@ -136,3 +137,16 @@ def test_published_files_are_valid_for_vllm(real_run):
 
     # vLLM's own validator accepts it and normalizes it to the same ranges.
     assert [list(r) for r in validate_and_normalize_dynamic_sd_schedule(ranges)] == ranges
+
+
+def test_engine_dependence_check_has_real_fixed_k_figures(real_run):
+    rows = sql(real_run["home"], "SELECT k, launch_k, batch_size FROM step_time_cells WHERE identity_key = ? "
+               "AND mode = 'fixed_k' ORDER BY k, batch_size", [real_run["key"]])
+    assert {(k, b) for k, _, b in rows} == {(k, b) for k in (1, 2, 3) for b in (1, 4, 16)}
+    assert all(k == launch_k for k, launch_k, _ in rows)
+    checks = {c.check_name: c for c in real_run["chain"].get_asset_check_evaluations()}
+    trap = checks["engine_dependence_trap"]
+    assert "NOT MEASURED" not in trap.description
+    # Figures per measured batch size: best fixed k and its goodput next to the table's.
+    comparison = trap.metadata["comparison"].value
+    assert all(f"| {b} |" in comparison for b in (1, 4, 16))
