@@ -159,23 +159,28 @@ def table_gates(table: DraftLengthTable, max_predicted_loss: float) -> list[Gate
 
 
 def engine_dependence_gate(table: DraftLengthTable, fixed_cells: Mapping[int, Mapping[int, float]],
-                           margin: float) -> Gate:
-    """Warn: is the table slower somewhere than the best fixed k launched with K = k (no table)?"""
+                           margin: float, table_reject_ms: Mapping[int, Mapping[int, float]]) -> Gate:
+    """Warn: is the table slower somewhere than the best fixed k launched with K = k (no table)?
+
+    Like is compared with like: both sides use step times measured with every draft rejected
+    (``table_reject_ms`` = the profile's cells under the launch K), at the batch sizes both measured.
+    """
     name = "engine_dependence_trap"
     if not fixed_cells:
         return Gate(name, True, "NOT MEASURED: the profile has no cells of launches with K = k and no table, so the "
                                 "engine-dependence trap (DESIGN §4b) cannot be checked; profile in fixed_k mode "
                                 "(EngineResource fixed_k_baseline, or `tabletune profile --mode fixed_k`) to measure it", {"status": "not measured"})
-    t, tau = table_step_and_tau(table)
+    dense_k = expand_table([list(r) for r in table.ranges], table.max_num_seqs, table.max_k)
     taus = tau_curve(table.acceptance_rates)
     rows, worst, worst_b = [], 0.0, None
     bs = sorted(set.intersection(*[set(v) for v in fixed_cells.values()]))
     for b in bs:
-        if b > table.max_num_seqs:
+        k_table = dense_k[b - 1] if b <= table.max_num_seqs else None
+        if k_table is None or b not in table_reject_ms.get(k_table, {}):
             continue
-        g_fixed = {k: b * taus[k] / fixed_cells[k][b] for k in fixed_cells if k < len(taus)}
+        g_fixed = {k: 1000.0 * b * taus[k] / fixed_cells[k][b] for k in fixed_cells if k < len(taus)}
         best_k = max(g_fixed, key=g_fixed.get)
-        g_table = b * tau[b - 1] / t[b - 1]
+        g_table = 1000.0 * b * taus[k_table] / table_reject_ms[k_table][b]
         slow = 1.0 - g_table / g_fixed[best_k]
         rows.append(f"| {b} | {best_k} | {g_fixed[best_k]:.1f} | {g_table:.1f} | {slow:+.1%} |")
         if slow > worst:
@@ -206,7 +211,7 @@ def k0_gate(table: DraftLengthTable, no_spec_ms: Mapping[int, float], k0_ms: Map
         if b > table.max_num_seqs:
             continue
         ns = no_spec_ms[b]
-        g_ns, g_table = b / ns, b * tau[b - 1] / t[b - 1]
+        g_ns, g_table = 1000.0 * b / ns, 1000.0 * b * tau[b - 1] / t[b - 1]
         over = (k0_ms[b] / ns - 1.0) if b in k0_ms else float("nan")
         if b in k0_ms:
             worst_overhead = max(worst_overhead, over)

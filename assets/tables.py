@@ -91,7 +91,8 @@ def draft_length_table(context: dg.AssetExecutionContext, config: TableConfig, d
     gates = table_gates(table, policy.max_predicted_loss)
     no_spec = profile.no_spec_ms()
     k0 = profile.reject_cells().get(0, {})
-    warn_gates = [engine_dependence_gate(table, fixed_launch_cells(store, key), policy.trap_margin),
+    warn_gates = [engine_dependence_gate(table, fixed_launch_cells(store, key), policy.trap_margin,
+                                         profile.reject_cells()),
                   k0_gate(table, no_spec, k0, policy.k0_margin)]
     png = goodput_plot(table, no_spec, f"{key}\nprior {prior.prior_id}")
     yield dg.MaterializeResult(
