@@ -7,15 +7,13 @@ publishing (a table that failed a blocking gate is never published, whichever ru
 from __future__ import annotations
 
 import base64
-import io
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
-import numpy as np
 
 from tabletune_pipelines import pipeline_ops
 from tabletune_pipelines.core.goodput import tau_curve, validate_acceptance

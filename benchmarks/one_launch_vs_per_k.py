@@ -39,29 +39,18 @@ import sys
 import time
 from pathlib import Path
 
+from _common import ints, loadavg, fixed_prior  # noqa: E402 (benchmarks/ is on sys.path when run as a script)
+
 FIXED_PRIORS = {
     "a=(0.7,0.5,0.3)": (0.7, 0.5, 0.3),
     "n-gram-like a=(0.836,0.708,0.632)": (0.836, 0.708, 0.632),  # NOTES.md's measured n-gram prior
 }
 
 
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
 
 
-def _loadavg() -> str:
-    try:
-        return Path("/proc/loadavg").read_text().strip()
-    except OSError:
-        return "n/a"
 
 
-def _prior(rates):
-    from tabletune_pipelines.model import AcceptancePrior
-
-    n = len(rates)
-    return AcceptancePrior(rates=tuple(rates), num_drafts=0, drafted_per_pos=(0,) * n, accepted_per_pos=(0,) * n,
-                           prompt_fingerprint="synthetic", prompt_count=0, source="synthetic")
 
 
 def _cross_loss(table_ranges, dense_ms, ks, rates, max_num_seqs, max_k):
@@ -122,28 +111,28 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(msg)
         print(msg, flush=True)
 
-    load_start = _loadavg()
+    load_start = loadavg()
     models = ensure_tiny_models(args.models, args.size)
     cfg = ServerConfig(model=str(models.target_dir), drafter=str(models.draft_dir), method="draft_model",
                        num_speculative_tokens=args.k, max_num_seqs=args.max_num_seqs, work_dir=str(out / "servers"))
-    plan = default_plan(cfg, batch_sizes=_ints(args.batch_sizes), ks=_ints(args.ks), repetitions=args.repetitions,
+    plan = default_plan(cfg, batch_sizes=ints(args.batch_sizes), ks=ints(args.ks), repetitions=args.repetitions,
                         include_no_spec=False, accept_batch_sizes=[])
     identity = engine_identity(cfg)
     vocab = read_vocab_size(cfg.model) or 2048
     modes = ["one_launch", "launch_per_k"] if args.order == "one_first" else ["launch_per_k", "one_launch"]
     res: dict[str, dict] = {}
     for mode in modes:
-        log(f"== mode {mode} (load {_loadavg()})")
+        log(f"== mode {mode} (load {loadavg()})")
         prof, wall, startups = run_mode(cfg, plan, mode, identity, vocab, log)
-        res[mode] = {"profile": prof, "wall_s": wall, "startups_s": startups, "load_after": _loadavg()}
+        res[mode] = {"profile": prof, "wall_s": wall, "startups_s": startups, "load_after": loadavg()}
     fixed = None
     if args.with_fixed_k:
-        log(f"== mode fixed_k (load {_loadavg()})")
-        fplan = default_plan(cfg, batch_sizes=_ints(args.batch_sizes), ks=[k for k in _ints(args.ks) if k >= 1],
+        log(f"== mode fixed_k (load {loadavg()})")
+        fplan = default_plan(cfg, batch_sizes=ints(args.batch_sizes), ks=[k for k in ints(args.ks) if k >= 1],
                              repetitions=args.repetitions, include_no_spec=False, accept_batch_sizes=[])
         fprof, fwall, fstart = run_mode(cfg, fplan, "fixed_k", identity, vocab, log)
         fixed = {"profile": fprof, "wall_s": fwall, "startups_s": fstart}
-    load_end = _loadavg()
+    load_end = loadavg()
 
     one, per = res["one_launch"]["profile"], res["launch_per_k"]["profile"]
     cell_one = {(c.k, c.batch_size): c for c in one.cells}
@@ -182,8 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     all_same = True
     for name, rates in FIXED_PRIORS.items():
         rates = tuple(rates[: args.k])
-        to = derive_table(one, _prior(rates))
-        tp = derive_table(per, _prior(rates))
+        to = derive_table(one, fixed_prior(rates))
+        tp = derive_table(per, fixed_prior(rates))
         same = to.table.ranges == tp.table.ranges
         all_same &= same
         worst_po, mean_po = _cross_loss(tp.table.ranges, to.step_ms_dense, list(to.choice.ks), rates,

@@ -55,26 +55,15 @@ import sys
 import time
 from pathlib import Path
 
+from _common import ints, loadavg, fixed_prior  # noqa: E402 (benchmarks/ is on sys.path when run as a script)
+
 DEFAULT_RATES = "0.7,0.5,0.3;0.9,0.8,0.7"
 
 
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
 
 
-def _loadavg() -> str:
-    try:
-        return Path("/proc/loadavg").read_text().strip()
-    except OSError:
-        return "n/a"
 
 
-def _prior(rates):
-    from tabletune_pipelines.model import AcceptancePrior
-
-    n = len(rates)
-    return AcceptancePrior(rates=tuple(rates), num_drafts=0, drafted_per_pos=(0,) * n, accepted_per_pos=(0,) * n,
-                           prompt_fingerprint="synthetic", prompt_count=0, source="synthetic")
 
 
 def window(steps: list[dict], batch_size: int) -> dict:
@@ -140,12 +129,12 @@ def main(argv: list[str] | None = None) -> int:
         print(msg, flush=True)
 
     K, N, M = args.k, args.output_tokens, args.max_num_seqs
-    bs, fixed_ks = _ints(args.batch_sizes), _ints(args.ks)
+    bs, fixed_ks = ints(args.batch_sizes), ints(args.ks)
     rate_sets = [tuple(float(x) for x in part.split(",")) for part in args.rates.split(";") if part.strip()]
     for r in rate_sets:
         if len(r) != K:
             raise SystemExit(f"acceptance vector {r} needs {K} entries")
-    load_start = _loadavg()
+    load_start = loadavg()
     t_start = time.monotonic()
     models = ensure_tiny_models(args.models, args.size)
     cfg = ServerConfig(model=str(models.target_dir), drafter=str(models.draft_dir), method="draft_model",
@@ -155,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--output-tokens {N} does not fit max_model_len {cfg.max_model_len}")
     identity = engine_identity(cfg)
     vocab = read_vocab_size(cfg.model) or 2048
-    plan = default_plan(cfg, batch_sizes=bs, ks=_ints(args.profile_ks), repetitions=args.profile_repetitions,
+    plan = default_plan(cfg, batch_sizes=bs, ks=ints(args.profile_ks), repetitions=args.profile_repetitions,
                         include_no_spec=False, accept_batch_sizes=bs)
     results: dict = {"identity": identity.to_dict(), "load_start": load_start, "rates": {}}
     keys = [",".join(map(str, r)) for r in rate_sets]
@@ -170,14 +159,14 @@ def main(argv: list[str] | None = None) -> int:
         results["profile_seconds"] = t_profile
         setups = {}
         for key, rates in zip(keys, rate_sets):
-            tuned = derive_table(before, _prior(rates))  # the table is tuned before anything runs
+            tuned = derive_table(before, fixed_prior(rates))  # the table is tuned before anything runs
             setups[key] = {"rates": rates, "table": tuned.table.as_vllm(),
                            "table_k": expand_table([list(r) for r in tuned.table.ranges], M, K)}
         policies = [(f"k={k}", k) for k in fixed_ks] + [("table", None)]
         data: dict[tuple[str, int, str], list[dict]] = {(key, b, p): [] for key in keys for b in bs for p, _ in policies}
         reps = {b: max(3, math.ceil(args.min_tokens / (b * N))) for b in bs}
         print(f"== tuned tables { {k: v['table'] for k, v in setups.items()} }; repetitions {reps} "
-              f"(load {_loadavg()})", flush=True)
+              f"(load {loadavg()})", flush=True)
         # Repetition r: every acceptance vector, every B, every policy; the order of the vectors and of
         # the policies rotates with r, so drift (other jobs on the 2 cores) hits all of them alike.
         for r in range(max(reps.values())):
@@ -195,14 +184,14 @@ def main(argv: list[str] | None = None) -> int:
                         seed = 900_000 + b * 1000 + r * 10 + (k if k is not None else 9)
                         data[(key, b, name)].append(measure_once(srv, b, N, seed, vocab))
             print(f"  repetition {r + 1}/{max(reps.values())} done ({time.monotonic() - t_start:.0f} s, "
-                  f"load {_loadavg()})", flush=True)
+                  f"load {loadavg()})", flush=True)
         # Profile again after the goodput runs: the bracketing profile (median over the repetitions of
         # both) cancels slow drift of the machine between profiling and measuring.
         after = profile_step_times(cfg, plan=plan, identity=identity, vocab_size=vocab, server=srv)
         results["profile_after"] = after.to_dict()
     finally:
         srv.stop()
-    load_end = _loadavg()
+    load_end = loadavg()
     results["load_end"] = load_end
     results["total_seconds"] = time.monotonic() - t_start
 

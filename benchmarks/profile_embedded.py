@@ -17,13 +17,9 @@ import sys
 import time
 from pathlib import Path
 
+from _common import ints  # noqa: E402 (benchmarks/ is on sys.path when run as a script)
 
-def _ints(text: str | None) -> list[int] | None:
-    if text is None:
-        return None
-    if text.strip().lower() in ("", "none"):
-        return []
-    return [int(x) for x in text.split(",") if x.strip()]
+
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,8 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     models = ensure_tiny_models(args.models, args.size)
     cfg = ServerConfig(model=str(models.target_dir), drafter=str(models.draft_dir), method="draft_model",
                        num_speculative_tokens=args.k, max_num_seqs=args.max_num_seqs, work_dir=str(out / "servers"))
-    plan = default_plan(cfg, batch_sizes=_ints(args.batch_sizes), ks=_ints(args.ks), repetitions=args.repetitions,
-                        include_no_spec=not args.no_nospec, accept_batch_sizes=_ints(args.accept_batch_sizes))
+    plan = default_plan(cfg, batch_sizes=ints(args.batch_sizes), ks=ints(args.ks), repetitions=args.repetitions,
+                        include_no_spec=not args.no_nospec, accept_batch_sizes=ints(args.accept_batch_sizes))
     identity = engine_identity(cfg)
     existing, on_cell = [], None
     if args.store:

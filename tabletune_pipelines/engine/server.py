@@ -497,22 +497,9 @@ class VLLMServer:
         else:
             cmd["table"] = [list(map(int, r)) for r in validate_vllm_schedule([list(r) for r in table])]
         seq = self._write_control(cmd)
-        ack_path = Path(str(self.control_path) + ".ack")
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                ack = json.loads(ack_path.read_text())
-            except (OSError, ValueError):
-                ack = None
-            if ack is not None:
-                if ack.get("error"):
-                    raise EngineError(f"engine rejected k control {cmd}: {ack['error']}", self.log_tail(10))
-                if ack.get("ack") == seq:
-                    return
-            # The scheduler only polls after a step: one 1-token request makes a step happen.
-            self.complete("k", max_tokens=1)
-            time.sleep(0.05)
-        raise EngineError(f"engine did not acknowledge k control {cmd} within {timeout} s", self.log_tail())
+        # The scheduler only polls after a step: one 1-token request makes a step happen.
+        self._await_ack(Path(str(self.control_path) + ".ack"), seq, timeout, f"k control {cmd}",
+                        poke=lambda: self.complete("k", max_tokens=1), pause=0.05)
 
     @property
     def can_switch_synthetic_rates(self) -> bool:
@@ -533,7 +520,12 @@ class VLLMServer:
         seq = self._syn_seq
         path = self.synthetic_control_path
         self._syn_sig = _write_distinct(path, json.dumps({"seq": seq, "rates": rates}), getattr(self, "_syn_sig", None))
-        ack_path = Path(str(path) + ".ack")
+        # The rates are read when drafts are verified: a short request makes that happen.
+        self._await_ack(Path(str(path) + ".ack"), seq, timeout, f"synthetic rates {rates}",
+                        poke=lambda: self.complete("rates", max_tokens=4, ignore_eos=True), pause=0.02)
+
+    def _await_ack(self, ack_path: Path, seq: int, timeout: float, what: str, *, poke, pause: float) -> None:
+        """Wait until the engine acknowledges control message ``seq`` (or reports an error)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
@@ -542,13 +534,12 @@ class VLLMServer:
                 ack = None
             if ack is not None:
                 if ack.get("error"):
-                    raise EngineError(f"engine rejected synthetic rates {rates}: {ack['error']}")
+                    raise EngineError(f"engine rejected {what}: {ack['error']}", self.log_tail(10))
                 if ack.get("ack") == seq:
                     return
-            # The rates are read when drafts are verified: a short request makes that happen.
-            self.complete("rates", max_tokens=4, ignore_eos=True)
-            time.sleep(0.02)
-        raise EngineError(f"engine did not acknowledge synthetic rates {rates} within {timeout} s", self.log_tail())
+            poke()
+            time.sleep(pause)
+        raise EngineError(f"engine did not acknowledge {what} within {timeout} s", self.log_tail())
 
     def arm_gate(self, n: int, timeout: float = 10.0) -> None:
         """Hold the next ``n`` arriving requests in the engine and admit them in one step.
