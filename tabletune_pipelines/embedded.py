@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[tabletune] --speculative-config for a deployment without the controller: "
                   f"{dep.speculative_config_path}")
     print(f"\n[tabletune] open the UI on it:\n  DAGSTER_HOME={dagster_home} env --default-signal=INT,TERM "
-          f"dagster dev -w {REPO / 'workspace.yaml'} -h 127.0.0.1 -p 3000")
+          f"{Path(sys.executable).parent / 'dagster'} dev -w {REPO / 'workspace.yaml'} -h 127.0.0.1 -p 3000")
     return status
 
 
