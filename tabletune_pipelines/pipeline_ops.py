@@ -142,22 +142,20 @@ def _server_config(identity: EngineIdentity, dep: Deployment | None, cache_dir: 
     return ServerConfig(
         model=resolve_model(identity.model, cache_dir), drafter=resolve_model(identity.drafter, cache_dir, drafter=True),
         method=identity.method, num_speculative_tokens=identity.max_k, max_num_seqs=identity.max_num_seqs,
-        dtype=identity.dtype, work_dir=work_dir, speculative_extra=_measurement_safe(dep.speculative_config) if dep else {},
+        dtype=identity.dtype, work_dir=work_dir, speculative_extra=_measurement_extra(dep.speculative_config) if dep else {},
         **server_kw,
     )
 
 
 _SERVER_OPTIONS = ("startup_timeout", "kv_cache_space_gib", "max_model_len")
 
-#: Keys the measurement launches set themselves: a deployment's own table or rejection mode must
-#: not leak into the profiler's one-range table / synthetic rates or the fixed-K acceptance launch.
-_MEASUREMENT_OWNED_KEYS = ("num_speculative_tokens", "num_speculative_tokens_per_batch_size",
-                           "rejection_sample_method", "synthetic_acceptance_rates", "synthetic_acceptance_length")
 
+def _measurement_extra(speculative_config: dict[str, Any]) -> dict[str, Any]:
+    """A deployment's extra --speculative-config keys minus those the measurement launch sets itself
+    (its serving table or rejection mode would otherwise replace the profiler's)."""
+    from tabletune_pipelines.engine.server import OWNED_SPECULATIVE_KEYS
 
-def _measurement_safe(speculative_config: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in speculative_config.items() if k not in _MEASUREMENT_OWNED_KEYS}
-
+    return {k: v for k, v in speculative_config.items() if k not in OWNED_SPECULATIVE_KEYS}
 
 def measure_acceptance(
     identity: EngineIdentity, dep: Deployment, prompts_file: Path, week: str, *, cache_dir: str, work_dir: str,

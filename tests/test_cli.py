@@ -42,8 +42,12 @@ def test_table_text_plot_and_save(seeded, tmp_path, capsys):
     png = tmp_path / "g.png"
     assert main(["--db", str(seeded), "table", "--plot", str(png), "--save"]) == 0
     out = capsys.readouterr().out
-    assert "| batch sizes | k |" in out and "chosen k" in out and "--speculative-config" not in out.split("vLLM")[0]
-    assert '"num_speculative_tokens_per_batch_size"' in out
+    assert "| batch sizes | k |" in out and "chosen k" in out
+    spec_line = next(line for line in out.splitlines() if line.startswith("vLLM --speculative-config: "))
+    spec = json.loads(spec_line.split(": ", 1)[1])
+    assert spec["num_speculative_tokens"] == 3
+    validate_table(spec["num_speculative_tokens_per_batch_size"], 16, 3)
+    assert spec["method"] == "ngram"  # the deployment's own speculative config is kept
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert TableTuneStore(seeded).query("SELECT count(*) FROM draft_length_tables") == [(1,)]
 

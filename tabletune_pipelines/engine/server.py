@@ -56,6 +56,10 @@ METHODS = ("draft_model", "ngram", "eagle", "eagle3", "mtp", "suffix", "dflash")
 #: Methods whose drafter is a separate model given by path or hub name.
 MODEL_DRAFTERS = ("draft_model", "eagle", "eagle3", "dflash")
 DEVICES = ("auto", "cpu", "gpu")
+#: ``--speculative-config`` keys written from ServerConfig's typed fields; ``speculative_extra`` may
+#: not override them (a deployment's own table or rejection mode must not leak into a measurement).
+OWNED_SPECULATIVE_KEYS = ("method", "model", "num_speculative_tokens", "num_speculative_tokens_per_batch_size",
+                          "rejection_sample_method", "synthetic_acceptance_rates", "synthetic_acceptance_length")
 
 
 def _looks_like_path(name: str) -> bool:
@@ -116,6 +120,11 @@ class ServerConfig:
     """Python interpreter that runs the launcher (the one with vLLM installed)."""
 
     def __post_init__(self) -> None:
+        owned = sorted(set(self.speculative_extra) & set(OWNED_SPECULATIVE_KEYS))
+        if owned:
+            raise EngineConfigError(
+                f"speculative_extra sets {owned}, which ServerConfig's own fields control (method, drafter, "
+                "num_speculative_tokens, table, synthetic_acceptance_rates); set those fields instead")
         if not isinstance(self.model, str) or not self.model.strip():
             raise EngineConfigError(f"model = {self.model!r} must be a non-empty path or model name")
         if self.method is not None and self.method not in METHODS:

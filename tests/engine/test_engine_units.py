@@ -106,6 +106,10 @@ def test_device_selection_without_gpu(tmp_path):
     assert gpu[gpu.index("serve") - 1].endswith("vllm") or gpu[:3][-1] == "vllm.entrypoints.cli.main"
     assert "--enforce-eager" not in gpu and "--no-enable-prefix-caching" not in gpu
     assert "tabletune_pipelines.engine.step_scheduler.AutoTimingScheduler" in gpu
+    # speculative_extra cannot override what the typed fields control (e.g. a serving table).
+    with pytest.raises(EngineConfigError, match="num_speculative_tokens_per_batch_size"):
+        ServerConfig(model="/m", method="ngram", num_speculative_tokens=3,
+                     speculative_extra={"num_speculative_tokens_per_batch_size": [[1, 16, 1]]})
     # Defaults: GPU timing keeps production's CUDA graphs; the CPU build is always eager.
     default = ServerConfig(model="/m", drafter="/d", method="draft_model", num_speculative_tokens=3)
     assert "--enforce-eager" not in build_command(default, 8000, "gpu")
