@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from tabletune_pipelines.core.goodput import validate_acceptance, validate_step_time
-from tabletune_pipelines.core.steptime import StepTimeSurface
+from tabletune_pipelines.core.steptime import StepTimeSurface, relative_spread
 from tabletune_pipelines.core.table import validate_table
 from tabletune_pipelines.errors import EmptyProfileError, SchemaVersionError
 
@@ -157,9 +157,7 @@ class StepTimeCell:
     @property
     def spread(self) -> float:
         """(max - min) / median of the repetitions."""
-        if not self.repetitions_ms:
-            return 0.0
-        return (max(self.repetitions_ms) - min(self.repetitions_ms)) / self.median_ms
+        return relative_spread(self.repetitions_ms) if self.repetitions_ms else 0.0
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ interpolation of T(B, k) between measured batch sizes, and the acceptance-depend
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -186,10 +186,3 @@ def accepted_work_correction(
         dense[i] += np.interp(b, xs, extra) * frac_kept
     return dense
 
-
-def ms_by_cell(cells: Iterable[tuple[int, int, float]]) -> dict[int, dict[int, float]]:
-    """Group ``(k, batch_size, ms)`` triples into ``{k: {B: ms}}``."""
-    out: dict[int, dict[int, float]] = {}
-    for k, b, ms in cells:
-        out.setdefault(int(k), {})[int(b)] = float(ms)
-    return out
