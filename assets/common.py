@@ -20,7 +20,7 @@ from tabletune_pipelines.core.goodput import tau_curve, validate_acceptance
 from tabletune_pipelines.core.table import expand_table, validate_table, validate_vllm_schedule
 from tabletune_pipelines.errors import TableTuneError
 from tabletune_pipelines.fleet import Deployment, Fleet, tabletune_home
-from tabletune_pipelines.model import AcceptancePrior, DraftLengthTable, EngineIdentity, StepTimeProfile
+from tabletune_pipelines.documents import AcceptancePrior, DraftLengthTable, EngineIdentity, StepTimeProfile
 from tabletune_pipelines.report import table_step_and_tau
 from tabletune_pipelines.store import TableTuneStore
 

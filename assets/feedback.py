@@ -11,7 +11,7 @@ from assets.common import OWNERS
 from tabletune_pipelines.core.acceptance import AcceptanceEstimator, EstimatorConfig
 from tabletune_pipelines.errors import TableTuneError
 from tabletune_pipelines.live_counters import LiveCountersError, read_live_counters
-from tabletune_pipelines.model import AcceptancePrior
+from tabletune_pipelines.documents import AcceptancePrior
 from tabletune_pipelines.partitions import week_bounds, weekly_partitions
 from tabletune_pipelines.resources import EngineResource, FleetResource, TuningPolicy, store_from
 

@@ -8,7 +8,7 @@ from dagster_duckdb import DuckDBResource
 
 from assets.common import OWNERS, deployments_running, json_md, table_gates
 from tabletune_pipelines.errors import StoreError
-from tabletune_pipelines.model import DraftLengthTable
+from tabletune_pipelines.documents import DraftLengthTable
 from tabletune_pipelines.report import table_markdown
 from tabletune_pipelines.partitions import engine_identity_partitions
 from tabletune_pipelines.published import atomic_write_text

@@ -20,7 +20,7 @@ def loadavg() -> str:
 
 def fixed_prior(rates):
     """An AcceptancePrior with known rates (no measurement behind it)."""
-    from tabletune_pipelines.model import AcceptancePrior
+    from tabletune_pipelines.documents import AcceptancePrior
 
     n = len(rates)
     return AcceptancePrior(rates=tuple(rates), num_drafts=0, drafted_per_pos=(0,) * n, accepted_per_pos=(0,) * n,

@@ -18,7 +18,7 @@ from typing import Any
 
 from tabletune_pipelines.errors import TableTuneError
 from tabletune_pipelines.fleet import Deployment
-from tabletune_pipelines.model import AcceptancePrior, EngineIdentity, StepTimeProfile
+from tabletune_pipelines.documents import AcceptancePrior, EngineIdentity, StepTimeProfile
 
 TINY_PREFIX = "tiny:"
 

@@ -13,11 +13,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from tabletune_pipelines.errors import TableTuneError
+
 PUBLISHED_SCHEMA = "tabletune.published_table"
 PUBLISHED_SCHEMA_VERSION = 1
 
 
-class PublishedTableError(ValueError):
+class PublishedTableError(TableTuneError, ValueError):
     """The published-table file is missing, unreadable, or not a TableTune published table."""
 
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from tabletune_pipelines.core.goodput import tau_curve
 from tabletune_pipelines.core.table import expand_table
-from tabletune_pipelines.model import DraftLengthTable
+from tabletune_pipelines.documents import DraftLengthTable
 from tabletune_pipelines.tuning import TunedTable
 
 

@@ -22,7 +22,7 @@ from pydantic import Field
 
 from tabletune_pipelines import pipeline_ops
 from tabletune_pipelines.fleet import Deployment, Fleet, load_fleet, tabletune_home
-from tabletune_pipelines.model import AcceptancePrior, EngineIdentity, StepTimeProfile
+from tabletune_pipelines.documents import AcceptancePrior, EngineIdentity, StepTimeProfile
 from tabletune_pipelines.store import TableTuneStore
 
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from tabletune_pipelines.core.steptime import accepted_work_correction
 from tabletune_pipelines.core.table import DEFAULT_STICKINESS, TableChoice, build_table
-from tabletune_pipelines.model import AcceptancePrior, DraftLengthTable, StepTimeProfile
+from tabletune_pipelines.documents import AcceptancePrior, DraftLengthTable, StepTimeProfile
 
 
 @dataclass(frozen=True)

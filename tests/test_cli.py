@@ -7,7 +7,7 @@ import pytest
 
 from tabletune_pipelines.cli import main
 from tabletune_pipelines.core.table import validate_table
-from tabletune_pipelines.model import AcceptancePrior, EngineIdentity, StepTimeCell
+from tabletune_pipelines.documents import AcceptancePrior, EngineIdentity, StepTimeCell
 from tabletune_pipelines.store import TableTuneStore
 
 # DESIGN §4, medium target on CPU: the best k moves from 3 to 1 near B = 16.

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from tabletune_pipelines.engine.errors import EngineConfigError, EngineError, PromptFileError
 from tabletune_pipelines.engine.server import ServerConfig, VLLMServer
-from tabletune_pipelines.model import AcceptancePrior
+from tabletune_pipelines.documents import AcceptancePrior
 
 DEFAULT_SAMPLE_SIZE = 160
 DEFAULT_MAX_TOKENS = 64

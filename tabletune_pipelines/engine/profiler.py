@@ -57,7 +57,7 @@ from tabletune_pipelines.core.steptime import (
 from tabletune_pipelines.engine.errors import EngineConfigError, EngineError
 from tabletune_pipelines.engine.server import ServerConfig, VLLMServer
 from tabletune_pipelines.errors import TableTuneError
-from tabletune_pipelines.model import PROFILE_MODES, EngineIdentity, StepTimeCell, StepTimeProfile
+from tabletune_pipelines.documents import PROFILE_MODES, EngineIdentity, StepTimeCell, StepTimeProfile
 
 logger = logging.getLogger("tabletune.profiler")
 

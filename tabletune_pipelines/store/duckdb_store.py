@@ -22,7 +22,7 @@ from typing import Any
 import duckdb
 
 from tabletune_pipelines.errors import StoreCorruptError, StoreError, StoreLockedError
-from tabletune_pipelines.model import (
+from tabletune_pipelines.documents import (
     AcceptancePrior,
     DraftLengthTable,
     EngineIdentity,

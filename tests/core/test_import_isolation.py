@@ -11,7 +11,7 @@ SERVING_SIDE = [
     "tabletune_pipelines.core.table",
     "tabletune_pipelines.core.acceptance",
     "tabletune_pipelines.core.steptime",
-    "tabletune_pipelines.model",
+    "tabletune_pipelines.documents",
     "tabletune_pipelines.published",
     "tabletune_pipelines.controller",
 ]

@@ -251,7 +251,7 @@ def test_fixed_k_mode_launches_k_without_table(tmp_path):
     """mode="fixed_k": one launch per k >= 1 with num_speculative_tokens = k and no table; cells carry
     launch_k = k (what the engine_dependence_trap check reads), are handed to on_cell, and resume."""
     from tabletune_pipelines.engine.profiler import ProfilePlan, profile_step_times
-    from tabletune_pipelines.model import EngineIdentity
+    from tabletune_pipelines.documents import EngineIdentity
 
     launched, stopped = [], []
 

@@ -15,7 +15,7 @@ from pydantic import PrivateAttr
 
 from tabletune_pipelines import pipeline_ops
 from tabletune_pipelines.engine.errors import EngineCrashedError
-from tabletune_pipelines.model import AcceptancePrior, StepTimeCell
+from tabletune_pipelines.documents import AcceptancePrior, StepTimeCell
 from tabletune_pipelines.resources import EngineResource
 
 WEEK = "2026-11-16"  # a complete week (Monday) before "now" in these tests

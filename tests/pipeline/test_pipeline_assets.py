@@ -228,7 +228,7 @@ def test_insane_prior_is_blocked_and_skipped(home, one_fleet, instance):
 
 def test_k0_warning_and_trap_with_fixed_k_cells(home, one_fleet, instance):
     """Warn checks with figures: k = 0 much slower than no-spec, and fixed-K launches faster than the table."""
-    from tabletune_pipelines.model import StepTimeCell
+    from tabletune_pipelines.documents import StepTimeCell
     from tabletune_pipelines.store import TableTuneStore
 
     # Low acceptance: the table runs k = 0 at large B, where k = 0 costs 12% more than no speculation.

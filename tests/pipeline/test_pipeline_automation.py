@@ -11,7 +11,7 @@ import pytest
 from helpers import ScriptedEngine, VersionServer, deployment_dict, write_fleet
 
 from tabletune_pipelines.fleet import load_fleet
-from tabletune_pipelines.model import EngineIdentity
+from tabletune_pipelines.documents import EngineIdentity
 from tabletune_pipelines.pipeline_ops import identity_for
 from tabletune_pipelines.resources import FleetResource
 from tabletune_pipelines.schedules import WEEKLY_CRON, weekly_acceptance_schedule

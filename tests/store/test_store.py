@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tabletune_pipelines.errors import StoreCorruptError, StoreError, StoreLockedError
-from tabletune_pipelines.model import AcceptancePrior, DraftLengthTable, EngineIdentity, StepTimeCell
+from tabletune_pipelines.documents import AcceptancePrior, DraftLengthTable, EngineIdentity, StepTimeCell
 from tabletune_pipelines.published import PublishedTableError, read_published_table
 from tabletune_pipelines.store import TableTuneStore
 
@@ -93,7 +93,7 @@ def test_locked_file_is_reported_and_nothing_is_lost(tmp_path):
 
 WRITER = textwrap.dedent("""
     import sys
-    from tabletune_pipelines.model import DraftLengthTable, EngineIdentity, StepTimeCell
+    from tabletune_pipelines.documents import DraftLengthTable, EngineIdentity, StepTimeCell
     from tabletune_pipelines.store import TableTuneStore
     ident = EngineIdentity.from_json(sys.argv[3])
     s = TableTuneStore(sys.argv[1])
