@@ -1,14 +1,15 @@
 """``acceptance_prior``: a_1..a_K per deployment, measured weekly on that week's logged prompts."""
 
-
 import dagster as dg
 from dagster_duckdb import DuckDBResource
 
-from assets.common import OWNERS, prior_gate
-from tabletune_pipelines import pipeline_ops
+from assets import OWNERS
 from tabletune_pipelines.errors import TableTuneError
-from tabletune_pipelines.partitions import weekly_partitions
-from tabletune_pipelines.resources import EngineResource, FleetResource, TuningPolicy, store_from
+from tabletune_pipelines.orchestration.partitions import weekly_partitions
+from tabletune_pipelines.orchestration.resources import EngineResource, FleetResource, TuningPolicy, store_from
+from tabletune_pipelines.prompts import count_prompts
+from tabletune_pipelines.tuning.gates import prior_gate
+from tabletune_pipelines.tuning.report import priors_markdown
 
 logged_prompts = dg.AssetSpec(
     "logged_prompts",
@@ -17,7 +18,8 @@ logged_prompts = dg.AssetSpec(
     owners=OWNERS,
     description=("Each deployment's logged real prompts, one JSONL file per week: "
                  "`<logged_prompts>/<Monday YYYY-MM-DD>.jsonl`, one `{\"prompt\": ...}` object per line "
-                 "(fleet file, `logged_prompts`). Written by the serving side, not by this pipeline."),
+                 "(fleet file, `logged_prompts`; format: tabletune_pipelines/prompts.py). Written by the serving "
+                 "side, not by this pipeline."),
 )
 
 
@@ -36,8 +38,8 @@ class AcceptanceConfig(dg.Config):
     tags={"tabletune/uses_engine": "true"},
     description=(
         "Acceptance prior a_i (probability the first i drafts are all accepted) per deployment, measured at "
-        "K = max_k on the week's logged prompts (DESIGN §2). Weekly partitions, weeks start Monday 00:00 UTC. "
-        "Rows: DuckDB `acceptance_priors` (`WHERE week = '<partition>' AND source = 'measured'`)."
+        "K = max_k on the week's logged prompts (docs/method.md, \"Acceptance\"). Weekly partitions, weeks start "
+        "Monday 00:00 UTC. Rows: DuckDB `acceptance_priors` (`WHERE week = '<partition>' AND source = 'measured'`)."
     ),
     check_specs=[dg.AssetCheckSpec("prior_sane", asset="acceptance_prior", blocking=True,
                                    description="Rates in [0, 1], non-increasing, one per k up to K, enough drafts.")],
@@ -51,14 +53,13 @@ def acceptance_prior(context: dg.AssetExecutionContext, config: AcceptanceConfig
     measured, no_prompts, failures, gates = [], [], [], []
     for dep in deps:
         prompts = dep.prompts_file(week)
-        n = pipeline_ops.count_prompts(prompts)
-        if n == 0:
-            msg = (f"{dep.name}: no logged prompts for the week of {week} (expected JSONL lines with a \"prompt\" "
-                   f"in {prompts}{'' if prompts.exists() else ', which does not exist'})")
+        if not prompts.exists():
+            msg = f"{dep.name}: no logged prompts for the week of {week} ({prompts} does not exist)"
             context.log.warning(msg)
             no_prompts.append(msg)
             continue
         try:
+            n = count_prompts(prompts)
             identity = engine.current_identity(dep)
             context.log.info(f"{dep.name}: measuring acceptance on {n} logged prompts of {week} ({identity.key})")
             prior = engine.measure_acceptance(identity, dep, prompts, week, context.log)
@@ -66,15 +67,12 @@ def acceptance_prior(context: dg.AssetExecutionContext, config: AcceptanceConfig
             context.log.error(f"{dep.name}: acceptance measurement failed: {exc}")
             failures.append(f"{dep.name}: {exc}")
             continue
-        store.upsert_identity(identity)
-        store.write_acceptance_prior(prior, identity.key)
-        gate = prior_gate(prior, identity.max_k, policy.min_prior_drafts)
-        gates.append((dep.name, gate))
+        store.write_acceptance_prior(prior, store.upsert_identity(identity))
+        gates.append((dep.name, prior_gate(prior, identity.max_k, policy.min_prior_drafts)))
         measured.append((dep.name, prior, identity.key))
     if not measured:
-        problems = no_prompts + failures
         raise dg.Failure(
-            description=f"no acceptance prior measured for the week of {week}:\n" + "\n".join(problems)
+            description=f"no acceptance prior measured for the week of {week}:\n" + "\n".join(no_prompts + failures)
             + "\nThe previous priors and published tables are unchanged.",
             metadata={"week": week, "deployments_without_prompts": len(no_prompts), "failures": len(failures)},
         )
@@ -84,23 +82,19 @@ def acceptance_prior(context: dg.AssetExecutionContext, config: AcceptanceConfig
                          + "\n".join(failures) + f"\nMeasured and stored: {[m[0] for m in measured]}"),
             metadata={"week": week, "measured": dg.MetadataValue.json([m[0] for m in measured])},
         )
-    rows = ["| deployment | prior | a_1..a_K | drafts | prompts |", "|---|---|---|---|---|"]
-    for name, prior, _ in measured:
-        rows.append(f"| {name} | `{prior.prior_id}` | {[round(a, 3) for a in prior.rates]} | {prior.num_drafts} | "
-                    f"{prior.prompt_count} |")
     bad = [f"{name}: {g.description}" for name, g in gates if not g.passed]
-    check = dg.AssetCheckResult(
-        check_name="prior_sane", passed=not bad,
-        description=("; ".join(bad) if bad else f"{len(gates)} prior(s) sane"),
-        metadata={name: g.description for name, g in gates},
-    )
     yield dg.MaterializeResult(
         metadata={
-            "priors": dg.MetadataValue.md("\n".join(rows)),
+            "priors": dg.MetadataValue.md(priors_markdown((name, prior) for name, prior, _ in measured)),
             "dagster/row_count": len(measured),
             "week": week,
             "identities": dg.MetadataValue.json(sorted({m[2] for m in measured})),
             "deployments_without_prompts": dg.MetadataValue.json(no_prompts),
         },
-        check_results=[check],
+        # One check over all deployments of the run: it fails if any deployment's prior is not sane.
+        check_results=[dg.AssetCheckResult(
+            check_name="prior_sane", passed=not bad,
+            description=("; ".join(bad) if bad else f"{len(gates)} prior(s) sane"),
+            metadata={name: g.description for name, g in gates},
+        )],
     )

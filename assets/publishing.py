@@ -1,18 +1,24 @@
-"""``published_table``: the versioned, atomic export the controller loads; rollback job."""
+"""``published_table``: the versioned, atomic export the controller loads; the rollback op."""
 
-
-import json
+from typing import Any
 
 import dagster as dg
 from dagster_duckdb import DuckDBResource
 
-from assets.common import OWNERS, deployments_running, json_md, table_gates
-from tabletune_pipelines.errors import StoreError
-from tabletune_pipelines.documents import DraftLengthTable
-from tabletune_pipelines.report import table_markdown
-from tabletune_pipelines.partitions import engine_identity_partitions
-from tabletune_pipelines.published import atomic_write_text
-from tabletune_pipelines.resources import EngineResource, FleetResource, TuningPolicy, store_from
+from assets import OWNERS
+from tabletune_pipelines.deployments import deployments_running, serving_speculative_config, write_speculative_config
+from tabletune_pipelines.errors import TableTuneError
+from tabletune_pipelines.fleet import Deployment
+from tabletune_pipelines.orchestration.metadata import json_md
+from tabletune_pipelines.orchestration.partitions import engine_identity_partitions
+from tabletune_pipelines.orchestration.resources import EngineResource, FleetResource, TuningPolicy, store_from
+from tabletune_pipelines.tuning.gates import table_gates
+from tabletune_pipelines.tuning.report import table_markdown
+
+ROLLBACK_HOWTO = (
+    "Roll back with the job `rollback_published_table` (config: `deployment`), e.g.\n\n"
+    "`dg launch --job rollback_published_table --config-json "
+    "'{\"ops\": {\"rollback_published_table_op\": {\"config\": {\"deployment\": \"<name>\"}}}}'`")
 
 
 class PublishConfig(dg.Config):
@@ -23,21 +29,12 @@ class PublishConfig(dg.Config):
     force: bool = False
 
 
-def latest_table(store, key: str) -> DraftLengthTable | None:
-    rows = store.query("SELECT table_json FROM draft_length_tables WHERE identity_key = ? "
-                       "ORDER BY created_at DESC LIMIT 1", [key])
-    return DraftLengthTable.from_json(rows[0][0]) if rows else None
-
-
-def _base_config(dep, engine: EngineResource) -> dict:
-    cfg = dep.base_speculative_config()
-    if dep.embedded and "model" in cfg:  # a paste-able path, e.g. tiny:small -> the built draft folder
-        cfg["model"] = engine.local_model_path(cfg["model"], drafter=True)
-    return cfg
-
-
-def write_speculative_config(path, doc: dict) -> None:
-    atomic_write_text(path, json.dumps(doc["speculative_config"], indent=2, sort_keys=True) + "\n")
+def publication_kwargs(dep: Deployment, engine: EngineResource) -> dict[str, Any]:
+    """Keyword arguments of ``store.publish`` / ``store.rollback`` for one deployment: the base
+    ``--speculative-config`` and further fields of the published document (``document_fields``:
+    keyword arguments of ``published.published_document``; add new document fields here)."""
+    return {"base_speculative_config": serving_speculative_config(dep, engine.local_model_path),
+            "document_fields": {}}
 
 
 @dg.asset(
@@ -58,9 +55,10 @@ def published_table(context: dg.AssetExecutionContext, config: PublishConfig, du
                     fleet: FleetResource, engine: EngineResource, policy: TuningPolicy):
     key = context.partition_key
     store = store_from(duckdb)
-    table = latest_table(store, key)
+    table = store.latest_table(key)
     if table is None:
         raise dg.Failure(description=f"no draft_length_table for {key}; materialize it first (nothing published)")
+    # The blocking gates again: a table that failed them is never published, whichever run tries.
     failed = [g for g in table_gates(table, policy.max_predicted_loss) if not g.passed]
     if failed:
         raise dg.Failure(description=(
@@ -70,13 +68,12 @@ def published_table(context: dg.AssetExecutionContext, config: PublishConfig, du
     if config.deployments:
         targets, notes = [the_fleet.deployment(n) for n in config.deployments], []
     else:
-        targets, notes = deployments_running(key, the_fleet, engine, context.log)
+        targets, notes = deployments_running(key, the_fleet, engine.current_identity)
+        for n in notes:
+            context.log.warning(f"not publishing to {n}")
     if not targets:
         raise dg.Failure(description=(f"no deployment of {the_fleet.source} runs engine identity {key} now; nothing "
                                       "published" + (f" ({'; '.join(notes)})" if notes else "")))
-    def base_config(dep):
-        return _base_config(dep, engine)
-
     rows = ["| deployment | version | file | --speculative-config |", "|---|---|---|---|"]
     published, unchanged = [], []
     for dep in targets:
@@ -86,9 +83,9 @@ def published_table(context: dg.AssetExecutionContext, config: PublishConfig, du
             rows.append(f"| {dep.name} | v{pubs[-1]['version']} (unchanged) | `{dep.published_table}` | "
                         f"`{dep.speculative_config_path}` |")
             continue
-        doc = store.publish(dep.name, table, dep.published_table, base_speculative_config=base_config(dep),
-                            note=f"identity {key}, prior {table.prior_id}")
-        write_speculative_config(dep.speculative_config_path, doc)
+        doc = store.publish(dep.name, table, dep.published_table, note=f"identity {key}, prior {table.prior_id}",
+                            **publication_kwargs(dep, engine))
+        write_speculative_config(dep, doc)
         context.log.info(f"published {table.table_id} to {dep.name} as v{doc['version']}: {dep.published_table}")
         published.append({"deployment": dep.name, "version": doc["version"], "path": str(dep.published_table)})
         rows.append(f"| {dep.name} | v{doc['version']} | `{dep.published_table}` | `{dep.speculative_config_path}` |")
@@ -103,30 +100,30 @@ def published_table(context: dg.AssetExecutionContext, config: PublishConfig, du
             "published": dg.MetadataValue.json(published),
             "unchanged": dg.MetadataValue.json(unchanged),
             "dagster/row_count": len(published),
-            "speculative_config": json_md(table.speculative_config(base_config(targets[0]))),
-            "rollback": dg.MetadataValue.md(
-                "Roll back with the job `rollback_published_table` (config: `deployment`), e.g.\n\n"
-                "`dg launch --job rollback_published_table --config-json "
-                "'{\"ops\": {\"rollback_published_table_op\": {\"config\": {\"deployment\": \"<name>\"}}}}'`"),
+            "speculative_config": json_md(table.speculative_config(
+                serving_speculative_config(targets[0], engine.local_model_path))),
+            "rollback": dg.MetadataValue.md(ROLLBACK_HOWTO),
             "skipped_deployments": dg.MetadataValue.json(notes),
         },
     )
 
 
 class RollbackConfig(dg.Config):
+    """The deployment whose published table goes back one version."""
+
     deployment: str
 
 
 @dg.op(tags={"kind": "duckdb"}, description="Re-publish the version before the current one, as a new version.")
 def rollback_published_table_op(context: dg.OpExecutionContext, config: RollbackConfig, duckdb: DuckDBResource,
                                 fleet: FleetResource, engine: EngineResource):
-    dep = fleet.load().deployment(config.deployment)
     store = store_from(duckdb)
     try:
-        doc = store.rollback(dep.name, dep.published_table, base_speculative_config=_base_config(dep, engine))
-    except StoreError as exc:
-        raise dg.Failure(description=f"cannot roll back {dep.name}: {exc}") from exc
-    write_speculative_config(dep.speculative_config_path, doc)
+        dep = fleet.load().deployment(config.deployment)
+        doc = store.rollback(dep.name, dep.published_table, **publication_kwargs(dep, engine))
+    except TableTuneError as exc:
+        raise dg.Failure(description=f"cannot roll back {config.deployment}: {exc}") from exc
+    write_speculative_config(dep, doc)
     identity_key = doc["table"]["identity_key"]
     context.log.info(f"{dep.name}: rolled back; now v{doc['version']} ({doc['table']['ranges']})")
     partitions = context.instance.get_dynamic_partitions(engine_identity_partitions.name)
@@ -138,8 +135,3 @@ def rollback_published_table_op(context: dg.OpExecutionContext, config: Rollback
                   "table": dg.MetadataValue.md(table_markdown(doc["table"]["ranges"])), "rollback": True},
     )
     yield dg.Output(doc["version"])
-
-
-@dg.job(description="Roll a deployment's published table back to the previous version (as a new version).")
-def rollback_published_table():
-    rollback_published_table_op()

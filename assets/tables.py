@@ -1,41 +1,28 @@
 """``draft_length_table``: the goodput-best table of one engine identity under the latest prior."""
 
-
 import dagster as dg
 from dagster_duckdb import DuckDBResource
 
-from assets.common import (
-    OWNERS,
+from assets import OWNERS
+from tabletune_pipelines.errors import TableTuneError
+from tabletune_pipelines.orchestration.metadata import check_result, image_metadata, json_md
+from tabletune_pipelines.orchestration.partitions import engine_identity_partitions
+from tabletune_pipelines.orchestration.resources import TuningPolicy, store_from
+from tabletune_pipelines.tuning.derive import derive_table
+from tabletune_pipelines.tuning.gates import (
     engine_dependence_gate,
-    identity_markdown,
-    image_metadata,
-    json_md,
+    first_sane_prior,
+    fixed_launch_cells,
     k0_gate,
-    select_prior,
     table_gates,
 )
-from tabletune_pipelines.errors import TableTuneError
-from tabletune_pipelines.report import goodput_plot, table_markdown
-from tabletune_pipelines.partitions import engine_identity_partitions
-from tabletune_pipelines.resources import TuningPolicy, store_from
-from tabletune_pipelines.tuning import derive_table
+from tabletune_pipelines.tuning.report import goodput_plot, identity_markdown, table_markdown
 
 
 class TableConfig(dg.Config):
     """Restrict the table's k values (default: every profiled k)."""
 
     allowed_ks: list[int] | None = None
-
-
-def fixed_launch_cells(store, key: str) -> dict[int, dict[int, float]]:
-    """Cells timed under a launch with K = k and no table (``fixed_k`` mode), for the
-    engine-dependence check."""
-    out: dict[int, dict[int, float]] = {}
-    for c in store.profile_cells(key, "fixed_k"):
-        if c.k is not None and c.k >= 1 and c.acceptance == "reject":
-            out.setdefault(c.k, {})[c.batch_size] = c.median_ms
-    # Only meaningful when at least two k values were timed under their own launch.
-    return out if len(out) >= 2 else {}
 
 
 @dg.asset(
@@ -50,9 +37,9 @@ def fixed_launch_cells(store, key: str) -> dict[int, dict[int, float]]:
     owners=OWNERS,
     description=(
         "num_speculative_tokens_per_batch_size for one engine identity: per batch size the k maximising goodput "
-        "B·τ(k)/T(B,k) with 0.5% stickiness (tuning.derive_table), from this identity's step_time_profile and the "
-        "latest sane acceptance prior of its model/drafter/method (a live, controller-fed prior wins within a week). "
-        "Rows: DuckDB `draft_length_tables`."
+        "B·τ(k)/T(B,k) with 0.5% stickiness (tuning.derive.derive_table; docs/method.md, \"Table search\"), from this "
+        "identity's step_time_profile and the latest sane acceptance prior of its model/drafter/method (a live, "
+        "controller-fed prior wins within a week). Rows: DuckDB `draft_length_tables`."
     ),
     check_specs=[
         dg.AssetCheckSpec("valid_for_vllm", asset="draft_length_table", blocking=True,
@@ -61,39 +48,45 @@ def fixed_launch_cells(store, key: str) -> dict[int, dict[int, float]]:
                           description="Predicted worst loss vs the best fixed k per batch size < policy threshold."),
         dg.AssetCheckSpec("engine_dependence_trap", asset="draft_length_table", blocking=False,
                           description="WARN if the table is slower somewhere than the best fixed k launched with "
-                                      "K = k and no table (DESIGN §4b, limitation 1)."),
+                                      "K = k and no table (docs/method.md, \"Limitations\" 1)."),
         dg.AssetCheckSpec("k0_costs_vs_no_spec", asset="draft_length_table", blocking=False,
                           description="WARN if no speculation beats the table somewhere by a margin (k = 0 is not "
-                                      "'off', limitation 3)."),
+                                      "'off', docs/method.md, \"Limitations\" 3)."),
     ],
 )
 def draft_length_table(context: dg.AssetExecutionContext, config: TableConfig, duckdb: DuckDBResource,
                        policy: TuningPolicy):
     key = context.partition_key
     store = store_from(duckdb)
-    if key not in store.identity_keys():
+    if not store.has_identity(key):
         raise dg.Failure(description=f"engine identity {key} has no step_time_profile yet; materialize it first")
-    profile = store.load_profile(key)
-    prior, skipped = select_prior(store, profile.identity, policy.min_prior_drafts)
+    try:
+        profile = store.load_profile(key)
+    except TableTuneError as exc:
+        raise dg.Failure(description=f"{exc}; materialize step_time_profile for this partition first") from exc
+    ident = profile.identity
+    prior, skipped = first_sane_prior(store.applicable_priors(ident), ident.max_k, policy.min_prior_drafts)
     for s in skipped:
         context.log.warning(f"skipping prior: {s}")
     if prior is None:
         raise dg.Failure(description=(
-            f"no sane acceptance prior for {profile.identity.model} / {profile.identity.drafter} / "
-            f"{profile.identity.method} at K = {profile.identity.max_k}; materialize acceptance_prior for a week with "
-            "logged prompts" + (f" (rejected: {'; '.join(skipped)})" if skipped else "")))
+            f"no sane acceptance prior for {ident.model} / {ident.drafter} / {ident.method} at K = {ident.max_k}; "
+            "materialize acceptance_prior for a week with logged prompts"
+            + (f" (rejected: {'; '.join(skipped)})" if skipped else "")))
     try:
         tuned = derive_table(profile, prior, allowed_ks=config.allowed_ks, stickiness=policy.stickiness)
     except (TableTuneError, ValueError) as exc:
         raise dg.Failure(description=f"cannot derive a table for {key}: {exc}") from exc
     table = tuned.table
     table_id = store.write_table(table)
-    gates = table_gates(table, policy.max_predicted_loss)
+    reject = profile.reject_cells()
     no_spec = profile.no_spec_ms()
-    k0 = profile.reject_cells().get(0, {})
-    warn_gates = [engine_dependence_gate(table, fixed_launch_cells(store, key), policy.trap_margin,
-                                         profile.reject_cells()),
-                  k0_gate(table, no_spec, k0, policy.k0_margin)]
+    gates = [
+        *table_gates(table, policy.max_predicted_loss),
+        engine_dependence_gate(table, fixed_launch_cells(store.profile_cells(key, "fixed_k")), policy.trap_margin,
+                               reject),
+        k0_gate(table, no_spec, reject.get(0, {}), policy.k0_margin),
+    ]
     png = goodput_plot(table, no_spec, f"{key}\nprior {prior.prior_id}")
     yield dg.MaterializeResult(
         metadata={
@@ -102,7 +95,7 @@ def draft_length_table(context: dg.AssetExecutionContext, config: TableConfig, d
             "table_id": table_id,
             "predicted_worst_loss": float(table.predicted_worst_loss),
             "identity_key": key,
-            "identity": dg.MetadataValue.md(identity_markdown(profile.identity)),
+            "identity": dg.MetadataValue.md(identity_markdown(ident)),
             "prior_id": prior.prior_id,
             "prior_week": prior.week or "",
             "prior_source": prior.source,
@@ -113,6 +106,5 @@ def draft_length_table(context: dg.AssetExecutionContext, config: TableConfig, d
             "speculative_config": json_md(table.speculative_config()),
             **image_metadata(png, f"{key}-{table_id}"),
         },
-        check_results=[g.result() for g in gates]
-        + [g.result(severity=dg.AssetCheckSeverity.WARN) for g in warn_gates],
+        check_results=[check_result(g) for g in gates],
     )

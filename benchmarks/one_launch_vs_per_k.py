@@ -25,8 +25,8 @@ one-launch profile (and vice versa). Then each mode's wall time and the wall-tim
 
 Note on "spread": the stored spread is the spread of a cell's repetitions. In launch_per_k the
 repetitions of a k run back to back in one launch, so their spread cannot show the launch-to-launch
-noise (5-25 % per cell, DESIGN §4) that separates the k values; that noise shows up only in the
-per-cell ratio between the modes. The result JSON keeps every repetition.
+noise (5-25 % per cell, docs/engine-facts.md, "Noise on 2 cores") that separates the k values; that
+noise shows up only in the per-cell ratio between the modes. The result JSON keeps every repetition.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ def _cross_loss(table_ranges, dense_ms, ks, rates, max_num_seqs, max_k):
 
 
 def run_mode(cfg, plan, mode, identity, vocab_size, log):
+    from tabletune_pipelines.engine.plan import ProfileOptions
     from tabletune_pipelines.engine.profiler import profile_step_times
 
     startups: list[float] = []
@@ -75,7 +76,8 @@ def run_mode(cfg, plan, mode, identity, vocab_size, log):
         log(f"  {msg}")
 
     t0 = time.monotonic()
-    prof = profile_step_times(cfg, plan=plan, mode=mode, identity=identity, vocab_size=vocab_size, progress=progress)
+    prof = profile_step_times(cfg, ProfileOptions(mode=mode), plan=plan, identity=identity, vocab_size=vocab_size,
+                              progress=progress)
     wall = time.monotonic() - t0
     return prof, wall, startups
 
@@ -95,10 +97,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="also profile mode fixed_k (K = k, no table) and compare (engine-dependence trap)")
     args = ap.parse_args(argv)
 
-    from tabletune_pipelines.engine.profiler import default_plan, engine_identity
-    from tabletune_pipelines.engine.server import ServerConfig
+    from tabletune_pipelines.engine.config import ServerConfig
+    from tabletune_pipelines.engine.identity import engine_identity
+    from tabletune_pipelines.engine.plan import default_plan
     from tabletune_pipelines.engine.tiny_models import ensure_tiny_models, read_vocab_size
-    from tabletune_pipelines.tuning import derive_table
+    from tabletune_pipelines.tuning.derive import derive_table
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -85,11 +85,11 @@ def window(steps: list[dict], batch_size: int) -> dict:
 
 
 def measure_once(srv, batch_size: int, output_tokens: int, seed: int, vocab: int) -> dict:
-    from tabletune_pipelines.engine.profiler import _prompts, _run_batch
+    from tabletune_pipelines.engine.cell import run_batch, timing_prompts
 
-    t_short, _, _ = _run_batch(srv, _prompts(batch_size, 32, vocab, seed), 1, 300.0)
+    t_short, _, _ = run_batch(srv, timing_prompts(batch_size, 32, vocab, seed), 1, 300.0)
     offset = srv.step_log_offset()
-    t_long, a, b = _run_batch(srv, _prompts(batch_size, 32, vocab, seed + 1), output_tokens, 300.0)
+    t_long, a, b = run_batch(srv, timing_prompts(batch_size, 32, vocab, seed + 1), output_tokens, 300.0)
     w = window(srv.read_steps(since=a, until=b + 0.5, offset=offset), batch_size)
     w["wall_tok_s"] = batch_size * (output_tokens - 1) / (t_long - t_short) if t_long > t_short else float("nan")
     return w
@@ -115,10 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     from tabletune_pipelines.core.goodput import tau_curve
     from tabletune_pipelines.core.steptime import accepted_work_correction
     from tabletune_pipelines.core.table import expand_table
-    from tabletune_pipelines.engine.profiler import default_plan, engine_identity, profile_step_times
-    from tabletune_pipelines.engine.server import ServerConfig, VLLMServer
+    from tabletune_pipelines.engine import ServerConfig, VLLMServer, profile_step_times
+    from tabletune_pipelines.engine.identity import engine_identity
+    from tabletune_pipelines.engine.plan import default_plan
     from tabletune_pipelines.engine.tiny_models import ensure_tiny_models, read_vocab_size
-    from tabletune_pipelines.tuning import derive_table
+    from tabletune_pipelines.tuning.derive import derive_table
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -40,8 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from tabletune_pipelines.engine.acceptance import measure_acceptance_from_file, write_default_prompt_file
-    from tabletune_pipelines.engine.profiler import default_plan, engine_identity, profile_step_times, store_hooks
-    from tabletune_pipelines.engine.server import ServerConfig
+    from tabletune_pipelines.engine.config import ServerConfig
+    from tabletune_pipelines.engine.identity import engine_identity
+    from tabletune_pipelines.engine.plan import ProfileOptions, default_plan
+    from tabletune_pipelines.engine.profiler import profile_step_times, store_hooks
     from tabletune_pipelines.engine.tiny_models import ensure_tiny_models
 
     out = Path(args.out)
@@ -58,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         from tabletune_pipelines.store import TableTuneStore
 
         existing, on_cell = store_hooks(TableTuneStore(args.store), identity, args.mode)
-    prof = profile_step_times(cfg, plan=plan, mode=args.mode, existing=existing, on_cell=on_cell, identity=identity)
+    prof = profile_step_times(cfg, ProfileOptions(mode=args.mode), plan=plan, existing=existing, on_cell=on_cell,
+                              identity=identity)
     (out / "profile.json").write_text(prof.to_json(indent=1))
     t_prof = time.monotonic() - t0
 

@@ -2,7 +2,7 @@
 
 Importing this package (or ``tabletune_pipelines.core`` / ``tabletune_pipelines.controller``)
 pulls in numpy and the stdlib only; Dagster, pandas and DuckDB are imported by the modules
-that need them (``store``, ``definitions``, ``assets``), never from here.
+that need them (``store``, ``orchestration``, ``assets``), never from here.
 """
 
 __version__ = "0.1.0"

@@ -3,6 +3,12 @@
 Every subcommand works on a deployment of the fleet file (default: the embedded ``local-cpu``
 deployment on vLLM's CPU build) and the DuckDB store (default ``$TABLETUNE_HOME/tabletune_store.duckdb``).
 Measured cells are written the moment they are measured, so an interrupted ``profile`` resumes.
+
+Exit status: 0 on success; 2 on any error the input caused (a bad argument, fleet file, prompt
+file or store, nothing measured yet, an engine that cannot be used), printed as one
+``error: ...`` line on stderr (more detail, if any, on indented lines below it); 130 when
+interrupted. ``profile``, ``acceptance``, ``table`` and ``show`` never import Dagster, so they
+run on a GPU node that has only vLLM; only ``run`` needs the pipeline extra.
 """
 
 from __future__ import annotations
@@ -12,78 +18,221 @@ import json
 import logging
 import os
 import sys
+from datetime import date
 from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
+
+from tabletune_pipelines.errors import NotFoundError, StoreError, TableTuneError, UsageError
+from tabletune_pipelines.vocab import DEFAULT_PROFILE_MODE, DEFAULT_REPETITIONS, PROFILE_MODES
+
+if TYPE_CHECKING:
+    from tabletune_pipelines.documents import AcceptancePrior
+    from tabletune_pipelines.fleet import Deployment
+    from tabletune_pipelines.store import TableTuneStore
+
+EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130
 
 
-def _ints(text: str | None) -> list[int] | None:
-    if not text:
-        return None
+# -- argument types: argparse reports their errors as "error: argument --x: <message>" -------
+
+def _int_list(minimum: int):
+    def parse(text: str) -> tuple[int, ...]:
+        items = [x.strip() for x in text.split(",") if x.strip()]
+        try:
+            values = tuple(int(x) for x in items)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+        if not values:
+            raise argparse.ArgumentTypeError(f"{text!r} lists no values")
+        low = [v for v in values if v < minimum]
+        if low:
+            raise argparse.ArgumentTypeError(f"{low} must be >= {minimum}")
+        return values
+
+    parse.__name__ = "integer list"
+    return parse
+
+
+def _positive_int(text: str) -> int:
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        value = int(text)
     except ValueError:
-        raise SystemExit(f"error: {text!r} is not a comma-separated list of integers") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
 
+
+def _iso_date(text: str) -> str:
+    try:
+        return date.fromisoformat(text).isoformat()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a date YYYY-MM-DD") from None
+
+
+def _monday(text: str) -> str:
+    day = date.fromisoformat(_iso_date(text))
+    if day.weekday() != 0:
+        raise argparse.ArgumentTypeError(f"{text} is a {day:%A}; weeks start on Monday (UTC)")
+    return day.isoformat()
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with the CLI's error format: one ``error: ...`` line, exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        sys.exit(EXIT_ERROR)
+
+
+# -- shared context ------------------------------------------------------------------------------
 
 def _log() -> logging.Logger:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
     return logging.getLogger("tabletune")
 
 
-def _context(args: argparse.Namespace):
+def _deployment(args: argparse.Namespace) -> Deployment:
     from tabletune_pipelines.fleet import load_fleet
-    from tabletune_pipelines.resources import default_duckdb_path
-    from tabletune_pipelines.store import TableTuneStore
 
     fleet = load_fleet(args.fleet)
-    dep = fleet.deployment(args.deployment) if args.deployment else fleet.deployments[0]
-    store = TableTuneStore(args.db or default_duckdb_path())
-    return dep, store
+    return fleet.deployment(args.deployment) if args.deployment else fleet.deployments[0]
 
 
-def _engine():
-    from tabletune_pipelines.resources import EngineResource
+def _store_path(args: argparse.Namespace) -> Path:
+    from tabletune_pipelines.fleet import default_store_path
 
-    return EngineResource()
+    return Path(args.db).expanduser() if args.db else default_store_path()
 
+
+def _open_store(args: argparse.Namespace, *, must_exist: bool) -> TableTuneStore:
+    """The store; a read-only command does not create one where none exists."""
+    from tabletune_pipelines.store import TableTuneStore
+
+    path = _store_path(args)
+    if must_exist and not path.exists():
+        raise NotFoundError(f"no TableTune store at {path}: nothing is measured yet; run `tabletune profile` and "
+                            "`tabletune acceptance --prompts FILE` first (or pass --db / set TABLETUNE_DUCKDB)")
+    if path.is_dir():
+        raise UsageError(f"the store path {path} is a directory; pass a DuckDB file with --db or TABLETUNE_DUCKDB")
+    try:
+        return TableTuneStore(path)
+    except OSError as exc:  # e.g. the folder cannot be created; duckdb's own errors are StoreErrors
+        raise StoreError(f"cannot use the store at {path}: {exc.strerror or exc}; pass --db or set "
+                         "TABLETUNE_DUCKDB to a writable path") from None
+
+
+def _int_list_or_none(minimum: int):
+    """Like ``_int_list``; ``none`` → an empty tuple."""
+    ints = _int_list(minimum)
+
+    def parse(text: str) -> tuple[int, ...]:
+        return () if text.strip().lower() == "none" else ints(text)
+
+    parse.__name__ = "integer list or 'none'"
+    return parse
+
+
+def _rates(text: str) -> tuple[float, ...]:
+    """``"0.7,0.5,0.3"`` → acceptance rates (checked by the prior document itself)."""
+    try:
+        vals = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers") from None
+    if not vals or any(not 0.0 <= v <= 1.0 for v in vals) or any(b > a for a, b in zip(vals, vals[1:])):
+        raise argparse.ArgumentTypeError(f"{text!r}: rates must be non-increasing values in [0, 1]")
+    return vals
+
+
+def _check_in_range(option: str, values: tuple[int, ...] | None, low: int, high: int, what: str) -> None:
+    bad = [v for v in values or () if not low <= v <= high]
+    if bad:
+        raise UsageError(f"{option} {','.join(map(str, values))}: {bad} outside {low}..{high} ({what})")
+
+
+# -- subcommands ---------------------------------------------------------------------------------
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    dep, store = _context(args)
-    engine = _engine()
-    identity = engine.current_identity(dep)
-    opts = {"mode": args.mode, "repetitions": args.repetitions}
-    if args.batch_sizes:
-        opts["batch_sizes"] = _ints(args.batch_sizes)
-    if args.ks:
-        opts["ks"] = _ints(args.ks)
-    engine = engine.model_copy(update={"profile_options": opts})
+    from tabletune_pipelines import deployments
+
+    dep = _deployment(args)
+    _check_in_range("--batch-sizes", args.batch_sizes, 1, dep.max_num_seqs,
+                    f"deployment {dep.name!r} has max_num_seqs {dep.max_num_seqs}")
+    _check_in_range("--ks", args.ks, 0, dep.max_k, f"deployment {dep.name!r} has max_k {dep.max_k}")
+    options = deployments.ProfileOptions(mode=args.mode, repetitions=args.repetitions,
+                                         batch_sizes=args.batch_sizes, ks=args.ks,
+                                         accept_batch_sizes=args.accept_batch_sizes,
+                                         include_no_spec=not args.no_nospec,
+                                         fixed_k_baseline=args.fixed_k_baseline,
+                                         startup_timeout=args.startup_timeout)
+    identity = deployments.current_identity(dep)
+    store = _open_store(args, must_exist=False)
     print(f"profiling {identity.key} into {store.path}", file=sys.stderr)
-    profile = engine.profile(identity, dep, store, _log())
+    profile = deployments.profile(identity, dep, store, log=_log(), options=options)
     print(json.dumps({"identity": identity.key, "cells": len(profile.cells), "mode": profile.mode}))
     return 0
 
 
 def cmd_acceptance(args: argparse.Namespace) -> int:
-    dep, store = _context(args)
-    engine = _engine()
-    identity = engine.current_identity(dep)
-    week = args.week or "adhoc"
-    prior = engine.measure_acceptance(identity, dep, Path(args.prompts), week, _log())
+    from tabletune_pipelines import deployments
+    from tabletune_pipelines.prompts import count_prompts
+
+    dep = _deployment(args)
+    prompts = Path(args.prompts).expanduser()
+    count_prompts(prompts)  # a bad prompt file fails here, before an engine starts
+    identity = deployments.current_identity(dep)
+    store = _open_store(args, must_exist=False)
+    prior = deployments.measure_acceptance(identity, dep, prompts, args.week or "adhoc", log=_log())
+    store.upsert_identity(identity)
     store.write_acceptance_prior(prior, identity.key)
     print(prior.to_json(indent=2))
     return 0
 
 
-def cmd_table(args: argparse.Namespace) -> int:
-    from tabletune_pipelines.report import goodput_markdown, goodput_plot, table_markdown
-    from tabletune_pipelines.tuning import derive_table
+def _latest_profiled_identity(store: TableTuneStore, dep: Deployment) -> str:
+    key = store.latest_profiled_identity_key(dep.model)
+    if key is None:
+        raise NotFoundError(f"no step-time profile for deployment {dep.name!r} in {store.path}; "
+                            "run `tabletune profile` first")
+    return key
 
-    dep, store = _context(args)
-    key = args.identity or _latest_profiled_identity(store, dep)
-    profile = store.load_profile(key, args.mode)
-    prior = store.acceptance_prior(args.prior) if args.prior else store.latest_acceptance_prior(dep.name) \
-        or store.latest_acceptance_prior()
+
+def _prior(store: TableTuneStore, dep: Deployment, prior_id: str | None) -> AcceptancePrior:
+    if prior_id:
+        try:
+            return store.acceptance_prior(prior_id)
+        except KeyError as exc:  # the store's NotFoundError (a KeyError) lists the ids it has
+            raise NotFoundError(f"--prior {prior_id!r}: {exc}; omit --prior to use the latest") from None
+    prior = store.latest_acceptance_prior(dep.name) or store.latest_acceptance_prior()
     if prior is None:
-        raise SystemExit("error: no acceptance prior in the store; run `tabletune acceptance --prompts FILE` first")
+        raise NotFoundError(f"no acceptance prior in {store.path}; run `tabletune acceptance --prompts FILE` first")
+    return prior
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    from tabletune_pipelines.tuning.derive import derive_table
+    from tabletune_pipelines.tuning.report import goodput_markdown, goodput_plot, table_markdown
+
+    dep = _deployment(args)
+    store = _open_store(args, must_exist=True)
+    key = args.identity or _latest_profiled_identity(store, dep)
+    if args.identity and not store.has_identity(args.identity):
+        raise NotFoundError(f"--identity {args.identity!r}: no engine identity with that key in {store.path}; "
+                            "omit --identity to use the deployment's latest profile")
+    profile = store.load_profile(key, args.mode)  # NotFoundError when that mode has no cells
+    if args.rates is not None and args.prior:
+        raise UsageError("give --prior or --rates, not both")
+    if args.rates is not None:
+        from tabletune_pipelines.documents import AcceptancePrior
+
+        if len(args.rates) != dep.max_k:
+            raise UsageError(f"--rates has {len(args.rates)} values; deployment {dep.name!r} has max_k {dep.max_k}")
+        prior = AcceptancePrior(rates=args.rates, num_drafts=0, drafted_per_pos=(0,) * len(args.rates),
+                                accepted_per_pos=(0,) * len(args.rates), prompt_fingerprint="given",
+                                prompt_count=0, source="synthetic", deployment=dep.name)
+    else:
+        prior = _prior(store, dep, args.prior)
     tuned = derive_table(profile, prior, correct_accepted_work=not args.no_correction)
     if args.format == "vllm":
         print(json.dumps(tuned.table.as_vllm()))
@@ -95,64 +244,80 @@ def cmd_table(args: argparse.Namespace) -> int:
         print(f"\npredicted worst loss vs best fixed k: {tuned.table.predicted_worst_loss:.2%}")
         print("vLLM --speculative-config:", json.dumps(tuned.table.speculative_config(dep.base_speculative_config())))
     if args.plot:
-        Path(args.plot).write_bytes(goodput_plot(tuned.table, profile.no_spec_ms(), f"{key}\nprior {prior.prior_id}"))
+        png = goodput_plot(tuned.table, profile.no_spec_ms(), f"{key}\nprior {prior.prior_id}")
+        try:
+            Path(args.plot).write_bytes(png)
+        except OSError as exc:
+            raise UsageError(f"--plot {args.plot}: cannot write the plot there ({exc.strerror or exc})") from None
         print(f"plot: {args.plot}", file=sys.stderr)
     if args.save:
         print(f"stored as {store.write_table(tuned.table)}", file=sys.stderr)
     return 0
 
 
-def _latest_profiled_identity(store, dep) -> str:
-    rows = store.query(
-        "SELECT c.identity_key FROM step_time_cells c JOIN engine_identities i USING (identity_key) "
-        "WHERE i.model = ? GROUP BY c.identity_key ORDER BY max(c.measured_at) DESC LIMIT 1", [dep.model])
-    if not rows:
-        raise SystemExit(f"error: no step-time profile for deployment {dep.name!r} in {store.path}; "
-                         "run `tabletune profile` first")
-    return rows[0][0]
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    from tabletune_pipelines.embedded import main as run_embedded
-
-    if args.fleet:
-        os.environ["TABLETUNE_FLEET"] = args.fleet
-    return run_embedded((["--quick"] if args.quick else []) + (["--week", args.week] if args.week else []))
-
-
 def cmd_show(args: argparse.Namespace) -> int:
     from tabletune_pipelines.published import read_published_table
 
-    dep, _ = _context(args)
-    doc = read_published_table(dep.published_table)
-    print(json.dumps(doc, indent=2))
+    dep = _deployment(args)
+    print(json.dumps(read_published_table(dep.published_table), indent=2))
     return 0
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    # The one subcommand that needs Dagster: imported here so the others run without it.
+    try:
+        import dagster  # noqa: F401 - the pipeline extra; embedded.main imports it only when called
+        from tabletune_pipelines.orchestration.embedded import main as run_embedded
+    except ImportError as exc:
+        raise UsageError(f"`tabletune run` needs the pipeline extra ({exc}); install it with "
+                         "pip install -e '.[pipeline]'") from None
+
+    if args.deployment:
+        raise UsageError(f"--deployment {args.deployment!r}: `tabletune run` runs every deployment of the fleet; "
+                         "point --fleet at a file with only the deployments to run")
+    _deployment(args)  # a bad --fleet fails here, before Dagster starts
+    if args.fleet:
+        os.environ["TABLETUNE_FLEET"] = args.fleet
+    if args.db:
+        os.environ["TABLETUNE_DUCKDB"] = args.db
+    return run_embedded((["--quick"] if args.quick else []) + (["--week", args.week] if args.week else []))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="tabletune", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = _Parser(prog="tabletune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fleet", default=os.environ.get("TABLETUNE_FLEET"), help="fleet YAML (default: fleet.yaml)")
     ap.add_argument("--deployment", default=None, help="deployment name (default: the first in the fleet)")
     ap.add_argument("--db", default=None, help="DuckDB store (default $TABLETUNE_HOME/tabletune_store.duckdb)")
     sub = ap.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("profile", help="measure step times T(B, k) on the deployment's engine (resumable)")
-    p.add_argument("--mode", default="one_launch", choices=["one_launch", "launch_per_k", "fixed_k"])
-    p.add_argument("--batch-sizes", help="comma-separated (default: 1..16 then every 8 to max_num_seqs)")
-    p.add_argument("--ks", help="comma-separated k values (default 0..max_k)")
-    p.add_argument("--repetitions", type=int, default=3)
+    p.add_argument("--mode", default=DEFAULT_PROFILE_MODE, choices=PROFILE_MODES)
+    p.add_argument("--batch-sizes", type=_int_list(1),
+                   help="comma-separated, each in 1..max_num_seqs (default: 1..16 then every 8 to max_num_seqs)")
+    p.add_argument("--ks", type=_int_list(0), help="comma-separated k values, each in 0..max_k (default 0..max_k)")
+    p.add_argument("--repetitions", type=_positive_int, default=DEFAULT_REPETITIONS)
+    p.add_argument("--accept-batch-sizes", type=_int_list_or_none(1), default=None,
+                   help="batch sizes of the all-accepted cells (accepted-work correction; default smallest, "
+                        "middle, largest); 'none' for none (on a GPU they need a launch of their own)")
+    p.add_argument("--no-nospec", action="store_true", help="skip the no-speculation baseline launch")
+    p.add_argument("--fixed-k-baseline", action="store_true",
+                   help="also time each k >= 1 in its own launch with K = k and no table (engine-dependence check)")
+    p.add_argument("--startup-timeout", type=_positive_int, default=None,
+                   help="seconds to wait for each engine launch to become healthy (default 240; a cold GPU "
+                        "launch with CUDA graphs can take 2-3 minutes)")
     p.set_defaults(func=cmd_profile)
 
     p = sub.add_parser("acceptance", help="measure a_i on a JSONL prompt file (one {\"prompt\": ...} per line)")
     p.add_argument("--prompts", required=True)
-    p.add_argument("--week", default=None, help="label, e.g. 2026-11-23 (default: adhoc)")
+    p.add_argument("--week", type=_iso_date, default=None, help="label, e.g. 2026-11-23 (default: adhoc)")
     p.set_defaults(func=cmd_acceptance)
 
     p = sub.add_parser("table", help="derive and show the goodput-optimal table from the store")
     p.add_argument("--identity", help="engine identity key (default: the deployment's latest profile)")
     p.add_argument("--prior", help="acceptance prior id (default: the latest)")
-    p.add_argument("--mode", default="one_launch", choices=["one_launch", "launch_per_k", "fixed_k"])
+    p.add_argument("--rates", type=_rates, default=None,
+                   help="use these acceptance rates a_1..a_K instead of a stored prior, e.g. 0.7,0.5,0.3")
+    p.add_argument("--mode", default=DEFAULT_PROFILE_MODE, choices=PROFILE_MODES)
     p.add_argument("--format", default="text", choices=["text", "vllm"])
     p.add_argument("--plot", help="write a goodput-vs-batch-size PNG here")
     p.add_argument("--no-correction", action="store_true", help="ignore the accepted-work step-time correction")
@@ -161,7 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run the whole Dagster pipeline on the fleet (the README's main command)")
     p.add_argument("--quick", action="store_true", help="small profile plan (3 batch sizes, 2 repetitions)")
-    p.add_argument("--week", help="week of logged prompts (Monday, YYYY-MM-DD); default the last complete week")
+    p.add_argument("--week", type=_monday,
+                   help="week of logged prompts (Monday, YYYY-MM-DD); default the last complete week")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("show", help="print the deployment's published table")
@@ -169,18 +335,23 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None) -> int:
-    from tabletune_pipelines.errors import TableTuneError
+def _print_error(exc: BaseException) -> None:
+    first, *rest = (str(exc) or type(exc).__name__).splitlines() or [""]
+    print(f"error: {first}", file=sys.stderr)
+    for line in rest:
+        print(f"  {line}", file=sys.stderr)
 
+
+def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except TableTuneError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        _print_error(exc)
+        return EXIT_ERROR
     except KeyboardInterrupt:
         print("interrupted: measured cells are stored; rerun to resume", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
-"""Typed data model: what is measured and what is published, each round-tripping through JSON.
+"""The documents: what is measured and what is published, each round-tripping through JSON.
 
 Every document carries ``schema`` (its kind) and ``schema_version``; loading a document of
-another kind or a newer version fails with a message that says which. Numpy and stdlib only.
+another kind or a newer version fails with a message that says which, and a document with a
+missing or wrong field fails with a ``DocumentError`` that names it. Numpy and stdlib only.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import numbers
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,14 +19,29 @@ from typing import Any, ClassVar, TypeVar
 from tabletune_pipelines.core.goodput import validate_acceptance, validate_step_time
 from tabletune_pipelines.core.steptime import StepTimeSurface, relative_spread
 from tabletune_pipelines.core.table import validate_table
-from tabletune_pipelines.errors import EmptyProfileError, SchemaVersionError
+from tabletune_pipelines.errors import DocumentError, EmptyProfileError, SchemaVersionError, TableTuneError
+from tabletune_pipelines.vocab import (
+    ACCEPTANCE_MODES,
+    DEFAULT_CUDAGRAPH_MODE,
+    DEFAULT_MODEL_RUNNER,
+    ModelRunner,
+    DEFAULT_DTYPE,
+    DEFAULT_PROFILE_MODE,
+    DEFAULT_TEMPERATURE,
+    PRIOR_SOURCES,
+    PROFILE_MODES,
+    TIMING_SOURCES,
+    AcceptanceMode,
+    Method,
+    PriorSource,
+    ProfileMode,
+    TimingSource,
+)
 
 SCHEMA_VERSION = 1
 
-#: How a profile's cells were launched: ``one_launch`` (every k in one launch at K, switched at
-#: runtime), ``launch_per_k`` (a launch at K per k, one-range table), ``fixed_k`` (a launch per
-#: k >= 1 with K = k and no table: the "fixed k, no DSD" baseline of the engine-dependence check).
-PROFILE_MODES = ("one_launch", "launch_per_k", "fixed_k")
+__all__ = ["PROFILE_MODES", "SCHEMA_VERSION", "AcceptancePrior", "DraftLengthTable", "EngineIdentity",
+           "StepTimeCell", "StepTimeProfile"]
 
 T = TypeVar("T", bound="_Document")
 
@@ -32,6 +49,10 @@ T = TypeVar("T", bound="_Document")
 def _digest(obj: Any, n: int = 12) -> str:
     blob = json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:n]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _slug(text: str) -> str:
@@ -76,8 +97,20 @@ class _Document:
         return cls.from_dict(data)
 
     @classmethod
-    def from_dict(cls: type[T], data: Mapping[str, Any]) -> T:  # pragma: no cover - overridden
-        raise NotImplementedError
+    def from_dict(cls: type[T], data: Mapping[str, Any]) -> T:
+        """Load a document; a missing, unknown or mistyped field is a ``DocumentError`` naming it."""
+        body = cls._check_header(data)
+        try:
+            return cls._from_body(body)
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, TableTuneError):
+                raise
+            what = f"lacks the field {exc.args[0]!r}" if isinstance(exc, KeyError) else str(exc)
+            raise DocumentError(f"{cls.SCHEMA} document {what}; re-export it with this TableTune") from None
+
+    @classmethod
+    def _from_body(cls: type[T], body: dict[str, Any]) -> T:
+        return cls(**body)
 
 
 @dataclass(frozen=True)
@@ -94,25 +127,28 @@ class EngineIdentity(_Document):
     """Target model (hub name or local path)."""
     drafter: str | None
     """Draft model (hub name or local path); None for n-gram drafting."""
-    method: str
-    """Speculative method: ``draft_model``, ``ngram``, ``eagle``, ``eagle3``, ..."""
+    method: Method
+    """Speculative method (``vocab.Method``): ``draft_model``, ``ngram``, ``eagle``, ``eagle3``, ..."""
     max_k: int
     """Launch ``num_speculative_tokens``: the largest k any table may use."""
     max_num_seqs: int
     """Largest batch size the engine schedules; tables cover 1..max_num_seqs."""
-    dtype: str = "bfloat16"
+    dtype: str = DEFAULT_DTYPE
     """Model dtype."""
-    cudagraph_mode: str = "none"
+    cudagraph_mode: str = DEFAULT_CUDAGRAPH_MODE
     """CUDA-graph mode of the serving path (``"none"`` when eager, e.g. on CPU)."""
+    model_runner: ModelRunner = DEFAULT_MODEL_RUNNER
+    """vLLM model runner of the launches (``"auto"``: vLLM's choice; ``"v1"``/``"v2"`` forced). V1 forces
+    piecewise CUDA graphs once any table is set: 3-4x slower small-batch steps than V2 on an H200."""
 
     def __post_init__(self) -> None:
-        if self.max_k < 1:
-            raise ValueError(f"max_k = {self.max_k!r} must be >= 1")
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs = {self.max_num_seqs!r} must be >= 1")
+        for name in ("max_k", "max_num_seqs"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise DocumentError(f"engine identity: {name} = {value!r} must be an integer >= 1")
         for name in ("gpu", "vllm_version", "model", "method"):
-            if not getattr(self, name):
-                raise ValueError(f"engine identity field {name!r} must not be empty")
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise DocumentError(f"engine identity field {name!r} must be a non-empty string")
 
     @property
     def key(self) -> str:
@@ -121,11 +157,11 @@ class EngineIdentity(_Document):
             _slug(self.gpu), "vllm-" + _slug(self.vllm_version), _slug(self.model),
             _slug(self.drafter or "none"), _slug(self.method), f"k{self.max_k}", f"n{self.max_num_seqs}",
         ]
-        return "__".join(parts) + "__" + _digest(dataclasses.asdict(self), 8)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "EngineIdentity":
-        return cls(**cls._check_header(data))
+        fields = dataclasses.asdict(self)
+        if fields["model_runner"] == DEFAULT_MODEL_RUNNER:
+            # Added after the first stores were written: leaving the default out keeps their keys.
+            del fields["model_runner"]
+        return "__".join(parts) + "__" + _digest(fields, 8)
 
 
 @dataclass(frozen=True)
@@ -140,19 +176,23 @@ class StepTimeCell:
     """Median step time over repetitions, milliseconds."""
     repetitions_ms: tuple[float, ...]
     """Each repetition's step time, milliseconds."""
-    acceptance: str = "reject"
+    acceptance: AcceptanceMode = "reject"
     """``"reject"``: every draft rejected (synthetic 0); ``"accept"``: every draft accepted."""
     launch_k: int | None = None
     """``num_speculative_tokens`` of the launch the cell was timed under."""
-    timing: str = "engine"
+    timing: TimingSource = "engine"
     """``"engine"`` (intervals between scheduler updates) or ``"wall"`` ((t65 - t1)/64)."""
 
     def __post_init__(self) -> None:
         validate_step_time(self.median_ms, where=f" at B={self.batch_size}, k={self.k}")
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size = {self.batch_size!r} must be >= 1")
-        if self.acceptance not in ("reject", "accept"):
-            raise ValueError(f"acceptance = {self.acceptance!r} must be 'reject' or 'accept'")
+        if not _is_int(self.batch_size) or self.batch_size < 1:
+            raise DocumentError(f"step-time cell: batch_size = {self.batch_size!r} must be an integer >= 1")
+        if self.k is not None and (not _is_int(self.k) or self.k < 0):
+            raise DocumentError(f"step-time cell: k = {self.k!r} must be an integer >= 0 or None (no speculation)")
+        if self.acceptance not in ACCEPTANCE_MODES:
+            raise DocumentError(f"step-time cell: acceptance = {self.acceptance!r} must be one of {ACCEPTANCE_MODES}")
+        if self.timing not in TIMING_SOURCES:
+            raise DocumentError(f"step-time cell: timing = {self.timing!r} must be one of {TIMING_SOURCES}")
 
     @property
     def spread(self) -> float:
@@ -170,12 +210,12 @@ class StepTimeProfile(_Document):
     """The engine the cells were measured on."""
     cells: tuple[StepTimeCell, ...]
     """Measured cells (spec k ≥ 0, the no-spec baseline, all-accepted cells)."""
-    mode: str = "one_launch"
-    """One of ``PROFILE_MODES``."""
+    mode: ProfileMode = DEFAULT_PROFILE_MODE
+    """How the cells were launched (``vocab.ProfileMode``)."""
 
     def __post_init__(self) -> None:
         if self.mode not in PROFILE_MODES:
-            raise ValueError(f"mode = {self.mode!r} must be one of {PROFILE_MODES}")
+            raise DocumentError(f"step-time profile: mode = {self.mode!r} must be one of {PROFILE_MODES}")
 
     def reject_cells(self) -> dict[int, dict[int, float]]:
         out: dict[int, dict[int, float]] = {}
@@ -202,8 +242,7 @@ class StepTimeProfile(_Document):
         return StepTimeSurface.from_cells(cells)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "StepTimeProfile":
-        body = cls._check_header(data)
+    def _from_body(cls, body: dict[str, Any]) -> "StepTimeProfile":
         ident = body.pop("identity")
         ident = EngineIdentity.from_dict(ident if "schema" in ident else
                                          {"schema": EngineIdentity.SCHEMA, "schema_version": SCHEMA_VERSION, **ident})
@@ -230,9 +269,9 @@ class AcceptancePrior(_Document):
     """sha256 over the sampled prompts (identifies the set, cannot reproduce it)."""
     prompt_count: int
     """Number of prompts the measurement ran."""
-    temperature: float = 0.0
+    temperature: float = DEFAULT_TEMPERATURE
     """Sampling temperature used (same as serving)."""
-    source: str = "measured"
+    source: PriorSource = "measured"
     """``measured`` (offline run), ``synthetic`` (known rates), or ``live`` (controller counters)."""
     week: str | None = None
     """ISO week start date of the logged prompts, for weekly priors."""
@@ -242,9 +281,14 @@ class AcceptancePrior(_Document):
     def __post_init__(self) -> None:
         validate_acceptance(self.rates, name="acceptance prior")
         if len(self.drafted_per_pos) != len(self.rates) or len(self.accepted_per_pos) != len(self.rates):
-            raise ValueError("drafted_per_pos, accepted_per_pos and rates must have the same length")
+            raise DocumentError(
+                f"acceptance prior: drafted_per_pos ({len(self.drafted_per_pos)}), accepted_per_pos "
+                f"({len(self.accepted_per_pos)}) and rates ({len(self.rates)}) must have the same length")
         if self.num_drafts < 0 or self.prompt_count < 0:
-            raise ValueError(f"num_drafts = {self.num_drafts!r} and prompt_count = {self.prompt_count!r} must be >= 0")
+            raise DocumentError(f"acceptance prior: num_drafts = {self.num_drafts!r} and prompt_count = "
+                                f"{self.prompt_count!r} must be >= 0")
+        if self.source not in PRIOR_SOURCES:
+            raise DocumentError(f"acceptance prior: source = {self.source!r} must be one of {PRIOR_SOURCES}")
 
     @property
     def max_k(self) -> int:
@@ -256,8 +300,7 @@ class AcceptancePrior(_Document):
         return f"prior-{body.get('week') or 'adhoc'}-{_digest(body, 10)}"
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "AcceptancePrior":
-        body = cls._check_header(data)
+    def _from_body(cls, body: dict[str, Any]) -> "AcceptancePrior":
         for name in ("rates", "drafted_per_pos", "accepted_per_pos"):
             body[name] = tuple(body[name])
         return cls(**body)
@@ -304,8 +347,7 @@ class DraftLengthTable(_Document):
         return "table-" + _digest(self.to_dict(), 12)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "DraftLengthTable":
-        body = cls._check_header(data)
+    def _from_body(cls, body: dict[str, Any]) -> "DraftLengthTable":
         body["ranges"] = tuple(tuple(int(x) for x in r) for r in body["ranges"])
         body["acceptance_rates"] = tuple(body.get("acceptance_rates", ()))
         return cls(**body)

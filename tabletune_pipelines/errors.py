@@ -1,12 +1,42 @@
-"""Errors raised on bad input. Every message names the offending value and says what to do."""
+"""The one error hierarchy. Every error a user can cause is a ``TableTuneError`` whose message
+names the file, key or value at fault and says what to do; the CLI prints it as one
+``error: ...`` line and exits 2.
+
+Stdlib only. Errors tied to one module's format live here too, so the whole vocabulary of failures
+is on one page; a few engine- and deployment-side subclasses live next to their code and subclass
+these (``engine/errors.py``: ``EngineError``, ``EngineConfigError`` ...; ``published.py``:
+``PublishedTableError``; ``live_counters.py``: ``LiveCountersError``).
+
+Classes that also subclass ``ValueError`` or ``KeyError`` do so for callers written before the
+hierarchy (``except ValueError`` keeps working).
+"""
+
+from __future__ import annotations
 
 
 class TableTuneError(Exception):
     """Base class of every error this project raises on purpose."""
 
 
+class InvalidValueError(TableTuneError, ValueError):
+    """An argument or setting outside its allowed range (names the value and the range)."""
+
+
+class UsageError(TableTuneError, ValueError):
+    """A command-line argument that cannot be used (names the option and the value)."""
+
+
+class NotFoundError(TableTuneError, KeyError):
+    """Something asked for by name or id (an identity, a prior, a table, a profile) is not there."""
+
+    def __str__(self) -> str:  # KeyError's own __str__ would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+# -- the method's inputs (core/) ---------------------------------------------------------------
+
 class InvalidAcceptanceError(TableTuneError, ValueError):
-    """Acceptance rates outside [0, 1], not finite, or increasing with draft position."""
+    """Acceptance rates outside [0, 1], not finite, increasing with draft position, or too few."""
 
 
 class InvalidStepTimeError(TableTuneError, ValueError):
@@ -14,16 +44,32 @@ class InvalidStepTimeError(TableTuneError, ValueError):
 
 
 class EmptyProfileError(TableTuneError, ValueError):
-    """A step-time profile with no usable cells."""
+    """A step-time profile with no usable cells, or without a cell the question needs."""
 
 
 class InvalidTableError(TableTuneError, ValueError):
     """A draft-length table that vLLM would reject (gaps, overlaps, bad k, bad bounds)."""
 
 
-class SchemaVersionError(TableTuneError, ValueError):
-    """A JSON document written by an incompatible schema version."""
+# -- documents and files -----------------------------------------------------------------------
 
+class SchemaVersionError(TableTuneError, ValueError):
+    """A JSON document of another kind or an incompatible schema version."""
+
+
+class DocumentError(SchemaVersionError):
+    """A JSON document of the right kind and version whose fields are missing or wrong."""
+
+
+class FleetError(TableTuneError, ValueError):
+    """The fleet file is missing, malformed, or does not follow the schema."""
+
+
+class PromptFileError(TableTuneError, ValueError):
+    """A prompt file that is missing, empty, unreadable or malformed (names the line, never quotes it)."""
+
+
+# -- the store ---------------------------------------------------------------------------------
 
 class StoreError(TableTuneError):
     """The DuckDB store could not be used."""

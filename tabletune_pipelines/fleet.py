@@ -1,53 +1,31 @@
 """The fleet file: which vLLM deployments TableTune tunes, and where their data lives.
 
-Schema (version 1). Every key below is the whole vocabulary: an unknown key anywhere, a missing
-required key, or a value of the wrong type is an error that names the file, the deployment and
-the key. ``${VAR}`` and ``${VAR:-default}`` are expanded in string values (``TABLETUNE_HOME``
-defaults to ``~/.tabletune``); an unset variable without a default is an error.
+The schema is declared once, below, as pydantic models (``Fleet``, ``Deployment``,
+``K8sPlacement``): every field's type, bounds, default and description is there, and
+``fleet_json_schema()`` prints it as JSON Schema. Unknown keys anywhere, a missing required key,
+a value of the wrong type or outside its bounds are errors that name the file, the deployment and
+the key (one line per problem). Values are not coerced: ``max_k: "3"`` or ``max_num_seqs: true``
+is an error, not a 3 or a 1. ``${VAR}`` and ``${VAR:-default}`` are expanded in ``endpoint``,
+``model``, ``drafter`` and the paths (``TABLETUNE_HOME`` defaults to ``~/.tabletune``); an unset
+variable without a default is an error. Relative paths are resolved against the file's folder.
 
-.. code-block:: yaml
+Example (``fleet.yaml`` at the repository root is the embedded default; ``TABLETUNE_FLEET``
+points at another file; ``deploy/k8s/fleet.example.yaml`` shows a GPU fleet)::
 
-    schema_version: 1                 # required, must be 1
-    deployments:                      # required, at least one
-      - name: local-cpu               # required; unique; [A-Za-z0-9._-]+
-        endpoint: embedded            # required; "embedded" (vLLM installed here, the CPU build
-                                      #   by default) or the http(s) base URL of a vLLM server
-                                      #   (its GET /version gives the engine version)
-        gpu: cpu                      # required; accelerator type ("cpu", "H100", "A10G", ...)
-        model: tiny:small             # required; target model (hub name, path, or "tiny:<size>"
-                                      #   for the project's tiny local models)
-        drafter: tiny:small           # required, may be null (n-gram); draft model
-        method: draft_model           # required; draft_model | ngram | eagle | eagle3 | mtp | ...
-        max_k: 3                      # required; launch num_speculative_tokens
-        max_num_seqs: 16              # required; largest batch size the table covers
-        logged_prompts: /data/prompts # required; folder of weekly prompt logs, one file per week:
-                                      #   <logged_prompts>/<YYYY-MM-DD>.jsonl, the date being the
-                                      #   Monday (UTC) the week starts; each line a JSON object
-                                      #   with a "prompt" string (other keys are ignored)
-        published_table: /data/t.json # required; file the controller loads (atomic writes); the
-                                      #   paste-able --speculative-config JSON is written beside it
-                                      #   as <stem>.speculative-config.json
-        live_counters: null           # optional; JSONL file the controller exports
-                                      #   (format: tabletune_pipelines.live_counters)
-        dtype: bfloat16               # optional
-        cudagraph_mode: none          # optional; the serving path's CUDA-graph mode
-        engine_group: local-cpu       # optional; runs with the same engine_group never overlap
-                                      #   (default: the deployment name)
-        temperature: 0.0              # optional; sampling temperature of acceptance measurement
-        max_prompts: 160              # optional; prompts sampled per weekly acceptance run
-        speculative_config: {}        # optional; extra --speculative-config keys (e.g.
-                                      #   prompt_lookup_max for ngram)
-        k8s:                          # optional; where this deployment's runs go on Kubernetes
-          node_selector: {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
-          gpu_resource: nvidia.com/gpu   # optional (default nvidia.com/gpu; null on CPU)
-          gpu_count: 1                    # optional (default 1)
-          tolerations: []                 # optional, Kubernetes toleration objects
-          image: null                     # optional; image with the deployment's vLLM version
-          service_account: null           # optional
-          resources: {}                   # optional; extra container resources (cpu, memory)
+    schema_version: 1
+    deployments:
+      - name: local-cpu
+        endpoint: embedded
+        gpu: cpu
+        model: tiny:small
+        drafter: null
+        method: ngram
+        max_k: 3
+        max_num_seqs: 16
+        logged_prompts: ${TABLETUNE_HOME}/prompts/local-cpu
+        published_table: ${TABLETUNE_HOME}/published/local-cpu.json
 
-The embedded default (``fleet.yaml`` at the repository root) describes one local deployment on
-the CPU build with the project's tiny models. ``TABLETUNE_FLEET`` points at another file.
+Stdlib, pyyaml and pydantic only (no Dagster): the tuner CLI loads it on machines without Dagster.
 """
 
 from __future__ import annotations
@@ -55,24 +33,45 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo
+from pydantic import field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
-from tabletune_pipelines.errors import TableTuneError
+from tabletune_pipelines.errors import FleetError
+from tabletune_pipelines.vocab import (
+    DEFAULT_CUDAGRAPH_MODE,
+    DEFAULT_DTYPE,
+    DEFAULT_MODEL_RUNNER,
+    DEFAULT_SAMPLE_SIZE,
+    DEFAULT_TEMPERATURE,
+    STORE_FILENAME,
+    Method,
+    ModelRunner,
+)
+
+__all__ = [
+    "DEFAULT_FLEET_PATH", "EMBEDDED", "FLEET_SCHEMA_VERSION", "Deployment", "Fleet", "FleetError", "K8sPlacement",
+    "default_store_path", "fleet_json_schema", "load_fleet", "parse_fleet", "tabletune_home",
+]
 
 FLEET_SCHEMA_VERSION = 1
 EMBEDDED = "embedded"
 #: Repository root fleet file, used when TABLETUNE_FLEET is not set.
 DEFAULT_FLEET_PATH = Path(__file__).resolve().parents[1] / "fleet.yaml"
-_NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+#: Deployment and engine-group names: they become run tags, partition keys and file names.
+_NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
 _VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-
-
-class FleetError(TableTuneError, ValueError):
-    """The fleet file is missing, malformed, or does not follow the schema."""
+_URL_RE = re.compile(r"https?://[^/\s]+\S*")
+#: ``--speculative-config`` keys the deployment's own fields own: ``speculative_config`` may not
+#: set them (it would silently override what the loader checked, or the table TableTune derives).
+RESERVED_SPECULATIVE_KEYS = {
+    "method": "method", "model": "drafter", "num_speculative_tokens": "max_k",
+    "num_speculative_tokens_per_batch_size": None,
+}
 
 
 def tabletune_home() -> Path:
@@ -80,41 +79,171 @@ def tabletune_home() -> Path:
     return Path(os.environ.get("TABLETUNE_HOME") or "~/.tabletune").expanduser()
 
 
-@dataclass(frozen=True)
-class K8sPlacement:
-    """Kubernetes placement of a deployment's runs (see deploy/k8s/README.md)."""
-
-    node_selector: Mapping[str, str] = field(default_factory=dict)
-    gpu_resource: str | None = "nvidia.com/gpu"
-    gpu_count: int = 1
-    tolerations: tuple[Mapping[str, Any], ...] = ()
-    image: str | None = None
-    service_account: str | None = None
-    resources: Mapping[str, str] = field(default_factory=dict)
+def default_store_path() -> Path:
+    """The DuckDB store: ``$TABLETUNE_DUCKDB``, else ``$TABLETUNE_HOME/tabletune_store.duckdb``."""
+    return Path(os.environ.get("TABLETUNE_DUCKDB") or tabletune_home() / STORE_FILENAME).expanduser()
 
 
-@dataclass(frozen=True)
-class Deployment:
+# -- value checks shared by the models -----------------------------------------------------------
+
+def _problem(message: str) -> PydanticCustomError:
+    """A validation error whose message is final (``_describe`` prefixes only file and deployment)."""
+    return PydanticCustomError("tabletune", "{message}", {"message": message})
+
+
+def _expand(value: str, key: str | None) -> str:
+    """``${VAR}`` / ``${VAR:-default}`` from the environment; an unset VAR is named."""
+    def repl(m: re.Match[str]) -> str:
+        name, default = m.group(1), m.group(2)
+        if os.environ.get(name):
+            return os.environ[name]
+        if name == "TABLETUNE_HOME":
+            return str(tabletune_home())
+        if default is not None:
+            return default
+        raise _problem(f"{key!r} uses ${{{name}}}, which is not set (set it or write ${{{name}:-default}})")
+
+    return _VAR_RE.sub(repl, value)
+
+
+def _check_name(value: str, key: str | None) -> str:
+    # fullmatch: a trailing newline must not pass the way it does with ``re.match(...$)``.
+    if not _NAME_RE.fullmatch(value) or set(value) == {"."}:
+        raise _problem(f"{key!r} = {value!r} may only use letters, digits, '.', '_' and '-' (and not only dots)")
+    return value
+
+
+def _path(value: Any, info: ValidationInfo) -> Any:
+    if not isinstance(value, str):
+        return value  # the field's own type check names it
+    p = Path(_expand(value, info.field_name)).expanduser()
+    base = (info.context or {}).get("base_dir") or Path.cwd()
+    return p if p.is_absolute() else Path(base) / p
+
+
+class _Schema(BaseModel):
+    # strict: YAML's 3 vs "3" vs true are different things; frozen: a loaded fleet is a value.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class K8sPlacement(_Schema):
+    """Kubernetes placement of a deployment's runs (read by orchestration/tags.py; deploy/k8s/README.md)."""
+
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Pod node selector, e.g. {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}.")
+    gpu_resource: str | None = Field(
+        default="nvidia.com/gpu", description="Extended resource a run pod asks for (null on CPU nodes).")
+    gpu_count: int = Field(default=1, ge=0, le=64, description="How many of gpu_resource each run pod gets.")
+    tolerations: tuple[dict[str, Any], ...] = Field(
+        default=(), strict=False, description="Kubernetes toleration objects of the run pods.")
+    image: str | None = Field(default=None, description="Image carrying the deployment's vLLM version.")
+    service_account: str | None = Field(default=None, description="Service account of the run pods.")
+    resources: dict[str, str] = Field(
+        default_factory=dict, description="Extra container resource limits and requests (cpu, memory).")
+
+    @field_validator("resources", mode="before")
+    @classmethod
+    def _quantities_as_text(cls, v: Any) -> Any:
+        # Kubernetes quantities: YAML reads `cpu: 8` as a number; the pod spec wants text.
+        if isinstance(v, dict):
+            return {k: str(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else x for k, x in v.items()}
+        return v
+
+
+class Deployment(_Schema):
     """One vLLM deployment of the fleet."""
 
-    name: str
-    endpoint: str
-    gpu: str
-    model: str
-    drafter: str | None
-    method: str
-    max_k: int
-    max_num_seqs: int
-    logged_prompts: Path
-    published_table: Path
-    live_counters: Path | None = None
-    dtype: str = "bfloat16"
-    cudagraph_mode: str = "none"
-    engine_group: str = ""
-    temperature: float = 0.0
-    max_prompts: int = 160
-    speculative_config: Mapping[str, Any] = field(default_factory=dict)
-    k8s: K8sPlacement | None = None
+    name: str = Field(description="Unique name: letters, digits, '.', '_' and '-'.")
+    endpoint: str = Field(description='"embedded" (the vLLM installed here) or the http(s) base URL of a vLLM '
+                                      "server, whose GET /version gives the engine version.")
+    gpu: str = Field(description='Accelerator type ("cpu", "H100", "A10G", ...): part of the engine identity.')
+    model: str = Field(description='Target model: hub name, path, or "tiny:<size>" for the project\'s tiny models.')
+    drafter: str | None = Field(description="Draft model; null for n-gram drafting (and only then).")
+    method: Method = Field(description="vLLM speculative method (speculative_config.method).")
+    max_k: int = Field(ge=1, le=16, description="Launch num_speculative_tokens: the largest k any table may use.")
+    max_num_seqs: int = Field(ge=1, le=4096, description="Largest batch size the table covers.")
+    logged_prompts: Path = Field(
+        description="Folder of weekly prompt logs <logged_prompts>/<YYYY-MM-DD>.jsonl (the Monday, UTC, the week "
+                    'starts), one {"prompt": "..."} per line (tabletune_pipelines/prompts.py).')
+    published_table: Path = Field(
+        description="File the controller loads (atomic writes); the paste-able --speculative-config JSON is "
+                    "written beside it as <stem>.speculative-config.json.")
+    live_counters: Path | None = Field(
+        default=None, description="JSONL file the controller exports (format: tabletune_pipelines/live_counters.py).")
+    dtype: str = Field(default=DEFAULT_DTYPE, min_length=1, description="Model dtype.")
+    cudagraph_mode: str | None = Field(
+        default=None, min_length=1, description='CUDA-graph mode of the serving path (part of the engine identity); '
+        'null: "none" on the CPU build (eager), "default" (whatever vLLM picks) on a GPU.')
+    model_runner: ModelRunner = Field(
+        default=DEFAULT_MODEL_RUNNER, description="vLLM model runner of measurement launches: auto (vLLM's "
+                                                  "default), v1 or v2 (docs/engine-facts.md, \"GPU (H200, vLLM 0.26)\").")
+    load_format: str | None = Field(
+        default=None, description='vLLM --load-format of measurement launches (e.g. "dummy": shapes only, no '
+                                  "weights; timing does not depend on weight values).")
+    engine_group: str = Field(
+        default="", description="Runs with the same engine group never overlap (default: the deployment name).")
+    temperature: float = Field(
+        default=DEFAULT_TEMPERATURE, ge=0.0, allow_inf_nan=False,
+        description="Sampling temperature of acceptance measurement (the serving temperature).")
+    max_prompts: int = Field(default=DEFAULT_SAMPLE_SIZE, ge=1, description="Prompts sampled per acceptance run.")
+    speculative_config: dict[str, Any] = Field(
+        default_factory=dict, description="Extra --speculative-config keys (e.g. prompt_lookup_max for ngram).")
+    controller: dict[str, Any] = Field(
+        default_factory=dict, description="Settings of the online controller plugin (docs/controller.md).")
+    k8s: K8sPlacement | None = Field(default=None, description="Where this deployment's runs go on Kubernetes.")
+
+    @field_validator("name", "engine_group")
+    @classmethod
+    def _names(cls, v: str, info: ValidationInfo) -> str:
+        return _check_name(v, info.field_name) if v else v
+
+    @field_validator("endpoint", "model", "drafter", mode="before")
+    @classmethod
+    def _expanded(cls, v: Any, info: ValidationInfo) -> Any:
+        return _expand(v, info.field_name) if isinstance(v, str) else v
+
+    @field_validator("model", "drafter")
+    @classmethod
+    def _not_an_option(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is not None and (not v.strip() or v.startswith("-")):
+            raise _problem(f"{info.field_name!r} = {v!r} must be a model name or path (vLLM would read a leading "
+                           "'-' as an option)")
+        return v
+
+    @field_validator("speculative_config")
+    @classmethod
+    def _no_reserved_keys(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for key, owner in RESERVED_SPECULATIVE_KEYS.items():
+            if key in v:
+                where = f"set it with the deployment's {owner!r}" if owner else "TableTune writes the table itself"
+                raise _problem(f"'speculative_config' sets {key!r}, which it may not override; {where}")
+        return v
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, v: str) -> str:
+        v = v.rstrip("/")
+        if v != EMBEDDED and not _URL_RE.fullmatch(v):
+            raise _problem(f"'endpoint' = {v!r} must be 'embedded' or an http(s):// URL of a vLLM server")
+        return v
+
+    @field_validator("logged_prompts", "published_table", "live_counters", mode="before")
+    @classmethod
+    def _paths(cls, v: Any, info: ValidationInfo) -> Any:
+        return _path(v, info)
+
+    @field_validator("k8s", mode="before")
+    @classmethod
+    def _empty_k8s(cls, v: Any) -> Any:
+        return None if v == {} else v
+
+    @model_validator(mode="after")
+    def _drafter_matches_method(self) -> "Deployment":
+        if self.method == "ngram" and self.drafter:
+            raise _problem(f"'drafter' = {self.drafter!r} must be null for method 'ngram'")
+        if self.method != "ngram" and not self.drafter:
+            raise _problem(f"'drafter' is null but method {self.method!r} needs a draft model")
+        return self
 
     @property
     def embedded(self) -> bool:
@@ -140,14 +269,40 @@ class Deployment:
         cfg: dict[str, Any] = {"method": self.method}
         if self.drafter:
             cfg["model"] = self.drafter
-        cfg.update(dict(self.speculative_config))
+        cfg.update(self.speculative_config)
         return cfg
 
 
-@dataclass(frozen=True)
-class Fleet:
-    deployments: tuple[Deployment, ...]
-    source: str
+class Fleet(_Schema):
+    """The whole fleet file."""
+
+    schema_version: int = Field(description=f"Must be {FLEET_SCHEMA_VERSION}.")
+    deployments: tuple[Deployment, ...] = Field(strict=False, description="At least one deployment.")
+    _source: str = PrivateAttr(default="<string>")
+
+    @field_validator("schema_version")
+    @classmethod
+    def _version(cls, v: int) -> int:
+        if v != FLEET_SCHEMA_VERSION:
+            raise _problem(f"schema_version {v!r} is not supported (this TableTune reads {FLEET_SCHEMA_VERSION})")
+        return v
+
+    @field_validator("deployments")
+    @classmethod
+    def _unique(cls, v: tuple[Deployment, ...]) -> tuple[Deployment, ...]:
+        if not v:
+            raise _problem("'deployments' is empty; describe at least one deployment")
+        seen: set[str] = set()
+        for d in v:
+            if d.name in seen:
+                raise _problem(f"deployment name {d.name!r} appears twice; give each deployment its own name")
+            seen.add(d.name)
+        return v
+
+    @property
+    def source(self) -> str:
+        """The file the fleet was loaded from (``<string>`` when parsed from data)."""
+        return self._source
 
     def deployment(self, name: str) -> Deployment:
         for d in self.deployments:
@@ -163,152 +318,80 @@ class Fleet:
         return out
 
 
-# -- loading -------------------------------------------------------------------------------
+def fleet_json_schema() -> dict[str, Any]:
+    """The fleet file's schema as JSON Schema (field types, bounds, defaults, descriptions)."""
+    return Fleet.model_json_schema()
 
-_TOP_REQUIRED = {"schema_version": int, "deployments": list}
-_DEP_REQUIRED: dict[str, Any] = {
-    "name": str, "endpoint": str, "gpu": str, "model": str, "drafter": (str, type(None)), "method": str,
-    "max_k": int, "max_num_seqs": int, "logged_prompts": str, "published_table": str,
+
+# -- pydantic's errors as the project's messages -------------------------------------------------
+
+_TYPE_WORDS = {
+    "int_type": "an integer", "int_from_float": "an integer", "string_type": "a string", "float_type": "a number",
+    "bool_type": "true or false", "dict_type": "a mapping", "list_type": "a list", "tuple_type": "a list",
+    "model_type": "a mapping", "model_attributes_type": "a mapping", "path_type": "a path (a string)",
+    "none_required": "null",
 }
-_DEP_OPTIONAL: dict[str, Any] = {
-    "live_counters": (str, type(None)), "dtype": str, "cudagraph_mode": str, "engine_group": str,
-    "temperature": (int, float), "max_prompts": int, "speculative_config": dict, "k8s": (dict, type(None)),
-}
-_K8S_KEYS: dict[str, Any] = {
-    "node_selector": dict, "gpu_resource": (str, type(None)), "gpu_count": int, "tolerations": list,
-    "image": (str, type(None)), "service_account": (str, type(None)),
-    "resources": dict,
-}
+_BOUND_WORDS = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}
 
 
-def _type_name(t: Any) -> str:
-    ts = t if isinstance(t, tuple) else (t,)
-    names = {"str": "a string", "int": "an integer", "dict": "a mapping", "list": "a list", "float": "a number"}
-    return " or ".join("null" if x is type(None) else names.get(x.__name__, x.__name__) for x in ts)
+def _allowed_keys(model: type[BaseModel]) -> list[str]:
+    return sorted(model.model_fields)
 
 
-def _check_type(where: str, key: str, value: Any, t: Any) -> None:
-    ts = t if isinstance(t, tuple) else (t,)
-    if isinstance(value, bool) and bool not in ts:
-        ok = False
+def _describe(err: Mapping[str, Any], data: Any, source: str) -> str:
+    """One line for one pydantic error: ``fleet file F, deployment 'd', k8s: 'key' ... what to do``."""
+    loc = list(err["loc"])
+    where = f"fleet file {source}"
+    model: type[BaseModel] = Fleet
+    if loc[:1] == ["deployments"] and len(loc) >= 2 and isinstance(loc[1], int):
+        i = loc[1]
+        raw = data.get("deployments")[i] if isinstance(data, dict) and isinstance(data.get("deployments"), list) \
+            else None
+        name = raw.get("name") if isinstance(raw, dict) else None
+        where += f", deployment {name!r}" if isinstance(name, str) else f", deployments[{i}]"
+        loc, model = loc[2:], Deployment
+        if loc[:1] == ["k8s"] and len(loc) > 1:
+            where += ", k8s"
+            loc, model = loc[1:], K8sPlacement
+    key = ".".join(str(x) for x in loc if x != "[key]")
+    kind, value, ctx = err["type"], err.get("input"), err.get("ctx") or {}
+    if kind == "missing":
+        what = f"missing required key {key!r}"
+    elif kind == "extra_forbidden":
+        what = f"unknown key {key!r}; allowed keys are {_allowed_keys(model)}"
+    elif kind in ("model_type", "model_attributes_type", "dict_type") and not loc:
+        what = (f"each deployment must be a mapping, got {type(value).__name__}" if model is Deployment
+                else "the top level must be a mapping with 'schema_version' and 'deployments'")
+    elif kind in _TYPE_WORDS and "[key]" in loc:
+        parent = ".".join(str(x) for x in loc[:loc.index("[key]") - 1])
+        what = f"{parent!r} has the key {value!r}; keys must be {_TYPE_WORDS[kind]}"
+    elif kind in _TYPE_WORDS:
+        what = f"{key!r} = {value!r} must be {_TYPE_WORDS[kind]}"
+    elif kind in _BOUND_WORDS:
+        bound = next(iter(ctx.values()))
+        what = f"{key!r} = {value!r} must be {_BOUND_WORDS[kind]} {bound}"
+    elif kind == "finite_number":
+        what = f"{key!r} = {value!r} must be a finite number"
+    elif kind == "literal_error":
+        what = f"{key!r} = {value!r} must be one of {ctx.get('expected')}"
+    elif kind == "string_too_short":
+        what = f"{key!r} = {value!r} must not be empty"
+    elif kind == "tabletune":
+        what = ctx["message"]
     else:
-        ok = isinstance(value, ts)
-    if not ok:
-        raise FleetError(f"{where}: {key!r} = {value!r} must be {_type_name(t)}")
-
-
-def _check_keys(where: str, data: Mapping[str, Any], required: Mapping[str, Any], optional: Mapping[str, Any]) -> None:
-    allowed = set(required) | set(optional)
-    for key in data:
-        if key not in allowed:
-            raise FleetError(f"{where}: unknown key {key!r}; allowed keys are {sorted(allowed)}")
-    for key in required:
-        if key not in data:
-            raise FleetError(f"{where}: missing required key {key!r}")
-    for key, value in data.items():
-        _check_type(where, key, value, required.get(key, optional.get(key)))
-
-
-def _expand(where: str, key: str, value: str) -> str:
-    def repl(m: re.Match[str]) -> str:
-        name, default = m.group(1), m.group(2)
-        if name in os.environ and os.environ[name] != "":
-            return os.environ[name]
-        if name == "TABLETUNE_HOME":
-            return str(tabletune_home())
-        if default is not None:
-            return default
-        raise FleetError(f"{where}: {key!r} uses ${{{name}}}, which is not set (set it or write ${{{name}:-default}})")
-
-    return _VAR_RE.sub(repl, value)
-
-
-def _path(where: str, key: str, value: str, base: Path) -> Path:
-    p = Path(_expand(where, key, value)).expanduser()
-    return p if p.is_absolute() else (base / p)
-
-
-def _parse_k8s(where: str, data: Mapping[str, Any]) -> K8sPlacement:
-    where = f"{where}, k8s"
-    _check_keys(where, data, {}, _K8S_KEYS)
-    ns = data.get("node_selector", {})
-    for k, v in ns.items():
-        if not isinstance(k, str) or not isinstance(v, str):
-            raise FleetError(f"{where}: node_selector entry {k!r}: {v!r} must map strings to strings")
-    if data.get("gpu_count", 1) < 0:
-        raise FleetError(f"{where}: 'gpu_count' = {data['gpu_count']!r} must be >= 0")
-    tols = data.get("tolerations", [])
-    for t in tols:
-        if not isinstance(t, dict):
-            raise FleetError(f"{where}: toleration {t!r} must be a mapping (a Kubernetes toleration)")
-    res = {str(k): str(v) for k, v in data.get("resources", {}).items()}
-    return K8sPlacement(
-        node_selector=dict(ns), gpu_resource=data.get("gpu_resource", "nvidia.com/gpu"),
-        gpu_count=int(data.get("gpu_count", 1)), tolerations=tuple(dict(t) for t in tols),
-        image=data.get("image"), service_account=data.get("service_account"),
-        resources=res,
-    )
-
-
-def _parse_deployment(source: str, index: int, data: Any, base: Path) -> Deployment:
-    where = f"fleet file {source}, deployments[{index}]"
-    if not isinstance(data, dict):
-        raise FleetError(f"{where}: each deployment must be a mapping, got {type(data).__name__}")
-    if isinstance(data.get("name"), str):
-        where = f"fleet file {source}, deployment {data['name']!r}"
-    _check_keys(where, data, _DEP_REQUIRED, _DEP_OPTIONAL)
-    name = data["name"]
-    if not _NAME_RE.match(name):
-        raise FleetError(f"{where}: 'name' = {name!r} may only use letters, digits, '.', '_' and '-'")
-    endpoint = _expand(where, "endpoint", data["endpoint"]).rstrip("/")
-    if endpoint != EMBEDDED and not re.match(r"^https?://[^/\s]+", endpoint):
-        raise FleetError(f"{where}: 'endpoint' = {endpoint!r} must be 'embedded' or an http(s):// URL of a vLLM server")
-    for key in ("max_k", "max_num_seqs"):
-        if data[key] < 1:
-            raise FleetError(f"{where}: {key!r} = {data[key]!r} must be >= 1")
-    if data.get("max_prompts", 160) < 1:
-        raise FleetError(f"{where}: 'max_prompts' = {data['max_prompts']!r} must be >= 1")
-    if data["method"] == "ngram" and data["drafter"]:
-        raise FleetError(f"{where}: 'drafter' = {data['drafter']!r} must be null for method 'ngram'")
-    if data["method"] != "ngram" and not data["drafter"]:
-        raise FleetError(f"{where}: 'drafter' is null but method {data['method']!r} needs a draft model")
-    group = data.get("engine_group", "")
-    if group and not _NAME_RE.match(group):
-        raise FleetError(f"{where}: 'engine_group' = {group!r} may only use letters, digits, '.', '_' and '-'")
-    live = data.get("live_counters")
-    return Deployment(
-        name=name, endpoint=endpoint, gpu=data["gpu"], model=_expand(where, "model", data["model"]),
-        drafter=_expand(where, "drafter", data["drafter"]) if data["drafter"] else None, method=data["method"],
-        max_k=data["max_k"], max_num_seqs=data["max_num_seqs"],
-        logged_prompts=_path(where, "logged_prompts", data["logged_prompts"], base),
-        published_table=_path(where, "published_table", data["published_table"], base),
-        live_counters=_path(where, "live_counters", live, base) if live else None,
-        dtype=data.get("dtype", "bfloat16"), cudagraph_mode=data.get("cudagraph_mode", "none"),
-        engine_group=group, temperature=float(data.get("temperature", 0.0)),
-        max_prompts=data.get("max_prompts", 160), speculative_config=dict(data.get("speculative_config", {})),
-        k8s=_parse_k8s(where, data["k8s"]) if data.get("k8s") else None,
-    )
+        what = f"{key!r} = {value!r}: {err['msg']}" if key else err["msg"]
+    return f"{where}: {what}"
 
 
 def parse_fleet(data: Any, source: str = "<string>", base_dir: Path | None = None) -> Fleet:
-    """Validate a parsed fleet document strictly (see the module docstring for the schema)."""
-    where = f"fleet file {source}"
-    if not isinstance(data, dict):
-        raise FleetError(f"{where}: the top level must be a mapping with 'schema_version' and 'deployments'")
-    _check_keys(where, data, _TOP_REQUIRED, {})
-    if data["schema_version"] != FLEET_SCHEMA_VERSION:
-        raise FleetError(f"{where}: schema_version {data['schema_version']!r} is not supported "
-                         f"(this TableTune reads {FLEET_SCHEMA_VERSION})")
-    if not data["deployments"]:
-        raise FleetError(f"{where}: 'deployments' is empty; describe at least one deployment")
-    base = base_dir or Path.cwd()
-    deps = tuple(_parse_deployment(source, i, d, base) for i, d in enumerate(data["deployments"]))
-    seen: set[str] = set()
-    for d in deps:
-        if d.name in seen:
-            raise FleetError(f"{where}: deployment name {d.name!r} appears twice")
-        seen.add(d.name)
-    return Fleet(deployments=deps, source=source)
+    """Validate a parsed fleet document strictly; every problem is one line of the FleetError."""
+    try:
+        fleet = Fleet.model_validate(data, context={"base_dir": base_dir or Path.cwd()})
+    except ValidationError as exc:
+        lines = list(dict.fromkeys(_describe(e, data, source) for e in exc.errors()))
+        raise FleetError("\n".join(lines)) from None
+    fleet._source = source
+    return fleet
 
 
 def load_fleet(path: str | os.PathLike[str] | None = None) -> Fleet:
@@ -320,81 +403,21 @@ def load_fleet(path: str | os.PathLike[str] | None = None) -> Fleet:
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise FleetError(f"fleet file {p} does not exist (set TABLETUNE_FLEET or pass the path)") from None
+        raise FleetError(f"fleet file {p} does not exist (set TABLETUNE_FLEET or pass --fleet)") from None
+    except UnicodeDecodeError as exc:
+        raise FleetError(f"fleet file {p} is not UTF-8 text (bad byte at offset {exc.start}); "
+                         "re-encode it as UTF-8") from None
     except OSError as exc:
-        raise FleetError(f"cannot read fleet file {p}: {exc}") from None
+        raise FleetError(f"cannot read fleet file {p}: {exc.strerror or exc}") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise FleetError(f"fleet file {p} is not valid YAML: {exc}") from None
+        raise FleetError(f"fleet file {p} is not valid YAML: {' '.join(str(exc).split())}") from None
     return parse_fleet(data, source=str(p), base_dir=p.resolve().parent)
 
 
-# -- run placement -------------------------------------------------------------------------
 
-ENGINE_TAG = "tabletune/engine"
-DEPLOYMENT_TAG = "tabletune/deployment"
-K8S_CONFIG_TAG = "dagster-k8s/config"
-
-
-def k8s_config(dep: Deployment) -> dict[str, Any] | None:
-    """The ``dagster-k8s/config`` tag body placing this deployment's runs on its GPU nodes.
-
-    Read by dagster-k8s's ``K8sRunLauncher`` (run pods) and ``k8s_job_executor`` (step pods):
-    node selector + tolerations for the GPU type, a GPU resource limit (so the scheduler gives the
-    pod a whole GPU and no other profiling pod shares it), and optionally the image carrying the
-    deployment's vLLM version.
-    """
-    k = dep.k8s
-    if k is None:
-        return None
-    limits: dict[str, str] = dict(k.resources)
-    if k.gpu_resource and k.gpu_count > 0:
-        limits[k.gpu_resource] = str(k.gpu_count)
-    container: dict[str, Any] = {}
-    if limits:
-        container["resources"] = {"limits": limits, "requests": dict(limits)}
-    if k.image:
-        container["image"] = k.image
-    pod_spec: dict[str, Any] = {}
-    if k.node_selector:
-        pod_spec["node_selector"] = dict(k.node_selector)
-    if k.tolerations:
-        pod_spec["tolerations"] = [dict(t) for t in k.tolerations]
-    if k.service_account:
-        pod_spec["service_account_name"] = k.service_account
-    labels = {"tabletune/deployment": dep.name, "tabletune/gpu": re.sub(r"[^A-Za-z0-9._-]", "-", dep.gpu)[:63]}
-    return {
-        "container_config": container,
-        "pod_spec_config": pod_spec,
-        "pod_template_spec_metadata": {"labels": labels},
-        "job_metadata": {"labels": labels},
-    }
-
-
-def run_tags(dep: Deployment) -> dict[str, str]:
-    """Tags of every run that uses this deployment's engine: the concurrency key
-    (``tabletune/engine``, limited to 1 per value in dagster.yaml) and the Kubernetes placement."""
+if __name__ == "__main__":  # python -m tabletune_pipelines.fleet: the schema, for editors and reviewers
     import json
 
-    tags = {ENGINE_TAG: dep.group, DEPLOYMENT_TAG: dep.name}
-    cfg = k8s_config(dep)
-    if cfg is not None:
-        tags[K8S_CONFIG_TAG] = json.dumps(cfg, sort_keys=True)
-    return tags
-
-
-def default_engine_tag(fleet: Fleet | None) -> str:
-    """``tabletune/engine`` value for runs launched by hand: the fleet's only engine group, else "manual"."""
-    if fleet is None:
-        return "manual"
-    groups = fleet.groups()
-    return next(iter(groups)) if len(groups) == 1 else "manual"
-
-
-def try_load_fleet() -> Fleet | None:
-    """The fleet at definitions load time, or None if it is invalid (runs then report the error)."""
-    try:
-        return load_fleet()
-    except FleetError:
-        return None
+    print(json.dumps(fleet_json_schema(), indent=2))

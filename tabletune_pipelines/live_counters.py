@@ -13,18 +13,36 @@ previous line, never running totals, and never the controller's halved internal 
      "steps": 41234,                                    # decode steps in the window (optional)
      "num_drafts": 90211,                               # request-steps that drafted >= 1 token
      "drafted_per_pos":  [90211, 80110, 70021],         # how often position i was drafted
-     "accepted_per_pos": [63000, 41000, 21000]}         # how often position i was kept
+     "accepted_per_pos": [63000, 41000, 21000],         # how often position i was kept
+     "tokens": 131000,                                  # tokens kept in the window (optional):
+                                                        #   per step, every request's target token
+                                                        #   plus its accepted drafts
+     "busy_s": 300.2,                                   # seconds of back-to-back steps (optional);
+                                                        #   tokens / busy_s = live goodput
+     "estimate": [0.70, 0.45, 0.23],                    # the controller's current â_i (optional)
+     "source": "host-a:4242:1764000000",                # which engine process wrote it (optional)
+     "seq": 7,                                          # window number within that source (optional)
+     "controller": {...}}                               # the controller's state (optional, free
+                                                        #   form: table, version, counters of
+                                                        #   errors/skips, step-time corrections;
+                                                        #   docs/controller.md, "Exported state")
 
-Rules checked on read (a bad line names the file and line number): lengths equal,
-``0 <= accepted_i <= drafted_i``, ``drafted_i`` non-increasing in i (position i+1 is only drafted
-when position i is), window_end >= window_start. Blank lines are skipped. A half-written last line
-(the controller was killed mid-append) is reported and skipped, not fatal.
+Rules checked on read (a bad line names the file and line number): lengths equal and at most
+``MAX_POSITIONS``, ``0 <= accepted_i <= drafted_i``, ``drafted_i`` non-increasing in i (position
+i+1 is only drafted when position i is), ``num_drafts >= drafted_1`` (every request-step that
+drafted position 1 is a draft), window_end >= window_start, ``estimate`` in [0, 1] and
+non-increasing, no NaN/Infinity, a line at most ``MAX_LINE_BYTES``. Blank lines are skipped. A
+half-written last line (the controller was killed mid-append) is reported and skipped, not fatal.
+
+The controller appends each line with a single ``write`` on an ``O_APPEND`` descriptor
+(``append_line``), so concurrent readers see whole lines, or a torn last line after a crash.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,6 +54,12 @@ from tabletune_pipelines.errors import TableTuneError
 
 LIVE_COUNTERS_SCHEMA = "tabletune.live_counters"
 LIVE_COUNTERS_SCHEMA_VERSION = 1
+#: Draft positions a line may carry (vLLM's K is at most a few dozen).
+MAX_POSITIONS = 64
+#: A line longer than this is not a counters window (the controller's lines are ~2 kB).
+MAX_LINE_BYTES = 256 * 1024
+#: A file longer than this is not read whole (a year of 1-minute windows is ~1 GB; rotate it).
+MAX_FILE_BYTES = 1024 * 1024 * 1024
 
 
 class LiveCountersError(TableTuneError, ValueError):
@@ -53,6 +77,12 @@ class CounterWindow:
     identity_key: str | None = None
     table_version: int | None = None
     steps: int | None = None
+    tokens: int | None = None
+    busy_s: float | None = None
+    estimate: tuple[float, ...] | None = None
+    source: str | None = None
+    seq: int | None = None
+    controller: dict[str, Any] | None = None
 
 
 def _ts(value: Any, where: str, key: str) -> datetime:
@@ -76,7 +106,8 @@ def parse_window(obj: Any, where: str) -> CounterWindow:
         raise LiveCountersError(f"{where}: schema_version {obj.get('schema_version')!r} is not "
                                 f"{LIVE_COUNTERS_SCHEMA_VERSION} (upgrade TableTune)")
     allowed = {"schema", "schema_version", "deployment", "identity_key", "table_version", "window_start",
-               "window_end", "steps", "num_drafts", "drafted_per_pos", "accepted_per_pos"}
+               "window_end", "steps", "num_drafts", "drafted_per_pos", "accepted_per_pos", "tokens", "busy_s",
+               "estimate", "source", "seq", "controller"}
     for key in obj:
         if key not in allowed:
             raise LiveCountersError(f"{where}: unknown key {key!r}")
@@ -90,6 +121,8 @@ def parse_window(obj: Any, where: str) -> CounterWindow:
     if len(drafted) != len(accepted) or not drafted:
         raise LiveCountersError(f"{where}: drafted_per_pos ({len(drafted)}) and accepted_per_pos ({len(accepted)}) "
                                 "must have the same non-zero length")
+    if len(drafted) > MAX_POSITIONS:
+        raise LiveCountersError(f"{where}: {len(drafted)} draft positions; at most {MAX_POSITIONS} are allowed")
     for i, (d, a) in enumerate(zip(drafted, accepted), start=1):
         if a > d:
             raise LiveCountersError(f"{where}: position {i} accepted {a} > drafted {d}")
@@ -100,13 +133,38 @@ def parse_window(obj: Any, where: str) -> CounterWindow:
     nd = obj["num_drafts"]
     if not isinstance(nd, int) or isinstance(nd, bool) or nd < 0:
         raise LiveCountersError(f"{where}: 'num_drafts' = {nd!r} must be a non-negative integer")
+    if nd < drafted[0]:
+        raise LiveCountersError(f"{where}: num_drafts = {nd} < drafted_per_pos[1] = {drafted[0]}; every request-step "
+                                "that drafted position 1 is a draft")
+    for key in ("steps", "tokens", "seq", "table_version"):
+        v = obj.get(key)
+        if v is not None and (type(v) is not int or v < 0):
+            raise LiveCountersError(f"{where}: {key!r} = {v!r} must be a non-negative integer")
+    busy = obj.get("busy_s")
+    if busy is not None and (type(busy) not in (int, float) or not math.isfinite(busy) or busy < 0):
+        raise LiveCountersError(f"{where}: 'busy_s' = {busy!r} must be a finite number >= 0")
+    est = obj.get("estimate")
+    if est is not None:
+        if not isinstance(est, list) or len(est) != len(drafted) or not all(
+                type(x) in (int, float) and math.isfinite(x) and 0.0 <= x <= 1.0 for x in est):
+            raise LiveCountersError(f"{where}: 'estimate' must be {len(drafted)} rates in [0, 1]")
+        if any(b > a + 1e-9 for a, b in zip(est, est[1:])):
+            raise LiveCountersError(f"{where}: 'estimate' {est} must be non-increasing with position")
+    for key in ("identity_key", "source", "deployment"):
+        v = obj.get(key)
+        if v is not None and (not isinstance(v, str) or not v or "\n" in v):
+            raise LiveCountersError(f"{where}: {key!r} = {v!r:.80} must be a non-empty one-line string")
+    if obj.get("controller") is not None and not isinstance(obj["controller"], dict):
+        raise LiveCountersError(f"{where}: 'controller' must be a JSON object")
     start, end = _ts(obj["window_start"], where, "window_start"), _ts(obj["window_end"], where, "window_end")
     if end < start:
         raise LiveCountersError(f"{where}: window_end {obj['window_end']} is before window_start {obj['window_start']}")
     return CounterWindow(
         deployment=str(obj["deployment"]), window_start=start, window_end=end, num_drafts=nd,
         drafted_per_pos=tuple(drafted), accepted_per_pos=tuple(accepted), identity_key=obj.get("identity_key"),
-        table_version=obj.get("table_version"), steps=obj.get("steps"),
+        table_version=obj.get("table_version"), steps=obj.get("steps"), tokens=obj.get("tokens"),
+        busy_s=None if busy is None else float(busy), estimate=None if est is None else tuple(float(x) for x in est),
+        source=obj.get("source"), seq=obj.get("seq"), controller=obj.get("controller"),
     )
 
 
@@ -114,56 +172,107 @@ def parse_window(obj: Any, where: str) -> CounterWindow:
 class ReadResult:
     windows: tuple[CounterWindow, ...]
     skipped_partial_last_line: bool
+    """True when a torn line (a writer killed mid-append) was skipped."""
     fingerprint: str
     """sha256 of the lines read (identifies the input)."""
 
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
 def read_live_counters(path: str | os.PathLike[str]) -> ReadResult:
+    """Every window of a counters file, checked line by line (errors name the file and line)."""
     p = Path(path)
     try:
-        lines = p.read_text(encoding="utf-8").splitlines()
+        with open(p, "rb") as fh:
+            raw = fh.read(MAX_FILE_BYTES + 1)
     except FileNotFoundError:
         raise LiveCountersError(f"live counters file {p} does not exist (the controller has not exported yet)") from None
+    except OSError as exc:
+        raise LiveCountersError(f"cannot read live counters file {p}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise LiveCountersError(f"live counters file {p} is larger than {MAX_FILE_BYTES} bytes; rotate it")
+    lines = raw.split(b"\n")
     windows: list[CounterWindow] = []
     partial = False
     h = hashlib.sha256()
     nonblank = [i for i, ln in enumerate(lines) if ln.strip()]
-    for i, line in enumerate(lines):
-        if not line.strip():
+    for i, bline in enumerate(lines):
+        if not bline.strip():
             continue
         where = f"{p}:{i + 1}"
+        last = i == nonblank[-1]  # a torn final line may also have been cut inside a UTF-8 sequence
+        if len(bline) > MAX_LINE_BYTES:
+            raise LiveCountersError(f"{where}: line of {len(bline)} bytes is longer than {MAX_LINE_BYTES}; "
+                                    "not a counters window")
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if i == nonblank[-1]:
+            line = bline.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            if last:
+                partial = True
+                continue
+            raise LiveCountersError(f"{where}: not UTF-8 (byte {exc.start})") from None
+        try:
+            obj = json.loads(line, parse_constant=_reject_constant)
+        except ValueError as exc:
+            # A torn line (a writer killed mid-append; a restarted writer starts on a new line)
+            # is a prefix of a line: it never ends with the closing brace. Skip it, report it.
+            if not line.rstrip().endswith("}"):
                 partial = True
                 continue
             raise LiveCountersError(f"{where}: not valid JSON ({exc})") from None
-        h.update(line.encode())
+        h.update(bline)
         windows.append(parse_window(obj, where))
     return ReadResult(windows=tuple(windows), skipped_partial_last_line=partial, fingerprint=h.hexdigest())
+
+
+def iso_utc(dt: datetime) -> str:
+    """``2026-11-23T10:00:00.123Z`` (milliseconds: windows of a fast export can be under a second)."""
+    dt = dt.astimezone(timezone.utc)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
 
 
 def window_line(
     *, deployment: str, window_start: datetime, window_end: datetime, num_drafts: int,
     drafted_per_pos: Sequence[int], accepted_per_pos: Sequence[int], identity_key: str | None = None,
-    table_version: int | None = None, steps: int | None = None,
+    table_version: int | None = None, steps: int | None = None, tokens: int | None = None,
+    busy_s: float | None = None, estimate: Sequence[float] | None = None, source: str | None = None,
+    seq: int | None = None, controller: dict[str, Any] | None = None,
 ) -> str:
     """One JSONL line in the format above (the controller's writer; validated before returning)."""
-
-    def iso(dt: datetime) -> str:
-        return dt.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
     obj: dict[str, Any] = {
         "schema": LIVE_COUNTERS_SCHEMA, "schema_version": LIVE_COUNTERS_SCHEMA_VERSION, "deployment": deployment,
-        "window_start": iso(window_start), "window_end": iso(window_end), "num_drafts": int(num_drafts),
+        "window_start": iso_utc(window_start), "window_end": iso_utc(window_end), "num_drafts": int(num_drafts),
         "drafted_per_pos": [int(x) for x in drafted_per_pos], "accepted_per_pos": [int(x) for x in accepted_per_pos],
     }
-    if identity_key is not None:
-        obj["identity_key"] = identity_key
-    if table_version is not None:
-        obj["table_version"] = int(table_version)
-    if steps is not None:
-        obj["steps"] = int(steps)
+    for key, value, conv in (("identity_key", identity_key, str), ("table_version", table_version, int),
+                             ("steps", steps, int), ("tokens", tokens, int), ("busy_s", busy_s, float),
+                             ("source", source, str), ("seq", seq, int)):
+        if value is not None:
+            obj[key] = conv(value)
+    if estimate is not None:
+        obj["estimate"] = [round(float(x), 6) for x in estimate]
+    if controller is not None:
+        obj["controller"] = controller
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    if len(text.encode()) > MAX_LINE_BYTES:
+        raise LiveCountersError(f"counters window of {len(text)} bytes exceeds {MAX_LINE_BYTES}; trim the state")
     parse_window(obj, "<new line>")
-    return json.dumps(obj, sort_keys=True)
+    return text
+
+
+def append_line(path: str | os.PathLike[str], line: str) -> None:
+    """Append ``line`` + newline with one ``write`` on an ``O_APPEND`` descriptor (no folder is
+    created: the export goes only where the operator made room for it)."""
+    data = (line.rstrip("\n") + "\n").encode("utf-8")
+    fd = os.open(os.fspath(path), os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            data = b"\n" + data  # the previous writer was killed mid-line: start a fresh one
+        n = os.write(fd, data)
+        if n != len(data):
+            raise OSError(f"short write to {path}: {n} of {len(data)} bytes")
+    finally:
+        os.close(fd)

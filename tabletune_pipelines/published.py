@@ -1,15 +1,40 @@
 """The published-table file: what the pipeline exports and the controller loads as its prior.
 
-Stdlib only, so the controller inside vLLM can read it. Writes are atomic (temp file in the same
-folder, fsync, rename, fsync of the folder): a reader in another process sees either the previous
-complete file or the new complete file, never a torn one.
+Stdlib only, so the controller inside vLLM reads it with this very module. Writes are atomic
+(temp file in the same folder, fsync, rename, fsync of the folder): a reader in another process
+sees either the previous complete file or the new complete file, never a torn one.
+
+Format (schema ``tabletune.published_table``, version 1; the keys marked *new* are optional so
+files written before them still load)::
+
+    {"schema": "tabletune.published_table", "schema_version": 1,
+     "deployment": "local-cpu", "version": 3, "published_at": "2026-11-23T10:00:00Z",
+     "table": {...},               # DraftLengthTable.to_dict(): ranges, max_num_seqs, max_k,
+                                   #   identity_key, prior_id, acceptance_rates (the prior's a_i),
+                                   #   predicted_worst_loss, step_ms {k: {B: ms}} (profiled T(B, k))
+     "speculative_config": {...},  # the --speculative-config a deployment without the controller uses
+     "identity": {...},            # new: EngineIdentity fields (gpu, vllm_version, model, drafter,
+                                   #   method, max_k, max_num_seqs, dtype, cudagraph_mode)
+     "prior": {"rates": [...], "num_drafts": 4800, "drafted_per_pos": [...],
+               "accepted_per_pos": [...], "prior_id": "...", "source": "measured"},   # new
+     "allowed_k": [0, 1, 3],       # new: k values the controller may choose (default: the table's)
+     "controller": {...}}          # new: ControllerSettings overrides (docs/controller.md)
+
+``parse_published`` is the strict reader: it applies the publish gate's table rules (contiguous
+ranges covering exactly 1..max_num_seqs, no overlap, 0 <= k <= max_k), rejects NaN and Infinity,
+duplicate keys, non-UTF-8 bytes, booleans where integers belong, unknown keys and files over
+``MAX_PUBLISHED_BYTES``; every message names the file and the key. ``published_document`` runs the
+same checks on what it builds, so the pipeline cannot publish a file the controller would refuse.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +42,70 @@ from tabletune_pipelines.errors import TableTuneError
 
 PUBLISHED_SCHEMA = "tabletune.published_table"
 PUBLISHED_SCHEMA_VERSION = 1
+#: A published table is a few kB (a 1024-batch-size profile of 9 k values is ~300 kB).
+MAX_PUBLISHED_BYTES = 8 * 1024 * 1024
+
+_TOP_KEYS = {"schema", "schema_version", "deployment", "version", "published_at", "table", "speculative_config",
+             "identity", "prior", "allowed_k", "controller"}
+_TABLE_KEYS = {"schema", "schema_version", "ranges", "max_num_seqs", "max_k", "identity_key", "prior_id",
+               "acceptance_rates", "predicted_worst_loss", "step_ms"}
+_IDENTITY_KEYS = {"schema", "schema_version", "gpu", "vllm_version", "model", "drafter", "method", "max_k",
+                  "max_num_seqs", "dtype", "cudagraph_mode"}
+_PRIOR_KEYS = {"rates", "num_drafts", "drafted_per_pos", "accepted_per_pos", "prior_id", "source"}
 
 
 class PublishedTableError(TableTuneError, ValueError):
-    """The published-table file is missing, unreadable, or not a TableTune published table."""
+    """The published-table file is missing, unreadable, or not a valid TableTune published table."""
+
+
+@dataclass(frozen=True)
+class PublishedPrior:
+    """The acceptance prior the table was built from."""
+
+    rates: tuple[float, ...]
+    """a_i: probability that the first i drafts are all kept (non-increasing, in [0, 1])."""
+    num_drafts: int = 0
+    """Request-steps behind the rates (0 = unknown, e.g. synthetic or an old file)."""
+    drafted_per_pos: tuple[int, ...] = ()
+    """How often each position was drafted in the measurement (may be empty)."""
+    accepted_per_pos: tuple[int, ...] = ()
+    """How often each position was kept in the measurement (may be empty)."""
+    prior_id: str | None = None
+    """The prior's id in the store."""
+    source: str | None = None
+    """``measured``, ``synthetic`` or ``live``."""
+
+
+@dataclass(frozen=True)
+class PublishedTable:
+    """A validated published file, typed (``parse_published``)."""
+
+    deployment: str
+    """Fleet deployment the file was published for."""
+    version: int
+    """Publication version (>= 1; every publish, rollbacks included, gets a higher one)."""
+    published_at: str
+    """UTC timestamp of the publication."""
+    ranges: tuple[tuple[int, int, int], ...]
+    """The starting table, vLLM's ``[[start, end, k], ...]`` covering 1..max_num_seqs."""
+    max_num_seqs: int
+    """Batch sizes the table covers."""
+    max_k: int
+    """Launch ``num_speculative_tokens`` (K) the table is meant for."""
+    identity_key: str
+    """Engine identity whose profile produced the table."""
+    prior: PublishedPrior
+    """The acceptance prior (rates and how many drafts stand behind them)."""
+    step_ms: dict[int, dict[int, float]]
+    """Profiled T(B, k) in ms, ``{k: {B: ms}}`` (may be empty in files of old pipelines)."""
+    allowed_k: tuple[int, ...]
+    """k values a controller may choose (sorted; always includes every k of ``ranges``)."""
+    identity: dict[str, Any] | None = None
+    """Engine identity fields (model, method, max_k, max_num_seqs, vllm_version, ...) if recorded."""
+    controller: dict[str, Any] = field(default_factory=dict)
+    """Controller settings of the deployment (keys of ControllerSettings)."""
+    document: dict[str, Any] = field(default_factory=dict, repr=False)
+    """The whole JSON document as read."""
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
@@ -48,11 +133,251 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     return target
 
 
+# -- strict JSON -------------------------------------------------------------------------------
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows (NaN and Infinity are rejected)")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
+def strict_json_loads(text: str) -> Any:
+    """``json.loads`` that rejects NaN/Infinity and duplicate keys (raises ``ValueError``)."""
+    return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_no_duplicates)
+
+
+# -- field checks (each raises PublishedTableError naming where and the key) -------------------
+
+def _fail(where: str, msg: str) -> PublishedTableError:
+    return PublishedTableError(f"published table {where}: {msg}")
+
+
+def _int(where: str, key: str, v: Any, lo: int | None = None) -> int:
+    if type(v) is not int:
+        raise _fail(where, f"{key} = {v!r} must be an integer")
+    if lo is not None and v < lo:
+        raise _fail(where, f"{key} = {v} must be >= {lo}")
+    return v
+
+
+def _num(where: str, key: str, v: Any) -> float:
+    if type(v) not in (int, float) or not math.isfinite(v):
+        raise _fail(where, f"{key} = {v!r} must be a finite number")
+    return float(v)
+
+
+def _str(where: str, key: str, v: Any, *, allow_none: bool = False) -> str | None:
+    if v is None and allow_none:
+        return None
+    if not isinstance(v, str) or not v or "\n" in v:
+        raise _fail(where, f"{key} = {v!r} must be a non-empty one-line string")
+    return v
+
+
+def _obj(where: str, key: str, v: Any, allowed: set[str] | None = None) -> dict[str, Any]:
+    if not isinstance(v, dict):
+        raise _fail(where, f"{key} must be a JSON object, got {type(v).__name__}")
+    if allowed is not None:
+        unknown = sorted(set(v) - allowed)
+        if unknown:
+            raise _fail(where, f"{key} has unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+    return v
+
+
+def _rates(where: str, key: str, v: Any) -> tuple[float, ...]:
+    if not isinstance(v, list):
+        raise _fail(where, f"{key} must be a list of acceptance rates, got {type(v).__name__}")
+    out = tuple(_num(where, f"{key}[{i}]", x) for i, x in enumerate(v))
+    for i, a in enumerate(out):
+        if not 0.0 <= a <= 1.0:
+            raise _fail(where, f"{key}[{i}] = {a!r} is outside [0, 1]")
+        if i and a > out[i - 1] + 1e-9:
+            raise _fail(where, f"{key}[{i}] = {a!r} > {key}[{i - 1}] = {out[i - 1]!r}; survival rates must be "
+                               "non-increasing with position")
+    return out
+
+
+def validate_ranges(where: str, ranges: Any, max_num_seqs: int, max_k: int) -> tuple[tuple[int, int, int], ...]:
+    """The publish gate's table rules (``core.table.validate_table``), stdlib only."""
+    if not isinstance(ranges, list) or not ranges:
+        raise _fail(where, f"table.ranges must be a non-empty list of [start, end, k], got {ranges!r:.80}")
+    parsed = []
+    for i, entry in enumerate(ranges):
+        if not isinstance(entry, list) or len(entry) != 3:
+            raise _fail(where, f"table.ranges[{i}] = {entry!r:.80} must be a [start, end, k] list")
+        s, e, k = (_int(where, f"table.ranges[{i}][{j}]", x) for j, x in enumerate(entry))
+        if s < 1 or e < s:
+            raise _fail(where, f"table.ranges[{i}] = {entry}: need 1 <= start <= end")
+        if not 0 <= k <= max_k:
+            raise _fail(where, f"table.ranges[{i}] = {entry}: k = {k} is outside 0..max_k = {max_k}")
+        parsed.append((s, e, k))
+    parsed.sort()
+    if parsed[0][0] != 1:
+        raise _fail(where, f"the first range {list(parsed[0])} must start at 1")
+    for prev, cur in zip(parsed, parsed[1:]):
+        if cur[0] <= prev[1]:
+            raise _fail(where, f"ranges {list(prev)} and {list(cur)} overlap")
+        if cur[0] != prev[1] + 1:
+            raise _fail(where, f"gap between ranges {list(prev)} and {list(cur)}: batch sizes "
+                               f"{prev[1] + 1}..{cur[0] - 1} have no k")
+    if parsed[-1][1] != max_num_seqs:
+        raise _fail(where, f"the last range {list(parsed[-1])} must end at max_num_seqs = {max_num_seqs}")
+    return tuple(parsed)
+
+
+def _step_ms(where: str, v: Any, max_k: int) -> dict[int, dict[int, float]]:
+    out: dict[int, dict[int, float]] = {}
+    for ks, row in _obj(where, "table.step_ms", v).items():
+        if not (isinstance(ks, str) and ks.isdigit()) or int(ks) > max_k:
+            raise _fail(where, f"table.step_ms key {ks!r} must be a k in 0..{max_k}")
+        cells: dict[int, float] = {}
+        for bs, ms in _obj(where, f"table.step_ms[{ks}]", row).items():
+            if not (isinstance(bs, str) and bs.isdigit()) or int(bs) < 1:
+                raise _fail(where, f"table.step_ms[{ks}] key {bs!r} must be a batch size >= 1")
+            t = _num(where, f"table.step_ms[{ks}][{bs}]", ms)
+            if t <= 0:
+                raise _fail(where, f"table.step_ms[{ks}][{bs}] = {t!r} ms must be positive")
+            cells[int(bs)] = t
+        out[int(ks)] = cells
+    return out
+
+
+def _counts(where: str, key: str, v: Any, n: int) -> tuple[int, ...]:
+    if not isinstance(v, list):
+        raise _fail(where, f"{key} must be a list of counts")
+    out = tuple(_int(where, f"{key}[{i}]", x, 0) for i, x in enumerate(v))
+    if out and len(out) != n:
+        raise _fail(where, f"{key} has {len(out)} entries; the rates have {n}")
+    return out
+
+
+def parse_published(doc: Any, where: str = "<document>") -> PublishedTable:
+    """Validate a decoded published document strictly and return it typed."""
+    if not isinstance(doc, dict) or doc.get("schema") != PUBLISHED_SCHEMA:
+        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+        raise PublishedTableError(f"{where} is not a TableTune published table (schema {got!r})")
+    sv = doc.get("schema_version")
+    if type(sv) is not int or sv != PUBLISHED_SCHEMA_VERSION:
+        raise PublishedTableError(
+            f"{where} has schema_version {sv!r}; this reader understands {PUBLISHED_SCHEMA_VERSION} "
+            "(re-publish it with this TableTune, or upgrade the reader)")
+    _obj(where, "the document", doc, _TOP_KEYS)
+    for key in ("deployment", "version", "table", "speculative_config"):
+        if key not in doc:
+            raise PublishedTableError(f"published table {where} lacks the field {key!r}")
+    deployment = _str(where, "deployment", doc["deployment"])
+    version = _int(where, "version", doc["version"], 1)
+    published_at = _str(where, "published_at", doc.get("published_at", "unknown"))
+    t = _obj(where, "table", doc["table"], _TABLE_KEYS)
+    for key in ("ranges", "max_num_seqs", "max_k", "identity_key", "prior_id"):
+        if key not in t:
+            raise _fail(where, f"table lacks the field {key!r}")
+    max_num_seqs = _int(where, "table.max_num_seqs", t["max_num_seqs"], 1)
+    max_k = _int(where, "table.max_k", t["max_k"], 1)
+    ranges = validate_ranges(where, t["ranges"], max_num_seqs, max_k)
+    identity_key = _str(where, "table.identity_key", t["identity_key"])
+    prior_id = _str(where, "table.prior_id", t["prior_id"])
+    table_rates = _rates(where, "table.acceptance_rates", t.get("acceptance_rates", []))
+    _num(where, "table.predicted_worst_loss", t.get("predicted_worst_loss", 0.0))
+    step_ms = _step_ms(where, t.get("step_ms", {}), max_k)
+
+    spec = _obj(where, "speculative_config", doc["speculative_config"])
+    if "num_speculative_tokens" in spec and spec["num_speculative_tokens"] != max_k:
+        raise _fail(where, f"speculative_config.num_speculative_tokens = {spec['num_speculative_tokens']!r} "
+                           f"differs from table.max_k = {max_k}")
+    if "num_speculative_tokens_per_batch_size" in spec:
+        spec_ranges = spec["num_speculative_tokens_per_batch_size"]
+        if not isinstance(spec_ranges, list) or sorted(tuple(r) for r in spec_ranges if isinstance(r, list)) != list(ranges) \
+                or len(spec_ranges) != len(ranges):
+            raise _fail(where, "speculative_config.num_speculative_tokens_per_batch_size differs from table.ranges")
+
+    identity = None
+    if doc.get("identity") is not None:
+        identity = dict(_obj(where, "identity", doc["identity"], _IDENTITY_KEYS))
+        for key in ("gpu", "vllm_version", "model", "method"):
+            if key in identity:
+                _str(where, f"identity.{key}", identity[key])
+        if "drafter" in identity:
+            _str(where, "identity.drafter", identity["drafter"], allow_none=True)
+        for key, want in (("max_k", max_k), ("max_num_seqs", max_num_seqs)):
+            if key in identity and _int(where, f"identity.{key}", identity[key], 1) != want:
+                raise _fail(where, f"identity.{key} = {identity[key]} differs from table.{key} = {want}")
+
+    if doc.get("prior") is not None:
+        p = _obj(where, "prior", doc["prior"], _PRIOR_KEYS)
+        if "rates" not in p:
+            raise _fail(where, "prior lacks the field 'rates'")
+        rates = _rates(where, "prior.rates", p["rates"])
+        if table_rates and tuple(round(r, 9) for r in table_rates) != tuple(round(r, 9) for r in rates):
+            raise _fail(where, f"prior.rates {list(rates)} differ from table.acceptance_rates {list(table_rates)}")
+        drafted = _counts(where, "prior.drafted_per_pos", p.get("drafted_per_pos", []), len(rates))
+        accepted = _counts(where, "prior.accepted_per_pos", p.get("accepted_per_pos", []), len(rates))
+        if len(drafted) != len(accepted):
+            raise _fail(where, "prior.drafted_per_pos and prior.accepted_per_pos differ in length")
+        for i, (d, a) in enumerate(zip(drafted, accepted), 1):
+            if a > d:
+                raise _fail(where, f"prior position {i}: accepted {a} > drafted {d}")
+        prior = PublishedPrior(
+            rates=rates, num_drafts=_int(where, "prior.num_drafts", p.get("num_drafts", 0), 0),
+            drafted_per_pos=drafted, accepted_per_pos=accepted,
+            prior_id=_str(where, "prior.prior_id", p.get("prior_id"), allow_none=True),
+            source=_str(where, "prior.source", p.get("source"), allow_none=True))
+    else:
+        prior = PublishedPrior(rates=table_rates, prior_id=prior_id)
+    if prior.rates and len(prior.rates) < max_k:
+        raise _fail(where, f"the prior has {len(prior.rates)} rates; max_k = {max_k} needs {max_k}")
+
+    table_ks = sorted({k for _, _, k in ranges})
+    allowed = table_ks
+    if doc.get("allowed_k") is not None:
+        raw = doc["allowed_k"]
+        if not isinstance(raw, list) or not raw:
+            raise _fail(where, f"allowed_k = {raw!r:.80} must be a non-empty list of k values")
+        allowed = sorted({_int(where, f"allowed_k[{i}]", k, 0) for i, k in enumerate(raw)})
+        if allowed[-1] > max_k:
+            raise _fail(where, f"allowed_k has k = {allowed[-1]} > max_k = {max_k}")
+        missing = sorted(set(table_ks) - set(allowed))
+        if missing:
+            raise _fail(where, f"the table uses k = {missing}, which allowed_k {allowed} does not list")
+    controller = dict(_obj(where, "controller", doc.get("controller") or {}))
+    if controller:
+        # Lazy: controller.settings is stdlib-only and defines the vocabulary of this mapping.
+        from tabletune_pipelines.controller.settings import ControllerSettings, SettingsError
+
+        try:
+            ControllerSettings.from_mapping(controller, where=f"{where}: controller")
+        except SettingsError as exc:
+            raise PublishedTableError(str(exc)) from None
+    return PublishedTable(
+        deployment=deployment, version=version, published_at=published_at, ranges=ranges,
+        max_num_seqs=max_num_seqs, max_k=max_k, identity_key=identity_key, prior=prior, step_ms=step_ms,
+        allowed_k=tuple(allowed), identity=identity, controller=controller, document=doc)
+
+
+# -- building and writing ----------------------------------------------------------------------
+
 def published_document(
-    *, deployment: str, version: int, table: dict[str, Any], speculative_config: dict[str, Any], published_at: str
+    *, deployment: str, version: int, table: dict[str, Any], speculative_config: dict[str, Any], published_at: str,
+    identity: Mapping[str, Any] | None = None, prior: Mapping[str, Any] | None = None,
+    allowed_k: Sequence[int] | None = None, controller: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The JSON body of a published table (``table`` is a DraftLengthTable's ``to_dict()``)."""
-    return {
+    """The JSON body of a published table (``table`` is a DraftLengthTable's ``to_dict()``).
+
+    ``identity``: ``EngineIdentity.to_dict()`` (the controller compares model, method, K,
+    max_num_seqs and vLLM version with the engine it runs in). ``prior``: the AcceptancePrior's
+    rates and counts (``rates``, ``num_drafts``, ``drafted_per_pos``, ``accepted_per_pos``,
+    ``prior_id``, ``source``). ``allowed_k``: the k values the controller may choose (default: the
+    table's). ``controller``: the deployment's controller settings (docs/controller.md). The
+    document is validated with ``parse_published`` before it is returned.
+    """
+    doc: dict[str, Any] = {
         "schema": PUBLISHED_SCHEMA,
         "schema_version": PUBLISHED_SCHEMA_VERSION,
         "deployment": deployment,
@@ -61,34 +386,71 @@ def published_document(
         "table": table,
         "speculative_config": speculative_config,
     }
+    if identity is not None:
+        doc["identity"] = {k: v for k, v in dict(identity).items() if k not in ("schema", "schema_version")}
+    if prior is not None:
+        doc["prior"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dict(prior).items()
+                        if k in _PRIOR_KEYS}
+    doc["allowed_k"] = sorted({int(k) for k in allowed_k} if allowed_k is not None
+                              else {int(r[2]) for r in table.get("ranges", [])})
+    doc["controller"] = dict(controller or {})
+    _roundtrip_check(doc, f"being published for {deployment!r}")
+    return doc
+
+
+def _roundtrip_check(doc: dict[str, Any], where: str) -> None:
+    """Check ``doc`` as the reader will see it (tuples become lists, NaN is refused)."""
+    try:
+        text = json.dumps(doc, allow_nan=True)
+        decoded = strict_json_loads(text)
+    except (TypeError, ValueError) as exc:
+        raise PublishedTableError(f"published table {where}: cannot be written as strict JSON: {exc}") from None
+    parse_published(decoded, where)
 
 
 def write_published_table(path: str | os.PathLike[str], document: dict[str, Any]) -> Path:
-    if document.get("schema") != PUBLISHED_SCHEMA:
-        raise PublishedTableError(f"refusing to write a document with schema {document.get('schema')!r}")
-    return atomic_write_text(path, json.dumps(document, indent=2, sort_keys=True) + "\n")
+    if not isinstance(document, dict) or document.get("schema") != PUBLISHED_SCHEMA:
+        got = document.get("schema") if isinstance(document, dict) else None
+        raise PublishedTableError(f"refusing to write a document with schema {got!r} to {path}")
+    _roundtrip_check(document, str(path))
+    return atomic_write_text(path, json.dumps(document, indent=2, sort_keys=True, allow_nan=False) + "\n")
+
+
+# -- reading -----------------------------------------------------------------------------------
+
+def read_published_text(path: str | os.PathLike[str]) -> tuple[str, os.stat_result]:
+    """The file's text and its stat (size-bounded, UTF-8); errors say which file and what is wrong."""
+    p = Path(path)
+    try:
+        with open(p, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            raw = fh.read(MAX_PUBLISHED_BYTES + 1)
+    except FileNotFoundError:
+        raise PublishedTableError(f"published table {p} does not exist; publish one with the pipeline first") from None
+    except IsADirectoryError:
+        raise PublishedTableError(f"published table {p} is a folder, not a file") from None
+    except OSError as exc:
+        raise PublishedTableError(f"cannot read published table {p}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_PUBLISHED_BYTES:
+        raise PublishedTableError(f"published table {p} is larger than {MAX_PUBLISHED_BYTES} bytes; not a "
+                                  "TableTune published table")
+    try:
+        return raw.decode("utf-8"), st
+    except UnicodeDecodeError as exc:
+        raise PublishedTableError(f"published table {p} is not UTF-8 (byte {exc.start}); not a TableTune "
+                                  "published table") from None
+
+
+def load_published(path: str | os.PathLike[str]) -> PublishedTable:
+    """Read and strictly validate a published file (the controller's reader)."""
+    text, _ = read_published_text(path)
+    try:
+        doc = strict_json_loads(text)
+    except ValueError as exc:  # JSONDecodeError is a ValueError; so are NaN and duplicate keys
+        raise PublishedTableError(f"published table {path} is not valid JSON: {exc}") from None
+    return parse_published(doc, str(path))
 
 
 def read_published_table(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Load and sanity-check a published table file; errors say which file and what is wrong."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise PublishedTableError(f"published table {p} does not exist; publish one with the pipeline first") from None
-    except OSError as exc:
-        raise PublishedTableError(f"cannot read published table {p}: {exc}") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PublishedTableError(f"published table {p} is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict) or doc.get("schema") != PUBLISHED_SCHEMA:
-        raise PublishedTableError(f"{p} is not a TableTune published table (schema {doc.get('schema') if isinstance(doc, dict) else None!r})")
-    if doc.get("schema_version") != PUBLISHED_SCHEMA_VERSION:
-        raise PublishedTableError(
-            f"{p} has schema_version {doc.get('schema_version')!r}; this reader understands {PUBLISHED_SCHEMA_VERSION}"
-        )
-    for key in ("deployment", "version", "table", "speculative_config"):
-        if key not in doc:
-            raise PublishedTableError(f"published table {p} lacks the field {key!r}")
-    return doc
+    """Load a published table file, strictly validated, as its JSON document."""
+    return load_published(path).document

@@ -1,1 +1,1 @@
-"""Pure method library: numpy and the stdlib only, no I/O (DESIGN §2)."""
+"""Pure method library: numpy and the stdlib only, no I/O (the method: docs/method.md)."""

@@ -1,4 +1,4 @@
-"""Online acceptance estimation (DESIGN §2, "Online controller").
+"""Online acceptance estimation (docs/method.md, "Online controller").
 
 Per draft position i the estimator keeps ``drafted_i`` (how often position i was drafted) and
 ``accepted_i`` (how often it was kept), fed by (drafted n, kept m) per request per step. Every
@@ -18,8 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from tabletune_pipelines.core.goodput import validate_acceptance
+from tabletune_pipelines.errors import InvalidAcceptanceError, InvalidValueError
 
-#: The prior counts as this many observations (DESIGN §2).
+#: The prior counts as this many observations (docs/method.md, "Online controller").
 DEFAULT_PRIOR_WEIGHT = 2000.0
 #: Every this many steps, one step runs at the largest k so every position stays observed.
 DEFAULT_EXPLORATION_EVERY = 50
@@ -40,9 +41,9 @@ class EstimatorConfig:
 
     def __post_init__(self) -> None:
         if not self.prior_weight > 0:
-            raise ValueError(f"prior_weight = {self.prior_weight!r} must be positive")
+            raise InvalidValueError(f"prior_weight = {self.prior_weight!r} must be positive")
         if not 0 < self.min_prior_weight <= self.prior_weight:
-            raise ValueError(
+            raise InvalidValueError(
                 f"min_prior_weight = {self.min_prior_weight!r} must be in (0, prior_weight={self.prior_weight}]"
             )
 
@@ -53,7 +54,7 @@ class AcceptanceEstimator:
     def __init__(self, prior: Sequence[float], config: EstimatorConfig | None = None) -> None:
         self.prior = validate_acceptance(prior, name="prior acceptance rates")
         if self.prior.size == 0:
-            raise ValueError("the prior needs at least one acceptance rate (max k >= 1)")
+            raise InvalidAcceptanceError("the prior needs at least one acceptance rate (max k >= 1)")
         self.config = config or EstimatorConfig()
         self.prior_weight = float(self.config.prior_weight)
         self.drafted = np.zeros(self.prior.size)
@@ -66,7 +67,7 @@ class AcceptanceEstimator:
     def observe(self, drafted: int, kept: int) -> None:
         """Count one request-step that drafted ``drafted`` tokens and kept the first ``kept``."""
         if not 0 <= kept <= drafted <= self.max_k:
-            raise ValueError(
+            raise InvalidAcceptanceError(
                 f"observation (drafted={drafted!r}, kept={kept!r}) must satisfy 0 <= kept <= drafted <= {self.max_k}"
             )
         self.drafted[:drafted] += 1
@@ -77,9 +78,9 @@ class AcceptanceEstimator:
         d = np.asarray(drafted_per_pos, dtype=float)[: self.max_k]
         a = np.asarray(accepted_per_pos, dtype=float)[: self.max_k]
         if d.shape != a.shape:
-            raise ValueError(f"drafted ({d.shape}) and accepted ({a.shape}) counts differ in length")
+            raise InvalidAcceptanceError(f"drafted ({d.shape}) and accepted ({a.shape}) counts differ in length")
         if np.any(d < 0) or np.any(a < 0) or np.any(a > d):
-            raise ValueError(
+            raise InvalidAcceptanceError(
                 f"counts must satisfy 0 <= accepted_i <= drafted_i; got drafted={d.tolist()}, accepted={a.tolist()}"
             )
         self.drafted[: d.size] += d
@@ -118,7 +119,7 @@ class ExplorationSchedule:
 
     def __post_init__(self) -> None:
         if self.every < 0:
-            raise ValueError(f"exploration every = {self.every!r} must be >= 0 (0 disables)")
+            raise InvalidValueError(f"exploration every = {self.every!r} must be >= 0 (0 disables)")
 
     def is_exploration_step(self, step_index: int) -> bool:
         return self.every > 0 and step_index > 0 and step_index % self.every == 0
@@ -136,7 +137,7 @@ class BoundaryHysteresis:
 
     def __post_init__(self) -> None:
         if self.h < 0:
-            raise ValueError(f"hysteresis h = {self.h!r} must be >= 0")
+            raise InvalidValueError(f"hysteresis h = {self.h!r} must be >= 0")
 
     def select(self, lookup: Sequence[int], batch_size: int, current_k: int | None) -> int:
         """k for ``batch_size`` given the dense table ``lookup`` (index B - 1) and the current k."""

@@ -1,4 +1,4 @@
-"""Goodput G(B, k) = B * tau(k) / T(B, k) and its inputs (DESIGN §2)."""
+"""Goodput G(B, k) = B * tau(k) / T(B, k) and its inputs (docs/method.md, "Goodput")."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tabletune_pipelines.errors import InvalidAcceptanceError, InvalidStepTimeError
+from tabletune_pipelines.errors import InvalidAcceptanceError, InvalidStepTimeError, InvalidValueError
 
 # Survival rates may come from counters whose rounding makes a later position a hair
 # higher than an earlier one; anything beyond this is a real monotonicity violation.
@@ -46,7 +46,7 @@ def tau(rates: Sequence[float], k: int) -> float:
     """Mean tokens kept per request per step with k drafts: 1 + sum_{i<=k} a_i."""
     arr = validate_acceptance(rates)
     if k < 0 or k > len(arr):
-        raise ValueError(f"k = {k!r} is outside 0..{len(arr)} (the number of known acceptance rates)")
+        raise InvalidAcceptanceError(f"k = {k!r} is outside 0..{len(arr)} (the number of known acceptance rates)")
     return 1.0 + float(arr[:k].sum())
 
 
@@ -72,6 +72,6 @@ def validate_step_time(step_ms: float, *, where: str = "") -> float:
 def goodput(batch_size: int, k: int, step_ms: float, rates: Sequence[float]) -> float:
     """Tokens kept per second at batch size B with k drafts: B * tau(k) / T(B, k)."""
     if batch_size < 1:
-        raise ValueError(f"batch size {batch_size!r} must be >= 1")
+        raise InvalidValueError(f"batch size {batch_size!r} must be >= 1")
     t = validate_step_time(step_ms, where=f" at B={batch_size}, k={k}")
     return batch_size * tau(rates, k) / (t / 1000.0)

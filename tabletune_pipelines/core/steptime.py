@@ -1,5 +1,6 @@
-"""Step-time math (DESIGN §2): the (t65 - t1)/64 protocol, medians, the batch-size grid,
-interpolation of T(B, k) between measured batch sizes, and the acceptance-dependent correction.
+"""Step-time math (docs/method.md, "Step time T(B, k)"): the (t65 - t1)/64 protocol, medians, the
+batch-size grid, interpolation of T(B, k) between measured batch sizes, and the accepted-work
+correction.
 """
 
 from __future__ import annotations
@@ -11,7 +12,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from tabletune_pipelines.core.goodput import validate_step_time
-from tabletune_pipelines.errors import EmptyProfileError, InvalidStepTimeError
+from tabletune_pipelines.errors import (
+    EmptyProfileError,
+    InvalidAcceptanceError,
+    InvalidStepTimeError,
+    InvalidValueError,
+)
 
 #: Output tokens of the long request in the timing protocol (max_tokens = 65 → 64 decode steps).
 LONG_MAX_TOKENS = 65
@@ -25,7 +31,7 @@ def step_time_from_pair(t1_s: float, t65_s: float, decode_steps: int = LONG_MAX_
     Both batches pay the same prefill, so the difference is pure decode: (t65 - t1) / 64.
     """
     if decode_steps <= 0:
-        raise ValueError(f"decode_steps = {decode_steps!r} must be positive")
+        raise InvalidValueError(f"decode_steps = {decode_steps!r} must be positive")
     for name, value in (("t1", t1_s), ("t65", t65_s)):
         if value is None or not math.isfinite(value) or value <= 0:
             raise InvalidStepTimeError(f"{name} = {value!r} s is not a positive wall time")
@@ -38,7 +44,7 @@ def step_time_from_pair(t1_s: float, t65_s: float, decode_steps: int = LONG_MAX_
 
 
 def median_step_time(repetitions_ms: Sequence[float]) -> float:
-    """Median of repeated step-time measurements (DESIGN §2: three repetitions, median)."""
+    """Median of repeated step-time measurements (three repetitions, median: docs/method.md, "Step time T(B, k)")."""
     reps = [validate_step_time(r) for r in repetitions_ms]
     if not reps:
         raise EmptyProfileError("no repetitions were measured for this cell")
@@ -57,9 +63,9 @@ def batch_size_grid(max_num_seqs: int, dense_until: int = 16, stride: int = 8) -
     """Batch sizes to measure: every B from 1 to ``dense_until``, then every ``stride``, always
     ending at ``max_num_seqs`` so the table's last range is measured, not extrapolated."""
     if max_num_seqs < 1:
-        raise ValueError(f"max_num_seqs = {max_num_seqs!r} must be >= 1")
+        raise InvalidValueError(f"max_num_seqs = {max_num_seqs!r} must be >= 1")
     if not 4 <= stride <= 8:
-        raise ValueError(f"stride = {stride!r}: the method measures every 4-8 batch sizes past the dense part")
+        raise InvalidValueError(f"stride = {stride!r}: the method measures every 4-8 batch sizes past the dense part")
     grid = list(range(1, min(dense_until, max_num_seqs) + 1))
     b = dense_until + stride
     while b < max_num_seqs:
@@ -74,7 +80,7 @@ def non_decreasing_fit(values: Sequence[float]) -> np.ndarray:
     """Least-squares non-decreasing fit (pool-adjacent-violators).
 
     A decode step cannot get cheaper when more requests share it, so a measured dip in T over B is
-    noise (cells vary 5–25% on our machines, DESIGN §4). Pooling a dip with its neighbours keeps a
+    noise (cells vary 5–25% on our machines: docs/engine-facts.md, "Noise on 2 cores"). Pooling a dip with its neighbours keeps a
     single noisy cell from carving a one-batch-size range into the table.
     """
     blocks: list[list[float]] = []  # [mean, count]
@@ -108,7 +114,7 @@ class StepTimeSurface:
             raise EmptyProfileError("the step-time profile has no measured cells; run the profiler first")
         ks = tuple(sorted(int(k) for k in cells))
         if ks[0] < 0:
-            raise ValueError(f"k = {ks[0]!r} is negative")
+            raise EmptyProfileError(f"k = {ks[0]!r} is negative; profiled k values are 0..K")
         bs_sets = {k: sorted(int(b) for b in cells[k]) for k in ks}
         ref = bs_sets[ks[0]]
         for k in ks:
@@ -148,7 +154,7 @@ class StepTimeSurface:
 
     def at(self, k: int, batch_size: int) -> float:
         if k not in self.ks:
-            raise KeyError(f"k = {k} was not profiled (profiled: {list(self.ks)})")
+            raise EmptyProfileError(f"k = {k} was not profiled (profiled: {list(self.ks)})")
         xs = np.asarray(self.batch_sizes, dtype=float)
         return float(np.interp(batch_size, xs, self.ms[self.ks.index(k)]))
 
@@ -159,7 +165,7 @@ def accepted_work_correction(
     rates: Sequence[float],
     max_num_seqs: int,
 ) -> np.ndarray:
-    """Predicted T(B, k) including work that grows with accepted tokens (limitation 2).
+    """Predicted T(B, k) including work that grows with accepted tokens (docs/method.md, "Limitations" 2).
 
     ``accept_cells`` holds steps where every draft was accepted, ``{k: {B: ms}}``, at a few batch
     sizes. The extra cost of accepting all k drafts, T_acc - T_rej, is interpolated over B
@@ -175,7 +181,7 @@ def accepted_work_correction(
         if k == 0 or k not in accept_cells or not accept_cells[k]:
             continue
         if k >= len(taus):
-            raise ValueError(f"k = {k} exceeds the {len(taus) - 1} known acceptance rates")
+            raise InvalidAcceptanceError(f"k = {k} exceeds the {len(taus) - 1} known acceptance rates")
         pts = sorted((int(bb), validate_step_time(v, where=f" (all-accepted) at B={bb}, k={k}"))
                      for bb, v in accept_cells[k].items())
         xs = np.array([p[0] for p in pts], dtype=float)

@@ -1,4 +1,5 @@
-"""Table search, stickiness, compaction to vLLM's ranges, and validation (DESIGN §2–§3).
+"""Table search, stickiness, compaction to vLLM's ranges, and validation (docs/method.md, "Table search";
+docs/engine-facts.md, "vLLM interfaces").
 
 vLLM's format (``speculative_config.num_speculative_tokens_per_batch_size``) is a list of
 inclusive ranges ``[[start, end, k], ...]``. ``validate_vllm_schedule`` accepts and rejects
@@ -17,7 +18,13 @@ import numpy as np
 
 from tabletune_pipelines.core.goodput import tau_curve
 from tabletune_pipelines.core.steptime import StepTimeSurface
-from tabletune_pipelines.errors import InvalidTableError
+from tabletune_pipelines.errors import (
+    EmptyProfileError,
+    InvalidAcceptanceError,
+    InvalidStepTimeError,
+    InvalidTableError,
+    InvalidValueError,
+)
 
 #: Keep the previous batch size's k unless another k is better by more than this fraction.
 DEFAULT_STICKINESS = 0.005
@@ -141,12 +148,12 @@ def goodput_matrix(step_ms_dense: np.ndarray, ks: Sequence[int], rates: Sequence
     """G[i, B-1] = B * tau(ks[i]) / T[i, B-1] in tokens per second."""
     taus = tau_curve(rates)
     if max(ks) >= len(taus):
-        raise ValueError(f"k = {max(ks)} needs {max(ks)} acceptance rates, only {len(taus) - 1} given")
+        raise InvalidAcceptanceError(f"k = {max(ks)} needs {max(ks)} acceptance rates, only {len(taus) - 1} given")
     t = np.asarray(step_ms_dense, dtype=float)
     if t.shape[0] != len(ks):
-        raise ValueError(f"step times have {t.shape[0]} rows for {len(ks)} k values")
+        raise InvalidStepTimeError(f"step times have {t.shape[0]} rows for {len(ks)} k values")
     if not np.all(np.isfinite(t)) or np.any(t <= 0):
-        raise ValueError("step times must be finite and positive")
+        raise InvalidStepTimeError("step times must be finite and positive")
     b = np.arange(1, t.shape[1] + 1, dtype=float)
     return b[None, :] * taus[list(ks)][:, None] / (t / 1000.0)
 
@@ -173,7 +180,7 @@ class TableChoice:
         return 1.0 - self.goodput[idx, cols] / self.goodput.max(axis=0)
 
     def worst_loss_vs_fixed(self) -> float:
-        """Predicted worst loss over B against the best *fixed* k for that B (DESIGN §7)."""
+        """Predicted worst loss over B against the best *fixed* k for that B (docs/method.md, "Table search")."""
         return float(self.loss_vs_best().max())
 
 
@@ -193,11 +200,11 @@ def choose_draft_lengths(
     """
     ks = tuple(int(k) for k in ks)
     if stickiness < 0:
-        raise ValueError(f"stickiness = {stickiness!r} must be >= 0")
+        raise InvalidValueError(f"stickiness = {stickiness!r} must be >= 0")
     allowed = set(ks) if allowed_ks is None else {int(k) for k in allowed_ks}
     rows = [i for i, k in enumerate(ks) if k in allowed]
     if not rows:
-        raise ValueError(f"none of the allowed k values {sorted(allowed)} was profiled (profiled: {list(ks)})")
+        raise EmptyProfileError(f"none of the allowed k values {sorted(allowed)} was profiled (profiled: {list(ks)})")
     g = goodput_matrix(step_ms_dense, ks, rates)
     chosen: list[int] = []
     prev: int | None = None

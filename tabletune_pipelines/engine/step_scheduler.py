@@ -1,8 +1,10 @@
-"""Engine-side step timing and runtime k switching: a vLLM scheduler subclass (DESIGN §3–§4).
+"""Engine-side step timing and runtime k switching: a vLLM scheduler subclass.
 
 Passed to vLLM with ``--scheduler-cls tabletune_pipelines.engine.step_scheduler.TimingScheduler``
-(``TimingAsyncScheduler`` when the engine runs async scheduling, e.g. on GPU). It runs inside the
-engine core process and imports only vLLM and the stdlib.
+on the CPU build, ``AutoTimingScheduler`` on a GPU (it builds ``TimingAsyncScheduler`` when the
+engine runs async scheduling, vLLM 0.26's default there). It runs inside the engine core process
+and imports only vLLM, the stdlib and ``control_protocol`` (docs/engine-facts.md, "vLLM
+interfaces").
 
 Per step (each ``update_from_output`` call) it appends one JSON line to the file named by
 ``TABLETUNE_STEP_LOG`` (if set)::
@@ -20,16 +22,15 @@ Per step (each ``update_from_output`` call) it appends one JSON line to the file
      "dp": [8, 8, 8],  # per draft position: requests that drafted it (only when drafts were verified)
      "ap": [0, 0, 0]}  # per draft position: requests that kept it
 
-Admission gate: ``{"seq": n, "gate": 8}`` holds the next 8 arriving requests and hands them to
-the scheduler together (one-shot, expires after ``gate_timeout`` s, checked on arrival), so a
-timed batch of B requests is admitted in one step.
+Commands arrive on the ``TABLETUNE_K_CONTROL`` channel (``control_protocol.py``), polled once
+per step and once per arriving request:
 
-Runtime k switching: if ``TABLETUNE_K_CONTROL`` names a file, each step does one ``os.stat`` of
-it; when its (mtime, size) changes, it reads ``{"seq": n, "k": 2}`` (every batch size uses k) or
-``{"seq": n, "table": [[1, 8, 3], [9, 16, 1]]}`` and rewrites ``dynamic_sd_lookup`` (taking effect
-on the next step; k is capped at the launch ``num_speculative_tokens``). It acknowledges by
-writing ``{"ack": n, ...}`` to ``<control file>.ack``. The launch must set a table
-(``num_speculative_tokens_per_batch_size``) for switching to be possible.
+* ``{"k": 2}`` (every batch size uses k) or ``{"table": [[1, 8, 3], [9, 16, 1]]}``: rewrites
+  ``dynamic_sd_lookup``, in force from the next step (k is capped at the launch
+  ``num_speculative_tokens``; the launch must set a table for switching to be possible).
+* ``{"gate": 8, "gate_timeout": 10.0}``: holds the next 8 arriving requests and hands them to the
+  scheduler together (one-shot, expires after ``gate_timeout`` s, checked on arrival), so a timed
+  batch of B requests is admitted in one step.
 
 Nothing here may crash the engine: every hook catches its own errors, logs them once, and
 carries on without the feature.
@@ -43,6 +44,8 @@ import os
 import time
 from typing import Any
 
+from tabletune_pipelines.control_protocol import K_CONTROL_ENV, STEP_LOG_ENV, Command, ControlReader
+
 try:  # Imported inside vLLM's engine core; the module stays importable without vLLM for docs/tests.
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -52,8 +55,8 @@ except Exception:  # pragma: no cover - vLLM absent
 
 logger = logging.getLogger("tabletune.step_scheduler")
 
-STEP_LOG_ENV = "TABLETUNE_STEP_LOG"
-K_CONTROL_ENV = "TABLETUNE_K_CONTROL"
+__all__ = ["K_CONTROL_ENV", "STEP_LOG_ENV", "AutoTimingScheduler", "TimingAsyncScheduler", "TimingScheduler",
+           "build_lookup"]
 
 
 def build_lookup(table: list[list[int]], max_num_seqs: int, max_k: int) -> list[int]:
@@ -71,8 +74,7 @@ class _TimingMixin:
     _tt_errors: set[str] = set()
     _tt_last_t: float | None = None
     _tt_log: Any = None
-    _tt_ctl_path: str | None = None
-    _tt_ctl_sig: tuple[int, int, int] | None = None
+    _tt_ctl: ControlReader = ControlReader(None)
     _tt_ctl_seq = 0
     _tt_gate: tuple[int, float] | None = None
     _tt_held: list[Any] = []
@@ -84,7 +86,7 @@ class _TimingMixin:
             self._tt_init()
         except Exception as exc:  # noqa: BLE001
             self._tt_log = None
-            self._tt_ctl_path = None
+            self._tt_ctl = ControlReader(None)
             logger.warning("TableTune step scheduler disabled: %r", exc)
 
     def update_from_output(self, scheduler_output, model_runner_output):  # type: ignore[no-untyped-def]
@@ -106,8 +108,7 @@ class _TimingMixin:
         self._tt_errors = set()
         self._tt_last_t = None
         self._tt_log = None
-        self._tt_ctl_path = os.environ.get(K_CONTROL_ENV) or None
-        self._tt_ctl_sig = None
+        self._tt_ctl = ControlReader.from_env(K_CONTROL_ENV)
         self._tt_ctl_seq = 0
         self._tt_gate = None
         self._tt_held = []
@@ -117,7 +118,7 @@ class _TimingMixin:
                 self._tt_log = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the engine
             except OSError as exc:
                 self._tt_fail("open step log", exc)
-        logger.info("TableTune step scheduler: step log %s, k control %s", path, self._tt_ctl_path)
+        logger.info("TableTune step scheduler: step log %s, k control %s", path, self._tt_ctl.path)
 
     def _tt_fail(self, what: str, exc: BaseException) -> None:
         if what not in self._tt_errors:
@@ -125,25 +126,32 @@ class _TimingMixin:
             logger.warning("TableTune step scheduler: %s failed (%r); continuing without it", what, exc)
 
     def _tt_poll_control(self) -> None:
-        path = self._tt_ctl_path
-        if not path:
+        """Apply a new command from the control channel, if any, and acknowledge it."""
+        cmd = self._tt_ctl.poll()
+        if cmd is None:
             return
         try:
-            st = os.stat(path)
-        except FileNotFoundError:
+            ack = self._tt_apply(cmd)
+        except Exception as exc:  # noqa: BLE001 - a bad command is refused, the engine carries on
+            self._tt_ctl.reject(cmd.seq, repr(exc))
+            self._tt_fail("k control", exc)
             return
-        sig = (st.st_ino, st.st_mtime_ns, st.st_size)
-        if sig == self._tt_ctl_sig:
-            return
-        self._tt_ctl_sig = sig
-        with open(path) as fh:
-            cmd = json.load(fh)
+        self._tt_ctl_seq = cmd.seq
+        error = ack.pop("error", None)
+        if error:
+            self._tt_ctl.reject(cmd.seq, error, **ack)
+        else:
+            self._tt_ctl.ack(cmd.seq, **ack)
+
+    def _tt_apply(self, cmd: Command) -> dict[str, Any]:
+        """Carry out one command; returns the ack's fields (``error`` when it could not be applied)."""
+        body = cmd.body
         max_k = int(self.num_spec_tokens)
         max_seqs = int(self.scheduler_config.max_num_seqs)
-        ack: dict[str, Any] = {"ack": cmd.get("seq")}
-        table = cmd.get("table")
-        if table is None and cmd.get("k") is not None:
-            table = [[1, max_seqs, int(cmd["k"])]]
+        ack: dict[str, Any] = {}
+        table = body.get("table")
+        if table is None and body.get("k") is not None:
+            table = [[1, max_seqs, int(body["k"])]]
         if table is not None:
             ack["table"] = table
             if self.dynamic_sd_lookup is None:
@@ -152,14 +160,10 @@ class _TimingMixin:
                 ack["error"] = "launch has no speculation"
             else:
                 self.dynamic_sd_lookup = build_lookup(table, max_seqs, max_k)
-        if cmd.get("gate"):
-            self._tt_gate = (int(cmd["gate"]), time.monotonic() + float(cmd.get("gate_timeout", 10.0)))
-            ack["gate"] = int(cmd["gate"])
-        self._tt_ctl_seq = int(cmd.get("seq") or 0)
-        tmp = path + ".ack.tmp"
-        with open(tmp, "w") as fh:
-            json.dump(ack, fh)
-        os.replace(tmp, path + ".ack")
+        if body.get("gate"):
+            self._tt_gate = (int(body["gate"]), time.monotonic() + float(body.get("gate_timeout", 10.0)))
+            ack["gate"] = int(body["gate"])
+        return ack
 
     def _tt_record(self, scheduler_output: Any, model_runner_output: Any) -> None:
         now = time.monotonic()
@@ -218,16 +222,7 @@ class _TimingMixin:
         try:
             self._tt_poll_control()
         except Exception as exc:  # noqa: BLE001
-            # A malformed command is acknowledged with the error; the next change is tried again.
             self._tt_fail("k control", exc)
-            try:
-                path = self._tt_ctl_path
-                with open(path + ".ack.tmp", "w") as fh:
-                    json.dump({"ack": None, "error": repr(exc)}, fh)
-                os.replace(path + ".ack.tmp", path + ".ack")
-            except Exception:  # noqa: BLE001
-                pass
-
 
     def _tt_admit(self, request: Any) -> list[Any] | None:
         """Admission gate: None = add the request now; a list = add these now (may be empty = hold).

@@ -1,4 +1,5 @@
-"""Tiny local models for the embedded default (DESIGN §4): no model hub, everything made here.
+"""Tiny local models for the embedded default: no model hub, everything made here
+(docs/engine-facts.md, "CPU build").
 
 ``ensure_tiny_models(cache_dir, size)`` builds, once, with fixed seeds:
 

@@ -1,4 +1,4 @@
-"""DuckDB store of measurements, tables and publications (imports duckdb: pipeline side only)."""
+"""DuckDB store of measurements, tables and publications: the project's only SQL (imports duckdb)."""
 
 from tabletune_pipelines.store.duckdb_store import TableTuneStore
 

@@ -6,6 +6,11 @@ state. With a file path, connections are short-lived so other processes can use 
 writes; a lock held by another process is retried for ``lock_timeout_s`` and then reported with
 the holder's details. Tables live in the default ``main`` schema (a schema named like the file
 would be ambiguous in DuckDB).
+
+This module holds every SQL statement of the project: callers ask for what they need by a method
+whose name says what it returns. A lookup of something that is not there (an identity key, a
+prior id, a table id, a profile) raises ``NotFoundError`` naming what was asked for and what the
+store does have; "latest ..." queries return None when there is nothing yet.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -21,7 +26,6 @@ from typing import Any
 
 import duckdb
 
-from tabletune_pipelines.errors import StoreCorruptError, StoreError, StoreLockedError
 from tabletune_pipelines.documents import (
     AcceptancePrior,
     DraftLengthTable,
@@ -29,7 +33,12 @@ from tabletune_pipelines.documents import (
     StepTimeCell,
     StepTimeProfile,
 )
+from tabletune_pipelines.errors import NotFoundError, StoreCorruptError, StoreError, StoreLockedError
 from tabletune_pipelines.published import published_document, write_published_table
+from tabletune_pipelines.vocab import DEFAULT_PROFILE_MODE
+
+#: How many existing ids a NotFoundError lists.
+_LISTED = 10
 
 SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS engine_identities (
@@ -97,6 +106,14 @@ CREATE TABLE IF NOT EXISTS publications (
 
 def _now() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def _listing(what: str, ids: list[str], how: str) -> str:
+    """``"; the store has: a, b, ... (N in all)"`` or what to do when it has none."""
+    if not ids:
+        return f"; the store has no {what} yet ({how})"
+    more = f", ... ({len(ids)} in all)" if len(ids) > _LISTED else ""
+    return f"; the store has: {', '.join(ids[:_LISTED])}{more}"
 
 
 def translate_duckdb_error(path: str | os.PathLike[str], exc: BaseException) -> StoreError:
@@ -179,7 +196,8 @@ class TableTuneStore:
             conn.execute("COMMIT")
 
     def query(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
-        """Run a read query (plain SQL) and return all rows."""
+        """Run a read query (plain SQL) and return all rows: for tests and ad-hoc inspection; the
+        project's own reads are the named methods below."""
         with self._connect() as conn:
             return conn.execute(sql, params or []).fetchall()
 
@@ -196,14 +214,32 @@ class TableTuneStore:
                 )
         return key
 
-    def identity(self, identity_key: str) -> EngineIdentity:
+    def find_identity(self, identity_key: str) -> EngineIdentity | None:
+        """The stored identity with this key, or None."""
         row = self.query("SELECT identity_json FROM engine_identities WHERE identity_key = ?", [identity_key])
-        if not row:
-            raise KeyError(f"engine identity {identity_key!r} is not in {self.path}")
-        return EngineIdentity.from_json(row[0][0])
+        return EngineIdentity.from_json(row[0][0]) if row else None
+
+    def identity(self, identity_key: str) -> EngineIdentity:
+        """The stored identity with this key; NotFoundError lists the stored keys."""
+        ident = self.find_identity(identity_key)
+        if ident is None:
+            raise NotFoundError(f"engine identity {identity_key!r} is not in {self.path}"
+                                + _listing("engine identities", self.identity_keys(), "profile one first"))
+        return ident
+
+    def has_identity(self, identity_key: str) -> bool:
+        return self.find_identity(identity_key) is not None
 
     def identity_keys(self) -> list[str]:
+        """Every stored identity key, sorted."""
         return [r[0] for r in self.query("SELECT identity_key FROM engine_identities ORDER BY identity_key")]
+
+    def latest_profiled_identity_key(self, model: str) -> str | None:
+        """Key of the identity of ``model`` whose step-time cells were measured last, or None."""
+        rows = self.query(
+            "SELECT c.identity_key FROM step_time_cells c JOIN engine_identities i USING (identity_key) "
+            "WHERE i.model = ? GROUP BY c.identity_key ORDER BY max(c.measured_at) DESC LIMIT 1", [model])
+        return rows[0][0] if rows else None
 
     # -- step-time cells ---------------------------------------------------------------------
     def write_profile_cell(self, identity: EngineIdentity, cell: StepTimeCell, mode: str = "one_launch") -> None:
@@ -226,7 +262,8 @@ class TableTuneStore:
                      list(cell.repetitions_ms), cell.launch_k, cell.timing, _now()],
                 )
 
-    def profile_cells(self, identity_key: str, mode: str = "one_launch") -> list[StepTimeCell]:
+    def profile_cells(self, identity_key: str, mode: str = DEFAULT_PROFILE_MODE) -> list[StepTimeCell]:
+        """The measured cells of one identity in one profile mode (empty if none)."""
         rows = self.query(
             "SELECT k, batch_size, median_ms, repetitions_ms, acceptance, launch_k, timing FROM step_time_cells "
             "WHERE identity_key = ? AND mode = ? ORDER BY acceptance, k NULLS FIRST, batch_size",
@@ -238,9 +275,21 @@ class TableTuneStore:
             for r in rows
         ]
 
-    def load_profile(self, identity_key: str, mode: str = "one_launch") -> StepTimeProfile:
-        return StepTimeProfile(identity=self.identity(identity_key), cells=tuple(self.profile_cells(identity_key, mode)),
-                               mode=mode)
+    def profile_modes(self, identity_key: str) -> list[str]:
+        """The profile modes with at least one cell of this identity."""
+        return [r[0] for r in self.query("SELECT DISTINCT mode FROM step_time_cells WHERE identity_key = ? "
+                                         "ORDER BY mode", [identity_key])]
+
+    def load_profile(self, identity_key: str, mode: str = DEFAULT_PROFILE_MODE) -> StepTimeProfile:
+        """The step-time profile of one identity in one mode; NotFoundError when it has no cells there."""
+        identity = self.identity(identity_key)
+        cells = self.profile_cells(identity_key, mode)
+        if not cells:
+            modes = self.profile_modes(identity_key)
+            raise NotFoundError(
+                f"engine identity {identity_key!r} has no step-time cells in mode {mode!r} in {self.path}"
+                + (f"; it has cells in mode(s) {modes}" if modes else "; profile it first"))
+        return StepTimeProfile(identity=identity, cells=tuple(cells), mode=mode)
 
     # -- acceptance priors -------------------------------------------------------------------
     def write_acceptance_prior(self, prior: AcceptancePrior, identity_key: str | None = None) -> str:
@@ -255,18 +304,45 @@ class TableTuneStore:
         return pid
 
     def acceptance_prior(self, prior_id: str) -> AcceptancePrior:
+        """The prior with this id; NotFoundError lists the newest stored ids."""
         row = self.query("SELECT prior_json FROM acceptance_priors WHERE prior_id = ?", [prior_id])
         if not row:
-            raise KeyError(f"acceptance prior {prior_id!r} is not in {self.path}")
+            raise NotFoundError(f"acceptance prior {prior_id!r} is not in {self.path}"
+                                + _listing("acceptance priors", self.acceptance_prior_ids(), "measure one first"))
         return AcceptancePrior.from_json(row[0][0])
 
+    def acceptance_prior_ids(self) -> list[str]:
+        """Every stored prior id, newest measurement first."""
+        return [r[0] for r in self.query("SELECT prior_id FROM acceptance_priors ORDER BY measured_at DESC, prior_id")]
+
     def latest_acceptance_prior(self, deployment: str | None = None) -> AcceptancePrior | None:
+        """The newest prior (of ``deployment``, if given; of any source), or None."""
         row = self.query(
             "SELECT prior_json FROM acceptance_priors WHERE (? IS NULL OR deployment = ?) "
             "ORDER BY week DESC NULLS LAST, measured_at DESC LIMIT 1",
             [deployment, deployment],
         )
         return AcceptancePrior.from_json(row[0][0]) if row else None
+
+    def latest_measured_prior(self, deployment: str, up_to_week: str) -> AcceptancePrior | None:
+        """The deployment's newest ``measured`` prior of ``up_to_week`` or earlier (or without a week), or None."""
+        rows = self.query("SELECT prior_json FROM acceptance_priors WHERE deployment = ? AND source = 'measured' "
+                          "AND (week IS NULL OR week <= ?) ORDER BY week DESC NULLS LAST, measured_at DESC LIMIT 1",
+                          [deployment, up_to_week])
+        return AcceptancePrior.from_json(rows[0][0]) if rows else None
+
+    def applicable_priors(self, identity: EngineIdentity) -> list[AcceptancePrior]:
+        """Priors that apply to ``identity``: its own, and those of identities with the same model,
+        drafter and method (acceptance does not depend on the GPU or the vLLM version). Newest week
+        first; within a week a live (controller-fed) prior before a measured one."""
+        rows = self.query(
+            """SELECT p.prior_json FROM acceptance_priors p
+               LEFT JOIN engine_identities e ON p.identity_key = e.identity_key
+               WHERE p.identity_key = ? OR (e.model = ? AND e.drafter IS NOT DISTINCT FROM ? AND e.method = ?)
+               ORDER BY p.week DESC NULLS LAST, CASE p.source WHEN 'live' THEN 0 ELSE 1 END, p.measured_at DESC""",
+            [identity.key, identity.model, identity.drafter, identity.method],
+        )
+        return [AcceptancePrior.from_json(text) for (text,) in rows]
 
     # -- tables and publications -------------------------------------------------------------
     def write_table(self, table: DraftLengthTable) -> str:
@@ -281,12 +357,25 @@ class TableTuneStore:
         return tid
 
     def table(self, table_id: str) -> DraftLengthTable:
+        """The table with this id; NotFoundError lists the newest stored ids."""
         row = self.query("SELECT table_json FROM draft_length_tables WHERE table_id = ?", [table_id])
         if not row:
-            raise KeyError(f"draft-length table {table_id!r} is not in {self.path}")
+            raise NotFoundError(f"draft-length table {table_id!r} is not in {self.path}"
+                                + _listing("draft-length tables", self.table_ids(), "derive one first"))
         return DraftLengthTable.from_json(row[0][0])
 
+    def table_ids(self) -> list[str]:
+        """Every stored table id, newest first."""
+        return [r[0] for r in self.query("SELECT table_id FROM draft_length_tables ORDER BY created_at DESC, table_id")]
+
+    def latest_table(self, identity_key: str) -> DraftLengthTable | None:
+        """The table derived last for this identity, or None."""
+        rows = self.query("SELECT table_json FROM draft_length_tables WHERE identity_key = ? "
+                          "ORDER BY created_at DESC LIMIT 1", [identity_key])
+        return DraftLengthTable.from_json(rows[0][0]) if rows else None
+
     def publications(self, deployment: str) -> list[dict[str, Any]]:
+        """The deployment's publication rows, oldest version first (empty if none)."""
         rows = self.query(
             "SELECT version, table_id, path, published_at, note FROM publications WHERE deployment = ? ORDER BY version",
             [deployment],
@@ -301,9 +390,11 @@ class TableTuneStore:
         *,
         base_speculative_config: dict[str, Any] | None = None,
         note: str | None = None,
+        document_fields: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Record a new publication version and atomically export the file the controller reads.
 
+        ``document_fields``: further keyword arguments of ``published.published_document``.
         The file is written first and the version row committed after: a crash in between leaves
         a valid file that is simply not yet recorded, never a recorded version without a file.
         """
@@ -314,7 +405,7 @@ class TableTuneStore:
         doc = published_document(
             deployment=deployment, version=version, table=table.to_dict(),
             speculative_config=table.speculative_config(base_speculative_config),
-            published_at=published_at.isoformat() + "Z",
+            published_at=published_at.isoformat() + "Z", **dict(document_fields or {}),
         )
         path = write_published_table(export_path, doc)
         with self._transaction() as conn:
@@ -323,7 +414,8 @@ class TableTuneStore:
         return doc
 
     def rollback(self, deployment: str, export_path: str | os.PathLike[str],
-                 base_speculative_config: dict[str, Any] | None = None) -> dict[str, Any]:
+                 base_speculative_config: dict[str, Any] | None = None,
+                 document_fields: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Re-publish the table of the version before the current one, as a new version."""
         pubs = self.publications(deployment)
         if len(pubs) < 2:
@@ -332,5 +424,5 @@ class TableTuneStore:
             )
         current, previous = pubs[-1], pubs[-2]
         return self.publish(deployment, self.table(previous["table_id"]), export_path,
-                            base_speculative_config=base_speculative_config,
+                            base_speculative_config=base_speculative_config, document_fields=document_fields,
                             note=f"rollback of v{current['version']} to v{previous['version']}")

@@ -9,7 +9,7 @@ from tabletune_pipelines.core.acceptance import (
     EstimatorConfig,
     ExplorationSchedule,
 )
-from tabletune_pipelines.errors import InvalidAcceptanceError
+from tabletune_pipelines.errors import InvalidAcceptanceError, InvalidValueError
 
 
 def test_blend_worked_example():
@@ -29,9 +29,9 @@ def test_per_request_observation_counts_leading_positions():
     np.testing.assert_array_equal(est.accepted, [1, 1, 0])
     est.observe(1, 0)
     np.testing.assert_array_equal(est.drafted, [2, 1, 1])
-    with pytest.raises(ValueError, match="kept=2"):
+    with pytest.raises(InvalidAcceptanceError, match="kept=2"):
         est.observe(1, 2)
-    with pytest.raises(ValueError, match="drafted=4"):
+    with pytest.raises(InvalidAcceptanceError, match="drafted=4"):
         est.observe(4, 0)
 
 
@@ -66,7 +66,7 @@ def test_unobserved_positions_keep_prior_but_stay_monotone():
 def test_bad_prior_is_rejected():
     with pytest.raises(InvalidAcceptanceError, match="a_2"):
         AcceptanceEstimator((0.2, 0.6))
-    with pytest.raises(ValueError, match="prior_weight"):
+    with pytest.raises(InvalidValueError, match="prior_weight"):
         EstimatorConfig(prior_weight=0)
 
 

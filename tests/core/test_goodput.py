@@ -1,4 +1,4 @@
-"""DESIGN §2 worked numbers and input validation for goodput and tau."""
+"""The worked numbers of docs/method.md, "Goodput", and input validation for goodput and tau."""
 
 import math
 
@@ -62,6 +62,6 @@ def test_bad_step_times_are_named(bad):
 
 
 def test_tau_rejects_k_beyond_rates():
-    with pytest.raises(ValueError, match="k = 4"):
+    with pytest.raises(InvalidAcceptanceError, match="k = 4"):
         tau(A, 4)
     assert math.isclose(tau((), 0), 1.0)

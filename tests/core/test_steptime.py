@@ -11,7 +11,7 @@ from tabletune_pipelines.core.steptime import (
     relative_spread,
     step_time_from_pair,
 )
-from tabletune_pipelines.errors import EmptyProfileError, InvalidStepTimeError
+from tabletune_pipelines.errors import EmptyProfileError, InvalidStepTimeError, InvalidValueError
 
 
 def test_step_time_protocol():
@@ -41,7 +41,7 @@ def test_grid_dense_then_strided():
     assert g[:16] == list(range(1, 17)) and g[16:] == [24, 32, 40, 48, 56, 64]
     assert batch_size_grid(50, stride=8)[-2:] == [48, 50]
     assert batch_size_grid(4) == [1, 2, 3, 4]
-    with pytest.raises(ValueError, match="stride = 2"):
+    with pytest.raises(InvalidValueError, match="stride = 2"):
         batch_size_grid(64, stride=2)
 
 

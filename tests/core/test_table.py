@@ -65,7 +65,7 @@ def test_stickiness_keeps_near_ties_together():
 
 
 def test_crossover_table_from_design_cpu_measurements():
-    # Medium target on CPU (DESIGN §4), B = 1 / 4 / 16, interpolated per B.
+    # Medium target on CPU (docs/engine-facts.md, "CPU build"), B = 1 / 4 / 16, interpolated per B.
     from tabletune_pipelines.core.steptime import StepTimeSurface
     from tabletune_pipelines.core.table import build_table
 

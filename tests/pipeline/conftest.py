@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from helpers import ScriptedEngine, deployment_dict, write_fleet  # noqa: E402
+from tests.pipeline.helpers import deployment_dict, write_fleet
 
 
 @pytest.fixture
@@ -26,16 +21,3 @@ def home(tmp_path, monkeypatch):
 @pytest.fixture
 def one_fleet(home):
     return write_fleet(home, [deployment_dict("local-cpu")])
-
-
-def make_resources(home: Path, fleet_path: Path, engine=None, **policy):
-    from dagster_duckdb import DuckDBResource
-
-    from tabletune_pipelines.resources import FleetResource, TuningPolicy
-
-    return {
-        "duckdb": DuckDBResource(database=str(home / "tabletune_store.duckdb")),
-        "fleet": FleetResource(path=str(fleet_path)),
-        "engine": engine if engine is not None else ScriptedEngine(),
-        "policy": TuningPolicy(**policy),
-    }

@@ -1,4 +1,4 @@
-"""Shared test helpers: fleet files, prompt logs, a scripted engine, a /version HTTP server."""
+"""Shared test helpers: fleet files, prompt logs, resources, a scripted engine, a /version HTTP server."""
 
 from __future__ import annotations
 
@@ -9,28 +9,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import yaml
+from dagster_duckdb import DuckDBResource
 from pydantic import PrivateAttr
 
-from tabletune_pipelines import pipeline_ops
-from tabletune_pipelines.engine.errors import EngineCrashedError
+from tabletune_pipelines.deployments import identity_for
 from tabletune_pipelines.documents import AcceptancePrior, StepTimeCell
-from tabletune_pipelines.resources import EngineResource
+from tabletune_pipelines.engine.errors import EngineCrashedError
+from tabletune_pipelines.orchestration.resources import EngineResource, FleetResource, TuningPolicy
+from tabletune_pipelines.prompts import count_prompts
+from tests.tuning.samples import RATES, scripted_ms
 
 WEEK = "2026-11-16"  # a complete week (Monday) before "now" in these tests
-RATES = (0.7, 0.5, 0.3)
-
-# DESIGN §4 medium target on CPU (ms at B = 1 / 4 / 16): a real crossover from k = 3 to k = 1.
-_ANCHORS = {None: (14.1, 15.3, 25.6), 1: (16.9, 22.6, 42.3), 3: (17.4, 28.1, 64.6)}
-
-
-def scripted_ms(k: int | None, b: int) -> float:
-    if k == 0:
-        return scripted_ms(None, b) * 1.12
-    if k == 2:
-        return 0.5 * (scripted_ms(1, b) + scripted_ms(3, b))
-    return float(np.interp(b, [1, 4, 16], _ANCHORS[k]))
 
 
 def deployment_dict(name: str = "local-cpu", **over: Any) -> dict[str, Any]:
@@ -61,6 +51,16 @@ def write_prompts(path: Path, n: int = 24, repetitive: bool = True) -> Path:
     return path
 
 
+def make_resources(home: Path, fleet_path: Path, engine=None, **policy):
+    """The four resources on ``home``'s store and ``fleet_path``; ``engine`` defaults to a ScriptedEngine."""
+    return {
+        "duckdb": DuckDBResource(database=str(home / "tabletune_store.duckdb")),
+        "fleet": FleetResource(path=str(fleet_path)),
+        "engine": engine if engine is not None else ScriptedEngine(),
+        "policy": TuningPolicy(**policy),
+    }
+
+
 class ScriptedEngine(EngineResource):
     """The engine adapter with scripted measurements (fast); identity probing stays real for remote
     endpoints. ``fail_after_cells`` >= 0 makes profiling crash after that many cells."""
@@ -77,7 +77,7 @@ class ScriptedEngine(EngineResource):
 
     def current_identity(self, dep):
         if dep.embedded:
-            return pipeline_ops.identity_for(dep, self.vllm_version)
+            return identity_for(dep, self.vllm_version)
         return super().current_identity(dep)
 
     def profile(self, identity, dep, store, log):
@@ -100,7 +100,7 @@ class ScriptedEngine(EngineResource):
     def measure_acceptance(self, identity, dep, prompts_file, week, log):
         if dep.name in self.fail_acceptance_for:
             raise EngineCrashedError(f"scripted crash while measuring acceptance of {dep.name}")
-        n = pipeline_ops.count_prompts(prompts_file)
+        n = count_prompts(prompts_file)
         drafts = 100 * n
         rates = tuple(self.rates[: identity.max_k])
         drafted = tuple([drafts] * identity.max_k)

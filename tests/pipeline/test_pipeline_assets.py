@@ -10,14 +10,23 @@ import json
 import dagster as dg
 import duckdb
 import pytest
-from conftest import make_resources
-from helpers import RATES, WEEK, ScriptedEngine, deployment_dict, write_fleet, write_prompts
 
-from assets import ALL_ASSETS
+from tabletune_pipelines.deployments import identity_for
 from tabletune_pipelines.fleet import load_fleet
 from tabletune_pipelines.live_counters import window_line
-from tabletune_pipelines.pipeline_ops import identity_for
+from tabletune_pipelines.orchestration.definitions import ASSETS
+from tabletune_pipelines.orchestration.jobs import rollback_published_table
 from tabletune_pipelines.published import read_published_table
+from tests.pipeline.helpers import (
+    RATES,
+    WEEK,
+    ScriptedEngine,
+    deployment_dict,
+    make_resources,
+    scripted_ms,
+    write_fleet,
+    write_prompts,
+)
 
 IDENTITY_ASSETS = ["step_time_profile", "draft_length_table", "published_table"]
 
@@ -27,7 +36,7 @@ def identity_key(fleet_path, name="local-cpu", version="0.32.0+cpu"):
 
 
 def materialize(selection, resources, instance, partition_key, run_config=None, raise_on_error=True):
-    return dg.materialize(ALL_ASSETS, selection=selection, resources=resources, instance=instance,
+    return dg.materialize(ASSETS, selection=selection, resources=resources, instance=instance,
                           partition_key=partition_key, run_config=run_config, raise_on_error=raise_on_error)
 
 
@@ -111,8 +120,6 @@ def test_full_chain_writes_duckdb_metadata_and_publishes(home, one_fleet, instan
                                                           "draft_length_table": {"config": {"allowed_ks": [1, 3]}}}})
     assert res.success
     assert read_published_table(dep.published_table)["version"] == 2
-    from assets import rollback_published_table
-
     rb = rollback_published_table.execute_in_process(
         run_config={"ops": {"rollback_published_table_op": {"config": {"deployment": "local-cpu"}}}},
         resources={k: resources[k] for k in ("duckdb", "fleet", "engine")}, instance=instance)
@@ -238,9 +245,7 @@ def test_k0_warning_and_trap_with_fixed_k_cells(home, one_fleet, instance):
     assert run_identity(resources, instance, key).success
     store = TableTuneStore(home / "tabletune_store.duckdb")
     ident = store.identity(key)
-    # Fixed launches with K = k run 30% faster than the same k under K = 3 (the §4b trap).
-    from helpers import scripted_ms
-
+    # Fixed launches with K = k run 30% faster than the same k under K = 3 (the engine-dependence trap).
     cells = [StepTimeCell(k=k, batch_size=b, median_ms=scripted_ms(k, b) * 0.7, repetitions_ms=(1.0,), launch_k=k)
              for k in (1, 2, 3) for b in (1, 4, 16)]
     store.write_profile_cells(ident, cells, mode="fixed_k")

@@ -4,18 +4,28 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 from datetime import datetime, timezone
 
 import dagster as dg
 import pytest
-from helpers import ScriptedEngine, VersionServer, deployment_dict, write_fleet
 
-from tabletune_pipelines.fleet import load_fleet
+from tabletune_pipelines.deployments import identity_for
 from tabletune_pipelines.documents import EngineIdentity
-from tabletune_pipelines.pipeline_ops import identity_for
-from tabletune_pipelines.resources import FleetResource
-from tabletune_pipelines.schedules import WEEKLY_CRON, weekly_acceptance_schedule
-from tabletune_pipelines.sensors import engine_upgrade_sensor
+from tabletune_pipelines.fleet import load_fleet
+from tabletune_pipelines.orchestration.resources import FleetResource
+from tabletune_pipelines.orchestration.schedules import WEEKLY_CRON, weekly_acceptance_schedule
+from tabletune_pipelines.orchestration.sensors import engine_upgrade_sensor, retune_after_acceptance
+from tests.pipeline.helpers import (
+    WEEK,
+    ScriptedEngine,
+    VersionServer,
+    deployment_dict,
+    make_resources,
+    write_fleet,
+    write_prompts,
+)
 
 
 def free_port() -> int:
@@ -112,7 +122,7 @@ def test_weekly_schedule_measures_last_complete_week_per_engine_group(home):
                                deployment_dict("c", engine_group="gpu-box-2")])
     # Fleet engine groups: a and b have no engine_group -> their own names; c -> gpu-box-2.
     monday = datetime(2026, 11, 23, 3, 0, tzinfo=timezone.utc)
-    from tabletune_pipelines.definitions import defs
+    from tabletune_pipelines.orchestration.definitions import defs
 
     ctx = dg.build_schedule_context(scheduled_execution_time=monday, repository_def=defs.get_repository_def(),
                                     resources={"fleet": FleetResource(path=str(fleet))})
@@ -127,7 +137,7 @@ def test_weekly_schedule_measures_last_complete_week_per_engine_group(home):
 def test_definitions_load_and_instance_config(home, tmp_path, monkeypatch):
     from pathlib import Path
 
-    from tabletune_pipelines.definitions import defs
+    from tabletune_pipelines.orchestration.definitions import defs
 
     repo = Path(__file__).resolve().parents[2]
     jobs = {j.name for j in defs.get_repository_def().get_all_jobs()}
@@ -151,19 +161,36 @@ def test_definitions_load_and_instance_config(home, tmp_path, monkeypatch):
         assert not inst.telemetry_enabled
 
 
-def test_retune_after_weekly_acceptance_requests_one_run_per_running_identity(home, instance):
-    from conftest import make_resources
-    from helpers import WEEK, write_prompts
+IMPORT_DEFINITIONS = """
+import sys
+import tabletune_pipelines.fleet as fleet
+calls = []
+real = fleet.load_fleet
+fleet.load_fleet = lambda *a, **kw: calls.append(a) or real(*a, **kw)
+from tabletune_pipelines.orchestration.definitions import defs
+assert defs.resolve_asset_graph().get_all_asset_keys()
+print(len(calls))
+"""
 
-    from assets import ALL_ASSETS
-    from tabletune_pipelines.sensors import retune_after_acceptance
+
+def test_importing_the_definitions_reads_the_fleet_once_and_writes_nothing(tmp_path):
+    home = tmp_path / "not_created"
+    env = {"PATH": "/usr/bin:/bin", "TABLETUNE_HOME": str(home), "HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", IMPORT_DEFINITIONS], env=env, capture_output=True, text=True,
+                         check=True, cwd=tmp_path).stdout.split()
+    assert out[-1] == "1"
+    assert list(tmp_path.iterdir()) == []  # no TABLETUNE_HOME, no store file, nothing under HOME or the cwd
+
+
+def test_retune_after_weekly_acceptance_requests_one_run_per_running_identity(home, instance):
+    from tabletune_pipelines.orchestration.definitions import ASSETS
 
     fleet = write_fleet(home, [deployment_dict("a"), deployment_dict("b")])  # same engine identity
     write_prompts(load_fleet(fleet).deployment("a").prompts_file(WEEK))
     engine = ScriptedEngine()
     key = identity_for(load_fleet(fleet).deployment("a"), engine.vllm_version).key
     instance.add_dynamic_partitions("engine_identity", [key])
-    res = dg.materialize(ALL_ASSETS, selection=["acceptance_prior"], partition_key=WEEK, instance=instance,
+    res = dg.materialize(ASSETS, selection=["acceptance_prior"], partition_key=WEEK, instance=instance,
                          resources=make_resources(home, fleet, engine=engine))
     (success,) = instance.all_logs(res.run_id, of_type=dg.DagsterEventType.RUN_SUCCESS)
     ctx = dg.build_run_status_sensor_context(sensor_name="retune_after_acceptance", dagster_instance=instance,

@@ -16,7 +16,16 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import WEEK, ScriptedEngine, VersionServer, deployment_dict, write_fleet, write_prompts
+
+from tests.pipeline.helpers import (
+    WEEK,
+    ScriptedEngine,
+    VersionServer,
+    deployment_dict,
+    make_resources,
+    write_fleet,
+    write_prompts,
+)
 
 pytestmark = pytest.mark.dagster_e2e
 
@@ -112,11 +121,11 @@ def seed_local_deployment(dagster_home: Path, tt_home: Path, fleet: Path) -> str
     """Materialize the local deployment's chain into the e2e instance (scripted engine timings), so the
     UI shows materialized assets and the sensor finds the local identity already profiled."""
     import dagster as dg
-    from conftest import make_resources
 
-    from assets import ALL_ASSETS
+    from tabletune_pipelines.deployments import identity_for
+    from tabletune_pipelines.engine.installed import installed_vllm_version
     from tabletune_pipelines.fleet import load_fleet
-    from tabletune_pipelines.pipeline_ops import identity_for, installed_vllm_version
+    from tabletune_pipelines.orchestration.definitions import ASSETS
 
     version = installed_vllm_version()
     dep = load_fleet(fleet).deployment("local-cpu")
@@ -128,9 +137,9 @@ def seed_local_deployment(dagster_home: Path, tt_home: Path, fleet: Path) -> str
     try:
         with dg.DagsterInstance.get() as inst:
             inst.add_dynamic_partitions("engine_identity", [key])
-            assert dg.materialize(ALL_ASSETS, selection=["acceptance_prior", "live_acceptance_counters"],
+            assert dg.materialize(ASSETS, selection=["acceptance_prior", "live_acceptance_counters"],
                                   resources=resources, instance=inst, partition_key=WEEK).success
-            assert dg.materialize(ALL_ASSETS, selection=["step_time_profile", "draft_length_table", "published_table"],
+            assert dg.materialize(ASSETS, selection=["step_time_profile", "draft_length_table", "published_table"],
                                   resources=resources, instance=inst, partition_key=key).success
     finally:
         if old is None:

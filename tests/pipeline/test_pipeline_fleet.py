@@ -4,16 +4,10 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from helpers import deployment_dict, write_fleet
 
-from tabletune_pipelines.fleet import (
-    DEFAULT_FLEET_PATH,
-    FleetError,
-    default_engine_tag,
-    load_fleet,
-    parse_fleet,
-    run_tags,
-)
+from tabletune_pipelines.fleet import DEFAULT_FLEET_PATH, FleetError, load_fleet, parse_fleet
+from tabletune_pipelines.orchestration.tags import default_engine_tag, run_tags
+from tests.pipeline.helpers import deployment_dict, write_fleet
 
 
 def test_embedded_default_loads(home):

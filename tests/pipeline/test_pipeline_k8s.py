@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tabletune_pipelines.fleet import K8S_CONFIG_TAG, load_fleet, run_tags
+from tabletune_pipelines.fleet import FleetError, load_fleet
+from tabletune_pipelines.orchestration.tags import K8S_CONFIG_TAG, run_tags
+from tests.pipeline.helpers import ScriptedEngine, VersionServer, deployment_dict, write_fleet
 
 dagster_k8s = pytest.importorskip("dagster_k8s")
 from dagster_k8s.job import (  # noqa: E402
@@ -55,10 +57,6 @@ def test_embedded_default_has_no_k8s_tag(home):
 
 
 def test_bad_k8s_block_is_caught_by_the_fleet_loader_or_dagster_k8s(home):
-    from helpers import deployment_dict, write_fleet
-
-    from tabletune_pipelines.fleet import FleetError
-
     with pytest.raises(FleetError, match="unknown key 'nodeselector'"):
         load_fleet(write_fleet(home, [deployment_dict(k8s={"nodeselector": {}})]))
     # A toleration with a field Kubernetes does not know is rejected by dagster-k8s's validator.
@@ -96,10 +94,9 @@ def test_k8s_instance_config_validates_against_dagster_schemas():
 
 def test_sensor_run_requests_carry_the_k8s_tag(home):
     import dagster as dg
-    from helpers import ScriptedEngine, VersionServer, deployment_dict, write_fleet
 
-    from tabletune_pipelines.resources import FleetResource
-    from tabletune_pipelines.sensors import engine_upgrade_sensor
+    from tabletune_pipelines.orchestration.resources import FleetResource
+    from tabletune_pipelines.orchestration.sensors import engine_upgrade_sensor
 
     with VersionServer("0.32.0") as srv, dg.DagsterInstance.ephemeral() as inst:
         fleet = write_fleet(home, [deployment_dict("g", endpoint=srv.url, gpu="A10G",

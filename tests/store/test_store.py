@@ -1,5 +1,6 @@
 """DuckDB store: idempotent writes, plain-SQL reads, locked/corrupt files, crash safety, exports."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -10,8 +11,14 @@ import time
 
 import pytest
 
-from tabletune_pipelines.errors import StoreCorruptError, StoreError, StoreLockedError
 from tabletune_pipelines.documents import AcceptancePrior, DraftLengthTable, EngineIdentity, StepTimeCell
+from tabletune_pipelines.errors import (
+    NotFoundError,
+    StoreCorruptError,
+    StoreError,
+    StoreLockedError,
+    TableTuneError,
+)
 from tabletune_pipelines.published import PublishedTableError, read_published_table
 from tabletune_pipelines.store import TableTuneStore
 
@@ -155,24 +162,99 @@ def test_export_reader_errors(tmp_path):
         read_published_table(tmp_path / "other.json")
 
 
+READER = textwrap.dedent("""
+    import sys, time
+    from tabletune_pipelines.published import read_published_table
+    path, final = sys.argv[1], int(sys.argv[2])
+    seen = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        v = read_published_table(path)["version"]  # raises (exit 1) on a torn or invalid file
+        if not seen or v != seen[-1]:
+            seen.append(v)
+            print(v, flush=True)
+        if v == final:
+            sys.exit(0)
+    sys.exit(3)  # never saw the final version
+""")
+
+
 def test_concurrent_reader_never_sees_a_torn_export(tmp_path):
+    """A reader polls the export while a writer publishes FINAL versions. Counts, not durations: the
+    writer starts once the reader has read version 1, and the reader runs until it sees FINAL."""
+    final = 40
     path, export = tmp_path / "tt.duckdb", tmp_path / "local.json"
     s = TableTuneStore(path)
     s.publish("local", table(), export)
-    reader = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import time
-        from tabletune_pipelines.published import read_published_table
-        n = 0
-        end = time.time() + 3
-        while time.time() < end:
-            read_published_table({str(export)!r}); n += 1
-        print(n)
-    """)], stdout=subprocess.PIPE, text=True)
-    end = time.time() + 2.5
-    i = 0
-    while time.time() < end:
-        s.publish("local", table(((1, 8, 1 + i % 3), (9, 16, 0))), export)
-        i += 1
-    out, _ = reader.communicate(timeout=30)
-    assert reader.returncode == 0, "reader saw a torn or invalid file"
-    assert int(out) > 10 and i > 5
+    reader = subprocess.Popen([sys.executable, "-c", READER, str(export), str(final)], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert reader.stdout.readline().strip() == "1"
+        for i in range(2, final + 1):
+            s.publish("local", table(((1, 8, 1 + i % 3), (9, 16, 0))), export)
+        out, _ = reader.communicate(timeout=180)
+    finally:
+        if reader.poll() is None:
+            reader.kill()
+            reader.wait()
+    assert reader.returncode == 0, "reader saw a torn or invalid file" if reader.returncode == 1 else reader.returncode
+    seen = [1, *map(int, out.split())]
+    assert seen == sorted(seen) and seen[-1] == final  # versions only ever move forward
+
+
+def test_lookups_of_missing_things_raise_not_found_naming_what_exists(tmp_path):
+    s = TableTuneStore(tmp_path / "tt.duckdb")
+    with pytest.raises(NotFoundError, match=r"acceptance prior 'NOSUCH' is not in .*no acceptance priors yet"):
+        s.acceptance_prior("NOSUCH")
+    with pytest.raises(NotFoundError, match=r"engine identity 'x' is not in .*no engine identities yet"):
+        s.identity("x")
+    with pytest.raises(NotFoundError, match="draft-length table 't' is not in"):
+        s.table("t")
+    p = prior()
+    s.write_acceptance_prior(p)
+    s.write_profile_cell(IDENT, StepTimeCell(k=1, batch_size=4, median_ms=5.0, repetitions_ms=(5.0,)), "fixed_k")
+    with pytest.raises(NotFoundError, match=f"the store has: {p.prior_id}"):
+        s.acceptance_prior("NOSUCH")
+    with pytest.raises(NotFoundError, match=f"the store has: {IDENT.key}"):
+        s.identity("x")
+    with pytest.raises(NotFoundError, match=r"no step-time cells in mode 'one_launch'.*mode\(s\) \['fixed_k'\]"):
+        s.load_profile(IDENT.key)
+    assert s.load_profile(IDENT.key, "fixed_k").mode == "fixed_k"
+    assert isinstance(NotFoundError("m"), TableTuneError) and str(NotFoundError("m")) == "m"
+
+
+def prior(week="2026-11-16", source="measured", deployment="local", rates=(0.7, 0.5, 0.3)):
+    return AcceptancePrior(rates=rates, num_drafts=10, drafted_per_pos=(10,) * len(rates),
+                           accepted_per_pos=tuple(int(r * 10) for r in rates), prompt_fingerprint=f"{week}{source}",
+                           prompt_count=3, week=week, deployment=deployment, source=source)
+
+
+def test_applicable_priors_newest_week_first_live_before_measured(tmp_path):
+    s = TableTuneStore(tmp_path / "tt.duckdb")
+    upgraded = dataclasses.replace(IDENT, vllm_version="0.33.0")
+    other_model = dataclasses.replace(IDENT, model="/m/other")
+    for ident in (IDENT, upgraded, other_model):
+        s.upsert_identity(ident)
+    old = prior(week="2026-11-09")
+    measured, live = prior(), prior(source="live", rates=(0.8, 0.6, 0.4))
+    foreign = prior(week="2026-11-23", rates=(0.9, 0.8, 0.7))
+    s.write_acceptance_prior(old, IDENT.key)
+    s.write_acceptance_prior(measured, upgraded.key)  # same model/drafter/method on another vLLM: applies
+    s.write_acceptance_prior(live, IDENT.key)
+    s.write_acceptance_prior(foreign, other_model.key)  # another model: does not apply
+    assert [p.prior_id for p in s.applicable_priors(IDENT)] == [live.prior_id, measured.prior_id, old.prior_id]
+    assert s.latest_measured_prior("local", up_to_week="2026-11-16") == measured
+    assert s.latest_measured_prior("local", up_to_week="2026-11-10") == old
+    assert s.latest_measured_prior("nobody", up_to_week="2026-11-16") is None
+
+
+def test_latest_table_and_latest_profiled_identity(tmp_path):
+    s = TableTuneStore(tmp_path / "tt.duckdb")
+    assert s.latest_table(IDENT.key) is None and s.latest_profiled_identity_key("/m/target") is None
+    s.write_table(table())
+    s.write_table(table(((1, 16, 2),)))
+    assert s.latest_table(IDENT.key).ranges == ((1, 16, 2),)
+    assert s.table_ids()[0] == table(((1, 16, 2),)).table_id
+    s.write_profile_cell(IDENT, StepTimeCell(k=0, batch_size=1, median_ms=4.0, repetitions_ms=(4.0,)))
+    assert s.latest_profiled_identity_key("/m/target") == IDENT.key
+    assert s.has_identity(IDENT.key) and s.find_identity("nope") is None and s.profile_modes(IDENT.key) == ["one_launch"]

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (one H200, vLLM 0.26.0 from the payload, no network), from the project
+# root, after `source .gpu/setup.sh`. One step per call:
+#   bash deploy/gpu/h200.sh prep                      unpack the duckdb wheel carried in parts
+#   bash deploy/gpu/h200.sh profile dense|moe ARGS..  `tabletune profile` on that engine (resumable)
+#   bash deploy/gpu/h200.sh table dense|moe RATES     the tuned table (vLLM JSON) for a_1..a_K
+#   bash deploy/gpu/h200.sh goodput dense|moe ARGS..  benchmarks/gpu_goodput.py
+#   bash deploy/gpu/h200.sh export OUTDIR             the store's own export of every profile
+# The store lives in /tmp/tt-home (kept while the machine stays up; copied out by `export`).
+set -uo pipefail
+G=/tmp/gv
+export TABLETUNE_HOME=/tmp/tt-home TABLETUNE_FLEET=deploy/gpu/fleet.h200.yaml
+export PYTHONPATH=$PWD:$G/duck:${PYTHONPATH:-}
+DB=$TABLETUNE_HOME/h200.duckdb
+mkdir -p "$TABLETUNE_HOME"
+dep() { case "$1" in dense) echo h200-qwen3-4b-eagle3;; moe) echo h200-qwen3-30b-a3b-eagle3;; *) echo "engine $1?" >&2; exit 2;; esac; }
+step=$1; shift
+case "$step" in
+  prep)
+    for d in .gpu/d1 .gpu/d2; do [ -d $d ] && cp -u $d/duck.* $G/ 2>/dev/null; done
+    if [ ! -d $G/duck/duckdb ] && [ -f $G/duck.a ] && [ -f $G/duck.b ] && [ -f $G/duck.c ]; then
+      W=$G/duckdb-2.0.1-cp312-abi3-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl
+      cat $G/duck.a $G/duck.b $G/duck.c > $W && python3 -m pip install -q --no-index --no-deps --no-compile \
+        --target $G/duck $W && echo "[h200] duckdb ready"
+    fi
+    python3 -c "import duckdb, yaml, pydantic; print('[h200] imports ok: duckdb', duckdb.__version__)" 2>&1 | tail -1
+    ;;
+  profile)
+    e=$1; shift
+    python3 -m tabletune_pipelines.cli --deployment "$(dep $e)" --db $DB profile --startup-timeout 900 "$@"
+    ;;
+  table)
+    python3 -m tabletune_pipelines.cli --deployment "$(dep $1)" --db $DB table --rates "$2" --format vllm
+    ;;
+  goodput)
+    e=$1; shift
+    python3 benchmarks/gpu_goodput.py --engine $e "$@"
+    ;;
+  export)
+    python3 -m tabletune_pipelines.store.export "$DB" "$1" && cp $DB "$1/" 2>/dev/null
+    ;;
+esac

@@ -1,0 +1,275 @@
+"""The control-file protocol: how a process outside vLLM sends commands into a running engine.
+
+Stdlib only, one implementation for both sides. A *channel* is one JSON file plus its
+acknowledgement file ``<file>.ack``:
+
+* The **writer** (the side that starts the server, or the controller) replaces the file
+  atomically with ``{"seq": n, ...command}``, ``n`` increasing, and waits until ``<file>.ack``
+  holds ``{"ack": n, ...}``. An ack carrying ``"error"`` means the engine refused the command.
+* The **reader** (inside the engine: the step scheduler once per step, the CPU plugin when drafts
+  are verified) detects a new command with one ``os.stat`` per poll — the file's (inode, mtime,
+  size) changed — parses it, acts, and writes the ack atomically. A file it cannot parse is
+  acknowledged with ``{"ack": null, "error": ...}``; it never raises into the engine.
+
+The writer makes every write change that (inode, mtime, size) signature, so a reader that
+polls only the signature cannot miss a command — but a command the reader has not picked up
+yet is *replaced* by the next one (the file holds the latest command only). Wait for the ack
+before sending a command that must not be lost.
+
+Channels used by TableTune (the environment variable names the file for the engine process):
+
+* ``TABLETUNE_K_CONTROL``: ``{"k": 2}`` (every batch size drafts k), ``{"table": [[1, 8, 3],
+  [9, 16, 1]]}`` (a draft-length table) or ``{"gate": 8, "gate_timeout": 10.0}`` (admit the next
+  8 arriving requests together); read by ``engine/step_scheduler.py``.
+* ``TABLETUNE_SYNTHETIC_CONTROL``: ``{"rates": [a_1, ..., a_K]}`` (synthetic acceptance, CPU build);
+  read by ``engine/cpu_plugin.py``.
+
+Writer side::
+
+    w = ControlWriter(path)
+    seq = w.send({"k": 1})
+    w.wait_ack(seq, timeout=30.0, poke=lambda: ...)   # poke makes the engine take a step
+
+Reader side::
+
+    r = ControlReader(path)
+    cmd = r.poll()            # None when nothing new
+    if cmd is not None:
+        ...act on cmd.body...
+        r.ack(cmd.seq, table=...)      # or r.reject(cmd.seq, "why")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tabletune_pipelines.errors import TableTuneError
+
+K_CONTROL_ENV = "TABLETUNE_K_CONTROL"
+"""Environment variable naming the k / table / admission-gate channel of an engine."""
+SYNTHETIC_CONTROL_ENV = "TABLETUNE_SYNTHETIC_CONTROL"
+"""Environment variable naming the synthetic-acceptance-rates channel (CPU build)."""
+STEP_LOG_ENV = "TABLETUNE_STEP_LOG"
+"""Environment variable naming the step scheduler's JSONL step log (not a channel: append-only)."""
+
+Signature = tuple[int, int, int]
+"""(inode, mtime_ns, size) of a control file: what the reader compares between polls."""
+
+
+class ControlProtocolError(TableTuneError):
+    """A command was refused or not acknowledged in time."""
+
+
+class ControlTimeout(ControlProtocolError):
+    """The engine did not acknowledge a command within the timeout (is it running, stepping?)."""
+
+
+class ControlRejected(ControlProtocolError):
+    """The engine acknowledged a command with an error (the message is the engine's)."""
+
+
+def ack_path(path: str | os.PathLike[str]) -> Path:
+    """The acknowledgement file of a channel: ``<path>.ack``."""
+    return Path(str(path) + ".ack")
+
+
+def signature(path: str | os.PathLike[str]) -> Signature | None:
+    """The (inode, mtime_ns, size) of ``path``, or None if it does not exist."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def _replace_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_distinct(path: str | os.PathLike[str], text: str, last: Signature | None) -> Signature:
+    """Atomically replace ``path`` with ``text`` so that its signature differs from ``last``.
+
+    Replacing can reuse an inode, and two writes within one mtime tick with the same size would
+    look unchanged to a reader that compares signatures only; such a write is repeated until the
+    signature moves (a few milliseconds at most).
+    """
+    p = Path(path)
+    sig: Signature | None = None
+    for _ in range(200):
+        _replace_atomically(p, text)
+        sig = signature(p)
+        if sig is not None and sig != last:
+            return sig
+        time.sleep(0.005)
+    raise ControlProtocolError(f"control file {str(p)!r}: every write kept signature {last}; is the file "
+                               "system's mtime frozen? Use a local folder for the server's work_dir")
+
+
+@dataclass(frozen=True)
+class Command:
+    """One command as the reader sees it."""
+
+    seq: int
+    """The writer's sequence number; acknowledge it with ``ControlReader.ack(seq)``."""
+    body: dict[str, Any]
+    """The command's fields without ``seq`` (e.g. ``{"k": 1}``)."""
+
+
+class ControlWriter:
+    """Writer side of one channel: ``send`` a command, ``wait_ack`` for the engine's answer.
+
+    One writer per channel at a time. A new writer on an existing file continues its sequence
+    numbers, so a restarted writer never reuses a number the engine has already acknowledged.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        """The control file."""
+        self.ack_path = ack_path(self.path)
+        """The acknowledgement file (``<path>.ack``)."""
+        self._sig = signature(self.path)
+        self._seq = max(_read_seq(self.path), _read_ack_seq(self.ack_path))
+
+    @property
+    def last_seq(self) -> int:
+        """Sequence number of the last command sent (0 before the first)."""
+        return self._seq
+
+    def send(self, command: Mapping[str, Any]) -> int:
+        """Replace the control file with ``command`` plus a new ``seq``; return that seq.
+
+        Does not wait: the engine picks the command up at its next poll. The previous
+        acknowledgement is removed first, so a stale error cannot answer this command.
+        ``command`` must be JSON-serialisable and must not contain ``seq``.
+        """
+        if "seq" in command:
+            raise ControlProtocolError(f"command {dict(command)!r} sets 'seq'; the writer numbers commands itself")
+        self.ack_path.unlink(missing_ok=True)
+        seq = self._seq + 1
+        text = json.dumps({"seq": seq, **command})
+        self._sig = write_distinct(self.path, text, self._sig)
+        self._seq = seq
+        return seq
+
+    def read_ack(self) -> dict[str, Any] | None:
+        """The current acknowledgement (a JSON object), or None if there is none or it is being written."""
+        try:
+            ack = json.loads(self.ack_path.read_text())
+        except (OSError, ValueError):
+            return None
+        return ack if isinstance(ack, dict) else None
+
+    def wait_ack(self, seq: int, *, timeout: float, poke: Callable[[], None] | None = None,
+                 pause: float = 0.05, what: str | None = None) -> dict[str, Any]:
+        """Wait until the engine acknowledges command ``seq``; return the ack.
+
+        ``poke`` is called between polls to make the engine act (the step scheduler reads its
+        channel once per step, so an idle engine needs a tiny request). Raises
+        ``ControlRejected`` when the ack for ``seq`` (or the ack of an unreadable file, written
+        after ``send``) carries an error, ``ControlTimeout`` after ``timeout`` seconds.
+        """
+        label = what or f"command {seq} on {self.path.name}"
+        deadline = time.monotonic() + timeout
+        while True:
+            ack = self.read_ack()
+            if ack is not None:
+                got = ack.get("ack")
+                if ack.get("error") and got in (seq, None):
+                    raise ControlRejected(f"engine rejected {label}: {ack['error']}")
+                if got == seq:
+                    return ack
+            if time.monotonic() >= deadline:
+                raise ControlTimeout(f"engine did not acknowledge {label} within {timeout} s (control file "
+                                     f"{self.path}); the engine may be stuck or not running TableTune's hooks")
+            if poke is not None:
+                poke()
+            time.sleep(pause)
+
+    def request(self, command: Mapping[str, Any], *, timeout: float, poke: Callable[[], None] | None = None,
+                pause: float = 0.05, what: str | None = None) -> dict[str, Any]:
+        """``send`` then ``wait_ack``: the command is in force when this returns."""
+        seq = self.send(command)
+        return self.wait_ack(seq, timeout=timeout, poke=poke, pause=pause, what=what)
+
+
+@dataclass
+class ControlReader:
+    """Reader side of one channel (inside the engine). ``poll`` costs one ``os.stat`` when idle."""
+
+    path: str | None
+    """The control file; None (channel not configured) makes ``poll`` always return None."""
+    _sig: Signature | None = field(default=None, init=False, repr=False)
+    last_seq: int = field(default=0, init=False)
+    """Sequence number of the last command returned by ``poll``."""
+
+    @classmethod
+    def from_env(cls, variable: str) -> "ControlReader":
+        """A reader of the file named by environment variable ``variable`` (unset: inert)."""
+        return cls(os.environ.get(variable) or None)
+
+    def poll(self) -> Command | None:
+        """The command written since the last poll, or None.
+
+        A file that is not a JSON object with an integer ``seq`` is acknowledged with
+        ``{"ack": null, "error": ...}`` and None is returned. Never raises (I/O errors read as
+        "nothing new"; the next change is read again).
+        """
+        if not self.path:
+            return None
+        sig = signature(self.path)
+        if sig is None or sig == self._sig:
+            return None
+        self._sig = sig
+        try:
+            with open(self.path) as fh:
+                data = json.load(fh)
+            if not isinstance(data, dict) or not isinstance(data.get("seq"), int) or isinstance(data["seq"], bool):
+                raise ValueError(f"expected a JSON object with an integer 'seq', got {str(data)[:200]}")
+        except (OSError, ValueError) as exc:
+            self._write_ack({"ack": None, "error": f"unreadable command: {exc}"})
+            return None
+        seq = int(data.pop("seq"))
+        if seq == self.last_seq:
+            return None  # the file was replaced between stat and open: this command was read already
+        self.last_seq = seq
+        return Command(seq=seq, body=data)
+
+    def ack(self, seq: int, **fields: Any) -> None:
+        """Acknowledge command ``seq`` (extra JSON-serialisable ``fields`` go into the ack)."""
+        self._write_ack({"ack": seq, **fields})
+
+    def reject(self, seq: int | None, error: str, **fields: Any) -> None:
+        """Acknowledge command ``seq`` with an error: the writer's ``wait_ack`` raises it."""
+        self._write_ack({"ack": seq, "error": str(error), **fields})
+
+    def _write_ack(self, ack: Mapping[str, Any]) -> None:
+        if not self.path:
+            return
+        try:
+            _replace_atomically(ack_path(self.path), json.dumps(dict(ack)))
+        except (OSError, TypeError, ValueError):
+            pass  # the engine must not fail over an acknowledgement; the writer times out instead
+
+
+def _read_seq(path: Path) -> int:
+    try:
+        data = json.loads(path.read_text())
+        return int(data.get("seq") or 0) if isinstance(data, dict) else 0
+    except (OSError, ValueError, TypeError):
+        return 0
+
+
+def _read_ack_seq(path: Path) -> int:
+    try:
+        data = json.loads(path.read_text())
+        return int(data.get("ack") or 0) if isinstance(data, dict) else 0
+    except (OSError, ValueError, TypeError):
+        return 0

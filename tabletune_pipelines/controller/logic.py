@@ -1,0 +1,520 @@
+"""The online controller's logic: counters, rebuilds, lookups, export. No vLLM import.
+
+The vLLM adapter (``controller/scheduler.py``) calls three methods; a simulator can call the same:
+
+* ``next_lookup()`` before each ``Scheduler.schedule``: the lookup vLLM should use for the next
+  step (None = leave it alone). This is where exploration (one step at the largest allowed k every
+  ``exploration_every_steps``) and boundary hysteresis (keep the current k while B is within h of
+  a range that uses it) take effect, by handing vLLM one of a few lookups precomputed at rebuild.
+* ``on_step(...)`` after each ``update_from_output``, with the step's per-request counts: drafted
+  = ``len(scheduled_spec_decode_tokens[req])``, kept = ``len(sampled_token_ids[i]) - 1``. It adds one
+  to two histogram slots per request (no per-request allocation), times the step, and every
+  ``rebuild_every_steps`` steps rebuilds the table (docs/method.md, "Online controller"):
+
+  1. per-position counts from the histograms (drafted_i = request-steps that drafted >= i; a
+     variable k then does not bias later positions), added to the live counters;
+  2. â_i = (w·a_i + accepted_i) / (w + drafted_i) (``core.acceptance.AcceptanceEstimator``);
+  3. step times: the profile blended with observed step durations (``controller/steptime.py``);
+  4. the table search over the allowed k (``controller/search.py``, same rule as ``core.table``);
+  5. within the time budget: install it, halve the live counters, decay w; else skip (counted).
+
+* ``close()`` at shutdown: exports the last window.
+
+The published file is polled (one ``os.stat``, at most once per ``poll_every_s``); a newer valid
+version restarts the controller from it. Every failure is counted and logged once; the last good
+table stays.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tabletune_pipelines.controller.loader import EngineFacts, StartPoint, load_start
+from tabletune_pipelines.controller.search import (
+    compact,
+    dense_from_ranges,
+    hysteresis_lookups,
+    sticky_choice,
+    vllm_lookup,
+)
+from tabletune_pipelines.controller.settings import ControllerSettings
+from tabletune_pipelines.controller.steptime import StepTimeModel
+from tabletune_pipelines.core.acceptance import AcceptanceEstimator, EstimatorConfig
+from tabletune_pipelines.live_counters import append_line, window_line
+
+logger = logging.getLogger("tabletune.controller")
+
+
+def _fmt_table(ranges: Sequence[Sequence[int]]) -> str:
+    return "[" + ",".join(f"[{s},{e},{k}]" for s, e, k in ranges) + "]"
+
+
+def _fmt(xs: Sequence[float], nd: int = 3) -> str:
+    return "(" + ", ".join(f"{float(x):.{nd}f}" for x in xs) + ")"
+
+
+class Controller:
+    """One engine's controller (see the module docstring). ``published_path`` may be None (then
+    it only falls back); ``wall`` gives the UTC seconds used in exported windows."""
+
+    def __init__(self, engine: EngineFacts, published_path: str | os.PathLike[str] | None, *,
+                 wall: Callable[[], float] = time.time, clock: Callable[[], float] = time.monotonic,
+                 log: logging.Logger | None = None, source: str | None = None) -> None:
+        self.engine = engine
+        self.path = None if published_path is None else Path(published_path)
+        self.log = log or logger
+        self._wall = wall
+        self._clock = clock
+        K, n = int(engine.max_k), int(engine.max_num_seqs)
+        self._K, self._n = K, n
+        self.source = source or f"{socket.gethostname()}:{os.getpid()}:{int(wall())}"
+        launch = engine.launch_ranges or ((1, n, K),)
+        self.launch_ranges = tuple((int(s), int(e), min(K, int(k))) for s, e, k in launch)
+        # Counters (cumulative; exported in the state).
+        self.steps = 0
+        self.rebuilds = 0
+        self.table_changes = 0
+        self.skipped_rebuilds = 0
+        self.exploration_steps = 0
+        self.errors = 0
+        self.anomalies = 0
+        self.exports = 0
+        self.export_failures = 0
+        self.reloads = 0
+        self.last_rebuild_ms = 0.0
+        self.max_rebuild_ms = 0.0
+        self._logged: set[str] = set()
+        self._last_unchanged_log = float("-inf")
+        self._last_estimate: tuple[float, ...] = ()
+        # Per-step state: plain lists and ints, nothing allocated per request.
+        self._hist_d = [0] * (K + 1)
+        self._hist_a = [0] * (K + 1)
+        self._last_t: float | None = None
+        self._prev_b = 0
+        self._prev_k: int | None = None
+        self._cur_k: int | None = None
+        self._exploring = False
+        self._next_rebuild = 0
+        self._next_explore = 0
+        self._next_poll = 0.0
+        self._sig: tuple[int, int, int] | None = None
+        self._reset_window(clock())
+        # What is in force.
+        self.start: StartPoint | None = None
+        self.settings = ControllerSettings()
+        self.fallback_reason: str | None = None
+        self.controlling = False
+        self.applying = False
+        self.ranges = self.launch_ranges
+        self.candidate_ranges = self.launch_ranges
+        self.estimator: AcceptanceEstimator | None = None
+        self.model: StepTimeModel | None = None
+        self._lookup: list[int] | None = None
+        self._hyst: dict[int, list[int]] = {}
+        self._explore: list[int] | None = None
+        self._k_row = [-1] * (K + 1)
+        self._tp: list[list[float]] = []
+        self._obs_s: list[list[float]] = []
+        self._obs_c: list[list[int]] = []
+        self._initial_load()
+
+    # ------------------------------------------------------------------ loading
+    def _initial_load(self) -> None:
+        res: StartPoint | str
+        if self.path is None:
+            res = "no published file is configured"
+        else:
+            self._sig = self._stat()
+            res = load_start(self.path, self.engine)
+        if isinstance(res, str):
+            self.fallback_reason = res
+            self.log.warning("TableTune controller: using the engine's configured table %s: %s",
+                             _fmt_table(self.launch_ranges), res)
+            return
+        self._install(res)
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.path)  # type: ignore[arg-type]
+        except OSError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def _install(self, start: StartPoint) -> None:
+        """Start (again) from a validated published file."""
+        pub, s = start.published, start.settings
+        K, n = self._K, self._n
+        self.start, self.settings, self.fallback_reason = start, s, None
+        self._last_estimate = ()
+        if start.prior:
+            w = float(s.prior_weight)
+            if start.prior_count > 0:
+                w = min(w, float(start.prior_count))  # a prior is worth no more drafts than it saw
+            self.estimator = AcceptanceEstimator(start.prior, EstimatorConfig(
+                prior_weight=w, halve_after_rebuild=s.halve_after_rebuild, prior_decay=s.prior_decay,
+                min_prior_weight=min(float(s.min_prior_weight), w)))
+        else:
+            self.estimator = None
+        ks = start.allowed_k
+        self._k_row = [-1] * (K + 1)
+        if start.profile_ms is not None:
+            self.model = StepTimeModel(ks, start.profile_ms, prior_weight=s.step_time_prior_weight,
+                                       min_prior_weight=s.step_time_min_prior_weight, max_count=s.step_time_max_count)
+            for i, k in enumerate(ks):
+                self._k_row[k] = i
+            self._tp = [[0.0, *row] for row in start.profile_ms.tolist()]
+        else:
+            self.model = None
+            self._tp = []
+        self._obs_s = [[0.0] * (n + 1) for _ in self._tp]
+        self._obs_c = [[0] * (n + 1) for _ in self._tp]
+        self._hist_d = [0] * (K + 1)
+        self._hist_a = [0] * (K + 1)
+        self._st_tol = float(s.step_time_outlier_ratio)
+        self._N = int(s.rebuild_every_steps)
+        self._next_rebuild = self.steps + self._N
+        self._explore_every = int(s.exploration_every_steps)
+        self._next_explore = self.steps + self._explore_every
+        can_switch = self.engine.launch_ranges is not None
+        # The published table is put in force whenever k can be switched; only in control mode
+        # (with a prior and a profile) is it rebuilt, explored around and held with hysteresis.
+        self.applying = can_switch
+        self.controlling = s.mode == "control" and start.can_control and can_switch
+        table = tuple((a, b, min(K, k)) for a, b, k in pub.ranges)
+        self.candidate_ranges = table
+        self._apply(table)
+        kmax = max(ks) if ks else 0
+        self._explore = vllm_lookup(np.full(n, kmax)) if (self.controlling and self._explore_every and kmax) else None
+        for note in start.notes:
+            self.log.info("TableTune controller: published v%d: %s", pub.version, note)
+        if not can_switch:
+            self.log.warning("TableTune controller: the launch has no num_speculative_tokens_per_batch_size, so k "
+                             "cannot change; only observing (launch with a table listing every k in %s)", list(ks))
+        self.log.info("TableTune controller: published v%d of %s loaded (%s; table %s; allowed k %s; prior %s "
+                      "from %d drafts; w = %s; export %s)", pub.version, pub.deployment,
+                      "controlling" if self.controlling else "observing only", _fmt_table(table), list(ks),
+                      _fmt(start.prior) if start.prior else "none", start.prior_count,
+                      f"{self.estimator.prior_weight:g}" if self.estimator else "-", start.export_path)
+
+    def _apply(self, ranges: tuple[tuple[int, int, int], ...]) -> None:
+        """Make ``ranges`` the table in force (only handed to vLLM while controlling)."""
+        self.ranges = ranges
+        if not self.applying:
+            self._lookup, self._hyst = None, {}
+            return
+        dense = dense_from_ranges(ranges, self._n)
+        self._lookup = vllm_lookup(dense)
+        ks = self.start.allowed_k if self.start else ()
+        self._hyst = hysteresis_lookups(dense, ks, int(self.settings.hysteresis)) if self.controlling else {}
+
+    def _poll(self, now: float) -> None:
+        self._next_poll = now + max(1.0, float(self.settings.poll_every_s))
+        if self.path is None:
+            return
+        sig = self._stat()
+        if sig == self._sig:
+            return
+        self._sig = sig
+        if sig is None:
+            self._once("gone", "TableTune controller: published file %s is gone; keeping table %s",
+                       self.path, _fmt_table(self.ranges))
+            return
+        res = load_start(self.path, self.engine)
+        if isinstance(res, str):
+            self._once("reject:" + res, "TableTune controller: not using the changed published file, keeping "
+                       "table %s: %s", _fmt_table(self.ranges), res)
+            return
+        cur = self.start.published.version if self.start else 0
+        if res.published.version <= cur:
+            self._once(f"old:{res.published.version}", "TableTune controller: published file %s holds v%d, not "
+                       "newer than v%d in force; ignored", self.path, res.published.version, cur)
+            return
+        self.export(now, force=True)  # the old version's last window
+        self.reloads += 1
+        self._install(res)
+
+    # ------------------------------------------------------------------ the hot path
+    def next_lookup(self) -> list[int] | None:
+        """The lookup for the next scheduled step (None: leave vLLM's as it is)."""
+        if not self.controlling:
+            return self._lookup
+        if self._explore is not None and self.steps >= self._next_explore:
+            self._next_explore = self.steps + self._explore_every
+            self.exploration_steps += 1
+            self._exploring = True
+            return self._explore
+        if self._hyst and self._cur_k is not None:
+            return self._hyst.get(self._cur_k, self._lookup)
+        return self._lookup
+
+    def on_step(self, num_scheduled_tokens: Mapping[str, int], spec_tokens: Mapping[str, Sequence[Any]] | None,
+                req_id_to_index: Mapping[str, int], sampled: Sequence[Sequence[int]] | None, k_next: int | None,
+                num_new: int, total_tokens: int, now: float) -> None:
+        """One engine step's outcome (``update_from_output``); ``now`` is ``time.monotonic()``."""
+        b = len(num_scheduled_tokens)
+        last, self._last_t = self._last_t, now
+        if b == 0:
+            self._prev_b = 0
+            return
+        self.steps += 1
+        drafted = kept = 0
+        if spec_tokens and sampled:
+            hd, ha, K = self._hist_d, self._hist_a, self._K
+            ns = len(sampled)
+            for rid, toks in spec_tokens.items():
+                n = len(toks)
+                if not n:
+                    continue
+                i = req_id_to_index.get(rid)
+                if i is None or i >= ns:
+                    continue
+                out = sampled[i]
+                if not len(out):
+                    continue  # finished or aborted in this step: vLLM counts nothing either
+                m = len(out) - 1
+                if m > n or n > K:
+                    self._anomaly(n, m)
+                    n = min(n, K)
+                    m = min(m, n)
+                hd[n] += 1
+                ha[m] += 1
+                drafted += n
+                kept += m
+        self._win_tokens += b + kept
+        if last is not None and self._prev_b:
+            dt = now - last
+            self._win_busy += dt
+            # A clean decode step: same requests' count and k as the step before, nothing admitted,
+            # no prefill tokens. Its interval is one whole step at (B, k) (as the profile timed it).
+            if (self._tp and num_new == 0 and b == self._prev_b and k_next == self._prev_k and k_next is not None
+                    and total_tokens == b + drafted and b <= self._n and not self._exploring):
+                row = self._k_row[k_next] if 0 <= k_next <= self._K else -1
+                if row >= 0:
+                    ms = dt * 1000.0
+                    tp = self._tp[row][b]
+                    if tp / self._st_tol <= ms <= tp * self._st_tol:
+                        self._obs_s[row][b] += ms
+                        self._obs_c[row][b] += 1
+        self._prev_b, self._prev_k = b, k_next
+        if self._exploring:
+            self._exploring = False
+        else:
+            self._cur_k = k_next
+        self._win_steps += 1
+        if self.steps >= self._next_rebuild:
+            self._next_rebuild = self.steps + self._N if self.start else self.steps + 100
+            self.rebuild(now)
+        if now >= self._next_poll:
+            self._poll(now)
+
+    def _anomaly(self, n: int, m: int) -> None:
+        self.anomalies += 1
+        self._once("anomaly", "TableTune controller: a request-step reported %d drafted and %d kept (kept > drafted "
+                   "or drafted > K = %d); counted as clamped, further ones are only counted", n, m, self._K)
+
+    # ------------------------------------------------------------------ rebuild
+    def _fold(self) -> tuple[list[int], list[int]]:
+        """Per-position deltas from the histograms (drafted_i = request-steps with >= i drafts)."""
+        hd, ha, K = self._hist_d, self._hist_a, self._K
+        d, a = [0] * K, [0] * K
+        sd = sa = 0
+        for i in range(K, 0, -1):
+            sd += hd[i]
+            sa += ha[i]
+            d[i - 1], a[i - 1] = sd, sa
+        for i in range(K + 1):
+            hd[i] = 0
+            ha[i] = 0
+        return d, a
+
+    def rebuild(self, now: float) -> None:
+        """Fold the counts in and, when a search is possible, rebuild the table (module docstring)."""
+        t0 = time.perf_counter()
+        d, a = self._fold()
+        for i in range(self._K):
+            self._win_d[i] += d[i]
+            self._win_a[i] += a[i]
+        est, model, start = self.estimator, self.model, self.start
+        if est is not None:
+            est.observe_counts(d, a)
+        if model is not None and self._obs_c:
+            model.add(np.asarray(self._obs_s, dtype=float)[:, 1:], np.asarray(self._obs_c, dtype=float)[:, 1:])
+            for row_s, row_c in zip(self._obs_s, self._obs_c):
+                for j in range(len(row_s)):
+                    row_s[j] = 0.0
+                    row_c[j] = 0
+        if start is not None and est is not None and model is not None:
+            self._search(t0, est, model, start)
+        self.export(now)
+
+    def _search(self, t0: float, est: AcceptanceEstimator, model: StepTimeModel, start: StartPoint) -> None:
+        s = self.settings
+        budget = float(s.rebuild_budget_ms) / 1000.0
+        rates = est.estimate()
+        times = model.corrected() if s.step_time_correction else model.profile
+        chosen = sticky_choice(times, start.allowed_k, rates, float(s.stickiness)) if \
+            time.perf_counter() - t0 <= budget else None
+        elapsed = time.perf_counter() - t0
+        if chosen is None or elapsed > budget:
+            self.skipped_rebuilds += 1
+            self._once("budget", "TableTune controller: a rebuild took %.2f ms, over rebuild_budget_ms = %g; "
+                       "skipped, keeping table %s (further skips are only counted)", elapsed * 1000.0,
+                       s.rebuild_budget_ms, _fmt_table(self.ranges))
+            return
+        drafted_live, accepted_live, w = est.drafted.copy(), est.accepted.copy(), est.prior_weight
+        est.rebuild()  # halves the live counters, decays w
+        if s.halve_after_rebuild and s.live_count_floor > 0:
+            # ... but not below the floor: keep max(d / 2, min(d, floor)) draws, same acceptance ratio.
+            keep = np.maximum(drafted_live * 0.5, np.minimum(drafted_live, s.live_count_floor))
+            scale = np.where(drafted_live > 0, keep / np.maximum(drafted_live, 1e-12), 0.0)
+            est.drafted[:] = drafted_live * scale
+            est.accepted[:] = accepted_live * scale
+        model.decay()
+        new = compact(chosen)
+        old = self.candidate_ranges
+        self.candidate_ranges = new
+        self.rebuilds += 1
+        self.last_rebuild_ms = (time.perf_counter() - t0) * 1000.0
+        self.max_rebuild_ms = max(self.max_rebuild_ms, self.last_rebuild_ms)
+        self._last_estimate = tuple(float(x) for x in rates)
+        if new != old:
+            self.table_changes += 1
+            if self.controlling:
+                self._apply(new)
+            ratios = model.ratios()
+            corr = ", ".join(f"k{k} x{float(np.median(ratios[i])):.2f}" for i, k in enumerate(model.ks)
+                             if np.any(model.count[i] > 0))
+            self.log.info("TableTune controller: rebuild %d at step %d%s: table %s -> %s; a = %s; live drafted %s "
+                          "kept %s; prior weight %g; step-time correction %s; %.2f ms", self.rebuilds, self.steps,
+                          "" if self.controlling else " (observing: not applied)", _fmt_table(old), _fmt_table(new),
+                          _fmt(rates), [int(x) for x in drafted_live], [int(x) for x in accepted_live], w,
+                          (corr or "none observed") if s.step_time_correction else "off", self.last_rebuild_ms)
+            self._last_unchanged_log = self._clock()
+        else:
+            now = self._clock()
+            if now - self._last_unchanged_log >= float(s.log_unchanged_every_s):
+                self._last_unchanged_log = now
+                self.log.info("TableTune controller: rebuild %d at step %d: table %s unchanged; a = %s; prior "
+                              "weight %g; %.2f ms", self.rebuilds, self.steps, _fmt_table(new), _fmt(rates), w,
+                              self.last_rebuild_ms)
+
+    # ------------------------------------------------------------------ export
+    def _reset_window(self, now: float) -> None:
+        self._win_d = [0] * self._K
+        self._win_a = [0] * self._K
+        self._win_steps = 0
+        self._win_tokens = 0
+        self._win_busy = 0.0
+        self._win_t0 = now
+        self._win_wall0 = self._wall()
+        self._next_export_try = now
+
+    def estimate(self) -> tuple[float, ...]:
+        """â_i in force: the last rebuild's (the table was built from it), else the current blend
+        (live counts alone when there is no prior)."""
+        if self._last_estimate:
+            return self._last_estimate
+        if self.estimator is not None:
+            return tuple(float(x) for x in self.estimator.estimate())
+        return tuple(float(x) for x in self._win_a_rate())
+
+    def _win_a_rate(self) -> np.ndarray:
+        d, a = np.asarray(self._win_d, dtype=float), np.asarray(self._win_a, dtype=float)
+        return np.minimum.accumulate(np.where(d > 0, a / np.maximum(d, 1.0), 0.0))
+
+    def state(self) -> dict[str, Any]:
+        """The controller's state as exported (bounded size)."""
+        st: dict[str, Any] = {
+            "mode": "fallback" if self.start is None else ("control" if self.controlling else "observe"),
+            "applied": bool(self.applying),
+            "published_version": self.start.published.version if self.start else None,
+            "fallback_reason": self.fallback_reason,
+            "table": [list(r) for r in self.ranges],
+            "candidate_table": [list(r) for r in self.candidate_ranges],
+            "allowed_k": list(self.start.allowed_k) if self.start else [],
+            "prior": list(self.start.prior) if self.start else [],
+            "prior_weight": round(self.estimator.prior_weight, 4) if self.estimator else None,
+            "live_drafted": [round(float(x), 1) for x in self.estimator.drafted] if self.estimator else [],
+            "live_accepted": [round(float(x), 1) for x in self.estimator.accepted] if self.estimator else [],
+            "steps": self.steps, "rebuilds": self.rebuilds, "table_changes": self.table_changes,
+            "skipped_rebuilds": self.skipped_rebuilds, "exploration_steps": self.exploration_steps,
+            "errors": self.errors, "anomalies": self.anomalies, "exports": self.exports,
+            "export_failures": self.export_failures, "reloads": self.reloads,
+            "last_rebuild_ms": round(self.last_rebuild_ms, 4), "max_rebuild_ms": round(self.max_rebuild_ms, 4),
+            "step_time_correction": bool(self.settings.step_time_correction),
+        }
+        if self.model is not None:
+            st["step_time_weight"] = round(self.model.weight, 4)
+            st["step_time"] = self.model.summary()
+        return st
+
+    def export(self, now: float, *, force: bool = False) -> bool:
+        """Append the window's counts if due (or ``force``); True when a line was written."""
+        start = self.start
+        if start is None or (self._win_steps == 0 and not force):
+            return False
+        s = self.settings
+        due = force or self._win_steps >= s.export_every_steps or now - self._win_t0 >= s.export_every_s
+        if not due or (not force and now < self._next_export_try):
+            return False
+        if self._win_steps == 0:
+            return False
+        # Counts still in the histograms belong to this window too.
+        d, a = self._fold()
+        for i in range(self._K):
+            self._win_d[i] += d[i]
+            self._win_a[i] += a[i]
+        if self.estimator is not None and any(d):
+            self.estimator.observe_counts(d, a)
+        try:
+            line = window_line(
+                deployment=start.published.deployment,
+                window_start=datetime.fromtimestamp(self._win_wall0, timezone.utc),
+                window_end=datetime.fromtimestamp(max(self._wall(), self._win_wall0), timezone.utc),
+                num_drafts=self._win_d[0] if self._K else 0, drafted_per_pos=self._win_d,
+                accepted_per_pos=self._win_a, identity_key=start.published.identity_key,
+                table_version=start.published.version, steps=self._win_steps, tokens=self._win_tokens,
+                busy_s=round(self._win_busy, 6), estimate=self.estimate(), source=self.source, seq=self.exports,
+                controller=self.state())
+            append_line(start.export_path, line)
+        except OSError as exc:
+            self.export_failures += 1
+            self._next_export_try = now + max(1.0, float(s.export_every_s))
+            self._once("export", "TableTune controller: cannot write live counters to %s (%s); serving goes on, "
+                       "counts are kept for the next attempt (further failures are only counted)",
+                       start.export_path, exc.strerror or exc)
+            return False
+        self.exports += 1
+        self._reset_window(now)
+        return True
+
+    # ------------------------------------------------------------------ failures
+    def _once(self, key: str, msg: str, *args: Any) -> None:
+        if key in self._logged:
+            return
+        if len(self._logged) < 256:
+            self._logged.add(key)
+        self.log.warning(msg, *args)
+
+    def fail(self, where: str, exc: BaseException) -> None:
+        """An exception in a hook: count it, log the first of its kind, keep the last good table."""
+        self.errors += 1
+        key = f"error:{where}:{type(exc).__name__}"
+        if key not in self._logged:
+            self._logged.add(key)
+            self.log.warning("TableTune controller: %s failed (%r); serving goes on with table %s (further "
+                             "failures of this kind are only counted)", where, exc, _fmt_table(self.ranges),
+                             exc_info=exc)
+
+    def close(self) -> None:
+        """At shutdown: write the last window."""
+        self.export(self._clock(), force=True)

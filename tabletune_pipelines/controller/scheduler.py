@@ -1,0 +1,146 @@
+"""The vLLM adapter: a ``--scheduler-cls`` that runs the controller inside the engine core.
+
+Turn it on with::
+
+    TABLETUNE_PUBLISHED_TABLE=/data/tables/local.json \\
+    vllm serve MODEL --speculative-config '{..., "num_speculative_tokens_per_batch_size": [...]}' \\
+        --scheduler-cls tabletune_pipelines.controller.scheduler.ControllerScheduler
+
+``ControllerScheduler`` picks vLLM's ``AsyncScheduler`` base when the engine runs async scheduling
+(vLLM's GPU default) and ``Scheduler`` otherwise (e.g. the CPU build, which forces sync);
+``SyncControllerScheduler`` and ``AsyncControllerScheduler`` name one base explicitly. The launch
+table must list every k the controller may use (docs/controller.md, "Turning it on").
+
+Interfaces used, present in vLLM 0.26 and 0.32 (docs/engine-facts.md, "vLLM interfaces"):
+``Scheduler.__init__(vllm_config=...)``, ``Scheduler.schedule``, ``Scheduler.update_from_output``,
+``Scheduler.shutdown``, ``Scheduler.dynamic_sd_lookup`` (a list indexed by batch size, read in
+``schedule``), ``num_spec_tokens``, ``scheduler_config.max_num_seqs``;
+``SchedulerOutput.num_scheduled_tokens``, ``.scheduled_spec_decode_tokens``, ``.scheduled_new_reqs``,
+``.total_num_scheduled_tokens``, ``.num_spec_tokens_to_schedule``; ``ModelRunnerOutput.req_id_to_index``,
+``.sampled_token_ids``. ``AsyncScheduler`` overrides none of the three hooks in either version.
+
+Nothing here may take the engine down: every hook catches its exceptions and hands them to the
+controller, which counts them and logs the first of each kind; a controller that cannot be built
+leaves vLLM's scheduler exactly as it is.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+
+from tabletune_pipelines.controller.loader import EngineFacts
+from tabletune_pipelines.controller.logic import Controller
+from tabletune_pipelines.controller.settings import PUBLISHED_ENV
+
+logger = logging.getLogger("tabletune.controller")
+if not logger.handlers and not logging.getLogger("tabletune").handlers:
+    # vLLM configures its own "vllm" logger only; give ours a handler so INFO lines reach the server log.
+    _h = logging.StreamHandler()
+    _h.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [tabletune.controller] %(message)s", "%m-%d %H:%M:%S"))
+    logger.addHandler(_h)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+def engine_facts(scheduler: Any) -> EngineFacts:
+    """What the controller compares the published file with, read from the scheduler's config."""
+    cfg = scheduler.vllm_config
+    spec = getattr(cfg, "speculative_config", None)
+    ranges = getattr(spec, "num_speculative_tokens_per_batch_size", None) if spec is not None else None
+    try:
+        import vllm
+
+        version = str(getattr(vllm, "__version__", "")) or None
+    except Exception:  # noqa: BLE001
+        version = None
+    model_cfg = getattr(cfg, "model_config", None)
+    return EngineFacts(
+        max_k=int(scheduler.num_spec_tokens or 0),
+        max_num_seqs=int(scheduler.scheduler_config.max_num_seqs),
+        launch_ranges=tuple((int(a), int(b), int(k)) for a, b, k in ranges) if ranges else None,
+        model=str(getattr(model_cfg, "model", "")) or None,
+        method=str(getattr(spec, "method", "")) or None if spec is not None else None,
+        vllm_version=version,
+    )
+
+
+class _ControllerMixin:
+    """The three hooks; mixed in front of vLLM's Scheduler / AsyncScheduler (cooperative super())."""
+
+    _tt: Controller | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._tt = None
+        try:
+            if not self.num_spec_tokens:
+                logger.warning("TableTune controller: this launch has no speculative decoding; controller off")
+                return
+            self._tt = Controller(engine_facts(self), os.environ.get(PUBLISHED_ENV) or None, log=logger)
+            if self.dynamic_sd_lookup is None:
+                pass  # Controller logged that it can only observe
+        except Exception as exc:  # noqa: BLE001 - a controller that cannot start must not stop vLLM
+            self._tt = None
+            logger.warning("TableTune controller: not started (%r); vLLM runs as configured", exc, exc_info=exc)
+
+    def schedule(self, *args: Any, **kwargs: Any):  # type: ignore[no-untyped-def]
+        tt = self._tt
+        if tt is not None:
+            try:
+                lookup = tt.next_lookup()
+                if lookup is not None and self.dynamic_sd_lookup is not None:
+                    self.dynamic_sd_lookup = lookup
+            except Exception as exc:  # noqa: BLE001
+                tt.fail("choosing the next lookup", exc)
+        return super().schedule(*args, **kwargs)
+
+    def update_from_output(self, scheduler_output, model_runner_output):  # type: ignore[no-untyped-def]
+        out = super().update_from_output(scheduler_output, model_runner_output)
+        tt = self._tt
+        if tt is not None:
+            try:
+                so, mro = scheduler_output, model_runner_output
+                tt.on_step(so.num_scheduled_tokens, so.scheduled_spec_decode_tokens, mro.req_id_to_index,
+                           mro.sampled_token_ids, getattr(so, "num_spec_tokens_to_schedule", None),
+                           len(so.scheduled_new_reqs), so.total_num_scheduled_tokens, time.monotonic())
+            except Exception as exc:  # noqa: BLE001
+                tt.fail("counting a step", exc)
+        return out
+
+    def shutdown(self) -> None:
+        tt = self._tt
+        if tt is not None:
+            try:
+                tt.close()
+            except Exception as exc:  # noqa: BLE001
+                tt.fail("the final export", exc)
+        super().shutdown()
+
+
+class SyncControllerScheduler(_ControllerMixin, Scheduler):  # type: ignore[misc]
+    """vLLM ``Scheduler`` (sync scheduling) + the TableTune controller."""
+
+
+class AsyncControllerScheduler(_ControllerMixin, AsyncScheduler):  # type: ignore[misc]
+    """vLLM ``AsyncScheduler`` (async scheduling, vLLM's GPU default) + the TableTune controller."""
+
+
+def scheduler_class_for(vllm_config: Any) -> type:
+    """The variant matching the engine's scheduling mode (decided by vLLM after flag parsing)."""
+    use_async = bool(getattr(getattr(vllm_config, "scheduler_config", None), "async_scheduling", False))
+    return AsyncControllerScheduler if use_async else SyncControllerScheduler
+
+
+class ControllerScheduler:
+    """The ``--scheduler-cls`` entry: builds ``AsyncControllerScheduler`` when the engine runs async
+    scheduling and ``SyncControllerScheduler`` otherwise."""
+
+    def __new__(cls, *args: Any, **kwargs: Any):  # type: ignore[no-untyped-def]
+        vllm_config = kwargs.get("vllm_config", args[0] if args else None)
+        return scheduler_class_for(vllm_config)(*args, **kwargs)

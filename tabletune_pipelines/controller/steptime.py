@@ -1,0 +1,84 @@
+"""Live step-time correction: observed step durations blended into the profiled T(B, k).
+
+Per cell (B, k) the profiled time counts as ``w_T`` observed steps::
+
+    T̂(B, k) = (w_T · T_prof(B, k) + Σ observed ms) / (w_T + n_observed)
+
+``w_T`` halves at every rebuild down to a floor (the profile fades like the acceptance prior);
+the live sum and count of a cell are scaled down once the count passes a cap (recent steps
+dominate, and a cell no longer visited keeps its last estimate instead of drifting back). Live
+traffic visits few batch sizes, so the correction is spread over B per k: the ratio T̂ / T_prof of
+the observed cells is interpolated linearly between them and held constant beyond them; a k never
+observed keeps its profile. Pure numpy, no I/O (a simulator can drive it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+class StepTimeModel:
+    """Profiled T(B, k) for the candidate ks plus live observations (see the module docstring)."""
+
+    def __init__(self, ks: Sequence[int], profile_ms: np.ndarray, *, prior_weight: float, min_prior_weight: float,
+                 max_count: float) -> None:
+        self.ks = tuple(int(k) for k in ks)
+        self.profile = np.asarray(profile_ms, dtype=float)
+        if self.profile.shape[0] != len(self.ks):
+            raise ValueError(f"profile has {self.profile.shape[0]} rows for {len(self.ks)} k values")
+        self.n = self.profile.shape[1]
+        self.weight = float(prior_weight)
+        self.min_weight = float(min_prior_weight)
+        self.max_count = float(max_count)
+        self.sum_ms = np.zeros_like(self.profile)
+        self.count = np.zeros_like(self.profile)
+        self._b = np.arange(1, self.n + 1, dtype=float)
+
+    def add(self, sum_ms: np.ndarray, count: np.ndarray) -> None:
+        """Add a batch of observations (same shape as the profile)."""
+        self.sum_ms += sum_ms
+        self.count += count
+        over = self.count > self.max_count
+        if over.any():
+            scale = np.where(over, self.max_count / np.maximum(self.count, 1e-12), 1.0)
+            self.sum_ms *= scale
+            self.count *= scale
+
+    def blended(self) -> np.ndarray:
+        """T̂ at every cell (the profile where nothing was observed)."""
+        w = self.weight
+        return (w * self.profile + self.sum_ms) / (w + self.count)
+
+    def ratios(self) -> np.ndarray:
+        """Correction factor T̂ / T_prof per (k, B), spread over B from the observed cells."""
+        r = self.blended() / self.profile
+        out = np.ones_like(self.profile)
+        for i in range(len(self.ks)):
+            seen = np.flatnonzero(self.count[i] > 0)
+            if seen.size:
+                out[i] = np.interp(self._b, self._b[seen], r[i, seen])
+        return out
+
+    def corrected(self) -> np.ndarray:
+        """Step times for the table search: the profile times the spread correction."""
+        return self.profile * self.ratios()
+
+    def decay(self) -> None:
+        """After a rebuild: the profile's weight halves (down to its floor)."""
+        self.weight = max(self.min_weight, self.weight * 0.5)
+
+    def summary(self, max_cells: int = 16) -> dict[str, list[list[float]]]:
+        """Observed cells per k, most observed first: ``{k: [[B, live mean ms, count, T̂/T_prof], ...]}``."""
+        out: dict[str, list[list[float]]] = {}
+        blended = self.blended()
+        for i, k in enumerate(self.ks):
+            seen = np.flatnonzero(self.count[i] > 0)
+            if not seen.size:
+                continue
+            top = seen[np.argsort(-self.count[i, seen], kind="stable")[:max_cells]]
+            out[str(k)] = [[int(j + 1), round(float(self.sum_ms[i, j] / self.count[i, j]), 4),
+                            round(float(self.count[i, j]), 1), round(float(blended[i, j] / self.profile[i, j]), 4)]
+                           for j in sorted(top)]
+        return out

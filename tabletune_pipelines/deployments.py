@@ -1,0 +1,283 @@
+"""What TableTune does with a deployment of the fleet: its engine identity, its profile, its acceptance.
+
+Library code (no Dagster): the pipeline's ``EngineResource`` and the CLI both call these functions.
+Identity probing asks vLLM's ``GET /version`` for remote deployments and the installed
+distribution for ``endpoint: embedded``; profiling and acceptance measurement launch the local
+engine (``tabletune_pipelines.engine``) and refuse when it is not the version the identity names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tabletune_pipelines.documents import AcceptancePrior, EngineIdentity, StepTimeProfile
+from tabletune_pipelines.engine.identity import deployment_identity
+from tabletune_pipelines.engine.installed import installed_vllm_version
+from tabletune_pipelines.engine.plan import ProfileOptions
+from tabletune_pipelines.errors import InvalidValueError, NotFoundError, TableTuneError
+from tabletune_pipelines.fleet import Deployment, Fleet, tabletune_home
+from tabletune_pipelines.published import atomic_write_text
+
+__all__ = [
+    "AcceptanceOptions", "CurrentIdentity", "EndpointUnreachable", "EngineMismatchError", "ProfileOptions",
+    "check_local_engine", "current_identity", "default_cache_dir", "default_work_dir", "deployment_for_identity",
+    "deployments_running", "identity_for", "measure_acceptance", "probe_vllm_version", "profile", "resolve_identity",
+    "resolve_model", "same_engine", "serving_speculative_config", "write_speculative_config",
+]
+
+TINY_PREFIX = "tiny:"
+"""Fleet model names ``tiny:<size>`` are the project's tiny local models, built on first use."""
+
+CurrentIdentity = Callable[[Deployment], EngineIdentity]
+"""How the caller learns a deployment's current identity (the pipeline's resource or ``current_identity``)."""
+
+
+class EndpointUnreachable(TableTuneError):
+    """A deployment's vLLM endpoint did not answer ``/version``."""
+
+
+class EngineMismatchError(TableTuneError):
+    """The engine available to this run is not the engine the partition describes."""
+
+
+# -- identity ------------------------------------------------------------------------------
+
+def probe_vllm_version(endpoint: str, timeout_s: float = 5.0) -> str:
+    """``GET <endpoint>/version`` → the ``version`` field; unreachable or malformed → EndpointUnreachable."""
+    url = endpoint.rstrip("/") + "/version"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - fleet-configured URL
+            body = resp.read()
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise EndpointUnreachable(f"{url} did not answer: {reason}") from None
+    try:
+        version = json.loads(body)["version"]
+    except (ValueError, KeyError, TypeError):
+        raise EndpointUnreachable(f"{url} answered but not with vLLM's {{\"version\": ...}}: {body[:200]!r}") from None
+    if not isinstance(version, str) or not version:
+        raise EndpointUnreachable(f"{url} answered an empty version: {body[:200]!r}")
+    return version
+
+
+def identity_for(dep: Deployment, vllm_version: str) -> EngineIdentity:
+    """The identity of ``dep`` when it runs vLLM ``vllm_version`` (built by ``engine.identity``, the one place)."""
+    return deployment_identity(dep, vllm_version)
+
+
+def current_identity(dep: Deployment, timeout_s: float = 5.0) -> EngineIdentity:
+    """The engine identity the deployment runs right now: the fleet file + the installed vLLM
+    (``endpoint: embedded``) or the endpoint's ``GET /version``."""
+    version = installed_vllm_version() if dep.embedded else probe_vllm_version(dep.endpoint, timeout_s)
+    return identity_for(dep, version)
+
+
+def same_engine(dep: Deployment, identity: EngineIdentity) -> bool:
+    """Whether ``identity`` describes ``dep``'s model, drafter and shape (any vLLM version)."""
+    return (dep.model, dep.drafter, dep.method, dep.gpu, dep.max_k, dep.max_num_seqs) == (
+        identity.model, identity.drafter, identity.method, identity.gpu, identity.max_k, identity.max_num_seqs)
+
+
+def deployment_for_identity(fleet: Fleet, identity: EngineIdentity, preferred: str = "") -> Deployment | None:
+    """``preferred`` (a deployment name), else the first deployment of the fleet with this engine."""
+    if preferred:
+        return fleet.deployment(preferred)
+    return next((d for d in fleet.deployments if same_engine(d, identity)), None)
+
+
+def deployments_running(key: str, fleet: Fleet, identity_of: CurrentIdentity) -> tuple[list[Deployment], list[str]]:
+    """Deployments whose current identity is ``key``, and one note per deployment that did not answer."""
+    running, notes = [], []
+    for d in fleet.deployments:
+        try:
+            ident = identity_of(d)
+        except EndpointUnreachable as exc:
+            notes.append(f"{d.name}: unreachable ({exc})")
+            continue
+        if ident.key == key:
+            running.append(d)
+    return running, notes
+
+
+def resolve_identity(key: str, *, identity_json: str, fleet: Fleet, known: Callable[[str], EngineIdentity | None],
+                     identity_of: CurrentIdentity) -> EngineIdentity:
+    """The EngineIdentity behind a partition key: ``identity_json`` (set by the upgrade sensor), else
+    ``known(key)`` (the store), else a deployment of the fleet that runs it now."""
+    if identity_json:
+        ident = EngineIdentity.from_json(identity_json)
+        if ident.key != key:
+            raise InvalidValueError(f"run config identity_json has key {ident.key}, but the run's partition is {key}; "
+                                    "launch the run for the partition of that identity")
+        return ident
+    stored = known(key)
+    if stored is not None:
+        return stored
+    unreachable = []
+    for d in fleet.deployments:
+        try:
+            ident = identity_of(d)
+        except EndpointUnreachable as exc:
+            unreachable.append(f"{d.name}: {exc}")
+            continue
+        if ident.key == key:
+            return ident
+    raise NotFoundError(
+        f"partition {key} is not an engine identity TableTune knows: it is not in the store and no deployment of "
+        f"{fleet.source} runs it now" + (f" (unreachable: {'; '.join(unreachable)})" if unreachable else "")
+        + "; partitions are added by engine_upgrade_sensor when a deployment starts running a new engine")
+
+
+def check_local_engine(identity: EngineIdentity) -> None:
+    """Measurements launch vLLM here: it must be the version the identity names."""
+    here = installed_vllm_version()
+    if here != identity.vllm_version:
+        raise EngineMismatchError(
+            f"this run's environment has vLLM {here}, but partition {identity.key} needs vLLM "
+            f"{identity.vllm_version}; run it where that version is installed (on Kubernetes: the "
+            "deployment's k8s.image in the fleet file)"
+        )
+
+
+# -- local paths ---------------------------------------------------------------------------
+
+def default_cache_dir() -> Path:
+    """Where the tiny local models are built: ``$TABLETUNE_HOME/models``."""
+    return tabletune_home() / "models"
+
+
+def default_work_dir(sub: str) -> Path:
+    """Server logs and scratch of one kind of launch: ``$TABLETUNE_HOME/work/<sub>`` (created)."""
+    p = tabletune_home() / "work" / sub
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def resolve_model(name: str | None, cache_dir: str | Path, *, drafter: bool = False) -> str | None:
+    """``tiny:<size>`` → the tiny local model folder (built once); anything else unchanged."""
+    if name is None or not name.startswith(TINY_PREFIX):
+        return name
+    from tabletune_pipelines.engine.tiny_models import ensure_tiny_models
+
+    models = ensure_tiny_models(cache_dir, name[len(TINY_PREFIX):] or "small")
+    return str(models.draft_dir if drafter else models.target_dir)
+
+
+# -- measurement options -------------------------------------------------------------------
+# What a profile measures is the engine's ``ProfileOptions`` (engine/plan.py), re-exported here.
+
+@dataclass(frozen=True)
+class AcceptanceOptions:
+    """How acceptance is measured on a prompt file (docs/method.md, "Acceptance")."""
+
+    max_tokens: int | None = None
+    """Tokens generated per prompt; None = the engine's default."""
+    seed: int = 0
+    """Seed of the prompt sample and of sampling."""
+    startup_timeout: float | None = None
+    """Server start-up timeout in seconds; None = the ServerConfig's."""
+    kv_cache_space_gib: int | None = None
+    """KV cache size on the CPU build, GiB; None = the ServerConfig's."""
+    max_model_len: int | None = None
+    """Context length of the measurement launch; None = the ServerConfig's."""
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any] | None, *, where: str = "acceptance options") -> "AcceptanceOptions":
+        """Options from a dict (a Dagster resource config); an unknown key is named with ``where``."""
+        data = dict(data or {})
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            raise InvalidValueError(f"{where}: unknown key(s) {unknown}; known keys: {names}")
+        return cls(**data)
+
+    def server_overrides(self) -> dict[str, Any]:
+        """The ServerConfig fields these options set (only those not None)."""
+        names = ("startup_timeout", "kv_cache_space_gib", "max_model_len")
+        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
+
+
+# -- measurement ---------------------------------------------------------------------------
+
+def _server_config(identity: EngineIdentity, dep: Deployment | None, cache_dir: str | Path, work_dir: str | Path,
+                   overrides: Mapping[str, Any]) -> Any:
+    from tabletune_pipelines.engine.config import OWNED_SPECULATIVE_KEYS, ServerConfig
+
+    # The deployment's extra --speculative-config keys, minus those the measurement launch sets
+    # itself (its serving table or rejection mode would otherwise replace the profiler's).
+    extra = {k: v for k, v in dep.speculative_config.items() if k not in OWNED_SPECULATIVE_KEYS} if dep else {}
+    return ServerConfig(
+        model=resolve_model(identity.model, cache_dir), drafter=resolve_model(identity.drafter, cache_dir, drafter=True),
+        method=identity.method, num_speculative_tokens=identity.max_k, max_num_seqs=identity.max_num_seqs,
+        dtype=identity.dtype, work_dir=str(work_dir), speculative_extra=extra,
+        model_runner=identity.model_runner, load_format=dep.load_format if dep else None, **overrides,
+    )
+
+
+def profile(identity: EngineIdentity, dep: Deployment | None, store: Any, *, log: logging.Logger,
+            options: ProfileOptions | None = None, cache_dir: str | Path | None = None,
+            work_dir: str | Path | None = None) -> StepTimeProfile:
+    """Measure (or resume) the step-time profile of ``identity`` on the local engine.
+
+    Each cell is written to ``store`` (a ``TableTuneStore``) as soon as it is measured; cells
+    already there are skipped, so a re-run after a crash resumes. With ``options.fixed_k_baseline``
+    the engine-dependence baseline (a launch per k with K = k and no table) is measured after.
+    """
+    check_local_engine(identity)
+    from tabletune_pipelines.engine.plan import fixed_k_baseline_options, plan_from_options
+    from tabletune_pipelines.engine.profiler import profile_step_times, store_hooks
+
+    opts = options or ProfileOptions()
+    cfg = _server_config(identity, dep, cache_dir or default_cache_dir(), work_dir or default_work_dir("profile"), {})
+    existing, on_cell = store_hooks(store, identity, opts.mode)
+    result = profile_step_times(cfg, opts, existing=existing, on_cell=on_cell, identity=identity, progress=log.info)
+    if opts.fixed_k_baseline and opts.mode != "fixed_k":
+        fixed = fixed_k_baseline_options(opts, plan_from_options(opts.apply_to(cfg), opts))
+        existing, on_cell = store_hooks(store, identity, "fixed_k")
+        profile_step_times(cfg, fixed, existing=existing, on_cell=on_cell, identity=identity, progress=log.info)
+    return result
+
+
+def measure_acceptance(identity: EngineIdentity, dep: Deployment, prompts_file: Path, week: str, *,
+                       log: logging.Logger, options: AcceptanceOptions | None = None,
+                       cache_dir: str | Path | None = None, work_dir: str | Path | None = None) -> AcceptancePrior:
+    """Acceptance a_1..a_K of the deployment's model and drafter on a prompt file: a local launch at
+    K = max_k (fixed, no table), ``dep.max_prompts`` prompts sampled with a fixed seed at the
+    deployment's temperature."""
+    check_local_engine(identity)
+    from tabletune_pipelines.engine import acceptance as engine_acceptance
+
+    opts = options or AcceptanceOptions()
+    cfg = _server_config(identity, dep, cache_dir or default_cache_dir(),
+                         work_dir or default_work_dir("acceptance"), opts.server_overrides())
+    log.info(f"measuring acceptance of {identity.key} on {prompts_file} (<= {dep.max_prompts} prompts)")
+    extra = {"max_tokens": opts.max_tokens} if opts.max_tokens is not None else {}
+    return engine_acceptance.measure_acceptance_from_file(
+        cfg, prompts_file, n=dep.max_prompts, temperature=dep.temperature, week=week, deployment=dep.name,
+        source="measured", seed=opts.seed, **extra,
+    )
+
+
+# -- publishing side -----------------------------------------------------------------------
+
+def serving_speculative_config(dep: Deployment, local_model_path: Callable[..., str | None]) -> dict[str, Any]:
+    """The deployment's ``--speculative-config`` keys other than the table and K; for the embedded
+    default the drafter is the built local folder (``tiny:small`` → a path), so the file can be pasted."""
+    cfg = dep.base_speculative_config()
+    if dep.embedded and "model" in cfg:
+        cfg["model"] = local_model_path(cfg["model"], drafter=True)
+    return cfg
+
+
+def write_speculative_config(dep: Deployment, published: Mapping[str, Any]) -> Path:
+    """Write the paste-able ``--speculative-config`` JSON of a published document beside the table."""
+    path = dep.speculative_config_path
+    atomic_write_text(path, json.dumps(published["speculative_config"], indent=2, sort_keys=True) + "\n")
+    return path

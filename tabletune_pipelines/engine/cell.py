@@ -1,0 +1,180 @@
+"""One measurement of one cell T(B, k) on a running server (docs/method.md, "Step time T(B, k)").
+
+A repetition sends B prompts of token ids in one ``/v1/completions`` request, once with
+``max_tokens = 1`` and once with ``max_tokens = 65`` (``ignore_eos``), after arming the engine's
+admission gate so all B are scheduled in one step. The step time is the median of the
+engine-side intervals of the steady decode steps at exactly B with B·k drafts
+(``timing = "engine"``); with too few such steps it falls back to ``(t65 - t1) / 64``
+(``timing = "wall"``). A batch not admitted in one step is measured again.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from tabletune_pipelines.core.steptime import LONG_MAX_TOKENS, SHORT_MAX_TOKENS, step_time_from_pair
+from tabletune_pipelines.engine.errors import EngineError
+from tabletune_pipelines.errors import TableTuneError
+from tabletune_pipelines.vocab import TimingSource
+
+logger = logging.getLogger("tabletune.profiler")
+
+MIN_ENGINE_STEPS = 8
+"""Fewest engine-side steps at exactly batch size B for an engine timing to count."""
+WARMUP_MAX_TOKENS = 4
+"""Output tokens of a warm-up batch: enough decode steps to run the batch's decode shapes once."""
+
+
+class TimingServer(Protocol):
+    """What a measurement needs of a server (``VLLMServer`` has it)."""
+
+    def arm_gate(self, n: int) -> None: ...
+    def complete(self, prompt: Any, *, max_tokens: int, **kwargs: Any) -> dict[str, Any]: ...
+    def step_log_offset(self) -> int: ...
+    def read_steps(self, since: float | None = None, until: float | None = None,
+                   offset: int = 0) -> list[dict[str, Any]]: ...
+    def log_tail(self, lines: int = 40) -> str: ...
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One repetition of one cell: a 1-token and a 65-token batch of B requests."""
+
+    k: int | None
+    """Draft length the server ran (None: the no-speculation server)."""
+    batch_size: int
+    """Requests in the batch."""
+    step_ms: float
+    """The value used: engine median if available, else the wall estimate."""
+    timing: TimingSource
+    """``engine`` or ``wall``."""
+    engine_ms: float | None
+    """Median engine interval over steps at exactly batch size B (None if too few)."""
+    wall_ms: float | None
+    """(t65 - t1) / decode steps, None if not computable."""
+    engine_steps: int
+    """Steps that entered the engine median."""
+    admitted_together: bool
+    """All B requests of the long batch were first scheduled in one step."""
+    attempts: int
+    """Attempts made (late admissions are measured again)."""
+    t1_s: float
+    """Wall seconds of the 1-token batch."""
+    t65_s: float
+    """Wall seconds of the 65-token batch."""
+
+
+def timing_prompts(batch_size: int, prompt_tokens: int, vocab_size: int, seed: int) -> list[list[int]]:
+    """B prompts of ``prompt_tokens`` random token ids (seeded): token ids skip the tokenizer, so
+    they fit any model of ``vocab_size``."""
+    rng = random.Random(seed)
+    lo = 3  # skip <s>, </s>, <pad> of the tiny tokenizer; harmless for others
+    hi = max(lo + 1, vocab_size - 1)
+    return [[rng.randint(lo, hi) for _ in range(prompt_tokens)] for _ in range(batch_size)]
+
+
+def run_batch(server: TimingServer, prompts: list[list[int]], max_tokens: int,
+              timeout: float) -> tuple[float, float, float]:
+    """Send the B prompts as one request (after arming the engine's admission gate so all B are
+    scheduled in one step); returns (wall seconds, t_start, t_end) in time.monotonic()."""
+    server.arm_gate(len(prompts))
+    t0 = time.monotonic()
+    out = server.complete(prompts, max_tokens=max_tokens, ignore_eos=True, temperature=0.0, timeout=timeout)
+    t1 = time.monotonic()
+    got = len(out.get("choices", []))
+    if got != len(prompts):
+        raise EngineError(f"asked for {len(prompts)} completions, got {got}")
+    return t1 - t0, t0, t1
+
+
+def warm_up(server: TimingServer, batch_size: int, *, prompt_tokens: int, vocab_size: int,
+            request_timeout: float = 600.0) -> float:
+    """Run one untimed batch of B requests at the k in force; returns its wall seconds.
+
+    On a GPU the first pass over a new batch shape JIT-compiles kernels (MoE above all), which
+    would land in the first repetition's 1-token run and make ``t1`` wrong.
+    """
+    prompts = timing_prompts(batch_size, prompt_tokens, vocab_size, seed=7)
+    return run_batch(server, prompts, WARMUP_MAX_TOKENS, request_timeout)[0]
+
+
+def analyse_steps(steps: Sequence[dict[str, Any]], batch_size: int, k: int | None) -> tuple[list[float], bool]:
+    """Engine intervals (ms) of steady decode steps at exactly ``batch_size`` with ``k`` drafts,
+    and whether all requests were admitted in one step.
+
+    A step counts if it ran B requests, admitted none, verified B·k drafts (0 without
+    speculation), and the step before it also ran B requests (so its interval is one full step).
+    """
+    admits = [s.get("new", 0) for s in steps if s.get("new", 0) > 0]
+    together = len(admits) == 1 and admits[0] == batch_size
+    want_d = batch_size * (k or 0)
+    out: list[float] = []
+    prev_b = None
+    for s in steps:
+        ok = (s.get("b") == batch_size and s.get("new", 0) == 0 and prev_b == batch_size
+              and s.get("dt") is not None and s.get("d", 0) == want_d
+              and (k is None or s.get("k") in (None, k)))
+        if ok:
+            out.append(float(s["dt"]))
+        prev_b = s.get("b")
+    return out, together
+
+
+def measure_cell_once(
+    server: TimingServer,
+    k: int | None,
+    batch_size: int,
+    *,
+    seed: int,
+    prompt_tokens: int = 32,
+    vocab_size: int = 2048,
+    all_accepted: bool = False,
+    max_attempts: int = 3,
+    request_timeout: float = 300.0,
+) -> Measurement:
+    """One repetition at (k, B) on a server already switched to k. Retries late admissions."""
+    decode_steps = LONG_MAX_TOKENS - SHORT_MAX_TOKENS
+    if all_accepted and k:
+        decode_steps = math.ceil(decode_steps / (k + 1))
+    min_steps = min(MIN_ENGINE_STEPS, max(2, decode_steps // 2))
+    last: Measurement | None = None
+    steps: list[dict[str, Any]] = []
+    for attempt in range(1, max_attempts + 1):
+        prompts = timing_prompts(batch_size, prompt_tokens, vocab_size, seed * 1000 + attempt)
+        t1, _, _ = run_batch(server, prompts, SHORT_MAX_TOKENS, request_timeout)
+        prompts = timing_prompts(batch_size, prompt_tokens, vocab_size, seed * 1000 + 500 + attempt)
+        offset = server.step_log_offset()
+        t65, a, b = run_batch(server, prompts, LONG_MAX_TOKENS, request_timeout)
+        steps = server.read_steps(since=a, until=b + 0.5, offset=offset)
+        intervals, together = analyse_steps(steps, batch_size, k)
+        engine_ms = statistics.median(intervals) if len(intervals) >= min_steps else None
+        try:
+            wall_ms: float | None = step_time_from_pair(t1, t65, decode_steps)
+        except TableTuneError:
+            wall_ms = None
+        timing: TimingSource
+        if engine_ms is not None:
+            value, timing = engine_ms, "engine"
+        elif wall_ms is not None:
+            value, timing = wall_ms, "wall"
+        else:
+            value, timing = float("nan"), "wall"
+        last = Measurement(k=k, batch_size=batch_size, step_ms=value, timing=timing, engine_ms=engine_ms,
+                           wall_ms=wall_ms, engine_steps=len(intervals), admitted_together=together,
+                           attempts=attempt, t1_s=t1, t65_s=t65)
+        if together and math.isfinite(value):
+            return last
+        logger.info("late admission or no timing at k=%s B=%d (attempt %d): %d admission steps; re-measuring",
+                    k, batch_size, attempt, sum(1 for s in steps if s.get("new", 0) > 0))
+    assert last is not None
+    if not math.isfinite(last.step_ms):
+        raise EngineError(f"no usable step time at k={k}, B={batch_size} after {max_attempts} attempts",
+                          server.log_tail(10))
+    return last  # engine timing filters by batch size, so a late admission still gives a usable value

@@ -1,0 +1,93 @@
+"""HTTP client of one vLLM OpenAI-compatible server: health, completions, metrics, version.
+
+Stdlib only (``urllib``). Errors are ``EngineError``s; ``EngineUnreachable`` when nothing
+answered (the process owner, ``VLLMServer``, then checks whether the server died and adds the
+log tail).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+from tabletune_pipelines.engine.config import SERVED_MODEL_NAME
+from tabletune_pipelines.engine.errors import EngineError
+
+Prompt = str | list[int] | list[str] | list[list[int]]
+"""One prompt (text or token ids) or a batch of them (a list of texts or of token-id lists)."""
+
+
+class EngineUnreachable(EngineError):
+    """The server did not answer at all (connection refused, reset or timed out)."""
+
+
+def http_request(url: str, *, data: bytes | None = None, timeout: float = 5.0) -> tuple[int, bytes]:
+    """GET (or POST JSON ``data``) ``url``; returns (status, body). Raises OSError/URLError when
+    nothing answers; an HTTP error status is returned, not raised."""
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - 127.0.0.1 / configured URL
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+class EngineClient:
+    """Requests to one server at ``base_url`` (e.g. ``http://127.0.0.1:8000``)."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url.rstrip("/")
+        """Scheme, host and port of the server."""
+
+    def _call(self, path: str, *, data: bytes | None = None, timeout: float) -> tuple[int, bytes]:
+        try:
+            return http_request(self.base_url + path, data=data, timeout=timeout)
+        except (OSError, urllib.error.URLError) as exc:
+            raise EngineUnreachable(f"{self.base_url}{path} did not answer: {exc!r}") from None
+
+    def healthy(self, timeout: float = 2.0) -> bool:
+        """True when ``/health`` answers 200; False when it answers otherwise or not at all."""
+        try:
+            status, _ = self._call("/health", timeout=timeout)
+        except EngineUnreachable:
+            return False
+        return status == 200
+
+    def health_status(self, timeout: float = 10.0) -> int:
+        """``/health``'s status code; raises ``EngineUnreachable`` when nothing answers."""
+        return self._call("/health", timeout=timeout)[0]
+
+    def complete(self, prompt: Prompt, *, max_tokens: int, ignore_eos: bool = False, temperature: float = 0.0,
+                 seed: int | None = None, timeout: float = 300.0) -> dict[str, Any]:
+        """One ``/v1/completions`` request (a list of prompts = one batch); the decoded JSON answer.
+
+        Token-id prompts (``list[int]`` / ``list[list[int]]``) skip the tokenizer, so they work
+        with any model whatever its vocabulary's words.
+        """
+        body: dict[str, Any] = {"model": SERVED_MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens,
+                                "temperature": temperature, "ignore_eos": ignore_eos}
+        if seed is not None:
+            body["seed"] = seed
+        status, raw = self._call("/v1/completions", data=json.dumps(body).encode(), timeout=timeout)
+        if status != 200:
+            raise EngineError(f"completion request answered {status}: {raw[:500]!r}")
+        return json.loads(raw)
+
+    def metrics_text(self, timeout: float = 10.0) -> str:
+        """``/metrics`` (Prometheus text exposition)."""
+        status, raw = self._call("/metrics", timeout=timeout)
+        if status != 200:
+            raise EngineError(f"/metrics answered {status}")
+        return raw.decode()
+
+    def version(self, timeout: float = 10.0) -> str:
+        """The ``version`` field of ``/version``."""
+        status, raw = self._call("/version", timeout=timeout)
+        if status != 200:
+            raise EngineError(f"/version answered {status}")
+        try:
+            return str(json.loads(raw).get("version", "unknown"))
+        except (ValueError, AttributeError):
+            raise EngineError(f"/version answered {raw[:200]!r}, not vLLM's {{\"version\": ...}}") from None

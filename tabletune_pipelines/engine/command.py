@@ -1,0 +1,112 @@
+"""The command line and environment that start a vLLM server for a ``ServerConfig``.
+
+Pure functions of the config and the resolved device (``cpu`` / ``gpu``), so the unit tests can
+check every flag without vLLM or a GPU.
+
+CPU build (docs/engine-facts.md, "CPU build"): TableTune's launcher module (it makes
+``importlib.metadata.version("vllm")`` answer), ``--enforce-eager --no-enable-prefix-caching``,
+and the environment ``VLLM_CPU_KVCACHE_SPACE``, ``TMPDIR``, ``VLLM_CACHE_ROOT``,
+``HF_HUB_OFFLINE``, ``VLLM_NO_USAGE_STATS``. GPU (docs/engine-facts.md, "GPU (H200, vLLM
+0.26)"): plain ``vllm serve`` with CUDA graphs kept, the model runner chosen by
+``VLLM_USE_V2_MODEL_RUNNER``, and ``AutoTimingScheduler``, which picks the async scheduler
+variant when vLLM runs async scheduling.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import tabletune_pipelines
+from tabletune_pipelines.control_protocol import K_CONTROL_ENV, STEP_LOG_ENV, SYNTHETIC_CONTROL_ENV
+from tabletune_pipelines.engine.config import SERVED_MODEL_NAME, ServerConfig
+
+LAUNCHER_MODULE = "tabletune_pipelines.engine.launcher"
+"""Module that runs vLLM's CLI on the CPU build (``python -m``)."""
+SCHEDULER_MODULE = "tabletune_pipelines.engine.step_scheduler"
+"""Module of the ``--scheduler-cls`` classes."""
+V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+"""vLLM's switch between Model Runner V1 (``0``) and V2 (``1``)."""
+#: The project's root (the folder holding the ``tabletune_pipelines`` package): put on the server's
+#: PYTHONPATH so vLLM can import the scheduler class where TableTune is not pip-installed.
+PACKAGE_ROOT = str(Path(tabletune_pipelines.__file__).resolve().parent.parent)
+
+
+def vllm_cli(config: ServerConfig, device: str) -> list[str]:
+    """The program part of the command (everything before ``serve``)."""
+    if config.vllm_cli is not None:
+        cli = list(config.vllm_cli)
+        return cli[:-1] if cli[-1] == "serve" else cli
+    if device == "cpu":
+        return [config.python, "-m", LAUNCHER_MODULE]
+    script = Path(config.python).parent / "vllm"
+    if script.exists():
+        return [str(script)]
+    return [config.python, "-m", "vllm.entrypoints.cli.main"]
+
+
+def scheduler_class(device: str) -> str:
+    """``--scheduler-cls``: the CPU build forces sync scheduling; on a GPU vLLM decides, so the
+    auto entry builds the async or the sync variant to match."""
+    cls = "TimingScheduler" if device == "cpu" else "AutoTimingScheduler"
+    return f"{SCHEDULER_MODULE}.{cls}"
+
+
+def build_command(config: ServerConfig, port: int, device: str) -> list[str]:
+    """The argv that starts the server (``device`` already resolved to ``cpu``/``gpu``)."""
+    cmd = [*vllm_cli(config, device), "serve", config.model]
+    cmd += [
+        "--host", "127.0.0.1", "--port", str(port),
+        "--served-model-name", SERVED_MODEL_NAME,
+        "--dtype", config.dtype,
+        "--max-model-len", str(config.max_model_len),
+        "--max-num-seqs", str(config.max_num_seqs),
+        "--seed", str(config.seed),
+        "--disable-uvicorn-access-log",
+    ]
+    if config.enforce_eager or device == "cpu":
+        cmd.append("--enforce-eager")
+    if not config.enable_prefix_caching or device == "cpu":
+        cmd.append("--no-enable-prefix-caching")
+    if config.load_format is not None:
+        cmd += ["--load-format", config.load_format]
+    if config.step_timing:
+        cmd += ["--scheduler-cls", scheduler_class(device)]
+    spec = config.speculative_config
+    if spec is not None:
+        cmd += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+    cmd += list(config.extra_args)
+    return cmd
+
+
+def build_env(config: ServerConfig, device: str, work_dir: Path, step_log: Path, control: Path,
+              synthetic_control: Path | None = None, *, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The server's environment: ``base`` (default: this process's) plus the device's settings
+    and TableTune's channels; ``config.extra_env`` is applied last and wins."""
+    env = dict(os.environ if base is None else base)
+    env["PYTHONUNBUFFERED"] = "1"
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if PACKAGE_ROOT not in paths:
+        env["PYTHONPATH"] = os.pathsep.join([*paths, PACKAGE_ROOT])
+    if device == "cpu":
+        tmp = work_dir / "tmp"
+        cache = work_dir / "vllm-cache"
+        tmp.mkdir(parents=True, exist_ok=True)
+        cache.mkdir(parents=True, exist_ok=True)
+        env.update({
+            "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_space_gib),
+            "TMPDIR": str(tmp),
+            "VLLM_CACHE_ROOT": str(cache),
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+        })
+        if synthetic_control is not None and config.synthetic_acceptance_rates is not None:
+            env[SYNTHETIC_CONTROL_ENV] = str(synthetic_control)
+    if config.model_runner != "auto":
+        env[V2_RUNNER_ENV] = "1" if config.model_runner == "v2" else "0"
+    if config.step_timing:
+        env[STEP_LOG_ENV] = str(step_log)
+        env[K_CONTROL_ENV] = str(control)
+    env.update({str(k): str(v) for k, v in config.extra_env.items()})
+    return env

@@ -1,0 +1,247 @@
+"""What a profile measures, and the launches that measure it.
+
+``ProfileOptions`` is what a caller asks for (the CLI, the pipeline, a benchmark): typed, with
+a default per field. ``default_plan`` turns it plus a ``ServerConfig`` into a ``ProfilePlan``
+(batch sizes, k values, repetitions, which extra cells). The ``*_config`` functions build the
+``ServerConfig`` of each launch the plan needs (docs/method.md, "Step time T(B, k)").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from tabletune_pipelines.core.steptime import batch_size_grid
+from tabletune_pipelines.engine.config import ServerConfig
+from tabletune_pipelines.engine.errors import EngineConfigError
+from tabletune_pipelines.vocab import DEFAULT_REPETITIONS, PROFILE_MODES, ProfileMode
+
+CellKey = tuple[int | None, int, str]
+"""(k, batch size, acceptance) of one cell; k None is the no-speculation baseline."""
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ProfilePlan:
+    """What to measure."""
+
+    batch_sizes: tuple[int, ...]
+    """Batch sizes of the reject cells (default: ``batch_size_grid(max_num_seqs)``)."""
+    ks: tuple[int, ...]
+    """Draft lengths timed under the launch K (default 0..K)."""
+    repetitions: int = DEFAULT_REPETITIONS
+    """Repetitions per cell; the k order is rotated per repetition."""
+    include_no_spec: bool = True
+    """Also measure the no-speculation server (k=None cells) at every batch size."""
+    accept_batch_sizes: tuple[int, ...] = ()
+    """Batch sizes for the all-accepted cells (synthetic rates 1), k >= 1 only; empty = none."""
+    prompt_tokens: int = 32
+    """Prompt length in tokens."""
+
+    def cells(self, mode: str) -> list[CellKey]:
+        """Every cell of the plan under ``mode``, in measuring order."""
+        if mode == "fixed_k":
+            # Launches with K = k and no table: k >= 1 only, no baseline, no all-accepted cells.
+            return [(k, b, "reject") for b in self.batch_sizes for k in self.ks if k >= 1]
+        keys: list[CellKey] = [(k, b, "reject") for b in self.batch_sizes for k in self.ks]
+        if self.include_no_spec:
+            keys += [(None, b, "reject") for b in self.batch_sizes]
+        keys += [(k, b, "accept") for b in self.accept_batch_sizes for k in self.ks if k >= 1]
+        return keys
+
+
+def _ints(name: str, values: Iterable[Any] | None) -> tuple[int, ...] | None:
+    if values is None:
+        return None
+    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
+        raise EngineConfigError(f"{name} = {values!r} must be a list of integers")
+    out = []
+    for v in values:
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise EngineConfigError(f"{name} = {list(values)!r}: {v!r} is not an integer")
+        out.append(int(v))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class ProfileOptions:
+    """How to profile: the plan's knobs, the launch mode and a few server settings.
+
+    Every field has a default, so ``ProfileOptions()`` is the method's protocol on the
+    deployment's own grid. ``from_mapping`` reads the same fields from a dict (a fleet file, a
+    Dagster run config) and names any key it does not know.
+    """
+
+    mode: ProfileMode = "one_launch"
+    """``one_launch`` (every k in one launch, switched at runtime), ``launch_per_k`` or
+    ``fixed_k`` (a launch per k >= 1 with K = k and no table: the engine-dependence baseline)."""
+    batch_sizes: tuple[int, ...] | None = None
+    """Batch sizes to time; None = ``batch_size_grid(max_num_seqs)`` (1..16, then every 8)."""
+    ks: tuple[int, ...] | None = None
+    """Draft lengths to time under the launch K; None = 0..K."""
+    repetitions: int = DEFAULT_REPETITIONS
+    """Repetitions per cell (the cell is their median; the k order rotates per repetition)."""
+    include_no_spec: bool = True
+    """Also time the no-speculation server at every batch size (one more launch)."""
+    accept_batch_sizes: tuple[int, ...] | None = None
+    """Batch sizes of the all-accepted cells; None = smallest, middle and largest; () = none."""
+    fixed_k_baseline: bool = False
+    """Also time every k >= 1 in its own launch with K = k and no table, at four batch sizes
+    (the engine-dependence check's baseline, docs/method.md, "Limitations" 1). Run by the caller
+    with ``fixed_k_baseline_options``."""
+    warmup: bool | None = None
+    """Run each (k, B) once untimed before its first timing; None = on a GPU yes (new batch
+    shapes JIT-compile kernels there: docs/engine-facts.md, "GPU (H200, vLLM 0.26)"), on the CPU
+    build no."""
+    prompt_tokens: int = 32
+    """Prompt length of the timing requests, in tokens (sent as token ids)."""
+    startup_timeout: float | None = None
+    """Server start-up timeout in seconds; None = the ServerConfig's."""
+    kv_cache_space_gib: int | None = None
+    """``VLLM_CPU_KVCACHE_SPACE`` (CPU build); None = the ServerConfig's."""
+    max_model_len: int | None = None
+    """Context length of the measurement launches; None = the ServerConfig's."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in PROFILE_MODES:
+            raise EngineConfigError(f"mode = {self.mode!r} must be one of {PROFILE_MODES}")
+        for name in ("batch_sizes", "ks", "accept_batch_sizes"):
+            object.__setattr__(self, name, _ints(name, getattr(self, name)))
+        for name in ("repetitions", "prompt_tokens"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise EngineConfigError(f"{name} = {v!r} must be an integer >= 1")
+        for name in ("include_no_spec", "fixed_k_baseline"):
+            if not isinstance(getattr(self, name), bool):
+                raise EngineConfigError(f"{name} = {getattr(self, name)!r} must be true or false")
+        if self.warmup is not None and not isinstance(self.warmup, bool):
+            raise EngineConfigError(f"warmup = {self.warmup!r} must be true, false or null (device default)")
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any] | None, *, where: str = "profile options") -> "ProfileOptions":
+        """Options from a dict; an unknown key raises ``EngineConfigError`` naming it and ``where``."""
+        data = dict(data or {})
+        unknown = sorted(set(data) - set(cls.field_names()))
+        if unknown:
+            raise EngineConfigError(f"{where}: unknown key(s) {unknown}; known keys: {list(cls.field_names())}")
+        return cls(**data)
+
+    def server_overrides(self) -> dict[str, Any]:
+        """The ServerConfig fields these options set (only those not None)."""
+        names = ("startup_timeout", "kv_cache_space_gib", "max_model_len")
+        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
+
+    def apply_to(self, config: ServerConfig) -> ServerConfig:
+        """``config`` with the server overrides applied."""
+        overrides = self.server_overrides()
+        return dataclasses.replace(config, **overrides) if overrides else config
+
+    def warmup_for(self, device: str) -> bool:
+        """The warm-up setting on a resolved device (``cpu`` / ``gpu``)."""
+        return (device == "gpu") if self.warmup is None else self.warmup
+
+
+def default_plan(config: ServerConfig, *, batch_sizes: Iterable[int] | None = None, ks: Iterable[int] | None = None,
+                 repetitions: int = DEFAULT_REPETITIONS, include_no_spec: bool = True,
+                 accept_batch_sizes: Iterable[int] | None = None, prompt_tokens: int = 32) -> ProfilePlan:
+    """The plan for ``config``'s launch K and max_num_seqs; every argument is checked against them."""
+    K = int(config.num_speculative_tokens or 0)
+    if K < 1:
+        raise EngineConfigError("profiling needs num_speculative_tokens >= 1")
+    bs = tuple(sorted(set(batch_sizes))) if batch_sizes is not None else tuple(batch_size_grid(config.max_num_seqs))
+    kk = tuple(sorted(set(ks))) if ks is not None else tuple(range(K + 1))
+    if not bs:
+        raise EngineConfigError("batch_sizes is empty; give at least one batch size or None for the default grid")
+    if not kk:
+        raise EngineConfigError("ks is empty; give at least one k or None for 0..K")
+    for b in bs:
+        if not 1 <= b <= config.max_num_seqs:
+            raise EngineConfigError(f"batch size {b} is outside 1..max_num_seqs = {config.max_num_seqs}")
+    for k in kk:
+        if not 0 <= k <= K:
+            raise EngineConfigError(f"k = {k} is outside 0..num_speculative_tokens = {K}")
+    if repetitions < 1:
+        raise EngineConfigError(f"repetitions = {repetitions!r} must be >= 1")
+    if accept_batch_sizes is None:
+        accept_batch_sizes = sorted({bs[0], bs[len(bs) // 2], bs[-1]})
+    abs_ = tuple(sorted(set(accept_batch_sizes)))
+    for b in abs_:
+        if not 1 <= b <= config.max_num_seqs:
+            raise EngineConfigError(f"accept batch size {b} is outside 1..max_num_seqs = {config.max_num_seqs}")
+    return ProfilePlan(batch_sizes=bs, ks=kk, repetitions=repetitions, include_no_spec=include_no_spec,
+                       accept_batch_sizes=abs_, prompt_tokens=prompt_tokens)
+
+
+def plan_from_options(config: ServerConfig, options: ProfileOptions) -> ProfilePlan:
+    """``default_plan`` with the options' fields."""
+    return default_plan(config, batch_sizes=options.batch_sizes, ks=options.ks, repetitions=options.repetitions,
+                        include_no_spec=options.include_no_spec, accept_batch_sizes=options.accept_batch_sizes,
+                        prompt_tokens=options.prompt_tokens)
+
+
+def fixed_k_baseline_options(options: ProfileOptions, plan: ProfilePlan) -> ProfileOptions:
+    """The ``fixed_k`` run that backs ``options.fixed_k_baseline``: a launch per k >= 1 of the
+    plan, at four batch sizes of its grid (enough to show the engine-dependence trap; the full
+    grid would cost a launch per k for little more)."""
+    bs = plan.batch_sizes
+    sparse = tuple(sorted({bs[0], bs[len(bs) // 4], bs[len(bs) // 2], bs[-1]}))
+    return dataclasses.replace(options, mode="fixed_k", batch_sizes=sparse, ks=tuple(k for k in plan.ks if k >= 1),
+                               include_no_spec=False, accept_batch_sizes=(), fixed_k_baseline=False)
+
+
+def rotations(items: Sequence[T], repetitions: int) -> list[list[T]]:
+    """Order per repetition, rotated so drift cancels: (k0 k1 k3), (k1 k3 k0), (k3 k0 k1), ..."""
+    n = len(items)
+    return [list(items[r % n:]) + list(items[: r % n]) for r in range(repetitions)]
+
+
+def launch_table(ks: Iterable[int], max_num_seqs: int) -> tuple[tuple[int, int, int], ...]:
+    """A launch table that lists every k of ``ks`` once: ``[[1, 1, k0], [2, 2, k1], ...,
+    [n, max_num_seqs, k_last]]``.
+
+    The profiler switches k at runtime, so which B gets which k here does not matter; what
+    matters on a GPU is that every k appears, because Model Runner V2 captures full CUDA graphs
+    only for the k values of the launch table (docs/engine-facts.md, "GPU (H200, vLLM 0.26)").
+    """
+    kk = sorted(set(int(k) for k in ks))
+    if not kk:
+        raise EngineConfigError("a launch table needs at least one k")
+    if len(kk) > max_num_seqs:
+        raise EngineConfigError(f"ks = {kk} has {len(kk)} values but max_num_seqs = {max_num_seqs}: a launch "
+                                "table lists each k on its own batch size; raise max_num_seqs or time fewer k")
+    rows = [(i + 1, i + 1, k) for i, k in enumerate(kk[:-1])]
+    rows.append((len(kk), max_num_seqs, kk[-1]))
+    return tuple(rows)
+
+
+def switching_config(base: ServerConfig, ks: Iterable[int], rates: float, work_dir: str | None) -> ServerConfig:
+    """A launch at the base's K whose table lists every k of ``ks`` (k switched at runtime), with
+    every draft rejected (``rates`` 0) or accepted (1)."""
+    K = int(base.num_speculative_tokens or 0)
+    return dataclasses.replace(base, table=launch_table(ks, base.max_num_seqs),
+                               synthetic_acceptance_rates=tuple([float(rates)] * K), work_dir=work_dir)
+
+
+def per_k_config(base: ServerConfig, k: int, work_dir: str | None) -> ServerConfig:
+    """A launch at the base's K with the one-range table ``[[1, N, k]]``, every draft rejected."""
+    K = int(base.num_speculative_tokens or 0)
+    return dataclasses.replace(base, table=((1, base.max_num_seqs, int(k)),),
+                               synthetic_acceptance_rates=tuple([0.0] * K), work_dir=work_dir)
+
+
+def fixed_k_config(base: ServerConfig, k: int, work_dir: str | None) -> ServerConfig:
+    """A launch with ``num_speculative_tokens = k`` and no table (fixed k, no DSD), every draft rejected."""
+    return dataclasses.replace(base, num_speculative_tokens=int(k), table=None,
+                               synthetic_acceptance_rates=tuple([0.0] * int(k)), work_dir=work_dir)
+
+
+def no_spec_config(base: ServerConfig, work_dir: str | None) -> ServerConfig:
+    """The same engine without speculation (the baseline cells)."""
+    return dataclasses.replace(base, method=None, drafter=None, num_speculative_tokens=None, table=None,
+                               synthetic_acceptance_rates=None, speculative_extra={}, work_dir=work_dir)

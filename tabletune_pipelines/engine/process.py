@@ -1,0 +1,414 @@
+"""``VLLMServer``: one vLLM server subprocess, from up-front checks to a stopped process group.
+
+``VLLMServer(ServerConfig(...))`` is a context manager: it checks the configuration (model path,
+drafter vocabulary, port), starts ``vllm serve`` (``engine/command.py``) in its own process
+group on 127.0.0.1, waits for ``/health``, and on exit stops the whole group (SIGTERM, then
+SIGKILL). A server that exits or never becomes healthy raises an ``EngineError`` quoting the
+log's tail.
+
+Every server runs TableTune's step scheduler (``engine/step_scheduler.py``) unless
+``step_timing=False``: per-step records go to ``server.step_log_path`` (JSONL),
+``set_k(...)`` switches the draft length at runtime and ``arm_gate(n)`` admits the next n
+requests in one step, all through the control-file protocol (``control_protocol.py``). On the
+CPU build ``set_synthetic_rates(...)`` changes the synthetic acceptance at runtime.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tabletune_pipelines.control_protocol import ControlProtocolError, ControlWriter
+from tabletune_pipelines.core.table import validate_vllm_schedule
+from tabletune_pipelines.engine.client import EngineClient, EngineUnreachable, Prompt
+from tabletune_pipelines.engine.command import build_command, build_env
+from tabletune_pipelines.engine.config import MODEL_DRAFTERS, ServerConfig, looks_like_path
+from tabletune_pipelines.engine.errors import (
+    EngineConfigError,
+    EngineCrashedError,
+    EngineError,
+    EngineStartupError,
+    EngineStartupTimeout,
+    ModelNotFoundError,
+    PortInUseError,
+    VocabMismatchError,
+)
+from tabletune_pipelines.engine.installed import resolve_device, with_cpu_suffix
+from tabletune_pipelines.engine.tiny_models import read_vocab_size
+
+#: A one-request "nudge" that makes an idle engine take a step (the step scheduler reads its
+#: control file once per step). Token ids, so no tokenizer vocabulary is assumed.
+NUDGE_PROMPT: list[int] = [10, 11, 12, 13]
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True when ``port`` can be bound on ``host`` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS says is free (it may be taken again before the server binds it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def check_config(config: ServerConfig) -> None:
+    """Up-front checks that need the file system / network: paths, vocabularies, port."""
+    paths: list[tuple[str, str]] = [("model", config.model)]
+    if config.drafter and config.method in MODEL_DRAFTERS:
+        paths.append(("drafter", config.drafter))
+    for what, name in paths:
+        p = Path(name).expanduser()
+        if p.exists():
+            if not (p / "config.json").exists():
+                raise ModelNotFoundError(f"{what} = {name!r} exists but has no config.json; not a model folder")
+        elif looks_like_path(name):
+            raise ModelNotFoundError(f"{what} = {name!r}: no such folder; build it (e.g. ensure_tiny_models) or fix the path")
+    if config.method == "draft_model" and config.drafter:
+        tv, dv = read_vocab_size(config.model), read_vocab_size(config.drafter)
+        if tv is not None and dv is not None and tv != dv:
+            raise VocabMismatchError(
+                f"drafter {config.drafter!r} has vocab_size {dv} but target {config.model!r} has {tv}; "
+                "a draft model must share the target's tokenizer and vocabulary")
+    if config.port is not None and not port_is_free(config.port):
+        raise PortInUseError(f"port = {config.port} on 127.0.0.1 is already in use; pick another or use port=None")
+
+
+_LIVE: "weakref.WeakSet[VLLMServer]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:  # pragma: no cover - interpreter shutdown
+    for srv in list(_LIVE):
+        try:
+            srv.stop()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any non-zombie process of process group ``pgid`` exists."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # Zombies count as alive for killpg(0); check /proc for non-zombie members.
+    try:
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+                if int(fields[2]) == pgid and fields[0] != "Z":
+                    return True
+            except (OSError, IndexError, ValueError):
+                continue
+        return False
+    except OSError:
+        return True
+
+
+class VLLMServer:
+    """One vLLM server subprocess. Use as ``with VLLMServer(cfg) as srv: ...``."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        """The configuration it was built from."""
+        self.device = resolve_device(config.device)
+        """``cpu`` or ``gpu`` (``auto`` resolved)."""
+        if config.work_dir:
+            self.work_dir = Path(config.work_dir).expanduser().resolve()
+            self.work_dir.mkdir(parents=True, exist_ok=True)
+        else:
+            self.work_dir = Path(tempfile.mkdtemp(prefix="tabletune-vllm-"))
+        self.port: int | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path: Path | None = None
+        """The server's stdout+stderr (first line: the command)."""
+        self.step_log_path: Path | None = None
+        """The step scheduler's JSONL records (see ``engine/step_scheduler.py``)."""
+        self.control_path: Path | None = None
+        """The k / table / gate channel (``control_protocol.K_CONTROL_ENV``)."""
+        self.synthetic_control_path: Path | None = None
+        """The synthetic-rates channel (CPU build, ``control_protocol.SYNTHETIC_CONTROL_ENV``)."""
+        self.startup_seconds: float | None = None
+        """Seconds from launch to a healthy ``/health``."""
+        self.last_pgid: int | None = None
+        """Process group of the last server started (kept after stop, for checks)."""
+        self._k_channel: ControlWriter | None = None
+        self._rates_channel: ControlWriter | None = None
+        self._log_fh: Any = None
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def client(self) -> EngineClient:
+        """HTTP client of this server."""
+        return EngineClient(self.base_url)
+
+    @property
+    def command(self) -> list[str]:
+        return build_command(self.config, self.port or 0, self.device)
+
+    def start(self) -> "VLLMServer":
+        if self.proc is not None:
+            raise EngineError("server already started")
+        check_config(self.config)
+        self.port = self.config.port or free_port()
+        stem = f"vllm-{self.port}-{int(time.time())}"
+        self.log_path = self.work_dir / f"{stem}.log"
+        self.step_log_path = self.work_dir / f"{stem}.steps.jsonl"
+        self.control_path = self.work_dir / f"{stem}.kctl.json"
+        self.synthetic_control_path = self.work_dir / f"{stem}.synthetic.json"
+        self._k_channel = ControlWriter(self.control_path)
+        self._rates_channel = ControlWriter(self.synthetic_control_path)
+        env = build_env(self.config, self.device, self.work_dir, self.step_log_path, self.control_path,
+                        self.synthetic_control_path)
+        cmd = build_command(self.config, self.port, self.device)
+        self._log_fh = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self._log_fh.write(("$ " + " ".join(cmd) + "\n").encode())
+        self._log_fh.flush()
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(cmd, stdout=self._log_fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=env, cwd=str(self.work_dir), start_new_session=True)
+        self.last_pgid = self.proc.pid
+        _LIVE.add(self)
+        try:
+            self._wait_healthy(t0)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - t0
+        return self
+
+    def _wait_healthy(self, t0: float) -> None:
+        deadline = t0 + self.config.startup_timeout
+        client = self.client
+        while True:
+            rc = self.proc.poll() if self.proc else None
+            if rc is not None:
+                raise EngineStartupError(
+                    f"vLLM server exited with code {rc} during start-up (log: {self.log_path})", self.log_tail())
+            if client.healthy(timeout=2.0):
+                return
+            if time.monotonic() > deadline:
+                raise EngineStartupTimeout(
+                    f"vLLM server not healthy after startup_timeout = {self.config.startup_timeout} s "
+                    f"(log: {self.log_path}); raise startup_timeout if the engine is just slow to start",
+                    self.log_tail())
+            time.sleep(0.5)
+
+    def stop(self, timeout: float = 20.0) -> int | None:
+        """Stop the whole process group: SIGTERM, then SIGKILL after ``timeout`` s. Returns the exit code."""
+        proc = self.proc
+        if proc is None:
+            return None
+        # start_new_session=True: the server's pid is its process group id.
+        pgid = proc.pid
+        self.last_pgid = pgid
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            rc: int | None = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            rc = None
+        # Children (engine core, workers) may outlive the API server; kill what is left.
+        deadline = time.monotonic() + (5.0 if rc is not None else 0.0)
+        while time.monotonic() < deadline and group_alive(pgid):
+            time.sleep(0.2)
+        if group_alive(pgid):
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if rc is None:
+            rc = proc.wait(timeout=10)
+        if self._log_fh:
+            self._log_fh.close()
+            self._log_fh = None
+        _LIVE.discard(self)
+        self.proc = None
+        return rc
+
+    def kill(self) -> None:
+        """SIGKILL the whole group at once (simulates a crash)."""
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def __enter__(self) -> "VLLMServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ state
+    def is_alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def check_alive(self) -> None:
+        """Raise ``EngineCrashedError`` (with the log tail) if the server is gone or unhealthy."""
+        if self.proc is None:
+            raise EngineCrashedError("vLLM server is not running")
+        rc = self.proc.poll()
+        if rc is not None:
+            raise EngineCrashedError(f"vLLM server exited with code {rc} (log: {self.log_path})", self.log_tail())
+        try:
+            status = self.client.health_status(timeout=10.0)
+        except EngineUnreachable as exc:
+            raise EngineCrashedError(f"vLLM server does not answer /health: {exc}", self.log_tail()) from None
+        if status != 200:
+            raise EngineCrashedError(f"vLLM server /health answered {status}", self.log_tail())
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last ``lines`` lines of the server log ("" before the first start)."""
+        if not self.log_path or not self.log_path.exists():
+            return ""
+        with open(self.log_path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 64 * 1024))
+            text = fh.read().decode("utf-8", "replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+    # ------------------------------------------------------------------ control
+    def set_k(self, k: int | None = None, *, table: Sequence[Sequence[int]] | None = None,
+              timeout: float = 30.0) -> None:
+        """Switch the draft length at runtime: every batch size uses ``k`` (or the given ``table``).
+
+        The engine applies it after its next step: call this while it is idle or busy, it waits
+        for the acknowledgement (the engine core polls the control file once per step; when idle
+        a tiny request nudges it).
+        """
+        if not self.config.step_timing:
+            raise EngineConfigError("runtime k switching needs step_timing=True (TableTune's step scheduler)")
+        if self.config.table is None:
+            raise EngineConfigError("runtime k switching needs a launch table (ServerConfig.table)")
+        if (k is None) == (table is None):
+            raise EngineConfigError("give exactly one of k or table")
+        cmd: dict[str, Any] = {}
+        if k is not None:
+            if not 0 <= k <= (self.config.num_speculative_tokens or 0):
+                raise EngineConfigError(
+                    f"k = {k!r} is outside 0..num_speculative_tokens = {self.config.num_speculative_tokens}")
+            cmd["k"] = int(k)
+        else:
+            cmd["table"] = [list(map(int, r)) for r in validate_vllm_schedule([list(r) for r in table])]
+        if self._k_channel is None:
+            raise EngineError("the server is not started: start() it before switching k")
+        self._request(self._k_channel, cmd, timeout, f"k control {cmd}",
+                      poke=lambda: self.complete(NUDGE_PROMPT, max_tokens=1), pause=0.05)
+
+    @property
+    def can_switch_synthetic_rates(self) -> bool:
+        """True when synthetic rates can change at runtime (CPU build + synthetic launch)."""
+        return self.device == "cpu" and self.config.synthetic_acceptance_rates is not None
+
+    def set_synthetic_rates(self, rates: Sequence[float], timeout: float = 30.0) -> None:
+        """Replace the synthetic acceptance rates at runtime (CPU build, synthetic launch only)."""
+        if not self.can_switch_synthetic_rates or self._rates_channel is None:
+            raise EngineConfigError("synthetic rates can be switched only on the CPU build in a launch with "
+                                    "synthetic_acceptance_rates set")
+        K = int(self.config.num_speculative_tokens or 0)
+        rates = [float(r) for r in rates]
+        if len(rates) != K or any(not 0.0 <= r <= 1.0 for r in rates) or any(
+                b > a for a, b in zip(rates, rates[1:])):
+            raise EngineConfigError(f"synthetic rates {rates!r} must be {K} non-increasing values in [0, 1]")
+        # The rates are read when drafts are verified: a short request makes that happen.
+        self._request(self._rates_channel, {"rates": rates}, timeout, f"synthetic rates {rates}",
+                      poke=lambda: self.complete(NUDGE_PROMPT, max_tokens=4, ignore_eos=True), pause=0.02)
+
+    def arm_gate(self, n: int, timeout: float = 10.0) -> None:
+        """Hold the next ``n`` arriving requests in the engine and admit them in one step.
+
+        Used by the profiler right before sending a timed batch of n requests (on 2 cores the
+        API server otherwise hands them over across several steps: docs/engine-facts.md, "Noise
+        on 2 cores"). Does not wait for an acknowledgement; no-op without the step scheduler.
+        """
+        if not self.config.step_timing or self._k_channel is None or n <= 1:
+            return
+        self._k_channel.send({"gate": int(n), "gate_timeout": float(timeout)})
+
+    def _request(self, channel: ControlWriter, cmd: dict[str, Any], timeout: float, what: str, *,
+                 poke: Any, pause: float) -> None:
+        try:
+            channel.request(cmd, timeout=timeout, poke=poke, pause=pause, what=what)
+        except ControlProtocolError as exc:
+            raise EngineError(str(exc), self.log_tail(10)) from None
+
+    # ------------------------------------------------------------------ requests
+    def complete(self, prompt: Prompt, *, max_tokens: int, ignore_eos: bool = False,
+                 temperature: float = 0.0, seed: int | None = None, timeout: float = 300.0) -> dict[str, Any]:
+        """One ``/v1/completions`` request (a list of prompts = one batch); returns the decoded JSON answer."""
+        try:
+            return self.client.complete(prompt, max_tokens=max_tokens, ignore_eos=ignore_eos,
+                                        temperature=temperature, seed=seed, timeout=timeout)
+        except EngineUnreachable as exc:
+            self.check_alive()
+            raise EngineError(f"completion request failed: {exc}", self.log_tail()) from None
+        except EngineError as exc:
+            raise EngineError(str(exc), self.log_tail(10)) from None
+
+    def metrics_text(self) -> str:
+        """``/metrics`` (Prometheus text exposition)."""
+        try:
+            return self.client.metrics_text()
+        except EngineError as exc:
+            raise EngineError(str(exc), self.log_tail(10)) from None
+
+    def version(self) -> str:
+        """``/version``; the CPU build's answer carries ``+cpu`` like ``installed_vllm_version``."""
+        v = self.client.version()
+        return with_cpu_suffix(v) if self.device == "cpu" else v
+
+    def step_log_offset(self) -> int:
+        """Current size of the step log: pass as ``offset`` to ``read_steps`` to read only newer records."""
+        try:
+            return self.step_log_path.stat().st_size if self.step_log_path else 0
+        except OSError:
+            return 0
+
+    def read_steps(self, since: float | None = None, until: float | None = None,
+                   offset: int = 0) -> list[dict[str, Any]]:
+        """Step records (see ``engine/step_scheduler.py``) with ``since <= t <= until``
+        (time.monotonic()), read from byte ``offset`` of the step log on."""
+        if not self.step_log_path or not self.step_log_path.exists():
+            return []
+        out = []
+        with open(self.step_log_path) as fh:
+            fh.seek(offset)
+            for line in fh:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue  # a line being written
+                t = rec.get("t", 0.0)
+                if (since is None or t >= since) and (until is None or t <= until):
+                    out.append(rec)
+        return out

@@ -1,0 +1,128 @@
+"""The main job on the embedded default: ``tabletune run`` (or ``python -m tabletune_pipelines.orchestration.embedded``).
+
+Runs the whole pipeline once, in process, into a persistent Dagster instance (so the UI shows it
+afterwards): the last complete week's acceptance prior (and live counters, if the controller
+exported any), then for every deployment's current engine identity the step-time profile, the
+draft-length table and the published table. Real vLLM (the CPU build), the tiny local models,
+the DuckDB file under ``$TABLETUNE_HOME``. Ends by printing the published table and where it is.
+
+On a fresh machine there are no logged prompts yet: for ``endpoint: embedded`` deployments the
+week's prompt file is created from the engine's default prompt set (repetitive texts on which
+n-gram drafting is accepted), and the output says so.
+
+Options: ``--quick`` (3 batch sizes, 2 repetitions: ~2 minutes instead of ~6), ``--week
+YYYY-MM-DD`` (a Monday; default the last complete week, UTC).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+#: Dagster's console logger at INFO (its DEBUG event stream is in the UI).
+LOGGERS = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+#: EngineResource profile_options (deployments.ProfileOptions fields) of ``--quick``.
+QUICK_PROFILE = {"batch_sizes": [1, 4, 16], "repetitions": 2, "accept_batch_sizes": []}
+#: The full run also times fixed k (K = k, no table) for the engine-dependence check.
+FULL_PROFILE = {"fixed_k_baseline": True}
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _dagster_home() -> Path:
+    from tabletune_pipelines.fleet import tabletune_home
+
+    home = Path(os.environ.get("DAGSTER_HOME") or tabletune_home() / "dagster").expanduser()
+    home.mkdir(parents=True, exist_ok=True)
+    cfg = home / "dagster.yaml"
+    if not cfg.exists() and (REPO / "dagster.yaml").exists():
+        shutil.copy(REPO / "dagster.yaml", cfg)
+    os.environ["DAGSTER_HOME"] = str(home)
+    return home
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tabletune run", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small profile plan (3 batch sizes, 2 repetitions)")
+    parser.add_argument("--week", help="week to measure acceptance for (Monday, YYYY-MM-DD); default last complete")
+    args = parser.parse_args(argv)
+
+    import dagster as dg
+
+    from tabletune_pipelines.engine.acceptance import write_default_prompt_file
+    from tabletune_pipelines.errors import TableTuneError
+    from tabletune_pipelines.fleet import load_fleet
+    from tabletune_pipelines.orchestration.definitions import ASSETS
+    from tabletune_pipelines.orchestration.partitions import ENGINE_IDENTITY_PARTITIONS_NAME, last_complete_week
+    from tabletune_pipelines.orchestration.resources import EngineResource, default_resources
+    from tabletune_pipelines.orchestration.tags import ENGINE_TAG, run_tags
+    from tabletune_pipelines.published import read_published_table
+
+    dagster_home = _dagster_home()
+    fleet = load_fleet()
+    week = args.week or last_complete_week(datetime.now(timezone.utc))
+    resources = default_resources()
+    resources["engine"] = EngineResource(profile_options=QUICK_PROFILE if args.quick else FULL_PROFILE)
+    engine = resources["engine"]
+    print(f"[tabletune] fleet {fleet.source}; store {resources['duckdb'].database}; Dagster home {dagster_home}")
+
+    for dep in fleet.deployments:
+        f = dep.prompts_file(week)
+        if dep.embedded and not f.exists():
+            write_default_prompt_file(f)
+            print(f"[tabletune] {dep.name}: no logged prompts for the week of {week}; wrote the default sample "
+                  f"prompt set to {f} (replace it with real logged prompts)")
+
+    def fail(result: dg.ExecuteInProcessResult, what: str) -> int:
+        for ev in result.all_events:
+            if ev.event_type_value == "STEP_FAILURE":
+                data = ev.step_failure_data
+                desc = data.user_failure_data.description if data.user_failure_data else data.error.message
+                print(f"[tabletune] {what} failed in {ev.step_key}: {desc}", file=sys.stderr)
+        return 1
+
+    with dg.DagsterInstance.get() as instance:
+        print(f"[tabletune] measuring acceptance for the week of {week} ...", flush=True)
+        weekly = dg.materialize(ASSETS, selection=["acceptance_prior", "live_acceptance_counters"],
+                                resources=resources, instance=instance, partition_key=week, raise_on_error=False,
+                                tags={ENGINE_TAG: next(iter(fleet.groups()))}, run_config=LOGGERS)
+        if not weekly.success:
+            return fail(weekly, "acceptance")
+        status = 0
+        for dep in fleet.deployments:
+            try:
+                identity = engine.current_identity(dep)
+            except TableTuneError as exc:
+                print(f"[tabletune] {dep.name}: skipped, {exc}", file=sys.stderr)
+                status = 1
+                continue
+            key = identity.key
+            if not instance.has_dynamic_partition(ENGINE_IDENTITY_PARTITIONS_NAME, key):
+                instance.add_dynamic_partitions(ENGINE_IDENTITY_PARTITIONS_NAME, [key])
+            print(f"[tabletune] {dep.name}: profiling {key}, deriving and publishing its table ...", flush=True)
+            chain = dg.materialize(ASSETS, selection=["step_time_profile", "draft_length_table", "published_table"],
+                                   resources=resources, instance=instance, partition_key=key, raise_on_error=False,
+                                   tags=run_tags(dep), run_config={**LOGGERS, "ops": {"step_time_profile": {"config": {
+                                       "deployment": dep.name, "identity_json": identity.to_json()}}}})
+            if not chain.success:
+                status = fail(chain, dep.name)
+                continue
+            doc = read_published_table(dep.published_table)
+            print(f"\n[tabletune] {dep.name}: published table v{doc['version']} at {dep.published_table}")
+            print("  num_speculative_tokens_per_batch_size = " + json.dumps(doc["table"]["ranges"]))
+            print(f"  num_speculative_tokens = {doc['table']['max_k']}, acceptance prior {doc['table']['prior_id']} "
+                  f"a = {[round(a, 3) for a in doc['table']['acceptance_rates']]}, predicted worst loss vs best "
+                  f"fixed k {doc['table']['predicted_worst_loss']:.2%}")
+            print(f"[tabletune] --speculative-config for a deployment without the controller: "
+                  f"{dep.speculative_config_path}")
+    print(f"\n[tabletune] open the UI on it:\n  DAGSTER_HOME={dagster_home} env --default-signal=INT,TERM "
+          f"{Path(sys.executable).parent / 'dagster'} dev -w {REPO / 'workspace.yaml'} -h 127.0.0.1 -p 3000")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""Dagster resources: the DuckDB store, the fleet file, the engine, the tuning policy.
+
+Thin wrappers: each resource holds configuration and calls the library (``store``, ``fleet``,
+``deployments``, ``tuning.gates``). Paths default from the environment so the same definitions
+serve the embedded default, tests and a fleet:
+
+* ``TABLETUNE_HOME`` (default ``~/.tabletune``): data of the embedded default;
+* ``TABLETUNE_DUCKDB`` (default ``$TABLETUNE_HOME/tabletune_store.duckdb``; not ``tabletune.duckdb``:
+  DuckDB finds a file named like a schema inside it ambiguous);
+* ``TABLETUNE_FLEET`` (default: ``fleet.yaml`` at the repository root).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+from dagster_duckdb import DuckDBResource
+from pydantic import Field
+
+from tabletune_pipelines import deployments
+from tabletune_pipelines.core.acceptance import DEFAULT_PRIOR_WEIGHT
+from tabletune_pipelines.core.table import DEFAULT_STICKINESS
+from tabletune_pipelines.documents import AcceptancePrior, EngineIdentity, StepTimeProfile
+from tabletune_pipelines.fleet import Deployment, Fleet, default_store_path, load_fleet
+from tabletune_pipelines.store import TableTuneStore
+from tabletune_pipelines.tuning.gates import GatePolicy
+
+
+def store_from(duckdb: DuckDBResource) -> TableTuneStore:
+    """The project's store on the resource's connections (plain SQL through the store, no IO manager)."""
+    Path(duckdb.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    return TableTuneStore.on(duckdb.get_connection, path=duckdb.database)
+
+
+class FleetResource(dg.ConfigurableResource):
+    """The fleet file (strictly validated on every load, so an edit shows up in the next run)."""
+
+    path: str | None = Field(default=None, description="Fleet YAML; default $TABLETUNE_FLEET or the embedded fleet.yaml.")
+
+    def load(self) -> Fleet:
+        return load_fleet(self.path)
+
+
+class EngineResource(dg.ConfigurableResource):
+    """How runs reach vLLM: ``tabletune_pipelines.deployments`` with this configuration; tests override it."""
+
+    cache_dir: str | None = Field(default=None, description="Tiny models cache; default $TABLETUNE_HOME/models.")
+    work_dir: str | None = Field(default=None, description="Server logs and scratch; default $TABLETUNE_HOME/work.")
+    probe_timeout_s: float = Field(default=5.0, description="Timeout of a deployment's /version probe.")
+    profile_options: dict[str, Any] = Field(
+        default_factory=dict, description="engine.plan.ProfileOptions fields, e.g. batch_sizes, repetitions, "
+                                          "fixed_k_baseline.")
+    acceptance_options: dict[str, Any] = Field(
+        default_factory=dict, description="deployments.AcceptanceOptions fields, e.g. max_tokens, seed.")
+
+    def _cache(self) -> str:
+        return self.cache_dir or str(deployments.default_cache_dir())
+
+    def _work(self, sub: str) -> Path:
+        if self.work_dir is None:
+            return deployments.default_work_dir(sub)
+        p = Path(self.work_dir) / sub
+        p.mkdir(parents=True, exist_ok=True)
+        return p
+
+    def current_identity(self, dep: Deployment) -> EngineIdentity:
+        """Raises ``deployments.EndpointUnreachable`` when a remote endpoint does not answer."""
+        return deployments.current_identity(dep, self.probe_timeout_s)
+
+    def local_model_path(self, name: str | None, drafter: bool = False) -> str | None:
+        """Where a fleet model name lives for this engine (``tiny:<size>`` → the built folder)."""
+        return deployments.resolve_model(name, self._cache(), drafter=drafter)
+
+    def profile(self, identity: EngineIdentity, dep: Deployment | None, store: TableTuneStore,
+                log: logging.Logger) -> StepTimeProfile:
+        options = deployments.ProfileOptions.from_mapping(self.profile_options, where="EngineResource profile_options")
+        return deployments.profile(identity, dep, store, log=log, options=options, cache_dir=self._cache(),
+                                   work_dir=self._work("profile"))
+
+    def measure_acceptance(self, identity: EngineIdentity, dep: Deployment, prompts_file: Path, week: str,
+                           log: logging.Logger) -> AcceptancePrior:
+        options = deployments.AcceptanceOptions.from_mapping(self.acceptance_options,
+                                                             where="EngineResource acceptance_options")
+        return deployments.measure_acceptance(identity, dep, prompts_file, week, log=log, options=options,
+                                              cache_dir=self._cache(), work_dir=self._work("acceptance"))
+
+
+class TuningPolicy(dg.ConfigurableResource):
+    """Thresholds of the asset checks (tuning.gates.GatePolicy) and knobs of the table search."""
+
+    max_predicted_loss: float = Field(default=GatePolicy.max_predicted_loss, description=(
+        "Blocking: predicted worst loss vs the best fixed k at any B must be below this."))
+    min_prior_drafts: int = Field(default=GatePolicy.min_prior_drafts,
+                                  description="Blocking: a prior needs at least this many drafts.")
+    trap_margin: float = Field(default=GatePolicy.trap_margin, description=(
+        "Warn when the table is this much slower than fixed k launched with K = k."))
+    k0_margin: float = Field(default=GatePolicy.k0_margin,
+                             description="Warn when k = 0 costs this much more than no speculation.")
+    stickiness: float = Field(default=DEFAULT_STICKINESS,
+                              description="Keep the previous B's k unless another is this much better.")
+    prior_weight: float = Field(default=DEFAULT_PRIOR_WEIGHT, description=(
+        "Observations the measured prior counts as when live counters are blended in (docs/method.md, "
+        "\"Online controller\")."))
+
+
+def default_resources() -> dict[str, Any]:
+    """The resources of the code location (paths from the environment, see the module docstring)."""
+    return {
+        "duckdb": DuckDBResource(database=str(default_store_path())),
+        "fleet": FleetResource(),
+        "engine": EngineResource(),
+        "policy": TuningPolicy(),
+    }

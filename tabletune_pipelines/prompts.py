@@ -1,0 +1,101 @@
+"""THE prompt-file reader: logged prompts as JSONL, one ``{"prompt": "..."}`` per line.
+
+Format (UTF-8): each non-blank line is a JSON object with a non-empty string ``"prompt"``; other
+keys (``id``, ``ts``, ...) are ignored; blank lines are skipped::
+
+    {"prompt": "Summarise the following text: ..."}
+    {"prompt": "def fib(n):", "id": 17}
+
+One rule for every caller (the acceptance measurement and the pipeline's prompt count): a
+missing, unreadable or empty file and any malformed line raise ``PromptFileError`` naming the file
+and the line number. Prompts are user data, so a message describes a bad line's shape (its JSON
+type, its length) and never quotes it. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from tabletune_pipelines.errors import PromptFileError
+
+EXPECTED = '{"prompt": "..."}'
+
+
+def _shape(value: object) -> str:
+    """A value's JSON type and size, never its content."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return f"a string of length {len(value)}"
+    if isinstance(value, list):
+        return f"an array of {len(value)} items"
+    if isinstance(value, dict):
+        return f"an object with {len(value)} keys"
+    return type(value).__name__
+
+
+def _prompt_of(path: Path, no: int, raw: bytes) -> str | None:
+    """The prompt of line ``no`` (None for a blank line); a malformed line raises."""
+    where = f"prompt file {path}, line {no}"
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PromptFileError(f"{where}: not UTF-8 text (bad byte at column {exc.start + 1}); "
+                              "re-encode the file as UTF-8") from None
+    if not line.strip():
+        return None
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise PromptFileError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); "
+                              f"each line must be {EXPECTED}") from None
+    if not isinstance(obj, dict):
+        raise PromptFileError(f"{where}: expected a JSON object like {EXPECTED}, got {_shape(obj)}")
+    if "prompt" not in obj:
+        raise PromptFileError(f"{where}: the object has no \"prompt\" key ({len(obj)} other keys); "
+                              f"each line must be {EXPECTED}")
+    prompt = obj["prompt"]
+    if not isinstance(prompt, str) or not prompt.strip():
+        got = "a string of only whitespace" if isinstance(prompt, str) and prompt else _shape(prompt)
+        raise PromptFileError(f"{where}: \"prompt\" must be a non-empty string, got {got}")
+    return prompt
+
+
+def iter_prompts(path: str | os.PathLike[str]) -> Iterator[str]:
+    """The prompts of a file in order; raises ``PromptFileError`` at the first bad line or if none."""
+    p = Path(path)
+    try:
+        fh = p.open("rb")
+    except FileNotFoundError:
+        raise PromptFileError(f"prompt file {p} does not exist; write one {EXPECTED} per line") from None
+    except IsADirectoryError:
+        raise PromptFileError(f"prompt file {p} is a directory; pass a JSONL file") from None
+    except OSError as exc:
+        raise PromptFileError(f"cannot read prompt file {p}: {exc.strerror or exc}") from None
+    n = 0
+    with fh:
+        for no, raw in enumerate(fh, start=1):
+            prompt = _prompt_of(p, no, raw)
+            if prompt is not None:
+                n += 1
+                yield prompt
+    if n == 0:
+        raise PromptFileError(f"prompt file {p} has no prompts (it is empty or only blank lines); "
+                              f"write one {EXPECTED} per line")
+
+
+def load_prompts(path: str | os.PathLike[str]) -> list[str]:
+    """Every prompt of a JSONL prompt file (see the module docstring for the rules)."""
+    return list(iter_prompts(path))
+
+
+def count_prompts(path: str | os.PathLike[str]) -> int:
+    """Number of prompts in a file, under the same rules as ``load_prompts`` (raises, never skips)."""
+    return sum(1 for _ in iter_prompts(path))

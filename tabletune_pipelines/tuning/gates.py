@@ -1,0 +1,238 @@
+"""The gates that decide whether a profile, a prior or a table may be used: plain functions, plain results.
+
+Each gate returns a ``Gate`` (name, verdict, a sentence that says why, and the figures behind it).
+The Dagster layer turns gates into asset-check results; the same functions run again right before
+publishing, so a table that failed a blocking gate is never published, whichever run tries.
+
+Blocking gates: ``profile_complete``, ``prior_sane``, ``valid_for_vllm``,
+``predicted_loss_under_threshold``. Warning gates (they never block; they tell an operator where
+the method's assumptions may not hold): ``engine_dependence_trap`` (docs/method.md, "Limitations" 1)
+and ``k0_costs_vs_no_spec`` (docs/method.md, "Limitations" 3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+from tabletune_pipelines.core.goodput import tau_curve, validate_acceptance
+from tabletune_pipelines.core.table import expand_table, validate_table, validate_vllm_schedule
+from tabletune_pipelines.documents import AcceptancePrior, DraftLengthTable, StepTimeCell, StepTimeProfile
+from tabletune_pipelines.errors import TableTuneError
+from tabletune_pipelines.tuning.derive import table_step_and_tau
+
+GateName = Literal["profile_complete", "prior_sane", "valid_for_vllm", "predicted_loss_under_threshold",
+                   "engine_dependence_trap", "k0_costs_vs_no_spec"]
+"""Every gate's name (also the name of its asset check)."""
+GATE_NAMES: tuple[str, ...] = get_args(GateName)
+BLOCKING_GATES: tuple[GateName, ...] = ("profile_complete", "prior_sane", "valid_for_vllm",
+                                        "predicted_loss_under_threshold")
+"""Gates whose failure stops the pipeline; the others only warn."""
+NOT_MEASURED = "NOT MEASURED"
+"""How a warning gate's description starts when its inputs were not measured (it then passes)."""
+
+
+@dataclass(frozen=True)
+class Gate:
+    """One gate's verdict on one input."""
+
+    name: GateName
+    """Which gate (see ``GateName``)."""
+    passed: bool
+    """True when the input may be used (a warning gate that could not be checked passes)."""
+    description: str
+    """One sentence: what was found and, on failure, what to do."""
+    figures: Mapping[str, Any] = field(default_factory=dict)
+    """Numbers, strings and lists behind the verdict (plain JSON values)."""
+    comparison: str = ""
+    """A markdown table of the figures per batch size ('' when the gate has none)."""
+
+    @property
+    def blocking(self) -> bool:
+        """Whether a failure of this gate stops the pipeline."""
+        return self.name in BLOCKING_GATES
+
+
+@dataclass(frozen=True)
+class GatePolicy:
+    """Thresholds of the gates (the defaults of the pipeline's TuningPolicy resource)."""
+
+    max_predicted_loss: float = 0.03
+    """Blocking: a table's predicted worst loss vs the best fixed k at any B must be below this."""
+    min_prior_drafts: int = 200
+    """Blocking: a prior needs at least this many drafts behind its rates."""
+    trap_margin: float = 0.03
+    """Warn when the table is this much slower than the best fixed k launched with K = k."""
+    k0_margin: float = 0.10
+    """Warn when no speculation beats the table, or k = 0 costs, by more than this."""
+
+
+# -- profiles and priors -----------------------------------------------------------------------
+
+def profile_gate(profile: StepTimeProfile) -> Gate:
+    """Every k in 0..K measured at the same batch sizes, from B = 1 up to max_num_seqs."""
+    ident = profile.identity
+    cells = profile.reject_cells()
+    missing_k = sorted(set(range(0, ident.max_k + 1)) - set(cells))
+    figures: dict[str, Any] = {"ks_measured": sorted(cells), "cells": len(profile.cells)}
+    if missing_k:
+        return Gate("profile_complete", False,
+                    f"profile of {ident.key} misses k = {missing_k} (needs every k in 0..{ident.max_k}); "
+                    "re-run step_time_profile for this partition to measure the missing cells", figures)
+    try:
+        surface = profile.surface()
+        surface.dense(ident.max_num_seqs)
+    except TableTuneError as exc:
+        return Gate("profile_complete", False, f"profile of {ident.key} is incomplete: {exc}", figures)
+    figures["batch_sizes"] = list(surface.batch_sizes)
+    return Gate("profile_complete", True, f"{len(surface.ks)} k values × {len(surface.batch_sizes)} batch sizes "
+                                          f"(1..{surface.max_batch_size})", figures)
+
+
+def prior_gate(prior: AcceptancePrior, max_k: int, min_drafts: int) -> Gate:
+    """Rates in [0, 1], non-increasing, at least max_k of them, enough drafts behind them."""
+    figures = {"rates": list(prior.rates), "num_drafts": prior.num_drafts}
+    try:
+        validate_acceptance(prior.rates, name=f"prior {prior.prior_id}")
+    except TableTuneError as exc:
+        return Gate("prior_sane", False, str(exc), figures)
+    if len(prior.rates) < max_k:
+        return Gate("prior_sane", False, f"prior {prior.prior_id} has {len(prior.rates)} rates; the engine drafts up "
+                                         f"to k = {max_k}", figures)
+    if prior.num_drafts < min_drafts:
+        return Gate("prior_sane", False, f"prior {prior.prior_id} rests on {prior.num_drafts} drafts; at least "
+                                         f"{min_drafts} are needed (log more prompts or lower policy.min_prior_drafts)",
+                    figures)
+    return Gate("prior_sane", True, f"{prior.prior_id}: a = {[round(a, 3) for a in prior.rates]} from "
+                                    f"{prior.num_drafts} drafts", figures)
+
+
+def first_sane_prior(candidates: Iterable[AcceptancePrior], max_k: int, min_drafts: int
+                     ) -> tuple[AcceptancePrior | None, list[str]]:
+    """The first candidate that passes ``prior_gate``, and why each one before it was skipped."""
+    skipped = []
+    for prior in candidates:
+        gate = prior_gate(prior, max_k, min_drafts)
+        if gate.passed:
+            return prior, skipped
+        skipped.append(gate.description)
+    return None, skipped
+
+
+# -- tables ------------------------------------------------------------------------------------
+
+def table_gates(table: DraftLengthTable, max_predicted_loss: float) -> list[Gate]:
+    """The blocking gates of a table: vLLM's validation, and the predicted loss threshold."""
+    gates = []
+    try:
+        validate_vllm_schedule([list(r) for r in table.ranges])
+        validate_table([list(r) for r in table.ranges], table.max_num_seqs, table.max_k)
+        gates.append(Gate("valid_for_vllm", True, f"{len(table.ranges)} ranges cover 1..{table.max_num_seqs}, "
+                                                  f"k <= {table.max_k}"))
+    except TableTuneError as exc:
+        gates.append(Gate("valid_for_vllm", False, f"vLLM would reject the table: {exc}"))
+    loss = float(table.predicted_worst_loss)
+    gates.append(Gate(
+        "predicted_loss_under_threshold", loss < max_predicted_loss,
+        f"predicted worst loss vs the best fixed k at any batch size: {loss:.2%} "
+        f"({'<' if loss < max_predicted_loss else '>='} threshold {max_predicted_loss:.2%})",
+        {"predicted_worst_loss": loss, "threshold": max_predicted_loss},
+    ))
+    return gates
+
+
+def engine_dependence_gate(table: DraftLengthTable, fixed_cells: Mapping[int, Mapping[int, float]],
+                           margin: float, table_reject_ms: Mapping[int, Mapping[int, float]]) -> Gate:
+    """Warn: is the table slower somewhere than the best fixed k launched with K = k (no table)?
+
+    Like is compared with like: both sides use step times measured with every draft rejected
+    (``table_reject_ms`` = the profile's cells under the launch K), at the batch sizes both measured.
+    ``fixed_cells``: k -> B -> ms of launches with K = k (at least two k; empty = not measured).
+    """
+    name: GateName = "engine_dependence_trap"
+    if not fixed_cells:
+        return Gate(name, True, f"{NOT_MEASURED}: the profile has no cells of launches with K = k and no table, so the "
+                                "engine-dependence trap (docs/method.md, \"Limitations\" 1) cannot be checked; profile "
+                                "in fixed_k mode (EngineResource fixed_k_baseline, or `tabletune profile --mode "
+                                "fixed_k`) to measure it", {"status": "not measured"})
+    dense_k = expand_table([list(r) for r in table.ranges], table.max_num_seqs, table.max_k)
+    taus = tau_curve(table.acceptance_rates)
+    rows, worst, worst_b = [], 0.0, None
+    for b in sorted(set.intersection(*[set(v) for v in fixed_cells.values()])):
+        k_table = dense_k[b - 1] if b <= table.max_num_seqs else None
+        if k_table is None or b not in table_reject_ms.get(k_table, {}):
+            continue
+        g_fixed = {k: 1000.0 * b * taus[k] / fixed_cells[k][b] for k in fixed_cells if k < len(taus)}
+        best_k = max(g_fixed, key=g_fixed.get)
+        g_table = 1000.0 * b * taus[k_table] / table_reject_ms[k_table][b]
+        slow = 1.0 - g_table / g_fixed[best_k]
+        rows.append(f"| {b} | {best_k} | {g_fixed[best_k]:.1f} | {g_table:.1f} | {slow:+.1%} |")
+        if slow > worst:
+            worst, worst_b = slow, b
+    figures = {"worst_slowdown": float(worst), "at_batch_size": worst_b or 0}
+    comparison = ("| B | best fixed k (K=k) | its tok/s | table tok/s | table slower by |\n"
+                  "|---|---|---|---|---|\n" + "\n".join(rows))
+    if worst > margin:
+        return Gate(name, False, f"the table is {worst:.1%} slower at B = {worst_b} than the best fixed k launched "
+                                 f"with K = k and no table (margin {margin:.0%}): check the engine path before "
+                                 "deploying a table", figures, comparison)
+    return Gate(name, True, f"the table is never more than {margin:.0%} slower than the best fixed k launched with "
+                            f"K = k (worst {worst:.1%})", figures, comparison)
+
+
+def k0_gate(table: DraftLengthTable, no_spec_ms: Mapping[int, float], k0_ms: Mapping[int, float],
+            margin: float) -> Gate:
+    """Warn: k = 0 is not "off" (docs/method.md, "Limitations" 3). Fails where no speculation beats
+    the table by more than ``margin``, or where the table runs k = 0 and k = 0 costs ``margin`` more
+    than no speculation (the drafter still runs)."""
+    name: GateName = "k0_costs_vs_no_spec"
+    if not no_spec_ms:
+        return Gate(name, True, f"{NOT_MEASURED}: the profile has no no-speculation baseline cells",
+                    {"status": "not measured"})
+    t, tau = table_step_and_tau(table)
+    dense_k = expand_table([list(r) for r in table.ranges], table.max_num_seqs, table.max_k)
+    rows, losing, k0_costly, worst_overhead = [], [], [], 0.0
+    for b in sorted(no_spec_ms):
+        if b > table.max_num_seqs:
+            continue
+        ns = no_spec_ms[b]
+        g_ns, g_table = 1000.0 * b / ns, 1000.0 * b * tau[b - 1] / t[b - 1]
+        over = (k0_ms[b] / ns - 1.0) if b in k0_ms else float("nan")
+        if b in k0_ms:
+            worst_overhead = max(worst_overhead, over)
+            if dense_k[b - 1] == 0 and over > margin:
+                k0_costly.append(b)
+        rows.append(f"| {b} | {dense_k[b - 1]} | {ns:.2f} | {k0_ms.get(b, float('nan')):.2f} | {over:+.1%} | "
+                    f"{g_ns * 1000:.0f} | {g_table * 1000:.0f} |")
+        if g_ns > g_table * (1.0 + margin):
+            losing.append(b)
+    figures = {"k0_worst_overhead": float(worst_overhead), "batch_sizes_where_no_spec_wins": losing,
+               "batch_sizes_where_table_runs_costly_k0": k0_costly}
+    comparison = ("| B | table k | no-spec ms | k=0 ms | k=0 overhead | no-spec tok/s | table tok/s |\n"
+                  "|---|---|---|---|---|---|---|\n" + "\n".join(rows))
+    bad = sorted(set(losing) | set(k0_costly))
+    if bad:
+        parts = []
+        if losing:
+            parts.append(f"no speculation beats the table by more than {margin:.0%} at B = {losing}")
+        if k0_costly:
+            parts.append(f"the table runs k = 0 at measured B = {k0_costly}, where k = 0 costs more than "
+                         f"{margin:.0%} over no speculation (the drafter still runs)")
+        advice = ("consider serving without speculation" if min(bad) == 1
+                  else f"consider turning speculation off above B = {min(bad) - 1}")
+        return Gate(name, False, "; ".join(parts) + f" (k = 0 overhead up to {worst_overhead:.0%}): {advice}",
+                    figures, comparison)
+    return Gate(name, True, f"the table stays within {margin:.0%} of no speculation everywhere "
+                            f"(k = 0 overhead up to {worst_overhead:.0%})", figures, comparison)
+
+
+def fixed_launch_cells(profile_cells: Iterable[StepTimeCell]) -> dict[int, dict[int, float]]:
+    """k -> B -> ms of cells timed under a launch with K = k and no table (``fixed_k`` mode), every
+    draft rejected: the engine-dependence gate's baseline. Empty unless at least two k were timed,
+    since one k alone has nothing to be the best among."""
+    out: dict[int, dict[int, float]] = {}
+    for c in profile_cells:
+        if c.k is not None and c.k >= 1 and c.acceptance == "reject":
+            out.setdefault(c.k, {})[c.batch_size] = c.median_ms
+    return out if len(out) >= 2 else {}

@@ -1,0 +1,69 @@
+"""The project's vocabularies and defaults, written once.
+
+Each ``Literal`` alias types the dataclass fields that hold one of its words; the matching tuple
+(``*_VALUES``, from ``typing.get_args``) feeds argparse ``choices`` and runtime checks, so a word
+is added in one place. Stdlib only: the controller inside vLLM imports this too.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+ProfileMode = Literal["one_launch", "launch_per_k", "fixed_k"]
+"""How a profile's cells were launched: ``one_launch`` (every k in one launch at K, switched at
+runtime), ``launch_per_k`` (a launch at K per k with a one-range table), ``fixed_k`` (a launch per
+k >= 1 with K = k and no table: the baseline of the engine-dependence check, docs/method.md,
+"Limitations" 1)."""
+
+AcceptanceMode = Literal["reject", "accept"]
+"""Synthetic acceptance of a timed cell: every draft rejected (the method's timing protocol) or
+every draft accepted (the accepted-token work check, docs/method.md, "Limitations" 2)."""
+
+TimingSource = Literal["engine", "wall"]
+"""``engine``: intervals between the scheduler's step updates; ``wall``: (t65 - t1) / 64 from the
+client (docs/method.md, "Step time T(B, k)")."""
+
+PriorSource = Literal["measured", "synthetic", "live"]
+"""Where an acceptance prior's rates came from: an offline run on logged prompts, a launch with
+known synthetic rates, or the controller's exported live counters."""
+
+Method = Literal["draft_model", "ngram", "eagle", "eagle3", "mtp", "suffix", "dflash"]
+"""vLLM speculative methods TableTune can launch (``speculative_config.method``)."""
+
+ModelDrafterMethod = Literal["draft_model", "eagle", "eagle3", "dflash"]
+"""Methods whose drafter is a separate model given by path or hub name."""
+
+Device = Literal["auto", "cpu", "gpu"]
+"""Where the engine runs: ``auto`` picks the CPU build when it is the vLLM installed."""
+
+ModelRunner = Literal["auto", "v1", "v2"]
+"""vLLM model runner: ``auto`` leaves vLLM's default; ``v1``/``v2`` force one (V2 keeps full CUDA
+graphs per k, docs/engine-facts.md, "GPU (H200, vLLM 0.26)")."""
+
+PROFILE_MODES: tuple[str, ...] = get_args(ProfileMode)
+ACCEPTANCE_MODES: tuple[str, ...] = get_args(AcceptanceMode)
+TIMING_SOURCES: tuple[str, ...] = get_args(TimingSource)
+PRIOR_SOURCES: tuple[str, ...] = get_args(PriorSource)
+METHODS: tuple[str, ...] = get_args(Method)
+MODEL_DRAFTERS: tuple[str, ...] = get_args(ModelDrafterMethod)
+DEVICES: tuple[str, ...] = get_args(Device)
+MODEL_RUNNERS: tuple[str, ...] = get_args(ModelRunner)
+
+# -- defaults ----------------------------------------------------------------------------------
+
+DEFAULT_SAMPLE_SIZE = 160
+"""Prompts sampled per acceptance measurement (docs/method.md, "Acceptance")."""
+DEFAULT_DTYPE = "bfloat16"
+"""Model dtype of measurement launches and engine identities."""
+DEFAULT_CUDAGRAPH_MODE = "none"
+"""CUDA-graph mode recorded in an engine identity when the fleet does not say (eager, e.g. CPU)."""
+DEFAULT_TEMPERATURE = 0.0
+"""Sampling temperature of acceptance measurement (should equal serving's)."""
+DEFAULT_REPETITIONS = 3
+"""Repetitions per timed cell; the cell is their median (docs/method.md, "Step time T(B, k)")."""
+DEFAULT_PROFILE_MODE: ProfileMode = "one_launch"
+"""Profile mode of ``tabletune profile`` and the pipeline."""
+DEFAULT_MODEL_RUNNER: ModelRunner = "auto"
+"""Model runner of a deployment that does not choose one."""
+STORE_FILENAME = "tabletune_store.duckdb"
+"""DuckDB file under ``$TABLETUNE_HOME`` (not named like a schema inside it: docs/engine-facts.md)."""

@@ -1,0 +1,78 @@
+"""The ``tabletune`` CLI on a seeded store (the engine-facing subcommands are covered by the
+real-engine tests through the same ``tabletune_pipelines.deployments`` functions)."""
+
+import json
+
+from tabletune_pipelines.cli import main
+from tabletune_pipelines.core.table import validate_table
+from tabletune_pipelines.store import TableTuneStore
+
+
+def test_table_as_vllm_json(seeded, capsys):
+    assert main(["table", "--format", "vllm"]) == 0
+    table = json.loads(capsys.readouterr().out)
+    validate_table(table, 16, 3)
+    assert table[0][2] == 3 and table[-1][2] == 1
+
+
+def test_table_text_plot_and_save(seeded, tmp_path, capsys):
+    png = tmp_path / "g.png"
+    assert main(["--db", str(seeded), "table", "--plot", str(png), "--save"]) == 0
+    out = capsys.readouterr().out
+    assert "| batch sizes | k |" in out and "chosen k" in out
+    spec_line = next(line for line in out.splitlines() if line.startswith("vLLM --speculative-config: "))
+    spec = json.loads(spec_line.split(": ", 1)[1])
+    assert spec["num_speculative_tokens"] == 3
+    validate_table(spec["num_speculative_tokens_per_batch_size"], 16, 3)
+    assert spec["method"] == "ngram"  # the deployment's own speculative config is kept
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert TableTuneStore(seeded).query("SELECT count(*) FROM draft_length_tables") == [(1,)]
+
+
+def test_table_with_an_explicit_prior_and_identity(seeded, capsys):
+    store = TableTuneStore(seeded)
+    prior = store.latest_acceptance_prior()
+    (key,) = store.identity_keys()
+    assert main(["table", "--format", "vllm", "--prior", prior.prior_id, "--identity", key]) == 0
+    validate_table(json.loads(capsys.readouterr().out), 16, 3)
+
+
+def test_table_without_a_store_does_not_create_one(home, capsys):
+    assert main(["table"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no TableTune store at ") and "tabletune profile" in err
+    assert not any(home.iterdir())
+
+
+def test_table_without_profile_is_a_clear_error(home, tmp_path, capsys):
+    db = tmp_path / "empty.duckdb"
+    TableTuneStore(db)
+    assert main(["--db", str(db), "table"]) == 2
+    assert "no step-time profile for deployment 'local-cpu'" in capsys.readouterr().err
+
+
+def test_show_prints_the_published_document(home, capsys):
+    from tabletune_pipelines.documents import DraftLengthTable
+    from tabletune_pipelines.fleet import load_fleet
+    from tabletune_pipelines.published import published_document, write_published_table
+
+    dep = load_fleet().deployments[0]
+    table = DraftLengthTable(ranges=((1, 8, 3), (9, 16, 1)), max_num_seqs=16, max_k=3, identity_key="id",
+                             prior_id="prior-adhoc-0", acceptance_rates=(0.7, 0.5, 0.3))
+    doc = published_document(deployment=dep.name, version=3, table=table.to_dict(),
+                             speculative_config=table.speculative_config({"method": "ngram"}),
+                             published_at="2026-11-23T03:00:00Z")
+    write_published_table(dep.published_table, doc)
+    assert main(["show"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["deployment"] == "local-cpu" and shown["version"] == 3
+    assert shown["table"]["ranges"] == [[1, 8, 3], [9, 16, 1]]
+
+
+def test_multi_line_errors_keep_one_error_line(home, tmp_path, capsys):
+    bad = tmp_path / "fleet.yaml"
+    bad.write_text("schema_version: 1\ndeployments:\n  - name: a\n    max_k: 0\n    bogus: 1\n")
+    assert main(["--fleet", str(bad), "show"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("error: fleet file ") and len(lines) > 2
+    assert all(line.startswith("  fleet file ") for line in lines[1:])

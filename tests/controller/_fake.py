@@ -1,0 +1,148 @@
+"""Fakes for the pure-logic tests: a published file builder and a scheduler-output stand-in.
+
+``FakeEngine`` drives ``Controller`` the way the vLLM adapter does (``next_lookup`` before a step,
+``on_step`` after it) with requests whose kept drafts follow known survival rates and whose step
+takes a known time: the ground truth the tests compare the controller with. No vLLM.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tabletune_pipelines.controller.loader import EngineFacts
+from tabletune_pipelines.controller.logic import Controller
+from tabletune_pipelines.core.table import choose_draft_lengths, compact_ranges
+from tabletune_pipelines.published import published_document, write_published_table
+
+N, K = 16, 3
+LAUNCH = ((1, 1, 0), (2, 2, 1), (3, 3, 2), (4, N, 3))
+ENGINE = EngineFacts(max_k=K, max_num_seqs=N, launch_ranges=LAUNCH, model="/m/target", method="draft_model",
+                     vllm_version="0.32.0")
+IDENTITY = {"gpu": "cpu", "vllm_version": "0.32.0+cpu", "model": "/m/target", "drafter": "/m/draft",
+            "method": "draft_model", "max_k": K, "max_num_seqs": N, "dtype": "bfloat16", "cudagraph_mode": "none"}
+
+
+def linear_profile(n: int = N, k_max: int = K, c0=4.0, c1=0.6, d0=0.1, d1=0.1) -> dict[int, dict[int, float]]:
+    """T(B, k) = c0 + c1·k + B·(d0 + d1·k) ms: k costs a fixed part and a part per request."""
+    return {k: {b: c0 + c1 * k + b * (d0 + d1 * k) for b in range(1, n + 1)} for k in range(k_max + 1)}
+
+
+def dense(profile: dict[int, dict[int, float]], ks: Sequence[int], n: int = N) -> np.ndarray:
+    return np.array([[profile[k][b] for b in range(1, n + 1)] for k in ks])
+
+
+def true_table(profile, rates, ks=(0, 1, 2, 3), n: int = N, stickiness: float = 0.005) -> list[list[int]]:
+    """The table core.table's search builds from ``profile`` and ``rates`` (the reference)."""
+    return compact_ranges(choose_draft_lengths(dense(profile, ks, n), ks, rates, stickiness=stickiness).chosen)
+
+
+def robust_choices(profile, rates, tol, ks=(0, 1, 2, 3), n: int = N) -> list[set[int]]:
+    """Per B, every k the true table picks for some rates within ``tol`` of ``rates`` (the box's
+    corners and mid-points): a controller whose â is within ``tol`` must pick one of these."""
+    out: list[set[int]] = [set() for _ in range(n)]
+    for signs in itertools.product((-1, 0, 1), repeat=len(rates)):
+        r = np.minimum.accumulate(np.clip([a + s * t for a, s, t in zip(rates, signs, tol)], 0, 1))
+        for b, k in enumerate(table_dense(true_table(profile, r, ks, n), n)):
+            out[b].add(int(k))
+    return out
+
+
+def quartered(ranges, n: int = N) -> list[list[int]]:
+    """A deliberately wrong table: every range of ``ranges`` shrunk to a quarter (ends divided by
+    4, rounded up), no speculation above (k = 0), as in the method's repair experiment."""
+    out: list[list[int]] = []
+    start = 1
+    for _, e, k in ranges:
+        end = min(n, -(-int(e) // 4))
+        if end >= start:
+            out.append([start, end, int(k)])
+            start = end + 1
+    if start <= n:
+        if out and out[-1][2] == 0:
+            out[-1][1] = n
+        else:
+            out.append([start, n, 0])
+    return out
+
+
+def table_dense(ranges, n: int = N) -> list[int]:
+    out = [0] * n
+    for s, e, k in ranges:
+        for b in range(int(s), int(e) + 1):
+            out[b - 1] = int(k)
+    return out
+
+
+def on_robust_table(ranges, choices) -> bool:
+    return all(k in choices[b] for b, k in enumerate(table_dense(ranges, len(choices))))
+
+
+def publish(path: Path, *, ranges, rates, profile=None, version: int = 1, controller: dict | None = None,
+            identity: dict | None = IDENTITY, prior_count: int = 0, allowed_k=None, n: int = N, k_max: int = K) -> Path:
+    profile = linear_profile(n, k_max) if profile is None else profile
+    table = {"schema": "tabletune.draft_length_table", "schema_version": 1, "ranges": [list(r) for r in ranges],
+             "max_num_seqs": n, "max_k": k_max, "identity_key": "cpu__test", "prior_id": "prior-test",
+             "acceptance_rates": list(rates), "predicted_worst_loss": 0.0,
+             "step_ms": {str(k): {str(b): float(v) for b, v in row.items()} for k, row in profile.items()}}
+    doc = published_document(
+        deployment="test", version=version, table=table,
+        speculative_config={"method": "draft_model", "num_speculative_tokens": k_max,
+                            "num_speculative_tokens_per_batch_size": [list(r) for r in ranges]},
+        published_at="2026-11-23T10:00:00Z", identity=identity,
+        prior={"rates": list(rates), "num_drafts": prior_count, "prior_id": "prior-test", "source": "synthetic"},
+        allowed_k=allowed_k, controller=controller or {})
+    return write_published_table(path, doc)
+
+
+class FakeEngine:
+    """Runs ``steps`` engine steps of ``batch`` requests against ``controller``.
+
+    ``rates``: true survival a_i (request keeps m drafts with P(m >= i) = a_i); ``step_ms(b, k)``:
+    the true step time. The clock is simulated (monotonic seconds).
+    """
+
+    def __init__(self, controller: Controller, rates: Sequence[float], step_ms: Callable[[int, int], float],
+                 *, seed: int = 0, clock: list[float] | None = None) -> None:
+        self.c = controller
+        self.rates = list(rates)
+        self.step_ms = step_ms
+        self.rng = random.Random(seed)
+        self.clock = clock if clock is not None else [0.0]
+        self.ks_run: list[int] = []
+        self.tamper: Callable[[list[list[int]]], None] | None = None
+
+    def kept(self, k: int) -> int:
+        m, prev = 0, 1.0
+        while m < k:
+            p = self.rates[m] / prev if prev > 0 else 0.0
+            if self.rng.random() >= p:
+                break
+            prev = self.rates[m]
+            m += 1
+        return m
+
+    def run(self, steps: int, batch: int, default_k: int = K) -> None:
+        c = self.c
+        ids = [f"r{i}" for i in range(batch)]
+        idx = {r: i for i, r in enumerate(ids)}
+        nst = {r: 1 for r in ids}
+        for _ in range(steps):
+            lookup = c.next_lookup()
+            k = lookup[batch] if lookup is not None else default_k
+            spec = {r: [0] * k for r in ids} if k else {}
+            sampled = [[1] * (self.kept(k) + 1) for _ in ids]
+            if self.tamper is not None:
+                self.tamper(sampled)
+            self.clock[0] += self.step_ms(batch, k) / 1000.0
+            self.ks_run.append(k)
+            c.on_step(nst, spec, idx, sampled, k, 0, batch + batch * k, self.clock[0])
+
+
+def controller(path: Path | None, clock: list[float], engine: EngineFacts = ENGINE, **kw: Any) -> Controller:
+    return Controller(engine, path, clock=lambda: clock[0], wall=lambda: 1_764_000_000.0 + clock[0], **kw)

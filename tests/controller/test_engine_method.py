@@ -1,0 +1,163 @@
+"""The controller on real vLLM (CPU build): the method's claims with a known ground truth.
+
+ONE server for the module: tiny target + 1-layer draft model, K = 3, launch table listing every k
+(``[[1,1,0],[2,2,1],[3,3,2],[4,16,3]]``), synthetic acceptance switched at runtime (the CPU plugin)
+as the known truth, ``--scheduler-cls ...ControllerScheduler`` (sync on the CPU build) and the
+published file named by ``TABLETUNE_PUBLISHED_TABLE``. Each test publishes the next version while
+the engine serves 8 closed-loop clients; what is asserted is read from the controller's export.
+
+Unless a test says otherwise the published step times are the synthetic linear profile of
+``_fake.linear_profile`` with the live step-time correction off, so "the true-rate table" is the
+table ``core.table`` builds from that profile and the true rates. Tolerances (stated): â_1 within
+0.05 of the truth, â_2 and â_3 within 0.10 (past the table's k they are seen in exploration steps
+only); the table must be one the search picks for some rates in that box (``robust_choices``).
+Step bounds are about twice what the fake-engine simulation needs (test_logic.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tabletune_pipelines.engine import VLLMServer
+from tests.controller._engine import Load, Rig, server_config
+from tests.controller._fake import (
+    linear_profile,
+    on_robust_table,
+    quartered,
+    robust_choices,
+    table_dense,
+    true_table,
+)
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
+
+PROFILE = linear_profile()
+TOL = (0.05, 0.10, 0.10)
+CLIENTS = 8
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory):
+    wd = tmp_path_factory.mktemp("controller-method")
+    pub = wd / "local.json"
+    srv = VLLMServer(server_config(wd, pub, rates=(0.3, 0.1, 0.05)))
+    r = Rig(srv, pub, wd / "local.live.jsonl")
+    r.publish(ranges=[(1, 16, 3)], rates=(0.9, 0.8, 0.7), controller={"step_time_correction": False})
+    srv.start()
+    r.load = Load(srv, CLIENTS).start()
+    try:
+        yield r
+    finally:
+        r.load.stop()
+        srv.stop()
+        print(f"\n[controller-method] requests sent {r.load.sent}, completed {r.load.completed}, "
+              f"errors {len(r.load.errors)}")
+        assert not r.load.errors, r.load.errors[:3]
+
+
+def report(what, hit, mine):
+    steps, secs = Rig.steps_into(hit, mine), Rig.seconds_into(hit, mine)
+    print(f"\n[{what}] after {steps} steps / {secs:.1f} s: table {hit.controller['table']}, "
+          f"â = {[round(x, 3) for x in hit.estimate]}")
+    return steps
+
+
+def within(est, truth, tol=TOL):
+    return est is not None and all(abs(a - b) <= t for a, b, t in zip(est, truth, tol))
+
+
+def test_known_truth_convergence(rig):
+    truth = (0.3, 0.1, 0.05)  # the launch's synthetic rates; the prior says (0.9, 0.8, 0.7)
+    ok = robust_choices(PROFILE, truth, TOL)
+    hit, mine = rig.wait(lambda w: within(w.estimate, truth) and on_robust_table(w.controller["table"], ok),
+                         version=1, max_steps=2000)
+    assert hit is not None, (mine[-1].estimate, mine[-1].controller["table"], ok)
+    report("convergence", hit, mine)
+    assert hit.controller["table"] != [[1, 16, 3]] and hit.controller["errors"] == 0
+    assert rig.log().count("TableTune controller: rebuild") >= 2  # one INFO line per table change
+
+
+def test_repair_from_the_table_shrunk_to_a_quarter(rig):
+    rates = (0.7, 0.5, 0.3)
+    tuned = true_table(PROFILE, rates)
+    wrong = quartered(tuned)
+    assert table_dense(wrong) != table_dense(tuned)
+    rig.server.set_synthetic_rates(rates)
+    v = rig.publish(ranges=wrong, rates=rates, controller={"step_time_correction": False})
+    ok = robust_choices(PROFILE, rates, (0.03, 0.03, 0.03))
+    hit, mine = rig.wait(lambda w: on_robust_table(w.controller["table"], ok), version=v, max_steps=400)
+    assert hit is not None, (mine[-1].controller["table"], tuned)
+    report("repair", hit, mine)
+    assert mine[0].controller["table"] == wrong or Rig.steps_into(hit, mine) <= 400
+
+
+def test_stuck_short_trap_without_and_with_exploration_and_decay(rig):
+    low, high = (0.3, 0.1, 0.05), (0.9, 0.8, 0.7)
+    short = true_table(PROFILE, low)
+    ok = robust_choices(PROFILE, high, TOL)
+    rig.server.set_synthetic_rates(high)
+    off = {"step_time_correction": False, "prior_decay": False, "exploration_every_steps": 0}
+    v = rig.publish(ranges=short, rates=low, controller=off)
+    hit, mine = rig.wait(lambda w: on_robust_table(w.controller["table"], ok), version=v, max_steps=1200)
+    assert hit is None, "without exploration and prior decay the table should stay short"
+    assert all(max(k for _, _, k in w.controller["table"]) <= 1 for w in mine)
+    assert all(w.controller["exploration_steps"] == mine[0].controller["exploration_steps"] for w in mine)
+    print(f"\n[stuck-short, off] {Rig.steps_into(mine[-1], mine)} steps: table still "
+          f"{mine[-1].controller['table']}, â = {[round(x, 3) for x in mine[-1].estimate]}")
+
+    v = rig.publish(ranges=short, rates=low, controller={"step_time_correction": False})  # the defaults: both on
+    hit, mine = rig.wait(lambda w: within(w.estimate, high) and on_robust_table(w.controller["table"], ok),
+                         version=v, max_steps=2000)
+    assert hit is not None, (mine[-1].estimate, mine[-1].controller["table"])
+    report("stuck-short, exploration + decay", hit, mine)
+
+
+def _calibrate(rig, rates, k):
+    """True T(B0, k) in this launch: observe mode with every batch size at k, the controller's
+    own mean of clean step intervals at the batch size it saw most."""
+    v = rig.publish(ranges=[(1, 16, k)], rates=rates, allowed_k=[k],
+                    controller={"mode": "observe", "step_time_outlier_ratio": 20.0})
+    hit, mine = rig.wait(lambda w: sum(c[2] for c in w.controller.get("step_time", {}).get(str(k), [])) >= 300,
+                         version=v, max_steps=1500)
+    assert hit is not None, f"too few clean steps at k = {k}"
+    cells = hit.controller["step_time"][str(k)]
+    return {int(b): ms for b, ms, n, _ in cells if n >= 30}
+
+
+def test_step_time_correction_with_a_profile_30_percent_low(rig):
+    rates = (0.6, 0.02, 0.01)  # a_1 worth a draft, later positions nearly worthless
+    rig.server.set_synthetic_rates(rates)
+    ks = (1, 2, 3)
+    cal = {k: _calibrate(rig, rates, k) for k in ks}
+    b0 = max(set.intersection(*[set(c) for c in cal.values()]), key=lambda b: b)
+    m = {k: cal[k][b0] for k in ks}
+    # T_true(B, k): this launch's measured T(B0, k), shaped over B (the test serves B <= B0).
+    t_true = {k: {b: m[k] * (0.5 + 0.5 * b / b0) for b in range(1, 17)} for k in ks}
+    t_wrong = {k: {b: t * (0.7 if k >= 2 else 1.0) for b, t in row.items()} for k, row in t_true.items()}
+    want_true = table_dense(true_table(t_true, rates, ks))[b0 - 1]
+    want_wrong = table_dense(true_table(t_wrong, rates, ks))[b0 - 1]
+    print(f"\n[step time] measured T(B={b0}, k) = {m} ms; true table k = {want_true}, wrong profile k = {want_wrong}")
+    if want_true == want_wrong:
+        pytest.skip(f"draft cost on this machine (T2/T1 = {m[2] / m[1]:.2f} at B = {b0}) is outside the range where "
+                    "a 30% error flips the choice")
+    start = true_table(t_wrong, rates, ks)
+
+    v = rig.publish(ranges=start, rates=rates, profile=t_wrong, allowed_k=list(ks),
+                    controller={"step_time_correction": True})
+    hit, mine = rig.wait(lambda w: table_dense(w.controller["table"])[b0 - 1] == want_true, version=v,
+                         max_steps=1500)
+    assert hit is not None, [w.controller["table"] for w in mine]
+    at = report("step time, corrected", hit, mine)
+    # ... and it ends there: every later window of the version keeps the true choice at B0.
+    _, mine = rig.wait(lambda w: False, version=v, max_steps=at + 600)
+    later = [w for w in mine if Rig.steps_into(w, mine) > at]
+    assert later and all(table_dense(w.controller["table"])[b0 - 1] == want_true for w in later), \
+        [w.controller["table"] for w in later]
+    print(f"  corrections: {mine[-1].controller['step_time']}")
+
+    v = rig.publish(ranges=start, rates=rates, profile=t_wrong, allowed_k=list(ks),
+                    controller={"step_time_correction": False})
+    hit, mine = rig.wait(lambda w: table_dense(w.controller["table"])[b0 - 1] != want_wrong, version=v,
+                         max_steps=1000)
+    assert hit is None, "without the correction the table should keep the profile's wrong choice"
+    print(f"\n[step time, uncorrected] {Rig.steps_into(mine[-1], mine)} steps: k at B = {b0} stays {want_wrong}")

@@ -1,0 +1,340 @@
+"""The controller's logic without vLLM: worked numbers, fallbacks, reloads, export, robustness,
+and the method's behaviour on a fake engine with known acceptance and step times.
+
+Tolerances (stated): with B = 8 and the defaults (N = 100, w = 2000 halving, exploration every 50
+steps), after 3000 steps â_1 is within 0.05 of the truth and â_2, â_3 within 0.10 (positions past
+the table's k are seen only in exploration steps, ~32 effective draws); the table must then be one
+the truth table could be for rates anywhere in that box (``robust_choices``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+
+from tabletune_pipelines.controller.loader import EngineFacts
+from tabletune_pipelines.controller.search import dense_from_ranges
+from tabletune_pipelines.live_counters import read_live_counters
+from tests.controller._fake import (
+    ENGINE,
+    IDENTITY,
+    LAUNCH,
+    FakeEngine,
+    controller,
+    linear_profile,
+    publish,
+    true_table,
+)
+from tests.controller._fake import robust_choices as _robust
+
+
+def robust_choices(profile, rates, tol=(0.05, 0.10, 0.10), n=16):
+    return _robust(profile, rates, tol, n=n)
+
+PROFILE = linear_profile()
+TRUE_T = lambda b, k: PROFILE[k][b]  # noqa: E731
+TOL = (0.05, 0.10, 0.10)
+
+
+def table_k(c, n=16) -> list[int]:
+    return dense_from_ranges(c.ranges, n).tolist()
+
+
+@pytest.fixture
+def clock():
+    return [1000.0]
+
+
+# ---------------------------------------------------------------- counting: worked numbers
+def test_per_position_counts_and_blend(tmp_path, clock):
+    p = publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=(0.5, 0.5, 0.5),
+                controller={"rebuild_every_steps": 1, "export_every_steps": 1, "prior_decay": False,
+                            "live_count_floor": 0.0})
+    c = controller(p, clock)
+    ids = ["a", "b", "c"]
+    # a drafted 3 kept 2, b drafted 3 kept 0, c drafted 1 kept 1 → drafted (3, 2, 2), accepted (2, 1, 0)
+    clock[0] += 0.01
+    c.on_step({r: 1 for r in ids}, {"a": [1, 2, 3], "b": [1, 2, 3], "c": [1]}, {"a": 0, "b": 1, "c": 2},
+              [[1, 2, 3], [1], [1, 2]], 3, 3, 10, clock[0])
+    (w,) = read_live_counters(tmp_path / "pub.live.jsonl").windows
+    assert (w.drafted_per_pos, w.accepted_per_pos, w.num_drafts, w.tokens) == ((3, 2, 2), (2, 1, 0), 3, 3 + 3)
+    # â_i = (2000 · 0.5 + accepted_i) / (2000 + drafted_i), before the halving
+    assert w.estimate == pytest.approx([1002 / 2003, 1001 / 2002, 1000 / 2002], abs=1e-6)
+    assert w.controller["live_drafted"] == [1.5, 1.0, 1.0]  # halved after the rebuild
+
+
+def test_halving_stops_at_the_floor(tmp_path, clock):
+    p = publish(tmp_path / "pub.json", ranges=[(1, 16, 2)], rates=(0.5, 0.5, 0.5), allowed_k=[0, 1, 2, 3],
+                controller={"rebuild_every_steps": 10_000, "live_count_floor": 256.0})
+    c = controller(p, clock)
+    ids = [f"r{i}" for i in range(1000)]
+    # 1000 request-steps drafting 2 (kept 1 each); 100 of them also drafted a third position (kept 0)
+    c.on_step({r: 1 for r in ids}, {r: [0, 0, 0] if i < 100 else [0, 0] for i, r in enumerate(ids)},
+              {r: i for i, r in enumerate(ids)}, [[1, 1]] * 1000, 2, 0, 3100, clock[0])
+    c.rebuild(clock[0])
+    # position 1, 2: 1000 → max(500, 256) = 500; position 3: 100 stays 100 (below the floor)
+    assert c.estimator.drafted.tolist() == [500.0, 500.0, 100.0]
+    assert c.estimator.accepted.tolist() == [500.0, 0.0, 0.0]
+
+
+def test_the_methods_example_a2_becomes_0_55(tmp_path, clock):
+    """prior a_2 = 0.5, live drafted_2 = 2000, accepted_2 = 1200 → (1000 + 1200) / 4000 = 0.55."""
+    p = publish(tmp_path / "pub.json", ranges=[(1, 16, 2)], rates=(0.5, 0.5, 0.5), allowed_k=[0, 1, 2, 3],
+                controller={"rebuild_every_steps": 10_000})
+    c = controller(p, clock)
+    ids = [f"r{i}" for i in range(2000)]
+    c.on_step({r: 1 for r in ids}, {r: [0, 0] for r in ids}, {r: i for i, r in enumerate(ids)},
+              [[1, 1, 1] if i < 1200 else [1] for i in range(2000)], 2, 0, 6000, clock[0])
+    c.rebuild(clock[0])
+    assert c.estimator.prior_weight == 1000.0  # decayed after the rebuild
+    assert c._last_estimate[1] == pytest.approx(0.55)
+
+
+# ---------------------------------------------------------------- start-up and fallbacks
+@pytest.mark.parametrize("case,message", [
+    ("missing", "does not exist"),
+    ("truncated", "not valid JSON"),
+    ("schema_version", "schema_version 2"),
+    ("other K", "K (num_speculative_tokens) 3 != this engine's 4"),
+    ("other max_num_seqs", "max_num_seqs 16 != this engine's 32"),
+    ("other model", "model '/m/target' != this engine's '/m/other'"),
+    ("other method", "method 'draft_model' != this engine's 'eagle3'"),
+    ("other vllm", "vLLM '0.32.0+cpu' != this engine's '0.26.0'"),
+    ("k not launched", "uses k = [3], which the launch table [[1, 16, 1]] does not list"),
+])
+def test_unusable_file_falls_back_with_one_line(tmp_path, clock, caplog, case, message):
+    p = tmp_path / "pub.json"
+    eng = ENGINE
+    if case != "missing":
+        publish(p, ranges=[(1, 16, 3)], rates=(0.7, 0.5, 0.3))
+    if case == "truncated":
+        p.write_text(p.read_text()[:200])
+    elif case == "schema_version":
+        p.write_text(p.read_text().replace('"schema_version": 1,\n  "speculative', '"schema_version": 2,\n  "speculative'))
+    elif case.startswith("other") or case == "k not launched":
+        eng = {"other K": EngineFacts(max_k=4, max_num_seqs=16, launch_ranges=((1, 16, 4),)),
+               "other max_num_seqs": EngineFacts(max_k=3, max_num_seqs=32, launch_ranges=((1, 32, 3),)),
+               "other model": EngineFacts(3, 16, LAUNCH, model="/m/other"),
+               "other method": EngineFacts(3, 16, LAUNCH, method="eagle3"),
+               "other vllm": EngineFacts(3, 16, LAUNCH, vllm_version="0.26.0"),
+               "k not launched": EngineFacts(3, 16, ((1, 16, 1),))}[case]
+    with caplog.at_level(logging.INFO, logger="tabletune.controller"):
+        c = controller(p, clock, engine=eng)
+    assert c.start is None and c.next_lookup() is None and message in c.fallback_reason
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "using the engine's configured table" in lines[0] and message in lines[0]
+    # It still counts, and never raises, while falling back.
+    FakeEngine(c, (0.5, 0.3, 0.1), TRUE_T, clock=clock).run(250, 4)
+    assert c.steps == 250 and c.errors == 0
+
+
+def test_launch_without_a_table_only_observes(tmp_path, clock, caplog):
+    p = publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=(0.7, 0.5, 0.3))
+    with caplog.at_level(logging.WARNING, logger="tabletune.controller"):
+        c = controller(p, clock, engine=EngineFacts(3, 16, None))
+    assert c.start is not None and not c.controlling and c.next_lookup() is None
+    assert any("k cannot change" in r.getMessage() for r in caplog.records)
+
+
+def test_file_without_profile_applies_its_table_and_observes(tmp_path, clock):
+    p = publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=(0.7, 0.5, 0.3), profile={})
+    c = controller(p, clock)
+    assert c.start is not None and not c.controlling and "no k = 3" in c.start.notes[0]
+
+
+# ---------------------------------------------------------------- newer versions while serving
+def test_newer_version_is_picked_up_at_most_once_a_second(tmp_path, clock, monkeypatch):
+    p = publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=(0.7, 0.5, 0.3))
+    c = controller(p, clock)
+    stats = []
+    real_stat = c._stat
+    monkeypatch.setattr(c, "_stat", lambda: stats.append(clock[0]) or real_stat())
+    eng = FakeEngine(c, (0.7, 0.5, 0.3), lambda b, k: 10.0, clock=clock)  # 10 ms steps
+    eng.run(300, 4)  # 3 s
+    assert 2 <= len(stats) <= 4
+    publish(p, ranges=[(1, 8, 3), (9, 16, 1)], rates=(0.6, 0.4, 0.2), version=2, allowed_k=[1, 3],
+            controller={"rebuild_every_steps": 100_000})
+    eng.run(50, 4)  # 0.5 s: not necessarily seen yet; within 1 s it must be
+    eng.run(100, 4)
+    assert c.start.published.version == 2 and c.reloads == 1 and c.start.prior == (0.6, 0.4, 0.2)
+    assert c.ranges == ((1, 8, 3), (9, 16, 1))
+    # An older version, a torn file and an invalid table are ignored; the table in force stays.
+    for bad in ("older", "torn", "gap"):
+        if bad == "older":
+            publish(p, ranges=[(1, 16, 1)], rates=(0.6, 0.4, 0.2), version=1, allowed_k=[1, 3])
+        elif bad == "torn":
+            p.write_text('{"schema": "tabletune.published_table", "vers')
+        else:
+            doc = json.loads(publish(p, ranges=[(1, 16, 1)], rates=(0.6, 0.4, 0.2), version=9).read_text())
+            doc["table"]["ranges"] = [[1, 4, 1], [6, 16, 1]]
+            p.write_text(json.dumps(doc))
+        eng.run(120, 4)
+        assert c.start.published.version == 2 and c.errors == 0
+    windows = read_live_counters(tmp_path / "pub.live.jsonl").windows
+    assert windows[0].table_version == 1  # the old version's last window was flushed at the switch
+
+
+# ---------------------------------------------------------------- exploration and hysteresis
+def test_exploration_runs_one_step_at_the_largest_k_every_50(tmp_path, clock):
+    p = publish(tmp_path / "pub.json", ranges=[(1, 16, 1)], rates=(0.3, 0.1, 0.05), allowed_k=[0, 1, 3],
+                controller={"mode": "control", "rebuild_every_steps": 10_000})
+    c = controller(p, clock)
+    eng = FakeEngine(c, (0.3, 0.1, 0.05), TRUE_T, clock=clock)
+    eng.run(1000, 8)
+    explored = [i for i, k in enumerate(eng.ks_run) if k == 3]
+    assert explored == list(range(50, 1000, 50)) and c.exploration_steps == 19
+    assert set(eng.ks_run) == {1, 3}
+
+
+def test_hysteresis_keeps_k_near_a_boundary(tmp_path, clock):
+    p = publish(tmp_path / "pub.json", ranges=[(1, 8, 3), (9, 16, 1)], rates=(0.7, 0.5, 0.3), allowed_k=[1, 3],
+                controller={"hysteresis": 2, "exploration_every_steps": 0, "rebuild_every_steps": 10_000})
+    c = controller(p, clock)
+    c.on_step({"a": 4}, {"a": [0, 0, 0]}, {"a": 0}, [[1]], 3, 0, 4, clock[0])  # running k = 3
+    lk = c.next_lookup()
+    assert (lk[8], lk[9], lk[10], lk[11]) == (3, 3, 3, 1)
+    c.on_step({"a": 2}, {"a": [0]}, {"a": 0}, [[1]], 1, 0, 2, clock[0] + 0.01)  # now running k = 1
+    lk = c.next_lookup()
+    assert (lk[6], lk[7], lk[8], lk[9]) == (3, 1, 1, 1)
+
+
+# ---------------------------------------------------------------- the method on a fake engine
+def test_known_truth_convergence(tmp_path, clock):
+    truth = (0.3, 0.1, 0.05)
+    p = publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=(0.9, 0.8, 0.7), allowed_k=[0, 1, 2, 3],
+                controller={"step_time_correction": False})
+    c = controller(p, clock)
+    FakeEngine(c, truth, TRUE_T, clock=clock, seed=1).run(3000, 8)
+    est = c.estimate()
+    for got, want, tol in zip(est, truth, TOL):
+        assert abs(got - want) <= tol, est
+    ok = robust_choices(PROFILE, truth)
+    assert all(k in ok[b] for b, k in enumerate(table_k(c))), (c.ranges, ok)
+    assert c.ranges != ((1, 16, 3),)
+
+
+def test_repair_from_a_table_shrunk_to_a_quarter(tmp_path, clock):
+    rates = (0.7, 0.5, 0.3)
+    tuned = true_table(PROFILE, rates)
+    wrong = [[1, 4, 3], [5, 16, 0]]  # speculation only up to a quarter of the batch sizes
+    assert tuned != wrong
+    p = publish(tmp_path / "pub.json", ranges=wrong, rates=rates, allowed_k=[0, 1, 2, 3],
+                controller={"step_time_correction": False})
+    c = controller(p, clock)
+    FakeEngine(c, rates, TRUE_T, clock=clock).run(150, 12)  # one rebuild is enough: the prior is right
+    assert [list(r) for r in c.ranges] == tuned
+
+
+@pytest.mark.parametrize("with_fix", [False, True], ids=["no exploration, no decay", "exploration + decay"])
+def test_stuck_short_trap(tmp_path, clock, with_fix):
+    low, high = (0.3, 0.1, 0.05), (0.9, 0.8, 0.7)
+    start = true_table(PROFILE, low)
+    p = publish(tmp_path / "pub.json", ranges=start, rates=low, allowed_k=[0, 1, 2, 3], controller={
+        "step_time_correction": False, "prior_decay": with_fix, "exploration_every_steps": 50 if with_fix else 0})
+    c = controller(p, clock)
+    FakeEngine(c, high, TRUE_T, clock=clock, seed=2).run(3000, 12)
+    ok = robust_choices(PROFILE, high)
+    on_truth = all(k in ok[b] for b, k in enumerate(table_k(c)))
+    assert on_truth == with_fix, (c.ranges, c.estimate())
+    if not with_fix:
+        assert max(table_k(c)) <= max(k for _, _, k in start)  # still short
+
+
+@pytest.mark.parametrize("correct", [True, False])
+def test_step_time_correction_with_a_profile_30_percent_low(tmp_path, clock, correct):
+    rates = (0.6, 0.02, 0.01)
+    wrong = {k: {b: t * (0.7 if k >= 2 else 1.0) for b, t in row.items()} for k, row in PROFILE.items()}
+    want_true, want_wrong = true_table(PROFILE, rates), true_table(wrong, rates)
+    assert want_true != want_wrong
+    p = publish(tmp_path / "pub.json", ranges=want_wrong, profile=wrong, rates=rates, allowed_k=[0, 1, 2, 3],
+                controller={"step_time_correction": correct})
+    c = controller(p, clock)
+    FakeEngine(c, rates, TRUE_T, clock=clock, seed=3).run(3000, 8)
+    assert [list(r) for r in c.ranges] == (want_true if correct else want_wrong)
+
+
+# ---------------------------------------------------------------- robustness
+def test_kept_above_drafted_is_counted_and_clamped(tmp_path, clock, caplog):
+    p = publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=(0.7, 0.5, 0.3))
+    c = controller(p, clock)
+    eng = FakeEngine(c, (0.5, 0.3, 0.1), TRUE_T, clock=clock)
+    eng.tamper = lambda sampled: sampled[0].extend([9] * 5)  # request 0 "kept" 5 more than drafted
+    with caplog.at_level(logging.WARNING, logger="tabletune.controller"):
+        eng.run(300, 4)
+    assert c.anomalies >= 250 and c.errors == 0
+    assert all(0.0 <= a <= 1.0 for a in c.estimate())
+    assert sum("kept > drafted" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_rebuild_over_budget_is_skipped_and_counted(tmp_path, clock, caplog):
+    p = publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=(0.9, 0.8, 0.7),
+                controller={"rebuild_budget_ms": 1e-6})
+    c = controller(p, clock)
+    with caplog.at_level(logging.WARNING, logger="tabletune.controller"):
+        FakeEngine(c, (0.3, 0.1, 0.05), TRUE_T, clock=clock).run(1000, 8)
+    assert c.skipped_rebuilds == 10 and c.rebuilds == 0 and c.ranges == ((1, 16, 3),)
+    assert sum("over rebuild_budget_ms" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_export_folder_not_writable(tmp_path, clock, caplog):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("x")
+    p = publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=(0.9, 0.8, 0.7), allowed_k=[0, 1, 2, 3],
+                controller={"export_path": str(blocker / "live.jsonl"), "export_every_steps": 100,
+                            "export_every_s": 1.0})
+    c = controller(p, clock)
+    with caplog.at_level(logging.WARNING, logger="tabletune.controller"):
+        FakeEngine(c, (0.3, 0.1, 0.05), TRUE_T, clock=clock).run(2000, 8)
+    assert c.export_failures >= 3 and c.exports == 0 and c.errors == 0 and c.table_changes >= 1
+    assert sum("cannot write live counters" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_export_windows_sum_to_what_was_counted(tmp_path, clock):
+    p = publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=(0.7, 0.5, 0.3),
+                controller={"export_every_steps": 250})
+    c = controller(p, clock)
+    eng = FakeEngine(c, (0.5, 0.3, 0.1), TRUE_T, clock=clock)
+    eng.run(1234, 8)
+    c.close()
+    read = read_live_counters(tmp_path / "pub.live.jsonl")
+    ws = read.windows
+    assert sum(w.steps for w in ws) == 1234 and [w.seq for w in ws] == list(range(len(ws)))
+    assert sum(w.drafted_per_pos[0] for w in ws) == sum(8 for k in eng.ks_run if k > 0)
+    assert all(w.window_start <= w.window_end for w in ws)
+    assert all(a.window_end <= b.window_start for a, b in zip(ws, ws[1:]))
+    last = ws[-1].controller
+    assert last["mode"] == "control" and last["published_version"] == 1 and last["steps"] == 1234
+
+
+def test_observe_mode_keeps_the_starting_table(tmp_path, clock):
+    p = publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=(0.9, 0.8, 0.7), allowed_k=[0, 1, 2, 3],
+                controller={"mode": "observe"})
+    c = controller(p, clock)
+    eng = FakeEngine(c, (0.3, 0.1, 0.05), TRUE_T, clock=clock)
+    eng.run(1500, 8)
+    assert set(eng.ks_run) == {3} and c.ranges == ((1, 16, 3),)
+    assert c.candidate_ranges != c.ranges  # what it would have done is in the state
+
+
+def test_a_failure_is_counted_and_logged_once(tmp_path, clock, caplog):
+    c = controller(publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=(0.9, 0.8, 0.7)), clock)
+    with caplog.at_level(logging.WARNING, logger="tabletune.controller"):
+        for _ in range(5):
+            c.fail("counting a step", RuntimeError("boom"))
+    assert c.errors == 5 and sum("counting a step failed" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_identity_is_optional_but_k_and_n_are_always_checked(tmp_path, clock):
+    p = publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=(0.9, 0.8, 0.7), identity=None)
+    assert controller(p, clock).start is not None
+    c = controller(p, clock, engine=EngineFacts(max_k=3, max_num_seqs=8, launch_ranges=((1, 8, 3),)))
+    assert c.start is None and "max_num_seqs 16" in c.fallback_reason
+
+
+def test_prior_weight_is_capped_by_the_priors_draft_count(tmp_path, clock):
+    p = publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=(0.9, 0.8, 0.7), prior_count=500)
+    assert controller(p, clock).estimator.prior_weight == 500.0
+    assert IDENTITY["max_k"] == 3

@@ -1,0 +1,83 @@
+"""The HTTP client against a stdlib stand-in for vLLM's OpenAI server (what it sends, how it fails)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from tabletune_pipelines.engine.client import EngineClient, EngineUnreachable
+from tabletune_pipelines.engine.config import SERVED_MODEL_NAME
+from tabletune_pipelines.engine.errors import EngineError
+from tabletune_pipelines.engine.process import free_port
+
+
+@pytest.fixture
+def fake_vllm():
+    seen: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a):  # quiet
+            pass
+
+        def _send(self, status, body):
+            raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def do_GET(self):  # noqa: N802
+            if self.path == "/health":
+                self._send(200, b"")
+            elif self.path == "/version":
+                self._send(200, {"version": "0.26.0"})
+            elif self.path == "/metrics":
+                self._send(200, b"vllm:num_requests_running 0\n")
+            else:
+                self._send(404, {"error": "no"})
+
+        def do_POST(self):  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(body)
+            if body["max_tokens"] > 100:
+                self._send(400, {"error": "max_tokens too large"})
+                return
+            n = len(body["prompt"]) if isinstance(body["prompt"][0], list) else 1
+            self._send(200, {"choices": [{"text": ""}] * n})
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield EngineClient(f"http://127.0.0.1:{srv.server_address[1]}"), seen
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_requests(fake_vllm):
+    client, seen = fake_vllm
+    assert client.healthy() and client.health_status() == 200
+    assert client.version() == "0.26.0"
+    assert "num_requests_running" in client.metrics_text()
+    out = client.complete([[5, 6, 7], [8, 9, 10]], max_tokens=4, ignore_eos=True)
+    assert len(out["choices"]) == 2
+    assert seen[-1] == {"model": SERVED_MODEL_NAME, "prompt": [[5, 6, 7], [8, 9, 10]], "max_tokens": 4,
+                        "temperature": 0.0, "ignore_eos": True}
+    client.complete("text", max_tokens=1, seed=3)
+    assert seen[-1]["seed"] == 3
+
+
+def test_bad_status_names_it(fake_vllm):
+    client, _ = fake_vllm
+    with pytest.raises(EngineError, match="completion request answered 400"):
+        client.complete([[1]], max_tokens=1000)
+
+
+def test_nothing_listening():
+    client = EngineClient(f"http://127.0.0.1:{free_port()}")
+    assert not client.healthy(timeout=1.0)
+    with pytest.raises(EngineUnreachable, match="did not answer"):
+        client.version(timeout=1.0)
+    assert issubclass(EngineUnreachable, EngineError)

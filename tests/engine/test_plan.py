@@ -1,0 +1,123 @@
+"""ProfileOptions, ProfilePlan and the launches a plan needs."""
+
+from __future__ import annotations
+
+import pytest
+
+from tabletune_pipelines.engine.config import ServerConfig
+from tabletune_pipelines.engine.errors import EngineConfigError
+from tabletune_pipelines.engine.plan import (
+    ProfileOptions,
+    ProfilePlan,
+    default_plan,
+    fixed_k_baseline_options,
+    fixed_k_config,
+    launch_table,
+    no_spec_config,
+    per_k_config,
+    plan_from_options,
+    rotations,
+    switching_config,
+)
+
+CFG = ServerConfig(model="/m", drafter="/d", method="draft_model", num_speculative_tokens=3, max_num_seqs=32,
+                   load_format="dummy", model_runner="v2")
+
+
+def test_k_order_rotates_across_repetitions():
+    assert rotations([0, 1, 3], 3) == [[0, 1, 3], [1, 3, 0], [3, 0, 1]]
+    assert rotations([None], 2) == [[None], [None]]
+
+
+def test_default_plan():
+    plan = default_plan(CFG)
+    assert plan.ks == (0, 1, 2, 3) and plan.batch_sizes == tuple(range(1, 17)) + (24, 32)
+    assert plan.accept_batch_sizes == (1, 10, 32) and plan.repetitions == 3
+    plan = default_plan(CFG, batch_sizes=[8, 1, 8], ks=[3, 0], accept_batch_sizes=[])
+    assert plan.batch_sizes == (1, 8) and plan.ks == (0, 3) and plan.accept_batch_sizes == ()
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"batch_sizes": [0]}, "batch size 0 is outside 1..max_num_seqs = 32"),
+    ({"batch_sizes": [33]}, "batch size 33"),
+    ({"batch_sizes": []}, "batch_sizes is empty"),
+    ({"ks": [4]}, "k = 4 is outside 0..num_speculative_tokens = 3"),
+    ({"repetitions": 0}, "repetitions = 0"),
+    ({"accept_batch_sizes": [64]}, "accept batch size 64"),
+])
+def test_default_plan_names_the_bad_value(kwargs, message):
+    with pytest.raises(EngineConfigError, match=message):
+        default_plan(CFG, **kwargs)
+
+
+def test_plan_cells_per_mode():
+    plan = ProfilePlan(batch_sizes=(1, 8), ks=(0, 1, 3), repetitions=2, accept_batch_sizes=(1,))
+    assert plan.cells("fixed_k") == [(1, 1, "reject"), (3, 1, "reject"), (1, 8, "reject"), (3, 8, "reject")]
+    cells = plan.cells("one_launch")
+    assert cells[:3] == [(0, 1, "reject"), (1, 1, "reject"), (3, 1, "reject")]
+    assert (None, 8, "reject") in cells and (1, 1, "accept") in cells and (0, 1, "accept") not in cells
+    assert len(cells) == 6 + 2 + 2
+
+
+def test_options_defaults_and_mapping():
+    opts = ProfileOptions()
+    assert opts.mode == "one_launch" and opts.repetitions == 3 and opts.warmup is None
+    opts = ProfileOptions.from_mapping({"mode": "launch_per_k", "batch_sizes": [1, 4], "ks": [0, 1],
+                                        "startup_timeout": 600, "warmup": True})
+    assert opts.batch_sizes == (1, 4) and opts.ks == (0, 1) and opts.warmup is True
+    assert opts.server_overrides() == {"startup_timeout": 600}
+    assert opts.apply_to(CFG).startup_timeout == 600 and opts.apply_to(CFG).load_format == "dummy"
+    assert ProfileOptions().apply_to(CFG) is CFG
+    plan = plan_from_options(CFG, opts)
+    assert plan.batch_sizes == (1, 4) and plan.ks == (0, 1)
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"modes": "one_launch"}, r"my options: unknown key\(s\) \['modes'\]; known keys: \['mode'"),
+    ({"mode": "per_k"}, "mode = 'per_k' must be one of"),
+    ({"batch_sizes": "1,4"}, "batch_sizes = '1,4' must be a list of integers"),
+    ({"ks": [0, 1.5]}, r"ks = \[0, 1.5\]: 1.5 is not an integer"),
+    ({"repetitions": 0}, "repetitions = 0"),
+    ({"include_no_spec": "yes"}, "include_no_spec = 'yes' must be true or false"),
+    ({"warmup": 1}, "warmup = 1"),
+])
+def test_options_name_the_bad_key_or_value(data, message):
+    with pytest.raises(EngineConfigError, match=message):
+        ProfileOptions.from_mapping(data, where="my options")
+
+
+def test_warmup_default_depends_on_the_device():
+    assert ProfileOptions().warmup_for("gpu") is True
+    assert ProfileOptions().warmup_for("cpu") is False
+    assert ProfileOptions(warmup=False).warmup_for("gpu") is False
+    assert ProfileOptions(warmup=True).warmup_for("cpu") is True
+
+
+def test_fixed_k_baseline_options():
+    plan = default_plan(CFG)
+    fk = fixed_k_baseline_options(ProfileOptions(fixed_k_baseline=True, repetitions=2), plan)
+    assert fk.mode == "fixed_k" and fk.ks == (1, 2, 3) and fk.repetitions == 2
+    assert fk.batch_sizes == (1, 5, 10, 32) and fk.accept_batch_sizes == () and not fk.include_no_spec
+    assert not fk.fixed_k_baseline
+
+
+def test_launch_table_lists_every_k():
+    assert launch_table([0, 1, 2, 3], 16) == ((1, 1, 0), (2, 2, 1), (3, 3, 2), (4, 16, 3))
+    assert launch_table([3, 0, 1], 8) == ((1, 1, 0), (2, 2, 1), (3, 8, 3))
+    assert launch_table([2], 8) == ((1, 8, 2),)
+    with pytest.raises(EngineConfigError, match="ks = \\[0, 1, 2, 3\\] has 4 values but max_num_seqs = 2"):
+        launch_table([0, 1, 2, 3], 2)
+
+
+def test_launch_configs():
+    sw = switching_config(CFG, (0, 1, 3), 0.0, "/w")
+    assert sw.table == ((1, 1, 0), (2, 2, 1), (3, 32, 3)) and sw.synthetic_acceptance_rates == (0.0, 0.0, 0.0)
+    assert sw.num_speculative_tokens == 3 and sw.work_dir == "/w"
+    assert sw.load_format == "dummy" and sw.model_runner == "v2"  # the GPU options travel to every launch
+    assert switching_config(CFG, (1, 3), 1.0, None).synthetic_acceptance_rates == (1.0, 1.0, 1.0)
+    pk = per_k_config(CFG, 1, None)
+    assert pk.table == ((1, 32, 1),) and pk.num_speculative_tokens == 3
+    fk = fixed_k_config(CFG, 2, None)
+    assert fk.table is None and fk.num_speculative_tokens == 2 and fk.synthetic_acceptance_rates == (0.0, 0.0)
+    ns = no_spec_config(CFG, None)
+    assert ns.method is None and ns.speculative_config is None and ns.load_format == "dummy"

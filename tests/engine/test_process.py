@@ -1,0 +1,95 @@
+"""VLLMServer before a launch: up-front checks name the bad value; control needs a started server."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from tabletune_pipelines.engine.config import ServerConfig
+from tabletune_pipelines.engine.errors import (
+    EngineConfigError,
+    EngineError,
+    ModelNotFoundError,
+    PortInUseError,
+    VocabMismatchError,
+)
+from tabletune_pipelines.engine.process import VLLMServer, check_config, free_port, port_is_free
+
+
+def _model_dir(tmp_path, name: str, vocab: int):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"vocab_size": vocab, "architectures": ["LlamaForCausalLM"]}))
+    return d
+
+
+def test_missing_model_path(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="nope"):
+        VLLMServer(ServerConfig(model=str(tmp_path / "nope"), work_dir=str(tmp_path / "w"))).start()
+    d = _model_dir(tmp_path, "t", 100)
+    cfg = ServerConfig(model=str(d), drafter=str(tmp_path / "no-draft"), method="draft_model", num_speculative_tokens=2)
+    with pytest.raises(ModelNotFoundError, match="drafter"):
+        check_config(cfg)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelNotFoundError, match="has no config.json"):
+        check_config(ServerConfig(model=str(tmp_path / "empty")))
+    check_config(ServerConfig(model="org/name"))  # a hub name is left to vLLM
+
+
+def test_vocab_mismatch(tmp_path):
+    t = _model_dir(tmp_path, "t", 2048)
+    d = _model_dir(tmp_path, "d", 1000)
+    cfg = ServerConfig(model=str(t), drafter=str(d), method="draft_model", num_speculative_tokens=2,
+                       work_dir=str(tmp_path / "w"))
+    with pytest.raises(VocabMismatchError, match="vocab_size 1000 but target .* has 2048"):
+        VLLMServer(cfg).start()
+
+
+def test_port_taken(tmp_path):
+    t = _model_dir(tmp_path, "t", 100)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        assert not port_is_free(port)
+        with pytest.raises(PortInUseError, match=f"port = {port}"):
+            VLLMServer(ServerConfig(model=str(t), port=port, work_dir=str(tmp_path / "w"))).start()
+    assert 0 < free_port() < 65536
+
+
+def test_control_needs_a_started_server_with_a_table(tmp_path):
+    srv = VLLMServer(ServerConfig(model="/m", drafter="/d", method="draft_model", num_speculative_tokens=3,
+                                  table=((1, 8, 3),), work_dir=str(tmp_path)))
+    with pytest.raises(EngineError, match="not started"):
+        srv.set_k(1)
+    with pytest.raises(EngineConfigError, match="k = 4 is outside 0..num_speculative_tokens = 3"):
+        srv.set_k(4)
+    with pytest.raises(EngineConfigError, match="exactly one of k or table"):
+        srv.set_k(1, table=[[1, 8, 1]])
+    srv.arm_gate(4)  # no server: nothing to arm, no error
+    assert srv.read_steps() == [] and srv.step_log_offset() == 0 and srv.log_tail() == ""
+    fixed = VLLMServer(ServerConfig(model="/m", drafter="/d", method="draft_model", num_speculative_tokens=3,
+                                    work_dir=str(tmp_path)))
+    with pytest.raises(EngineConfigError, match="needs a launch table"):
+        fixed.set_k(1)
+    cpu = VLLMServer(ServerConfig(model="/m", drafter="/d", method="draft_model", num_speculative_tokens=3,
+                                  synthetic_acceptance_rates=(0.5, 0.5, 0.5), device="cpu", work_dir=str(tmp_path)))
+    assert cpu.can_switch_synthetic_rates
+    gpu = VLLMServer(ServerConfig(model="/m", drafter="/d", method="draft_model", num_speculative_tokens=3,
+                                  synthetic_acceptance_rates=(0.5, 0.5, 0.5), device="gpu", work_dir=str(tmp_path)))
+    assert not gpu.can_switch_synthetic_rates
+    with pytest.raises(EngineConfigError, match="only on the CPU build"):
+        gpu.set_synthetic_rates([0.0, 0.0, 0.0])
+
+
+def test_read_steps_filters_by_time_and_offset(tmp_path):
+    srv = VLLMServer(ServerConfig(model="/m", work_dir=str(tmp_path)))
+    srv.step_log_path = tmp_path / "steps.jsonl"
+    srv.step_log_path.write_text('{"t": 1.0, "b": 1}\n{"t": 2.0, "b": 2}\n{"t": 3.0, "b"')  # last line being written
+    assert [r["b"] for r in srv.read_steps()] == [1, 2]
+    assert [r["b"] for r in srv.read_steps(since=1.5)] == [2]
+    assert [r["b"] for r in srv.read_steps(until=1.5)] == [1]
+    offset = len('{"t": 1.0, "b": 1}\n')
+    assert [r["b"] for r in srv.read_steps(offset=offset)] == [2]

@@ -1,0 +1,107 @@
+"""The scheduler mixin's logic on stand-in scheduler objects: control, gate, step records."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from tabletune_pipelines.control_protocol import ControlWriter, ack_path
+
+pytest.importorskip("vllm")
+
+from tabletune_pipelines.engine import step_scheduler as ss  # noqa: E402
+
+
+@pytest.fixture
+def sched(tmp_path, monkeypatch):
+    monkeypatch.setenv(ss.K_CONTROL_ENV, str(tmp_path / "ctl.json"))
+    monkeypatch.setenv(ss.STEP_LOG_ENV, str(tmp_path / "steps.jsonl"))
+
+    class Fake(ss._TimingMixin):
+        num_spec_tokens = 3
+        scheduler_config = SimpleNamespace(max_num_seqs=8)
+        dynamic_sd_lookup = [0] + [3] * 8
+
+    f = Fake()
+    f._tt_init()
+    return f, ControlWriter(tmp_path / "ctl.json"), tmp_path
+
+
+def test_k_and_table_commands_rewrite_the_lookup(sched):
+    f, w, _ = sched
+    seq = w.send({"k": 1})
+    f._tt_poll_control()
+    assert f.dynamic_sd_lookup[1:] == [1] * 8
+    assert w.wait_ack(seq, timeout=1.0)["table"] == [[1, 8, 1]]
+    seq = w.send({"table": [[1, 4, 3], [5, 8, 0]]})
+    f._tt_poll_control()
+    assert f.dynamic_sd_lookup[1:] == [3] * 4 + [0] * 4 and f._tt_ctl_seq == seq
+
+
+def test_a_launch_without_a_table_refuses_k_switching(sched):
+    f, w, _ = sched
+    f.dynamic_sd_lookup = None
+    seq = w.send({"k": 1})
+    f._tt_poll_control()
+    ack = w.read_ack()
+    assert ack["ack"] == seq and "no num_speculative_tokens_per_batch_size" in ack["error"]
+
+
+def test_admission_gate_holds_then_admits_together(sched):
+    f, w, _ = sched
+    added = []
+    w.send({"gate": 3})
+    for i in range(3):
+        f._tt_add_request(SimpleNamespace(request_id=str(i)), added.append)
+        assert len(added) == (0 if i < 2 else 3)
+    f._tt_add_request(SimpleNamespace(request_id="x"), added.append)  # the gate is one-shot
+    assert [r.request_id for r in added] == ["0", "1", "2", "x"]
+    # A request finished (aborted) while held is dropped from the gate.
+    w.send({"gate": 2})
+    f._tt_add_request(SimpleNamespace(request_id="y"), added.append)
+    f._tt_drop_held(["y"])
+    assert f._tt_held == []
+
+
+def test_malformed_commands_are_refused_without_raising(sched):
+    f, w, tmp_path = sched
+    (tmp_path / "ctl.json").write_text("{not json")
+    f._tt_update(SimpleNamespace(num_scheduled_tokens={}, scheduled_spec_decode_tokens={}), None)
+    assert "error" in json.loads(ack_path(tmp_path / "ctl.json").read_text())
+    seq = w.send({"table": [[2, 8, 1]]})  # vLLM's validator rejects it inside build_lookup
+    f._tt_poll_control()
+    ack = w.read_ack()
+    assert ack["ack"] == seq and ack["error"]
+    assert f.dynamic_sd_lookup[1:] == [3] * 8  # unchanged
+
+
+def test_one_record_per_step(sched):
+    f, _, tmp_path = sched
+    so = SimpleNamespace(num_scheduled_tokens={"a": 4, "b": 4},
+                         scheduled_spec_decode_tokens={"a": [1, 2, 3], "b": [4, 5, 6]},
+                         num_spec_tokens_to_schedule=3, scheduled_new_reqs=[], total_num_scheduled_tokens=8)
+    mro = SimpleNamespace(req_id_to_index={"a": 0, "b": 1}, sampled_token_ids=[[9, 9, 9], [9]])
+    f._tt_update(so, mro)
+    f._tt_update(so, mro)
+    recs = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert len(recs) == 2 and recs[0]["dt"] is None
+    assert recs[-1]["b"] == 2 and recs[-1]["d"] == 6 and recs[-1]["a"] == 2 and recs[-1]["k"] == 3
+    assert recs[-1]["dp"] == [2, 2, 2] and recs[-1]["ap"] == [1, 1, 0]
+    assert recs[-1]["dt"] is not None and recs[-1]["dt"] >= 0
+    f._tt_update(None, None)  # broken inputs are swallowed (never crash the engine)
+
+
+def test_auto_scheduler_follows_vllms_async_decision(monkeypatch):
+    made = []
+    monkeypatch.setattr(ss.TimingScheduler, "__init__", lambda self, *a, **k: made.append("sync"))
+    monkeypatch.setattr(ss.TimingAsyncScheduler, "__init__", lambda self, *a, **k: made.append("async"))
+    on = SimpleNamespace(scheduler_config=SimpleNamespace(async_scheduling=True))
+    off = SimpleNamespace(scheduler_config=SimpleNamespace(async_scheduling=False))
+    assert isinstance(ss.AutoTimingScheduler(vllm_config=on, kv_cache_config=None), ss.TimingAsyncScheduler)
+    assert isinstance(ss.AutoTimingScheduler(vllm_config=off, kv_cache_config=None), ss.TimingScheduler)
+    assert made == ["async", "sync"]
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    assert issubclass(ss.TimingAsyncScheduler, AsyncScheduler)
