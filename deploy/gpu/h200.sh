@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine (one H200, vLLM 0.26.0 from the payload, no network), from the project
-# root, after `source .gpu/setup.sh`. One step per call:
+# Runs on the GPU machine (one H200, vLLM 0.26.0 from the payload, no network), from a copy of the
+# project (e.g. .gpu/src = `git archive HEAD`), after `source .gpu/setup.sh`. One step per call:
 #   bash deploy/gpu/h200.sh prep                      unpack the duckdb wheel carried in parts
 #   bash deploy/gpu/h200.sh profile dense|moe ARGS..  `tabletune profile` on that engine (resumable)
 #   bash deploy/gpu/h200.sh table dense|moe RATES     the tuned table (vLLM JSON) for a_1..a_K
@@ -17,10 +17,11 @@ dep() { case "$1" in dense) echo h200-qwen3-4b-eagle3;; moe) echo h200-qwen3-30b
 step=$1; shift
 case "$step" in
   prep)
-    for d in .gpu/d1 .gpu/d2; do [ -d $d ] && cp -u $d/duck.* $G/ 2>/dev/null; done
-    if [ ! -d $G/duck/duckdb ] && [ -f $G/duck.a ] && [ -f $G/duck.b ] && [ -f $G/duck.c ]; then
+    # The duckdb wheel (cp312) travels in nine parts over two transfers (each transfer <= 64 MiB).
+    for d in "${TT_PARTS:-../d1}" "${TT_PARTS2:-../d2}"; do [ -d "$d" ] && cp -u "$d"/duck.* $G/ 2>/dev/null; done
+    if [ ! -d $G/duck/duckdb ] && [ "$(ls $G/duck.? 2>/dev/null | wc -l)" -ge 9 ]; then
       W=$G/duckdb-2.0.1-cp312-abi3-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl
-      cat $G/duck.a $G/duck.b $G/duck.c > $W && python3 -m pip install -q --no-index --no-deps --no-compile \
+      cat $G/duck.? > $W && python3 -m pip install -q --no-index --no-deps --no-compile \
         --target $G/duck $W && echo "[h200] duckdb ready"
     fi
     python3 -c "import duckdb, yaml, pydantic; print('[h200] imports ok: duckdb', duckdb.__version__)" 2>&1 | tail -1
