@@ -113,7 +113,7 @@ def measure_window(server: Any, policy: str, table: Sequence[Sequence[int]], *, 
     steps = [s for s in server.read_steps(since=t0, until=t1, offset=offset) if s.get("b", 0) > 0]
     kept = sum(int(s["b"]) + int(s.get("a", 0)) for s in steps)
     seconds = sum(float(s["dt"]) for s in steps) / 1000.0
-    mism = sum(1 for s in steps if int(s.get("k", -1)) != min(max_k, lookup[min(int(s["b"]), max_num_seqs)]))
+    mism = sum(1 for s in steps if int(s.get("k", -1)) != min(max_k, lookup[min(int(s["b"]), max_num_seqs) - 1]))
     mean_b = statistics.fmean(int(s["b"]) for s in steps) if steps else 0.0
     return Window(policy, load, round_, kept, seconds, len(steps), mean_b, mism)
 

@@ -93,6 +93,32 @@ def check_config(config: ServerConfig) -> None:
 _LIVE: "weakref.WeakSet[VLLMServer]" = weakref.WeakSet()
 
 
+def install_termination_handler() -> bool:
+    """Turn SIGTERM/SIGHUP into ``SystemExit`` so the engines this process started are stopped.
+
+    Servers run in their own process group (so stopping one takes its workers with it), which also
+    means a plain ``kill``/``timeout`` of this process would leave them running and holding the
+    accelerator's memory (seen on the GPU machine: the next launch found 9.6 of 140 GiB free).
+    With this handler, ``with VLLMServer(...)`` blocks unwind and ``_stop_all`` runs. Only the
+    main thread can install handlers, and a handler someone else installed is left alone.
+    Returns True when installed.
+    """
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    installed = False
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) in (signal.SIG_DFL, None):
+            signal.signal(sig, _exit_on_signal)
+            installed = True
+    return installed
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:  # pragma: no cover - exercised in a subprocess
+    raise SystemExit(128 + signum)
+
+
 @atexit.register
 def _stop_all() -> None:  # pragma: no cover - interpreter shutdown
     for srv in list(_LIVE):
@@ -195,6 +221,7 @@ class VLLMServer:
                                      env=env, cwd=str(self.work_dir), start_new_session=True)
         self.last_pgid = self.proc.pid
         _LIVE.add(self)
+        install_termination_handler()
         try:
             self._wait_healthy(t0)
         except BaseException:

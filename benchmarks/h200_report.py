@@ -1,0 +1,119 @@
+"""Tables, predicted losses and the measured closed-loop goodput on the H200 profiles (no GPU needed).
+
+    python benchmarks/h200_report.py
+
+Reads the profiles the project's own tuner measured on one H200 (vLLM 0.26.0, Model Runner V2,
+full CUDA graphs, dummy weights; `benchmarks/data/h200/*.one_launch.json`, the store's export) and:
+1. derives each engine's table for acceptance (0.7, 0.5, 0.3) and (0.8, 0.6, 0.4);
+2. predicts, from the same profile, each fixed k's and the docs' table's loss against the best
+   fixed k per batch size (what the table would lose if the profile is right);
+3. summarises the measured closed-loop goodput log (`moe-goodput-closed-loop.log`: one launch,
+   synthetic acceptance (0.7, 0.5, 0.3), tables hot-swapped between windows in rotating order, two
+   rounds): goodput per policy and load with the spread of the two rounds, and the loss against
+   the best fixed k measured at that load.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE / "data" / "h200"
+RATES = ((0.7, 0.5, 0.3), (0.8, 0.6, 0.4))
+DOCS_DENSE = [[1, 64, 3], [65, 128, 1]]  # the docs' EAGLE example cut to max_num_seqs = 128
+
+
+def load_profiles() -> dict[str, "object"]:
+    from tabletune_pipelines.documents import StepTimeProfile
+
+    out = {}
+    for p in sorted(DATA.glob("*.one_launch.json")):
+        prof = StepTimeProfile.from_json(p.read_text())
+        out["moe" if "a3b" in prof.identity.model else "dense"] = prof
+    return out
+
+
+def prior(rates):
+    from tabletune_pipelines.documents import AcceptancePrior
+
+    n = len(rates)
+    return AcceptancePrior(rates=tuple(rates), num_drafts=0, drafted_per_pos=(0,) * n, accepted_per_pos=(0,) * n,
+                           prompt_fingerprint="given", prompt_count=0, source="synthetic")
+
+
+def predicted_losses(tuned, table) -> np.ndarray:
+    """Per B: 1 - G(table's k) / max over k of G, from the profile the table was derived on."""
+    from tabletune_pipelines.core.table import expand_table
+
+    g = tuned.choice.goodput
+    ks = list(tuned.choice.ks)
+    M = g.shape[1]
+    dense = expand_table(table, M, max(ks))
+    return np.array([1.0 - g[ks.index(dense[b]), b] / g[:, b].max() for b in range(M)])
+
+
+def measured_summary(log: Path):
+    pat = re.compile(r"load\s+(\d+) round (\d+) (\S+)\s+([\d.]+) tok/s")
+    vals: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for line in log.read_text().splitlines():
+        m = pat.search(line)
+        if m:
+            vals[(m.group(3), int(m.group(1)))].append(float(m.group(4)))
+    return vals
+
+
+def main() -> int:
+    from tabletune_pipelines.tuning.derive import derive_table
+
+    profiles = load_profiles()
+    for name, prof in profiles.items():
+        ident = prof.identity
+        bs = sorted({c.batch_size for c in prof.cells})
+        spreads = [c.spread for c in prof.cells]
+        print(f"\n## {name}: {ident.key}")
+        print(f"   {ident.gpu}, vLLM {ident.vllm_version}, runner {ident.model_runner}, graphs {ident.cudagraph_mode}; "
+              f"{len(prof.cells)} cells at B = {bs[0]}..{bs[-1]} ({len(bs)} sizes); median cell spread "
+              f"{100 * statistics.median(spreads):.1f}% (max {100 * max(spreads):.0f}%)")
+        for rates in RATES:
+            tuned = derive_table(prof, prior(rates))
+            table = tuned.table.as_vllm()
+            loss = {f"fixed k={k}": predicted_losses(tuned, [[1, ident.max_num_seqs, k]]).max()
+                    for k in tuned.choice.ks}
+            docs = predicted_losses(tuned, DOCS_DENSE)
+            print(f"   a = {rates}: table {table}; predicted worst loss: tuned "
+                  f"{100 * predicted_losses(tuned, table).max():.1f}%, docs {100 * docs.max():.1f}% "
+                  f"(at B = {int(docs.argmax()) + 1}), " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in loss.items()))
+    log = DATA / "moe-goodput-closed-loop.log"
+    if log.exists():
+        vals = measured_summary(log)
+        loads = sorted({l for _, l in vals})
+        policies = list(dict.fromkeys(p for p, _ in vals))
+        fixed = [p for p in policies if p.startswith("fixed_k")]
+        print("\n## moe, measured closed-loop goodput (tok/s, mean of 2 rounds ± half their difference; loss vs best fixed k)")
+        print("| policy | " + " | ".join(f"load {l}" for l in loads) + " | worst |")
+        print("|---|" + "---|" * (len(loads) + 1))
+        for p in policies:
+            cells, worst = [], 0.0
+            for l in loads:
+                v = vals.get((p, l), [])
+                if not v:
+                    cells.append("n/a")
+                    continue
+                best = max(statistics.fmean(vals[(f, l)]) for f in fixed if vals.get((f, l)))
+                m = statistics.fmean(v)
+                half = (max(v) - min(v)) / 2
+                loss = 1 - m / best
+                worst = max(worst, loss)
+                cells.append(f"{m:.0f} ± {half:.0f} ({100 * loss:+.1f}%)")
+            print(f"| {p} | " + " | ".join(cells) + f" | {100 * worst:.1f}% |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

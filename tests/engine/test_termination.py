@@ -1,0 +1,46 @@
+"""A profiler killed with SIGTERM (``timeout``, a job scheduler) stops the engines it started."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+
+def test_sigterm_runs_the_server_cleanup(tmp_path):
+    marker = tmp_path / "stopped"
+    script = textwrap.dedent(f"""
+        import time
+        from tabletune_pipelines.engine import process
+
+        class FakeServer:  # stands in for a started VLLMServer: only stop() matters here
+            def stop(self):
+                open({str(marker)!r}, "w").write("ok")
+
+        srv = FakeServer()
+        process._LIVE.add(srv)
+        assert process.install_termination_handler()
+        print("ready", flush=True)
+        time.sleep(60)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    rc = proc.wait(timeout=30)
+    assert rc == 128 + signal.SIGTERM
+    assert marker.read_text() == "ok"
+
+
+def test_a_handler_someone_else_installed_is_kept():
+    script = textwrap.dedent("""
+        import signal
+        from tabletune_pipelines.engine import process
+        mine = lambda s, f: None
+        signal.signal(signal.SIGTERM, mine)
+        signal.signal(signal.SIGHUP, mine)
+        assert not process.install_termination_handler()
+        assert signal.getsignal(signal.SIGTERM) is mine
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
