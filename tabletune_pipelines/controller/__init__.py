@@ -1,8 +1,20 @@
-"""The online controller (a vLLM plugin) will live here.
+"""The online controller: a vLLM plugin that loads the published table as its prior and keeps it
+right while serving (docs/controller.md; the method: docs/method.md, "Online controller").
 
-It runs inside production vLLM processes, so this package may import only vLLM, numpy and the
-stdlib: the method it needs is in ``tabletune_pipelines.core`` (acceptance estimator, table search),
-the prior it starts from is read with ``tabletune_pipelines.published``, and the live counters it
-exports follow ``tabletune_pipelines.live_counters``. ``tests/core/test_import_isolation.py`` keeps
-it that way.
+Turned on with ``--scheduler-cls tabletune_pipelines.controller.scheduler.ControllerScheduler`` and
+the env var ``TABLETUNE_PUBLISHED_TABLE`` naming the published file.
+
+Modules, one job each; only ``scheduler`` imports vLLM, the rest is numpy + stdlib and can be
+driven without an engine (tests, a simulator):
+
+    settings   ControllerSettings: every parameter, its default, strict parsing
+    loader     published file -> StartPoint (or the reason to fall back); the engine-identity check
+    search     the table search (same rule as core.table, vectorised) and vLLM-layout lookups
+    steptime   live step-time correction of the profiled T(B, k)
+    logic      Controller: per-step counting, rebuilds, exploration, hysteresis, reloads, export
+    scheduler  the vLLM adapter: Scheduler / AsyncScheduler subclasses with the three hooks
+
+Importing this package imports nothing heavy; it may import only vLLM, numpy, the stdlib and the
+stdlib/numpy-only library modules (``core``, ``published``, ``live_counters``, ``vocab``, ``errors``);
+``tests/core/test_import_isolation.py`` keeps it that way.
 """

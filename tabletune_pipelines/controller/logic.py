@@ -94,6 +94,7 @@ class Controller:
         self.max_rebuild_ms = 0.0
         self._logged: set[str] = set()
         self._last_unchanged_log = float("-inf")
+        self._last_wall_end = float("-inf")
         self._last_estimate: tuple[float, ...] = ()
         # Per-step state: plain lists and ints, nothing allocated per request.
         self._hist_d = [0] * (K + 1)
@@ -123,8 +124,9 @@ class Controller:
         self._explore: list[int] | None = None
         self._k_row = [-1] * (K + 1)
         self._tp: list[list[float]] = []
-        self._obs_s: list[list[float]] = []
-        self._obs_c: list[list[int]] = []
+        # Clean step intervals since the last rebuild: {row * (n + 1) + B: [sum ms, count]}, only the
+        # cells visited (a handful), so folding them in costs nothing at max_num_seqs 1024.
+        self._obs: dict[int, list[float]] = {}
         self._initial_load()
 
     # ------------------------------------------------------------------ loading
@@ -175,8 +177,7 @@ class Controller:
         else:
             self.model = None
             self._tp = []
-        self._obs_s = [[0.0] * (n + 1) for _ in self._tp]
-        self._obs_c = [[0] * (n + 1) for _ in self._tp]
+        self._obs = {}
         self._hist_d = [0] * (K + 1)
         self._hist_a = [0] * (K + 1)
         self._st_tol = float(s.step_time_outlier_ratio)
@@ -260,13 +261,14 @@ class Controller:
                 req_id_to_index: Mapping[str, int], sampled: Sequence[Sequence[int]] | None, k_next: int | None,
                 num_new: int, total_tokens: int, now: float) -> None:
         """One engine step's outcome (``update_from_output``); ``now`` is ``time.monotonic()``."""
+        t_in = time.perf_counter()
         b = len(num_scheduled_tokens)
         last, self._last_t = self._last_t, now
         if b == 0:
             self._prev_b = 0
             return
         self.steps += 1
-        drafted = kept = 0
+        drafted = kept = longest = 0
         if spec_tokens and sampled:
             hd, ha, K = self._hist_d, self._hist_a, self._K
             ns = len(sampled)
@@ -289,7 +291,11 @@ class Controller:
                 ha[m] += 1
                 drafted += n
                 kept += m
+                if n > longest:
+                    longest = n
         self._win_tokens += b + kept
+        if k_next is None:  # an engine whose SchedulerOutput lacks the field: the k just verified
+            k_next = longest
         if last is not None and self._prev_b:
             dt = now - last
             self._win_busy += dt
@@ -302,14 +308,26 @@ class Controller:
                     ms = dt * 1000.0
                     tp = self._tp[row][b]
                     if tp / self._st_tol <= ms <= tp * self._st_tol:
-                        self._obs_s[row][b] += ms
-                        self._obs_c[row][b] += 1
+                        key = row * (self._n + 1) + b
+                        cell = self._obs.get(key)
+                        if cell is None:
+                            self._obs[key] = [ms, 1.0]
+                        else:
+                            cell[0] += ms
+                            cell[1] += 1.0
         self._prev_b, self._prev_k = b, k_next
         if self._exploring:
             self._exploring = False
         else:
             self._cur_k = k_next
         self._win_steps += 1
+        t_out = time.perf_counter()
+        # Per-step cost of this hook (the counting above), without the occasional rebuild and poll,
+        # which are timed and reported on their own.
+        hook = t_out - t_in
+        self._win_hook_s += hook
+        if hook > self._win_hook_max:
+            self._win_hook_max = hook
         if self.steps >= self._next_rebuild:
             self._next_rebuild = self.steps + self._N if self.start else self.steps + 100
             self.rebuild(now)
@@ -346,12 +364,15 @@ class Controller:
         est, model, start = self.estimator, self.model, self.start
         if est is not None:
             est.observe_counts(d, a)
-        if model is not None and self._obs_c:
-            model.add(np.asarray(self._obs_s, dtype=float)[:, 1:], np.asarray(self._obs_c, dtype=float)[:, 1:])
-            for row_s, row_c in zip(self._obs_s, self._obs_c):
-                for j in range(len(row_s)):
-                    row_s[j] = 0.0
-                    row_c[j] = 0
+        if model is not None and self._obs:
+            keys = np.fromiter(self._obs.keys(), dtype=np.int64, count=len(self._obs))
+            vals = np.asarray(list(self._obs.values()), dtype=float)
+            self._obs = {}
+            rows, bs = np.divmod(keys, self._n + 1)
+            add_s, add_c = np.zeros_like(model.profile), np.zeros_like(model.profile)
+            add_s[rows, bs - 1] = vals[:, 0]
+            add_c[rows, bs - 1] = vals[:, 1]
+            model.add(add_s, add_c)
         if start is not None and est is not None and model is not None:
             self._search(t0, est, model, start)
         self.export(now)
@@ -414,6 +435,8 @@ class Controller:
         self._win_steps = 0
         self._win_tokens = 0
         self._win_busy = 0.0
+        self._win_hook_s = 0.0
+        self._win_hook_max = 0.0
         self._win_t0 = now
         self._win_wall0 = self._wall()
         self._next_export_try = now
@@ -451,6 +474,8 @@ class Controller:
             "export_failures": self.export_failures, "reloads": self.reloads,
             "last_rebuild_ms": round(self.last_rebuild_ms, 4), "max_rebuild_ms": round(self.max_rebuild_ms, 4),
             "step_time_correction": bool(self.settings.step_time_correction),
+            "hook_us_mean": round(1e6 * self._win_hook_s / self._win_steps, 3) if self._win_steps else None,
+            "hook_us_max": round(1e6 * self._win_hook_max, 3),
         }
         if self.model is not None:
             st["step_time_weight"] = round(self.model.weight, 4)
@@ -475,11 +500,14 @@ class Controller:
             self._win_a[i] += a[i]
         if self.estimator is not None and any(d):
             self.estimator.observe_counts(d, a)
+        # One writer's windows follow each other in time even if the wall clock steps back.
+        w0 = max(self._win_wall0, self._last_wall_end)
+        w1 = max(self._wall(), w0)
         try:
             line = window_line(
                 deployment=start.published.deployment,
-                window_start=datetime.fromtimestamp(self._win_wall0, timezone.utc),
-                window_end=datetime.fromtimestamp(max(self._wall(), self._win_wall0), timezone.utc),
+                window_start=datetime.fromtimestamp(w0, timezone.utc),
+                window_end=datetime.fromtimestamp(w1, timezone.utc),
                 num_drafts=self._win_d[0] if self._K else 0, drafted_per_pos=self._win_d,
                 accepted_per_pos=self._win_a, identity_key=start.published.identity_key,
                 table_version=start.published.version, steps=self._win_steps, tokens=self._win_tokens,
@@ -494,6 +522,7 @@ class Controller:
                        start.export_path, exc.strerror or exc)
             return False
         self.exports += 1
+        self._last_wall_end = w1
         self._reset_window(now)
         return True
 

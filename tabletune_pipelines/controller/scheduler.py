@@ -120,7 +120,9 @@ class _ControllerMixin:
                 tt.close()
             except Exception as exc:  # noqa: BLE001
                 tt.fail("the final export", exc)
-        super().shutdown()
+        base = getattr(super(), "shutdown", None)
+        if base is not None:
+            base()
 
 
 class SyncControllerScheduler(_ControllerMixin, Scheduler):  # type: ignore[misc]

@@ -65,7 +65,7 @@ def dense_from_ranges(ranges: Sequence[Sequence[int]], n: int) -> np.ndarray:
 
 def vllm_lookup(dense: np.ndarray) -> list[int]:
     """vLLM's lookup list (index = batch size, index 0 unused) from dense k (index B - 1)."""
-    return [0, *(int(x) for x in dense)]
+    return [0, *np.asarray(dense, dtype=np.int64).tolist()]
 
 
 def hysteresis_lookups(dense: np.ndarray, ks: Sequence[int], h: int) -> dict[int, list[int]]:

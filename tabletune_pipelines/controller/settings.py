@@ -12,14 +12,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Literal, get_args
+from typing import Any
 
 from tabletune_pipelines.errors import TableTuneError
-
-ControllerMode = Literal["control", "observe"]
-"""``control``: rebuild the table and rewrite vLLM's lookup. ``observe``: count, estimate and
-export only; the lookup stays the starting table (a shadow run, or a baseline to compare with)."""
-CONTROLLER_MODES: tuple[str, ...] = get_args(ControllerMode)
+from tabletune_pipelines.vocab import CONTROLLER_MODES, ControllerMode
 
 #: The env var naming the published file inside the serving process (the plugin's one setting).
 PUBLISHED_ENV = "TABLETUNE_PUBLISHED_TABLE"
@@ -34,7 +30,8 @@ class ControllerSettings:
     """Parameters of the online controller (docs/method.md, "Online controller")."""
 
     mode: ControllerMode = "control"
-    """``control`` rewrites vLLM's lookup; ``observe`` only counts, estimates and exports."""
+    """``control`` rebuilds the table and rewrites vLLM's lookup; ``observe`` serves the published
+    table as it is and only counts, estimates and exports (a shadow run, or a baseline)."""
     rebuild_every_steps: int = 100
     """N: rebuild the table every this many engine steps that ran requests."""
     prior_weight: float = 2000.0

@@ -84,7 +84,12 @@ def on_robust_table(ranges, choices) -> bool:
 
 
 def publish(path: Path, *, ranges, rates, profile=None, version: int = 1, controller: dict | None = None,
-            identity: dict | None = IDENTITY, prior_count: int = 0, allowed_k=None, n: int = N, k_max: int = K) -> Path:
+            identity: dict | None = IDENTITY, prior_count: int = 0, allowed_k=None, n: int = N, k_max: int = K,
+            over_junk: bool = False) -> Path:
+    """Publish a table for the fake engine. ``over_junk``: the test left a deliberately broken file
+    there, which publishing refuses to replace (issue 12): remove it first."""
+    if over_junk:
+        path.unlink(missing_ok=True)
     profile = linear_profile(n, k_max) if profile is None else profile
     table = {"schema": "tabletune.draft_length_table", "schema_version": 1, "ranges": [list(r) for r in ranges],
              "max_num_seqs": n, "max_k": k_max, "identity_key": "cpu__test", "prior_id": "prior-test",

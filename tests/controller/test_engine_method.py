@@ -149,7 +149,7 @@ def test_step_time_correction_with_a_profile_30_percent_low(rig):
     assert hit is not None, [w.controller["table"] for w in mine]
     at = report("step time, corrected", hit, mine)
     # ... and it ends there: every later window of the version keeps the true choice at B0.
-    _, mine = rig.wait(lambda w: False, version=v, max_steps=at + 600)
+    _, mine = rig.wait(lambda w: False, version=v, max_steps=at + 400)
     later = [w for w in mine if Rig.steps_into(w, mine) > at]
     assert later and all(table_dense(w.controller["table"])[b0 - 1] == want_true for w in later), \
         [w.controller["table"] for w in later]
@@ -158,6 +158,6 @@ def test_step_time_correction_with_a_profile_30_percent_low(rig):
     v = rig.publish(ranges=start, rates=rates, profile=t_wrong, allowed_k=list(ks),
                     controller={"step_time_correction": False})
     hit, mine = rig.wait(lambda w: table_dense(w.controller["table"])[b0 - 1] != want_wrong, version=v,
-                         max_steps=1000)
+                         max_steps=600)
     assert hit is None, "without the correction the table should keep the profile's wrong choice"
     print(f"\n[step time, uncorrected] {Rig.steps_into(mine[-1], mine)} steps: k at B = {b0} stays {want_wrong}")

@@ -79,7 +79,7 @@ def test_engine_keeps_serving_through_bad_files_faults_and_a_dead_export(tmp_pat
         steps = []
 
         def settle():
-            time.sleep(2.5)  # > one poll interval (1 s) plus a few steps
+            time.sleep(1.8)  # > one poll interval (1 s) plus a few steps
             steps.append(load.completed)
 
         settle()
@@ -90,7 +90,7 @@ def test_engine_keeps_serving_through_bad_files_faults_and_a_dead_export(tmp_pat
         doc = json.loads(text)
         replace(pub, json.dumps({**doc, "schema_version": 2}))
         settle()
-        publish(pub, **{**good, "identity": {**ident, "model": "/elsewhere/model"}})
+        publish(pub, over_junk=True, **{**good, "identity": {**ident, "model": "/elsewhere/model"}})
         settle()
         publish(pub, **{**good, "ranges": [(1, 8, 2), (9, 16, 1)], "allowed_k": [1, 2]})
         settle()

@@ -59,12 +59,12 @@ def test_estimate_and_table_follow_a_traffic_switch(tmp_path):
     srv.start()
     load = Load(srv, 8, prompt=repetitive).start()
     try:
-        time.sleep(25)
+        time.sleep(16)
         switch = datetime.now(timezone.utc)
         load.stop()
         load.prompt = random_tokens
         load.start()
-        time.sleep(35)
+        time.sleep(22)
     finally:
         load.stop()
         srv.stop()

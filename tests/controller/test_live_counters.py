@@ -66,7 +66,7 @@ def test_a_writer_killed_mid_line_does_not_poison_the_file(tmp_path):
     append_line(p, line())
     with open(p, "a") as fh:
         fh.write(line()[:40])  # killed mid-append
-    append_line(p, line(num_drafts=11))  # the restarted controller starts a fresh line
+    append_line(p, line(num_drafts=11, source="h:2:3"))  # the restarted controller starts a fresh line
     read = read_live_counters(p)
     assert [w.num_drafts for w in read.windows] == [10, 11]
     assert read.skipped_partial_last_line

@@ -3,8 +3,9 @@ and the method's behaviour on a fake engine with known acceptance and step times
 
 Tolerances (stated): with B = 8 and the defaults (N = 100, w = 2000 halving, exploration every 50
 steps), after 3000 steps â_1 is within 0.05 of the truth and â_2, â_3 within 0.10 (positions past
-the table's k are seen only in exploration steps, ~32 effective draws); the table must then be one
-the truth table could be for rates anywhere in that box (``robust_choices``).
+the table's k are seen only in exploration steps); the table must then be one the search picks for
+rates anywhere in that box (``_fake.robust_choices``). Over seeds 0-11 the simulation met these
+bounds from step 700-900 on.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 
-import numpy as np
 import pytest
 
 from tabletune_pipelines.controller.loader import EngineFacts
@@ -20,23 +20,23 @@ from tabletune_pipelines.controller.search import dense_from_ranges
 from tabletune_pipelines.live_counters import read_live_counters
 from tests.controller._fake import (
     ENGINE,
-    IDENTITY,
     LAUNCH,
     FakeEngine,
     controller,
     linear_profile,
     publish,
+    quartered,
     true_table,
 )
 from tests.controller._fake import robust_choices as _robust
 
-
-def robust_choices(profile, rates, tol=(0.05, 0.10, 0.10), n=16):
-    return _robust(profile, rates, tol, n=n)
-
 PROFILE = linear_profile()
 TRUE_T = lambda b, k: PROFILE[k][b]  # noqa: E731
 TOL = (0.05, 0.10, 0.10)
+
+
+def robust_choices(profile, rates, tol=TOL, n=16):
+    return _robust(profile, rates, tol, n=n)
 
 
 def table_k(c, n=16) -> list[int]:
@@ -168,7 +168,8 @@ def test_newer_version_is_picked_up_at_most_once_a_second(tmp_path, clock, monke
         elif bad == "torn":
             p.write_text('{"schema": "tabletune.published_table", "vers')
         else:
-            doc = json.loads(publish(p, ranges=[(1, 16, 1)], rates=(0.6, 0.4, 0.2), version=9).read_text())
+            doc = json.loads(publish(p, ranges=[(1, 16, 1)], rates=(0.6, 0.4, 0.2), version=9,
+                                     over_junk=True).read_text())
             doc["table"]["ranges"] = [[1, 4, 1], [6, 16, 1]]
             p.write_text(json.dumps(doc))
         eng.run(120, 4)
@@ -219,8 +220,8 @@ def test_known_truth_convergence(tmp_path, clock):
 def test_repair_from_a_table_shrunk_to_a_quarter(tmp_path, clock):
     rates = (0.7, 0.5, 0.3)
     tuned = true_table(PROFILE, rates)
-    wrong = [[1, 4, 3], [5, 16, 0]]  # speculation only up to a quarter of the batch sizes
-    assert tuned != wrong
+    wrong = quartered(tuned)  # every range shrunk to a quarter, no speculation above
+    assert tuned != wrong and wrong[-1][2] == 0
     p = publish(tmp_path / "pub.json", ranges=wrong, rates=rates, allowed_k=[0, 1, 2, 3],
                 controller={"step_time_correction": False})
     c = controller(p, clock)
@@ -337,4 +338,3 @@ def test_identity_is_optional_but_k_and_n_are_always_checked(tmp_path, clock):
 def test_prior_weight_is_capped_by_the_priors_draft_count(tmp_path, clock):
     p = publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=(0.9, 0.8, 0.7), prior_count=500)
     assert controller(p, clock).estimator.prior_weight == 500.0
-    assert IDENTITY["max_k"] == 3

@@ -85,7 +85,14 @@ BAD = [
     ("bad controller key", lambda d: d.update(controller={"hystersis": 2}), "unknown setting(s) ['hystersis']"),
     ("bad controller value", lambda d: d.update(controller={"rebuild_every_steps": 0}), "rebuild_every_steps = 0"),
     ("multi-line name", lambda d: d.update(deployment="a\nb"), "one-line string"),
+    ("identity value", lambda d: d["identity"].update(model_runner=["v2"]), "identity.model_runner"),
+    ("identity model", lambda d: d["identity"].update(model=""), "identity.model = ''"),
 ]
+
+
+def test_identity_may_grow_new_fields(good):
+    rewrite(good, lambda d: d["identity"].update(model_runner="v2"))
+    assert load_published(good).identity["model_runner"] == "v2"
 
 
 @pytest.mark.parametrize("name,mutate,message", BAD, ids=[b[0] for b in BAD])

@@ -44,3 +44,18 @@ def test_bad_settings_name_the_key(data, message):
 def test_not_a_mapping():
     with pytest.raises(SettingsError, match="must be a mapping"):
         ControllerSettings.from_mapping([1, 2])  # type: ignore[arg-type]
+
+
+def test_docs_list_every_setting_with_its_default():
+    from dataclasses import fields
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "controller.md").read_text()
+    for f in fields(ControllerSettings):
+        row = next((ln for ln in doc.splitlines() if ln.startswith(f"| `{f.name}` |")), None)
+        assert row is not None, f"docs/controller.md has no row for {f.name}"
+        default = f.default
+        if isinstance(default, bool):
+            assert ("true" if default else "false") in row
+        elif isinstance(default, (int, float)):
+            assert f"| {default:g} |" in row, row

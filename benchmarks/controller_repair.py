@@ -1,0 +1,154 @@
+"""Goodput recovered by the controller from a wrong table, next to the wrong and the tuned table,
+in ONE launch.
+
+    python benchmarks/controller_repair.py
+    python benchmarks/controller_repair.py --rates 0.7,0.5,0.3 --loads 2,6,10,14 --rounds 3 --window 6
+
+One launch of the small tiny target + 1-layer draft (``draft_model``, K = 3, launch table listing
+every k, max_num_seqs 16, synthetic acceptance ``--rates``: the true acceptance is known) with the
+controller plugin (``--scheduler-cls ...ControllerScheduler``, ``TABLETUNE_PUBLISHED_TABLE``).
+
+1. Profile in the same launch: for each k in 0..3 and each load L, publish ``[[1, 16, k]]`` in
+   observe mode and let L closed-loop clients run; the controller's own mean of clean step
+   intervals at B = L is T(L, k) (interpolated over B in between, held beyond).
+2. The tuned table = the search on that profile with the true rates; the wrong table = the tuned
+   table with every range shrunk to a quarter, no speculation above (the method's repair
+   experiment; its docs' table shrunk to a quarter: no speculation above 32 of 128).
+3. Policies, each published as a new version and measured at every load, ``--rounds`` rounds with
+   the order rotated per round (A B C, B C A, ...) so drift hits all alike:
+   ``wrong`` (observe mode: the wrong table stays), ``tuned`` (observe mode), ``controller``
+   (control mode starting from the wrong table, prior = the true rates, the profile above; its
+   first rebuild after 100 steps repairs the table, so its windows include the repair).
+   Goodput = kept tokens / busy seconds from the controller's exported windows (every step keeps
+   each request's target token plus its accepted drafts), after a settle of ``--settle`` s.
+
+Printed: per load, each policy's goodput (mean over rounds ± standard error), controller / wrong
+and controller / tuned (paired per round), the table each ended on, and the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _common import ints, loadavg  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rates", default="0.7,0.5,0.3")
+    ap.add_argument("--loads", default="2,6,10,14")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--window", type=float, default=6.0, help="seconds measured per policy and load")
+    ap.add_argument("--settle", type=float, default=1.5, help="seconds after a publication before measuring")
+    ap.add_argument("--profile-window", type=float, default=4.0)
+    args = ap.parse_args()
+    import logging
+
+    logging.getLogger("tabletune.controller").setLevel(logging.WARNING)
+    from tabletune_pipelines.engine import VLLMServer
+    from tests.controller._engine import Load, Rig, server_config
+    from tests.controller._fake import quartered, true_table
+
+    rates = tuple(float(x) for x in args.rates.split(","))
+    loads = ints(args.loads) or [2, 8]
+    n, ks = 16, (0, 1, 2, 3)
+    work = Path(tempfile.mkdtemp(prefix="tt-repair-"))
+    pub = work / "local.json"
+    srv = VLLMServer(server_config(work, pub, rates=rates))
+    rig = Rig(srv, pub, work / "local.live.jsonl")
+
+    def flat_profile(ms: float = 10.0):
+        return {k: {b: ms for b in range(1, n + 1)} for k in ks}
+
+    rig.publish(ranges=[(1, n, 3)], rates=rates, profile=flat_profile(), controller={"mode": "observe"})
+    t0 = time.monotonic()
+    srv.start()
+    print(f"engine started in {time.monotonic() - t0:.0f} s; rates {rates}; load average {loadavg()}")
+
+    def run(load: int, seconds: float, settle: float):
+        gen = Load(srv, load, max_tokens=(48, 96)).start()
+        time.sleep(settle)
+        mark = len(rig.windows())
+        time.sleep(seconds)
+        gen.stop()
+        return [w for w in rig.windows()[mark:] if w.table_version == rig.version], gen
+
+    try:
+        # 1. profile in this launch
+        measured: dict[int, dict[int, float]] = {k: {} for k in ks}
+        for k in ks:
+            for load in loads:
+                rig.publish(ranges=[(1, n, k)], rates=rates, profile=flat_profile(), allowed_k=[k],
+                            controller={"mode": "observe", "step_time_outlier_ratio": 50.0})
+                ws, _ = run(load, args.profile_window, 1.5)
+                cells = [c for w in ws[-1:] for c in w.controller.get("step_time", {}).get(str(k), [])]
+                at = [c for c in cells if c[0] == load] or sorted(cells, key=lambda c: -c[2])[:1]
+                if at:
+                    measured[k][int(at[0][0])] = float(at[0][1])
+            print(f"profile k = {k}: " + ", ".join(f"T({b}) = {ms:.2f} ms" for b, ms in sorted(measured[k].items())))
+        import numpy as np
+
+        profile = {}
+        for k in ks:
+            xs = sorted(measured[k])
+            profile[k] = {b: float(np.interp(b, xs, [measured[k][x] for x in xs])) for b in range(1, n + 1)}
+        tuned = true_table(profile, rates, ks)
+        wrong = quartered(tuned)
+        print(f"tuned table {tuned}; wrong table (quarter) {wrong}")
+        policies = {
+            "wrong": dict(ranges=wrong, controller={"mode": "observe"}),
+            "tuned": dict(ranges=tuned, controller={"mode": "observe"}),
+            "controller": dict(ranges=wrong, controller={"mode": "control"}),
+        }
+        names = list(policies)
+        results: dict[tuple[str, int], list[float]] = {}
+        ended: dict[tuple[str, int], list] = {}
+        for r in range(args.rounds):
+            order = names[r % len(names):] + names[:r % len(names)]
+            for load in loads:
+                for name in order:
+                    spec = policies[name]
+                    rig.publish(ranges=spec["ranges"], rates=rates, profile=profile, allowed_k=list(ks),
+                                controller=spec["controller"])
+                    ws, gen = run(load, args.window, args.settle)
+                    busy = sum(w.busy_s or 0.0 for w in ws)
+                    g = sum(w.tokens or 0 for w in ws) / busy if busy else float("nan")
+                    results.setdefault((name, load), []).append(g)
+                    ended[(name, load)] = ws[-1].controller["table"] if ws else None
+                    print(f"round {r} load {load:>2} {name:<10} {g:8.1f} tok/s ({len(ws)} windows, "
+                          f"{gen.completed} requests)  load average {loadavg()}")
+    finally:
+        srv.stop()
+
+    def mean_se(xs):
+        xs = [x for x in xs if not math.isnan(x)]
+        if not xs:
+            return float("nan"), float("nan")
+        return statistics.fmean(xs), (statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else float("nan"))
+
+    print("\n| load | wrong tok/s | tuned tok/s | controller tok/s | controller / wrong | controller / tuned |")
+    print("|---|---|---|---|---|---|")
+    for load in loads:
+        cells = {nm: mean_se(results[(nm, load)]) for nm in names}
+        ratios = {}
+        for other in ("wrong", "tuned"):
+            rs = [c / o for c, o in zip(results[("controller", load)], results[(other, load)]) if o > 0]
+            ratios[other] = mean_se(rs)
+        print(f"| {load} | " + " | ".join(f"{cells[nm][0]:.1f} ± {cells[nm][1]:.1f}" for nm in names) + " | "
+              + " | ".join(f"{ratios[o][0]:.3f} ± {ratios[o][1]:.3f}" for o in ("wrong", "tuned")) + " |")
+    print(f"\ncontroller's table at the end (last round): "
+          + "; ".join(f"load {ld}: {ended[('controller', ld)]}" for ld in loads))
+    print(f"load average at the end {loadavg()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
