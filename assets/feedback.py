@@ -4,7 +4,7 @@ import dagster as dg
 from dagster_duckdb import DuckDBResource
 
 from assets import OWNERS
-from tabletune_pipelines.errors import TableTuneError
+from tabletune_pipelines.errors import InvalidValueError, TableTuneError
 from tabletune_pipelines.live_counters import LiveCountersError, read_live_counters
 from tabletune_pipelines.orchestration.partitions import week_bounds, weekly_partitions
 from tabletune_pipelines.orchestration.resources import EngineResource, FleetResource, TuningPolicy, store_from
@@ -37,7 +37,8 @@ class FeedbackConfig(dg.Config):
         "Live acceptance of the week per deployment, from the controller's exported counters (windows whose end "
         "falls in the week), blended with the latest measured prior as w observations "
         "(â_i = (w·a_i + accepted_i) / (w + drafted_i), docs/method.md, \"Online controller\"). Stored as a `live` prior "
-        "in DuckDB `acceptance_priors`, which draft_length_table prefers within its week."
+        "in DuckDB `acceptance_priors`, which draft_length_table prefers within its week. A window exported twice "
+        "counts once; overlapping windows of one writer, or more draft positions than max_k, fail the run."
     ),
 )
 def live_acceptance_counters(context: dg.AssetExecutionContext, config: FeedbackConfig, duckdb: DuckDBResource,
@@ -57,14 +58,17 @@ def live_acceptance_counters(context: dg.AssetExecutionContext, config: Feedback
             notes.append(f"{dep.name}: {dep.live_counters} does not exist yet (no controller export)")
             continue
         try:
-            read = read_live_counters(dep.live_counters)
-        except LiveCountersError as exc:
+            read = read_live_counters(dep.live_counters, max_k=dep.max_k)
+            live = live_prior(dep.name, week, windows_in_week(read.windows, dep.name, start, end), max_k=dep.max_k,
+                              measured=store.latest_measured_prior(dep.name, up_to_week=week),
+                              prior_weight=policy.prior_weight, counters_fingerprint=read.fingerprint)
+        except (LiveCountersError, InvalidValueError) as exc:
             raise dg.Failure(description=f"{dep.name}: unreadable live counters: {exc}") from exc
         if read.skipped_partial_last_line:
             context.log.warning(f"{dep.name}: skipped a half-written last line in {dep.live_counters}")
-        live = live_prior(dep.name, week, windows_in_week(read.windows, dep.name, start, end), max_k=dep.max_k,
-                          measured=store.latest_measured_prior(dep.name, up_to_week=week),
-                          prior_weight=policy.prior_weight, counters_fingerprint=read.fingerprint)
+        if read.duplicates:
+            context.log.warning(f"{dep.name}: {read.duplicates} window(s) of {dep.live_counters} were exported twice; "
+                                "each is counted once")
         if live is None:
             notes.append(f"{dep.name}: no counter windows ending in the week of {week}")
             continue

@@ -8,8 +8,11 @@ acknowledgement file ``<file>.ack``:
   holds ``{"ack": n, ...}``. An ack carrying ``"error"`` means the engine refused the command.
 * The **reader** (inside the engine: the step scheduler once per step, the CPU plugin when drafts
   are verified) detects a new command with one ``os.stat`` per poll — the file's (inode, mtime,
-  size) changed — parses it, acts, and writes the ack atomically. A file it cannot parse is
+  size) changed — parses it, acts, and writes the ack atomically. A file it cannot parse (not
+  strict JSON: NaN, Infinity, a duplicate key, non-UTF-8 bytes, over ``MAX_COMMAND_BYTES``) is
   acknowledged with ``{"ack": null, "error": ...}``; it never raises into the engine.
+* Commands are **validated before they are applied** (``check_k_command``, ``check_rates_command``):
+  a command that fails is acknowledged with its error and changes nothing.
 
 The writer makes every write change that (inode, mtime, size) signature, so a reader that
 polls only the signature cannot miss a command — but a command the reader has not picked up
@@ -42,6 +45,7 @@ Reader side::
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -50,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from tabletune_pipelines.errors import TableTuneError
+from tabletune_pipelines.published import strict_json_loads
 
 K_CONTROL_ENV = "TABLETUNE_K_CONTROL"
 """Environment variable naming the k / table / admission-gate channel of an engine."""
@@ -60,6 +65,10 @@ STEP_LOG_ENV = "TABLETUNE_STEP_LOG"
 
 Signature = tuple[int, int, int]
 """(inode, mtime_ns, size) of a control file: what the reader compares between polls."""
+MAX_COMMAND_BYTES = 1024 * 1024
+"""A command is a few kB (a table of 4096 batch sizes is ~60 kB); a larger file is not read."""
+MAX_GATE_TIMEOUT_S = 3600.0
+"""Longest admission-gate wait a command may ask for."""
 
 
 class ControlProtocolError(TableTuneError):
@@ -72,6 +81,71 @@ class ControlTimeout(ControlProtocolError):
 
 class ControlRejected(ControlProtocolError):
     """The engine acknowledged a command with an error (the message is the engine's)."""
+
+
+class InvalidCommand(ControlProtocolError, ValueError):
+    """A command the reader refuses before applying it (the ack carries this message)."""
+
+
+# -- command checks (the reader side runs them before acting) -------------------------------------
+
+def _is_int(v: Any) -> bool:
+    return type(v) is int
+
+
+def _is_number(v: Any) -> bool:
+    return type(v) in (int, float) and math.isfinite(v)
+
+
+def _unknown(body: Mapping[str, Any], allowed: set[str], what: str) -> None:
+    extra = sorted(str(k) for k in body if k not in allowed)
+    if extra:
+        raise InvalidCommand(f"{what} command has unknown key(s) {extra}; allowed: {sorted(allowed)}")
+
+
+def check_rates_command(body: Mapping[str, Any], num_positions: int | None = None) -> tuple[float, ...]:
+    """``{"rates": [a_1, ..., a_K]}`` → the rates: finite numbers in [0, 1], non-increasing with
+    position, exactly ``num_positions`` of them when the launch's K is known. Raises ``InvalidCommand``."""
+    _unknown(body, {"rates"}, "synthetic-rates")
+    rates = body.get("rates")
+    if not isinstance(rates, list) or not rates:
+        raise InvalidCommand(f"'rates' must be a non-empty list of acceptance rates, got {type(rates).__name__}")
+    for i, x in enumerate(rates, start=1):
+        if not _is_number(x) or not 0.0 <= x <= 1.0:
+            raise InvalidCommand(f"rates[{i}] = {x!r:.40} must be a finite number in [0, 1]")
+        if i > 1 and x > rates[i - 2] + 1e-9:
+            raise InvalidCommand(f"rates[{i}] = {x!r} > rates[{i - 1}] = {rates[i - 2]!r}: a_i is the chance that the "
+                                 "first i drafts are all kept, so it cannot grow with i")
+    if num_positions is not None and len(rates) != num_positions:
+        raise InvalidCommand(f"'rates' has {len(rates)} values; the launch drafts {num_positions} positions")
+    return tuple(float(x) for x in rates)
+
+
+def check_k_command(body: Mapping[str, Any], *, max_k: int, max_num_seqs: int) -> None:
+    """``{"k": n}``, ``{"table": [[start, end, k], ...]}``, ``{"gate": n, "gate_timeout": s}``:
+    k an integer in 0..max_k, a table vLLM accepts with every k <= max_k, a gate of 1..max_num_seqs
+    requests and a finite timeout in (0, ``MAX_GATE_TIMEOUT_S``]. Raises ``InvalidCommand``."""
+    _unknown(body, {"k", "table", "gate", "gate_timeout"}, "k-control")
+    k = body.get("k")
+    if k is not None and (not _is_int(k) or not 0 <= k <= max_k):
+        raise InvalidCommand(f"'k' = {k!r:.40} must be an integer in 0..{max_k} (the launch's num_speculative_tokens)")
+    if body.get("table") is not None:
+        from tabletune_pipelines.core.table import validate_vllm_schedule  # lazy: core needs numpy
+        from tabletune_pipelines.errors import InvalidTableError
+
+        try:
+            parsed = validate_vllm_schedule(body["table"])
+        except InvalidTableError as exc:
+            raise InvalidCommand(f"'table': {exc}") from None
+        over = [list(r) for r in parsed if r[2] > max_k]
+        if over:
+            raise InvalidCommand(f"'table' range(s) {over} ask for k > {max_k} (the launch's num_speculative_tokens)")
+    gate = body.get("gate")
+    if gate is not None and (not _is_int(gate) or not 1 <= gate <= max_num_seqs):
+        raise InvalidCommand(f"'gate' = {gate!r:.40} must be an integer in 1..{max_num_seqs} (max_num_seqs)")
+    timeout = body.get("gate_timeout")
+    if timeout is not None and (not _is_number(timeout) or not 0 < timeout <= MAX_GATE_TIMEOUT_S):
+        raise InvalidCommand(f"'gate_timeout' = {timeout!r:.40} must be a number of seconds in (0, {MAX_GATE_TIMEOUT_S:g}]")
 
 
 def ack_path(path: str | os.PathLike[str]) -> Path:
@@ -152,9 +226,12 @@ class ControlWriter:
         """
         if "seq" in command:
             raise ControlProtocolError(f"command {dict(command)!r} sets 'seq'; the writer numbers commands itself")
-        self.ack_path.unlink(missing_ok=True)
         seq = self._seq + 1
-        text = json.dumps({"seq": seq, **command})
+        try:
+            text = json.dumps({"seq": seq, **command}, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ControlProtocolError(f"command {dict(command)!r:.200} is not strict JSON ({exc}); nothing sent") from None
+        self.ack_path.unlink(missing_ok=True)
         self._sig = write_distinct(self.path, text, self._sig)
         self._seq = seq
         return seq
@@ -229,8 +306,11 @@ class ControlReader:
             return None
         self._sig = sig
         try:
-            with open(self.path) as fh:
-                data = json.load(fh)
+            with open(self.path, "rb") as fh:
+                raw = fh.read(MAX_COMMAND_BYTES + 1)
+            if len(raw) > MAX_COMMAND_BYTES:
+                raise ValueError(f"the command file is larger than {MAX_COMMAND_BYTES} bytes")
+            data = strict_json_loads(raw.decode("utf-8"))  # NaN, Infinity and duplicate keys are errors
             if not isinstance(data, dict) or not isinstance(data.get("seq"), int) or isinstance(data["seq"], bool):
                 raise ValueError(f"expected a JSON object with an integer 'seq', got {str(data)[:200]}")
         except (OSError, ValueError) as exc:

@@ -9,6 +9,14 @@ is an error, not a 3 or a 1. ``${VAR}`` and ``${VAR:-default}`` are expanded in 
 ``model``, ``drafter`` and the paths (``TABLETUNE_HOME`` defaults to ``~/.tabletune``); an unset
 variable without a default is an error. Relative paths are resolved against the file's folder.
 
+The YAML itself is read strictly too: a key written twice in one mapping, an alias (``*name``) or
+a merge key (``<<``), a file over ``MAX_FLEET_BYTES`` or one that is not UTF-8 is an error naming
+the file and line (YAML would keep the last duplicate silently and expand aliases without bound).
+Beyond types, values must make sense: names and vLLM option values are plain tokens that cannot
+be read as options, ``speculative_config`` may not set what the loader checks, ``controller`` is
+checked against the controller's settings, and two deployments (or the store, or the fleet file
+itself) never share a file TableTune writes.
+
 Example (``fleet.yaml`` at the repository root is the embedded default; ``TABLETUNE_FLEET``
 points at another file; ``deploy/k8s/fleet.example.yaml`` shows a GPU fleet)::
 
@@ -30,6 +38,7 @@ Stdlib, pyyaml and pydantic only (no Dagster): the tuner CLI loads it on machine
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -42,6 +51,7 @@ from pydantic import field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from tabletune_pipelines.errors import FleetError
+from tabletune_pipelines.published import speculative_config_path as _companion_of
 from tabletune_pipelines.vocab import (
     DEFAULT_CUDAGRAPH_MODE,
     DEFAULT_DTYPE,
@@ -62,8 +72,17 @@ FLEET_SCHEMA_VERSION = 1
 EMBEDDED = "embedded"
 #: Repository root fleet file, used when TABLETUNE_FLEET is not set.
 DEFAULT_FLEET_PATH = Path(__file__).resolve().parents[1] / "fleet.yaml"
-#: Deployment and engine-group names: they become run tags, partition keys and file names.
-_NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
+#: Deployment and engine-group names: they become run tags, Kubernetes label values (63 characters
+#: at most), partition keys and file names, so they start with a letter or digit.
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+#: Values passed to vLLM as option values (dtype, cudagraph mode, load format): one plain token.
+_TOKEN_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
+#: A fleet file is a few kB; a larger one is not a fleet file.
+MAX_FLEET_BYTES = 4 * 1024 * 1024
+#: Upper bounds of values that have the right type but could not be meant (an acceptance run of
+#: 10^6 prompts, a temperature at which sampling is uniform noise).
+MAX_PROMPTS = 100_000
+MAX_TEMPERATURE = 10.0
 _VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _URL_RE = re.compile(r"https?://[^/\s]+\S*")
 #: ``--speculative-config`` keys the deployment's own fields own: ``speculative_config`` may not
@@ -72,6 +91,8 @@ RESERVED_SPECULATIVE_KEYS = {
     "method": "method", "model": "drafter", "num_speculative_tokens": "max_k",
     "num_speculative_tokens_per_batch_size": None,
 }
+#: ``controller`` keys the deployment's own fields own (what is exported is what is ingested).
+RESERVED_CONTROLLER_KEYS = {"export_path": "live_counters"}
 
 
 def tabletune_home() -> Path:
@@ -108,14 +129,48 @@ def _expand(value: str, key: str | None) -> str:
 
 def _check_name(value: str, key: str | None) -> str:
     # fullmatch: a trailing newline must not pass the way it does with ``re.match(...$)``.
-    if not _NAME_RE.fullmatch(value) or set(value) == {"."}:
-        raise _problem(f"{key!r} = {value!r} may only use letters, digits, '.', '_' and '-' (and not only dots)")
+    if not _NAME_RE.fullmatch(value):
+        raise _problem(f"{key!r} = {value!r} may only use letters, digits, '.', '_' and '-', must start with a "
+                       "letter or digit, and may be at most 63 characters long")
     return value
+
+
+def _check_token(value: str | None, key: str | None) -> str | None:
+    if value is not None and not _TOKEN_RE.fullmatch(value):
+        raise _problem(f"{key!r} = {value!r} must be one word of letters, digits, '.', '_', '+' and '-' that starts "
+                       "with a letter or digit (vLLM gets it as an option value)")
+    return value
+
+
+def _one_line(value: str, key: str | None, limit: int = 4096) -> str:
+    if not value.strip() or len(value) > limit or any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise _problem(f"{key!r} = {value!r:.80} must be a non-empty line of at most {limit} characters without "
+                       "control characters")
+    return value
+
+
+def _json_value(value: Any, where: str, depth: int = 0) -> None:
+    """Values that go into JSON documents and vLLM's --speculative-config: finite numbers, plain JSON
+    types, at most 8 levels deep (the mapping's keys are strings by the field's type)."""
+    if depth > 8:
+        raise _problem(f"{where!r} is nested more than 8 levels deep")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _problem(f"{where!r} = {value!r} must be a finite number (JSON has no NaN or Infinity)")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _json_value(v, f"{where}.{k}", depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _json_value(v, f"{where}[{i}]", depth + 1)
+    elif value is not None and not isinstance(value, (str, int, float, bool)):
+        raise _problem(f"{where!r} = {value!r:.80} is a {type(value).__name__}; use a string, number, true/false, "
+                       "null, list or mapping")
 
 
 def _path(value: Any, info: ValidationInfo) -> Any:
     if not isinstance(value, str):
         return value  # the field's own type check names it
+    _one_line(value, info.field_name)
     p = Path(_expand(value, info.field_name)).expanduser()
     base = (info.context or {}).get("base_dir") or Path.cwd()
     return p if p.is_absolute() else Path(base) / p
@@ -183,13 +238,19 @@ class Deployment(_Schema):
     engine_group: str = Field(
         default="", description="Runs with the same engine group never overlap (default: the deployment name).")
     temperature: float = Field(
-        default=DEFAULT_TEMPERATURE, ge=0.0, allow_inf_nan=False,
+        default=DEFAULT_TEMPERATURE, ge=0.0, le=MAX_TEMPERATURE, allow_inf_nan=False,
         description="Sampling temperature of acceptance measurement (the serving temperature).")
-    max_prompts: int = Field(default=DEFAULT_SAMPLE_SIZE, ge=1, description="Prompts sampled per acceptance run.")
+    max_prompts: int = Field(default=DEFAULT_SAMPLE_SIZE, ge=1, le=MAX_PROMPTS,
+                             description="Prompts sampled per acceptance run.")
     speculative_config: dict[str, Any] = Field(
-        default_factory=dict, description="Extra --speculative-config keys (e.g. prompt_lookup_max for ngram).")
+        default_factory=dict, description="Extra --speculative-config keys (e.g. prompt_lookup_max for ngram); "
+                                          "not method, model, num_speculative_tokens or the table.",
+        json_schema_extra={"propertyNames": {"not": {"enum": sorted(RESERVED_SPECULATIVE_KEYS)}}})
     controller: dict[str, Any] = Field(
-        default_factory=dict, description="Settings of the online controller plugin (docs/controller.md).")
+        default_factory=dict, description="Settings of the online controller plugin (docs/controller.md; "
+                                          "tabletune_pipelines/controller/settings.py), except export_path: the "
+                                          "controller exports to live_counters.",
+        json_schema_extra={"propertyNames": {"not": {"enum": sorted(RESERVED_CONTROLLER_KEYS)}}})
     k8s: K8sPlacement | None = Field(default=None, description="Where this deployment's runs go on Kubernetes.")
 
     @field_validator("name", "engine_group")
@@ -208,7 +269,19 @@ class Deployment(_Schema):
         if v is not None and (not v.strip() or v.startswith("-")):
             raise _problem(f"{info.field_name!r} = {v!r} must be a model name or path (vLLM would read a leading "
                            "'-' as an option)")
-        return v
+        return v if v is None else _one_line(v, info.field_name)
+
+    @field_validator("gpu")
+    @classmethod
+    def _gpu(cls, v: str) -> str:
+        if v.startswith("-"):
+            raise _problem(f"'gpu' = {v!r} must be an accelerator name, not an option")
+        return _one_line(v, "gpu", 128)
+
+    @field_validator("dtype", "cudagraph_mode", "load_format")
+    @classmethod
+    def _tokens(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return _check_token(v, info.field_name)
 
     @field_validator("speculative_config")
     @classmethod
@@ -217,6 +290,25 @@ class Deployment(_Schema):
             if key in v:
                 where = f"set it with the deployment's {owner!r}" if owner else "TableTune writes the table itself"
                 raise _problem(f"'speculative_config' sets {key!r}, which it may not override; {where}")
+        _json_value(v, "speculative_config")
+        return v
+
+    @field_validator("controller")
+    @classmethod
+    def _controller_settings(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for key, owner in RESERVED_CONTROLLER_KEYS.items():
+            if key in v:
+                raise _problem(f"'controller' sets {key!r}, which it may not override; set the deployment's "
+                               f"{owner!r} (what the controller exports is what the pipeline reads)")
+        _json_value(v, "controller")
+        # Lazy: stdlib-only, and the one vocabulary of these settings (the published file is checked
+        # against it again, inside vLLM).
+        from tabletune_pipelines.controller.settings import ControllerSettings, SettingsError
+
+        try:
+            ControllerSettings.from_mapping(v, where="'controller'")
+        except SettingsError as exc:
+            raise _problem(str(exc)) from None
         return v
 
     @field_validator("endpoint")
@@ -261,8 +353,15 @@ class Deployment(_Schema):
     @property
     def speculative_config_path(self) -> Path:
         """The paste-able ``--speculative-config`` JSON written beside the published table."""
-        p = self.published_table
-        return p.with_name(p.stem + ".speculative-config.json")
+        return _companion_of(self.published_table)
+
+    def written_files(self) -> list[tuple[Path, str]]:
+        """The files TableTune or its controller write for this deployment, each with its fleet key."""
+        out = [(self.published_table, "published_table"),
+               (self.speculative_config_path, "published_table's speculative-config companion")]
+        if self.live_counters is not None:
+            out.append((self.live_counters, "live_counters"))
+        return out
 
     def base_speculative_config(self) -> dict[str, Any]:
         """``--speculative-config`` keys other than the table and K."""
@@ -289,7 +388,7 @@ class Fleet(_Schema):
 
     @field_validator("deployments")
     @classmethod
-    def _unique(cls, v: tuple[Deployment, ...]) -> tuple[Deployment, ...]:
+    def _unique(cls, v: tuple[Deployment, ...], info: ValidationInfo) -> tuple[Deployment, ...]:
         if not v:
             raise _problem("'deployments' is empty; describe at least one deployment")
         seen: set[str] = set()
@@ -297,6 +396,19 @@ class Fleet(_Schema):
             if d.name in seen:
                 raise _problem(f"deployment name {d.name!r} appears twice; give each deployment its own name")
             seen.add(d.name)
+        # Files TableTune writes: never shared between deployments or two keys, never the store or
+        # the fleet file itself (publishing would replace them).
+        fleet_file = (info.context or {}).get("fleet_file")
+        others: dict[Path, str] = {_resolved(default_store_path()): "the DuckDB store (TABLETUNE_DUCKDB)"}
+        if fleet_file is not None:
+            others[_resolved(Path(fleet_file))] = "the fleet file itself"
+        for d in v:
+            for path, key in d.written_files():
+                r = _resolved(path)
+                if r in others:
+                    raise _problem(f"deployment {d.name!r}: {key} = {str(path)!r} is also {others[r]}; give each "
+                                   "file TableTune writes its own path")
+                others[r] = f"deployment {d.name!r}'s {key}"
         return v
 
     @property
@@ -316,6 +428,13 @@ class Fleet(_Schema):
         for d in self.deployments:
             out.setdefault(d.group, []).append(d)
         return out
+
+
+def _resolved(path: Path) -> Path:
+    try:
+        return path.expanduser().resolve()
+    except (OSError, RuntimeError):  # a symlink loop: compare the path as written
+        return path.expanduser().absolute()
 
 
 def fleet_json_schema() -> dict[str, Any]:
@@ -383,10 +502,48 @@ def _describe(err: Mapping[str, Any], data: Any, source: str) -> str:
     return f"{where}: {what}"
 
 
+class _YAMLRefused(yaml.YAMLError):
+    """YAML that a fleet file may not use (a duplicate key, an alias, a merge key)."""
+
+    def __init__(self, what: str, mark: Any) -> None:
+        super().__init__(what)
+        self.what, self.line = what, (mark.line + 1 if mark is not None else None)
+
+
+class StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses duplicate keys, aliases and merge keys (each names its line)."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise _YAMLRefused(f"alias *{event.anchor} (a fleet file may not use YAML aliases or anchors; write "
+                               "the value out)", event.start_mark)
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            first: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    raise _YAMLRefused("merge key '<<' (write the keys out)", key_node.start_mark)
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    if key in first:
+                        raise _YAMLRefused(f"key {key!r} appears twice in one mapping (first on line {first[key]}); "
+                                           "write each key once", key_node.start_mark)
+                    first[key] = key_node.start_mark.line + 1
+                except TypeError:
+                    pass  # an unhashable key: SafeLoader names it below
+        return super().construct_mapping(node, deep)
+
+
 def parse_fleet(data: Any, source: str = "<string>", base_dir: Path | None = None) -> Fleet:
     """Validate a parsed fleet document strictly; every problem is one line of the FleetError."""
+    context: dict[str, Any] = {"base_dir": base_dir or Path.cwd()}
+    if base_dir is not None and source != "<string>":
+        context["fleet_file"] = Path(source)
     try:
-        fleet = Fleet.model_validate(data, context={"base_dir": base_dir or Path.cwd()})
+        fleet = Fleet.model_validate(data, context=context)
     except ValidationError as exc:
         lines = list(dict.fromkeys(_describe(e, data, source) for e in exc.errors()))
         raise FleetError("\n".join(lines)) from None
@@ -401,18 +558,30 @@ def load_fleet(path: str | os.PathLike[str] | None = None) -> Fleet:
     """
     p = Path(path or os.environ.get("TABLETUNE_FLEET") or DEFAULT_FLEET_PATH).expanduser()
     try:
-        text = p.read_text(encoding="utf-8")
+        with open(p, "rb") as fh:
+            raw = fh.read(MAX_FLEET_BYTES + 1)
     except FileNotFoundError:
         raise FleetError(f"fleet file {p} does not exist (set TABLETUNE_FLEET or pass --fleet)") from None
-    except UnicodeDecodeError as exc:
-        raise FleetError(f"fleet file {p} is not UTF-8 text (bad byte at offset {exc.start}); "
-                         "re-encode it as UTF-8") from None
+    except IsADirectoryError:
+        raise FleetError(f"fleet file {p} is a folder; pass the YAML file (set TABLETUNE_FLEET or --fleet)") from None
     except OSError as exc:
         raise FleetError(f"cannot read fleet file {p}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_FLEET_BYTES:
+        raise FleetError(f"fleet file {p} is larger than {MAX_FLEET_BYTES} bytes; not a fleet file")
     try:
-        data = yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise FleetError(f"fleet file {p} is not UTF-8 text (bad byte at offset {exc.start}, line {line}); "
+                         "re-encode it as UTF-8") from None
+    try:
+        data = yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except _YAMLRefused as exc:
+        raise FleetError(f"fleet file {p}, line {exc.line}: {exc.what}") from None
     except yaml.YAMLError as exc:
         raise FleetError(f"fleet file {p} is not valid YAML: {' '.join(str(exc).split())}") from None
+    except RecursionError:
+        raise FleetError(f"fleet file {p} is nested too deeply to be a fleet file") from None
     return parse_fleet(data, source=str(p), base_dir=p.resolve().parent)
 
 

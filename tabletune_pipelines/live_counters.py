@@ -31,8 +31,15 @@ Rules checked on read (a bad line names the file and line number): lengths equal
 ``MAX_POSITIONS``, ``0 <= accepted_i <= drafted_i``, ``drafted_i`` non-increasing in i (position
 i+1 is only drafted when position i is), ``num_drafts >= drafted_1`` (every request-step that
 drafted position 1 is a draft), window_end >= window_start, ``estimate`` in [0, 1] and
-non-increasing, no NaN/Infinity, a line at most ``MAX_LINE_BYTES``. Blank lines are skipped. A
-half-written last line (the controller was killed mid-append) is reported and skipped, not fatal.
+non-increasing, no NaN/Infinity, a line at most ``MAX_LINE_BYTES`` (read line by line with that
+limit: a longer line is never held in memory whole). Blank lines are skipped. A half-written last
+line (the controller was killed mid-append) is reported and skipped, not fatal.
+
+Rules checked across lines: the windows of one writer (same ``deployment`` and ``source``) are in
+time order and do not overlap (each starts at or after the previous one's end); a window exported
+twice (same deployment, source, seq, start and end, same counts) is counted once
+(``ReadResult.duplicates``); the same window with other counts is an error naming both lines.
+``read_live_counters(path, max_k=K)`` also refuses windows with more than K draft positions.
 
 The controller appends each line with a single ``write`` on an ``O_APPEND`` descriptor
 (``append_line``), so concurrent readers see whole lines, or a torn last line after a crash.
@@ -68,21 +75,38 @@ class LiveCountersError(TableTuneError, ValueError):
 
 @dataclass(frozen=True)
 class CounterWindow:
+    """One exported window (one line of the file), typed."""
+
     deployment: str
+    """Fleet deployment the counts belong to."""
     window_start: datetime
+    """UTC start of the window."""
     window_end: datetime
+    """UTC end of the window (a window belongs to the week of its end)."""
     num_drafts: int
+    """Request-steps that drafted at least one token."""
     drafted_per_pos: tuple[int, ...]
+    """How often draft position i was drafted in the window."""
     accepted_per_pos: tuple[int, ...]
+    """How often draft position i was kept in the window."""
     identity_key: str | None = None
+    """EngineIdentity key of the engine that counted (from the published table)."""
     table_version: int | None = None
+    """Published version in force during the window."""
     steps: int | None = None
+    """Engine steps in the window."""
     tokens: int | None = None
+    """Tokens kept in the window (each request's target token plus its accepted drafts, per step)."""
     busy_s: float | None = None
+    """Seconds of back-to-back steps in the window (tokens / busy_s = live goodput)."""
     estimate: tuple[float, ...] | None = None
+    """The controller's â_i in force at the window's end."""
     source: str | None = None
+    """The writing engine process (host:pid:start); windows of one source follow each other in time."""
     seq: int | None = None
+    """Window number within its source."""
     controller: dict[str, Any] | None = None
+    """The controller's state at the window's end (docs/controller.md, "Export")."""
 
 
 def _ts(value: Any, where: str, key: str) -> datetime:
@@ -174,57 +198,115 @@ class ReadResult:
     skipped_partial_last_line: bool
     """True when a torn line (a writer killed mid-append) was skipped."""
     fingerprint: str
-    """sha256 of the lines read (identifies the input)."""
+    """sha256 of the lines read (identifies the input; a duplicate window does not change it)."""
+    duplicates: int = 0
+    """Windows skipped because the same window was already read (exported twice)."""
 
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number JSON allows")
 
 
-def read_live_counters(path: str | os.PathLike[str]) -> ReadResult:
-    """Every window of a counters file, checked line by line (errors name the file and line)."""
+def _lines(fh: Any, where: str) -> Any:
+    """``(line number, bytes, ended by a newline)`` of a binary file, each line read with a bound."""
+    no = 0
+    while True:
+        bline = fh.readline(MAX_LINE_BYTES + 1)
+        if not bline:
+            return
+        no += 1
+        if len(bline) > MAX_LINE_BYTES and not bline.endswith(b"\n"):
+            size = len(bline)
+            while not bline.endswith(b"\n"):  # count the rest without keeping it
+                bline = fh.readline(MAX_LINE_BYTES)
+                if not bline:
+                    break
+                size += len(bline)
+            size -= bline.endswith(b"\n")
+            raise LiveCountersError(f"{where}:{no}: line of {size} bytes is longer than "
+                                    f"{MAX_LINE_BYTES}; not a counters window")
+        ended = bline.endswith(b"\n")
+        yield no, bline.rstrip(b"\n"), ended
+
+
+def _check_sequence(w: CounterWindow, obj: dict[str, Any], where: str, no: int,
+                    seen: dict[tuple[Any, ...], tuple[int, bytes]],
+                    last: dict[tuple[Any, ...], tuple[int, CounterWindow]]) -> bool:
+    """False for a window already read (a duplicate export); raises for overlaps and conflicts."""
+    key = (w.deployment, w.source, w.seq, w.window_start, w.window_end)
+    digest = hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).digest()  # the content, not its spelling
+    if key in seen:
+        first, body = seen[key]
+        if body == digest:
+            return False
+        raise LiveCountersError(f"{where}: window {obj['window_start']}..{obj['window_end']} of source {w.source!r} "
+                                f"is also on line {first} with other counts; one of the two lines is wrong")
+    writer = (w.deployment, w.source)
+    if writer in last:
+        prev_no, prev = last[writer]
+        if w.window_start < prev.window_end:
+            how = ("starts before" if w.window_start < prev.window_start else "overlaps")
+            raise LiveCountersError(
+                f"{where}: window {obj['window_start']}..{obj['window_end']} {how} the window "
+                f"{iso_utc(prev.window_start)}..{iso_utc(prev.window_end)} on line {prev_no} (deployment "
+                f"{w.deployment!r}, source {w.source!r}); one writer's windows must follow each other in time")
+    seen[key] = (no, digest)
+    last[writer] = (no, w)
+    return True
+
+
+def read_live_counters(path: str | os.PathLike[str], *, max_k: int | None = None) -> ReadResult:
+    """Every window of a counters file, checked line by line and as a sequence (errors name the
+    file and line). ``max_k``: the deployment's K; a window with more draft positions is refused."""
     p = Path(path)
     try:
-        with open(p, "rb") as fh:
-            raw = fh.read(MAX_FILE_BYTES + 1)
+        fh = open(p, "rb")  # noqa: SIM115 - closed below
     except FileNotFoundError:
         raise LiveCountersError(f"live counters file {p} does not exist (the controller has not exported yet)") from None
+    except IsADirectoryError:
+        raise LiveCountersError(f"live counters file {p} is a folder, not a file") from None
     except OSError as exc:
         raise LiveCountersError(f"cannot read live counters file {p}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise LiveCountersError(f"live counters file {p} is larger than {MAX_FILE_BYTES} bytes; rotate it")
-    lines = raw.split(b"\n")
     windows: list[CounterWindow] = []
     partial = False
+    duplicates = 0
     h = hashlib.sha256()
-    nonblank = [i for i, ln in enumerate(lines) if ln.strip()]
-    for i, bline in enumerate(lines):
-        if not bline.strip():
-            continue
-        where = f"{p}:{i + 1}"
-        last = i == nonblank[-1]  # a torn final line may also have been cut inside a UTF-8 sequence
-        if len(bline) > MAX_LINE_BYTES:
-            raise LiveCountersError(f"{where}: line of {len(bline)} bytes is longer than {MAX_LINE_BYTES}; "
-                                    "not a counters window")
-        try:
-            line = bline.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            if last:
-                partial = True
+    seen: dict[tuple[Any, ...], tuple[int, bytes]] = {}
+    last: dict[tuple[Any, ...], tuple[int, CounterWindow]] = {}
+    with fh:
+        if os.fstat(fh.fileno()).st_size > MAX_FILE_BYTES:
+            raise LiveCountersError(f"live counters file {p} is larger than {MAX_FILE_BYTES} bytes; rotate it")
+        for no, bline, ended in _lines(fh, str(p)):
+            if not bline.strip():
                 continue
-            raise LiveCountersError(f"{where}: not UTF-8 (byte {exc.start})") from None
-        try:
-            obj = json.loads(line, parse_constant=_reject_constant)
-        except ValueError as exc:
-            # A torn line (a writer killed mid-append; a restarted writer starts on a new line)
-            # is a prefix of a line: it never ends with the closing brace. Skip it, report it.
-            if not line.rstrip().endswith("}"):
-                partial = True
+            where = f"{p}:{no}"
+            try:
+                line = bline.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                if not ended:  # a torn final line may have been cut inside a UTF-8 sequence
+                    partial = True
+                    continue
+                raise LiveCountersError(f"{where}: not UTF-8 (byte {exc.start})") from None
+            try:
+                obj = json.loads(line, parse_constant=_reject_constant)
+            except ValueError as exc:
+                # A torn line (a writer killed mid-append; a restarted writer starts on a new line)
+                # is a prefix of a line: it never ends with the closing brace. Skip it, report it.
+                if not line.rstrip().endswith("}"):
+                    partial = True
+                    continue
+                raise LiveCountersError(f"{where}: not valid JSON ({exc})") from None
+            w = parse_window(obj, where)
+            if max_k is not None and len(w.drafted_per_pos) > max_k:
+                raise LiveCountersError(f"{where}: {len(w.drafted_per_pos)} draft positions, but the deployment's "
+                                        f"max_k is {max_k}; these counters are not from this deployment's engine")
+            if not _check_sequence(w, obj, where, no, seen, last):
+                duplicates += 1
                 continue
-            raise LiveCountersError(f"{where}: not valid JSON ({exc})") from None
-        h.update(bline)
-        windows.append(parse_window(obj, where))
-    return ReadResult(windows=tuple(windows), skipped_partial_last_line=partial, fingerprint=h.hexdigest())
+            h.update(bline)
+            windows.append(w)
+    return ReadResult(windows=tuple(windows), skipped_partial_last_line=partial, fingerprint=h.hexdigest(),
+                      duplicates=duplicates)
 
 
 def iso_utc(dt: datetime) -> str:

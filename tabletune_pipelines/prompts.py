@@ -9,7 +9,9 @@ keys (``id``, ``ts``, ...) are ignored; blank lines are skipped::
 One rule for every caller (the acceptance measurement and the pipeline's prompt count): a
 missing, unreadable or empty file and any malformed line raise ``PromptFileError`` naming the file
 and the line number. Prompts are user data, so a message describes a bad line's shape (its JSON
-type, its length) and never quotes it. Stdlib only.
+type, its length) and never quotes it. A line longer than ``MAX_LINE_BYTES`` is refused without
+being held in memory whole; ``"prompt"`` twice in one object, or a prompt with an unpaired UTF-16
+surrogate escape (``"\ud800"``: not text vLLM can encode), is refused too. Stdlib only.
 """
 
 from __future__ import annotations
@@ -22,6 +24,19 @@ from pathlib import Path
 from tabletune_pipelines.errors import PromptFileError
 
 EXPECTED = '{"prompt": "..."}'
+#: A prompt line is at most this long (a 1M-token prompt is ~4 MB of UTF-8).
+MAX_LINE_BYTES = 16 * 1024 * 1024
+
+
+def _pairs(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """``object_pairs_hook``: a second ``"prompt"`` would silently replace the first."""
+    if sum(1 for k, _ in pairs if k == "prompt") > 1:
+        raise _DuplicatePrompt
+    return dict(pairs)
+
+
+class _DuplicatePrompt(ValueError):
+    pass
 
 
 def _shape(value: object) -> str:
@@ -51,8 +66,12 @@ def _prompt_of(path: Path, no: int, raw: bytes) -> str | None:
                               "re-encode the file as UTF-8") from None
     if not line.strip():
         return None
+    line = line.rstrip("\r\n")  # so a JSON error's column is on this line
     try:
-        obj = json.loads(line)
+        obj = json.loads(line, object_pairs_hook=_pairs)
+    except _DuplicatePrompt:
+        raise PromptFileError(f"{where}: the object has the key \"prompt\" more than once; "
+                              f"each line must be {EXPECTED}") from None
     except json.JSONDecodeError as exc:
         raise PromptFileError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); "
                               f"each line must be {EXPECTED}") from None
@@ -65,7 +84,26 @@ def _prompt_of(path: Path, no: int, raw: bytes) -> str | None:
     if not isinstance(prompt, str) or not prompt.strip():
         got = "a string of only whitespace" if isinstance(prompt, str) and prompt else _shape(prompt)
         raise PromptFileError(f"{where}: \"prompt\" must be a non-empty string, got {got}")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PromptFileError(f"{where}: \"prompt\" (a string of length {len(prompt)}) has an unpaired UTF-16 "
+                              f"surrogate escape at character {exc.start + 1}; it is not text") from None
     return prompt
+
+
+def _lines(fh: object, path: Path) -> Iterator[tuple[int, bytes]]:
+    """``(line number, bytes)``, each line read with a bound (a longer one is refused, not held)."""
+    no = 0
+    while True:
+        raw = fh.readline(MAX_LINE_BYTES + 1)  # type: ignore[attr-defined]
+        if not raw:
+            return
+        no += 1
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            raise PromptFileError(f"prompt file {path}, line {no}: longer than {MAX_LINE_BYTES} bytes; "
+                                  f"each line must be one {EXPECTED}")
+        yield no, raw
 
 
 def iter_prompts(path: str | os.PathLike[str]) -> Iterator[str]:
@@ -81,7 +119,7 @@ def iter_prompts(path: str | os.PathLike[str]) -> Iterator[str]:
         raise PromptFileError(f"cannot read prompt file {p}: {exc.strerror or exc}") from None
     n = 0
     with fh:
-        for no, raw in enumerate(fh, start=1):
+        for no, raw in _lines(fh, p):
             prompt = _prompt_of(p, no, raw)
             if prompt is not None:
                 n += 1

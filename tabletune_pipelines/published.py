@@ -18,7 +18,10 @@ files written before them still load)::
      "prior": {"rates": [...], "num_drafts": 4800, "drafted_per_pos": [...],
                "accepted_per_pos": [...], "prior_id": "...", "source": "measured"},   # new
      "allowed_k": [0, 1, 3],       # new: k values the controller may choose (default: the table's)
-     "controller": {...}}          # new: ControllerSettings overrides (docs/controller.md)
+     "controller": {...},          # new: ControllerSettings overrides (docs/controller.md)
+     "evidence": {...}}            # new: the table search's evidence (policy, confidence, loss bounds,
+                                   #   boundaries with gain and confidence, k within noise per B,
+                                   #   number of ranges, cells re-measured, wall-timed cells)
 
 ``parse_published`` is the strict reader: it applies the publish gate's table rules (contiguous
 ranges covering exactly 1..max_num_seqs, no overlap, 0 <= k <= max_k), rejects NaN and Infinity,
@@ -32,6 +35,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,11 +50,7 @@ PUBLISHED_SCHEMA_VERSION = 1
 MAX_PUBLISHED_BYTES = 8 * 1024 * 1024
 
 _TOP_KEYS = {"schema", "schema_version", "deployment", "version", "published_at", "table", "speculative_config",
-             "identity", "prior", "allowed_k", "controller"}
-_TABLE_KEYS = {"schema", "schema_version", "ranges", "max_num_seqs", "max_k", "identity_key", "prior_id",
-               "acceptance_rates", "predicted_worst_loss", "step_ms"}
-_IDENTITY_KEYS = {"schema", "schema_version", "gpu", "vllm_version", "model", "drafter", "method", "max_k",
-                  "max_num_seqs", "dtype", "cudagraph_mode"}
+             "identity", "prior", "allowed_k", "controller", "evidence"}
 _PRIOR_KEYS = {"rates", "num_drafts", "drafted_per_pos", "accepted_per_pos", "prior_id", "source"}
 
 
@@ -275,7 +275,9 @@ def parse_published(doc: Any, where: str = "<document>") -> PublishedTable:
     deployment = _str(where, "deployment", doc["deployment"])
     version = _int(where, "version", doc["version"], 1)
     published_at = _str(where, "published_at", doc.get("published_at", "unknown"))
-    t = _obj(where, "table", doc["table"], _TABLE_KEYS)
+    # ``table`` is a DraftLengthTable document, which grows fields of its own (documents.py owns
+    # them): the fields read here are checked strictly, the others only as JSON.
+    t = _obj(where, "table", doc["table"])
     for key in ("ranges", "max_num_seqs", "max_k", "identity_key", "prior_id"):
         if key not in t:
             raise _fail(where, f"table lacks the field {key!r}")
@@ -300,7 +302,14 @@ def parse_published(doc: Any, where: str = "<document>") -> PublishedTable:
 
     identity = None
     if doc.get("identity") is not None:
-        identity = dict(_obj(where, "identity", doc["identity"], _IDENTITY_KEYS))
+        # EngineIdentity grows fields over time (the controller compares only the ones it knows),
+        # so other keys are allowed as long as they hold plain one-line values.
+        identity = dict(_obj(where, "identity", doc["identity"]))
+        if len(identity) > 64:
+            raise _fail(where, f"identity has {len(identity)} keys; not an engine identity")
+        for key, value in identity.items():
+            if value is not None and type(value) not in (str, int, bool) or (isinstance(value, str) and "\n" in value):
+                raise _fail(where, f"identity.{key} = {value!r:.80} must be a one-line string, an integer or null")
         for key in ("gpu", "vllm_version", "model", "method"):
             if key in identity:
                 _str(where, f"identity.{key}", identity[key])
@@ -346,6 +355,8 @@ def parse_published(doc: Any, where: str = "<document>") -> PublishedTable:
         missing = sorted(set(table_ks) - set(allowed))
         if missing:
             raise _fail(where, f"the table uses k = {missing}, which allowed_k {allowed} does not list")
+    if doc.get("evidence") is not None:  # the table search's evidence (issue 8): reported, not used to serve
+        _obj(where, "evidence", doc["evidence"])
     controller = dict(_obj(where, "controller", doc.get("controller") or {}))
     if controller:
         # Lazy: controller.settings is stdlib-only and defines the vocabulary of this mapping.
@@ -367,6 +378,7 @@ def published_document(
     *, deployment: str, version: int, table: dict[str, Any], speculative_config: dict[str, Any], published_at: str,
     identity: Mapping[str, Any] | None = None, prior: Mapping[str, Any] | None = None,
     allowed_k: Sequence[int] | None = None, controller: Mapping[str, Any] | None = None,
+    evidence: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The JSON body of a published table (``table`` is a DraftLengthTable's ``to_dict()``).
 
@@ -394,6 +406,8 @@ def published_document(
     doc["allowed_k"] = sorted({int(k) for k in allowed_k} if allowed_k is not None
                               else {int(r[2]) for r in table.get("ranges", [])})
     doc["controller"] = dict(controller or {})
+    if evidence is not None:
+        doc["evidence"] = dict(evidence)
     _roundtrip_check(doc, f"being published for {deployment!r}")
     return doc
 
@@ -408,11 +422,137 @@ def _roundtrip_check(doc: dict[str, Any], where: str) -> None:
     parse_published(decoded, where)
 
 
+def controller_fields(
+    *, identity: Any = None, prior: Any = None, controller: Mapping[str, Any] | None = None,
+    live_counters: str | os.PathLike[str] | None = None, allowed_k: Sequence[int] | None = None,
+) -> dict[str, Any]:
+    """``published_document`` keyword arguments for a deployment with the controller.
+
+    ``identity``: an ``EngineIdentity`` (or its dict) of the table's engine; ``prior``: the
+    ``AcceptancePrior`` (or its dict) the table was built from; ``controller``: the fleet
+    deployment's ``controller:`` mapping; ``live_counters``: the fleet's ``live_counters`` path, which
+    becomes the controller's ``export_path`` unless the mapping sets one (what the controller
+    exports is then what ``live_acceptance_counters`` ingests). Objects are read through their
+    ``to_dict()``, so this module stays stdlib-only.
+    """
+
+    def as_dict(x: Any) -> dict[str, Any] | None:
+        if x is None:
+            return None
+        return dict(x.to_dict() if hasattr(x, "to_dict") else x)
+
+    out: dict[str, Any] = {}
+    ident = as_dict(identity)
+    if ident is not None:
+        out["identity"] = ident
+    p = as_dict(prior)
+    if p is not None:
+        pid = getattr(prior, "prior_id", None) or p.get("prior_id")
+        out["prior"] = {"rates": list(p["rates"]), "num_drafts": int(p.get("num_drafts", 0)),
+                        "drafted_per_pos": list(p.get("drafted_per_pos", ())),
+                        "accepted_per_pos": list(p.get("accepted_per_pos", ())),
+                        "prior_id": pid, "source": p.get("source")}
+    ctl = dict(controller or {})
+    if live_counters is not None and "export_path" not in ctl:
+        ctl["export_path"] = os.fspath(live_counters)
+    out["controller"] = ctl
+    if allowed_k is not None:
+        out["allowed_k"] = sorted({int(k) for k in allowed_k})
+    return out
+
+
+# -- what publishing may replace (issue 12, class 1) -------------------------------------------
+# Publishing replaces a file atomically, whatever is there. So before it does, the file there must
+# be one TableTune wrote: a published table of the same deployment, or its speculative-config
+# companion. Anything else (the DuckDB store, the fleet file, a symlink, an unrelated file) is
+# refused before anything is written.
+
+SPECULATIVE_CONFIG_SUFFIX = ".speculative-config.json"
+"""``<stem>.speculative-config.json``: the paste-able ``--speculative-config`` beside a published table."""
+MAX_COMPANION_BYTES = 1024 * 1024
+"""A speculative-config companion is a few kB; a larger file there is not one."""
+_ABSENT = object()
+
+
+def speculative_config_path(published_path: str | os.PathLike[str]) -> Path:
+    """The speculative-config companion of a published table: ``<stem>.speculative-config.json`` beside it."""
+    p = Path(published_path)
+    return p.with_name(p.stem + SPECULATIVE_CONFIG_SUFFIX)
+
+
+def _refusal(path: Path, reason: str, what: str) -> PublishedTableError:
+    return PublishedTableError(
+        f"refusing to replace {path}: it {reason}, so it is not {what} TableTune wrote. Nothing was written; "
+        "point the fleet's published_table at a path where nothing exists yet or at an earlier export, or move "
+        "this file away")
+
+
+def _existing_json(path: Path, what: str, limit: int) -> Any:
+    """The decoded JSON of the regular file at ``path``, ``_ABSENT`` when nothing is there; refuses anything else."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return _ABSENT
+    except OSError as exc:
+        raise PublishedTableError(f"cannot inspect {path} before replacing it ({exc.strerror or exc}); "
+                                  "nothing was written") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise _refusal(path, "is a symbolic link (TableTune replaces files, not link targets)", what)
+    if not stat.S_ISREG(st.st_mode):
+        raise _refusal(path, "is not a regular file", what)
+    if st.st_size > limit:
+        raise _refusal(path, f"is {st.st_size} bytes, more than any {what} ({limit} bytes at most)", what)
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(limit + 1)
+        return strict_json_loads(raw.decode("utf-8"))
+    except OSError as exc:
+        raise PublishedTableError(f"cannot read {path} before replacing it ({exc.strerror or exc}); "
+                                  "nothing was written") from None
+    except ValueError:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise _refusal(path, "is not a JSON document", what) from None
+
+
+def check_published_target(path: str | os.PathLike[str], deployment: str | None = None) -> None:
+    """Raise ``PublishedTableError`` unless ``path`` is free or holds a published table (of ``deployment``)."""
+    p = Path(path)
+    what = "a published table"
+    doc = _existing_json(p, what, MAX_PUBLISHED_BYTES)
+    if doc is _ABSENT:
+        return
+    if not isinstance(doc, dict) or doc.get("schema") != PUBLISHED_SCHEMA:
+        raise _refusal(p, f"has no \"schema\": {PUBLISHED_SCHEMA!r}", what)
+    owner = doc.get("deployment")
+    if deployment is not None and owner != deployment:
+        raise PublishedTableError(
+            f"refusing to replace {p}: it is the published table of deployment {owner!r}, not {deployment!r}. "
+            "Nothing was written; give each deployment its own published_table")
+
+
+def check_speculative_config_target(path: str | os.PathLike[str]) -> None:
+    """Raise ``PublishedTableError`` unless ``path`` is free or holds a speculative config with a table
+    (``num_speculative_tokens_per_batch_size``: what TableTune writes there)."""
+    p = Path(path)
+    what = "a speculative-config companion"
+    doc = _existing_json(p, what, MAX_COMPANION_BYTES)
+    if doc is _ABSENT:
+        return
+    if not isinstance(doc, dict) or "num_speculative_tokens_per_batch_size" not in doc:
+        raise _refusal(p, "is not a --speculative-config with num_speculative_tokens_per_batch_size", what)
+
+
+def check_publish_targets(path: str | os.PathLike[str], deployment: str | None = None) -> None:
+    """Everything a publication replaces: the published table and its speculative-config companion."""
+    check_published_target(path, deployment)
+    check_speculative_config_target(speculative_config_path(path))
+
+
 def write_published_table(path: str | os.PathLike[str], document: dict[str, Any]) -> Path:
     if not isinstance(document, dict) or document.get("schema") != PUBLISHED_SCHEMA:
         got = document.get("schema") if isinstance(document, dict) else None
         raise PublishedTableError(f"refusing to write a document with schema {got!r} to {path}")
     _roundtrip_check(document, str(path))
+    check_published_target(path, document.get("deployment"))
     return atomic_write_text(path, json.dumps(document, indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 

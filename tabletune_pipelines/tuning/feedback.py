@@ -4,10 +4,14 @@ The controller inside vLLM exports drafted/accepted counts per draft position in
 (``tabletune_pipelines.live_counters``). A week's windows are summed and blended with the latest
 measured prior as ``w`` observations: â_i = (w·a_i + accepted_i) / (w + drafted_i)
 (docs/method.md, "Online controller"). Without a usable measured prior the live rates stand alone.
+
+A window is counted once however often it was exported (``unique_windows``), and a window with
+more draft positions than the deployment's ``max_k`` is refused: it cannot come from its engine.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -17,6 +21,7 @@ import numpy as np
 
 from tabletune_pipelines.core.acceptance import AcceptanceEstimator, EstimatorConfig
 from tabletune_pipelines.documents import AcceptancePrior
+from tabletune_pipelines.errors import InvalidValueError
 from tabletune_pipelines.live_counters import CounterWindow
 
 
@@ -47,6 +52,20 @@ class LivePrior:
         return "live counters only (no measured prior; never-drafted positions count as 0)"
 
 
+def unique_windows(windows: Iterable[CounterWindow]) -> list[CounterWindow]:
+    """The windows with each exported window once (same writer, number, start and end, same
+    counts), in their first order. ``read_live_counters`` drops such duplicates too (and refuses
+    two different windows with the same key); this keeps a list of windows from anywhere honest."""
+    out: list[CounterWindow] = []
+    seen: set[CounterWindow] = set()
+    for w in windows:
+        key = dataclasses.replace(w, controller=None)  # the free-form state is not hashable
+        if key not in seen:
+            seen.add(key)
+            out.append(w)
+    return out
+
+
 def windows_in_week(windows: Iterable[CounterWindow], deployment: str, start: datetime, end: datetime
                     ) -> list[CounterWindow]:
     """The deployment's windows whose end falls in [start, end)."""
@@ -61,9 +80,15 @@ def live_prior(deployment: str, week: str, windows: Sequence[CounterWindow], *, 
     has a rate for every position the controller counted. ``counters_fingerprint``: digest of the
     counters file, so the prior id changes when the counts do.
     """
+    windows = unique_windows(windows)
     if not windows:
         return None
-    k = max(max_k, max(len(w.drafted_per_pos) for w in windows))
+    for w in windows:
+        if len(w.drafted_per_pos) > max_k:
+            raise InvalidValueError(
+                f"live counters of {deployment!r}: the window ending {w.window_end.isoformat()} has "
+                f"{len(w.drafted_per_pos)} draft positions, but the deployment's max_k is {max_k}")
+    k = max_k
     drafted, accepted = np.zeros(k), np.zeros(k)
     for w in windows:
         drafted[: len(w.drafted_per_pos)] += w.drafted_per_pos

@@ -37,8 +37,8 @@ def test_defaults_come_from_the_vocabulary_and_new_keys_exist(tmp_path):
     d = fleet().deployments[0]
     assert d.dtype == DEFAULT_DTYPE and d.max_prompts == DEFAULT_SAMPLE_SIZE
     assert d.model_runner == "auto" and d.load_format is None and d.controller == {} and d.k8s is None
-    d = fleet(dep(model_runner="v2", load_format="dummy", controller={"every": 8, "hysteresis": 2})).deployments[0]
-    assert (d.model_runner, d.load_format, d.controller) == ("v2", "dummy", {"every": 8, "hysteresis": 2})
+    d = fleet(dep(model_runner="v2", load_format="dummy", controller={"rebuild_every_steps": 8, "hysteresis": 2})).deployments[0]
+    assert (d.model_runner, d.load_format, d.controller) == ("v2", "dummy", {"rebuild_every_steps": 8, "hysteresis": 2})
 
 
 def test_every_field_is_described_in_the_schema():

@@ -19,7 +19,8 @@ from tabletune_pipelines.fleet import parse_fleet
 def fleet(tmp_path, *deps):
     base = {"endpoint": "embedded", "gpu": "cpu", "model": "tiny:small", "drafter": "tiny:small",
             "method": "draft_model", "max_k": 3, "max_num_seqs": 16}
-    docs = [{**base, "name": d.get("name", "local-cpu"), "logged_prompts": "p", "published_table": "t.json", **d}
+    docs = [{**base, "name": d.get("name", "local-cpu"), "logged_prompts": "p",
+             "published_table": f"{d.get('name', 'local-cpu')}.json", **d}
             for d in deps or [{}]]
     return parse_fleet({"schema_version": 1, "deployments": docs}, base_dir=tmp_path)
 

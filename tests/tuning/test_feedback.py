@@ -54,7 +54,7 @@ def test_without_a_measured_prior_the_counts_stand_alone_and_never_increase():
 
 def test_a_measured_prior_shorter_than_the_counts_is_not_blended():
     wins = [window(START + timedelta(days=1), [100, 100, 100, 100], [80, 60, 40, 20])]
-    live = live_prior("local-cpu", "2026-11-16", wins, max_k=3, measured=prior(), prior_weight=2000,
+    live = live_prior("local-cpu", "2026-11-16", wins, max_k=4, measured=prior(), prior_weight=2000,
                       counters_fingerprint="abc")
     assert live.blended_with is None and live.prior.rates == pytest.approx((0.8, 0.6, 0.4, 0.2))
 
