@@ -1,0 +1,260 @@
+"""Closed-loop replay simulator: L concurrent requests on a step-time surface (issue 10, point 3).
+
+The load is closed-loop: L clients, each sending its next request the moment the last one ends,
+so L requests are running at every step (B = L). Request lengths are drawn uniformly from
+``Workload.lengths`` so requests do not end in lockstep; a request that just arrived spends its
+first step in prefill: it produces one token and drafts nothing (that step counts it in
+``num_new`` and its prompt in the scheduled tokens, as vLLM's scheduler output does). Prefill
+*cost* is not modelled: T(B, k) is the surface's.
+
+Acceptance is stochastic per request and step: with k drafts a request keeps its first m drafts
+with P(m >= i) = a_i (the unconditional survival of docs/method.md, "Goodput"), drawn with one
+uniform u per request and step as m = #{i <= k : u < a_i}; it then gains m + 1 tokens (capped at
+what the request has left). The uniforms come from their own seeded stream, one vector per step,
+so every policy sees the same draws (common random numbers: differences between policies are not
+sampling noise of separate runs). ``Workload.switch_at`` changes the true rates mid-run.
+
+Two kinds of policy:
+
+* ``TablePolicy``: a fixed k per batch size (no speculation, each fixed k, a table).
+* An engine-side policy with the controller's hooks, ``next_lookup()`` / ``on_step(...)``: the
+  production ``controller.logic.Controller`` (built on a real published file, ``published_for``)
+  or a baseline of ``controller.baselines``. The simulator calls them exactly as the vLLM adapter
+  (``controller/scheduler.py``) does: ``next_lookup()`` before the step (None leaves the engine's
+  launch table in force), the step's k = lookup[B], then ``on_step(num_scheduled_tokens,
+  scheduled_spec_decode_tokens, req_id_to_index, sampled_token_ids, k, num_new, total_tokens,
+  now)`` with ``now`` the simulated monotonic clock after the step.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from tabletune_pipelines.controller.loader import EngineFacts
+from tabletune_pipelines.controller.logic import Controller
+from tabletune_pipelines.evaluation.surfaces import Surface
+from tabletune_pipelines.published import published_document, write_published_table
+
+PROMPT_TOKENS = 32
+"""Prompt length of every request (only enters the scheduled-token count of its first step)."""
+
+
+class EnginePolicy(Protocol):
+    def next_lookup(self) -> list[int] | None: ...
+
+    def on_step(self, num_scheduled_tokens: Any, spec_tokens: Any, req_id_to_index: Any, sampled: Any,
+                k_next: int | None, num_new: int, total_tokens: int, now: float) -> None: ...
+
+
+@dataclass(frozen=True)
+class TablePolicy:
+    """A fixed k per batch size; ``ks`` None is the engine launched without speculation."""
+
+    name: str
+    """Report name."""
+    ks: tuple[int, ...] | None
+    """k for B = 1..max_num_seqs (index B − 1); None = no speculation."""
+
+    @classmethod
+    def fixed(cls, k: int, n: int) -> "TablePolicy":
+        return cls(f"fixed k={k}", (int(k),) * n)
+
+    @classmethod
+    def from_ranges(cls, name: str, ranges: Sequence[Sequence[int]], n: int, max_k: int) -> "TablePolicy":
+        ks = [0] * n
+        for s, e, k in ranges:
+            for b in range(int(s), min(int(e), n) + 1):
+                ks[b - 1] = min(int(k), max_k)
+        return cls(name, tuple(ks))
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The traffic: true acceptance, request lengths, an optional mid-run switch."""
+
+    rates: tuple[float, ...]
+    """True a_1..a_K (non-increasing)."""
+    lengths: tuple[int, int] = (64, 512)
+    """Output tokens per request, uniform in [lo, hi]."""
+    switch_at: int | None = None
+    """Step at which the true rates become ``switch_rates`` (None: never)."""
+    switch_rates: tuple[float, ...] | None = None
+    """The rates after the switch."""
+
+
+@dataclass
+class SimResult:
+    """One simulated run."""
+
+    load: int
+    """L, concurrent requests."""
+    steps: int
+    """Steps simulated (including warm-up)."""
+    tokens: int
+    """Tokens kept after warm-up."""
+    seconds: float
+    """Simulated time after warm-up."""
+    ks: np.ndarray
+    """k run at every step."""
+    step_tokens: np.ndarray
+    """Tokens kept at every step."""
+    step_ms: np.ndarray
+    """Duration of every step, ms."""
+
+    @property
+    def goodput(self) -> float:
+        """Tokens kept per second after warm-up."""
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def window_goodput(self, window: int) -> tuple[np.ndarray, np.ndarray]:
+        """(end time s, goodput tok/s) per window of ``window`` steps."""
+        n = len(self.step_ms) // window
+        tok = self.step_tokens[: n * window].reshape(n, window).sum(1)
+        sec = self.step_ms[: n * window].reshape(n, window).sum(1) / 1000.0
+        return np.cumsum(sec), tok / sec
+
+
+def _survival(rates: Sequence[float], k_max: int) -> np.ndarray:
+    a = np.zeros(k_max)
+    r = np.asarray(rates, dtype=float)[:k_max]
+    a[: r.size] = r
+    return a
+
+
+def simulate(surface: Surface, policy: TablePolicy | EnginePolicy, load: int, steps: int, workload: Workload, *,
+             seed: int = 0, warmup: int = 0, launch_k: Sequence[int] | None = None,
+             trace: list[tuple[Any, ...]] | None = None) -> SimResult:
+    """Run ``steps`` steps at ``load`` concurrent requests (module docstring).
+
+    ``launch_k``: k per B (index B − 1) of the engine's launch table, used when an engine-side
+    policy's ``next_lookup()`` returns None (default: K everywhere). ``trace``: if given, every
+    ``on_step`` call's arguments are appended (with the lookup k), for replaying them elsewhere.
+    """
+    L = int(load)
+    n, K = surface.max_num_seqs, surface.max_k
+    if not 1 <= L <= n:
+        raise ValueError(f"load {L} is outside 1..{n} (the surface's max_num_seqs)")
+    acc_rng = np.random.default_rng([seed, 1])
+    len_rng = np.random.default_rng([seed, 2])
+    lo, hi = workload.lengths
+    remaining = len_rng.integers(lo, hi + 1, size=L)
+    # Clients start staggered (a request part-way through), so ends are spread from the first step.
+    remaining = np.maximum(1, (remaining * len_rng.random(L)).astype(np.int64))
+    new = np.zeros(L, dtype=bool)
+    a = _survival(workload.rates, K)
+    table = isinstance(policy, TablePolicy)
+    nospec = table and policy.ks is None
+    ids = [f"r{i}" for i in range(L)]
+    index = {r: i for i, r in enumerate(ids)}
+    scheduled = {r: 1 for r in ids}
+    launch = list(launch_k) if launch_k is not None else [K] * n
+    ks_run = np.zeros(steps, dtype=np.int64)
+    tok_run = np.zeros(steps, dtype=np.int64)
+    ms_run = np.zeros(steps)
+    now = 1000.0
+    for step in range(steps):
+        if workload.switch_at is not None and step == workload.switch_at:
+            a = _survival(workload.switch_rates or workload.rates, K)
+        if table:
+            k = 0 if nospec else policy.ks[L - 1]
+            lookup = None
+        else:
+            lookup = policy.next_lookup()
+            k = int(lookup[L]) if lookup is not None else int(launch[L - 1])
+            k = min(k, K)
+        u = acc_rng.random(L)
+        if k:
+            m = (u[:, None] < a[None, :k]).sum(axis=1)
+            m[new] = 0
+        else:
+            m = np.zeros(L, dtype=np.int64)
+        gained = np.minimum(m + 1, remaining)
+        dt = surface.t(L, None) if nospec else surface.t(L, k)
+        now += dt / 1000.0
+        if not table:
+            draft = [] if not k else [0] * k
+            spec = {ids[i]: draft for i in np.flatnonzero(~new)} if k else {}
+            sampled = [[0] * (int(x) + 1) for x in m]
+            n_new = int(new.sum())
+            total = L + k * (L - n_new) + (PROMPT_TOKENS - 1) * n_new
+            if trace is not None:
+                trace.append((None if lookup is None else list(lookup), dict(scheduled),
+                              {r: list(v) for r, v in spec.items()}, dict(index),
+                              [list(s) for s in sampled], k, n_new, total, now))
+            policy.on_step(scheduled, spec, index, sampled, k, n_new, total, now)
+        remaining -= gained
+        done = remaining <= 0
+        new = done
+        if done.any():
+            remaining[done] = len_rng.integers(lo, hi + 1, size=int(done.sum()))
+        ks_run[step] = k
+        tok_run[step] = int(gained.sum())
+        ms_run[step] = dt
+    w = min(int(warmup), steps)
+    return SimResult(load=L, steps=steps, tokens=int(tok_run[w:].sum()), seconds=float(ms_run[w:].sum()) / 1000.0,
+                     ks=ks_run, step_tokens=tok_run, step_ms=ms_run)
+
+
+# ---------------------------------------------------------------------------- the controller
+def all_k_launch(n: int, K: int) -> tuple[tuple[int, int, int], ...]:
+    """A launch table that lists every k 0..K (the controller may only use launch-table k values:
+    docs/controller.md), K from B = K + 1 on."""
+    out = [(k + 1, k + 1, k) for k in range(K)]
+    out.append((K + 1, n, K))
+    return tuple(out)
+
+
+def published_for(path: str | os.PathLike[str], *, ranges: Sequence[Sequence[int]],
+                  step_ms: dict[str, dict[str, float]], prior: Sequence[float], max_num_seqs: int, max_k: int, prior_drafts: int = 4800,
+                  version: int = 1, controller: dict[str, Any] | None = None,
+                  deployment: str = "simulated") -> Path:
+    """Write a real published file (``tabletune_pipelines.published``) for the simulated engine.
+
+    ``step_ms``: the tuner's T(B, k), ``{k: {B: ms}}`` with string keys (``DraftLengthTable.step_ms``).
+    """
+    rng = [[int(s), int(e), int(k)] for s, e, k in ranges]
+    table = {"schema": "tabletune.draft_length_table", "schema_version": 1, "ranges": rng,
+             "max_num_seqs": int(max_num_seqs), "max_k": int(max_k), "identity_key": f"sim__{deployment}",
+             "prior_id": "prior-sim", "acceptance_rates": [float(x) for x in prior], "predicted_worst_loss": 0.0,
+             "step_ms": step_ms}
+    doc = published_document(
+        deployment=deployment, version=version, table=table,
+        speculative_config={"method": "eagle3", "num_speculative_tokens": int(max_k),
+                            "num_speculative_tokens_per_batch_size": rng},
+        published_at="2026-12-01T00:00:00Z", identity=None,
+        prior={"rates": [float(x) for x in prior], "num_drafts": int(prior_drafts), "prior_id": "prior-sim",
+               "source": "synthetic"},
+        allowed_k=list(range(int(max_k) + 1)), controller=controller or {})
+    return write_published_table(path, doc)
+
+
+@dataclass
+class ControllerFactory:
+    """Builds a fresh production ``Controller`` on a published file, with the simulated clock."""
+
+    path: Path
+    """The published file."""
+    max_num_seqs: int
+    """max_num_seqs of the simulated engine."""
+    max_k: int
+    """K of the simulated engine."""
+    clock: list[float] = field(default_factory=lambda: [1000.0])
+    """The clock the controller reads (the simulator's ``now`` is passed to on_step)."""
+
+    def engine(self) -> EngineFacts:
+        return EngineFacts(max_k=self.max_k, max_num_seqs=self.max_num_seqs,
+                           launch_ranges=all_k_launch(self.max_num_seqs, self.max_k))
+
+    def __call__(self) -> Controller:
+        import logging
+
+        log = logging.getLogger("tabletune.evaluation.controller")
+        log.setLevel(logging.ERROR)
+        return Controller(self.engine(), self.path, clock=lambda: self.clock[0],
+                          wall=lambda: 1_764_000_000.0 + self.clock[0], log=log)

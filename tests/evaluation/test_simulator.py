@@ -1,0 +1,123 @@
+"""The simulator at small scale: determinism, goodput of a fixed k against B·τ(k)/T, surfaces from
+stored profiles, and the equivalence of its controller path with the production Controller."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tabletune_pipelines.controller.search import dense_from_ranges
+from tabletune_pipelines.documents import StepTimeProfile
+from tabletune_pipelines.evaluation import costmodel as cm
+from tabletune_pipelines.evaluation import simulator as sim
+from tabletune_pipelines.evaluation.surfaces import from_cost_model, from_profile
+
+RATES = (0.7, 0.5, 0.3)
+H200 = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "h200"
+
+
+@pytest.fixture(scope="module")
+def surface():
+    return from_cost_model(cm.H100_DENSE_4B, 64)
+
+
+def test_same_seed_same_run_other_seed_other_run(surface):
+    wl = sim.Workload(RATES, lengths=(16, 64))
+    pol = sim.TablePolicy.fixed(2, 64)
+    a = sim.simulate(surface, pol, 8, 300, wl, seed=3)
+    b = sim.simulate(surface, pol, 8, 300, wl, seed=3)
+    c = sim.simulate(surface, pol, 8, 300, wl, seed=4)
+    assert np.array_equal(a.step_tokens, b.step_tokens) and a.goodput == b.goodput
+    assert not np.array_equal(a.step_tokens, c.step_tokens)
+
+
+@pytest.mark.parametrize("k", [0, 1, 3])
+def test_goodput_of_a_fixed_k_is_b_tau_over_t(surface, k):
+    # requests far longer than the run: every request-step drafts k and gains 1 + m tokens
+    wl = sim.Workload(RATES, lengths=(10**7, 10**7))
+    B, steps = 16, 2000
+    r = sim.simulate(surface, sim.TablePolicy.fixed(k, 64), B, steps, wl, seed=11)
+    tau = 1 + sum(RATES[:k])
+    expect = B * tau / (surface.t(B, k) / 1000.0)
+    # m has variance E[m^2] - E[m]^2 with E[m^2] = sum_i (2i - 1) a_i
+    var = sum((2 * i + 1) * a for i, a in enumerate(RATES[:k])) - sum(RATES[:k]) ** 2
+    se = np.sqrt(var / (B * steps)) / tau  # relative standard error of the mean tokens per step
+    assert abs(r.goodput / expect - 1) <= max(4 * se, 1e-12), (r.goodput, expect, se)
+
+
+def test_request_turnover_counts_new_requests_and_caps_tokens(surface):
+    wl = sim.Workload((1.0, 1.0, 1.0), lengths=(5, 5))
+    r = sim.simulate(surface, sim.TablePolicy.fixed(3, 64), 4, 40, wl, seed=0)
+    # every request ends after exactly 5 tokens; no step can gain more than 4 per request
+    assert r.step_tokens.max() <= 4 * 4
+    assert r.tokens == r.step_tokens.sum()
+    assert r.step_tokens.min() < 16  # arrivals spend a step in prefill and ends cap the tokens
+
+
+def test_nospec_and_switch(surface):
+    wl = sim.Workload(RATES, lengths=(10**7, 10**7), switch_at=500, switch_rates=(0.0, 0.0, 0.0))
+    r = sim.simulate(surface, sim.TablePolicy.fixed(3, 64), 8, 1000, wl, seed=1)
+    assert r.step_tokens[:500].mean() > 8 * 2.0 and r.step_tokens[500:].max() == 8
+    ns = sim.simulate(surface, sim.TablePolicy("no-spec", None), 8, 100, wl, seed=1)
+    assert ns.step_ms[0] == pytest.approx(surface.t(8, None)) and ns.ks.max() == 0
+
+
+def test_h200_profiles_load_as_surfaces():
+    files = sorted(H200.glob("*.one_launch.json"))
+    assert len(files) == 2
+    for f in files:
+        prof = StepTimeProfile.from_json(f.read_text())
+        s = from_profile(prof)
+        assert s.ms.shape == (4, 128) and s.nospec_ms is None
+        assert np.all(np.diff(s.ms, axis=1) >= 0)
+        # hiccup cells (e.g. the dense profile's 40 ms at B = 3, k = 0) are left out, not smeared
+        if "qwen3-4b" in prof.identity.model:
+            assert s.outliers >= 9 and s.ms[0, 2] < 6.0
+        assert s.profile() is prof
+
+
+# ----------------------------------------------------------------------- production controller
+def _published(tmp_path, surface, ranges, prior=RATES, controller=None):
+    ms = {str(k): {str(b): float(surface.t(b, k)) for b in range(1, surface.max_num_seqs + 1)}
+          for k in range(surface.max_k + 1)}
+    return sim.published_for(tmp_path / "pub.json", ranges=ranges, step_ms=ms, prior=prior,
+                             max_num_seqs=surface.max_num_seqs, max_k=surface.max_k, controller=controller)
+
+
+def test_simulator_drives_the_production_controller_unchanged(tmp_path, surface):
+    """The simulator's controller path gives the same decisions as a Controller fed the same
+    inputs directly, hook by hook, as the vLLM adapter calls them."""
+    path = _published(tmp_path, surface, [[1, 4, 3], [5, 8, 1], [9, 64, 0]],
+                      controller={"rebuild_every_steps": 20, "exploration_every_steps": 10})
+    factory = sim.ControllerFactory(path, surface.max_num_seqs, surface.max_k)
+    trace: list = []
+    wl = sim.Workload((0.9, 0.8, 0.7), lengths=(8, 40))
+    c_sim = factory()
+    r = sim.simulate(surface, c_sim, 12, 400, wl, seed=5, trace=trace)
+    assert c_sim.controlling and c_sim.rebuilds >= 10 and c_sim.exploration_steps >= 30
+    assert len(set(r.ks.tolist())) >= 2  # it changed k: something to compare
+
+    direct = factory()
+    for step, (lookup, nst, spec, idx, sampled, k, n_new, total, now) in enumerate(trace):
+        got = direct.next_lookup()
+        assert got == lookup, f"step {step}: lookup differs"
+        assert (got[12] if got is not None else 3) == r.ks[step]
+        direct.on_step(nst, spec, idx, sampled, k, n_new, total, now)
+    assert direct.ranges == c_sim.ranges and direct.rebuilds == c_sim.rebuilds
+    assert direct.estimate() == pytest.approx(c_sim.estimate())
+    # and the decisions moved to what the true rates make best at B = 12 (k = 3, not the start's 0)
+    assert dense_from_ranges(direct.ranges, 64)[11] == 3
+
+
+def test_controller_repairs_a_wrong_table(tmp_path, surface):
+    wl = sim.Workload(RATES, lengths=(64, 256))
+    best = max(sim.simulate(surface, sim.TablePolicy.fixed(k, 64), 16, 1500, wl, seed=2, warmup=300).goodput
+               for k in range(4))
+    wrong = [[1, 4, 3], [5, 64, 0]]
+    static = sim.simulate(surface, sim.TablePolicy.from_ranges("wrong", wrong, 64, 3), 16, 1500, wl, seed=2, warmup=300)
+    ctrl = sim.simulate(surface, sim.ControllerFactory(_published(tmp_path, surface, wrong), 64, 3)(), 16, 1500, wl,
+                        seed=2, warmup=300)
+    assert static.goodput < 0.9 * best
+    assert ctrl.goodput > 0.95 * best
