@@ -12,8 +12,9 @@ from tabletune_pipelines.fleet import Deployment
 from tabletune_pipelines.orchestration.metadata import json_md
 from tabletune_pipelines.orchestration.partitions import engine_identity_partitions
 from tabletune_pipelines.orchestration.resources import EngineResource, FleetResource, TuningPolicy, store_from
-from tabletune_pipelines.tuning.gates import table_gates
-from tabletune_pipelines.tuning.report import table_markdown
+from tabletune_pipelines.published import controller_fields
+from tabletune_pipelines.tuning.gates import blocking_table_gates
+from tabletune_pipelines.tuning.report import boundaries_markdown, loss_text, table_markdown
 
 ROLLBACK_HOWTO = (
     "Roll back with the job `rollback_published_table` (config: `deployment`), e.g.\n\n"
@@ -29,12 +30,21 @@ class PublishConfig(dg.Config):
     force: bool = False
 
 
-def publication_kwargs(dep: Deployment, engine: EngineResource) -> dict[str, Any]:
+def publication_kwargs(dep: Deployment, engine: EngineResource, table=None, store=None) -> dict[str, Any]:
     """Keyword arguments of ``store.publish`` / ``store.rollback`` for one deployment: the base
     ``--speculative-config`` and further fields of the published document (``document_fields``:
-    keyword arguments of ``published.published_document``; add new document fields here)."""
+    keyword arguments of ``published.published_document``; add new document fields here). With
+    ``table`` and ``store``, the controller also gets the table's engine identity and prior."""
+    identity = prior = None
+    if table is not None and store is not None:
+        identity = store.find_identity(table.identity_key)
+        try:
+            prior = store.acceptance_prior(table.prior_id)
+        except TableTuneError:
+            prior = None
     return {"base_speculative_config": serving_speculative_config(dep, engine.local_model_path),
-            "document_fields": {}}
+            "document_fields": controller_fields(identity=identity, prior=prior, controller=dep.controller,
+                                                 live_counters=dep.live_counters)}
 
 
 @dg.asset(
@@ -59,7 +69,7 @@ def published_table(context: dg.AssetExecutionContext, config: PublishConfig, du
     if table is None:
         raise dg.Failure(description=f"no draft_length_table for {key}; materialize it first (nothing published)")
     # The blocking gates again: a table that failed them is never published, whichever run tries.
-    failed = [g for g in table_gates(table, policy.max_predicted_loss) if not g.passed]
+    failed = [g for g in blocking_table_gates(table, policy.max_predicted_loss) if not g.passed]
     if failed:
         raise dg.Failure(description=(
             f"refusing to publish table {table.table_id} of {key}: " + "; ".join(g.description for g in failed)
@@ -84,7 +94,7 @@ def published_table(context: dg.AssetExecutionContext, config: PublishConfig, du
                         f"`{dep.speculative_config_path}` |")
             continue
         doc = store.publish(dep.name, table, dep.published_table, note=f"identity {key}, prior {table.prior_id}",
-                            **publication_kwargs(dep, engine))
+                            **publication_kwargs(dep, engine, table, store))
         write_speculative_config(dep, doc)
         context.log.info(f"published {table.table_id} to {dep.name} as v{doc['version']}: {dep.published_table}")
         published.append({"deployment": dep.name, "version": doc["version"], "path": str(dep.published_table)})
@@ -96,6 +106,10 @@ def published_table(context: dg.AssetExecutionContext, config: PublishConfig, du
             "identity_key": key,
             "prior_id": table.prior_id,
             "predicted_worst_loss": float(table.predicted_worst_loss),
+            "predicted_loss": loss_text(table),
+            "ranges": len(table.ranges),
+            "boundaries": dg.MetadataValue.md(boundaries_markdown(table)),
+            "cells_remeasured": table.cells_remeasured,
             "publications": dg.MetadataValue.md("\n".join(rows)),
             "published": dg.MetadataValue.json(published),
             "unchanged": dg.MetadataValue.json(unchanged),

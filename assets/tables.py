@@ -10,13 +10,21 @@ from tabletune_pipelines.orchestration.partitions import engine_identity_partiti
 from tabletune_pipelines.orchestration.resources import TuningPolicy, store_from
 from tabletune_pipelines.tuning.derive import derive_table
 from tabletune_pipelines.tuning.gates import (
+    blocking_table_gates,
     engine_dependence_gate,
     first_sane_prior,
     fixed_launch_cells,
     k0_gate,
-    table_gates,
 )
-from tabletune_pipelines.tuning.report import goodput_plot, identity_markdown, table_markdown
+from tabletune_pipelines.tuning.report import (
+    accepted_work_text,
+    boundaries_markdown,
+    goodput_plot,
+    identity_markdown,
+    loss_text,
+    table_markdown,
+    within_noise_markdown,
+)
 
 
 class TableConfig(dg.Config):
@@ -37,7 +45,8 @@ class TableConfig(dg.Config):
     owners=OWNERS,
     description=(
         "num_speculative_tokens_per_batch_size for one engine identity: per batch size the k maximising goodput "
-        "B·τ(k)/T(B,k) with 0.5% stickiness (tuning.derive.derive_table; docs/method.md, \"Table search\"), from this "
+        "B·τ(k)/T(B,k), changing k only where the gain's lower confidence bound exceeds the 0.5% stickiness "
+        "(policy.search_policy 'evidence'; tuning.derive.derive_table; docs/method.md, \"Table search\"), from this "
         "identity's step_time_profile and the latest sane acceptance prior of its model/drafter/method (a live, "
         "controller-fed prior wins within a week). Rows: DuckDB `draft_length_tables`."
     ),
@@ -45,7 +54,11 @@ class TableConfig(dg.Config):
         dg.AssetCheckSpec("valid_for_vllm", asset="draft_length_table", blocking=True,
                           description="vLLM's validation plus full coverage of 1..max_num_seqs and k <= K."),
         dg.AssetCheckSpec("predicted_loss_under_threshold", asset="draft_length_table", blocking=True,
-                          description="Predicted worst loss vs the best fixed k per batch size < policy threshold."),
+                          description="Predicted worst loss vs the best fixed k per batch size < policy threshold "
+                                      "(its lower confidence bound, when the profile has error estimates)."),
+        dg.AssetCheckSpec("table_supported_by_evidence", asset="draft_length_table", blocking=True,
+                          description="Every boundary's goodput gain has a lower confidence bound above the "
+                                      "stickiness threshold; an unsupported table does not publish."),
         dg.AssetCheckSpec("engine_dependence_trap", asset="draft_length_table", blocking=False,
                           description="WARN if the table is slower somewhere than the best fixed k launched with "
                                       "K = k and no table (docs/method.md, \"Limitations\" 1)."),
@@ -74,15 +87,18 @@ def draft_length_table(context: dg.AssetExecutionContext, config: TableConfig, d
             "materialize acceptance_prior for a week with logged prompts"
             + (f" (rejected: {'; '.join(skipped)})" if skipped else "")))
     try:
-        tuned = derive_table(profile, prior, allowed_ks=config.allowed_ks, stickiness=policy.stickiness)
+        tuned = derive_table(profile, prior, allowed_ks=config.allowed_ks, stickiness=policy.stickiness,
+                             policy=policy.search_policy, confidence=policy.confidence)  # type: ignore[arg-type]
     except (TableTuneError, ValueError) as exc:
         raise dg.Failure(description=f"cannot derive a table for {key}: {exc}") from exc
     table = tuned.table
+    for w in tuned.warnings:
+        context.log.warning(w)
     table_id = store.write_table(table)
     reject = profile.reject_cells()
     no_spec = profile.no_spec_ms()
     gates = [
-        *table_gates(table, policy.max_predicted_loss),
+        *blocking_table_gates(table, policy.max_predicted_loss),
         engine_dependence_gate(table, fixed_launch_cells(store.profile_cells(key, "fixed_k")), policy.trap_margin,
                                reject),
         k0_gate(table, no_spec, reject.get(0, {}), policy.k0_margin),
@@ -94,6 +110,19 @@ def draft_length_table(context: dg.AssetExecutionContext, config: TableConfig, d
             "table_json": dg.MetadataValue.json(table.as_vllm()),
             "table_id": table_id,
             "predicted_worst_loss": float(table.predicted_worst_loss),
+            "predicted_worst_loss_lcb": float(table.predicted_worst_loss_lcb or 0.0),
+            "predicted_worst_loss_ucb": float(table.predicted_worst_loss_ucb or 0.0),
+            "predicted_loss": loss_text(table),
+            "ranges": len(table.ranges),
+            "one_batch_size_ranges": sum(1 for s, e, _ in table.ranges if s == e),
+            "search_policy": table.search_policy,
+            "boundaries": dg.MetadataValue.md(boundaries_markdown(table)),
+            "k_within_noise": dg.MetadataValue.md(within_noise_markdown(table)),
+            "cells_remeasured": table.cells_remeasured,
+            "wall_timed_cells": table.wall_timed_cells,
+            "has_error_estimates": table.has_error_estimates,
+            "accepted_work_fit": dg.MetadataValue.md(accepted_work_text(table)),
+            "warnings": dg.MetadataValue.json(list(tuned.warnings)),
             "identity_key": key,
             "identity": dg.MetadataValue.md(identity_markdown(ident)),
             "prior_id": prior.prior_id,

@@ -106,8 +106,8 @@ def _store_path(args: argparse.Namespace) -> Path:
     return Path(args.db).expanduser() if args.db else default_store_path()
 
 
-def _open_store(args: argparse.Namespace, *, must_exist: bool) -> TableTuneStore:
-    """The store; a read-only command does not create one where none exists."""
+def _open_store(args: argparse.Namespace, *, must_exist: bool, read_only: bool = False) -> TableTuneStore:
+    """The store; a read-only command does not create one where none exists, and opens it read-only."""
     from tabletune_pipelines.store import TableTuneStore
 
     path = _store_path(args)
@@ -117,7 +117,7 @@ def _open_store(args: argparse.Namespace, *, must_exist: bool) -> TableTuneStore
     if path.is_dir():
         raise UsageError(f"the store path {path} is a directory; pass a DuckDB file with --db or TABLETUNE_DUCKDB")
     try:
-        return TableTuneStore(path)
+        return TableTuneStore(path, read_only=read_only)
     except OSError as exc:  # e.g. the folder cannot be created; duckdb's own errors are StoreErrors
         raise StoreError(f"cannot use the store at {path}: {exc.strerror or exc}; pass --db or set "
                          "TABLETUNE_DUCKDB to a writable path") from None
@@ -212,10 +212,10 @@ def _prior(store: TableTuneStore, dep: Deployment, prior_id: str | None) -> Acce
 
 def cmd_table(args: argparse.Namespace) -> int:
     from tabletune_pipelines.tuning.derive import derive_table
-    from tabletune_pipelines.tuning.report import goodput_markdown, goodput_plot, table_markdown
+    from tabletune_pipelines.tuning.report import evidence_markdown, goodput_markdown, goodput_plot, table_markdown
 
     dep = _deployment(args)
-    store = _open_store(args, must_exist=True)
+    store = _open_store(args, must_exist=True, read_only=not args.save)
     key = args.identity or _latest_profiled_identity(store, dep)
     if args.identity and not store.has_identity(args.identity):
         raise NotFoundError(f"--identity {args.identity!r}: no engine identity with that key in {store.path}; "
@@ -233,15 +233,18 @@ def cmd_table(args: argparse.Namespace) -> int:
                                 prompt_count=0, source="synthetic", deployment=dep.name)
     else:
         prior = _prior(store, dep, args.prior)
-    tuned = derive_table(profile, prior, correct_accepted_work=not args.no_correction)
+    tuned = derive_table(profile, prior, correct_accepted_work=not args.no_correction, policy=args.policy)
     if args.format == "vllm":
         print(json.dumps(tuned.table.as_vllm()))
+        for w in tuned.warnings:
+            print(f"warning: {w}", file=sys.stderr)
     else:
         print(f"# draft-length table for {key}\n# prior {prior.prior_id}: a = {[round(a, 3) for a in prior.rates]}\n")
         print(table_markdown(tuned.table.as_vllm()))
         print()
         print(goodput_markdown(tuned))
-        print(f"\npredicted worst loss vs best fixed k: {tuned.table.predicted_worst_loss:.2%}")
+        print()
+        print(evidence_markdown(tuned))
         print("vLLM --speculative-config:", json.dumps(tuned.table.speculative_config(dep.base_speculative_config())))
     if args.plot:
         png = goodput_plot(tuned.table, profile.no_spec_ms(), f"{key}\nprior {prior.prior_id}")
@@ -321,6 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", default="text", choices=["text", "vllm"])
     p.add_argument("--plot", help="write a goodput-vs-batch-size PNG here")
     p.add_argument("--no-correction", action="store_true", help="ignore the accepted-work step-time correction")
+    p.add_argument("--policy", default="evidence", choices=["evidence", "stickiness"],
+                   help="table search rule: switch k only on evidence (default) or the method's 0.5%% rule")
     p.add_argument("--save", action="store_true", help="store the table in DuckDB")
     p.set_defaults(func=cmd_table)
 

@@ -24,7 +24,7 @@ from tabletune_pipelines.engine.installed import installed_vllm_version
 from tabletune_pipelines.engine.plan import ProfileOptions
 from tabletune_pipelines.errors import InvalidValueError, NotFoundError, TableTuneError
 from tabletune_pipelines.fleet import Deployment, Fleet, tabletune_home
-from tabletune_pipelines.published import atomic_write_text
+from tabletune_pipelines.published import atomic_write_text, check_publish_targets
 
 __all__ = [
     "AcceptanceOptions", "CurrentIdentity", "EndpointUnreachable", "EngineMismatchError", "ProfileOptions",
@@ -235,6 +235,10 @@ def profile(identity: EngineIdentity, dep: Deployment | None, store: Any, *, log
     from tabletune_pipelines.engine.profiler import profile_step_times, store_hooks
 
     opts = options or ProfileOptions()
+    if opts.decision_rates is None:  # re-measure where decisions are close under the acceptance the store knows
+        priors = [p for p in store.applicable_priors(identity) if len(p.rates) >= identity.max_k]
+        if priors:
+            opts = dataclasses.replace(opts, decision_rates=tuple(priors[0].rates[:identity.max_k]))
     cfg = _server_config(identity, dep, cache_dir or default_cache_dir(), work_dir or default_work_dir("profile"), {})
     existing, on_cell = store_hooks(store, identity, opts.mode)
     result = profile_step_times(cfg, opts, existing=existing, on_cell=on_cell, identity=identity, progress=log.info)
@@ -279,5 +283,6 @@ def serving_speculative_config(dep: Deployment, local_model_path: Callable[..., 
 def write_speculative_config(dep: Deployment, published: Mapping[str, Any]) -> Path:
     """Write the paste-able ``--speculative-config`` JSON of a published document beside the table."""
     path = dep.speculative_config_path
+    check_publish_targets(dep.published_table, dep.name)  # never beside, or over, a file TableTune does not own
     atomic_write_text(path, json.dumps(published["speculative_config"], indent=2, sort_keys=True) + "\n")
     return path

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import numbers
 import re
 from collections.abc import Mapping
@@ -17,7 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from tabletune_pipelines.core.goodput import validate_acceptance, validate_step_time
-from tabletune_pipelines.core.steptime import StepTimeSurface, relative_spread
+from tabletune_pipelines.core.evidence import Boundary
+from tabletune_pipelines.core.noise import CellEstimate
+from tabletune_pipelines.core.steptime import StepTimeSurface, median_standard_error, relative_spread
 from tabletune_pipelines.core.table import validate_table
 from tabletune_pipelines.errors import DocumentError, EmptyProfileError, SchemaVersionError, TableTuneError
 from tabletune_pipelines.vocab import (
@@ -35,6 +38,8 @@ from tabletune_pipelines.vocab import (
     Method,
     PriorSource,
     ProfileMode,
+    SEARCH_POLICIES,
+    SearchPolicy,
     TimingSource,
 )
 
@@ -182,9 +187,22 @@ class StepTimeCell:
     """``num_speculative_tokens`` of the launch the cell was timed under."""
     timing: TimingSource = "engine"
     """``"engine"`` (intervals between scheduler updates) or ``"wall"`` ((t65 - t1)/64)."""
+    stderr_ms: float | None = None
+    """Standard error of ``median_ms`` from the repetitions, ms (``core.steptime.median_standard_error``);
+    None with fewer than two repetitions. Computed from the repetitions when not given (cells stored
+    before the field existed)."""
 
     def __post_init__(self) -> None:
         validate_step_time(self.median_ms, where=f" at B={self.batch_size}, k={self.k}")
+        if self.stderr_ms is None and len(self.repetitions_ms) >= 2:
+            try:
+                object.__setattr__(self, "stderr_ms", median_standard_error(self.repetitions_ms))
+            except TableTuneError:
+                pass  # a repetition that is not a step time: no estimate (the median was validated)
+        elif self.stderr_ms is not None and (not isinstance(self.stderr_ms, numbers.Real)
+                                             or not math.isfinite(self.stderr_ms) or self.stderr_ms < 0):
+            raise DocumentError(f"step-time cell at B={self.batch_size}, k={self.k}: stderr_ms = {self.stderr_ms!r} "
+                                "must be a finite number >= 0 or null")
         if not _is_int(self.batch_size) or self.batch_size < 1:
             raise DocumentError(f"step-time cell: batch_size = {self.batch_size!r} must be an integer >= 1")
         if self.k is not None and (not _is_int(self.k) or self.k < 0):
@@ -198,6 +216,11 @@ class StepTimeCell:
     def spread(self) -> float:
         """(max - min) / median of the repetitions."""
         return relative_spread(self.repetitions_ms) if self.repetitions_ms else 0.0
+
+    @property
+    def estimate(self) -> CellEstimate:
+        """The cell as the noise model sees it (median, repetitions, standard error)."""
+        return CellEstimate(self.median_ms, len(self.repetitions_ms), self.stderr_ms, tuple(self.repetitions_ms))
 
 
 @dataclass(frozen=True)
@@ -234,6 +257,32 @@ class StepTimeProfile(_Document):
     def no_spec_ms(self) -> dict[int, float]:
         return {c.batch_size: c.median_ms for c in self.cells if c.k is None}
 
+    def estimates(self, acceptance: AcceptanceMode = "reject") -> dict[int, dict[int, CellEstimate]]:
+        """``{k: {B: CellEstimate}}`` of the speculative cells of one acceptance mode."""
+        out: dict[int, dict[int, CellEstimate]] = {}
+        for c in self.cells:
+            if c.k is not None and c.acceptance == acceptance:
+                out.setdefault(c.k, {})[c.batch_size] = c.estimate
+        return out
+
+    @property
+    def has_error_estimates(self) -> bool:
+        """Whether some speculative cell has two repetitions to compare (a standard error)."""
+        return any(c.stderr_ms is not None for c in self.cells if c.k is not None)
+
+    def wall_timed(self) -> list[StepTimeCell]:
+        """Cells with at least one repetition timed by the client's wall clock, not the engine."""
+        return [c for c in self.cells if c.timing == "wall"]
+
+    def remeasured(self) -> list[StepTimeCell]:
+        """Speculative all-rejected cells with more repetitions than the profile's first pass gave
+        every cell (the adaptive re-measurement added them)."""
+        reject = [c for c in self.cells if c.k is not None and c.acceptance == "reject"]
+        if not reject:
+            return []
+        base = min(len(c.repetitions_ms) for c in reject)
+        return [c for c in reject if len(c.repetitions_ms) > base]
+
     def surface(self) -> StepTimeSurface:
         """T(B, k) with every draft rejected, for the table search."""
         cells = self.reject_cells()
@@ -266,7 +315,8 @@ class AcceptancePrior(_Document):
     accepted_per_pos: tuple[int, ...]
     """How often position i was kept."""
     prompt_fingerprint: str
-    """sha256 over the sampled prompts (identifies the set, cannot reproduce it)."""
+    """HMAC-SHA256 of the sampled prompts, keyed per installation (engine/acceptance.py): identifies the
+    set, cannot reproduce it, and cannot confirm a guessed set without the key."""
     prompt_count: int
     """Number of prompts the measurement ran."""
     temperature: float = DEFAULT_TEMPERATURE
@@ -328,9 +378,47 @@ class DraftLengthTable(_Document):
     """Predicted worst loss over B against the best fixed k at that B."""
     step_ms: dict[str, dict[str, float]] = field(default_factory=dict)
     """T(B, k) the table was derived from, ``{k: {B: ms}}`` (string keys for JSON)."""
+    search_policy: SearchPolicy = "stickiness"
+    """The search's rule (``vocab.SearchPolicy``); tables stored before the evidence rule used the
+    method's ``stickiness``."""
+    confidence: float | None = None
+    """Confidence level of the bounds below (None: a table stored before they were computed)."""
+    has_error_estimates: bool = False
+    """Whether the profile's cells had error estimates (False: the bounds equal the point estimates)."""
+    predicted_worst_loss_lcb: float | None = None
+    """Lower confidence bound of ``predicted_worst_loss``."""
+    predicted_worst_loss_ucb: float | None = None
+    """Upper confidence bound of ``predicted_worst_loss``."""
+    boundaries: tuple[Boundary, ...] = ()
+    """Every boundary of ``ranges`` with its goodput gain, lower bound and confidence."""
+    within_noise: dict[str, list[int]] = field(default_factory=dict)
+    """Per batch size (string key), the k values that could be as good as the chosen one."""
+    cells_remeasured: int = 0
+    """Profile cells that the adaptive re-measurement gave more repetitions."""
+    wall_timed_cells: int = 0
+    """Profile cells with a repetition timed by the client's wall clock (engine timing failed)."""
+    accepted_work_fit: dict[str, Any] = field(default_factory=dict)
+    """The accepted-work correction's fit and its error (``core.noise.AcceptedWorkFit.summary``;
+    empty: the profile has no all-accepted cells or the correction was off)."""
 
     def __post_init__(self) -> None:
         validate_table([list(r) for r in self.ranges], self.max_num_seqs, self.max_k)
+        if self.search_policy not in SEARCH_POLICIES:
+            raise DocumentError(f"draft-length table: search_policy = {self.search_policy!r} must be one of "
+                                f"{SEARCH_POLICIES}")
+
+    @property
+    def evidence_supported(self) -> bool:
+        """Every boundary's gain has a lower confidence bound above the threshold."""
+        return all(b.supported for b in self.boundaries)
+
+    def published_parts(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The document split for the published file: the table fields every reader knows, and the
+        evidence fields (policy, bounds, boundaries, k within noise, re-measured and wall-timed cells)."""
+        body = self.to_dict()
+        evidence = {k: body.pop(k) for k in list(body) if k not in PUBLISHED_TABLE_FIELDS}
+        evidence["ranges"] = len(self.ranges)
+        return body, evidence
 
     def as_vllm(self) -> list[list[int]]:
         return [list(r) for r in self.ranges]
@@ -350,4 +438,10 @@ class DraftLengthTable(_Document):
     def _from_body(cls, body: dict[str, Any]) -> "DraftLengthTable":
         body["ranges"] = tuple(tuple(int(x) for x in r) for r in body["ranges"])
         body["acceptance_rates"] = tuple(body.get("acceptance_rates", ()))
+        body["boundaries"] = tuple(Boundary(**b) for b in body.get("boundaries", ()))
         return cls(**body)
+
+
+PUBLISHED_TABLE_FIELDS = ("schema", "schema_version", "ranges", "max_num_seqs", "max_k", "identity_key", "prior_id",
+                          "acceptance_rates", "predicted_worst_loss", "step_ms")
+"""DraftLengthTable fields that go to the published file's ``table``; the others go to ``evidence``."""

@@ -51,6 +51,30 @@ def median_step_time(repetitions_ms: Sequence[float]) -> float:
     return float(np.median(reps))
 
 
+#: Standard error of a median over that of a mean of normal repetitions, for n large (sqrt(pi/2));
+#: for n <= 2 the median is the mean.
+MEDIAN_SE_FACTOR = math.sqrt(math.pi / 2.0)
+
+
+def median_se_factor(n: int) -> float:
+    """How much larger the standard error of the median of ``n`` repetitions is than that of their mean."""
+    return 1.0 if n <= 2 else MEDIAN_SE_FACTOR
+
+
+def median_standard_error(repetitions_ms: Sequence[float]) -> float | None:
+    """Standard error of the cell's median from its repetitions: ``f(n) * sd / sqrt(n)``.
+
+    ``sd`` is the sample standard deviation and ``f(n)`` the median's efficiency factor
+    (``median_se_factor``). None when fewer than two repetitions were measured: one measurement
+    carries no estimate of its own noise.
+    """
+    reps = np.asarray([validate_step_time(r) for r in repetitions_ms], dtype=float)
+    n = int(reps.size)
+    if n < 2:
+        return None
+    return float(median_se_factor(n) * reps.std(ddof=1) / math.sqrt(n))
+
+
 def relative_spread(repetitions_ms: Sequence[float]) -> float:
     """(max - min) / median of the repetitions: the figure reported next to every cell."""
     reps = np.asarray([validate_step_time(r) for r in repetitions_ms], dtype=float)
@@ -91,6 +115,33 @@ def non_decreasing_fit(values: Sequence[float]) -> np.ndarray:
             m1, n1 = blocks.pop()
             blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
     return np.concatenate([np.full(int(n), m) for m, n in blocks]) if blocks else np.empty(0)
+
+
+def weighted_non_decreasing_fit(values: Sequence[float], weights: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    """Weighted least-squares non-decreasing fit (pool-adjacent-violators with weights).
+
+    With weights 1 / variance, a noisy cell that dips below its neighbours is pulled up to them
+    more than a precise one is. Returns the fit and, per point, the total weight of the block it
+    was pooled into (1 / that is the variance of the pooled value).
+    """
+    vals = [float(v) for v in values]
+    ws = [float(w) for w in weights]
+    if len(vals) != len(ws):
+        raise InvalidValueError(f"{len(vals)} values but {len(ws)} weights")
+    if any(not math.isfinite(w) or w <= 0 for w in ws):
+        raise InvalidValueError(f"weights must be finite and positive, got {ws!r}")
+    blocks: list[list[float]] = []  # [weighted mean, total weight, count]
+    for v, w in zip(vals, ws):
+        blocks.append([v, w, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            m2, w2, n2 = blocks.pop()
+            m1, w1, n1 = blocks.pop()
+            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    if not blocks:
+        return np.empty(0), np.empty(0)
+    fit = np.concatenate([np.full(int(n), m) for m, _, n in blocks])
+    total = np.concatenate([np.full(int(n), w) for _, w, n in blocks])
+    return fit, total
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,16 @@ A repetition sends B prompts of token ids in one ``/v1/completions`` request, on
 ``max_tokens = 1`` and once with ``max_tokens = 65`` (``ignore_eos``), after arming the engine's
 admission gate so all B are scheduled in one step. The step time is the median of the
 engine-side intervals of the steady decode steps at exactly B with B·k drafts
-(``timing = "engine"``); with too few such steps it falls back to ``(t65 - t1) / 64``
-(``timing = "wall"``). A batch not admitted in one step is measured again.
+(``timing = "engine"``). A drafter that proposes fewer than k tokens in some steps (n-gram
+drafting finds no match for part of the batch: at B = 4, k = 3 only 3-9 of 64 steps of the
+embedded default carry all B·k drafts, at B >= 9 almost none) leaves too few such steps; the
+step time at B·k drafts is then read off a robust straight-line fit of the step interval against
+the drafts verified in it, over every steady step at B (``engine_method = "fit"``; verification
+cost grows with the tokens verified). Only when that is impossible too (too few steady steps,
+drafts that never vary or stay far below B·k) does it fall back to ``(t65 - t1) / 64``
+(``timing = "wall"``, with the reason in ``engine_method``) — which for such a drafter
+under-states T(B, k), because the wall clock also counts the steps that drafted less. A batch
+not admitted in one step is measured again.
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ logger = logging.getLogger("tabletune.profiler")
 
 MIN_ENGINE_STEPS = 8
 """Fewest engine-side steps at exactly batch size B for an engine timing to count."""
+MIN_FIT_REACH = 0.5
+"""The draft-count fit is used only if some steady step verified at least this fraction of B·k."""
 WARMUP_MAX_TOKENS = 4
 """Output tokens of a warm-up batch: enough decode steps to run the batch's decode shapes once."""
 
@@ -69,6 +79,9 @@ class Measurement:
     """Wall seconds of the 1-token batch."""
     t65_s: float
     """Wall seconds of the 65-token batch."""
+    engine_method: str = "exact"
+    """How the value was obtained: ``exact`` (median over steps with all B·k drafts), ``fit``
+    (line fit over drafts, see the module docstring), else why engine timing failed."""
 
 
 def timing_prompts(batch_size: int, prompt_tokens: int, vocab_size: int, seed: int) -> list[list[int]]:
@@ -127,6 +140,47 @@ def analyse_steps(steps: Sequence[dict[str, Any]], batch_size: int, k: int | Non
     return out, together
 
 
+def steady_steps(steps: Sequence[dict[str, Any]], batch_size: int, k: int | None) -> list[tuple[float, int]]:
+    """(interval ms, drafts verified) of every steady decode step at exactly ``batch_size``: it ran
+    B requests, admitted none, ran k (or the engine did not say), and the step before it also ran
+    B requests (so its interval is one full step)."""
+    out: list[tuple[float, int]] = []
+    prev_b = None
+    for s in steps:
+        if (s.get("b") == batch_size and s.get("new", 0) == 0 and prev_b == batch_size and s.get("dt") is not None
+                and (k is None or s.get("k") in (None, k))):
+            out.append((float(s["dt"]), int(s.get("d", 0) or 0)))
+        prev_b = s.get("b")
+    return out
+
+
+def engine_step_ms(steady: Sequence[tuple[float, int]], batch_size: int, k: int | None,
+                   min_steps: int = MIN_ENGINE_STEPS) -> tuple[float | None, str]:
+    """Engine-side step time at B·k drafts from ``steady_steps``, and how it was obtained.
+
+    The median over steps with exactly B·k drafts when there are ``min_steps`` of them
+    (``"exact"``); else the Theil-Sen line of interval against drafts over every steady step,
+    evaluated at B·k (``"fit"``), when there are ``min_steps`` steady steps with at least two draft
+    counts, one of them reaching ``MIN_FIT_REACH`` of B·k; else None and the reason.
+    """
+    want = batch_size * (k or 0)
+    exact = [dt for dt, d in steady if d == want]
+    if len(exact) >= min_steps:
+        return float(statistics.median(exact)), "exact"
+    if len(steady) < min_steps:
+        return None, f"{len(steady)} steady steps at B={batch_size} (< {min_steps})"
+    counts = sorted({d for _, d in steady})
+    if want == 0 or len(counts) < 2:
+        return None, f"{len(exact)} steps with all {want} drafts and draft counts that do not vary"
+    if counts[-1] < MIN_FIT_REACH * want:
+        return None, f"drafts per step reach only {counts[-1]} of {want}"
+    slopes = [(b_dt - a_dt) / (b_d - a_d) for i, (a_dt, a_d) in enumerate(steady)
+              for b_dt, b_d in steady[i + 1:] if b_d != a_d]
+    slope = max(0.0, float(statistics.median(slopes)))  # verifying more tokens cannot be cheaper
+    intercept = float(statistics.median(dt - slope * d for dt, d in steady))
+    return intercept + slope * want, "fit"
+
+
 def measure_cell_once(
     server: TimingServer,
     k: int | None,
@@ -154,7 +208,8 @@ def measure_cell_once(
         t65, a, b = run_batch(server, prompts, LONG_MAX_TOKENS, request_timeout)
         steps = server.read_steps(since=a, until=b + 0.5, offset=offset)
         intervals, together = analyse_steps(steps, batch_size, k)
-        engine_ms = statistics.median(intervals) if len(intervals) >= min_steps else None
+        steady = steady_steps(steps, batch_size, k)
+        engine_ms, how = engine_step_ms(steady, batch_size, k, min_steps)
         try:
             wall_ms: float | None = step_time_from_pair(t1, t65, decode_steps)
         except TableTuneError:
@@ -167,8 +222,8 @@ def measure_cell_once(
         else:
             value, timing = float("nan"), "wall"
         last = Measurement(k=k, batch_size=batch_size, step_ms=value, timing=timing, engine_ms=engine_ms,
-                           wall_ms=wall_ms, engine_steps=len(intervals), admitted_together=together,
-                           attempts=attempt, t1_s=t1, t65_s=t65)
+                           wall_ms=wall_ms, engine_steps=len(intervals) if how == "exact" else len(steady),
+                           admitted_together=together, attempts=attempt, t1_s=t1, t65_s=t65, engine_method=how)
         if together and math.isfinite(value):
             return last
         logger.info("late admission or no timing at k=%s B=%d (attempt %d): %d admission steps; re-measuring",

@@ -13,10 +13,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from tabletune_pipelines.core.goodput import validate_acceptance
+from tabletune_pipelines.core.remeasure import DEFAULT_MAX_REPETITIONS
 from tabletune_pipelines.core.steptime import batch_size_grid
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.engine.errors import EngineConfigError
 from tabletune_pipelines.vocab import DEFAULT_REPETITIONS, PROFILE_MODES, ProfileMode
+
+#: Default seconds of adaptive re-measurement after the first pass.
+DEFAULT_REMEASURE_BUDGET_S = 120.0
 
 CellKey = tuple[int | None, int, str]
 """(k, batch size, acceptance) of one cell; k None is the no-speculation baseline."""
@@ -103,6 +108,15 @@ class ProfileOptions:
     """``VLLM_CPU_KVCACHE_SPACE`` (CPU build); None = the ServerConfig's."""
     max_model_len: int | None = None
     """Context length of the measurement launches; None = the ServerConfig's."""
+    remeasure_budget_s: float = DEFAULT_REMEASURE_BUDGET_S
+    """Seconds of adaptive re-measurement after the first pass (``one_launch`` mode): more
+    repetitions only for the cells behind decisions the evidence search finds ambiguous
+    (``core.remeasure``); 0 turns it off."""
+    max_repetitions: int = DEFAULT_MAX_REPETITIONS
+    """No cell gets more repetitions than this through re-measurement."""
+    decision_rates: tuple[float, ...] | None = None
+    """Acceptance rates a_1..a_K under which decisions are judged for re-measurement; None = a low,
+    a middle and a high geometric profile (``core.remeasure.DEFAULT_DECISION_RATES``)."""
 
     def __post_init__(self) -> None:
         if self.mode not in PROFILE_MODES:
@@ -118,6 +132,19 @@ class ProfileOptions:
                 raise EngineConfigError(f"{name} = {getattr(self, name)!r} must be true or false")
         if self.warmup is not None and not isinstance(self.warmup, bool):
             raise EngineConfigError(f"warmup = {self.warmup!r} must be true, false or null (device default)")
+        b = self.remeasure_budget_s
+        if isinstance(b, bool) or not isinstance(b, int | float) or not b >= 0:
+            raise EngineConfigError(f"remeasure_budget_s = {b!r} must be a number of seconds >= 0 (0 = off)")
+        m = self.max_repetitions
+        if not isinstance(m, int) or isinstance(m, bool) or m < 1:
+            raise EngineConfigError(f"max_repetitions = {m!r} must be an integer >= 1")
+        if self.decision_rates is not None:
+            try:
+                rates = tuple(float(r) for r in self.decision_rates)
+                validate_acceptance(rates, name="decision_rates")
+            except (TypeError, ValueError) as exc:
+                raise EngineConfigError(f"decision_rates = {self.decision_rates!r}: {exc}") from None
+            object.__setattr__(self, "decision_rates", rates)
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:

@@ -11,6 +11,13 @@ Protocol (``mode="one_launch"``, the default):
    (k, B) first runs once untimed.
 3. ``repetitions`` (3) per cell, the k order rotated per repetition (k0 k1 k3, k1 k3 k0,
    k3 k0 k1) so drift cancels; the cell's value is the median.
+3b. Adaptive re-measurement (``options.remeasure_budget_s``, default 120 s; ``core.remeasure``):
+   in the same launch, more repetitions only for the cells behind the batch sizes whose table
+   decision the evidence search finds ambiguous (judged under ``options.decision_rates``, or a
+   low, middle and high acceptance when none is given), interleaved across k, until every
+   decision is settled, the cells reach ``options.max_repetitions`` or the budget is spent. Each
+   updated cell goes to ``on_cell`` with all its repetitions, so a rerun continues from them (and
+   launches a server for this only if a decision is still ambiguous).
 4. A separate no-speculation server gives the baseline cells (``k=None``), and a launch with
    synthetic rates 1 gives "all accepted" cells at a few batch sizes (docs/method.md,
    "Limitations" 2). On the CPU build the all-accepted cells are timed in the same launch (its
@@ -35,6 +42,14 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from tabletune_pipelines.core.remeasure import (
+    DEFAULT_DECISION_RATES,
+    RemeasureReport,
+    cells_behind,
+    evidence_from_repetitions,
+    geometric_rates,
+    remeasure,
+)
 from tabletune_pipelines.core.steptime import median_step_time
 from tabletune_pipelines.documents import EngineIdentity, StepTimeCell, StepTimeProfile
 from tabletune_pipelines.engine.cell import Measurement, measure_cell_once, warm_up
@@ -56,6 +71,7 @@ from tabletune_pipelines.engine.plan import (
 from tabletune_pipelines.engine.process import VLLMServer
 from tabletune_pipelines.engine.progress import ProfilerProgress
 from tabletune_pipelines.engine.tiny_models import read_vocab_size
+from tabletune_pipelines.errors import TableTuneError
 from tabletune_pipelines.vocab import AcceptanceMode
 
 __all__ = ["CellKey", "ProfileOptions", "ProfilePlan", "cell_key", "profile_step_times", "store_hooks"]
@@ -80,6 +96,9 @@ class _Run:
         self.have, self.on_cell, self.server_factory = have, on_cell, server_factory
         self.new_cells: list[StepTimeCell] = []
         self._warmed: dict[int, set[tuple[int | None, int]]] = {}
+        self.fallbacks: dict[str, int] = {}
+        """Repetitions that could not use the exact engine timing, by how they were timed instead."""
+        self.remeasure_report: RemeasureReport | None = None
 
     def launch(self, cfg: ServerConfig) -> VLLMServer:
         srv = self.server_factory(cfg)
@@ -126,6 +145,7 @@ class _Run:
               launch_k: int | None) -> tuple[StepTimeCell, str]:
         vals = tuple(round(m.step_ms, 4) for m in ms)
         late = sum(1 for m in ms if not m.admitted_together)
+        self._count_fallbacks(ms)
         cell = StepTimeCell(k=k, batch_size=b, median_ms=median_step_time(vals), repetitions_ms=vals,
                             acceptance=acceptance,
                             launch_k=None if k is None else (self.K if launch_k is None else launch_k),
@@ -134,7 +154,111 @@ class _Run:
         note = f"  wall {statistics.median(walls):.2f} ms" if walls else ""
         if late:
             note += f"  late-admission reps {late}"
+        fitted = sum(1 for m in ms if m.engine_method == "fit")
+        if fitted:
+            note += f"  draft-count fit reps {fitted}"
+        wall_reps = [m.engine_method for m in ms if m.timing == "wall"]
+        if wall_reps:
+            note += f"  WALL-timed reps {len(wall_reps)} ({wall_reps[0]})"
         return cell, note
+
+    def _count_fallbacks(self, ms: Sequence[Measurement]) -> None:
+        for m in ms:
+            key = "wall" if m.timing == "wall" else ("fit" if m.engine_method == "fit" else None)
+            if key:
+                self.fallbacks[key] = self.fallbacks.get(key, 0) + 1
+
+    # -- adaptive re-measurement ---------------------------------------------------------------
+    def _reps(self, ks: Sequence[int]) -> dict[tuple[int, int], list[float]] | None:
+        """The all-rejected repetitions of the plan's grid, or None while a cell is missing."""
+        reps = {}
+        for k in ks:
+            for b in self.plan.batch_sizes:
+                cell = self.have.get((k, b, "reject"))
+                if cell is None or not cell.repetitions_ms:
+                    return None
+                reps[(k, b)] = list(cell.repetitions_ms)
+        return reps
+
+    def adaptive_settings(self, options: ProfileOptions) -> tuple[list[tuple[float, ...]], int] | None:
+        """(acceptance profiles to judge decisions under, largest batch size) or None when the plan
+        cannot give a table to judge (one k, or a grid without B = 1)."""
+        ks = [k for k in self.plan.ks if k is not None]
+        if len(ks) < 2 or self.plan.batch_sizes[0] != 1 or options.remeasure_budget_s <= 0:
+            return None
+        kmax = max(ks)
+        if kmax < 1:
+            return None
+        if options.decision_rates is not None:
+            rates = [tuple(options.decision_rates)]
+        else:
+            rates = [geometric_rates(p, kmax) for p in DEFAULT_DECISION_RATES]
+        return rates, self.plan.batch_sizes[-1]
+
+    def remeasure_pending(self, options: ProfileOptions) -> bool:
+        """Whether some decision is ambiguous and a cell behind it may still get a repetition."""
+        settings = self.adaptive_settings(options)
+        reps = self._reps(self.plan.ks)
+        if settings is None or reps is None:
+            return False
+        rates_options, n = settings
+        try:
+            for rates in rates_options:
+                ev = evidence_from_repetitions(reps, rates, n)
+                for b, (_, ks) in cells_behind(ev.ambiguous(), self.plan.batch_sizes).items():
+                    if any(len(reps[(k, b)]) < options.max_repetitions for k in ks):
+                        return True
+        except TableTuneError:
+            return False
+        return False
+
+    def remeasure(self, server: Any, options: ProfileOptions) -> None:
+        """More repetitions where decisions are ambiguous (``core.remeasure``), on a server that
+        runs every k of the plan with every draft rejected."""
+        settings = self.adaptive_settings(options)
+        reps = self._reps(self.plan.ks)
+        if settings is None or reps is None:
+            return
+        rates_options, n = settings
+        current: list[Any] = [object()]
+        last: dict[tuple[int, int], Measurement] = {}
+
+        def measure(k: int, b: int) -> float:
+            if k != current[0]:
+                server.set_k(k)
+                current[0] = k
+            m = measure_cell_once(server, k, b, seed=_seed(b, k, len(reps[(k, b)]), "reject"),
+                                  prompt_tokens=self.plan.prompt_tokens, vocab_size=self.vocab_size)
+            self._count_fallbacks([m])
+            last[(k, b)] = m
+            return m.step_ms
+
+        def update(k: int, b: int, values: list[float]) -> None:
+            old = self.have[(k, b, "reject")]
+            vals = tuple(round(v, 4) for v in values)
+            m = last[(k, b)]
+            cell = StepTimeCell(k=k, batch_size=b, median_ms=median_step_time(vals), repetitions_ms=vals,
+                                acceptance="reject", launch_k=old.launch_k,
+                                timing="wall" if old.timing == "wall" or m.timing == "wall" else "engine")
+            self.have[cell_key(cell)] = cell
+            if self.on_cell is not None:
+                self.on_cell(cell)
+            self.prog.say(f"[profile] re-measured k={k} B={b}: {cell.median_ms:.2f} ms ± {cell.stderr_ms or 0:.2f} "
+                          f"({len(vals)} reps, spread {cell.spread:.0%}, {m.timing}"
+                          + (f" {m.engine_method}" if m.engine_method != "exact" else "") + ")")
+
+        self.prog.say(f"[profile] re-measuring ambiguous decisions for up to {options.remeasure_budget_s:.0f} s "
+                      f"(at most {options.max_repetitions} repetitions per cell)")
+        try:
+            report = remeasure(reps, measure, rates_options, n, max_repetitions=options.max_repetitions,
+                               budget_s=options.remeasure_budget_s, on_update=update)
+        except TableTuneError as exc:
+            self.prog.say(f"[profile] re-measurement skipped: {exc}")
+            return
+        self.remeasure_report = report
+        self.prog.say(f"[profile] re-measurement: {report.measurements} repetitions of {len(report.cells)} cells in "
+                      f"{report.seconds:.0f} s, {report.stop_reason}"
+                      + (f"; still ambiguous at B = {report.ambiguous_left}" if report.ambiguous_left else ""))
 
 
 def _check_given_server(server: Any, plan: ProfilePlan, K: int) -> None:
@@ -223,14 +347,21 @@ def profile_step_times(
             finally:
                 srv.stop()
         reject_ks, accept_ks = [], []
-    elif mode == "one_launch" and (reject_ks or (accept_ks and server is not None and server.can_switch_synthetic_rates)):
+    # A rerun of a complete first pass launches only if a decision is still ambiguous.
+    adaptive = mode == "one_launch" and options.remeasure_budget_s > 0 and (
+        bool(reject_ks) or run.remeasure_pending(options))
+    if mode == "one_launch" and (reject_ks or adaptive
+                                   or (accept_ks and server is not None and server.can_switch_synthetic_rates)):
         srv = server or run.launch(switching_config(config, plan.ks, 0.0, work))
         original_rates = list(srv.config.synthetic_acceptance_rates or zeros)
         try:
-            if reject_ks:
+            if reject_ks or adaptive:
                 if srv.can_switch_synthetic_rates and original_rates != zeros:
                     srv.set_synthetic_rates(zeros)
-                run.group(srv, reject_ks, plan.batch_sizes, "reject", True)
+                if reject_ks:
+                    run.group(srv, reject_ks, plan.batch_sizes, "reject", True)
+                if adaptive:
+                    run.remeasure(srv, options)
             if accept_ks and srv.can_switch_synthetic_rates:
                 srv.set_synthetic_rates(ones)
                 run.group(srv, accept_ks, plan.accept_batch_sizes, "accept", True)
@@ -265,7 +396,13 @@ def profile_step_times(
 
     order = {key: i for i, key in enumerate(wanted)}
     cells = sorted(have.values(), key=lambda c: order.get(cell_key(c), len(order)))
-    prog.say(f"[profile] done: {len(run.new_cells)} cells measured in {time.monotonic() - prog.started:.0f} s")
+    wall = [c for c in cells if c.timing == "wall"]
+    rr = run.remeasure_report
+    prog.say(f"[profile] done: {len(run.new_cells)} cells measured in {time.monotonic() - prog.started:.0f} s"
+             + (f" (+{rr.measurements} repetitions of {len(rr.cells)} cells re-measured)" if rr else "") + "; "
+             f"repetitions timed by the draft-count fit: {run.fallbacks.get('fit', 0)}, by the wall clock: "
+             f"{run.fallbacks.get('wall', 0)}; wall-timed cells in the profile: {len(wall)}"
+             + (f" at B = {sorted({c.batch_size for c in wall})}" if wall else ""))
     return StepTimeProfile(identity=identity, cells=tuple(cells), mode=mode)
 
 

@@ -44,7 +44,8 @@ import os
 import time
 from typing import Any
 
-from tabletune_pipelines.control_protocol import K_CONTROL_ENV, STEP_LOG_ENV, Command, ControlReader
+from tabletune_pipelines.control_protocol import K_CONTROL_ENV, STEP_LOG_ENV, Command, ControlReader, InvalidCommand
+from tabletune_pipelines.control_protocol import check_k_command
 
 try:  # Imported inside vLLM's engine core; the module stays importable without vLLM for docs/tests.
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -148,6 +149,10 @@ class _TimingMixin:
         body = cmd.body
         max_k = int(self.num_spec_tokens)
         max_seqs = int(self.scheduler_config.max_num_seqs)
+        try:
+            check_k_command(body, max_k=max_k, max_num_seqs=max_seqs)  # refuse before changing anything
+        except InvalidCommand as exc:
+            return {"error": str(exc)}
         ack: dict[str, Any] = {}
         table = body.get("table")
         if table is None and body.get("k") is not None:

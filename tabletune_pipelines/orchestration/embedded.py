@@ -27,7 +27,7 @@ from pathlib import Path
 #: Dagster's console logger at INFO (its DEBUG event stream is in the UI).
 LOGGERS = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 #: EngineResource profile_options (deployments.ProfileOptions fields) of ``--quick``.
-QUICK_PROFILE = {"batch_sizes": [1, 4, 16], "repetitions": 2, "accept_batch_sizes": []}
+QUICK_PROFILE = {"batch_sizes": [1, 4, 16], "repetitions": 2, "accept_batch_sizes": [], "remeasure_budget_s": 30.0}
 #: The full run also times fixed k (K = k, no table) for the engine-dependence check.
 FULL_PROFILE = {"fixed_k_baseline": True}
 REPO = Path(__file__).resolve().parents[2]

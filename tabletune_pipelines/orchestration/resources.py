@@ -22,6 +22,7 @@ from pydantic import Field
 
 from tabletune_pipelines import deployments
 from tabletune_pipelines.core.acceptance import DEFAULT_PRIOR_WEIGHT
+from tabletune_pipelines.core.evidence import DEFAULT_CONFIDENCE, DEFAULT_POLICY
 from tabletune_pipelines.core.table import DEFAULT_STICKINESS
 from tabletune_pipelines.documents import AcceptancePrior, EngineIdentity, StepTimeProfile
 from tabletune_pipelines.fleet import Deployment, Fleet, default_store_path, load_fleet
@@ -101,6 +102,11 @@ class TuningPolicy(dg.ConfigurableResource):
                              description="Warn when k = 0 costs this much more than no speculation.")
     stickiness: float = Field(default=DEFAULT_STICKINESS,
                               description="Keep the previous B's k unless another is this much better.")
+    search_policy: str = Field(default=DEFAULT_POLICY, description=(
+        "Table search rule: 'evidence' (switch k only where the gain's lower confidence bound exceeds the "
+        "stickiness) or 'stickiness' (the method's rule on point estimates)."))
+    confidence: float = Field(default=DEFAULT_CONFIDENCE, description=(
+        "Confidence level of the table search's bounds and of the accepted-work fit's significance."))
     prior_weight: float = Field(default=DEFAULT_PRIOR_WEIGHT, description=(
         "Observations the measured prior counts as when live counters are blended in (docs/method.md, "
         "\"Online controller\")."))

@@ -7,6 +7,14 @@ writes; a lock held by another process is retried for ``lock_timeout_s`` and the
 the holder's details. Tables live in the default ``main`` schema (a schema named like the file
 would be ambiguous in DuckDB).
 
+Opening checks the file before using it: a file that is not a DuckDB database (its header lacks
+DuckDB's magic bytes: a text file, a SQLite or Parquet file) is a ``StoreCorruptError`` and is
+never opened by DuckDB (which would attach SQLite files through an extension, or read a Parquet
+file as an empty database); a DuckDB database whose tables are not TableTune's (another program's,
+or tables of the same names with other columns) is a ``StoreError`` naming the table and columns,
+and TableTune adds nothing to it. ``TableTuneStore(path, read_only=True)`` never creates or alters
+the file: read-only commands use it, and a missing file is a ``NotFoundError``.
+
 This module holds every SQL statement of the project: callers ask for what they need by a method
 whose name says what it returns. A lookup of something that is not there (an identity key, a
 prior id, a table id, a profile) raises ``NotFoundError`` naming what was asked for and what the
@@ -15,6 +23,7 @@ store does have; "latest ..." queries return None when there is nothing yet.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -34,7 +43,7 @@ from tabletune_pipelines.documents import (
     StepTimeProfile,
 )
 from tabletune_pipelines.errors import NotFoundError, StoreCorruptError, StoreError, StoreLockedError
-from tabletune_pipelines.published import published_document, write_published_table
+from tabletune_pipelines.published import check_publish_targets, published_document, write_published_table
 from tabletune_pipelines.vocab import DEFAULT_PROFILE_MODE
 
 #: How many existing ids a NotFoundError lists.
@@ -65,7 +74,8 @@ CREATE TABLE IF NOT EXISTS step_time_cells (
     repetitions_ms DOUBLE[] NOT NULL,
     launch_k       INTEGER,
     timing         VARCHAR NOT NULL,
-    measured_at    TIMESTAMP NOT NULL
+    measured_at    TIMESTAMP NOT NULL,
+    stderr_ms      DOUBLE          -- standard error of median_ms (NULL: < 2 repetitions, or an older store)
 );
 CREATE TABLE IF NOT EXISTS acceptance_priors (
     prior_id           VARCHAR PRIMARY KEY,
@@ -116,6 +126,108 @@ def _listing(what: str, ids: list[str], how: str) -> str:
     return f"; the store has: {', '.join(ids[:_LISTED])}{more}"
 
 
+#: DuckDB's file header: an 8-byte checksum, then these magic bytes.
+_DUCKDB_MAGIC, _MAGIC_AT = b"DUCK", 8
+#: No extension is downloaded or loaded behind the store's back (DuckDB would otherwise fetch
+#: sqlite_scanner to open a SQLite file given as the store).
+_CONNECT_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+
+
+#: Columns added after the first stores were written: (table, column, type). Opening a store for
+#: writing adds them (NULL in old rows); a read-only open of an older store reads NULL for them.
+MIGRATED_COLUMNS: tuple[tuple[str, str, str], ...] = (("step_time_cells", "stderr_ms", "DOUBLE"),)
+
+
+def _create_schema(conn: duckdb.DuckDBPyConnection) -> None:
+    """Create TableTune's tables where missing. Migrations of older stores go here too, so the
+    schema check after it (and ``_expected_schema``) sees the current schema."""
+    conn.execute(SCHEMA_SQL)
+    for table, column, typ in MIGRATED_COLUMNS:
+        conn.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {typ}")
+
+
+def _columns(conn: duckdb.DuckDBPyConnection) -> dict[str, set[tuple[str, str]]]:
+    """Every table of the current database's ``main`` schema → its (column, type) pairs."""
+    out: dict[str, set[tuple[str, str]]] = {}
+    for (name,) in conn.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() "
+                                "AND schema_name = 'main'").fetchall():
+        out[name] = set()
+    for name, col, typ in conn.execute("SELECT table_name, column_name, data_type FROM duckdb_columns() WHERE "
+                                       "database_name = current_database() AND schema_name = 'main'").fetchall():
+        out.setdefault(name, set()).add((col, typ))
+    for (name,) in conn.execute("SELECT view_name FROM duckdb_views() WHERE database_name = current_database() "
+                                "AND schema_name = 'main' AND NOT internal").fetchall():
+        out.setdefault(name, {("<a view>", "")})
+    return out
+
+
+@functools.cache
+def _expected_schema() -> dict[str, frozenset[tuple[str, str]]]:
+    """TableTune's tables and columns, as DuckDB itself reports them for ``_create_schema``."""
+    conn = duckdb.connect(":memory:", config=_CONNECT_CONFIG)
+    try:
+        _create_schema(conn)
+        return {t: frozenset(cols) for t, cols in _columns(conn).items()}
+    finally:
+        conn.close()
+
+
+def refuse_foreign(path: str | os.PathLike[str], conn: duckdb.DuckDBPyConnection) -> None:
+    """Before creating anything: a database with tables of which none is TableTune's belongs to
+    something else, and TableTune adds nothing to it (``StoreError``)."""
+    have, want = _columns(conn), _expected_schema()
+    if have and not set(have) & set(want):
+        raise StoreError(
+            f"{path} is a DuckDB database of something else (tables: {', '.join(sorted(have)[:10])}); TableTune "
+            "adds nothing to it. Point TABLETUNE_DUCKDB / --db at TableTune's own store file")
+
+
+def check_schema(path: str | os.PathLike[str], conn: duckdb.DuckDBPyConnection, *, read_only: bool) -> None:
+    """``StoreError`` unless each of TableTune's tables is there with exactly TableTune's columns and
+    types (in any order), so no query of the store can fail with a binder error."""
+    want, have = _expected_schema(), _columns(conn)
+    missing = sorted(set(want) - set(have))
+    if missing:
+        raise StoreError(
+            f"{path} is not a TableTune store: it has no table(s) {', '.join(missing)}. Point TABLETUNE_DUCKDB / --db "
+            "at TableTune's store" + (", or create one with a writing command (tabletune profile / acceptance)"
+                                      if read_only else ""))
+    for table in sorted(want):
+        extra, lacking = sorted(have[table] - want[table]), sorted(want[table] - have[table])
+        if read_only:  # an older store opened read-only lacks the migrated columns; reads give NULL there
+            lacking = [(c, t) for c, t in lacking if (table, c, t) not in MIGRATED_COLUMNS]
+        if not (extra or lacking):
+            continue
+        what = "; ".join(part for part in (
+            f"unexpected: {', '.join(f'{c} {t}'.strip() for c, t in extra)}" if extra else "",
+            f"missing: {', '.join(f'{c} {t}' for c, t in lacking)}" if lacking else "") if part)
+        hint = ("it may be a store of an older TableTune: open it once with a writing command (tabletune profile or "
+                "acceptance, or a pipeline run) to upgrade it" if read_only and lacking and not extra
+                else "it was not written by this TableTune; point TABLETUNE_DUCKDB / --db at another file")
+        raise StoreError(f"{path}: table {table!r} does not have TableTune's columns ({what}). It was left as it "
+                         f"was; {hint}")
+
+
+def check_duckdb_file(path: str | os.PathLike[str]) -> None:
+    """``StoreCorruptError`` unless ``path`` is absent, empty, or starts with DuckDB's header."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(16)
+    except FileNotFoundError:
+        return
+    except IsADirectoryError:
+        raise StoreError(f"the store path {path} is a directory; pass a DuckDB file (--db or TABLETUNE_DUCKDB)") from None
+    except OSError as exc:
+        raise StoreError(f"cannot read the store {path}: {exc.strerror or exc}") from None
+    if head and head[_MAGIC_AT:_MAGIC_AT + len(_DUCKDB_MAGIC)] != _DUCKDB_MAGIC:
+        kind = ("a SQLite database" if head.startswith(b"SQLite format") else "a Parquet file"
+                if head.startswith(b"PAR1") else "text" if head.isascii() and head.decode("ascii").isprintable()
+                else "another binary file")
+        raise StoreCorruptError(
+            f"{path} exists but is not a DuckDB database (it looks like {kind}). It was left untouched; point "
+            "TableTune at another file (--db or TABLETUNE_DUCKDB) or move this one aside.")
+
+
 def translate_duckdb_error(path: str | os.PathLike[str], exc: BaseException) -> StoreError:
     """Turn DuckDB's open errors into actionable store errors."""
     msg = str(exc)
@@ -141,13 +253,20 @@ class TableTuneStore:
     ``DuckDBResource.get_connection``.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, lock_timeout_s: float = 10.0) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, lock_timeout_s: float = 10.0, read_only: bool = False) -> None:
         self.path = Path(path)
         self.lock_timeout_s = lock_timeout_s
+        self.read_only = read_only
+        """Opened read-only: the file is never created or altered, and writing methods raise StoreError."""
         self._factory: Callable[[], AbstractContextManager[duckdb.DuckDBPyConnection]] | None = None
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if read_only and not self.path.exists():
+            raise NotFoundError(f"no TableTune store at {self.path}: nothing is measured yet (or pass --db / set "
+                                "TABLETUNE_DUCKDB to the store)")
+        check_duckdb_file(self.path)
+        if not read_only:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._connect() as conn:
-            conn.execute(SCHEMA_SQL)
+            self._prepare(conn)
 
     @classmethod
     def on(
@@ -156,10 +275,34 @@ class TableTuneStore:
         store = cls.__new__(cls)
         store.path = Path(path)
         store.lock_timeout_s = 0.0
+        store.read_only = False
         store._factory = connection_factory
+        if path != "<resource>":
+            check_duckdb_file(store.path)
         with store._connect() as conn:
-            conn.execute(SCHEMA_SQL)
+            store._prepare(conn)
         return store
+
+    def _prepare(self, conn: duckdb.DuckDBPyConnection) -> None:
+        """Check the schema, creating TableTune's tables first unless read-only. Creation and the
+        check are one transaction, so a refused database is left exactly as it was; DuckDB's own
+        errors (a view where a table belongs, a type clash) become a StoreError."""
+        try:
+            if self.read_only:
+                check_schema(self.path, conn, read_only=True)
+                return
+            conn.execute("BEGIN TRANSACTION")
+            try:
+                refuse_foreign(self.path, conn)
+                _create_schema(conn)
+                check_schema(self.path, conn, read_only=False)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        except duckdb.Error as exc:
+            raise StoreError(f"{self.path} is a DuckDB database TableTune cannot use: {exc}. It was left as it was; "
+                             "point TABLETUNE_DUCKDB / --db at TableTune's own store file") from None
 
     # -- connections -----------------------------------------------------------------------
     @contextmanager
@@ -171,7 +314,8 @@ class TableTuneStore:
         deadline = time.monotonic() + self.lock_timeout_s
         while True:
             try:
-                conn = duckdb.connect(str(self.path))
+                conn = duckdb.connect(str(self.path), read_only=getattr(self, "read_only", False),
+                                      config=_CONNECT_CONFIG)
                 break
             except duckdb.Error as exc:
                 err = translate_duckdb_error(self.path, exc)
@@ -186,6 +330,8 @@ class TableTuneStore:
 
     @contextmanager
     def _transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        if getattr(self, "read_only", False):
+            raise StoreError(f"the store {self.path} was opened read-only; this command cannot write to it")
         with self._connect() as conn:
             conn.execute("BEGIN TRANSACTION")
             try:
@@ -257,23 +403,31 @@ class TableTuneStore:
                     [key, mode, cell.acceptance, cell.k, cell.batch_size],
                 )
                 conn.execute(
-                    "INSERT INTO step_time_cells VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO step_time_cells (identity_key, mode, acceptance, k, batch_size, median_ms, spread, "
+                    "repetitions_ms, launch_k, timing, measured_at, stderr_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [key, mode, cell.acceptance, cell.k, cell.batch_size, cell.median_ms, cell.spread,
-                     list(cell.repetitions_ms), cell.launch_k, cell.timing, _now()],
+                     list(cell.repetitions_ms), cell.launch_k, cell.timing, _now(), cell.stderr_ms],
                 )
 
     def profile_cells(self, identity_key: str, mode: str = DEFAULT_PROFILE_MODE) -> list[StepTimeCell]:
         """The measured cells of one identity in one profile mode (empty if none)."""
+        # A store opened read-only may predate the stderr_ms column: NULL there, and the cell
+        # recomputes the standard error from its repetitions.
+        stderr = "stderr_ms" if self._has_column("step_time_cells", "stderr_ms") else "NULL"
         rows = self.query(
-            "SELECT k, batch_size, median_ms, repetitions_ms, acceptance, launch_k, timing FROM step_time_cells "
-            "WHERE identity_key = ? AND mode = ? ORDER BY acceptance, k NULLS FIRST, batch_size",
+            f"SELECT k, batch_size, median_ms, repetitions_ms, acceptance, launch_k, timing, {stderr} FROM "
+            "step_time_cells WHERE identity_key = ? AND mode = ? ORDER BY acceptance, k NULLS FIRST, batch_size",
             [identity_key, mode],
         )
         return [
             StepTimeCell(k=r[0], batch_size=r[1], median_ms=r[2], repetitions_ms=tuple(r[3]), acceptance=r[4],
-                         launch_k=r[5], timing=r[6])
+                         launch_k=r[5], timing=r[6], stderr_ms=r[7])
             for r in rows
         ]
+
+    def _has_column(self, table: str, column: str) -> bool:
+        return bool(self.query("SELECT 1 FROM duckdb_columns() WHERE database_name = current_database() AND "
+                               "schema_name = 'main' AND table_name = ? AND column_name = ?", [table, column]))
 
     def profile_modes(self, identity_key: str) -> list[str]:
         """The profile modes with at least one cell of this identity."""
@@ -397,15 +551,23 @@ class TableTuneStore:
         ``document_fields``: further keyword arguments of ``published.published_document``.
         The file is written first and the version row committed after: a crash in between leaves
         a valid file that is simply not yet recorded, never a recorded version without a file.
+        Before anything is written (to the store or the file), ``export_path`` and its
+        speculative-config companion must be free or TableTune's own files of this deployment
+        (``published.check_publish_targets``): a PublishedTableError leaves both untouched.
         """
+        check_publish_targets(export_path, deployment)
         tid = self.write_table(table)
         previous = self.publications(deployment)
         version = (previous[-1]["version"] + 1) if previous else 1
         published_at = _now()
+        # The table's evidence (bounds, boundaries, k within noise) goes beside the table, whose
+        # fields stay the ones every reader of the published file knows.
+        table_fields, evidence = table.published_parts()
+        fields = {"evidence": evidence, **dict(document_fields or {})}
         doc = published_document(
-            deployment=deployment, version=version, table=table.to_dict(),
+            deployment=deployment, version=version, table=table_fields,
             speculative_config=table.speculative_config(base_speculative_config),
-            published_at=published_at.isoformat() + "Z", **dict(document_fields or {}),
+            published_at=published_at.isoformat() + "Z", **fields,
         )
         path = write_published_table(export_path, doc)
         with self._transaction() as conn:

@@ -1,7 +1,19 @@
 """Derive a draft-length table from a step-time profile and an acceptance prior (no I/O).
 
-The search itself is ``core.table.build_table`` (docs/method.md, "Table search"); this module
-prepares its inputs from the stored documents and wraps the result as a ``DraftLengthTable``.
+The steps (docs/method.md, "Step time T(B, k)", "Table search", "Limitations" 2):
+
+1. Every cell's median with its error (``core.noise``: the repetitions' scatter, shrunk towards
+   the profile's pooled scatter), made non-decreasing in B by a fit weighted with the errors, and
+   interpolated to every B with the interpolation's own error.
+2. The accepted-work correction fitted with two parameters across B and k from the all-accepted
+   cells (``core.noise.fit_accepted_work``) and applied only when the fit is significant.
+3. The table search (``core.evidence.search_with_evidence``): by default k changes only where the
+   goodput gain's lower confidence bound, from the cells' errors, the prior's count-based error
+   and the interpolation, exceeds the stickiness threshold; ``policy="stickiness"`` is the
+   method's 0.5 % rule on point estimates.
+
+The result is a ``DraftLengthTable`` carrying the evidence (boundaries with their gain and
+confidence, the k within noise per B, the predicted worst loss with its bounds).
 """
 
 from __future__ import annotations
@@ -11,16 +23,34 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tabletune_pipelines.core.evidence import (
+    DEFAULT_CONFIDENCE,
+    DEFAULT_POLICY,
+    EvidenceTable,
+    search_with_evidence,
+)
 from tabletune_pipelines.core.goodput import tau_curve
-from tabletune_pipelines.core.steptime import accepted_work_correction
-from tabletune_pipelines.core.table import DEFAULT_STICKINESS, TableChoice, build_table, expand_table
+from tabletune_pipelines.core.noise import (
+    AcceptedWorkFit,
+    NoisySurface,
+    corrected_dense,
+    fit_accepted_work,
+    median_variances,
+    rates_covariance,
+)
+from tabletune_pipelines.core.table import DEFAULT_STICKINESS, TableChoice, expand_table
 from tabletune_pipelines.documents import AcceptancePrior, DraftLengthTable, StepTimeProfile
 from tabletune_pipelines.errors import InvalidAcceptanceError
+from tabletune_pipelines.vocab import SearchPolicy
+
+NO_ERROR_WARNING = ("the profile has no error estimates (no cell has two repetitions to compare): the table "
+                    "rests on point estimates and its boundaries are not backed by evidence; profile with "
+                    "repetitions >= 2")
 
 
 @dataclass(frozen=True)
 class TunedTable:
-    """A derived table together with the predictions behind it."""
+    """A derived table together with the predictions and the evidence behind it."""
 
     table: DraftLengthTable
     """The table as stored and published."""
@@ -30,6 +60,14 @@ class TunedTable:
     """T(B, k) used for the search, shape (len(ks), max_num_seqs)."""
     corrected: bool
     """Whether the accepted-work correction was applied."""
+    evidence: EvidenceTable | None = None
+    """Bounds, boundaries, k within noise (``core.evidence``)."""
+    accepted_work_fit: AcceptedWorkFit | None = None
+    """The correction's fit (None: no all-accepted cells, or the correction was off)."""
+    step_ms_sd: np.ndarray | None = None
+    """Standard error of ``step_ms_dense``, same shape."""
+    warnings: tuple[str, ...] = ()
+    """What the table's reader should know (no error estimates, wall-timed cells, ...)."""
 
 
 def derive_table(
@@ -40,41 +78,77 @@ def derive_table(
     stickiness: float = DEFAULT_STICKINESS,
     correct_accepted_work: bool = True,
     non_decreasing_in_batch: bool = True,
+    policy: SearchPolicy = DEFAULT_POLICY,
+    confidence: float = DEFAULT_CONFIDENCE,
+    prior_error: bool = True,
 ) -> TunedTable:
-    """Goodput-best table for ``profile``'s engine under ``prior``'s acceptance.
+    """Goodput-best table for ``profile``'s engine under ``prior``'s acceptance (module docstring).
 
-    With ``correct_accepted_work`` and all-accepted cells in the profile, step times include the
-    work that grows with accepted tokens (docs/method.md, "Limitations" 2). With
-    ``non_decreasing_in_batch``, measured dips of T over B (noise) are pooled away first.
+    ``stickiness``: the threshold a gain (its lower bound, under ``policy="evidence"``) must exceed
+    for the table to change k. ``confidence``: level of every bound. ``prior_error``: include the
+    prior's count-based error in the bounds. With ``non_decreasing_in_batch``, measured dips of T
+    over B (noise) are pooled away first.
     """
     ident = profile.identity
-    surface = profile.surface()
+    noisy = NoisySurface.from_cells(profile.estimates("reject"))
     if non_decreasing_in_batch:
-        surface = surface.non_decreasing()
+        noisy = noisy.non_decreasing()
     rates = prior.rates
-    if len(rates) < max(surface.ks):
+    if len(rates) < max(noisy.ks):
         raise InvalidAcceptanceError(
             f"prior {prior.prior_id} has {len(rates)} acceptance rates but the profile measured k up to "
-            f"{max(surface.ks)}; measure acceptance at K = {ident.max_k}"
+            f"{max(noisy.ks)}; measure acceptance at K = {ident.max_k}"
         )
-    accept = profile.accept_cells()
-    corrected = bool(correct_accepted_work and accept)
-    dense = (accepted_work_correction(surface, accept, rates, ident.max_num_seqs) if corrected
-             else surface.dense(ident.max_num_seqs))
-    choice = build_table(surface, rates, ident.max_num_seqs, allowed_ks=allowed_ks, stickiness=stickiness,
-                         step_ms_dense=dense)
+    n = ident.max_num_seqs
+    ms, var = noisy.dense_cov(n)
+    fit = None
+    accept = {k: row for k, row in profile.estimates("accept").items() if k in noisy.ks}
+    if correct_accepted_work and accept:
+        flat = [(k, b, c) for k, row in accept.items() for b, c in row.items()]
+        variances = median_variances([c for _, _, c in flat])
+        accept_var: dict[int, dict[int, float | None]] = {}
+        for (k, b, _), v in zip(flat, variances):
+            accept_var.setdefault(k, {})[b] = v
+        fit = fit_accepted_work(noisy, accept, accept_var, confidence=confidence)
+    dense, cov = corrected_dense(ms, var, noisy.ks, rates, fit)
+    corrected = fit is not None and fit.significant
+    rates_cov = (rates_covariance(rates, prior.drafted_per_pos, prior.num_drafts)
+                 if prior_error and noisy.has_errors else None)
+    ev = search_with_evidence(dense, cov if noisy.has_errors else None, noisy.ks, rates, rates_cov=rates_cov,
+                              allowed_ks=allowed_ks, threshold=stickiness, confidence=confidence, policy=policy)
+    warnings = []
+    if not noisy.has_errors:
+        warnings.append(NO_ERROR_WARNING)
+    wall = profile.wall_timed()
+    if wall:
+        bs = sorted({c.batch_size for c in wall})
+        warnings.append(f"{len(wall)} cell(s) fell back to wall timing (engine timing had too few steps) at B = {bs}")
+    if fit is not None and not fit.significant:
+        warnings.append("accepted-work correction " + "; ".join(fit.notes))
+    within = ev.within_noise()
     table = DraftLengthTable(
-        ranges=tuple(tuple(r) for r in choice.ranges),
-        max_num_seqs=ident.max_num_seqs,
+        ranges=tuple(tuple(r) for r in ev.ranges),
+        max_num_seqs=n,
         max_k=ident.max_k,
         identity_key=ident.key,
         prior_id=prior.prior_id,
         acceptance_rates=tuple(float(a) for a in rates),
-        predicted_worst_loss=choice.worst_loss_vs_fixed(),
-        step_ms={str(k): {str(b): float(dense[i, b - 1]) for b in range(1, ident.max_num_seqs + 1)}
-                 for i, k in enumerate(surface.ks)},
+        predicted_worst_loss=ev.worst_loss,
+        step_ms={str(k): {str(b): float(dense[i, b - 1]) for b in range(1, n + 1)} for i, k in enumerate(noisy.ks)},
+        search_policy=policy,
+        confidence=float(confidence),
+        has_error_estimates=noisy.has_errors,
+        predicted_worst_loss_lcb=ev.worst_loss_lcb,
+        predicted_worst_loss_ucb=ev.worst_loss_ucb,
+        boundaries=ev.boundaries,
+        within_noise={str(b): list(ks) for b, ks in enumerate(within, start=1)},
+        cells_remeasured=len(profile.remeasured()),
+        wall_timed_cells=len(wall),
+        accepted_work_fit=dict(fit.summary()) if fit is not None else {},
     )
-    return TunedTable(table=table, choice=choice, step_ms_dense=dense, corrected=corrected)
+    sd = np.sqrt(np.stack([cov[i, i] for i in range(len(noisy.ks))]))
+    return TunedTable(table=table, choice=ev.choice, step_ms_dense=dense, corrected=corrected, evidence=ev,
+                      accepted_work_fit=fit, step_ms_sd=sd, warnings=tuple(warnings))
 
 
 def table_step_and_tau(table: DraftLengthTable) -> tuple[np.ndarray, np.ndarray]:

@@ -5,13 +5,14 @@ The Dagster layer turns gates into asset-check results; the same functions run a
 publishing, so a table that failed a blocking gate is never published, whichever run tries.
 
 Blocking gates: ``profile_complete``, ``prior_sane``, ``valid_for_vllm``,
-``predicted_loss_under_threshold``. Warning gates (they never block; they tell an operator where
+``predicted_loss_under_threshold``, ``table_supported_by_evidence``. Warning gates (they never block; they tell an operator where
 the method's assumptions may not hold): ``engine_dependence_trap`` (docs/method.md, "Limitations" 1)
 and ``k0_costs_vs_no_spec`` (docs/method.md, "Limitations" 3).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -23,11 +24,11 @@ from tabletune_pipelines.errors import TableTuneError
 from tabletune_pipelines.tuning.derive import table_step_and_tau
 
 GateName = Literal["profile_complete", "prior_sane", "valid_for_vllm", "predicted_loss_under_threshold",
-                   "engine_dependence_trap", "k0_costs_vs_no_spec"]
+                   "table_supported_by_evidence", "engine_dependence_trap", "k0_costs_vs_no_spec"]
 """Every gate's name (also the name of its asset check)."""
 GATE_NAMES: tuple[str, ...] = get_args(GateName)
 BLOCKING_GATES: tuple[GateName, ...] = ("profile_complete", "prior_sane", "valid_for_vllm",
-                                        "predicted_loss_under_threshold")
+                                        "predicted_loss_under_threshold", "table_supported_by_evidence")
 """Gates whose failure stops the pipeline; the others only warn."""
 NOT_MEASURED = "NOT MEASURED"
 """How a warning gate's description starts when its inputs were not measured (it then passes)."""
@@ -86,8 +87,19 @@ def profile_gate(profile: StepTimeProfile) -> Gate:
     except TableTuneError as exc:
         return Gate("profile_complete", False, f"profile of {ident.key} is incomplete: {exc}", figures)
     figures["batch_sizes"] = list(surface.batch_sizes)
+    wall = profile.wall_timed()
+    figures["wall_timed_cells"] = len(wall)
+    figures["wall_timed_batch_sizes"] = sorted({c.batch_size for c in wall})
+    figures["cells_remeasured"] = len(profile.remeasured())
+    figures["has_error_estimates"] = profile.has_error_estimates
+    notes = []
+    if wall:
+        notes.append(f"{len(wall)} cell(s) fell back to wall timing")
+    if not profile.has_error_estimates:
+        notes.append("no error estimates (one repetition per cell)")
     return Gate("profile_complete", True, f"{len(surface.ks)} k values × {len(surface.batch_sizes)} batch sizes "
-                                          f"(1..{surface.max_batch_size})", figures)
+                                          f"(1..{surface.max_batch_size})" + (f"; {'; '.join(notes)}" if notes else ""),
+                figures)
 
 
 def prior_gate(prior: AcceptancePrior, max_k: int, min_drafts: int) -> Gate:
@@ -122,8 +134,67 @@ def first_sane_prior(candidates: Iterable[AcceptancePrior], max_k: int, min_draf
 
 # -- tables ------------------------------------------------------------------------------------
 
+def loss_gate(table: DraftLengthTable, max_predicted_loss: float) -> Gate:
+    """Blocking: the table's predicted worst loss vs the best fixed k at any B is under the threshold.
+
+    With error estimates the gate fails only when the loss's *lower* confidence bound reaches the
+    threshold (the loss is real, not noise); without them, when the point estimate does.
+    """
+    loss = float(table.predicted_worst_loss)
+    lcb, ucb = table.predicted_worst_loss_lcb, table.predicted_worst_loss_ucb
+    judged = float(lcb) if (table.has_error_estimates and lcb is not None) else loss
+    ok = judged < max_predicted_loss
+    figures: dict[str, Any] = {"predicted_worst_loss": loss, "threshold": max_predicted_loss}
+    if table.has_error_estimates and lcb is not None and ucb is not None:
+        figures.update(predicted_worst_loss_lcb=float(lcb), predicted_worst_loss_ucb=float(ucb),
+                       confidence=table.confidence)
+        conf = f"{table.confidence:.0%}" if table.confidence is not None else "?"
+        text = (f"predicted worst loss vs the best fixed k at any batch size: {loss:.2%} ({conf} bounds "
+                f"{lcb:.2%}–{ucb:.2%}); " + (f"its lower bound is under the threshold {max_predicted_loss:.2%}"
+                                              if ok else f"even its lower bound reaches the threshold "
+                                                         f"{max_predicted_loss:.2%}: the loss is real"))
+    else:
+        text = (f"predicted worst loss vs the best fixed k at any batch size: {loss:.2%} "
+                f"({'<' if ok else '>='} threshold {max_predicted_loss:.2%}"
+                + ("; no error estimates" if not table.has_error_estimates else "") + ")")
+    return Gate("predicted_loss_under_threshold", ok, text, figures)
+
+
+def evidence_gate(table: DraftLengthTable) -> Gate:
+    """Blocking: every boundary of the table is backed by evidence (its gain's lower confidence bound
+    exceeds the stickiness threshold; ``core.evidence``). A table whose boundary is not supported
+    does not publish, so the previous one stays."""
+    name: GateName = "table_supported_by_evidence"
+    bounds = table.boundaries
+    figures: dict[str, Any] = {"ranges": len(table.ranges),
+                               "one_batch_size_ranges": sum(1 for s, e, _ in table.ranges if s == e),
+                               "boundaries": [dataclasses.asdict(b) for b in bounds],
+                               "search_policy": table.search_policy, "confidence": table.confidence}
+    if table.confidence is None:
+        if len(table.ranges) == 1:
+            return Gate(name, True, f"{NOT_MEASURED}: the table has one range and no recorded evidence", figures)
+        return Gate(name, False, "the table was derived without recording the evidence for its "
+                                 f"{len(table.ranges) - 1} boundaries; derive it again with this TableTune", figures)
+    if not bounds:
+        return Gate(name, True, f"one range (k = {table.ranges[0][2]}): no boundary to support", figures)
+    if not table.has_error_estimates:
+        return Gate(name, True, f"{NOT_MEASURED}: the profile has no error estimates, so the "
+                                f"{len(bounds)} boundaries rest on point estimates; profile with repetitions >= 2",
+                    figures)
+    weak = [b for b in bounds if not b.supported]
+    listing = ", ".join(f"B = {b.batch_size}: k {b.from_k}→{b.to_k} gain {b.gain:+.1%} (lower bound "
+                        f"{b.gain_lcb:+.1%}, P(> threshold) {b.confidence:.0%})" for b in (weak or bounds))
+    if weak:
+        return Gate(name, False, f"{len(weak)} of {len(bounds)} boundaries are within noise at "
+                                 f"{table.confidence:.0%} confidence ({listing}); not publishing, the previous "
+                                 "table stays. Re-profile with more repetitions, or use the evidence search policy",
+                    figures)
+    return Gate(name, True, f"all {len(bounds)} boundaries are backed by evidence at {table.confidence:.0%} "
+                            f"confidence ({listing})", figures)
+
+
 def table_gates(table: DraftLengthTable, max_predicted_loss: float) -> list[Gate]:
-    """The blocking gates of a table: vLLM's validation, and the predicted loss threshold."""
+    """vLLM's validation, and the predicted loss threshold (see ``blocking_table_gates`` for all)."""
     gates = []
     try:
         validate_vllm_schedule([list(r) for r in table.ranges])
@@ -132,14 +203,13 @@ def table_gates(table: DraftLengthTable, max_predicted_loss: float) -> list[Gate
                                                   f"k <= {table.max_k}"))
     except TableTuneError as exc:
         gates.append(Gate("valid_for_vllm", False, f"vLLM would reject the table: {exc}"))
-    loss = float(table.predicted_worst_loss)
-    gates.append(Gate(
-        "predicted_loss_under_threshold", loss < max_predicted_loss,
-        f"predicted worst loss vs the best fixed k at any batch size: {loss:.2%} "
-        f"({'<' if loss < max_predicted_loss else '>='} threshold {max_predicted_loss:.2%})",
-        {"predicted_worst_loss": loss, "threshold": max_predicted_loss},
-    ))
+    gates.append(loss_gate(table, max_predicted_loss))
     return gates
+
+
+def blocking_table_gates(table: DraftLengthTable, max_predicted_loss: float) -> list[Gate]:
+    """Every blocking gate of a table (checked again right before publishing)."""
+    return [*table_gates(table, max_predicted_loss), evidence_gate(table)]
 
 
 def engine_dependence_gate(table: DraftLengthTable, fixed_cells: Mapping[int, Mapping[int, float]],

@@ -12,6 +12,7 @@ import numpy as np
 
 from tabletune_pipelines.core.goodput import tau_curve
 from tabletune_pipelines.documents import AcceptancePrior, DraftLengthTable, EngineIdentity, StepTimeProfile
+from tabletune_pipelines.core.table import expand_table
 from tabletune_pipelines.tuning.derive import TunedTable, table_step_and_tau
 
 
@@ -54,17 +55,90 @@ def priors_markdown(priors: Iterable[tuple[str, AcceptancePrior]]) -> str:
 
 
 def goodput_markdown(tuned: TunedTable, batch_sizes: Sequence[int] | None = None) -> str:
-    """One row per batch size: predicted step time and goodput per k, and the chosen k."""
+    """One row per batch size: predicted step time (± its standard error) and goodput per k, the
+    chosen k and the k within noise of it."""
     choice = tuned.choice
     n = len(choice.chosen)
     rows = batch_sizes or sorted({1, 2, 4, 8, 16, 32, 64, 128, 256, 512, n} & set(range(1, n + 1)))
-    head = ["B"] + [f"T k={k} (ms)" for k in choice.ks] + [f"G k={k} (tok/s)" for k in choice.ks] + ["chosen k"]
+    within = tuned.evidence.within_noise() if tuned.evidence is not None else None
+    sd = tuned.step_ms_sd if tuned.step_ms_sd is not None and np.any(tuned.step_ms_sd > 0) else None
+    head = (["B"] + [f"T k={k} (ms)" for k in choice.ks] + [f"G k={k} (tok/s)" for k in choice.ks] + ["chosen k"]
+            + (["k within noise"] if within is not None else []))
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for b in rows:
-        t = [f"{tuned.step_ms_dense[i, b - 1]:.2f}" for i in range(len(choice.ks))]
+        t = [f"{tuned.step_ms_dense[i, b - 1]:.2f}" + (f" ± {sd[i, b - 1]:.2f}" if sd is not None else "")
+             for i in range(len(choice.ks))]
         g = [f"{choice.goodput[i, b - 1]:.0f}" for i in range(len(choice.ks))]
-        lines.append("| " + " | ".join([str(b), *t, *g, str(choice.chosen[b - 1])]) + " |")
+        extra = [", ".join(str(k) for k in within[b - 1])] if within is not None else []
+        lines.append("| " + " | ".join([str(b), *t, *g, str(choice.chosen[b - 1]), *extra]) + " |")
     return "\n".join(lines)
+
+
+def loss_text(table: DraftLengthTable) -> str:
+    """``"0.40% (95% bounds 0.00–2.10%)"``, or the point estimate alone without error estimates."""
+    loss = f"{table.predicted_worst_loss:.2%}"
+    if table.has_error_estimates and table.predicted_worst_loss_ucb is not None and table.confidence is not None:
+        return (f"{loss} ({table.confidence:.0%} bounds {table.predicted_worst_loss_lcb or 0.0:.2%}–"
+                f"{table.predicted_worst_loss_ucb:.2%})")
+    return f"{loss} (no error estimates)"
+
+
+def boundaries_markdown(table: DraftLengthTable) -> str:
+    """One row per boundary: where, from which k to which, the gain, its lower bound and confidence."""
+    if not table.boundaries:
+        return "no boundary: one range"
+    lines = ["| B | k from → to | gain | lower bound | P(gain > threshold) | supported |", "|---|---|---|---|---|---|"]
+    for b in table.boundaries:
+        lines.append(f"| {b.batch_size} | {b.from_k} → {b.to_k} | {b.gain:+.2%} | {b.gain_lcb:+.2%} | "
+                     f"{b.confidence:.0%} | {'yes' if b.supported else 'NO'} |")
+    return "\n".join(lines)
+
+
+def within_noise_markdown(table: DraftLengthTable) -> str:
+    """Runs of batch sizes with the same set of k within noise of the chosen one."""
+    if not table.within_noise:
+        return "not recorded"
+    lines = ["| batch sizes | chosen k | k within noise |", "|---|---|---|"]
+    dense_k = expand_table([list(r) for r in table.ranges], table.max_num_seqs, table.max_k)
+    run: tuple[int, int, tuple[int, ...]] | None = None
+    start = 1
+    for b in range(1, table.max_num_seqs + 1):
+        key = (dense_k[b - 1], tuple(table.within_noise.get(str(b), [])))
+        if run is None or key != run[1:]:
+            if run is not None:
+                lines.append(f"| {start}–{b - 1} | {run[1]} | {', '.join(map(str, run[2]))} |")
+            run, start = (b, *key), b
+    if run is not None:
+        lines.append(f"| {start}–{table.max_num_seqs} | {run[1]} | {', '.join(map(str, run[2]))} |")
+    return "\n".join(lines)
+
+
+def accepted_work_text(table: DraftLengthTable) -> str:
+    """The accepted-work fit in one line (docs/method.md, "Limitations" 2)."""
+    f = table.accepted_work_fit
+    if not f:
+        return "no all-accepted cells: no accepted-work correction"
+    state = "applied" if f.get("significant") else "NOT applied (not significant)"
+    return (f"extra ms per accepted draft = {f['alpha_ms']:.3f} ± {f['alpha_se_ms']:.3f} + "
+            f"({f['beta_ms']:.4f} ± {f['beta_se_ms']:.4f})·B from {f['cells']} all-accepted cells; {state}")
+
+
+def evidence_markdown(tuned: TunedTable) -> str:
+    """The honest summary of a table: loss with bounds, ranges, boundaries and their evidence, k
+    within noise, re-measured and wall-timed cells, the accepted-work fit and any warnings."""
+    t = tuned.table
+    one_b = sum(1 for s, e, _ in t.ranges if s == e)
+    parts = [
+        f"search policy: {t.search_policy}" + (f", confidence {t.confidence:.0%}" if t.confidence else ""),
+        f"predicted worst loss vs best fixed k: {loss_text(t)}",
+        f"ranges: {len(t.ranges)} ({one_b} one batch size wide); cells re-measured: {t.cells_remeasured}; "
+        f"wall-timed cells: {t.wall_timed_cells}",
+        f"accepted-work correction: {accepted_work_text(t)}",
+        "", "boundaries:", boundaries_markdown(t), "", "k within noise of the chosen one:", within_noise_markdown(t),
+    ]
+    if tuned.warnings:
+        parts += ["", *[f"WARNING: {w}" for w in tuned.warnings]]
+    return "\n".join(parts)
 
 
 def goodput_plot(table: DraftLengthTable, no_spec_ms: Mapping[int, float] | None, title: str) -> bytes:

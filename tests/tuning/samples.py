@@ -41,3 +41,23 @@ def prior(rates=RATES, drafts=2400, week="2026-11-16", source="measured", deploy
         rates=tuple(rates), num_drafts=drafts, drafted_per_pos=tuple([drafts] * len(rates)),
         accepted_per_pos=tuple(int(round(r * drafts)) for r in rates), prompt_fingerprint=f"f-{week}-{source}",
         prompt_count=24, source=source, week=week, deployment=deployment)
+
+
+def noisy_profile(noise: float = 0.05, seed: int = 0, reps: int = 3, batch_sizes=tuple(range(1, 17)),
+                  ks=(0, 1, 2, 3), accept_extra_ms_per_token: float | None = None, accept_batch_sizes=(1, 8, 16),
+                  identity=IDENT) -> StepTimeProfile:
+    """``profile`` with ``reps`` repetitions per cell of relative noise ``noise`` (seeded); with
+    ``accept_extra_ms_per_token``, all-accepted cells cost that much more per accepted draft."""
+    rng = np.random.default_rng(seed)
+
+    def cell(k, b, ms, acceptance="reject"):
+        r = tuple(float(x) for x in ms * (1.0 + noise * rng.standard_normal(reps)))
+        return StepTimeCell(k=k, batch_size=b, median_ms=float(np.median(r)), repetitions_ms=r, acceptance=acceptance,
+                            launch_k=None if k is None else identity.max_k)
+
+    cells = [cell(k, b, scripted_ms(k, b)) for b in batch_sizes for k in ks]
+    cells += [cell(None, b, scripted_ms(None, b)) for b in batch_sizes]
+    if accept_extra_ms_per_token is not None:
+        cells += [cell(k, b, scripted_ms(k, b) + k * accept_extra_ms_per_token, "accept")
+                  for b in accept_batch_sizes for k in ks if k >= 1]
+    return StepTimeProfile(identity=identity, cells=tuple(cells))

@@ -1,0 +1,312 @@
+"""A table search whose every boundary is backed by evidence (docs/method.md, "Table search").
+
+The method's rule keeps the previous batch size's k unless another k is better by more than
+0.5 %. That threshold assumes repeatable measurements; on a noisy machine a 2 % goodput gain can
+be pure noise and the table flips k at every other batch size. The evidence rule keeps the
+rule's shape but moves away from the previous k only when the gain's **lower confidence bound**
+exceeds the threshold:
+
+    delta(B; k', k) = log G(B, k') - log G(B, k)
+    var(delta) = var T(B,k')/T'^2 + var T(B,k)/T^2 - 2 cov(T', T)/(T' T)   (cells, interpolation,
+                                                                              shared correction)
+               + g' Sigma_a g                                              (the prior's counts)
+    switch to k'  iff  exp(delta - z sd(delta)) - 1 > threshold
+
+``z`` is the one-sided normal quantile of the confidence, Bonferroni-corrected over the other
+candidate k values, so at one batch size the chance of switching to a k that is really not better
+by the threshold is at most ``1 - confidence``. Among the supported k the best point estimate
+wins. At B = 1 there is no previous k and the best point estimate is taken.
+
+For every boundary the search reports the gain, its lower bound and the probability that it
+exceeds the threshold; for every B, the k values within noise of the chosen one (those that could
+be at least as good); and the predicted worst loss with an upper confidence bound. A B is
+*ambiguous* when another k could still beat the chosen one by more than ``tolerance``: those are
+the decisions that more repetitions could change (``core.remeasure``).
+
+Numpy and the stdlib only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from statistics import NormalDist
+
+import numpy as np
+
+from tabletune_pipelines.core.goodput import tau_curve
+from tabletune_pipelines.core.noise import z_value
+from tabletune_pipelines.core.table import DEFAULT_STICKINESS, TableChoice, choose_draft_lengths, goodput_matrix
+from tabletune_pipelines.errors import EmptyProfileError, InvalidStepTimeError, InvalidValueError
+from tabletune_pipelines.vocab import SEARCH_POLICIES, SearchPolicy
+
+#: Confidence of the evidence rule (per batch size, over all candidate k together).
+DEFAULT_CONFIDENCE = 0.95
+#: A decision is settled once no other k can be better than the chosen one by more than this.
+DEFAULT_TOLERANCE = 0.02
+#: Default policy of the search.
+DEFAULT_POLICY: SearchPolicy = "evidence"
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """Where the table changes k, and the evidence for it."""
+
+    batch_size: int
+    """First batch size of the new range."""
+    from_k: int
+    """k of the range below."""
+    to_k: int
+    """k of the new range."""
+    gain: float
+    """Predicted goodput gain of ``to_k`` over ``from_k`` at ``batch_size`` (0.02 = 2 %)."""
+    gain_lcb: float
+    """Lower confidence bound of the gain at the search's confidence."""
+    confidence: float
+    """Probability (normal approximation) that the true gain exceeds the threshold."""
+    supported: bool
+    """Whether ``gain_lcb`` exceeds the threshold (the evidence rule's condition)."""
+
+
+@dataclass(frozen=True)
+class Ambiguity:
+    """A batch size whose decision more measurements could change."""
+
+    batch_size: int
+    """The batch size B."""
+    chosen_k: int
+    """The k the table runs there."""
+    rivals: tuple[int, ...]
+    """Other k that could beat ``chosen_k`` by more than the tolerance."""
+    priority: float
+    """The largest upper bound of a rival's gain (how much could be lost)."""
+
+
+@dataclass(frozen=True)
+class EvidenceTable:
+    """The outcome of a search with the evidence behind it."""
+
+    choice: TableChoice
+    """Chosen k per batch size and the predicted goodput of every k."""
+    policy: SearchPolicy
+    """The rule that chose: ``evidence`` or ``stickiness``."""
+    threshold: float
+    """Stickiness threshold (relative gain)."""
+    confidence: float
+    """Confidence level of the bounds."""
+    z: float
+    """Normal quantile the bounds use (Bonferroni over the other candidate k)."""
+    log_ratio: np.ndarray
+    """log G(B, k_i) - log G(B, k_j), shape (K, K, N)."""
+    log_sd: np.ndarray
+    """Standard deviation of ``log_ratio`` (0 without error estimates)."""
+    allowed: tuple[int, ...]
+    """k values the table may use."""
+    has_errors: bool
+    """Whether the bounds rest on error estimates (False: point estimates only)."""
+    boundaries: tuple[Boundary, ...]
+    """Every boundary of the chosen table, in B order."""
+
+    @property
+    def ranges(self) -> list[list[int]]:
+        return self.choice.ranges
+
+    @property
+    def one_batch_size_ranges(self) -> int:
+        """Ranges one batch size wide."""
+        return sum(1 for s, e, _ in self.ranges if s == e)
+
+    @property
+    def supported(self) -> bool:
+        """Every boundary is backed by evidence."""
+        return all(b.supported for b in self.boundaries)
+
+    def _idx(self, k: int) -> int:
+        return self.choice.ks.index(k)
+
+    def gain_bounds(self, k: int, over: int, batch_size: int) -> tuple[float, float, float]:
+        """(point, lower bound, upper bound) of the gain of ``k`` over ``over`` at B."""
+        i, j, c = self._idx(k), self._idx(over), batch_size - 1
+        d, s = self.log_ratio[i, j, c], self.log_sd[i, j, c]
+        return math.expm1(d), math.expm1(d - self.z * s), math.expm1(d + self.z * s)
+
+    def within_noise(self) -> list[tuple[int, ...]]:
+        """Per B (index B - 1): the allowed k that could be at least as good as the chosen one."""
+        out = []
+        for c, k in enumerate(self.choice.chosen):
+            j = self._idx(k)
+            out.append(tuple(kk for kk in self.allowed
+                             if self.log_ratio[self._idx(kk), j, c] + self.z * self.log_sd[self._idx(kk), j, c] >= 0))
+        return out
+
+    def loss_ucb(self) -> np.ndarray:
+        """Per B, an upper confidence bound of the loss against the best k there."""
+        cols = np.arange(len(self.choice.chosen))
+        idx = [self._idx(k) for k in self.choice.chosen]
+        up = self.log_ratio[:, idx, cols] + self.z * self.log_sd[:, idx, cols]  # (K, N): every k over chosen
+        return np.maximum(0.0, -np.expm1(-up.max(axis=0)))
+
+    def loss_lcb(self) -> np.ndarray:
+        """Per B, a lower confidence bound of the loss against the best k there."""
+        cols = np.arange(len(self.choice.chosen))
+        idx = [self._idx(k) for k in self.choice.chosen]
+        low = self.log_ratio[:, idx, cols] - self.z * self.log_sd[:, idx, cols]
+        return np.maximum(0.0, -np.expm1(-low.max(axis=0)))
+
+    @property
+    def worst_loss_lcb(self) -> float:
+        """Lower confidence bound of the worst loss (above the threshold: the loss is real)."""
+        return float(self.loss_lcb().max())
+
+    @property
+    def worst_loss(self) -> float:
+        """Predicted worst loss against the best fixed k at any B (point estimate)."""
+        return self.choice.worst_loss_vs_fixed()
+
+    @property
+    def worst_loss_ucb(self) -> float:
+        """Upper confidence bound of the worst loss."""
+        return float(self.loss_ucb().max())
+
+    def ambiguous(self, tolerance: float = DEFAULT_TOLERANCE) -> list[Ambiguity]:
+        """Batch sizes where an allowed k could beat the chosen one by more than ``tolerance``."""
+        out = []
+        lim = math.log1p(tolerance)
+        for c, k in enumerate(self.choice.chosen):
+            j = self._idx(k)
+            rivals, worst = [], -math.inf
+            for kk in self.allowed:
+                if kk == k:
+                    continue
+                i = self._idx(kk)
+                up = self.log_ratio[i, j, c] + self.z * self.log_sd[i, j, c]
+                if up > lim:
+                    rivals.append(kk)
+                    worst = max(worst, up)
+            if rivals:
+                out.append(Ambiguity(c + 1, k, tuple(rivals), math.expm1(worst)))
+        return out
+
+    def summary(self, tolerance: float = DEFAULT_TOLERANCE) -> dict[str, object]:
+        """Plain JSON figures: policy, confidence, loss and its bound, ranges, boundaries, k within noise."""
+        within = self.within_noise()
+        return {
+            "policy": self.policy, "confidence": self.confidence, "threshold": self.threshold,
+            "has_error_estimates": self.has_errors,
+            "predicted_worst_loss": self.worst_loss, "predicted_worst_loss_lcb": self.worst_loss_lcb,
+            "predicted_worst_loss_ucb": self.worst_loss_ucb,
+            "ranges": len(self.ranges), "one_batch_size_ranges": self.one_batch_size_ranges,
+            "supported": self.supported,
+            "boundaries": [dataclasses.asdict(b) for b in self.boundaries],
+            "within_noise": {str(b): list(ks) for b, ks in enumerate(within, start=1)},
+            "ambiguous_batch_sizes": [a.batch_size for a in self.ambiguous(tolerance)],
+        }
+
+
+def log_ratio_sd(step_ms: np.ndarray, step_cov: np.ndarray, ks: Sequence[int], rates: Sequence[float],
+                 rates_cov: np.ndarray | None = None) -> np.ndarray:
+    """Standard deviation of log G(B, k_i) - log G(B, k_j), shape (K, K, N).
+
+    ``step_cov``: variances (K, N) or covariances between k at each B (K, K, N).
+    ``rates_cov``: covariance of the survival rates (``core.noise.rates_covariance``) or None.
+    """
+    t = np.asarray(step_ms, dtype=float)
+    K, n = t.shape
+    cov = np.asarray(step_cov, dtype=float)
+    if cov.shape == (K, n):
+        full = np.zeros((K, K, n))
+        for i in range(K):
+            full[i, i] = cov[i]
+        cov = full
+    if cov.shape != (K, K, n):
+        raise InvalidStepTimeError(f"step-time covariance has shape {cov.shape}; expected {(K, n)} or {(K, K, n)}")
+    diag = np.stack([cov[i, i] for i in range(K)]) / t ** 2  # (K, N) relative variances
+    var = diag[:, None, :] + diag[None, :, :] - 2.0 * cov / (t[:, None, :] * t[None, :, :])
+    if rates_cov is not None and np.any(rates_cov):
+        taus = tau_curve(rates)
+        P = rates_cov.shape[0]
+        grads = np.zeros((K, P))
+        for i, k in enumerate(ks):
+            grads[i, :k] = 1.0 / taus[k]
+        for i in range(K):
+            for j in range(K):
+                g = grads[i] - grads[j]
+                var[i, j] += float(g @ rates_cov @ g)
+    return np.sqrt(np.clip(var, 0.0, None))
+
+
+def _boundaries(chosen: Sequence[int], ks: Sequence[int], log_ratio: np.ndarray, log_sd: np.ndarray, z: float,
+                threshold: float) -> tuple[Boundary, ...]:
+    lim = math.log1p(threshold)
+    out = []
+    for c in range(1, len(chosen)):
+        a, b = chosen[c - 1], chosen[c]
+        if a == b:
+            continue
+        i, j = ks.index(b), ks.index(a)
+        d, s = float(log_ratio[i, j, c]), float(log_sd[i, j, c])
+        lcb = d - z * s
+        conf = (NormalDist().cdf((d - lim) / s) if s > 0 else (1.0 if d > lim else 0.0))
+        out.append(Boundary(batch_size=c + 1, from_k=int(a), to_k=int(b), gain=math.expm1(d), gain_lcb=math.expm1(lcb),
+                            confidence=float(conf), supported=bool(lcb > lim)))
+    return tuple(out)
+
+
+def search_with_evidence(
+    step_ms_dense: np.ndarray,
+    step_cov_dense: np.ndarray | None,
+    ks: Sequence[int],
+    rates: Sequence[float],
+    *,
+    rates_cov: np.ndarray | None = None,
+    allowed_ks: Iterable[int] | None = None,
+    threshold: float = DEFAULT_STICKINESS,
+    confidence: float = DEFAULT_CONFIDENCE,
+    policy: SearchPolicy = DEFAULT_POLICY,
+) -> EvidenceTable:
+    """The table search of the module docstring on dense T (K, N) and its (co)variances.
+
+    ``step_cov_dense`` None (or all zero) means no error estimates: the evidence rule then
+    decides on point estimates, which is the stickiness rule. ``policy="stickiness"`` runs the
+    method's rule (``core.table.choose_draft_lengths``) and reports the same evidence for its
+    boundaries.
+    """
+    ks = tuple(int(k) for k in ks)
+    if policy not in SEARCH_POLICIES:
+        raise InvalidValueError(f"policy = {policy!r} must be one of {SEARCH_POLICIES}")
+    if threshold < 0:
+        raise InvalidValueError(f"stickiness threshold = {threshold!r} must be >= 0")
+    t = np.asarray(step_ms_dense, dtype=float)
+    allowed = tuple(sorted(set(ks) if allowed_ks is None else {int(k) for k in allowed_ks}))
+    rows = [i for i, k in enumerate(ks) if k in allowed]
+    if not rows:
+        raise EmptyProfileError(f"none of the allowed k values {list(allowed)} was profiled (profiled: {list(ks)})")
+    allowed = tuple(ks[i] for i in rows)
+    g = goodput_matrix(t, ks, rates)
+    cov = np.zeros(t.shape) if step_cov_dense is None else step_cov_dense
+    has_errors = bool(np.any(np.asarray(cov) > 0)) or bool(rates_cov is not None and np.any(rates_cov))
+    sd = log_ratio_sd(t, cov, ks, rates, rates_cov)
+    logg = np.log(g)
+    log_ratio = logg[:, None, :] - logg[None, :, :]
+    z = z_value(confidence, len(rows) - 1)
+    if policy == "stickiness":
+        chosen = choose_draft_lengths(t, ks, rates, allowed_ks=allowed, stickiness=threshold).chosen
+    else:
+        lim = math.log1p(threshold)
+        picks: list[int] = []
+        prev: int | None = None
+        for c in range(t.shape[1]):
+            if prev is None:
+                pick = max(rows, key=lambda i: g[i, c])
+            else:
+                ok = [i for i in rows if i != prev and log_ratio[i, prev, c] - z * sd[i, prev, c] > lim]
+                pick = max(ok, key=lambda i: g[i, c]) if ok else prev
+            picks.append(ks[pick])
+            prev = pick
+        chosen = tuple(picks)
+    choice = TableChoice(ks=ks, chosen=tuple(chosen), goodput=g)
+    return EvidenceTable(choice=choice, policy=policy, threshold=float(threshold), confidence=float(confidence),
+                         z=float(z), log_ratio=log_ratio, log_sd=sd, allowed=allowed, has_errors=has_errors,
+                         boundaries=_boundaries(choice.chosen, ks, log_ratio, sd, z, threshold))

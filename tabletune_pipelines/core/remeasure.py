@@ -1,0 +1,166 @@
+"""Measure more where the decision is close (docs/method.md, "Step time T(B, k)").
+
+After the profiler's first pass (the same repetitions for every cell), the evidence search
+(``core.evidence``) says at which batch sizes another k could still beat the chosen one by more
+than a tolerance. Only the cells behind those decisions get more repetitions: the chosen k and
+its rivals at that B (at the measured batch sizes around it when B is interpolated), one
+repetition each, in an order that rotates from round to round (drift hits every k alike). Then
+the search runs again on the new medians. It stops when no decision is ambiguous, when the
+ambiguous cells all have ``max_repetitions``, or when the budget (seconds or measurements) is
+spent. Cells that cannot change any decision are never measured again.
+
+``remeasure`` is pure logic around a ``measure(k, B)`` callable, so the profiler drives a real
+engine with it and the tests drive synthetic surfaces. Every updated cell goes to ``on_update``
+with all its repetitions, so an interrupted run keeps what it measured (resumable: a rerun
+starts from the stored repetitions).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tabletune_pipelines.core.evidence import (
+    DEFAULT_CONFIDENCE,
+    DEFAULT_TOLERANCE,
+    Ambiguity,
+    EvidenceTable,
+    search_with_evidence,
+)
+from tabletune_pipelines.core.noise import CellEstimate, NoisySurface
+from tabletune_pipelines.core.steptime import median_standard_error
+from tabletune_pipelines.core.table import DEFAULT_STICKINESS
+from tabletune_pipelines.errors import InvalidValueError
+
+#: Acceptance profiles the decisions are judged under when the profiler knows no prior:
+#: geometric survival a_i = p^i for a low, a middle and a high acceptance.
+DEFAULT_DECISION_RATES: tuple[float, ...] = (0.5, 0.7, 0.9)
+#: Upper bound on any cell's repetitions through re-measurement.
+DEFAULT_MAX_REPETITIONS = 9
+
+Reps = MutableMapping[tuple[int, int], list[float]]
+"""Repetitions (ms) per (k, B) cell."""
+
+
+def geometric_rates(p: float, max_k: int) -> tuple[float, ...]:
+    """a_i = p^i, i = 1..max_k."""
+    return tuple(float(p ** i) for i in range(1, max_k + 1))
+
+
+def evidence_from_repetitions(reps: Mapping[tuple[int, int], Sequence[float]], rates: Sequence[float],
+                              max_num_seqs: int, *, threshold: float = DEFAULT_STICKINESS,
+                              confidence: float = DEFAULT_CONFIDENCE, non_decreasing: bool = True) -> EvidenceTable:
+    """The evidence search on raw repetitions ``{(k, B): [ms, ...]}`` (every draft rejected)."""
+    cells: dict[int, dict[int, CellEstimate]] = {}
+    for (k, b), r in reps.items():
+        cells.setdefault(int(k), {})[int(b)] = CellEstimate(float(np.median(r)), len(r), median_standard_error(r),
+                                                            tuple(float(x) for x in r))
+    surface = NoisySurface.from_cells(cells)
+    if non_decreasing:
+        surface = surface.non_decreasing()
+    ms, cov = surface.dense_cov(max_num_seqs)
+    return search_with_evidence(ms, cov, surface.ks, rates, threshold=threshold, confidence=confidence)
+
+
+def cells_behind(ambiguities: Sequence[Ambiguity], batch_sizes: Sequence[int]) -> dict[int, tuple[float, set[int]]]:
+    """Measured B -> (priority, k values) of the cells the ambiguous decisions rest on."""
+    grid = sorted(batch_sizes)
+    out: dict[int, tuple[float, set[int]]] = {}
+    for a in ambiguities:
+        if a.batch_size in grid:
+            near = [a.batch_size]
+        else:
+            hi = next((b for b in grid if b > a.batch_size), grid[-1])
+            lo = max((b for b in grid if b < a.batch_size), default=grid[0])
+            near = [lo, hi]
+        for b in near:
+            prio, ks = out.get(b, (-np.inf, set()))
+            out[b] = (max(prio, a.priority), ks | {a.chosen_k, *a.rivals})
+    return out
+
+
+@dataclass
+class RemeasureReport:
+    """What a re-measurement run did."""
+
+    measurements: int = 0
+    """Repetitions measured."""
+    rounds: int = 0
+    """Rounds (one batch size's cells each)."""
+    cells: set[tuple[int, int]] = field(default_factory=set)
+    """(k, B) cells that got at least one more repetition."""
+    stop_reason: str = ""
+    """``resolved``, ``max repetitions``, ``budget`` or ``disabled``."""
+    ambiguous_left: list[int] = field(default_factory=list)
+    """Batch sizes still ambiguous at the end."""
+    seconds: float = 0.0
+    """Wall time spent."""
+
+
+def remeasure(
+    reps: Reps,
+    measure: Callable[[int, int], float],
+    rates_options: Sequence[Sequence[float]],
+    max_num_seqs: int,
+    *,
+    threshold: float = DEFAULT_STICKINESS,
+    confidence: float = DEFAULT_CONFIDENCE,
+    tolerance: float = DEFAULT_TOLERANCE,
+    max_repetitions: int = DEFAULT_MAX_REPETITIONS,
+    budget_s: float | None = None,
+    budget_measurements: int | None = None,
+    on_update: Callable[[int, int, list[float]], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> RemeasureReport:
+    """Add repetitions to ``reps`` (in place) where a decision is ambiguous; see the module docstring.
+
+    ``rates_options``: acceptance profiles to judge decisions under (a decision is ambiguous if it
+    is under any). ``measure(k, B)`` returns one repetition in ms. Budgets: ``budget_s`` seconds
+    of ``clock``, ``budget_measurements`` repetitions (None = no limit of that kind; a round in
+    progress finishes).
+    """
+    if max_repetitions < 1:
+        raise InvalidValueError(f"max_repetitions = {max_repetitions!r} must be >= 1")
+    if not rates_options:
+        raise InvalidValueError("rates_options is empty: give at least one acceptance profile to judge decisions")
+    report = RemeasureReport()
+    t0 = clock()
+    if (budget_s is not None and budget_s <= 0) or (budget_measurements is not None and budget_measurements <= 0):
+        report.stop_reason = "disabled"
+        return report
+    grid = sorted({b for _, b in reps})
+    while True:
+        todo: dict[int, tuple[float, set[int]]] = {}
+        for rates in rates_options:
+            ev = evidence_from_repetitions(reps, rates, max_num_seqs, threshold=threshold, confidence=confidence)
+            for b, (prio, ks) in cells_behind(ev.ambiguous(tolerance), grid).items():
+                old = todo.get(b, (-np.inf, set()))
+                todo[b] = (max(old[0], prio), old[1] | ks)
+        report.ambiguous_left = sorted(todo)
+        if not todo:
+            report.stop_reason = "resolved"
+            break
+        candidates = [(prio, b, sorted(k for k in ks if len(reps[(k, b)]) < max_repetitions))
+                      for b, (prio, ks) in todo.items()]
+        candidates = [c for c in candidates if c[2]]
+        if not candidates:
+            report.stop_reason = "max repetitions"
+            break
+        if (budget_s is not None and clock() - t0 >= budget_s) or \
+                (budget_measurements is not None and report.measurements >= budget_measurements):
+            report.stop_reason = "budget"
+            break
+        _, b, ks = max(candidates, key=lambda c: (c[0], -c[1]))
+        r = report.rounds % len(ks)
+        for k in ks[r:] + ks[:r]:
+            reps[(k, b)].append(float(measure(k, b)))
+            report.measurements += 1
+            report.cells.add((k, b))
+            if on_update is not None:
+                on_update(k, b, reps[(k, b)])
+        report.rounds += 1
+    report.seconds = clock() - t0
+    return report

@@ -1,0 +1,189 @@
+"""The evidence-based table search on synthetic profiles whose true T is known.
+
+Noise of known size: every repetition is ``T_true * (1 + s * N(0, 1))`` with a per-test relative
+noise ``s``, three repetitions per cell (the profiler's first pass). "The noise" of a gain below is
+the standard deviation of its estimate from two cells, ``sigma = sqrt(2) * f(3) * s / sqrt(3)``
+(``f``: the median's efficiency factor); the search does not know it, it estimates it from the
+repetitions. All randomness is seeded (hypothesis runs derandomized), so the tests are repeatable.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tabletune_pipelines.core.evidence import DEFAULT_CONFIDENCE, search_with_evidence
+from tabletune_pipelines.core.goodput import tau_curve
+from tabletune_pipelines.core.noise import z_value
+from tabletune_pipelines.core.remeasure import evidence_from_repetitions
+from tabletune_pipelines.core.steptime import median_se_factor
+from tabletune_pipelines.core.table import DEFAULT_STICKINESS, choose_draft_lengths
+from tabletune_pipelines.errors import InvalidValueError
+
+KS = (0, 1, 2, 3)
+RATES = (0.7, 0.5, 0.3)
+TAUS = tau_curve(RATES)
+N = 16
+REPS = 3
+ALPHA = 1.0 - DEFAULT_CONFIDENCE
+
+
+def gain_sd(s: float, n: int = REPS) -> float:
+    """Standard deviation of a log goodput ratio estimated from two independent cells."""
+    return math.sqrt(2.0) * median_se_factor(n) * s / math.sqrt(n)
+
+
+def surface_from_gains(rel: np.ndarray, base: np.ndarray) -> np.ndarray:
+    """T (K, N) such that G(B, k) / G(B, 1) = rel[k, B-1] (rel[1] = 1)."""
+    return base[None, :] * TAUS[list(KS)][:, None] / TAUS[1] / rel
+
+
+def noisy_reps(t_true: np.ndarray, s: float, rng: np.random.Generator, n: int = REPS) -> dict:
+    return {(k, b): list(t_true[i, b - 1] * (1.0 + s * rng.standard_normal(n)))
+            for i, k in enumerate(KS) for b in range(1, N + 1)}
+
+
+def base_curve(slope: float) -> np.ndarray:
+    return 10.0 + slope * np.arange(1, N + 1)
+
+
+# -- false switches: never more often than the confidence allows ------------------------------
+
+@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(s=st.floats(0.02, 0.15), slope=st.floats(0.1, 2.0), seed=st.integers(0, 10_000),
+       gains=st.lists(st.floats(-0.10, DEFAULT_STICKINESS), min_size=3, max_size=3))
+def test_never_switches_below_the_threshold_more_often_than_the_confidence_allows(s, slope, seed, gains):
+    # k = 1 is the reference; every other k is at most `threshold` better than it anywhere, so
+    # any switch at all is a switch the truth does not support (the gain between two non-reference
+    # k is below the threshold as well, since both are within [-10 %, +0.5 %] of k = 1).
+    rel = np.ones((len(KS), N))
+    for i, g in zip((0, 2, 3), gains):
+        rel[i] = 1.0 + g
+    t_true = surface_from_gains(rel, base_curve(slope))
+    g_true = np.log(rel)
+    rng = np.random.default_rng(seed)
+    decisions = false = 0
+    for _ in range(40):
+        ev = evidence_from_repetitions(noisy_reps(t_true, s, rng), RATES, N)
+        chosen = ev.choice.chosen
+        for c in range(1, N):
+            decisions += 1
+            a, b = KS.index(chosen[c - 1]), KS.index(chosen[c])
+            if a != b and g_true[b, c] - g_true[a, c] <= math.log1p(DEFAULT_STICKINESS):
+                false += 1
+    # Per decision the chance is at most ALPHA; allow three binomial standard errors over it.
+    assert false / decisions <= ALPHA + 3 * math.sqrt(ALPHA * (1 - ALPHA) / decisions)
+
+
+def test_flat_profiles_give_few_ranges_where_the_point_rule_fragments():
+    # Every k equally good: the method's 0.5 % rule on point estimates follows the noise.
+    rng = np.random.default_rng(7)
+    t_true = surface_from_gains(np.ones((len(KS), N)), base_curve(0.5))
+    ev_ranges, point_ranges = [], []
+    for _ in range(30):
+        reps = noisy_reps(t_true, 0.08, rng)
+        ev_ranges.append(len(evidence_from_repetitions(reps, RATES, N).ranges))
+        med = np.array([[np.median(reps[(k, b)]) for b in range(1, N + 1)] for k in KS])
+        point_ranges.append(len(choose_draft_lengths(med, KS, RATES).ranges))
+    assert np.mean(ev_ranges) <= 1.5 and max(ev_ranges) <= 3
+    assert np.mean(point_ranges) > 3 * np.mean(ev_ranges)
+
+
+# -- true switches: every one whose gain exceeds 3x the noise is found -------------------------
+
+@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(s=st.floats(0.02, 0.12), slope=st.floats(0.1, 2.0), cross=st.integers(3, 11), seed=st.integers(0, 10_000),
+       new_k=st.sampled_from([0, 2, 3]), extra=st.floats(0.0, 1.0))
+def test_finds_every_true_switch_whose_gain_exceeds_three_times_the_noise(s, slope, cross, seed, new_k, extra):
+    # k = 1 is best below `cross`, `new_k` from `cross` on, each by a gain of at least 3 noise
+    # standard deviations (growing by `extra` of that per batch size); the remaining k are worse by
+    # as much. The table must start on k = 1 and switch to `new_k` at `cross` or within the next
+    # four batch sizes (each batch size is one more chance, which a 3-sigma gain passes with ~80 %).
+    three = 3.0 * gain_sd(s)
+    rel = np.full((len(KS), N), math.exp(-three))
+    i_new = KS.index(new_k)
+    for c in range(N):
+        b = c + 1
+        if b < cross:
+            rel[i_new, c] = math.exp(-three)
+        else:
+            rel[i_new, c] = math.exp(three * (1.0 + extra * (b - cross)))
+            for i in range(len(KS)):
+                if i not in (i_new, KS.index(1)):
+                    rel[i, c] = rel[i_new, c] * math.exp(-three)
+    rel[KS.index(1)] = 1.0
+    t_true = surface_from_gains(rel, base_curve(slope))
+    # These surfaces jump at the crossover (T of a k may fall there), which the non-decreasing fit
+    # would rightly call noise; the evidence rule itself is what is tested here.
+    ev = evidence_from_repetitions(noisy_reps(t_true, s, np.random.default_rng(seed)), RATES, N,
+                                   non_decreasing=False)
+    chosen = ev.choice.chosen
+    assert chosen[0] == 1
+    assert chosen[min(N, cross + 4) - 1] == new_k, (ev.ranges, cross)
+    assert all(b.to_k == new_k and b.supported for b in ev.boundaries)
+
+
+# -- reporting ---------------------------------------------------------------------------------
+
+def test_boundaries_report_gain_bound_and_confidence():
+    t = np.array([[10.0] * 8, [20.0] * 4 + [5.0] * 4])  # k = 3 slow up to B = 4, fast from B = 5 on
+    var = np.full_like(t, 0.01)
+    ev = search_with_evidence(t, var, (1, 3), RATES, threshold=0.005)
+    assert ev.ranges == [[1, 4, 1], [5, 8, 3]]
+    (b,) = ev.boundaries
+    assert (b.batch_size, b.from_k, b.to_k) == (5, 1, 3)
+    assert b.gain == pytest.approx(TAUS[3] / 5 / (TAUS[1] / 10) - 1)
+    assert 0 < b.gain_lcb < b.gain and b.confidence > 0.999 and b.supported
+    assert ev.within_noise()[0] == (1,) and ev.within_noise()[7] == (3,)
+    assert ev.worst_loss == 0.0 and 0.0 <= ev.worst_loss_lcb <= ev.worst_loss_ucb < 0.05
+    summary = ev.summary()
+    assert summary["ranges"] == 2 and summary["supported"] and summary["boundaries"][0]["to_k"] == 3
+
+
+def test_without_error_estimates_the_evidence_rule_is_the_point_rule():
+    rng = np.random.default_rng(3)
+    t = 5.0 + rng.random((4, 16)) * 3
+    ev = search_with_evidence(t, None, KS, RATES)
+    assert not ev.has_errors
+    assert ev.choice.chosen == choose_draft_lengths(t, KS, RATES).chosen
+    assert ev.worst_loss_ucb == pytest.approx(ev.worst_loss)
+
+
+def test_the_stickiness_policy_reports_its_unsupported_boundaries():
+    # k = 3 looks 2 % better from B = 5 on, within noise of 10 % cells: the point rule switches,
+    # the evidence rule does not, and the point rule's boundary is reported as unsupported.
+    t1 = np.full(8, 10.0)
+    t3 = np.where(np.arange(8) < 4, 20.0, TAUS[3] / TAUS[1] * 10.0 / 1.02)
+    t = np.vstack([t1, t3])
+    var = (0.1 * t) ** 2
+    sticky = search_with_evidence(t, var, (1, 3), RATES, policy="stickiness")
+    assert sticky.ranges == [[1, 4, 1], [5, 8, 3]] and not sticky.supported
+    assert sticky.boundaries[0].gain == pytest.approx(0.02) and sticky.boundaries[0].gain_lcb < 0
+    evidence = search_with_evidence(t, var, (1, 3), RATES)
+    assert evidence.ranges == [[1, 8, 1]] and evidence.supported
+    assert evidence.within_noise()[6] == (1, 3)
+    assert evidence.ambiguous(0.01)[0].rivals == (3,)
+
+
+def test_prior_counts_widen_the_bounds():
+    t = np.array([[10.0] * 4, [12.0] * 4])
+    var = np.full_like(t, 0.04)
+    from tabletune_pipelines.core.noise import rates_covariance
+
+    exact = search_with_evidence(t, var, (1, 3), RATES)
+    few = search_with_evidence(t, var, (1, 3), RATES, rates_cov=rates_covariance(RATES, (50, 50, 50)))
+    assert few.log_sd[1, 0, 0] > exact.log_sd[1, 0, 0]
+    assert few.log_ratio[1, 0, 0] == pytest.approx(exact.log_ratio[1, 0, 0])
+
+
+def test_bonferroni_z_and_bad_inputs():
+    assert z_value(0.95) == pytest.approx(1.6449, abs=1e-3)
+    assert z_value(0.95, 3) == pytest.approx(2.128, abs=1e-3)
+    with pytest.raises(InvalidValueError, match="confidence = 1.5"):
+        z_value(1.5)
+    with pytest.raises(InvalidValueError, match="policy = 'greedy'"):
+        search_with_evidence(np.ones((2, 4)), None, (1, 3), RATES, policy="greedy")  # type: ignore[arg-type]

@@ -1,0 +1,97 @@
+"""Adaptive re-measurement on synthetic surfaces (``core.remeasure``): the same table as a uniform
+profile with three times the repetitions, from at most half its measurements.
+
+The surfaces have a known boundary: k = 3 better than k = 1 by a factor (1 + gain) below it,
+k = 1 better by as much from it on, k = 0 and k = 2 clearly worse everywhere. With 10 % noise per
+repetition, three repetitions per cell leave the decisions around the boundary unresolved in
+part of the cases; nine settle them. All randomness is seeded (derandomized hypothesis).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from tabletune_pipelines.core.goodput import tau_curve
+from tabletune_pipelines.core.remeasure import cells_behind, evidence_from_repetitions, remeasure
+from tabletune_pipelines.core.evidence import Ambiguity
+from tabletune_pipelines.core.table import choose_draft_lengths, compact_ranges
+
+KS = (0, 1, 2, 3)
+RATES = (0.7, 0.5, 0.3)
+TAUS = tau_curve(RATES)
+N = 16
+
+
+def surface(boundary: int, gain: float, slope: float) -> np.ndarray:
+    base = 10.0 + slope * np.arange(1, N + 1)
+    rel = np.ones((len(KS), N))  # goodput relative to k = 1
+    rel[0] = rel[2] = 1.0 / (1.0 + gain)
+    rel[3] = np.where(np.arange(1, N + 1) < boundary, 1.0 + gain, 1.0 / (1.0 + gain))
+    return base[None, :] * TAUS[list(KS)][:, None] / TAUS[1] / rel
+
+
+class Engine:
+    """Noisy measurements of a known surface; counts what it is asked."""
+
+    def __init__(self, t: np.ndarray, noise: float, seed: int) -> None:
+        self.t, self.noise, self.rng, self.calls = t, noise, np.random.default_rng(seed), 0
+
+    def __call__(self, k: int, b: int) -> float:
+        self.calls += 1
+        return float(self.t[KS.index(k), b - 1] * (1.0 + self.noise * self.rng.standard_normal()))
+
+    def uniform(self, reps: int) -> dict:
+        return {(k, b): [self(k, b) for _ in range(reps)] for b in range(1, N + 1) for k in KS}
+
+
+@settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(boundary=st.integers(3, 13), slope=st.floats(0.1, 2.0), seed=st.integers(0, 10_000))
+def test_adaptive_reaches_the_table_of_three_times_the_repetitions_with_at_most_half_the_measurements(
+        boundary, slope, seed):
+    t = surface(boundary, 0.30, slope)
+    truth = compact_ranges(choose_draft_lengths(t, KS, RATES).chosen)
+    uniform_engine = Engine(t, 0.10, seed)
+    uniform = evidence_from_repetitions(uniform_engine.uniform(9), RATES, N).ranges
+    assume(uniform == truth)  # nine repetitions everywhere settle it (in ~99 % of the cases) ...
+
+    engine = Engine(t, 0.10, seed + 1)
+    reps = engine.uniform(3)
+    budget = uniform_engine.calls // 2 - engine.calls
+    report = remeasure(reps, engine, [RATES], N, budget_measurements=budget, max_repetitions=27)
+    assert evidence_from_repetitions(reps, RATES, N).ranges == uniform  # ... so does adaptive re-measurement
+    assert engine.calls <= uniform_engine.calls // 2
+    assert report.measurements == engine.calls - len(KS) * N * 3
+    # Only the cells behind ambiguous decisions were measured again: a minority of the profile.
+    assert len(report.cells) < len(KS) * N / 2
+
+
+def test_it_stops_when_resolved_and_measures_nothing_when_already_clear():
+    engine = Engine(surface(8, 0.6, 0.5), 0.02, 1)
+    reps = engine.uniform(3)
+    report = remeasure(reps, engine, [RATES], N, budget_measurements=100)
+    assert report.stop_reason == "resolved" and report.measurements == 0 and report.ambiguous_left == []
+
+
+def test_budget_and_max_repetitions_bound_it_and_updates_carry_every_repetition():
+    # Equal k everywhere: never resolvable, so only the bounds stop it.
+    t = surface(8, 0.0, 0.5)
+    engine = Engine(t, 0.10, 2)
+    reps = engine.uniform(3)
+    seen = {}
+    report = remeasure(reps, engine, [RATES], N, budget_measurements=10, on_update=lambda k, b, v: seen.update(
+        {(k, b): list(v)}))
+    assert report.stop_reason == "budget" and 10 <= report.measurements < 10 + len(KS)
+    assert all(seen[c] == reps[c] and len(seen[c]) > 3 for c in report.cells)
+    report = remeasure(reps, engine, [RATES], N, max_repetitions=4)
+    assert report.stop_reason == "max repetitions"
+    assert max(len(v) for v in reps.values()) == 4
+    assert remeasure(reps, engine, [RATES], N, budget_s=0).stop_reason == "disabled"
+
+
+def test_interpolated_decisions_point_at_their_measured_neighbours():
+    a = [Ambiguity(batch_size=20, chosen_k=1, rivals=(3,), priority=0.05),
+         Ambiguity(batch_size=16, chosen_k=1, rivals=(2,), priority=0.02)]
+    out = cells_behind(a, [1, 8, 16, 24, 32])
+    assert out == {16: (0.05, {1, 2, 3}), 24: (0.05, {1, 3})}

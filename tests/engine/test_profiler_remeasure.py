@@ -1,0 +1,80 @@
+"""The profiler's adaptive re-measurement with a stand-in server (no engine): only the cells
+behind ambiguous decisions get more repetitions, in the same launch, each update is handed to
+``on_cell``, and a rerun continues only while a decision is ambiguous."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tabletune_pipelines.documents import EngineIdentity, StepTimeCell
+from tabletune_pipelines.engine.config import ServerConfig
+from tabletune_pipelines.engine.plan import ProfileOptions, ProfilePlan
+from tabletune_pipelines.engine.profiler import profile_step_times
+from tests.engine.fakes import FakeServer
+
+CFG = ServerConfig(model="/m", drafter="/d", method="draft_model", num_speculative_tokens=3, max_num_seqs=8,
+                   device="cpu")
+IDENT = EngineIdentity(gpu="cpu", vllm_version="0.32.0+cpu", model="m", drafter="d", method="draft_model",
+                       max_k=3, max_num_seqs=8)
+PLAN = ProfilePlan(batch_sizes=(1, 2, 4, 8), ks=(0, 1, 3), repetitions=3, include_no_spec=False,
+                   accept_batch_sizes=())
+RATES = (0.7, 0.5, 0.3)  # tau = 1, 1.7, 2.5 for k = 0, 1, 3
+
+
+def true_ms(k, b):
+    """k = 3 clearly best at B <= 2; k = 1 and k = 3 tie exactly at B = 8 (k = 0 far behind)."""
+    t1 = 5.0 + b
+    if k == 1:
+        return t1
+    if k == 3:
+        return t1 * 2.5 / 1.7 * (0.6 if b <= 2 else 1.0)
+    return t1 * 1.0 / 1.7 * 1.6
+
+
+class NoisyServer(FakeServer):
+    """The fake server with true step times above and 10 % noise per timed batch."""
+
+    rng = np.random.default_rng(0)
+
+    def complete(self, prompts, *, max_tokens, **kw):
+        self._noise = 1.0 + 0.10 * self.rng.standard_normal()
+        return super().complete(prompts, max_tokens=max_tokens, **kw)
+
+    def read_steps(self, since=None, until=None, offset=0):
+        b, k = self._b, self.k_at(self._b)
+        d = b * (k or 0)
+        ms = true_ms(k, b) * getattr(self, "_noise", 1.0)
+        return [{"b": b, "new": b, "dt": 30.0, "d": 0, "k": k}] + [
+            {"b": b, "new": 0, "dt": ms, "d": d, "k": k} for _ in range(20)]
+
+
+def _run(options, existing=()):
+    launched: list[FakeServer] = []
+    got: list[StepTimeCell] = []
+    prof = profile_step_times(CFG, options, plan=PLAN, identity=IDENT, vocab_size=100, progress=lambda m: None,
+                              existing=existing, on_cell=got.append,
+                              server_factory=lambda cfg: NoisyServer(cfg, launched=launched))
+    return prof, launched, got
+
+
+def test_only_ambiguous_cells_are_measured_again_in_the_same_launch_and_a_rerun_continues():
+    opts = ProfileOptions(decision_rates=RATES, max_repetitions=6, remeasure_budget_s=60.0)
+    prof, launched, got = _run(opts)
+    assert len(launched) == 1  # the re-measurement ran in the first pass's launch
+    reps = {(c.k, c.batch_size): len(c.repetitions_ms) for c in prof.cells}
+    more = {key for key, n in reps.items() if n > 3}
+    assert more, "the tie at B = 8 is ambiguous after three repetitions"
+    assert all(b >= 4 and k in (1, 3) for k, b in more)  # B <= 2 is clear, and k = 0 never a rival
+    assert max(reps.values()) <= 6
+    assert len(prof.remeasured()) == len(more)
+    updates = [c for c in got if len(c.repetitions_ms) > 3]
+    assert {(c.k, c.batch_size) for c in updates} == more  # every update went to on_cell
+    # A rerun from the stored cells: the tie is still ambiguous but its cells are at the cap.
+    _, relaunched, regot = _run(opts, existing=prof.cells)
+    capped = all(reps[key] == 6 for key in more)
+    assert (relaunched == [] and regot == []) if capped else len(relaunched) == 1
+
+
+def test_zero_budget_turns_it_off():
+    prof, launched, _ = _run(ProfileOptions(decision_rates=RATES, remeasure_budget_s=0))
+    assert all(len(c.repetitions_ms) == 3 for c in prof.cells) and len(launched) == 1
