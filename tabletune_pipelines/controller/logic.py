@@ -224,24 +224,28 @@ class Controller:
         sig = self._stat()
         if sig == self._sig:
             return
-        self._sig = sig
         if sig is None:
+            self._sig = sig
             self._once("gone", "TableTune controller: published file %s is gone; keeping table %s",
                        self.path, _fmt_table(self.ranges))
             return
         res = load_start(self.path, self.engine)
         if isinstance(res, str):
+            self._sig = sig  # this version of the file is judged: do not re-read it every second
             self._once("reject:" + res, "TableTune controller: not using the changed published file, keeping "
                        "table %s: %s", _fmt_table(self.ranges), res)
             return
         cur = self.start.published.version if self.start else 0
         if res.published.version <= cur:
+            self._sig = sig
             self._once(f"old:{res.published.version}", "TableTune controller: published file %s holds v%d, not "
                        "newer than v%d in force; ignored", self.path, res.published.version, cur)
             return
         self.export(now, force=True)  # the old version's last window
         self.reloads += 1
         self._install(res)
+        # Only now is the new version in force: if anything above raised, the next poll retries it.
+        self._sig = sig
 
     # ------------------------------------------------------------------ the hot path
     def next_lookup(self) -> list[int] | None:
@@ -514,12 +518,12 @@ class Controller:
                 busy_s=round(self._win_busy, 6), estimate=self.estimate(), source=self.source, seq=self.exports,
                 controller=self.state())
             append_line(start.export_path, line)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: LiveCountersError (a line the format refuses)
             self.export_failures += 1
             self._next_export_try = now + max(1.0, float(s.export_every_s))
             self._once("export", "TableTune controller: cannot write live counters to %s (%s); serving goes on, "
                        "counts are kept for the next attempt (further failures are only counted)",
-                       start.export_path, exc.strerror or exc)
+                       start.export_path, getattr(exc, "strerror", None) or exc)
             return False
         self.exports += 1
         self._last_wall_end = w1
@@ -530,8 +534,10 @@ class Controller:
     def _once(self, key: str, msg: str, *args: Any) -> None:
         if key in self._logged:
             return
-        if len(self._logged) < 256:
-            self._logged.add(key)
+        if len(self._logged) >= 256:  # a bounded set: past it, stay quiet rather than log every time
+            self.suppressed_logs = getattr(self, "suppressed_logs", 0) + 1
+            return
+        self._logged.add(key)
         self.log.warning(msg, *args)
 
     def fail(self, where: str, exc: BaseException) -> None:

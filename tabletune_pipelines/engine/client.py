@@ -72,7 +72,9 @@ class EngineClient:
             body["seed"] = seed
         status, raw = self._call("/v1/completions", data=json.dumps(body).encode(), timeout=timeout)
         if status != 200:
-            raise EngineError(f"completion request answered {status}: {raw[:500]!r}")
+            # The answer can echo the request (logged user prompts during acceptance runs): report
+            # only its shape and vLLM's error type, never the body.
+            raise EngineError(f"completion request answered {status} ({_error_type(raw)}, {len(raw)} bytes)")
         return json.loads(raw)
 
     def metrics_text(self, timeout: float = 10.0) -> str:
@@ -91,3 +93,13 @@ class EngineClient:
             return str(json.loads(raw).get("version", "unknown"))
         except (ValueError, AttributeError):
             raise EngineError(f"/version answered {raw[:200]!r}, not vLLM's {{\"version\": ...}}") from None
+
+
+def _error_type(raw: bytes) -> str:
+    """vLLM's error ``type`` from an error answer (a short fixed vocabulary), or "no error type"."""
+    try:
+        err = json.loads(raw).get("error", {})
+        kind = err.get("type") if isinstance(err, dict) else None
+    except (ValueError, AttributeError):
+        kind = None
+    return str(kind)[:64] if isinstance(kind, str) and kind.replace("_", "").isalnum() else "no error type"

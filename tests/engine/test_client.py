@@ -81,3 +81,17 @@ def test_nothing_listening():
     with pytest.raises(EngineUnreachable, match="did not answer"):
         client.version(timeout=1.0)
     assert issubclass(EngineUnreachable, EngineError)
+
+
+def test_an_error_answer_that_echoes_the_prompt_is_not_quoted(monkeypatch):
+    # vLLM's 400 answers can repeat the request; acceptance runs send logged user prompts.
+    from tabletune_pipelines.engine.client import EngineClient
+    from tabletune_pipelines.engine.errors import EngineError
+
+    secret = "my private prompt text"
+    body = json.dumps({"error": {"type": "BadRequestError", "message": f"bad input: {secret}"}}).encode()
+    client = EngineClient("http://127.0.0.1:9")
+    monkeypatch.setattr(client, "_call", lambda *a, **k: (400, body))
+    with pytest.raises(EngineError) as err:
+        client.complete(secret, max_tokens=1)
+    assert secret not in str(err.value) and "400" in str(err.value) and "BadRequestError" in str(err.value)
