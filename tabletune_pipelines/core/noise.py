@@ -301,6 +301,16 @@ class AcceptedWorkFit:
         x = np.array([1.0, float(batch_size)])
         return float(x @ np.array([self.alpha_ms, self.beta_ms])), float(math.sqrt(max(0.0, x @ self.cov @ x)))
 
+    def applied_at(self, max_num_seqs: int) -> np.ndarray:
+        """Per B in 1..max_num_seqs, whether the correction applies there (``corrected_dense``)."""
+        if not self.significant:
+            return np.zeros(max_num_seqs, dtype=bool)
+        b = np.arange(1, max_num_seqs + 1, dtype=float)
+        x = np.stack([np.ones_like(b), b], axis=-1)
+        val = x @ np.array([self.alpha_ms, self.beta_ms])
+        var = np.einsum("ni,ij,nj->n", x, self.cov, x)
+        return val - z_value(self.confidence) * np.sqrt(np.clip(var, 0.0, None)) > 0
+
     def summary(self) -> dict[str, object]:
         """Plain JSON figures of the fit (for reports, metadata and the published document)."""
         return {"alpha_ms": self.alpha_ms, "alpha_se_ms": float(math.sqrt(max(0.0, self.cov[0, 0]))),
@@ -401,7 +411,8 @@ def fit_accepted_work(reject: NoisySurface, accept: Mapping[int, Mapping[int, Ce
 def corrected_dense(ms: np.ndarray, var: np.ndarray, ks: Sequence[int], rates: Sequence[float],
                     fit: AcceptedWorkFit | None) -> tuple[np.ndarray, np.ndarray]:
     """Dense T, and the covariance of T between k values at each B (shape (K, K, N)), with the
-    accepted-work correction added where ``fit`` is significant (and its fitted extra is positive).
+    accepted-work correction added where ``fit`` is significant as a whole and its fitted extra at
+    that B has a lower confidence bound above 0.
     ``var``: the variances (K, N) or covariances (K, K, N) of ``ms`` before the correction.
 
     The correction's error is shared by every k at a B (one fit), so it enters the covariance,
@@ -426,7 +437,9 @@ def corrected_dense(ms: np.ndarray, var: np.ndarray, ks: Sequence[int], rates: S
     x = np.stack([np.ones_like(b), b], axis=-1)
     per_tok = x @ np.array([fit.alpha_ms, fit.beta_ms])
     per_tok_var = np.einsum("ni,ij,nj->n", x, fit.cov, x)
-    on = per_tok > 0
+    # Only where the fitted extra work is significantly positive (its lower bound above 0): a fit
+    # that is significant as a whole can still be indistinguishable from none at some B.
+    on = fit.applied_at(n)
     scale = np.array([taus[k] - 1.0 if k >= 1 and k < len(taus) else 0.0 for k in kk])
     for i in range(len(kk)):
         out[i] += np.where(on, per_tok, 0.0) * scale[i]

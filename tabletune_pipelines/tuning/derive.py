@@ -111,7 +111,7 @@ def derive_table(
             accept_var.setdefault(k, {})[b] = v
         fit = fit_accepted_work(noisy, accept, accept_var, confidence=confidence)
     dense, cov = corrected_dense(ms, var, noisy.ks, rates, fit)
-    corrected = fit is not None and fit.significant
+    corrected = fit is not None and bool(fit.applied_at(n).any())
     rates_cov = (rates_covariance(rates, prior.drafted_per_pos, prior.num_drafts)
                  if prior_error and noisy.has_errors else None)
     ev = search_with_evidence(dense, cov if noisy.has_errors else None, noisy.ks, rates, rates_cov=rates_cov,
@@ -144,11 +144,27 @@ def derive_table(
         within_noise={str(b): list(ks) for b, ks in enumerate(within, start=1)},
         cells_remeasured=len(profile.remeasured()),
         wall_timed_cells=len(wall),
-        accepted_work_fit=dict(fit.summary()) if fit is not None else {},
+        accepted_work_fit=_fit_summary(fit, n),
     )
     sd = np.sqrt(np.stack([cov[i, i] for i in range(len(noisy.ks))]))
     return TunedTable(table=table, choice=ev.choice, step_ms_dense=dense, corrected=corrected, evidence=ev,
                       accepted_work_fit=fit, step_ms_sd=sd, warnings=tuple(warnings))
+
+
+def _fit_summary(fit: AcceptedWorkFit | None, max_num_seqs: int) -> dict:
+    """The fit's figures plus the batch-size ranges where it was applied (``[[start, end], ...]``)."""
+    if fit is None:
+        return {}
+    out = dict(fit.summary())
+    on = fit.applied_at(max_num_seqs)
+    runs: list[list[int]] = []
+    for b, flag in enumerate(on, start=1):
+        if flag and runs and runs[-1][1] == b - 1:
+            runs[-1][1] = b
+        elif flag:
+            runs.append([b, b])
+    out["applied_at_batch_sizes"] = runs
+    return out
 
 
 def table_step_and_tau(table: DraftLengthTable) -> tuple[np.ndarray, np.ndarray]:

@@ -118,7 +118,13 @@ def accepted_work_text(table: DraftLengthTable) -> str:
     f = table.accepted_work_fit
     if not f:
         return "no all-accepted cells: no accepted-work correction"
-    state = "applied" if f.get("significant") else "NOT applied (not significant)"
+    runs = f.get("applied_at_batch_sizes")
+    if not f.get("significant"):
+        state = "NOT applied (not significant)"
+    elif runs == []:
+        state = "NOT applied (significant as a whole, but nowhere significantly above 0)"
+    else:
+        state = "applied" + (" at B = " + ", ".join(f"{a}–{b}" for a, b in runs) if runs else "")
     return (f"extra ms per accepted draft = {f['alpha_ms']:.3f} ± {f['alpha_se_ms']:.3f} + "
             f"({f['beta_ms']:.4f} ± {f['beta_se_ms']:.4f})·B from {f['cells']} all-accepted cells; {state}")
 

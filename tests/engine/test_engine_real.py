@@ -82,7 +82,7 @@ def test_profile_one_launch_real(shared_server, shared_config, tmp_path):
     assert set(nospec) == {1, 4, 8}
     assert set(prof.accept_cells()) == {1, 3}
     for c in prof.cells:
-        assert len(c.repetitions_ms) == 3 and all(r > 0 for r in c.repetitions_ms), c
+        assert len(c.repetitions_ms) >= 3 and all(r > 0 for r in c.repetitions_ms), c
         assert c.median_ms == pytest.approx(statistics.median(c.repetitions_ms)), c
         assert c.timing == "engine", c
     # Step time grows with k (same launch, repetitions interleaved across k): k = 3 drafts three
