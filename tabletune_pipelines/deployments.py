@@ -96,15 +96,21 @@ def deployment_for_identity(fleet: Fleet, identity: EngineIdentity, preferred: s
 def deployments_running(key: str, fleet: Fleet, identity_of: CurrentIdentity) -> tuple[list[Deployment], list[str]]:
     """Deployments whose current identity is ``key``, and one note per deployment that did not answer."""
     running, notes = [], []
-    for d in fleet.deployments:
-        try:
-            ident = identity_of(d)
-        except EndpointUnreachable as exc:
+    for d, ident, exc in _current_identities(fleet, identity_of):
+        if exc is not None:
             notes.append(f"{d.name}: unreachable ({exc})")
-            continue
-        if ident.key == key:
+        elif ident.key == key:
             running.append(d)
     return running, notes
+
+
+def _current_identities(fleet: Fleet, identity_of: CurrentIdentity):
+    """(deployment, its current identity or None, the EndpointUnreachable or None) for each deployment."""
+    for d in fleet.deployments:
+        try:
+            yield d, identity_of(d), None
+        except EndpointUnreachable as exc:
+            yield d, None, exc
 
 
 def resolve_identity(key: str, *, identity_json: str, fleet: Fleet, known: Callable[[str], EngineIdentity | None],
@@ -121,13 +127,10 @@ def resolve_identity(key: str, *, identity_json: str, fleet: Fleet, known: Calla
     if stored is not None:
         return stored
     unreachable = []
-    for d in fleet.deployments:
-        try:
-            ident = identity_of(d)
-        except EndpointUnreachable as exc:
+    for d, ident, exc in _current_identities(fleet, identity_of):
+        if exc is not None:
             unreachable.append(f"{d.name}: {exc}")
-            continue
-        if ident.key == key:
+        elif ident.key == key:
             return ident
     raise NotFoundError(
         f"partition {key} is not an engine identity TableTune knows: it is not in the store and no deployment of "
