@@ -39,6 +39,8 @@ class Window:
     steps: int
     mean_batch: float
     mismatched_steps: int
+    mismatch_examples: list = field(default_factory=list)
+    """Up to five mismatched steps as [b, k run, k the table gives, new requests in the step]."""
 
     @property
     def goodput(self) -> float:
@@ -113,9 +115,10 @@ def measure_window(server: Any, policy: str, table: Sequence[Sequence[int]], *, 
     steps = [s for s in server.read_steps(since=t0, until=t1, offset=offset) if s.get("b", 0) > 0]
     kept = sum(int(s["b"]) + int(s.get("a", 0)) for s in steps)
     seconds = sum(float(s["dt"]) for s in steps) / 1000.0
-    mism = sum(1 for s in steps if int(s.get("k", -1)) != min(max_k, lookup[min(int(s["b"]), max_num_seqs) - 1]))
+    bad = [[int(s["b"]), s.get("k"), want, int(s.get("new", 0))] for s in steps
+           if int(s.get("k", -1)) != (want := min(max_k, lookup[min(int(s["b"]), max_num_seqs) - 1]))]
     mean_b = statistics.fmean(int(s["b"]) for s in steps) if steps else 0.0
-    return Window(policy, load, round_, kept, seconds, len(steps), mean_b, mism)
+    return Window(policy, load, round_, kept, seconds, len(steps), mean_b, len(bad), bad[:5])
 
 
 def run_closed_loop(server: Any, policies: Mapping[str, Sequence[Sequence[int]]], loads: Sequence[int], *,
@@ -136,7 +139,7 @@ def run_closed_loop(server: Any, policies: Mapping[str, Sequence[Sequence[int]]]
                                        settle_s=settle_s, max_num_seqs=max_num_seqs, max_k=max_k)
                     out.append(w)
                     progress(f"load {load:>3} round {r} {name:<14} {w.goodput:9.1f} tok/s  mean B {w.mean_batch:5.1f}  "
-                             f"steps {w.steps}{'' if w.table_verified else f'  TABLE MISMATCH {w.mismatched_steps}'}")
+                             f"steps {w.steps}{'' if w.table_verified else f'  TABLE MISMATCH {w.mismatched_steps} {w.mismatch_examples}'}")
         finally:
             gen.stop()
         if gen.errors:

@@ -5,6 +5,7 @@
 #   bash deploy/gpu/h200.sh profile dense|moe ARGS..  `tabletune profile` on that engine (resumable)
 #   bash deploy/gpu/h200.sh table dense|moe RATES     the tuned table (vLLM JSON) for a_1..a_K
 #   bash deploy/gpu/h200.sh goodput dense|moe ARGS..  benchmarks/gpu_goodput.py
+#   bash deploy/gpu/h200.sh controller dense|moe ARGS..  benchmarks/gpu_controller.py (hook cost, repair)
 #   bash deploy/gpu/h200.sh export OUTDIR             the store's own export of every profile
 # The store lives in /tmp/tt-home (kept while the machine stays up; copied out by `export`).
 set -uo pipefail
@@ -36,6 +37,10 @@ case "$step" in
   goodput)
     e=$1; shift
     python3 benchmarks/gpu_goodput.py --engine $e "$@"
+    ;;
+  controller)
+    e=$1; shift
+    python3 benchmarks/gpu_controller.py --engine $e "$@"
     ;;
   export)
     python3 -m tabletune_pipelines.store.export "$DB" "$1" && cp $DB "$1/" 2>/dev/null
