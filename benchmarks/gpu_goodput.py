@@ -51,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=float, default=4.0)
     ap.add_argument("--out", default="gpu_goodput.json")
     ap.add_argument("--work-dir", default="/tmp/tt-goodput")
+    ap.add_argument("--compilation-config", default=None,
+                    help="vLLM --compilation-config JSON, e.g. '{\"max_cudagraph_capture_size\": 1024}'")
     args = ap.parse_args(argv)
 
     from tabletune_pipelines.engine import ServerConfig, VLLMServer
@@ -64,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         table=tuple(tuple(r) for r in launch_table), synthetic_acceptance_rates=rates, max_num_seqs=M,
         max_model_len=512, device="gpu", model_runner="v2", load_format="dummy", startup_timeout=600.0,
         work_dir=args.work_dir,
+        extra_args=("--compilation-config", args.compilation_config) if args.compilation_config else (),
     )
     policies = {f"fixed_k{k}": [[1, M, k]] for k in range(K + 1)}
     policies["docs"] = docs_table(M, K)
@@ -89,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     aa = {load: paired_ratio(windows, "docs", "docs_again", load) for load in loads}
     print("  A/A (docs vs docs_again) paired ratio: " + ", ".join(f"L{l}: {r:.3f}±{se:.3f}" for l, (r, se, _) in aa.items()))
     Path(args.out).write_text(json.dumps({
-        "engine": args.engine, "rates": rates, "policies": policies, "loads": loads,
+        "engine": args.engine, "compilation_config": args.compilation_config, "rates": rates, "policies": policies, "loads": loads,
         "windows": [w.__dict__ for w in windows],
         "summary": {f"{p}@{l}": s.__dict__ for (p, l), s in summary.items()},
         "loss": losses, "aa": {str(l): v for l, v in aa.items()},
