@@ -14,7 +14,7 @@ from tabletune_pipelines.orchestration.partitions import engine_identity_partiti
 from tabletune_pipelines.orchestration.resources import EngineResource, FleetResource, TuningPolicy, store_from
 from tabletune_pipelines.published import controller_fields
 from tabletune_pipelines.tuning.gates import blocking_table_gates
-from tabletune_pipelines.tuning.report import boundaries_markdown, loss_text, table_markdown
+from tabletune_pipelines.tuning.report import boundaries_markdown, loss_text, table_markdown, within_noise_markdown
 
 ROLLBACK_HOWTO = (
     "Roll back with the job `rollback_published_table` (config: `deployment`), e.g.\n\n"
@@ -106,9 +106,12 @@ def published_table(context: dg.AssetExecutionContext, config: PublishConfig, du
             "identity_key": key,
             "prior_id": table.prior_id,
             "predicted_worst_loss": float(table.predicted_worst_loss),
+            "predicted_worst_loss_lcb": float(table.predicted_worst_loss_lcb or 0.0),
+            "predicted_worst_loss_ucb": float(table.predicted_worst_loss_ucb or 0.0),
             "predicted_loss": loss_text(table),
             "ranges": len(table.ranges),
             "boundaries": dg.MetadataValue.md(boundaries_markdown(table)),
+            "k_within_noise": dg.MetadataValue.md(within_noise_markdown(table)),
             "cells_remeasured": table.cells_remeasured,
             "publications": dg.MetadataValue.md("\n".join(rows)),
             "published": dg.MetadataValue.json(published),

@@ -64,6 +64,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    """A number of seconds >= 0 (0 = off)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a finite number of seconds >= 0 (0 = off)")
+    return value
+
+
 def _iso_date(text: str) -> str:
     try:
         return date.fromisoformat(text).isoformat()
@@ -165,12 +176,17 @@ def cmd_profile(args: argparse.Namespace) -> int:
                                          accept_batch_sizes=args.accept_batch_sizes,
                                          include_no_spec=not args.no_nospec,
                                          fixed_k_baseline=args.fixed_k_baseline,
-                                         startup_timeout=args.startup_timeout)
+                                         startup_timeout=args.startup_timeout,
+                                         **({} if args.remeasure_budget is None
+                                            else {"remeasure_budget_s": args.remeasure_budget}),
+                                         **({} if args.max_repetitions is None
+                                            else {"max_repetitions": args.max_repetitions}))
     identity = deployments.current_identity(dep)
     store = _open_store(args, must_exist=False)
     print(f"profiling {identity.key} into {store.path}", file=sys.stderr)
     profile = deployments.profile(identity, dep, store, log=_log(), options=options)
-    print(json.dumps({"identity": identity.key, "cells": len(profile.cells), "mode": profile.mode}))
+    print(json.dumps({"identity": identity.key, "cells": len(profile.cells), "mode": profile.mode,
+                      "cells_remeasured": len(profile.remeasured()), "wall_timed_cells": len(profile.wall_timed())}))
     return 0
 
 
@@ -305,6 +321,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-nospec", action="store_true", help="skip the no-speculation baseline launch")
     p.add_argument("--fixed-k-baseline", action="store_true",
                    help="also time each k >= 1 in its own launch with K = k and no table (engine-dependence check)")
+    # Defaults (engine.plan.DEFAULT_REMEASURE_BUDGET_S, core.remeasure.DEFAULT_MAX_REPETITIONS) are
+    # named, not imported, so `--help` stays light; tests/cli check that the two agree.
+    p.add_argument("--remeasure-budget", type=_seconds, default=None, metavar="SECONDS",
+                   help="after the first pass, re-measure the cells behind ambiguous table decisions (adaptive "
+                        "re-measurement, one_launch mode) for at most this long; default 120, 0 turns it off")
+    p.add_argument("--max-repetitions", type=_positive_int, default=None,
+                   help="most repetitions re-measurement gives one cell (default 9)")
     p.add_argument("--startup-timeout", type=_positive_int, default=None,
                    help="seconds to wait for each engine launch to become healthy (default 240; a cold GPU "
                         "launch with CUDA graphs can take 2-3 minutes)")

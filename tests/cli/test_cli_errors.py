@@ -39,6 +39,10 @@ PROFILE = [
     ("profile-k-too-large", ["profile", "--ks", "0,9"], "[9] outside 0..3"),
     ("profile-k-negative", ["profile", "--ks=-1"], "argument --ks: [-1] must be >= 0"),
     ("profile-repetitions-zero", ["profile", "--repetitions", "0"], "argument --repetitions: 0 must be >= 1"),
+    ("profile-remeasure-budget-negative", ["profile", "--remeasure-budget", "-5"],
+     "argument --remeasure-budget: -5 must be a finite number of seconds >= 0"),
+    ("profile-remeasure-budget-not-a-number", ["profile", "--remeasure-budget", "2m"], "'2m' is not a number of seconds"),
+    ("profile-max-repetitions-zero", ["profile", "--max-repetitions", "0"], "argument --max-repetitions: 0 must be >= 1"),
     ("profile-unknown-mode", ["profile", "--mode", "nosuch"], "argument --mode: invalid choice: 'nosuch'"),
     ("profile-unreachable-endpoint", ["--fleet", "{home}/remote.yaml", "profile"], "http://127.0.0.1:9/version"),
 ]

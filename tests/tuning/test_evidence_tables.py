@@ -10,7 +10,7 @@ from tabletune_pipelines.documents import DraftLengthTable
 from tabletune_pipelines.published import load_published
 from tabletune_pipelines.store import TableTuneStore
 from tabletune_pipelines.tuning.derive import NO_ERROR_WARNING, derive_table
-from tabletune_pipelines.tuning.gates import blocking_table_gates, evidence_gate, loss_gate
+from tabletune_pipelines.tuning.gates import blocking_table_gates, evidence_gate, loss_gate, profile_gate
 from tabletune_pipelines.tuning.report import evidence_markdown, goodput_markdown
 from tests.tuning.samples import IDENT, noisy_profile, prior, profile
 
@@ -111,3 +111,33 @@ def test_the_published_file_carries_the_evidence(tmp_path):
     on_disk = load_published(tmp_path / "pub" / "local.json")
     assert on_disk.ranges == tuple(tuple(r) for r in t.ranges) and on_disk.document["evidence"]["ranges"] == len(t.ranges)
     assert IDENT.key == t.identity_key
+
+
+def test_wall_timed_cells_are_counted_and_reported():
+    """Issue 8, point 5: wall timing stays a fallback that is counted and reported (the table, its
+    warnings, the report, the profile check and the published file)."""
+    prof = noisy_profile(0.05, seed=1)
+    wall = {(1, 12), (3, 12), (3, 16)}
+    prof = dataclasses.replace(prof, cells=tuple(
+        dataclasses.replace(c, timing="wall") if c.acceptance == "reject" and (c.k, c.batch_size) in wall else c
+        for c in prof.cells))
+    tuned = derive_table(prof, prior())
+    assert tuned.table.wall_timed_cells == 3
+    assert any("3 cell(s) fell back to wall timing" in w and "B = [12, 16]" in w for w in tuned.warnings)
+    assert "wall-timed cells: 3" in evidence_markdown(tuned)
+    gate = profile_gate(prof)
+    assert gate.passed and gate.figures["wall_timed_cells"] == 3 and gate.figures["wall_timed_batch_sizes"] == [12, 16]
+    assert "3 cell(s) fell back to wall timing" in gate.description
+    assert tuned.table.published_parts()[1]["wall_timed_cells"] == 3
+
+
+def test_re_measured_cells_are_counted_in_the_table_and_its_published_evidence():
+    prof = noisy_profile(0.05, seed=1)
+    more = {(1, 8), (3, 8), (1, 9)}
+    prof = dataclasses.replace(prof, cells=tuple(
+        dataclasses.replace(c, repetitions_ms=c.repetitions_ms * 2, stderr_ms=None)
+        if c.acceptance == "reject" and (c.k, c.batch_size) in more else c for c in prof.cells))
+    assert {(c.k, c.batch_size) for c in prof.remeasured()} == more
+    t = derive_table(prof, prior()).table
+    assert t.cells_remeasured == 3 and t.published_parts()[1]["cells_remeasured"] == 3
+    assert profile_gate(prof).figures["cells_remeasured"] == 3
