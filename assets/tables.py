@@ -11,6 +11,7 @@ from tabletune_pipelines.orchestration.resources import TuningPolicy, store_from
 from tabletune_pipelines.tuning.derive import derive_table
 from tabletune_pipelines.tuning.gates import (
     blocking_table_gates,
+    cuda_graph_headroom_gate,
     engine_dependence_gate,
     first_sane_prior,
     fixed_launch_cells,
@@ -65,6 +66,10 @@ class TableConfig(dg.Config):
         dg.AssetCheckSpec("k0_costs_vs_no_spec", asset="draft_length_table", blocking=False,
                           description="WARN if no speculation beats the table somewhere by a margin (k = 0 is not "
                                       "'off', docs/method.md, \"Limitations\" 3)."),
+        dg.AssetCheckSpec("cuda_graph_headroom", asset="draft_length_table", blocking=False,
+                          description="WARN where a served decode step of the table (B·(1+k) tokens plus some "
+                                      "prefill) exceeds vLLM's largest captured CUDA graph and runs without "
+                                      "graphs (docs/engine-facts.md, the capture-size cliff)."),
     ],
 )
 def draft_length_table(context: dg.AssetExecutionContext, config: TableConfig, duckdb: DuckDBResource,
@@ -102,6 +107,7 @@ def draft_length_table(context: dg.AssetExecutionContext, config: TableConfig, d
         engine_dependence_gate(table, fixed_launch_cells(store.profile_cells(key, "fixed_k")), policy.trap_margin,
                                reject),
         k0_gate(table, no_spec, reject.get(0, {}), policy.k0_margin),
+        cuda_graph_headroom_gate(table, ident.cudagraph_mode),
     ]
     png = goodput_plot(table, no_spec, f"{key}\nprior {prior.prior_id}")
     yield dg.MaterializeResult(

@@ -6,8 +6,9 @@ publishing, so a table that failed a blocking gate is never published, whichever
 
 Blocking gates: ``profile_complete``, ``prior_sane``, ``valid_for_vllm``,
 ``predicted_loss_under_threshold``, ``table_supported_by_evidence``. Warning gates (they never block; they tell an operator where
-the method's assumptions may not hold): ``engine_dependence_trap`` (docs/method.md, "Limitations" 1)
-and ``k0_costs_vs_no_spec`` (docs/method.md, "Limitations" 3).
+the method's assumptions may not hold): ``engine_dependence_trap`` (docs/method.md, "Limitations" 1),
+``k0_costs_vs_no_spec`` (docs/method.md, "Limitations" 3) and ``cuda_graph_headroom``
+(docs/engine-facts.md, "the CUDA-graph capture-size cliff").
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from tabletune_pipelines.errors import TableTuneError
 from tabletune_pipelines.tuning.derive import table_step_and_tau
 
 GateName = Literal["profile_complete", "prior_sane", "valid_for_vllm", "predicted_loss_under_threshold",
-                   "table_supported_by_evidence", "engine_dependence_trap", "k0_costs_vs_no_spec"]
+                   "table_supported_by_evidence", "engine_dependence_trap", "k0_costs_vs_no_spec",
+                   "cuda_graph_headroom"]
 """Every gate's name (also the name of its asset check)."""
 GATE_NAMES: tuple[str, ...] = get_args(GateName)
 BLOCKING_GATES: tuple[GateName, ...] = ("profile_complete", "prior_sane", "valid_for_vllm",
@@ -295,6 +297,53 @@ def k0_gate(table: DraftLengthTable, no_spec_ms: Mapping[int, float], k0_ms: Map
                     figures, comparison)
     return Gate(name, True, f"the table stays within {margin:.0%} of no speculation everywhere "
                             f"(k = 0 overhead up to {worst_overhead:.0%})", figures, comparison)
+
+
+#: vLLM 0.26's cap on the CUDA-graph capture size when none is configured (``vllm/config/vllm.py``).
+VLLM_DEFAULT_CAPTURE_CAP = 512
+#: Tokens of prefill a served decode step typically carries on top of its B·(1 + k) decode tokens
+#: (one short arriving prompt, or the start of a chunk).
+PREFILL_HEADROOM_TOKENS = 32
+
+
+def default_capture_size(max_num_seqs: int, max_k: int) -> int:
+    """vLLM 0.26's default ``max_cudagraph_capture_size``: ``min(max_num_seqs·(1 + K)·2, 512)``."""
+    return min(max_num_seqs * (1 + max_k) * 2, VLLM_DEFAULT_CAPTURE_CAP)
+
+
+def cuda_graph_headroom_gate(table: DraftLengthTable, cudagraph_mode: str, *, capture_size: int | None = None,
+                             prefill_tokens: int = PREFILL_HEADROOM_TOKENS) -> Gate:
+    """Warn where the table's decode steps leave no room under the largest captured CUDA graph.
+
+    The profile times pure decode steps (B·(1 + k) tokens); served steps also carry prefill tokens
+    of arriving requests, and a step above ``max_cudagraph_capture_size`` tokens runs without CUDA
+    graphs. Measured on the H200 at load 128 with the default cap of 512 tokens: k = 3 ran ~3.5x
+    slower per step and lost 50-55% of goodput; with a cap of 1024 it was the best k again
+    (docs/engine-facts.md). Fails at every B where B·(1 + k) + ``prefill_tokens`` exceeds the cap
+    (``capture_size``, default vLLM's own rule); passes without CUDA graphs (``cudagraph_mode``
+    none, e.g. the CPU build)."""
+    name: GateName = "cuda_graph_headroom"
+    if str(cudagraph_mode).strip().lower() in ("none", ""):
+        return Gate(name, True, "no CUDA graphs in this engine (cudagraph_mode none): nothing to check",
+                    {"cudagraph_mode": str(cudagraph_mode)})
+    cap = int(capture_size) if capture_size else default_capture_size(table.max_num_seqs, table.max_k)
+    dense_k = expand_table([list(r) for r in table.ranges], table.max_num_seqs, table.max_k)
+    over = [(b, k) for b, k in enumerate(dense_k, start=1) if k > 0 and b * (1 + k) + prefill_tokens > cap]
+    suggested = table.max_num_seqs * (1 + table.max_k) * 2
+    figures = {"capture_size": cap, "prefill_tokens": int(prefill_tokens), "suggested_capture_size": suggested,
+               "batch_sizes_over_the_cap": [b for b, _ in over]}
+    if not over:
+        return Gate(name, True, f"every decode step of the table plus {prefill_tokens} prefill tokens fits under the "
+                                f"largest captured CUDA graph ({cap} tokens)", figures)
+    first_b, first_k = over[0]
+    rows = "\n".join(f"| {b} | {k} | {b * (1 + k)} | {cap} |" for b, k in over)
+    comparison = "| B | table k | decode tokens B·(1+k) | capture cap |\n|---|---|---|---|\n" + rows
+    return Gate(name, False,
+                f"from B = {first_b} (k = {first_k}) a decode step with any prefill exceeds the largest captured CUDA "
+                f"graph ({cap} tokens) and runs without graphs, so the profile's T(B, k) does not hold there "
+                f"(measured on an H200: k = 3 lost ~50% at load 128); serve with --compilation-config "
+                f"'{{\"max_cudagraph_capture_size\": {suggested}}}' or keep k lower at those B "
+                f"(if the engine already runs a larger cap, this warning does not apply)", figures, comparison)
 
 
 def fixed_launch_cells(profile_cells: Iterable[StepTimeCell]) -> dict[int, dict[int, float]]:

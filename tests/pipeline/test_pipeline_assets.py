@@ -80,7 +80,9 @@ def test_full_chain_writes_duckdb_metadata_and_publishes(home, one_fleet, instan
     assert cells == (6 * 5, 4, 6)  # 6 batch sizes × (k 0..3 + no-spec)
     checks = {c.check_name: c for c in res.get_asset_check_evaluations()}
     assert set(checks) == {"profile_complete", "valid_for_vllm", "predicted_loss_under_threshold",
-                           "table_supported_by_evidence", "engine_dependence_trap", "k0_costs_vs_no_spec"}
+                           "table_supported_by_evidence", "engine_dependence_trap", "k0_costs_vs_no_spec",
+                           "cuda_graph_headroom"}
+    assert checks["cuda_graph_headroom"].passed  # a CPU identity has no CUDA graphs
     for name in ("profile_complete", "valid_for_vllm", "predicted_loss_under_threshold", "table_supported_by_evidence"):
         assert checks[name].passed, checks[name].description
     # No launch with K = k was profiled: the trap check says so instead of guessing.
