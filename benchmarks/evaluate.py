@@ -11,7 +11,10 @@ acceptance (0.7, 0.5, 0.3): loss = 1 − goodput / best fixed k at that load (do
 (``benchmarks/results/<surface>.png``). Then the controller experiments (repair from the docs'
 table shrunk to a quarter; a traffic switch where acceptance drops mid-run), and the H200 section
 from ``benchmarks/h200_report.py``. Everything is seeded: a rerun writes the same numbers.
-Text outside the ``<!-- simulator:begin/end -->`` markers of an existing RESULTS.md is kept.
+Then the real-engine section (``<!-- real-engine:begin/end -->``, at the top) from
+``benchmarks/data/cpu/real_engine_eval.json`` (written by ``benchmarks/real_engine_eval.py``;
+``--real-only`` re-renders just that section). Text outside the ``<!-- simulator:begin/end -->``
+and real-engine markers of an existing RESULTS.md is kept.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ DOCS_EAGLE3 = [[1, 16, 5], [17, 32, 4], [33, 64, 3], [65, 128, 1], [129, 512, 0]
 LOADS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 QUICK_LOADS = (1, 8, 32, 128, 512)
 BEGIN, END = "<!-- simulator:begin -->", "<!-- simulator:end -->"
+REAL_BEGIN, REAL_END = "<!-- real-engine:begin -->", "<!-- real-engine:end -->"
+REAL_JSON = HERE / "data" / "cpu" / "real_engine_eval.json"
 HONESTY = (
     "Where the adaptive baselines do not land between the tuned table and the docs' table, and why: "
     "**TurboSpec-style** is only as good as its linear step-time model. Where T(B, k) is close to linear in "
@@ -407,13 +412,193 @@ def between(loss, docs_names) -> str:
     return f"worst case: tuned (evidence) {100 * tuned:.1f}%, docs {100 * docs:.1f}%; " + ", ".join(out)
 
 
+def _pct(x, nd: int = 1) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.{nd}f}"
+
+
+def _pm(d, se, nd: int = 1) -> str:
+    if d is None:
+        return "n/a"
+    return f"{100 * d:+.{nd}f} ± {_pct(se, nd)}" if se is not None else f"{100 * d:+.{nd}f}"
+
+
+def real_engine_plot(name: str, res: dict, loads, path: Path) -> None:
+    """Goodput and goodput / best fixed k vs load, per policy, for one real-engine scenario."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    best = {str(ld): max((res["goodput"][f][str(ld)][0] for f in res["goodput"] if f.startswith("k=")
+                          and str(ld) in res["goodput"][f]), default=float("nan")) for ld in loads}
+    series = {p: {ld: v[0] for ld, v in row.items()} for p, row in res["goodput"].items()}
+    for p, per in res.get("adaptive", {}).items():
+        series[p + " (bridged)"] = {ld: best[ld] * (1 - v["loss"]) for ld, v in per.items() if v.get("loss") is not None}
+    for ld, v in (res.get("nospec") or {}).items():
+        series.setdefault("no-spec (own launch)", {})[ld] = v["goodput"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 4.8))
+    colors = plt.get_cmap("tab20").colors
+    for i, (p, row) in enumerate(series.items()):
+        xs = [ld for ld in loads if row.get(str(ld)) is not None]
+        style = "--" if p.startswith("k=") or p.startswith("no-spec") else "-"
+        kw = dict(color=colors[(2 * i) % 20 if i < 10 else (2 * i + 1) % 20], marker=".", label=p)
+        ax1.plot(xs, [row[str(ld)] for ld in xs], style, **kw)
+        ax2.plot(xs, [row[str(ld)] / best[str(ld)] for ld in xs], style, **kw)
+    for ax in (ax1, ax2):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent requests (closed loop)")
+        ax.grid(alpha=0.3)
+    ax1.set_ylabel("goodput, kept tokens/s")
+    ax2.set_ylabel("goodput / best fixed k")
+    ax2.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.suptitle(f"real engine (vLLM CPU build): {name}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def real_engine_section(doc: dict, *, results_dir: Path | None = None, rel_to: Path | None = None) -> str:
+    """The "Real engine (vLLM CPU build)" section from benchmarks/real_engine_eval.py's JSON (markdown,
+    between the ``REAL_BEGIN``/``REAL_END`` markers). With ``results_dir``, also a PNG per scenario."""
+    m = doc["meta"]
+    loads = [int(x) for x in m["loads"]]
+    out = [REAL_BEGIN, "# Real engine (vLLM CPU build)", "",
+           f"`{m['command']}` ({m['engine']}; {m['target']} target, K = {m['K']}, max_num_seqs "
+           f"{m['max_num_seqs']}, launch table {m['launch_table']}), finished {m['finished']} in "
+           f"{m['wall_s'] / 60:.1f} min; load average at start `{m['loadavg_start']}`, at the end "
+           f"`{m['loadavg_end']}`" + (" — **--quick smoke run, not for claims**" if m.get("quick") else "") + ". "
+           f"Closed loop at loads {loads}; table policies in ONE launch, hot-swapped every {m['window_s']:g} s "
+           f"window (+ {m['settle_s']:g} s settle) in rotating order over {m['rounds']} rounds, kept tokens counted "
+           "from the step log and every window checked against it; adaptive policies and no-spec in their own "
+           f"launches ({m['adaptive_rounds']} rounds, each round an adaptive window and an anchor window of the "
+           "tuned (evidence) table with the controller bypassed). Loss = 1 − goodput / best fixed k at that load; "
+           "adaptive policies' loss is bridged through the anchor (paired in their launch × tuned / best in the "
+           "table launch). Method and caveats: docs/evaluation.md, \"Real engine\". Raw data: "
+           "`benchmarks/data/cpu/real_engine_eval.json`, printed output `benchmarks/data/cpu/real_engine_eval.log`.", ""]
+    for name, scn in doc["scenarios"].items():
+        res = scn["results"]
+        prof = scn.get("profile", {})
+        out += [f"## Real engine: {name}", "",
+                f"Acceptance rates {scn['rates']}; profile: {prof.get('source', 'n/a')} "
+                f"({prof.get('seconds', 'n/a')} s). Tables: "
+                + "; ".join(f"{p}: `{t}`" for p, t in scn["tables"].items() if not p.startswith("k=")) + ".", "",
+                "Loss (%) against the best fixed k at each load (negative: faster than every fixed k):", "",
+                "| policy | " + " | ".join(f"L={ld}" for ld in loads) + " | **worst** |",
+                "|---|" + "---:|" * (len(loads) + 1)]
+        for p, row in res["loss"].items():
+            out.append(f"| {p} | " + " | ".join(_pct(row.get(str(ld))) for ld in loads)
+                       + f" | **{_pct(res['worst'].get(p))}** |")
+        out += ["", f"Best fixed k per load: " + ", ".join(f"L={ld}: {k}" for ld, k in res["best_fixed"].items())
+                + ". Goodput (kept tokens/s, mean over rounds ± s.e.):", "",
+                "| policy | " + " | ".join(f"L={ld}" for ld in loads) + " |", "|---|" + "---:|" * len(loads)]
+        for p, row in res["goodput"].items():
+            out.append(f"| {p} | " + " | ".join(
+                f"{row[str(ld)][0]:.1f} ± {row[str(ld)][1]:.1f}" if str(ld) in row and row[str(ld)][1] is not None
+                else (f"{row[str(ld)][0]:.1f}" if str(ld) in row else "n/a") for ld in loads) + " |")
+        for p, per in res.get("adaptive", {}).items():
+            out.append(f"| {p} (own launch) | " + " | ".join(
+                f"{_fmt_num(per[str(ld)]['goodput'])} ± {_fmt_num(per[str(ld)]['se'])}" if str(ld) in per else "n/a"
+                for ld in loads) + " |")
+        for ld_row in [res.get("nospec")] if res.get("nospec") else []:
+            out.append("| no-spec (own launch) | " + " | ".join(
+                f"{_fmt_num(ld_row[str(ld)]['goodput'])} ± {_fmt_num(ld_row[str(ld)]['se'])}" if str(ld) in ld_row
+                else "n/a"
+                for ld in loads) + " |")
+        aa = res["aa"]
+        out += ["", f"**Noise.** A/A pair (the tuned (evidence) table under two names), paired difference per load: "
+                + ", ".join(f"L={ld}: {_pm(v['diff'], v['se'])}%" for ld, v in aa.items())
+                + f"; floor (worst |A/A| over loads) **{_pct(res['aa_floor'])}%**. Median paired s.e. over all "
+                f"table-policy pairs: {_pct(res['median_paired_se'])}%. Windows excluded by the step-log check: "
+                f"{res['excluded_windows']} of {res['windows']}.", "",
+                "Paired difference, tuned (evidence) vs each policy (% of the other's goodput, ± s.e. over rounds; "
+                "adaptive: vs the anchor in the adaptive launch, i.e. the policy relative to the tuned table):", "",
+                "| vs | " + " | ".join(f"L={ld}" for ld in loads) + " |", "|---|" + "---:|" * len(loads)]
+        for p in scn["tables"]:
+            if p == "tuned (evidence)":
+                continue
+            cells = []
+            for ld in loads:
+                row = next((x for x in res["pairs"] if x["load"] == ld and {x["a"], x["b"]} == {p, "tuned (evidence)"}),
+                           None)
+                if row is None or row["diff"] is None:
+                    cells.append("n/a")
+                    continue
+                d = row["diff"] if row["a"] == "tuned (evidence)" else 1.0 / (1.0 + row["diff"]) - 1.0
+                cells.append(_pm(d, row["se"]))
+            out.append(f"| {p} | " + " | ".join(cells) + " |")
+        for p, per in res.get("adaptive", {}).items():
+            out.append(f"| {p} (policy / tuned) | " + " | ".join(
+                _pm(per[str(ld)]["vs_anchor"], per[str(ld)]["vs_anchor_se"]) if str(ld) in per else "n/a"
+                for ld in loads) + " |")
+        if res.get("adaptive"):
+            out += ["", "Adaptive policies, raw cross-launch loss (own launch vs the table launch's best fixed k; "
+                    "launch-to-launch drift is up to ~11% here, which is why the bridged figure is the one above): "
+                    + "; ".join(f"{p}: " + ", ".join(f"L={ld}: {_pct(v['raw_loss'])}" for ld, v in per.items())
+                                for p, per in res["adaptive"].items()) + "."]
+        st = scn.get("adaptive_state") or {}
+        if st:
+            out += ["", "Controller state at the end of each adaptive launch: " + "; ".join(
+                f"{p}: policy {s.get('policy')}, active {s.get('policy_active')}, errors {s.get('errors')}, "
+                f"k steps {s.get('policy_k_steps')}, table {s.get('policy_table') or s.get('table')}"
+                for p, s in st.items()) + "."]
+        v = res["verdict"]
+        out += ["", f"**Verdict ({name}).** Tuned (evidence) worst-case loss {_pct(v['tuned_worst'])}% against the "
+                f"target {_pct(v['target'])}% (3% or the A/A floor if larger): "
+                f"**{'met' if v['within_target'] else 'not met'}**; better (lower worst case) than "
+                + ", ".join(f"{p}: **{'yes' if b else 'no'}**" for p, b in v["better_than"].items()) + "."]
+        if results_dir is not None:
+            png = results_dir / f"real-engine-{name}.png"
+            try:
+                real_engine_plot(name, res, loads, png)
+                out += ["", f"![goodput vs load, {name}]({png.relative_to(rel_to).as_posix() if rel_to else png})"]
+            except Exception as exc:  # noqa: BLE001 - a plot must not stop the report
+                out += ["", f"(plot not drawn: {exc!r})"]
+        out.append("")
+    out.append(REAL_END)
+    return "\n".join(out)
+
+
+def _fmt_num(x) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.1f}"
+
+
+def splice_real_engine(text: str, section: str) -> str:
+    """``text`` with its real-engine block replaced by ``section`` (inserted at the top when absent);
+    everything else — the simulator block, the hand-written GPU section — is kept byte for byte."""
+    if REAL_BEGIN in text and REAL_END in text:
+        return text[:text.index(REAL_BEGIN)] + section + text[text.index(REAL_END) + len(REAL_END):]
+    return section + "\n\n" + text
+
+
+def render_real_engine(out: Path, data: Path = REAL_JSON) -> bool:
+    """Splice the real-engine section from ``data`` into ``out``; False when there is no JSON."""
+    if not data.exists():
+        return False
+    import json
+
+    doc = json.loads(data.read_text())
+    results_dir = out.parent / "results"
+    results_dir.mkdir(parents=True, exist_ok=True)
+    section = real_engine_section(doc, results_dir=results_dir, rel_to=out.parent)
+    old = out.read_text() if out.exists() else ""
+    out.write_text(splice_real_engine(old, section))
+    return True
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer loads and steps (smoke run)")
     ap.add_argument("--out", type=Path, default=HERE / "RESULTS.md")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--real-engine-json", type=Path, default=REAL_JSON,
+                    help="benchmarks/real_engine_eval.py's output, rendered as the real-engine section")
+    ap.add_argument("--real-only", action="store_true", help="only re-render the real-engine section (seconds)")
     args = ap.parse_args(argv)
     t_start = time.time()
+    if args.real_only:
+        ok = render_real_engine(args.out, args.real_engine_json)
+        print(f"{'wrote' if ok else 'no ' + str(args.real_engine_json) + '; left'} {args.out}")
+        return 0 if ok else 1
     loads = QUICK_LOADS if args.quick else LOADS
     results_dir = args.out.parent / "results"
     results_dir.mkdir(parents=True, exist_ok=True)
@@ -478,6 +663,8 @@ def main(argv=None) -> int:
             if not text.endswith("\n"):
                 text += "\n"
     args.out.write_text(text)
+    if render_real_engine(args.out, args.real_engine_json):
+        print(f"real-engine section from {args.real_engine_json}")
     print(f"wrote {args.out} ({time.time() - t_start:.0f} s)")
     return 0
 

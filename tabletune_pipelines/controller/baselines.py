@@ -162,3 +162,128 @@ class NightjarPolicy:
 
     def close(self) -> None:
         pass
+
+
+# ---------------------------------------------------------------------------------------------
+# The selector: the baselines as controller variants inside the engine.
+
+from tabletune_pipelines.controller.logic import Controller  # noqa: E402 (after the policies it selects)
+from tabletune_pipelines.controller.search import compact  # noqa: E402
+
+#: Nightjar-style arm statistics exported for at most this many batch sizes (the most visited).
+EXPORT_ARMS = 32
+
+
+def build_policy(name: str, start: Any, max_num_seqs: int) -> TurboSpecPolicy | NightjarPolicy:
+    """The baseline ``name`` (``turbospec`` / ``nightjar``) for a validated published file
+    (``loader.StartPoint``): allowed k = the file's allowed k that the launch lists; TurboSpec's
+    linear model is fitted to the file's profiled cells of those k, and its initial per-token
+    acceptance is the prior's a_1 (0.5 without a prior; it counts as 50 tokens, so live counts
+    take over within a few steps)."""
+    s, ks = start.settings, tuple(start.allowed_k)
+    if not ks:
+        raise ValueError("the published file allows no k")
+    if name == "turbospec":
+        cells = {int(k): dict(start.published.step_ms.get(int(k)) or {}) for k in ks}
+        alpha = float(start.prior[0]) if start.prior else 0.5
+        return TurboSpecPolicy(cells, max_num_seqs, ks, initial_alpha=min(max(alpha, 0.0), 0.999),
+                               forget=float(s.turbospec_forget))
+    if name == "nightjar":
+        return NightjarPolicy(max_num_seqs, ks, c=float(s.nightjar_exploration))
+    raise ValueError(f"no baseline policy {name!r}")
+
+
+class PolicyController(Controller):
+    """``logic.Controller`` with the ``policy`` setting honoured: for ``turbospec``/``nightjar``
+    the baseline chooses vLLM's lookup every step while the controller itself runs as in observe
+    mode (counts, estimate, candidate table, export). Built at every newly installed published
+    version (a restart of the baseline: its state does not carry over). Whatever goes wrong in a
+    baseline — it cannot be built, it raises, it hands back a lookup of the wrong length — is
+    counted and logged once (``Controller.fail``) and the published table is served from then on
+    (until the next published version). The vLLM adapter (``scheduler.py``) builds this class."""
+
+    policy: TurboSpecPolicy | NightjarPolicy | None = None
+    policy_name: str = "tabletune"
+
+    def _install(self, start: Any) -> None:
+        self.policy, self.policy_name = None, "tabletune"
+        self.policy_k_steps = [0] * (self._K + 1)
+        self.policy_failed: str | None = None
+        super()._install(start)
+        name = self.settings.policy
+        if name == "tabletune":
+            return
+        self.policy_name = name
+        self.controlling = False  # the baseline decides; the TableTune rebuilds are only observed
+        if not self.applying:
+            self.policy_failed = "the launch has no table, so k cannot change"
+            self.log.warning("TableTune controller: policy %s needs a launch table to switch k; serving the "
+                             "configured table", name)
+            return
+        try:
+            self.policy = build_policy(name, start, self._n)
+        except Exception as exc:  # noqa: BLE001 - the published table is served instead
+            self._policy_failed("building the " + name + " policy", exc)
+            return
+        self.log.info("TableTune controller: policy %s chooses k (allowed k %s); the published table %s is the "
+                      "fallback", name, list(start.allowed_k), _ranges(self.ranges))
+
+    def _policy_failed(self, where: str, exc: BaseException) -> None:
+        self.policy = None
+        self.policy_failed = f"{where}: {type(exc).__name__}"
+        self.fail(where, exc)
+
+    def next_lookup(self) -> list[int] | None:
+        pol = self.policy
+        if pol is not None:
+            try:
+                lookup = pol.next_lookup()
+                if len(lookup) != self._n + 1:
+                    raise ValueError(f"lookup of length {len(lookup)}, not max_num_seqs + 1 = {self._n + 1}")
+                return lookup
+            except Exception as exc:  # noqa: BLE001
+                self._policy_failed(f"the {self.policy_name} policy's lookup", exc)
+        return super().next_lookup()
+
+    def on_step(self, num_scheduled_tokens: Mapping[str, int], spec_tokens: Mapping[str, Sequence[Any]] | None,
+                req_id_to_index: Mapping[str, int], sampled: Sequence[Sequence[int]] | None, k_next: int | None,
+                num_new: int, total_tokens: int, now: float) -> None:
+        pol = self.policy
+        super().on_step(num_scheduled_tokens, spec_tokens, req_id_to_index, sampled, k_next, num_new, total_tokens,
+                        now)
+        if pol is None or pol is not self.policy:  # none, or a new version was installed in this step
+            return
+        try:
+            if num_scheduled_tokens and k_next is not None and 0 <= k_next <= self._K:
+                self.policy_k_steps[k_next] += 1
+            pol.on_step(num_scheduled_tokens, spec_tokens, req_id_to_index, sampled, k_next, num_new,
+                        total_tokens, now)
+        except Exception as exc:  # noqa: BLE001
+            self._policy_failed(f"the {self.policy_name} policy's update", exc)
+
+    def state(self) -> dict[str, Any]:
+        st = super().state()
+        st["policy"] = self.policy_name
+        st["policy_active"] = self.policy is not None
+        st["policy_failed"] = getattr(self, "policy_failed", None)
+        st["policy_k_steps"] = list(getattr(self, "policy_k_steps", []))
+        pol = self.policy
+        if pol is None:
+            return st
+        st["policy_table"] = [list(r) for r in compact(pol.next_lookup()[1:])]
+        if isinstance(pol, TurboSpecPolicy):
+            st["policy_alpha"] = round(pol.alpha, 6)
+            st["policy_coef"] = [round(float(c), 6) for c in pol.coef]
+        else:
+            visited = np.flatnonzero(pol.count.sum(axis=1) > 0)
+            top = visited[np.argsort(-pol.count[visited].sum(axis=1), kind="stable")][:EXPORT_ARMS]
+            st["policy_r_max"] = round(pol.r_max, 6)
+            st["policy_arms"] = {str(int(b)): {"count": pol.count[b].astype(int).tolist(),
+                                               "mean": [round(float(t / c), 6) if c else None
+                                                        for t, c in zip(pol.total[b], pol.count[b])]}
+                                 for b in sorted(int(x) for x in top)}
+        return st
+
+
+def _ranges(ranges: Sequence[Sequence[int]]) -> str:
+    return "[" + ",".join(f"[{s},{e},{k}]" for s, e, k in ranges) + "]"

@@ -22,6 +22,10 @@ Interfaces used, present in vLLM 0.26 and 0.32 (docs/engine-facts.md, "vLLM inte
 Nothing here may take the engine down: every hook catches its exceptions and hands them to the
 controller, which counts them and logs the first of each kind; a controller that cannot be built
 leaves vLLM's scheduler exactly as it is.
+
+The controller is ``baselines.PolicyController``: ``logic.Controller`` plus the ``policy`` setting,
+so the evaluation's TurboSpec-style and Nightjar-style baselines run in the engine through the same
+three hooks (``policy: turbospec`` / ``nightjar`` in the published file's controller settings).
 """
 
 from __future__ import annotations
@@ -34,8 +38,9 @@ from typing import Any
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
+# The controller with the ``policy`` setting honoured (logic.Controller for ``policy: tabletune``).
+from tabletune_pipelines.controller.baselines import PolicyController as Controller
 from tabletune_pipelines.controller.loader import EngineFacts
-from tabletune_pipelines.controller.logic import Controller
 from tabletune_pipelines.controller.settings import PUBLISHED_ENV
 
 logger = logging.getLogger("tabletune.controller")

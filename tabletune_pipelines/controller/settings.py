@@ -12,10 +12,19 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Literal, get_args
 
 from tabletune_pipelines.errors import TableTuneError
 from tabletune_pipelines.vocab import CONTROLLER_MODES, ControllerMode
+
+ControllerPolicy = Literal["tabletune", "turbospec", "nightjar"]
+"""Who chooses k per step inside the engine: ``tabletune`` (the table of the published file,
+rebuilt online in ``control`` mode), ``turbospec`` (the TurboSpec-style baseline: a linear
+step-time model of the published profile and a live per-token acceptance rate) or ``nightjar``
+(the Nightjar-style baseline: a UCB1 bandit per batch size). Both baselines are
+``controller/baselines.py``; they exist to be compared with (issue 10), not to serve production."""
+
+CONTROLLER_POLICIES: tuple[str, ...] = get_args(ControllerPolicy)
 
 #: The env var naming the published file inside the serving process (the plugin's one setting).
 PUBLISHED_ENV = "TABLETUNE_PUBLISHED_TABLE"
@@ -32,6 +41,16 @@ class ControllerSettings:
     mode: ControllerMode = "control"
     """``control`` rebuilds the table and rewrites vLLM's lookup; ``observe`` serves the published
     table as it is and only counts, estimates and exports (a shadow run, or a baseline)."""
+    policy: ControllerPolicy = "tabletune"
+    """Who chooses k per step (``ControllerPolicy``). With ``turbospec`` or ``nightjar`` the
+    TableTune controller only observes (counts, estimates and exports as in ``observe`` mode)
+    while the baseline writes vLLM's lookup; if the baseline cannot be built or raises, the
+    published table is served as it is."""
+    turbospec_forget: float = 0.995
+    """TurboSpec-style policy: per-step forgetting factor of its acceptance counts (0 < f <= 1;
+    1 = plain cumulative counts)."""
+    nightjar_exploration: float = 1.0
+    """Nightjar-style policy: UCB1 exploration constant c (>= 0; 0 = greedy after one try per k)."""
     rebuild_every_steps: int = 100
     """N: rebuild the table every this many engine steps that ran requests."""
     prior_weight: float = 2000.0
@@ -86,12 +105,18 @@ class ControllerSettings:
     def __post_init__(self) -> None:
         if self.mode not in CONTROLLER_MODES:
             raise SettingsError(f"controller setting mode = {self.mode!r} must be one of {CONTROLLER_MODES}")
+        if not isinstance(self.policy, str) or self.policy not in CONTROLLER_POLICIES:
+            raise SettingsError(f"controller setting policy = {self.policy!r} must be one of {CONTROLLER_POLICIES}")
+        f = self.turbospec_forget
+        if type(f) not in (int, float) or not math.isfinite(f) or not 0.0 < f <= 1.0:
+            raise SettingsError(f"controller setting turbospec_forget = {f!r} must be a number in (0, 1]")
         for name, lo in (("rebuild_every_steps", 1), ("exploration_every_steps", 0), ("hysteresis", 0),
                          ("export_every_steps", 1)):
             v = getattr(self, name)
             if type(v) is not int or v < lo:
                 raise SettingsError(f"controller setting {name} = {v!r} must be an integer >= {lo}")
         for name, lo, strict in (("prior_weight", 0.0, True), ("min_prior_weight", 0.0, True),
+                                 ("nightjar_exploration", 0.0, False),
                                  ("stickiness", 0.0, False), ("live_count_floor", 0.0, False),
                                  ("step_time_prior_weight", 0.0, True),
                                  ("step_time_min_prior_weight", 0.0, True), ("step_time_max_count", 1.0, False),

@@ -1,0 +1,66 @@
+"""``--scheduler-cls _real_engine_sched.EvalScheduler`` for benchmarks/real_engine_eval.py's adaptive
+launches (benchmarks/ on the server's PYTHONPATH): the controller plugin exactly as production runs
+it (``controller.scheduler._ControllerMixin``: the ``policy`` setting picks TableTune's controller,
+TurboSpec-style or Nightjar-style) under TableTune's step scheduler (``engine.step_scheduler``:
+one step-log record per step, so kept tokens are counted from the engine side as in the table
+launches, and runtime tables).
+
+Anchor windows: while the file named by ``TABLETUNE_EVAL_ANCHOR_FLAG`` exists, the controller is
+bypassed — no ``next_lookup``, no ``on_step`` — and the step scheduler's table (``set_k``) is in
+force, so the same launch measures a reference table between the adaptive policy's windows (a
+paired comparison without a new published version, which would restart the policy). When the
+flag goes, the controller resumes where it was; its step clock restarts so no interval spans the
+anchor window. Benchmark-only code: not part of the plugin.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from vllm.v1.core.sched.scheduler import Scheduler
+
+from tabletune_pipelines.controller.scheduler import _ControllerMixin
+from tabletune_pipelines.engine.step_scheduler import _TimingMixin
+
+ANCHOR_ENV = "TABLETUNE_EVAL_ANCHOR_FLAG"
+
+
+class EvalScheduler(_TimingMixin, _ControllerMixin, Scheduler):  # type: ignore[misc]
+    """Step log + k control around the controller plugin (sync scheduling: the CPU build)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._ev_flag = os.environ.get(ANCHOR_ENV) or None
+        self._ev_anchor = False
+
+    def _ev_check(self) -> bool:
+        on = bool(self._ev_flag) and os.path.exists(self._ev_flag)  # type: ignore[arg-type]
+        if on != self._ev_anchor:
+            self._ev_anchor = on
+            tt = self._tt
+            if not on and tt is not None:
+                tt._last_t = None
+                tt._prev_b = 0
+                pol = getattr(tt, "policy", None)
+                if pol is not None and hasattr(pol, "_last_t"):
+                    pol._last_t = None
+        return on
+
+    def schedule(self, *args: Any, **kwargs: Any):  # type: ignore[no-untyped-def]
+        try:
+            anchor = self._ev_check()
+        except Exception:  # noqa: BLE001 - a benchmark hook must not stop the engine either
+            anchor = False
+        if anchor:
+            return Scheduler.schedule(self, *args, **kwargs)
+        return super().schedule(*args, **kwargs)
+
+    def update_from_output(self, scheduler_output, model_runner_output):  # type: ignore[no-untyped-def]
+        if not self._ev_anchor:
+            return super().update_from_output(scheduler_output, model_runner_output)
+        tt, self._tt = self._tt, None
+        try:
+            return super().update_from_output(scheduler_output, model_runner_output)
+        finally:
+            self._tt = tt

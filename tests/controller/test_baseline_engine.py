@@ -1,0 +1,104 @@
+"""The adaptive baselines choose k inside real vLLM (CPU build), through the controller plugin.
+
+ONE server for the module: tiny target + 1-layer draft model, K = 3, launch table listing every k,
+synthetic acceptance (0.7, 0.5, 0.3), ``--scheduler-cls ...ControllerScheduler`` and the published
+file named by ``TABLETUNE_PUBLISHED_TABLE`` (as an operator turns the controller on). Each test
+publishes a version with ``controller: {policy: ...}`` over a published table of k = 1 everywhere
+(the fallback); what is asserted comes from the controller's export.
+
+The published profile is the synthetic linear T(B, k) = 10 + 0.2·B + (0.2 + B)·k ms (TurboSpec's
+model basis, so its fit is exact): with the live per-token rate these rates give (about 0.68),
+k = 3 is best at B = 1 and k = 0 from B = 7 on.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from tabletune_pipelines.controller.baselines import TurboSpecPolicy
+from tabletune_pipelines.controller.search import compact
+from tabletune_pipelines.engine import VLLMServer
+from tests.controller._engine import Load, Rig, server_config
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
+
+N = 16
+PROFILE = {k: {b: 10 + 0.2 * b + (0.2 + 1.0 * b) * k for b in range(1, N + 1)} for k in range(4)}
+RATES = (0.7, 0.5, 0.3)
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory):
+    wd = tmp_path_factory.mktemp("controller-baselines")
+    pub = wd / "local.json"
+    srv = VLLMServer(server_config(wd, pub, rates=RATES))
+    r = Rig(srv, pub, wd / "local.live.jsonl")
+    r.publish(ranges=[(1, N, 1)], rates=RATES, profile=PROFILE, controller={"mode": "observe"})
+    srv.start()
+    try:
+        yield r
+    finally:
+        srv.stop()
+
+
+def serve(rig, clients: int, seconds: float) -> None:
+    load = Load(rig.server, clients, max_tokens=(24, 48)).start()
+    try:
+        time.sleep(seconds)
+    finally:
+        load.stop()
+    assert not load.errors, load.errors[:3]
+    time.sleep(1.5)  # the next export (export_every_s = 1) carries the last steps
+
+
+def last(rig, version):
+    ws = [w for w in rig.windows() if w.table_version == version and w.controller]
+    assert ws, rig.server.log_tail(30)
+    return ws[-1].controller
+
+
+def test_turbospec_policy_chooses_k_in_the_engine(rig):
+    v = rig.publish(ranges=[(1, N, 1)], rates=RATES, profile=PROFILE, controller={"policy": "turbospec"})
+    time.sleep(2.5)  # polled at most once a second
+    serve(rig, 1, 6.0)
+    one = last(rig, v)
+    serve(rig, 12, 8.0)
+    both = last(rig, v)
+    at_12 = [b - a for a, b in zip(one["policy_k_steps"], both["policy_k_steps"])]
+    print(f"\n[turbospec] alpha {both['policy_alpha']}; table {both['policy_table']}; k steps at load 1 "
+          f"{one['policy_k_steps']}, at load 12 {at_12}")
+    assert both["policy"] == "turbospec" and both["policy_active"] and both["errors"] == 0
+    assert both["table"] == [[1, N, 1]]  # the published table is only the fallback
+    # Load 1 runs B = 1 only: k = 3. Load 12 mostly runs B >= 7: k = 0 (a few steps at small B while
+    # clients ramp up or finish together).
+    assert one["policy_k_steps"][3] >= 0.9 * sum(one["policy_k_steps"]) > 0
+    assert at_12[0] >= 0.6 * sum(at_12) > 0
+    # The exported table is what the baseline's logic gives for the exported per-token rate.
+    a = both["policy_alpha"]
+    assert 0.55 < a < 0.8
+    ref = TurboSpecPolicy(PROFILE, N, (0, 1, 2, 3), initial_alpha=a, prior_tokens=1e6)
+    assert np.allclose(ref.coef, both["policy_coef"], atol=1e-5)
+    assert [list(r) for r in compact(ref.next_lookup()[1:])] == both["policy_table"]
+
+
+def test_nightjar_policy_chooses_k_in_the_engine(rig):
+    v = rig.publish(ranges=[(1, N, 1)], rates=RATES, profile=PROFILE,
+                    controller={"policy": "nightjar", "nightjar_exploration": 0.2})
+    time.sleep(2.5)
+    serve(rig, 4, 12.0)
+    st = last(rig, v)
+    arms = st["policy_arms"]
+    top = max(arms, key=lambda b: sum(arms[b]["count"]))
+    cnt, mean = arms[top]["count"], arms[top]["mean"]
+    print(f"\n[nightjar] k steps {st['policy_k_steps']}; B = {top}: pulls {cnt}, mean reward {mean}; "
+          f"table {st['policy_table']}")
+    assert st["policy"] == "nightjar" and st["policy_active"] and st["errors"] == 0
+    # Every arm was tried (the published table has k = 1 only), ...
+    assert all(n > 0 for n in st["policy_k_steps"])
+    assert all(n >= 1 for n in cnt) and sum(cnt) >= 100
+    # ... and UCB pulls a best-or-near-best arm most at its most-visited batch size.
+    best = max(m for m in mean if m is not None)
+    assert mean[int(np.argmax(cnt))] >= 0.9 * best
