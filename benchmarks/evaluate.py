@@ -478,8 +478,14 @@ def real_engine_section(doc: dict, *, results_dir: Path | None = None, rel_to: P
     for name, scn in doc["scenarios"].items():
         res = scn["results"]
         prof = scn.get("profile", {})
-        out += [f"## Real engine: {name}", "",
-                f"Acceptance rates {scn['rates']}; profile: {prof.get('source', 'n/a')} "
+        out += [f"## Real engine: {name}", ""]
+        if "meta" in scn:  # this scenario was rerun on its own (real_engine_eval.py --merge-into)
+            sm = scn["meta"]
+            out += [f"This scenario's run: `{sm['command']}`, finished {sm['finished']} in {sm['wall_s'] / 60:.1f} min, "
+                    f"{sm['rounds']} rounds of {sm['window_s']:g} s windows in the table launch, {sm['adaptive_rounds']} "
+                    f"in the adaptive ones; load average at start `{sm['loadavg_start']}`, at the end "
+                    f"`{sm['loadavg_end']}`.", ""]
+        out += [f"Acceptance rates {scn['rates']}; profile: {prof.get('source', 'n/a')} "
                 f"({prof.get('seconds', 'n/a')} s). Tables: "
                 + "; ".join(f"{p}: `{t}`" for p, t in scn["tables"].items() if not p.startswith("k=")) + ".", "",
                 "Loss (%) against the best fixed k at each load (negative: faster than every fixed k):", "",

@@ -545,6 +545,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile-window", type=float, default=2.5)
     ap.add_argument("--quick", action="store_true", help="loads 1,16, 1+1 rounds, short windows (a smoke run)")
     ap.add_argument("--work", default=None)
+    ap.add_argument("--merge-into", default=None, metavar="JSON",
+                    help="replace only this run's scenarios in an existing results file (each keeps its own "
+                         "run's meta) instead of writing a new one")
     args = ap.parse_args(argv)
     if args.quick:
         args.loads, args.rounds, args.adaptive_rounds = "1,16", 2, 1
@@ -603,6 +606,15 @@ def main(argv: list[str] | None = None) -> int:
                                "adaptive_windows": {n: a["windows"] for n, a in data[scn]["adaptive"].items()},
                                "nospec_windows": data[scn].get("nospec", [])}
                          for scn in scenarios}}
+    if args.merge_into:
+        # A rerun of some scenarios (e.g. more rounds): the others and the file's meta stay as they were.
+        target = Path(args.merge_into)
+        existing = json.loads(target.read_text())
+        for scn in scenarios:
+            existing["scenarios"][scn] = {**doc["scenarios"][scn], "meta": doc["meta"]}
+        target.write_text(json.dumps(to_json(existing), indent=1) + "\n")
+        say(f"merged {', '.join(scenarios)} into {target}")
+        return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = "real_engine_eval.quick.json" if args.quick else "real_engine_eval.json"

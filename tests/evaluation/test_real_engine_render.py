@@ -105,3 +105,15 @@ def test_rendering_and_splice(mods, tmp_path):
     assert (tmp_path / "results" / "real-engine-synthetic.png").exists()
     assert evaluate.render_real_engine(res_md, data) and res_md.read_text() == first  # idempotent
     assert not evaluate.render_real_engine(res_md, tmp_path / "missing.json")
+
+
+def test_a_rerun_scenario_carries_its_own_run(mods):
+    ev, evaluate = mods
+    doc = fixture_doc(ev)
+    assert "This scenario's run" not in evaluate.real_engine_section(doc)
+    rerun = dict(doc["meta"], command="python benchmarks/real_engine_eval.py --scenarios synthetic --rounds 5",
+                 rounds=5, finished="2026-12-01T13:30:00Z")
+    doc["scenarios"]["synthetic"]["meta"] = rerun
+    text = evaluate.real_engine_section(doc)
+    assert ("This scenario's run: `python benchmarks/real_engine_eval.py --scenarios synthetic --rounds 5`, "
+            "finished 2026-12-01T13:30:00Z in 1.0 min, 5 rounds") in text
