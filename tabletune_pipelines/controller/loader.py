@@ -1,7 +1,7 @@
 """From the published file to the controller's starting point — or the reason there is none.
 
 ``load_start`` reads the file with the strict reader (``tabletune_pipelines.published``) and then
-checks that it was made for *this* engine: model, method, K (``num_speculative_tokens``),
+checks that it was made for *this* engine: model, drafter, method, K (``num_speculative_tokens``),
 max_num_seqs and the vLLM version (its public part: ``0.32.0+cpu`` matches ``0.32.0``), and that
 every k of its table is one the launch table lists (on GPU, Model Runner V2 captures CUDA graphs
 only for those: docs/engine-facts.md, "GPU (H200, vLLM 0.26)"). Any failure is returned as one
@@ -35,6 +35,8 @@ class EngineFacts:
     """Target model as given to vLLM."""
     method: str | None = None
     """``speculative_config.method``."""
+    drafter: str | None = None
+    """Draft model as given to vLLM (``speculative_config.model``; None for n-gram)."""
     vllm_version: str | None = None
     """``vllm.__version__``."""
 
@@ -92,6 +94,8 @@ def identity_mismatches(pub: PublishedTable, engine: EngineFacts) -> list[str]:
     ident = pub.identity or {}
     if ident.get("model") and engine.model and not _same_model(str(ident["model"]), engine.model):
         out.append(f"model {ident['model']!r} != this engine's {engine.model!r}")
+    if ident.get("drafter") and engine.drafter and not _same_model(str(ident["drafter"]), engine.drafter):
+        out.append(f"drafter {ident['drafter']!r} != this engine's {engine.drafter!r}")
     if ident.get("method") and engine.method and ident["method"] != engine.method:
         out.append(f"method {ident['method']!r} != this engine's {engine.method!r}")
     if ident.get("vllm_version") and engine.vllm_version and \

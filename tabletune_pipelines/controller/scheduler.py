@@ -71,6 +71,9 @@ def engine_facts(scheduler: Any) -> EngineFacts:
         launch_ranges=tuple((int(a), int(b), int(k)) for a, b, k in ranges) if ranges else None,
         model=str(getattr(model_cfg, "model", "")) or None,
         method=str(getattr(spec, "method", "")) or None if spec is not None else None,
+        # n-gram has no draft model: vLLM leaves speculative_config.model unset (or names the method).
+        drafter=(str(getattr(spec, "model", "") or "") or None) if spec is not None and
+        getattr(spec, "method", None) != "ngram" else None,
         vllm_version=version,
     )
 

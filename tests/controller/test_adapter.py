@@ -41,7 +41,7 @@ class Wrapped(adapter._ControllerMixin, FakeBase):
 
 
 def config(async_scheduling=False):
-    spec = types.SimpleNamespace(method="draft_model",
+    spec = types.SimpleNamespace(method="draft_model", model="/m/draft",
                                  num_speculative_tokens_per_batch_size=[(1, 1, 0), (2, 2, 1), (3, 3, 2), (4, 16, 3)])
     return types.SimpleNamespace(speculative_config=spec,
                                  model_config=types.SimpleNamespace(model="/m/target"),
@@ -76,7 +76,7 @@ def test_variant_follows_the_scheduling_mode():
 def test_engine_facts_from_the_config():
     s = Wrapped(vllm_config=config())
     f = adapter.engine_facts(s)
-    assert (f.max_k, f.max_num_seqs, f.model, f.method) == (3, 16, "/m/target", "draft_model")
+    assert (f.max_k, f.max_num_seqs, f.model, f.method, f.drafter) == (3, 16, "/m/target", "draft_model", "/m/draft")
     assert f.launch_ks == (0, 1, 2, 3) and f.vllm_version
 
 

@@ -103,6 +103,7 @@ def test_the_methods_example_a2_becomes_0_55(tmp_path, clock):
     ("other model", "model '/m/target' != this engine's '/m/other'"),
     ("other method", "method 'draft_model' != this engine's 'eagle3'"),
     ("other vllm", "vLLM '0.32.0+cpu' != this engine's '0.26.0'"),
+    ("other drafter", "drafter '/m/draft' != this engine's '/m/other-draft'"),
     ("k not launched", "uses k = [3], which the launch table [[1, 16, 1]] does not list"),
 ])
 def test_unusable_file_falls_back_with_one_line(tmp_path, clock, caplog, case, message):
@@ -119,6 +120,7 @@ def test_unusable_file_falls_back_with_one_line(tmp_path, clock, caplog, case, m
                "other max_num_seqs": EngineFacts(max_k=3, max_num_seqs=32, launch_ranges=((1, 32, 3),)),
                "other model": EngineFacts(3, 16, LAUNCH, model="/m/other"),
                "other method": EngineFacts(3, 16, LAUNCH, method="eagle3"),
+               "other drafter": EngineFacts(3, 16, LAUNCH, drafter="/m/other-draft"),
                "other vllm": EngineFacts(3, 16, LAUNCH, vllm_version="0.26.0"),
                "k not launched": EngineFacts(3, 16, ((1, 16, 1),))}[case]
     with caplog.at_level(logging.INFO, logger="tabletune.controller"):
