@@ -14,6 +14,9 @@ published files carry the engine's H200 step-time profile measured by ``tabletun
    clients), the controller's own export gives per window the mean and max time of its per-step
    hook (timed inside the engine process) and its clean decode-step intervals. Printed: hook µs,
    the decode step at B = L, and their ratio (target < 1%).
+   The "tuned" table here is the method's 0.5% point rule on that interpolated profile
+   (``tests.controller._fake.true_table``, the rule the controller's own rebuild applies), not the
+   evidence search of ``tabletune table``.
 2. Repair: policies ``wrong`` (the tuned table with every range shrunk to a quarter, k = 0 above:
    the method's repair experiment; observe mode), ``tuned`` (observe mode), ``controller`` (control
    mode starting from the wrong table), each published as a new version, at each ``--repair-loads``
