@@ -318,7 +318,7 @@ def cuda_graph_headroom_gate(table: DraftLengthTable, cudagraph_mode: str, *, ca
     The profile times pure decode steps (B·(1 + k) tokens); served steps also carry prefill tokens
     of arriving requests, and a step above ``max_cudagraph_capture_size`` tokens runs without CUDA
     graphs. Measured on the H200 at load 128 with the default cap of 512 tokens: k = 3 ran ~3.5x
-    slower per step and lost 50-55% of goodput; with a cap of 1024 it was the best k again
+    slower per step and lost 50-55% of goodput; with a cap of 1024 the collapse was gone (2.2x)
     (docs/engine-facts.md). Fails at every B where B·(1 + k) + ``prefill_tokens`` exceeds the cap
     (``capture_size``, default vLLM's own rule); passes without CUDA graphs (``cudagraph_mode``
     none, e.g. the CPU build)."""
