@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import statistics
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -16,6 +19,14 @@ def loadavg() -> str:
         return Path("/proc/loadavg").read_text().strip()
     except OSError:
         return "n/a"
+
+
+def mean_se(xs: Iterable[float]) -> tuple[float, float]:
+    """Mean and standard error of the non-NaN values (NaN, NaN when none; s.e. NaN for one)."""
+    xs = [x for x in xs if not math.isnan(x)]
+    if not xs:
+        return float("nan"), float("nan")
+    return statistics.fmean(xs), (statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else float("nan"))
 
 
 def fixed_prior(rates):

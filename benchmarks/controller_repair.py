@@ -29,8 +29,6 @@ and controller / tuned (paired per round), the table each ended on, and the load
 from __future__ import annotations
 
 import argparse
-import math
-import statistics
 import sys
 import tempfile
 import time
@@ -38,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _common import ints, loadavg  # noqa: E402
+from _common import ints, loadavg, mean_se  # noqa: E402
 
 
 def main() -> int:
@@ -127,12 +125,6 @@ def main() -> int:
                           f"{gen.completed} requests)  load average {loadavg()}")
     finally:
         srv.stop()
-
-    def mean_se(xs):
-        xs = [x for x in xs if not math.isnan(x)]
-        if not xs:
-            return float("nan"), float("nan")
-        return statistics.fmean(xs), (statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else float("nan"))
 
     print("\n| load | wrong tok/s | tuned tok/s | controller tok/s | controller / wrong | controller / tuned |")
     print("|---|---|---|---|---|---|")

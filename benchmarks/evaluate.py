@@ -105,22 +105,6 @@ def cut(ranges, n: int, K: int) -> list[list[int]]:
     return merged
 
 
-def quartered(ranges, n: int) -> list[list[int]]:
-    """Every range shrunk to a quarter (ends / 4, rounded up), no speculation above."""
-    out, start = [], 1
-    for _, e, k in ranges:
-        end = min(n, -(-int(e) // 4))
-        if end >= start:
-            out.append([start, end, int(k)])
-            start = end + 1
-    if start <= n:
-        if out and out[-1][2] == 0:
-            out[-1][1] = n
-        else:
-            out.append([start, n, 0])
-    return out
-
-
 def fmt_table(r) -> str:
     return "[" + ",".join(f"[{a},{b},{k}]" for a, b, k in r) + "]"
 
@@ -263,7 +247,7 @@ def recovery_time(res: sim.SimResult, start_step: int, target: float, window: in
 def repair_experiment(st: Setup, docs, tmp: Path, quick: bool, seed: int) -> str:
     s, n, K = st.surface, st.surface.max_num_seqs, st.surface.max_k
     docs_table = next(iter(docs.values()))
-    wrong = quartered(docs_table, n)
+    wrong = sim.quartered(docs_table, n)
     pub = sim.published_for(tmp / f"{s.name}.wrong.json", ranges=wrong, step_ms=st.step_ms, prior=RATES,
                             max_num_seqs=n, max_k=K, deployment=s.name)
     fac = sim.ControllerFactory(pub, n, K)

@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -43,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _closed_loop import rotated  # noqa: E402
+from _common import mean_se  # noqa: E402
 
 ENGINES = {
     "dense": ("qwen3-4b", "qwen3-4b-eagle3"),
@@ -65,13 +64,6 @@ def profile_ms(engine: str, n: int) -> dict[int, dict[int, float]]:
         xs = sorted(row)
         out[k] = {b: float(np.interp(b, xs, [row[x] for x in xs])) for b in range(1, n + 1)}
     return out
-
-
-def mean_se(xs: list[float]) -> tuple[float, float]:
-    xs = [x for x in xs if not math.isnan(x)]
-    if not xs:
-        return float("nan"), float("nan")
-    return statistics.fmean(xs), (statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else float("nan"))
 
 
 def main(argv: list[str] | None = None) -> int:

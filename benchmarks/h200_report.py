@@ -25,6 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import fixed_prior  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "h200"
 RATES = ((0.7, 0.5, 0.3), (0.8, 0.6, 0.4))
@@ -39,14 +42,6 @@ def load_profiles() -> dict[str, "object"]:
         prof = StepTimeProfile.from_json(p.read_text())
         out["moe" if "a3b" in prof.identity.model else "dense"] = prof
     return out
-
-
-def prior(rates):
-    from tabletune_pipelines.documents import AcceptancePrior
-
-    n = len(rates)
-    return AcceptancePrior(rates=tuple(rates), num_drafts=0, drafted_per_pos=(0,) * n, accepted_per_pos=(0,) * n,
-                           prompt_fingerprint="given", prompt_count=0, source="synthetic")
 
 
 def predicted_losses(tuned, table) -> np.ndarray:
@@ -83,7 +78,7 @@ def main() -> int:
               f"{len(prof.cells)} cells at B = {bs[0]}..{bs[-1]} ({len(bs)} sizes); median cell spread "
               f"{100 * statistics.median(spreads):.1f}% (max {100 * max(spreads):.0f}%)")
         for rates in RATES:
-            tuned = derive_table(prof, prior(rates))
+            tuned = derive_table(prof, fixed_prior(rates))
             table = tuned.table.as_vllm()
             loss = {f"fixed k={k}": predicted_losses(tuned, [[1, ident.max_num_seqs, k]]).max()
                     for k in tuned.choice.ks}

@@ -67,7 +67,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 from _closed_loop import Window, measure_window, paired_ratio, rotated, summarize  # noqa: E402
-from _common import fixed_prior, ints, loadavg  # noqa: E402
+from _common import fixed_prior, ints, loadavg, mean_se  # noqa: E402
 
 N, K = 16, 3
 LAUNCH = ((1, 1, 0), (2, 2, 1), (3, 3, 2), (4, N, 3))
@@ -409,13 +409,6 @@ def nospec_launch(models, work: Path, prompts: dict, args) -> dict:
 
 
 # ----------------------------------------------------------------------------------- analysis
-def mean_se(xs: Sequence[float]) -> tuple[float, float]:
-    xs = [x for x in xs if not math.isnan(x)]
-    if not xs:
-        return float("nan"), float("nan")
-    return statistics.fmean(xs), (statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else float("nan"))
-
-
 def analyse(scn: dict, loads: Sequence[int]) -> dict:
     """Summary, loss, paired differences, A/A floor and the adaptive policies' bridged loss."""
     windows: list[Window] = scn["table"]["windows"]

@@ -202,6 +202,24 @@ def simulate(surface: Surface, policy: TablePolicy | EnginePolicy, load: int, st
 
 
 # ---------------------------------------------------------------------------- the controller
+def quartered(ranges, n: int) -> list[list[int]]:
+    """A deliberately wrong table: every range of ``ranges`` shrunk to a quarter (ends divided by
+    4, rounded up), no speculation above (k = 0), as in the method's repair experiment."""
+    out: list[list[int]] = []
+    start = 1
+    for _, e, k in ranges:
+        end = min(n, -(-int(e) // 4))
+        if end >= start:
+            out.append([start, end, int(k)])
+            start = end + 1
+    if start <= n:
+        if out and out[-1][2] == 0:
+            out[-1][1] = n
+        else:
+            out.append([start, n, 0])
+    return out
+
+
 def all_k_launch(n: int, K: int) -> tuple[tuple[int, int, int], ...]:
     """A launch table that lists every k 0..K (the controller may only use launch-table k values:
     docs/controller.md), K from B = K + 1 on."""

@@ -54,21 +54,10 @@ def robust_choices(profile, rates, tol, ks=(0, 1, 2, 3), n: int = N) -> list[set
 
 
 def quartered(ranges, n: int = N) -> list[list[int]]:
-    """A deliberately wrong table: every range of ``ranges`` shrunk to a quarter (ends divided by
-    4, rounded up), no speculation above (k = 0), as in the method's repair experiment."""
-    out: list[list[int]] = []
-    start = 1
-    for _, e, k in ranges:
-        end = min(n, -(-int(e) // 4))
-        if end >= start:
-            out.append([start, end, int(k)])
-            start = end + 1
-    if start <= n:
-        if out and out[-1][2] == 0:
-            out[-1][1] = n
-        else:
-            out.append([start, n, 0])
-    return out
+    """The repair experiment's wrong table (``evaluation.simulator.quartered``) for the fake engine's N."""
+    from tabletune_pipelines.evaluation.simulator import quartered as _quartered
+
+    return _quartered(ranges, n)
 
 
 def table_dense(ranges, n: int = N) -> list[int]:

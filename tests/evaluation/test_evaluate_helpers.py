@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tabletune_pipelines.evaluation import simulator as sim
+
 PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "evaluate.py"
 
 
@@ -29,8 +31,8 @@ def test_docs_tables_fitted_to_max_num_seqs(ev):
 
 
 def test_quartered_table(ev):
-    assert ev.quartered(ev.DOCS_DENSE, 512) == [[1, 16, 3], [17, 32, 1], [33, 512, 0]]
-    assert ev.quartered([[1, 64, 3], [65, 128, 1]], 128) == [[1, 16, 3], [17, 32, 1], [33, 128, 0]]
+    assert sim.quartered(ev.DOCS_DENSE, 512) == [[1, 16, 3], [17, 32, 1], [33, 512, 0]]
+    assert sim.quartered([[1, 64, 3], [65, 128, 1]], 128) == [[1, 16, 3], [17, 32, 1], [33, 128, 0]]
 
 
 def test_verdict_wording(ev):
