@@ -44,7 +44,7 @@ H200_K3_MS = {1: 4.68, 8: 4.84, 32: 5.34, 64: 6.64, 128: 10.49}
 
 def engine_part(loads: list[int], window_s: float) -> dict[int, dict[str, float]]:
     from tabletune_pipelines.engine import VLLMServer
-    from tests.controller._engine import Load, Rig, identity, server_config
+    from tests.controller._engine import Rig, identity, server_config
     from tests.controller._fake import linear_profile
 
     n = max(loads)
@@ -61,12 +61,8 @@ def engine_part(loads: list[int], window_s: float) -> dict[int, dict[str, float]
     print(f"engine started in {time.monotonic() - t0:.0f} s; load average {loadavg()}")
     try:
         for load in loads:
-            gen = Load(srv, load, max_tokens=(48, 96)).start()
-            time.sleep(2.0)
-            mark = len(rig.windows())
-            time.sleep(window_s)
-            gen.stop()
-            ws = [w for w in rig.windows()[mark:] if w.controller and w.controller.get("hook_us_mean") is not None]
+            ws, _ = rig.serve(load, window_s, 2.0)
+            ws = [w for w in ws if w.controller.get("hook_us_mean") is not None]
             if not ws:
                 print(f"load {load}: no windows")
                 continue

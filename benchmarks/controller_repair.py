@@ -52,7 +52,7 @@ def main() -> int:
 
     logging.getLogger("tabletune.controller").setLevel(logging.WARNING)
     from tabletune_pipelines.engine import VLLMServer
-    from tests.controller._engine import Load, Rig, server_config
+    from tests.controller._engine import Rig, server_config
     from tests.controller._fake import quartered, true_table
 
     rates = tuple(float(x) for x in args.rates.split(","))
@@ -71,14 +71,6 @@ def main() -> int:
     srv.start()
     print(f"engine started in {time.monotonic() - t0:.0f} s; rates {rates}; load average {loadavg()}")
 
-    def run(load: int, seconds: float, settle: float):
-        gen = Load(srv, load, max_tokens=(48, 96)).start()
-        time.sleep(settle)
-        mark = len(rig.windows())
-        time.sleep(seconds)
-        gen.stop()
-        return [w for w in rig.windows()[mark:] if w.table_version == rig.version], gen
-
     try:
         # 1. profile in this launch
         measured: dict[int, dict[int, float]] = {k: {} for k in ks}
@@ -86,7 +78,7 @@ def main() -> int:
             for load in loads:
                 rig.publish(ranges=[(1, n, k)], rates=rates, profile=flat_profile(), allowed_k=[k],
                             controller={"mode": "observe", "step_time_outlier_ratio": 50.0})
-                ws, _ = run(load, args.profile_window, 1.5)
+                ws, _ = rig.serve(load, args.profile_window, 1.5)
                 cells = [c for w in ws[-1:] for c in w.controller.get("step_time", {}).get(str(k), [])]
                 at = [c for c in cells if c[0] == load] or sorted(cells, key=lambda c: -c[2])[:1]
                 if at:
@@ -116,7 +108,7 @@ def main() -> int:
                     spec = policies[name]
                     rig.publish(ranges=spec["ranges"], rates=rates, profile=profile, allowed_k=list(ks),
                                 controller=spec["controller"])
-                    ws, gen = run(load, args.window, args.settle)
+                    ws, gen = rig.serve(load, args.window, args.settle)
                     busy = sum(w.busy_s or 0.0 for w in ws)
                     g = sum(w.tokens or 0 for w in ws) / busy if busy else float("nan")
                     results.setdefault((name, load), []).append(g)

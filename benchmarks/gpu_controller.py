@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("tabletune.controller").setLevel(logging.WARNING)
     from tabletune_pipelines.controller.settings import PUBLISHED_ENV
     from tabletune_pipelines.engine import ServerConfig, VLLMServer
-    from tests.controller._engine import Load, Rig
+    from tests.controller._engine import Rig
     from tests.controller._fake import quartered, true_table
 
     target, head = ENGINES[args.engine]
@@ -124,14 +124,6 @@ def main(argv: list[str] | None = None) -> int:
         return rig.publish(ranges=ranges, rates=rates, profile=profile, allowed_k=list(ks), n=n, k_max=K,
                            identity=ident, controller={"mode": mode, "step_time_outlier_ratio": 50.0})
 
-    def run(load: int, seconds: float, settle: float):
-        gen = Load(srv, load, max_tokens=(48, 96)).start()
-        time.sleep(settle)
-        mark = len(rig.windows())
-        time.sleep(seconds)
-        gen.stop()
-        return [w for w in rig.windows()[mark:] if w.table_version == rig.version and w.controller], gen
-
     print(f"[controller] tuned {tuned}; wrong (quartered) {wrong}; rates {rates}", flush=True)
     publish(tuned, "observe")
     t0 = time.monotonic()
@@ -141,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for load in [int(x) for x in args.hook_loads.split(",") if x]:
             publish(tuned, "observe")
-            ws, gen = run(load, args.hook_window, args.settle)
+            ws, gen = rig.serve(load, args.hook_window, args.settle)
             if not ws:
                 print(f"[hook] load {load}: no windows; log tail:\n{srv.log_tail(20)}", flush=True)
                 continue
@@ -171,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                     ranges, mode = policies[name]
                     v = publish(ranges, mode)
                     t_pub = time.monotonic()
-                    ws, gen = run(load, args.window, args.settle)
+                    ws, gen = rig.serve(load, args.window, args.settle)
                     busy = sum(w.busy_s or 0.0 for w in ws)
                     g = sum(w.tokens or 0 for w in ws) / busy if busy else float("nan")
                     goodput.setdefault((name, load), []).append(g)

@@ -121,6 +121,17 @@ class Rig:
         publish(self.published, version=self.version, controller=ctl, **kw)
         return self.version
 
+    def serve(self, clients: int, seconds: float, settle: float,
+              max_tokens: tuple[int, int] = (48, 96)) -> tuple[list[CounterWindow], Load]:
+        """``clients`` closed-loop clients for ``settle`` + ``seconds``: the controller's windows of the
+        current version exported after the settle, and the load (its counts)."""
+        gen = Load(self.server, clients, max_tokens=max_tokens).start()
+        time.sleep(settle)
+        mark = len(self.windows())
+        time.sleep(seconds)
+        gen.stop()
+        return [w for w in self.windows()[mark:] if w.table_version == self.version and w.controller], gen
+
     def windows(self) -> list[CounterWindow]:
         try:
             return list(read_live_counters(self.export).windows)
