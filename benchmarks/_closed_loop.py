@@ -10,8 +10,8 @@ window's table gives for that step's batch size (a check that can fail; a window
 reported and excluded).
 
 Load: ``L`` client threads in a closed loop, each sending one request at a time with a prompt of
-``prompt_tokens`` random token ids and a ``max_tokens`` drawn uniformly from ``output_tokens`` (so
-clients do not finish in lockstep), ``ignore_eos``.
+``prompt_tokens`` random token ids (or whatever ``prompt(rng)`` returns) and a ``max_tokens`` drawn
+uniformly from ``output_tokens`` (so clients do not finish in lockstep), ``ignore_eos``.
 """
 
 from __future__ import annotations
@@ -63,6 +63,8 @@ class LoadGenerator:
     prompt_tokens: int = 32
     output_tokens: tuple[int, int] = (32, 128)
     seed: int = 0
+    prompt: Callable[[random.Random], Any] | None = None
+    """Makes each request's prompt from the client's generator; None = ``prompt_tokens`` random ids."""
     errors: list[str] = field(default_factory=list)
     completed: int = 0
 
@@ -74,7 +76,8 @@ class LoadGenerator:
     def _client(self, i: int) -> None:
         rng = random.Random(self.seed * 100_003 + i)
         while not self._stop.is_set():
-            prompt = [rng.randrange(3, self.vocab_size) for _ in range(self.prompt_tokens)]
+            prompt = (self.prompt(rng) if self.prompt is not None
+                      else [rng.randrange(3, self.vocab_size) for _ in range(self.prompt_tokens)])
             try:
                 self.server.complete(prompt, max_tokens=rng.randint(*self.output_tokens), ignore_eos=True,
                                      timeout=600.0)
@@ -95,6 +98,12 @@ class LoadGenerator:
         for t in self._threads:
             t.join(timeout=600)
 
+    def __enter__(self) -> "LoadGenerator":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
 
 def rotated(names: Sequence[str], r: int) -> list[str]:
     """Round ``r``'s order: a rotation (A B C, B C A, ...) so slow drift hits every policy alike."""
@@ -108,17 +117,25 @@ def measure_window(server: Any, policy: str, table: Sequence[Sequence[int]], *, 
     server.set_k(table=table)
     time.sleep(settle_s)
     lookup = expand_table(table, max_num_seqs, max_k)
+    steps, w = counted_window(server, policy, load=load, round_=round_, window_s=window_s)
+    bad = [[int(s["b"]), s.get("k"), want, int(s.get("new", 0))] for s in steps
+           if int(s.get("k", -1)) != (want := min(max_k, lookup[min(int(s["b"]), max_num_seqs) - 1]))]
+    w.mismatched_steps, w.mismatch_examples = len(bad), bad[:5]
+    return w
+
+
+def counted_window(server: Any, policy: str, *, load: int, round_: int, window_s: float) -> tuple[list[dict], Window]:
+    """The step-log records of the next ``window_s`` seconds (steps that ran requests) and the window
+    they make: kept tokens = Σ(b + a), seconds = Σ dt (no table check: ``mismatched_steps`` 0)."""
     offset = server.step_log_offset()
     t0 = time.monotonic()
     time.sleep(window_s)
     t1 = time.monotonic()
     steps = [s for s in server.read_steps(since=t0, until=t1, offset=offset) if s.get("b", 0) > 0]
     kept = sum(int(s["b"]) + int(s.get("a", 0)) for s in steps)
-    seconds = sum(float(s["dt"]) for s in steps) / 1000.0
-    bad = [[int(s["b"]), s.get("k"), want, int(s.get("new", 0))] for s in steps
-           if int(s.get("k", -1)) != (want := min(max_k, lookup[min(int(s["b"]), max_num_seqs) - 1]))]
+    seconds = sum(float(s["dt"] or 0.0) for s in steps) / 1000.0
     mean_b = statistics.fmean(int(s["b"]) for s in steps) if steps else 0.0
-    return Window(policy, load, round_, kept, seconds, len(steps), mean_b, len(bad), bad[:5])
+    return steps, Window(policy, load, round_, kept, seconds, len(steps), mean_b, 0)
 
 
 def run_closed_loop(server: Any, policies: Mapping[str, Sequence[Sequence[int]]], loads: Sequence[int], *,

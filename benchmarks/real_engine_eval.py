@@ -56,7 +56,6 @@ import random
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -66,7 +65,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from _closed_loop import Window, measure_window, paired_ratio, rotated, summarize  # noqa: E402
+from _closed_loop import LoadGenerator, Window, counted_window, measure_window, paired_ratio, rotated, summarize  # noqa: E402
 from _common import fixed_prior, ints, loadavg, mean_se  # noqa: E402
 
 N, K = 16, 3
@@ -99,43 +98,6 @@ def scaled(ranges, n: int) -> list[list[int]]:
 
 
 # ----------------------------------------------------------------------------------- load
-class Clients:
-    """``load`` closed-loop clients: one request at a time each, prompt from ``prompt(rng)``."""
-
-    def __init__(self, server: Any, load: int, prompt: Callable[[random.Random], Any],
-                 output_tokens: tuple[int, int], seed: int) -> None:
-        self.server, self.prompt, self.output_tokens = server, prompt, output_tokens
-        self.errors: list[str] = []
-        self.completed = 0
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._run, args=(seed * 1009 + i,), daemon=True)
-                         for i in range(load)]
-
-    def _run(self, seed: int) -> None:
-        rng = random.Random(seed)
-        while not self._stop.is_set():
-            try:
-                self.server.complete(self.prompt(rng), max_tokens=rng.randint(*self.output_tokens), ignore_eos=True,
-                                     timeout=600.0)
-                with self._lock:
-                    self.completed += 1
-            except Exception as exc:  # noqa: BLE001 - reported
-                with self._lock:
-                    self.errors.append(repr(exc)[:200])
-                time.sleep(0.5)
-
-    def __enter__(self) -> "Clients":
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=600)
-
-
 def token_prompts(vocab: int) -> Callable[[random.Random], list[int]]:
     return lambda rng: [rng.randrange(3, vocab) for _ in range(rng.randint(16, 64))]
 
@@ -148,15 +110,7 @@ def plain_window(server: Any, policy: str, *, load: int, round_: int, window_s: 
     """A window whose k is chosen by the engine-side policy: kept tokens from the step log, no table check
     (``mismatched_steps`` = 0; the k histogram is returned by ``k_hist``)."""
     time.sleep(settle_s)
-    offset = server.step_log_offset()
-    t0 = time.monotonic()
-    time.sleep(window_s)
-    t1 = time.monotonic()
-    steps = [s for s in server.read_steps(since=t0, until=t1, offset=offset) if s.get("b", 0) > 0]
-    kept = sum(int(s["b"]) + int(s.get("a", 0)) for s in steps)
-    seconds = sum(float(s["dt"] or 0.0) for s in steps) / 1000.0
-    mean_b = statistics.fmean(int(s["b"]) for s in steps) if steps else 0.0
-    w = Window(policy, load, round_, kept, seconds, len(steps), mean_b, 0)
+    steps, w = counted_window(server, policy, load=load, round_=round_, window_s=window_s)
     w.k_hist = {str(k): sum(1 for s in steps if s.get("k") == k) for k in KS}  # type: ignore[attr-defined]
     return w
 
@@ -236,7 +190,7 @@ def profile_served(srv, prompt, args) -> tuple[dict, dict, dict, tuple[float, ..
     samples: dict[int, dict[int, list[float]]] = {k: {} for k in KS}
     dp, ap = [0] * K, [0] * K
     for load in ints(args.loads):
-        with Clients(srv, load, prompt, (32, 128), seed=7 + load) as cl:
+        with LoadGenerator(srv, load, 0, output_tokens=(32, 128), seed=7 + load, prompt=prompt) as cl:
             time.sleep(args.warmup)
             for k in KS:
                 srv.set_k(k)
@@ -302,7 +256,7 @@ def table_launch(models, work: Path, scenario: str, prompt, vocab: int, args) ->
         policies[AA] = tuned[TUNED]
         windows: list[Window] = []
         for load in ints(args.loads):
-            with Clients(srv, load, prompt, (32, 128), seed=load) as cl:
+            with LoadGenerator(srv, load, 0, output_tokens=(32, 128), seed=load, prompt=prompt) as cl:
                 time.sleep(args.warmup)
                 for r in range(args.rounds):
                     for name in rotated(list(policies), r + load):
@@ -348,7 +302,7 @@ def adaptive_launch(models, work: Path, scenario: str, name: str, prompt, base: 
     windows: list[Window] = []
     try:
         for load in ints(args.loads):
-            with Clients(srv, load, prompt, (32, 128), seed=load) as cl:
+            with LoadGenerator(srv, load, 0, output_tokens=(32, 128), seed=load, prompt=prompt) as cl:
                 time.sleep(args.warmup)
                 for r in range(args.adaptive_rounds):
                     for which in rotated([name, "anchor"], r + load):
@@ -393,7 +347,7 @@ def nospec_launch(models, work: Path, prompts: dict, args) -> dict:
     try:
         for scenario, prompt in prompts.items():
             for load in ints(args.loads):
-                with Clients(srv, load, prompt, (32, 128), seed=load) as cl:
+                with LoadGenerator(srv, load, 0, output_tokens=(32, 128), seed=load, prompt=prompt) as cl:
                     time.sleep(args.warmup)
                     for r in range(args.adaptive_rounds):
                         w = plain_window(srv, "no-spec", load=load, round_=r, window_s=args.window,
