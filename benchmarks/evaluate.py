@@ -202,33 +202,42 @@ def loss_table(st: Setup, loss) -> str:
     return "\n".join(lines)
 
 
-def plot(st: Setup, good, best, path: Path) -> None:
+def goodput_figure(series: dict, best: dict, path: Path, *, dashed, ylabel: str, title: str,
+                   ylim: tuple[float, float] | None = None) -> None:
+    """Two panels over load: goodput and goodput / best fixed k, one line per policy (``series``:
+    policy -> {load: goodput}; loads a policy lacks are skipped); ``dashed(name)`` marks baselines."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 4.8))
-    loads = list(st.loads)
     colors = plt.get_cmap("tab20").colors
-    for i, (name, row) in enumerate(good.items()):
-        ys = [row[l] for l in loads]
-        style = "--" if name.startswith("fixed") or name == "no-spec" else "-"
+    for i, (name, row) in enumerate(series.items()):
+        xs = sorted(ld for ld, v in row.items() if v is not None)
+        style = "--" if dashed(name) else "-"
         kw = dict(color=colors[(2 * i) % 20 if i < 10 else (2 * i + 1) % 20], marker=".", label=name)
-        ax1.plot(loads, ys, style, **kw)
-        ax2.plot(loads, [row[l] / best[l] for l in loads], style, **kw)
+        ax1.plot(xs, [row[ld] for ld in xs], style, **kw)
+        ax2.plot(xs, [row[ld] / best[ld] for ld in xs], style, **kw)
     for ax in (ax1, ax2):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent requests (closed loop)")
         ax.grid(alpha=0.3)
-    ax1.set_ylabel("goodput, tokens/s")
+    ax1.set_ylabel(ylabel)
     ax2.set_ylabel("goodput / best fixed k")
-    ax2.set_ylim(0.5, 1.05)
+    if ylim is not None:
+        ax2.set_ylim(*ylim)
     ax2.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.suptitle(f"{st.surface.name}: a = {RATES}")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def plot(st: Setup, good, best, path: Path) -> None:
+    goodput_figure({name: {ld: row[ld] for ld in st.loads} for name, row in good.items()}, best, path,
+                   dashed=lambda n: n.startswith("fixed") or n == "no-spec", ylabel="goodput, tokens/s",
+                   title=f"{st.surface.name}: a = {RATES}", ylim=(0.5, 1.05))
 
 
 def recovery_time(res: sim.SimResult, start_step: int, target: float, window: int = 250) -> float | None:
@@ -408,11 +417,6 @@ def _pm(d, se, nd: int = 1) -> str:
 
 def real_engine_plot(name: str, res: dict, loads, path: Path) -> None:
     """Goodput and goodput / best fixed k vs load, per policy, for one real-engine scenario."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     best = {str(ld): max((res["goodput"][f][str(ld)][0] for f in res["goodput"] if f.startswith("k=")
                           and str(ld) in res["goodput"][f]), default=float("nan")) for ld in loads}
     series = {p: {ld: v[0] for ld, v in row.items()} for p, row in res["goodput"].items()}
@@ -420,25 +424,10 @@ def real_engine_plot(name: str, res: dict, loads, path: Path) -> None:
         series[p + " (bridged)"] = {ld: best[ld] * (1 - v["loss"]) for ld, v in per.items() if v.get("loss") is not None}
     for ld, v in (res.get("nospec") or {}).items():
         series.setdefault("no-spec (own launch)", {})[ld] = v["goodput"]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 4.8))
-    colors = plt.get_cmap("tab20").colors
-    for i, (p, row) in enumerate(series.items()):
-        xs = [ld for ld in loads if row.get(str(ld)) is not None]
-        style = "--" if p.startswith("k=") or p.startswith("no-spec") else "-"
-        kw = dict(color=colors[(2 * i) % 20 if i < 10 else (2 * i + 1) % 20], marker=".", label=p)
-        ax1.plot(xs, [row[str(ld)] for ld in xs], style, **kw)
-        ax2.plot(xs, [row[str(ld)] / best[str(ld)] for ld in xs], style, **kw)
-    for ax in (ax1, ax2):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrent requests (closed loop)")
-        ax.grid(alpha=0.3)
-    ax1.set_ylabel("goodput, kept tokens/s")
-    ax2.set_ylabel("goodput / best fixed k")
-    ax2.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.suptitle(f"real engine (vLLM CPU build): {name}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    goodput_figure({p: {int(ld): v for ld, v in row.items()} for p, row in series.items()},
+                   {int(ld): v for ld, v in best.items()}, path,
+                   dashed=lambda p: p.startswith("k=") or p.startswith("no-spec"), ylabel="goodput, kept tokens/s",
+                   title=f"real engine (vLLM CPU build): {name}")
 
 
 def real_engine_section(doc: dict, *, results_dir: Path | None = None, rel_to: Path | None = None) -> str:
