@@ -54,13 +54,18 @@ def _materialize(selection, resources, instance, key):
                           raise_on_error=False)
 
 
-def test_table_and_publishing_metadata_and_the_published_file_carry_the_evidence(home, one_fleet, instance):
+def _with_prior(home, one_fleet, instance):
+    """Resources on the noisy engine, the identity key and the deployment, with that week's prior materialized."""
     resources = make_resources(home, one_fleet, engine=NoisyEngine())
-    key = identity_key(one_fleet)
     dep = load_fleet(one_fleet).deployment("local-cpu")
     write_prompts(dep.prompts_file(WEEK), 24)
     assert dg.materialize(ASSETS, selection=["acceptance_prior"], resources=resources, instance=instance,
                           partition_key=WEEK).success
+    return resources, identity_key(one_fleet), dep
+
+
+def test_table_and_publishing_metadata_and_the_published_file_carry_the_evidence(home, one_fleet, instance):
+    resources, key, dep = _with_prior(home, one_fleet, instance)
     res = run_identity(resources, instance, key)
     assert res.success
     checks = {c.check_name: c for c in res.get_asset_check_evaluations()}
@@ -104,12 +109,7 @@ def test_table_and_publishing_metadata_and_the_published_file_carry_the_evidence
 
 
 def test_an_unsupported_boundary_blocks_publishing_and_the_previous_table_stays(home, one_fleet, instance):
-    resources = make_resources(home, one_fleet, engine=NoisyEngine())
-    key = identity_key(one_fleet)
-    dep = load_fleet(one_fleet).deployment("local-cpu")
-    write_prompts(dep.prompts_file(WEEK), 24)
-    assert dg.materialize(ASSETS, selection=["acceptance_prior"], resources=resources, instance=instance,
-                          partition_key=WEEK).success
+    resources, key, dep = _with_prior(home, one_fleet, instance)
     assert run_identity(resources, instance, key).success  # the evidence table: published as v1
     before = dep.published_table.read_text()
 
