@@ -9,8 +9,13 @@ VENV=${TABLETUNE_VENV:-.venv}
 STAMP="$VENV/.tabletune-setup"
 want="$(sha256sum pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
 
+say_dtype() {  # which model dtype launches on this machine get, and why (tabletune_pipelines/engine/dtype.py)
+  echo "[setup] $("$VENV/bin/python" -m tabletune_pipelines.engine.dtype)"
+}
+
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   echo "[setup] $VENV is up to date"
+  say_dtype
   exit 0
 fi
 
@@ -28,4 +33,5 @@ echo "[setup] installing TableTune with the pipeline, CPU-engine and test extras
 # ("operator torchvision::nms does not exist") and text-only serving needs none of them.
 "${PIP[@]}" uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 "$VENV/bin/python" -c "import torch, vllm, dagster, duckdb, pandas, numpy; print('[setup] ok: torch', torch.__version__, '| dagster', dagster.__version__, '| duckdb', duckdb.__version__)"
+say_dtype
 echo "$want" > "$STAMP"

@@ -163,13 +163,15 @@ def default_work_dir(sub: str) -> Path:
     return p
 
 
-def resolve_model(name: str | None, cache_dir: str | Path, *, drafter: bool = False) -> str | None:
-    """``tiny:<size>`` → the tiny local model folder (built once); anything else unchanged."""
+def resolve_model(name: str | None, cache_dir: str | Path, *, drafter: bool = False,
+                  dtype: str | None = None) -> str | None:
+    """``tiny:<size>`` → the tiny local model folder saved in ``dtype`` (built once; None: this
+    machine's default dtype); anything else unchanged."""
     if name is None or not name.startswith(TINY_PREFIX):
         return name
     from tabletune_pipelines.engine.tiny_models import ensure_tiny_models
 
-    models = ensure_tiny_models(cache_dir, name[len(TINY_PREFIX):] or "small")
+    models = ensure_tiny_models(cache_dir, name[len(TINY_PREFIX):] or "small", dtype)
     return str(models.draft_dir if drafter else models.target_dir)
 
 
@@ -217,7 +219,8 @@ def _server_config(identity: EngineIdentity, dep: Deployment | None, cache_dir: 
     # itself (its serving table or rejection mode would otherwise replace the profiler's).
     extra = {k: v for k, v in dep.speculative_config.items() if k not in OWNED_SPECULATIVE_KEYS} if dep else {}
     return ServerConfig(
-        model=resolve_model(identity.model, cache_dir), drafter=resolve_model(identity.drafter, cache_dir, drafter=True),
+        model=resolve_model(identity.model, cache_dir, dtype=identity.dtype),
+        drafter=resolve_model(identity.drafter, cache_dir, drafter=True, dtype=identity.dtype),
         method=identity.method, num_speculative_tokens=identity.max_k, max_num_seqs=identity.max_num_seqs,
         dtype=identity.dtype, work_dir=str(work_dir), speculative_extra=extra,
         model_runner=identity.model_runner, load_format=dep.load_format if dep else None, **overrides,
@@ -279,7 +282,7 @@ def serving_speculative_config(dep: Deployment, local_model_path: Callable[..., 
     default the drafter is the built local folder (``tiny:small`` → a path), so the file can be pasted."""
     cfg = dep.base_speculative_config()
     if dep.embedded and "model" in cfg:
-        cfg["model"] = local_model_path(cfg["model"], drafter=True)
+        cfg["model"] = local_model_path(cfg["model"], drafter=True, dtype=dep.dtype)
     return cfg
 
 

@@ -54,7 +54,6 @@ from tabletune_pipelines.errors import FleetError
 from tabletune_pipelines.published import speculative_config_path as _companion_of
 from tabletune_pipelines.vocab import (
     DEFAULT_CUDAGRAPH_MODE,
-    DEFAULT_DTYPE,
     DEFAULT_MODEL_RUNNER,
     DEFAULT_SAMPLE_SIZE,
     DEFAULT_TEMPERATURE,
@@ -225,7 +224,9 @@ class Deployment(_Schema):
                     "written beside it as <stem>.speculative-config.json.")
     live_counters: Path | None = Field(
         default=None, description="JSONL file the controller exports (format: tabletune_pipelines/live_counters.py).")
-    dtype: str = Field(default=DEFAULT_DTYPE, min_length=1, description="Model dtype.")
+    dtype: str | None = Field(
+        default=None, min_length=1, description="Model dtype; null: bfloat16 on a GPU and on a CPU with native bf16 "
+        "(avx512_bf16 or AMX), else float32 (tabletune_pipelines/engine/dtype.py). Part of the engine identity.")
     cudagraph_mode: str | None = Field(
         default=None, min_length=1, description='CUDA-graph mode of the serving path (part of the engine identity); '
         'null: "none" on the CPU build (eager), "default" (whatever vLLM picks) on a GPU.')

@@ -65,7 +65,8 @@ CONTROLLER_MODES: tuple[str, ...] = get_args(ControllerMode)
 DEFAULT_SAMPLE_SIZE = 160
 """Prompts sampled per acceptance measurement (docs/method.md, "Acceptance")."""
 DEFAULT_DTYPE = "bfloat16"
-"""Model dtype of measurement launches and engine identities."""
+"""Dtype of an identity document that names none (stores written before the CPU-aware default all
+used it). Launches without a dtype take the device's default: ``engine/dtype.py``."""
 DEFAULT_CUDAGRAPH_MODE = "none"
 """CUDA-graph mode recorded in an engine identity when the fleet does not say (eager, e.g. CPU)."""
 DEFAULT_TEMPERATURE = 0.0

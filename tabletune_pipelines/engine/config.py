@@ -17,7 +17,6 @@ from tabletune_pipelines.core.table import validate_vllm_schedule
 from tabletune_pipelines.engine.errors import EngineConfigError
 from tabletune_pipelines.errors import TableTuneError
 from tabletune_pipelines.vocab import (
-    DEFAULT_DTYPE,
     DEVICES,
     METHODS,
     MODEL_DRAFTERS,
@@ -74,8 +73,9 @@ class ServerConfig:
     """Largest batch size the engine schedules."""
     max_model_len: int = 512
     """Context length (prompt + output tokens)."""
-    dtype: str = DEFAULT_DTYPE
-    """Model dtype passed as ``--dtype``."""
+    dtype: str | None = None
+    """Model dtype passed as ``--dtype``; None = the device's default (``engine/dtype.py``: bfloat16
+    on a GPU and on a CPU with native bf16, else float32), resolved on construction."""
     enforce_eager: bool = False
     """``--enforce-eager`` (no CUDA graphs / torch.compile). Off by default so GPU timing runs the
     CUDA-graph mode production uses; always on for the CPU build (docs/engine-facts.md, "CPU build")."""
@@ -139,8 +139,14 @@ class ServerConfig:
             raise EngineConfigError(f"startup_timeout = {self.startup_timeout!r} must be a positive number of seconds")
         if self.port is not None and not (isinstance(self.port, int) and 0 < self.port < 65536):
             raise EngineConfigError(f"port = {self.port!r} must be in 1..65535 or None")
-        if not self.dtype:
-            raise EngineConfigError(f"dtype = {self.dtype!r} must be set (e.g. {DEFAULT_DTYPE!r})")
+        if self.dtype is None:
+            from tabletune_pipelines.engine.dtype import default_dtype
+            from tabletune_pipelines.engine.installed import resolve_device
+
+            object.__setattr__(self, "dtype", default_dtype(resolve_device(self.device)))
+        elif not isinstance(self.dtype, str) or not self.dtype.strip():
+            raise EngineConfigError(f"dtype = {self.dtype!r} must be a dtype such as 'float32' or 'bfloat16', "
+                                    "or None for the device's default")
         object.__setattr__(self, "extra_args", tuple(str(a) for a in self.extra_args))
 
     def _check_speculation(self) -> None:

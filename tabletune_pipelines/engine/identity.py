@@ -14,6 +14,7 @@ from typing import Protocol
 
 from tabletune_pipelines.documents import EngineIdentity
 from tabletune_pipelines.engine.config import ServerConfig
+from tabletune_pipelines.engine.dtype import default_dtype
 from tabletune_pipelines.engine.errors import EngineConfigError
 from tabletune_pipelines.engine.installed import installed_vllm_version, resolve_device
 
@@ -89,7 +90,7 @@ class DeploymentLike(Protocol):
     method: str
     max_k: int
     max_num_seqs: int
-    dtype: str
+    dtype: str | None
     cudagraph_mode: str | None
     model_runner: str
 
@@ -97,11 +98,13 @@ class DeploymentLike(Protocol):
 def deployment_identity(dep: DeploymentLike, vllm_version: str) -> EngineIdentity:
     """The identity of a fleet deployment running vLLM ``vllm_version``.
 
-    A deployment on ``gpu: cpu`` is the CPU build, which runs eagerly.
+    A deployment on ``gpu: cpu`` is the CPU build, which runs eagerly. A deployment without a
+    ``dtype`` gets the device's default (``engine/dtype.py``), so the identity names the dtype used.
     """
+    device = "cpu" if dep.gpu == "cpu" else "gpu"
     return EngineIdentity(
         gpu=dep.gpu, vllm_version=vllm_version, model=dep.model, drafter=dep.drafter, method=dep.method,
-        max_k=dep.max_k, max_num_seqs=dep.max_num_seqs, dtype=dep.dtype,
-        cudagraph_mode=cudagraph_mode(eager=dep.gpu == "cpu", declared=dep.cudagraph_mode),
+        max_k=dep.max_k, max_num_seqs=dep.max_num_seqs, dtype=dep.dtype or default_dtype(device),
+        cudagraph_mode=cudagraph_mode(eager=device == "cpu", declared=dep.cudagraph_mode),
         model_runner=dep.model_runner,
     )

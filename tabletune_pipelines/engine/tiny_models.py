@@ -8,8 +8,9 @@
   ``medium``: 12 layers, hidden 1024, ≈146 M parameters);
 * a 1-layer hidden-256 Llama draft model sharing the tokenizer (same vocabulary).
 
-Each is saved with ``transformers`` (safetensors, bfloat16) in its own folder under
-``cache_dir``. A marker file is written last: a half-built folder (crash, Ctrl-C) has no marker
+Each is saved with ``transformers`` (safetensors) in the dtype the launches will use, so vLLM
+loads it without conversion: by default the device's (``engine/dtype.py``: bfloat16 on a CPU with
+native bf16, else float32), in its own folder ``cache_dir/<size>-v<recipe>-<dtype>``. A marker file is written last: a half-built folder (crash, Ctrl-C) has no marker
 and is rebuilt from scratch on the next call. Built folders are reused as they are.
 
 The heavy imports (torch, transformers, tokenizers) happen inside the functions, so importing
@@ -29,7 +30,9 @@ from pathlib import Path
 from tabletune_pipelines.engine.errors import EngineConfigError
 
 #: Bump when the recipe changes: a cache built by another recipe is rebuilt.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
+#: The dtypes a set can be saved in (the names vLLM's ``--dtype`` and ``torch_dtype`` use).
+SAVE_DTYPES = ("bfloat16", "float32", "float16")
 MARKER = "TABLETUNE_TINY_MODELS_OK"
 SEED = 20240611
 
@@ -49,7 +52,7 @@ class TinyModels:
     """Paths of a built model set."""
 
     root: Path
-    """The folder holding the set (``cache_dir/<size>-v<recipe>``)."""
+    """The folder holding the set (``cache_dir/<size>-v<recipe>-<dtype>``)."""
     target_dir: Path
     """Target model folder (config, safetensors, tokenizer)."""
     draft_dir: Path
@@ -58,6 +61,8 @@ class TinyModels:
     """``small`` or ``medium``."""
     vocab_size: int
     """Vocabulary size shared by target and draft."""
+    dtype: str = "bfloat16"
+    """The dtype the weights are saved in (and ``config.json``'s ``torch_dtype``)."""
 
 
 def _words(rng: random.Random, n: int) -> list[str]:
@@ -112,7 +117,8 @@ def _train_tokenizer(out_dir: Path, vocab_size: int) -> int:
     return tok.get_vocab_size()
 
 
-def _save_llama(out_dir: Path, shape: tuple[int, int, int, int], vocab_size: int, seed: int, tok_dir: Path) -> None:
+def _save_llama(out_dir: Path, shape: tuple[int, int, int, int], vocab_size: int, seed: int, tok_dir: Path,
+                dtype: str) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -132,32 +138,41 @@ def _save_llama(out_dir: Path, shape: tuple[int, int, int, int], vocab_size: int
         initializer_range=0.02,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    # Initialised in float32 and cast: the same seed gives the same weights up to rounding in every dtype.
+    model = LlamaForCausalLM(cfg).to(getattr(torch, dtype))
     model.save_pretrained(out_dir, safe_serialization=True)
     for name in os.listdir(tok_dir):
         shutil.copy2(tok_dir / name, out_dir / name)
     # vLLM reads the dtype from the config; make it explicit.
     cfg_path = out_dir / "config.json"
     data = json.loads(cfg_path.read_text())
-    data["torch_dtype"] = "bfloat16"
+    data["torch_dtype"] = dtype
     cfg_path.write_text(json.dumps(data, indent=2, sort_keys=True))
 
 
-def ensure_tiny_models(cache_dir: str | os.PathLike[str], size: str = "small") -> TinyModels:
-    """Build (once) and return the tiny target + draft model set of ``size``.
+def ensure_tiny_models(cache_dir: str | os.PathLike[str], size: str = "small", dtype: str | None = None) -> TinyModels:
+    """Build (once) and return the tiny target + draft model set of ``size``, saved in ``dtype``
+    (None: the default dtype of this machine's device, ``engine/dtype.py``).
 
     Deterministic: the same recipe gives the same tokenizer and weights. A set is reused only if
     its marker file exists (written last), otherwise the folder is rebuilt from scratch.
     """
     if size not in TARGET_SHAPES:
         raise EngineConfigError(f"size = {size!r} is not a tiny model size; choose one of {sorted(TARGET_SHAPES)}")
+    if dtype is None:
+        from tabletune_pipelines.engine.dtype import default_dtype
+        from tabletune_pipelines.engine.installed import resolve_device
+
+        dtype = default_dtype(resolve_device("auto"))
+    if dtype not in SAVE_DTYPES:
+        raise EngineConfigError(f"dtype = {dtype!r} is not a dtype tiny models are saved in; choose one of {SAVE_DTYPES}")
     cache = Path(cache_dir).expanduser().resolve()
-    root = cache / f"{size}-v{RECIPE_VERSION}"
+    root = cache / f"{size}-v{RECIPE_VERSION}-{dtype}"
     marker = root / MARKER
     if marker.exists():
         info = json.loads(marker.read_text())
         return TinyModels(root=root, target_dir=root / "target", draft_dir=root / "draft", size=size,
-                          vocab_size=int(info["vocab_size"]))
+                          vocab_size=int(info["vocab_size"]), dtype=dtype)
     cache.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{size}-building-", dir=cache))
     os.chmod(tmp, 0o755)
@@ -167,20 +182,21 @@ def ensure_tiny_models(cache_dir: str | os.PathLike[str], size: str = "small") -
         vocab = _train_tokenizer(tok_dir, VOCAB_SIZE)
         (tmp / "target").mkdir()
         (tmp / "draft").mkdir()
-        _save_llama(tmp / "target", TARGET_SHAPES[size], vocab, SEED + 1, tok_dir)
-        _save_llama(tmp / "draft", DRAFT_SHAPE, vocab, SEED + 2, tok_dir)
+        _save_llama(tmp / "target", TARGET_SHAPES[size], vocab, SEED + 1, tok_dir, dtype)
+        _save_llama(tmp / "draft", DRAFT_SHAPE, vocab, SEED + 2, tok_dir, dtype)
         if root.exists():
             shutil.rmtree(root)
         os.replace(tmp, root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    info = {"recipe": RECIPE_VERSION, "size": size, "vocab_size": vocab,
+    info = {"recipe": RECIPE_VERSION, "size": size, "vocab_size": vocab, "dtype": dtype,
             "target": TARGET_SHAPES[size], "draft": DRAFT_SHAPE, "seed": SEED}
     tmp_marker = root / (MARKER + ".tmp")
     tmp_marker.write_text(json.dumps(info))
     os.replace(tmp_marker, marker)
-    return TinyModels(root=root, target_dir=root / "target", draft_dir=root / "draft", size=size, vocab_size=vocab)
+    return TinyModels(root=root, target_dir=root / "target", draft_dir=root / "draft", size=size, vocab_size=vocab,
+                      dtype=dtype)
 
 
 def read_vocab_size(model_dir: str | os.PathLike[str]) -> int | None:

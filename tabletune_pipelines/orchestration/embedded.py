@@ -45,6 +45,12 @@ def _dagster_home() -> Path:
     return home
 
 
+def _dtype_reason(dep) -> str:
+    from tabletune_pipelines.engine.dtype import default_dtype_choice
+
+    return default_dtype_choice("cpu" if dep.gpu == "cpu" else "gpu").reason
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tabletune run", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small profile plan (3 batch sizes, 2 repetitions)")
@@ -103,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
             key = identity.key
             if not instance.has_dynamic_partition(ENGINE_IDENTITY_PARTITIONS_NAME, key):
                 instance.add_dynamic_partitions(ENGINE_IDENTITY_PARTITIONS_NAME, [key])
-            print(f"[tabletune] {dep.name}: profiling {key}, deriving and publishing its table ...", flush=True)
+            print(f"[tabletune] {dep.name}: profiling {key} (dtype {identity.dtype}"
+                  + (", the fleet's choice" if dep.dtype else f": {_dtype_reason(dep)}")
+                  + "), deriving and publishing its table ...", flush=True)
             chain = dg.materialize(ASSETS, selection=["step_time_profile", "draft_length_table", "published_table"],
                                    resources=resources, instance=instance, partition_key=key, raise_on_error=False,
                                    tags=run_tags(dep), run_config={**LOGGERS, "ops": {"step_time_profile": {"config": {

@@ -71,9 +71,9 @@ class EngineResource(dg.ConfigurableResource):
         """Raises ``deployments.EndpointUnreachable`` when a remote endpoint does not answer."""
         return deployments.current_identity(dep, self.probe_timeout_s)
 
-    def local_model_path(self, name: str | None, drafter: bool = False) -> str | None:
-        """Where a fleet model name lives for this engine (``tiny:<size>`` → the built folder)."""
-        return deployments.resolve_model(name, self._cache(), drafter=drafter)
+    def local_model_path(self, name: str | None, drafter: bool = False, dtype: str | None = None) -> str | None:
+        """Where a fleet model name lives for this engine (``tiny:<size>`` → the folder built in ``dtype``)."""
+        return deployments.resolve_model(name, self._cache(), drafter=drafter, dtype=dtype)
 
     def profile(self, identity: EngineIdentity, dep: Deployment | None, store: TableTuneStore,
                 log: logging.Logger) -> StepTimeProfile:

@@ -12,7 +12,7 @@ import yaml
 
 from tabletune_pipelines.fleet import Deployment, Fleet, FleetError, K8sPlacement, fleet_json_schema, load_fleet
 from tabletune_pipelines.fleet import parse_fleet
-from tabletune_pipelines.vocab import DEFAULT_DTYPE, DEFAULT_SAMPLE_SIZE, METHODS, MODEL_RUNNERS
+from tabletune_pipelines.vocab import DEFAULT_SAMPLE_SIZE, METHODS, MODEL_RUNNERS
 
 
 def dep(**over):
@@ -35,7 +35,7 @@ def problems(*deps) -> list[str]:
 
 def test_defaults_come_from_the_vocabulary_and_new_keys_exist(tmp_path):
     d = fleet().deployments[0]
-    assert d.dtype == DEFAULT_DTYPE and d.max_prompts == DEFAULT_SAMPLE_SIZE
+    assert d.dtype is None and d.max_prompts == DEFAULT_SAMPLE_SIZE
     assert d.model_runner == "auto" and d.load_format is None and d.controller == {} and d.k8s is None
     d = fleet(dep(model_runner="v2", load_format="dummy", controller={"rebuild_every_steps": 8, "hysteresis": 2})).deployments[0]
     assert (d.model_runner, d.load_format, d.controller) == ("v2", "dummy", {"rebuild_every_steps": 8, "hysteresis": 2})

@@ -7,7 +7,6 @@ import pytest
 from tabletune_pipelines.engine.config import OWNED_SPECULATIVE_KEYS, ServerConfig
 from tabletune_pipelines.engine.errors import EngineConfigError
 from tabletune_pipelines.errors import TableTuneError
-from tabletune_pipelines.vocab import DEFAULT_DTYPE
 
 SPEC = {"model": "/m", "drafter": "/d", "method": "draft_model", "num_speculative_tokens": 3}
 
@@ -33,6 +32,7 @@ SPEC = {"model": "/m", "drafter": "/d", "method": "draft_model", "num_speculativ
     ({"startup_timeout": 0}, "startup_timeout = 0"),
     ({"port": 70000}, "port = 70000"),
     ({"dtype": ""}, "dtype = ''"),
+    ({"dtype": 3}, "dtype = 3"),
     ({"model_runner": "v3"}, "model_runner = 'v3'"),
     ({"load_format": " "}, "load_format = ' '"),
     ({"vllm_cli": ()}, r"vllm_cli = \(\)"),
@@ -65,7 +65,8 @@ def test_speculative_config_from_typed_fields():
         "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": [0.7, 0.5, 0.3],
         "prompt_lookup_max": 4}
     assert ServerConfig(model="/m").speculative_config is None
-    assert ServerConfig(model="/m").dtype == DEFAULT_DTYPE
+    assert ServerConfig(model="/m", device="gpu").dtype == "bfloat16"  # None resolves to the device's default
+    assert ServerConfig(model="/m", dtype="float16").dtype == "float16"
 
 
 def test_load_format_also_loads_a_model_drafter_that_way():

@@ -24,7 +24,7 @@ def _cfg(**kw):
 
 
 def test_config_identity():
-    cpu = engine_identity(_cfg(device="cpu"), vllm_version="0.32.0+cpu")
+    cpu = engine_identity(_cfg(device="cpu", dtype="bfloat16"), vllm_version="0.32.0+cpu")
     assert (cpu.gpu, cpu.cudagraph_mode, cpu.max_k, cpu.max_num_seqs, cpu.dtype) == ("cpu", "none", 3, 16, "bfloat16")
     gpu = engine_identity(_cfg(device="gpu"), vllm_version="0.26.0", gpu="NVIDIA H200")
     assert gpu.cudagraph_mode == "default"
@@ -39,7 +39,7 @@ def test_config_identity():
 
 def _dep(**kw):
     base = {"gpu": "cpu", "model": "/m", "drafter": "/d", "method": "draft_model", "max_k": 3, "max_num_seqs": 16,
-            "dtype": "bfloat16", "cudagraph_mode": "none", "model_runner": "auto"}
+            "dtype": None, "cudagraph_mode": "none", "model_runner": "auto"}
     return SimpleNamespace(**{**base, **kw})
 
 

@@ -39,3 +39,21 @@ def test_tiny_models_deterministic_and_rebuilt_when_half_built(tmp_path):
     (a.target_dir / "model.safetensors").write_bytes(b"garbage")
     c = ensure_tiny_models(tmp_path / "a", "small")
     assert (c.target_dir / "model.safetensors").read_bytes() == (b.target_dir / "model.safetensors").read_bytes()
+
+
+def test_saved_in_the_dtype_launches_use(tmp_path, monkeypatch):
+    # vLLM loads the weights without conversion: safetensors and config.json carry the launch dtype,
+    # and each dtype has its own folder (the machine's default when none is named).
+    pytest.importorskip("transformers")
+    from safetensors import safe_open
+
+    monkeypatch.setenv("TABLETUNE_CPU_BF16", "0")
+    f32 = ensure_tiny_models(tmp_path, "small")
+    bf16 = ensure_tiny_models(tmp_path, "small", "bfloat16")
+    assert f32.dtype == "float32" and f32.root != bf16.root and f32.root.name.endswith("-float32")
+    for models, torch_name in ((f32, "torch.float32"), (bf16, "torch.bfloat16")):
+        assert json.loads((models.target_dir / "config.json").read_text())["torch_dtype"] == models.dtype
+        with safe_open(str(models.target_dir / "model.safetensors"), "pt") as f:
+            assert {str(f.get_tensor(n).dtype) for n in f.keys()} == {torch_name}
+    with pytest.raises(EngineConfigError, match="dtype = 'int8'"):
+        ensure_tiny_models(tmp_path, "small", "int8")

@@ -72,7 +72,7 @@ class ScriptedEngine(EngineResource):
     fail_acceptance_for: list[str] = []
     _calls: list = PrivateAttr(default_factory=list)
 
-    def local_model_path(self, name, drafter=False):
+    def local_model_path(self, name, drafter=False, dtype=None):
         return f"/models/{name.replace(':', '-')}{'-draft' if drafter else ''}" if name else name
 
     def current_identity(self, dep):

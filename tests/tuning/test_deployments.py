@@ -102,7 +102,7 @@ def test_a_partition_of_another_vllm_is_refused_before_any_launch(tmp_path):
 
 def test_serving_config_of_the_embedded_default_is_paste_able(tmp_path):
     dep = fleet(tmp_path).deployments[0]
-    cfg = deployments.serving_speculative_config(dep, lambda name, drafter=False: f"/models/{name}")
+    cfg = deployments.serving_speculative_config(dep, lambda name, drafter=False, dtype=None: f"/models/{name}")
     assert cfg == {"method": "draft_model", "model": "/models/tiny:small"}
     path = deployments.write_speculative_config(dep, {"speculative_config": {**cfg, "num_speculative_tokens": 3}})
     assert path == dep.speculative_config_path and json.loads(path.read_text())["num_speculative_tokens"] == 3
