@@ -329,8 +329,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-repetitions", type=_positive_int, default=None,
                    help="most repetitions re-measurement gives one cell (default 9)")
     p.add_argument("--startup-timeout", type=_positive_int, default=None,
-                   help="seconds to wait for each engine launch to become healthy (default 240; a cold GPU "
-                        "launch with CUDA graphs can take 2-3 minutes)")
+                   help="seconds to wait for each engine launch to become healthy (default 600; a cold GPU "
+                        "launch with CUDA graphs can take 2-3 minutes, a slow CPU several)")
     p.set_defaults(func=cmd_profile)
 
     p = sub.add_parser("acceptance", help="measure a_i on a JSONL prompt file (one {\"prompt\": ...} per line)")

@@ -94,8 +94,9 @@ class ServerConfig:
     console script. None = the ``vllm`` script next to ``python`` if present, else
     ``python -m vllm.entrypoints.cli.main`` (on the CPU build: TableTune's launcher, which vLLM's
     CLI needs there)."""
-    startup_timeout: float = 240.0
-    """Seconds to wait for a healthy ``/health`` before killing the server."""
+    startup_timeout: float = 600.0
+    """Seconds to wait for a healthy ``/health`` before killing the server. Generous: start-up takes
+    18-60 s on a 2-core CPU and longer on a slower or busy one; a server that exits ends the wait at once."""
     port: int | None = None
     """Port on 127.0.0.1; None picks a free one."""
     work_dir: str | None = None

@@ -97,6 +97,18 @@ class Load:
             t.start()
         return self
 
+    def wait_completed(self, more: int, timeout: float = 180.0) -> int:
+        """Block until ``more`` further requests completed (progress, not seconds: a machine 3x slower
+        takes 3x longer); ``timeout`` only bounds a stalled engine. Returns the count reached."""
+        target = self.completed + more
+        deadline = time.monotonic() + timeout
+        while self.completed < target:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.completed} of {target} requests completed after {timeout} s: the engine "
+                                     f"stalled (errors: {self.errors[:3]})")
+            time.sleep(0.1)
+        return self.completed
+
     def stop(self) -> None:
         self._stop.set()
         for t in self._threads:
@@ -132,6 +144,23 @@ class Rig:
         gen.stop()
         return [w for w in self.windows()[mark:] if w.table_version == self.version and w.controller], gen
 
+    def steps(self) -> int:
+        """The controller's step count in its latest exported window (0 before the first export)."""
+        ws = [w for w in self.windows() if w.controller]
+        return ws[-1].controller["steps"] if ws else 0
+
+    def wait_steps(self, n: int, timeout: float = 300.0) -> int:
+        """Block until the export shows ``n`` more controller steps than now: phases measured in engine
+        steps, so a slower machine runs them longer instead of fewer steps. Returns the count reached."""
+        target = self.steps() + n
+        deadline = time.monotonic() + timeout
+        while (now := self.steps()) < target:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{now} of {target} controller steps after {timeout} s; log:\n"
+                                     f"{self.server.log_tail(30)}")
+            time.sleep(0.25)
+        return now
+
     def windows(self) -> list[CounterWindow]:
         try:
             return list(read_live_counters(self.export).windows)
@@ -139,11 +168,14 @@ class Rig:
             return []
 
     def wait(self, pred: Callable[[CounterWindow], bool], *, version: int, max_steps: int,
-             timeout: float = 300.0) -> tuple[CounterWindow | None, list[CounterWindow]]:
+             stall_s: float = 240.0) -> tuple[CounterWindow | None, list[CounterWindow]]:
         """Windows of ``version`` until ``pred`` holds (first such window) or the controller has run
-        ``max_steps`` steps under that version (None). Returns (hit, the version's windows)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        ``max_steps`` steps under that version (None). Returns (hit, the version's windows).
+
+        Bounded by work, not time: it fails only when no new window arrives for ``stall_s`` seconds
+        (a stalled engine), so a machine 3x slower simply takes 3x longer to reach ``max_steps``."""
+        last_progress, seen = time.monotonic(), -1
+        while time.monotonic() - last_progress < stall_s:
             mine = [w for w in self.windows() if w.table_version == version and w.controller]
             if mine:
                 start = mine[0].controller["steps"] - mine[0].steps
@@ -152,8 +184,11 @@ class Rig:
                         return w, mine
                 if mine[-1].controller["steps"] - start >= max_steps:
                     return None, mine
+            if len(mine) != seen:
+                seen, last_progress = len(mine), time.monotonic()
             time.sleep(0.5)
-        raise AssertionError(f"no windows of v{version} after {timeout} s; log:\n{self.server.log_tail(30)}")
+        raise AssertionError(f"no new window of v{version} for {stall_s} s ({max(seen, 0)} so far, waiting for "
+                             f"{max_steps} steps); log:\n{self.server.log_tail(30)}")
 
     @staticmethod
     def steps_into(w: CounterWindow, mine: list[CounterWindow]) -> int:

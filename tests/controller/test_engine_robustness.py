@@ -79,8 +79,10 @@ def test_engine_keeps_serving_through_bad_files_faults_and_a_dead_export(tmp_pat
         steps = []
 
         def settle():
-            time.sleep(1.8)  # > one poll interval (1 s) plus a few steps
-            steps.append(load.completed)
+            # One poll interval (1 s), then progress rather than seconds: every phase must complete
+            # requests (a stalled engine fails wait_completed), however fast the machine is.
+            time.sleep(1.2)
+            steps.append(load.wait_completed(3, timeout=120.0))
 
         settle()
         publish(pub, **good)

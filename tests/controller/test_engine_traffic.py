@@ -14,7 +14,6 @@ depends on a_2, a_3 in this range (step-time correction off, so the table follow
 
 from __future__ import annotations
 
-import time
 from datetime import datetime, timezone
 
 import pytest
@@ -23,10 +22,11 @@ from tabletune_pipelines.engine import VLLMServer
 from tests.controller._engine import Load, Rig, server_config
 from tests.controller._fake import linear_profile, on_robust_table, robust_choices, table_dense, true_table
 
-pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
 PROFILE = linear_profile(c0=4.0, c1=1.0, d0=0.1, d1=0.2)
 TOL = (0.06, 0.08, 0.10)
+PHASE_STEPS = (1500, 2800)  # engine steps of the repetitive and the non-repetitive phase
 
 
 def repetitive(rng):
@@ -59,12 +59,15 @@ def test_estimate_and_table_follow_a_traffic_switch(tmp_path):
     srv.start()
     load = Load(srv, 8, prompt=repetitive).start()
     try:
-        time.sleep(16)
-        switch = datetime.now(timezone.utc)
+        # Phases in engine steps, not seconds (a slower machine runs them longer, not shorter): about
+        # 16 s and 22 s of this 2-core machine at 8 clients. The switch is taken once the first mix's
+        # requests have all finished, so no window after it carries them.
+        rig.wait_steps(PHASE_STEPS[0])
         load.stop()
+        switch = datetime.now(timezone.utc)
         load.prompt = random_tokens
         load.start()
-        time.sleep(22)
+        rig.wait_steps(PHASE_STEPS[1])
     finally:
         load.stop()
         srv.stop()

@@ -177,7 +177,7 @@ def test_webserver_daemon_sensor_run_and_lineage_screenshot(tmp_path, monkeypatc
                 assert entries[0]["locationOrLoadError"]["__typename"] != "PythonError", entries
                 return entries[0]["loadStatus"] == "LOADED" and entries[0]["locationOrLoadError"]
 
-            wait_for(loaded, 120, "the code location to load")
+            wait_for(loaded, 300, "the code location to load")
             gql(port, "mutation { setNuxSeen }")
 
             nodes = {"/".join(n["assetKey"]["path"]): n for n in gql(port, ASSET_GRAPH)["assetNodes"]}
@@ -199,7 +199,7 @@ def test_webserver_daemon_sensor_run_and_lineage_screenshot(tmp_path, monkeypatc
                                                              "value": "engine_upgrade_sensor"}]}})
                 return res["runsOrError"]["results"]
 
-            runs = wait_for(sensor_runs, 120, "the upgrade sensor to launch a run")
+            runs = wait_for(sensor_runs, 300, "the upgrade sensor to launch a run")
             time.sleep(8)  # a few more ticks: still exactly one run (the local identity is already profiled)
             runs = sensor_runs()
             assert len(runs) == 1
@@ -210,7 +210,7 @@ def test_webserver_daemon_sensor_run_and_lineage_screenshot(tmp_path, monkeypatc
                 (run,) = sensor_runs()
                 return run if run["status"] in ("SUCCESS", "FAILURE", "CANCELED") else None
 
-            run = wait_for(finished, 180, "the sensor's run to finish")
+            run = wait_for(finished, 400, "the sensor's run to finish")
             assert run["status"] == "FAILURE"  # EngineMismatchError: this machine has no vLLM 0.99.0-e2e
             logs = gql(port, """query($id: ID!) { logsForRun(runId: $id) { ... on EventConnection { events {
                 __typename ... on MessageEvent { message }
