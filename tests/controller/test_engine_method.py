@@ -115,8 +115,10 @@ def test_stuck_short_trap_without_and_with_exploration_and_decay(rig):
 def _calibrate(rig, rates, k):
     """True T(B0, k) in this launch: observe mode with every batch size at k, the controller's
     own mean of clean step intervals at the batch size it saw most."""
+    # The published profile is a placeholder here: every step interval counts, whatever this machine's
+    # steps take (a few ms on a fast one, hundreds on a slow one).
     v = rig.publish(ranges=[(1, 16, k)], rates=rates, allowed_k=[k],
-                    controller={"mode": "observe", "step_time_outlier_ratio": 20.0})
+                    controller={"mode": "observe", "step_time_outlier_ratio": 1000.0})
     hit, mine = rig.wait(lambda w: sum(c[2] for c in w.controller.get("step_time", {}).get(str(k), [])) >= 300,
                          version=v, max_steps=1500)
     assert hit is not None, f"too few clean steps at k = {k}"
@@ -133,13 +135,18 @@ def test_step_time_correction_with_a_profile_30_percent_low(rig):
     m = {k: cal[k][b0] for k in ks}
     # T_true(B, k): this launch's measured T(B0, k), shaped over B (the test serves B <= B0).
     t_true = {k: {b: m[k] * (0.5 + 0.5 * b / b0) for b in range(1, 17)} for k in ks}
-    t_wrong = {k: {b: t * (0.7 if k >= 2 else 1.0) for b, t in row.items()} for k, row in t_true.items()}
     want_true = table_dense(true_table(t_true, rates, ks))[b0 - 1]
-    want_wrong = table_dense(true_table(t_wrong, rates, ks))[b0 - 1]
-    print(f"\n[step time] measured T(B={b0}, k) = {m} ms; true table k = {want_true}, wrong profile k = {want_wrong}")
-    if want_true == want_wrong:
-        pytest.skip(f"draft cost on this machine (T2/T1 = {m[2] / m[1]:.2f} at B = {b0}) is outside the range where "
-                    "a 30% error flips the choice")
+    # A profile 30% low for k >= 2; where this machine's draft cost is such that 30% does not flip the
+    # choice at B0, as much lower as it takes (down to 60% low, still inside the 4x outlier ratio), so
+    # the test runs on every machine instead of being skipped on some.
+    for low in (0.3, 0.4, 0.5, 0.6):
+        t_wrong = {k: {b: t * (1.0 - low if k >= 2 else 1.0) for b, t in row.items()} for k, row in t_true.items()}
+        want_wrong = table_dense(true_table(t_wrong, rates, ks))[b0 - 1]
+        if want_wrong != want_true:
+            break
+    print(f"\n[step time] measured T(B={b0}, k) = {m} ms; true table k = {want_true}, profile {low:.0%} low for "
+          f"k >= 2: k = {want_wrong}")
+    assert want_true != want_wrong, f"T2/T1 = {m[2] / m[1]:.2f} at B = {b0}: no error up to 60% flips the choice"
     start = true_table(t_wrong, rates, ks)
 
     v = rig.publish(ranges=start, rates=rates, profile=t_wrong, allowed_k=list(ks),
