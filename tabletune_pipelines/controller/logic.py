@@ -3,8 +3,8 @@
 The vLLM adapter (``controller/scheduler.py``) calls three methods; a simulator can call the same:
 
 * ``next_lookup()`` before each ``Scheduler.schedule``: the lookup vLLM should use for the next
-  step (None = leave it alone). This is where exploration (one step at the largest allowed k every
-  ``exploration_every_steps``) and boundary hysteresis (keep the current k while B is within h of
+  step (None = leave it alone). This is where exploration (a run of ``exploration_run_steps`` steps
+  at the largest allowed k every ``exploration_every_steps``) and boundary hysteresis (keep the current k while B is within h of
   a range that uses it) take effect, by handing vLLM one of a few lookups precomputed at rebuild.
 * ``on_step(...)`` after each ``update_from_output``, with the step's per-request counts: drafted
   = ``len(scheduled_spec_decode_tokens[req])``, kept = ``len(sampled_token_ids[i]) - 1``. It adds one
@@ -103,7 +103,10 @@ class Controller:
         self._prev_b = 0
         self._prev_k: int | None = None
         self._cur_k: int | None = None
-        self._exploring = False
+        self._explore_left = 0  # lookups of the current exploration run still to hand out
+        self._explore_pending = 0  # exploration steps handed out whose on_step has not come yet
+        self._explore_k = 0
+        self._explore_run = 1
         self._next_rebuild = 0
         self._next_explore = 0
         self._next_poll = 0.0
@@ -184,7 +187,9 @@ class Controller:
         self._N = int(s.rebuild_every_steps)
         self._next_rebuild = self.steps + self._N
         self._explore_every = int(s.exploration_every_steps)
+        self._explore_run = int(s.exploration_run_steps)
         self._next_explore = self.steps + self._explore_every
+        self._explore_left = self._explore_pending = 0
         can_switch = self.engine.launch_ranges is not None
         # The published table is put in force whenever k can be switched; only in control mode
         # (with a prior and a profile) is it rebuilt, explored around and held with hysteresis.
@@ -195,6 +200,7 @@ class Controller:
         self._apply(table)
         kmax = max(ks) if ks else 0
         self._explore = vllm_lookup(np.full(n, kmax)) if (self.controlling and self._explore_every and kmax) else None
+        self._explore_k = kmax
         for note in start.notes:
             self.log.info("TableTune controller: published v%d: %s", pub.version, note)
         if not can_switch:
@@ -252,10 +258,16 @@ class Controller:
         """The lookup for the next scheduled step (None: leave vLLM's as it is)."""
         if not self.controlling:
             return self._lookup
-        if self._explore is not None and self.steps >= self._next_explore:
-            self._next_explore = self.steps + self._explore_every
+        if self._explore is not None and (self._explore_left > 0 or self.steps >= self._next_explore):
+            # A run of exploration_run_steps steps at the largest k: its steps after the first follow a
+            # step of the same k, so they are clean observations of that k's step time.
+            if self._explore_left > 0:
+                self._explore_left -= 1
+            else:
+                self._next_explore = self.steps + self._explore_every
+                self._explore_left = self._explore_run - 1
             self.exploration_steps += 1
-            self._exploring = True
+            self._explore_pending = min(self._explore_pending + 1, self._explore_run + 1)  # idle schedules
             return self._explore
         if self._hyst and self._cur_k is not None:
             return self._hyst.get(self._cur_k, self._lookup)
@@ -305,8 +317,10 @@ class Controller:
             self._win_busy += dt
             # A clean decode step: same requests' count and k as the step before, nothing admitted,
             # no prefill tokens. Its interval is one whole step at (B, k) (as the profile timed it).
+            # Judged by the k each step reports, not by which lookup was handed out last: with the
+            # async scheduler the next step is scheduled before this one's output arrives.
             if (self._tp and num_new == 0 and b == self._prev_b and k_next == self._prev_k and k_next is not None
-                    and total_tokens == b + drafted and b <= self._n and not self._exploring):
+                    and total_tokens == b + drafted and b <= self._n):
                 row = self._k_row[k_next] if 0 <= k_next <= self._K else -1
                 if row >= 0:
                     ms = dt * 1000.0
@@ -320,8 +334,8 @@ class Controller:
                             cell[0] += ms
                             cell[1] += 1.0
         self._prev_b, self._prev_k = b, k_next
-        if self._exploring:
-            self._exploring = False
+        if self._explore_pending and k_next == self._explore_k:
+            self._explore_pending -= 1  # an exploration step: the k in force for hysteresis stays
         else:
             self._cur_k = k_next
         self._win_steps += 1

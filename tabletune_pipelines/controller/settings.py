@@ -67,8 +67,13 @@ class ControllerSettings:
     min_prior_weight: float = 1.0
     """Floor of the decayed prior weight (keeps never-drafted positions defined)."""
     exploration_every_steps: int = 50
-    """Every this many steps, run one step at the largest allowed k so every position keeps being
-    observed (0 turns exploration off)."""
+    """Every this many steps, run ``exploration_run_steps`` steps at the largest allowed k so every
+    position keeps being observed (0 turns exploration off)."""
+    exploration_run_steps: int = 3
+    """Steps in a row at the largest allowed k per exploration (1..64). A step's interval counts as an
+    observation of its k only when the step before ran the same k (docs/controller.md, "Live step-time
+    correction"), so with a run of one the explored k's step time would never be observed and would
+    keep its profile however wrong; from the second step of a run on it is observed."""
     hysteresis: int = 2
     """h: keep the current k while the batch size is within h of a batch size that uses it."""
     stickiness: float = 0.005
@@ -111,10 +116,13 @@ class ControllerSettings:
         if type(f) not in (int, float) or not math.isfinite(f) or not 0.0 < f <= 1.0:
             raise SettingsError(f"controller setting turbospec_forget = {f!r} must be a number in (0, 1]")
         for name, lo in (("rebuild_every_steps", 1), ("exploration_every_steps", 0), ("hysteresis", 0),
-                         ("export_every_steps", 1)):
+                         ("export_every_steps", 1), ("exploration_run_steps", 1)):
             v = getattr(self, name)
             if type(v) is not int or v < lo:
                 raise SettingsError(f"controller setting {name} = {v!r} must be an integer >= {lo}")
+        if self.exploration_run_steps > 64:
+            raise SettingsError(f"controller setting exploration_run_steps = {self.exploration_run_steps!r} must be "
+                                "at most 64 (a few steps suffice to observe the explored k)")
         for name, lo, strict in (("prior_weight", 0.0, True), ("min_prior_weight", 0.0, True),
                                  ("nightjar_exploration", 0.0, False),
                                  ("stickiness", 0.0, False), ("live_count_floor", 0.0, False),

@@ -155,14 +155,13 @@ def test_step_time_correction_with_a_profile_30_percent_low(rig):
                          max_steps=1500)
     assert hit is not None, [w.controller["table"] for w in mine]
     at = report("step time, corrected", hit, mine)
-    # ... and it stays there. The one excursion the design allows (docs/controller.md, step-time
-    # correction): a k with no observed step yet keeps its profile — here 30% low for k >= 2 — so on a
-    # near tie the search may try it; its own steps then correct it. So: most later windows keep the
-    # true choice at B0 (without the correction, below, none would).
+    # ... and it stays there: every later window keeps the true choice at B0. (Before exploration ran
+    # in runs, k = K was explored one step at a time and never timed, so it kept its profile, 30% low,
+    # and pulled the table back in about half the runs; docs/controller.md, exploration_run_steps.)
     _, mine = rig.wait(lambda w: False, version=v, max_steps=at + 800)
     later = [w for w in mine if Rig.steps_into(w, mine) > at]
     kept = [table_dense(w.controller["table"])[b0 - 1] == want_true for w in later]
-    assert later and sum(kept) >= 0.7 * len(kept), [w.controller["table"] for w in later]
+    assert later and all(kept), [w.controller["table"] for w in later]
     print(f"  corrections: {mine[-1].controller['step_time']}")
 
     v = rig.publish(ranges=start, rates=rates, profile=t_wrong, allowed_k=list(ks),

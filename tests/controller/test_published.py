@@ -19,7 +19,7 @@ from tabletune_pipelines.published import (
     validate_ranges,
     write_published_table,
 )
-from tests.controller._fake import IDENTITY, publish
+from tests.controller._fake import IDENTITY, REBUILD_BUDGET_MS, publish
 
 
 @pytest.fixture
@@ -42,7 +42,7 @@ def test_round_trip_carries_what_the_controller_needs(good):
     assert pub.prior.rates == (0.7, 0.5, 0.3) and pub.prior.num_drafts == 4800
     assert pub.allowed_k == (0, 1, 3)
     assert pub.identity["model"] == IDENTITY["model"] and pub.identity["method"] == "draft_model"
-    assert pub.controller == {"hysteresis": 1}
+    assert pub.controller == {"hysteresis": 1, "rebuild_budget_ms": REBUILD_BUDGET_MS}
     assert sorted(pub.step_ms) == [0, 1, 2, 3] and pub.step_ms[1][16] == pytest.approx(4.0 + 0.6 + 16 * 0.2)
     assert read_published_table(good)["table"]["ranges"] == [[1, 4, 3], [5, 16, 1]]
 
