@@ -22,8 +22,6 @@ from tabletune_pipelines.errors import InvalidAcceptanceError, InvalidValueError
 
 #: The prior counts as this many observations (docs/method.md, "Online controller").
 DEFAULT_PRIOR_WEIGHT = 2000.0
-#: Every this many steps, one step runs at the largest k so every position stays observed.
-DEFAULT_EXPLORATION_EVERY = 50
 
 
 @dataclass(frozen=True)
@@ -105,24 +103,6 @@ class AcceptanceEstimator:
         if self.config.prior_decay:
             self.prior_weight = max(self.config.min_prior_weight, self.prior_weight * 0.5)
         return est
-
-
-@dataclass(frozen=True)
-class ExplorationSchedule:
-    """Every ``every`` steps, run one step at the largest k (0 disables exploration).
-
-    Without it, positions beyond the table's k are never drafted and never learned, so a table
-    that went short can stay stuck short.
-    """
-
-    every: int = DEFAULT_EXPLORATION_EVERY
-
-    def __post_init__(self) -> None:
-        if self.every < 0:
-            raise InvalidValueError(f"exploration every = {self.every!r} must be >= 0 (0 disables)")
-
-    def is_exploration_step(self, step_index: int) -> bool:
-        return self.every > 0 and step_index > 0 and step_index % self.every == 0
 
 
 @dataclass(frozen=True)

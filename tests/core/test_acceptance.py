@@ -7,7 +7,6 @@ from tabletune_pipelines.core.acceptance import (
     AcceptanceEstimator,
     BoundaryHysteresis,
     EstimatorConfig,
-    ExplorationSchedule,
 )
 from tabletune_pipelines.errors import InvalidAcceptanceError, InvalidValueError
 
@@ -89,13 +88,6 @@ def test_estimate_in_unit_interval_and_non_increasing(raw_prior, obs, rebuilds, 
     a = est.estimate()
     assert np.all(a >= 0) and np.all(a <= 1)
     assert np.all(np.diff(a) <= 1e-12)
-
-
-def test_exploration_every_50_steps():
-    sched = ExplorationSchedule()
-    hits = [s for s in range(1, 201) if sched.is_exploration_step(s)]
-    assert hits == [50, 100, 150, 200]
-    assert not any(ExplorationSchedule(every=0).is_exploration_step(s) for s in range(200))
 
 
 def test_hysteresis_holds_k_near_boundary():
