@@ -43,12 +43,13 @@ def rig(tmp_path_factory):
         srv.stop()
 
 
-def serve(rig, version: int, clients: int, steps: int, warm: int = 0) -> tuple[dict | None, dict]:
+def serve(rig, version: int, clients: int, steps: int, warm: int = 0,
+          max_tokens: tuple[int, int] = (24, 48)) -> tuple[dict | None, dict]:
     """``clients`` closed-loop clients for ``warm`` + ``steps`` engine steps (steps, not seconds: ramp-up
     and leftovers of the previous load are a fixed number of steps, so a slow machine must not see
     fewer steady ones). The controller exports from inside steps (every ``rebuild_every_steps``), so
     both snapshots are taken while the load runs: (the state after ``warm`` steps, the state at the end)."""
-    load = Load(rig.server, clients, max_tokens=(24, 48)).start()
+    load = Load(rig.server, clients, max_tokens=max_tokens).start()
     try:
         first = last(rig, version) if warm and rig.wait_steps(warm) else None
         rig.wait_steps(steps)
@@ -69,8 +70,15 @@ def test_turbospec_policy_chooses_k_in_the_engine(rig):
     v = rig.publish(ranges=[(1, N, 1)], rates=RATES, profile=PROFILE, controller={"policy": "turbospec"})
     _, one = serve(rig, v, 1, 150)  # the controller polls the file inside its first step
     # Load 12, counted from a window after 150 of its steps (the leftover load-1 steps and the ramp-up).
-    start, both = serve(rig, v, 12, 400, warm=150)
+    # Long requests (96-160 tokens): the batch stays full even when the clients' threads get little CPU
+    # (with 24-48 tokens on a busy machine most steps ran at B = 1, and the test measured the clients).
+    start, both = serve(rig, v, 12, 400, warm=150, max_tokens=(96, 160))
     at_12 = [b - a for a, b in zip(start["policy_k_steps"], both["policy_k_steps"])]
+    ws = [w for w in rig.windows() if w.table_version == v and w.controller and
+          start["steps"] < w.controller["steps"] <= both["steps"]]
+    mean_b = sum(w.tokens - sum(w.accepted_per_pos) for w in ws) / max(1, sum(w.steps for w in ws))
+    print(f"\n[turbospec] load 12: mean batch size {mean_b:.1f} over {sum(w.steps for w in ws)} steps")
+    assert mean_b >= 7, f"the load generator did not fill the batch (mean B {mean_b:.1f}): nothing to test at load 12"
     print(f"\n[turbospec] alpha {both['policy_alpha']}; table {both['policy_table']}; k steps at load 1 "
           f"{one['policy_k_steps']}, at load 12 {at_12}")
     assert both["policy"] == "turbospec" and both["policy_active"] and both["errors"] == 0
