@@ -6,12 +6,14 @@ import dagster as dg
 from dagster_duckdb import DuckDBResource
 
 from assets import OWNERS
-from tabletune_pipelines.deployments import deployments_running, serving_speculative_config, write_speculative_config
+from tabletune_pipelines.deployments import deployments_running, serving_speculative_config
 from tabletune_pipelines.errors import TableTuneError
 from tabletune_pipelines.fleet import Deployment
+from tabletune_pipelines.identity_match import identity_mismatches
 from tabletune_pipelines.orchestration.metadata import json_md
 from tabletune_pipelines.orchestration.partitions import engine_identity_partitions
 from tabletune_pipelines.orchestration.resources import EngineResource, FleetResource, TuningPolicy, store_from
+from tabletune_pipelines.orchestration.tags import ENGINE_TAG
 from tabletune_pipelines.published import controller_fields
 from tabletune_pipelines.tuning.gates import blocking_table_gates
 from tabletune_pipelines.tuning.report import boundaries_markdown, loss_text, table_markdown, within_noise_markdown
@@ -19,7 +21,10 @@ from tabletune_pipelines.tuning.report import boundaries_markdown, loss_text, ta
 ROLLBACK_HOWTO = (
     "Roll back with the job `rollback_published_table` (config: `deployment`), e.g.\n\n"
     "`dg launch --job rollback_published_table --config-json "
-    "'{\"ops\": {\"rollback_published_table_op\": {\"config\": {\"deployment\": \"<name>\"}}}}'`")
+    "'{\"ops\": {\"rollback_published_table_op\": {\"config\": {\"deployment\": \"<name>\"}}}}'`\n\n"
+    "In a fleet of several engine groups, also give the run the deployment's engine tag, so the run queue "
+    "serialises it with that engine's runs: the launchpad's tags, or `dagster job launch -j "
+    "rollback_published_table --tags '{\"tabletune/engine\": \"<engine group>\"}' ...`.")
 
 
 class PublishConfig(dg.Config):
@@ -94,8 +99,7 @@ def published_table(context: dg.AssetExecutionContext, config: PublishConfig, du
                         f"`{dep.speculative_config_path}` |")
             continue
         doc = store.publish(dep.name, table, dep.published_table, note=f"identity {key}, prior {table.prior_id}",
-                            **publication_kwargs(dep, engine, table, store))
-        write_speculative_config(dep, doc)
+                            **publication_kwargs(dep, engine, table, store))  # the companion too, under one lock
         context.log.info(f"published {table.table_id} to {dep.name} as v{doc['version']}: {dep.published_table}")
         published.append({"deployment": dep.name, "version": doc["version"], "path": str(dep.published_table)})
         rows.append(f"| {dep.name} | v{doc['version']} | `{dep.published_table}` | `{dep.speculative_config_path}` |")
@@ -137,18 +141,36 @@ def rollback_published_table_op(context: dg.OpExecutionContext, config: Rollback
     store = store_from(duckdb)
     try:
         dep = fleet.load().deployment(config.deployment)
+        # The old version's identity and prior come back with it (store.rollback); the deployment's
+        # controller settings and live_counters are today's.
         doc = store.rollback(dep.name, dep.published_table, **publication_kwargs(dep, engine))
     except TableTuneError as exc:
         raise dg.Failure(description=f"cannot roll back {config.deployment}: {exc}") from exc
-    write_speculative_config(dep, doc)
     identity_key = doc["table"]["identity_key"]
     context.log.info(f"{dep.name}: rolled back; now v{doc['version']} ({doc['table']['ranges']})")
+    tag = context.run.tags.get(ENGINE_TAG)
+    if tag != dep.group:
+        context.log.warning(f"this run's {ENGINE_TAG} tag is {tag!r}, not {dep.name}'s engine group {dep.group!r}: the "
+                            "run queue did not serialise it with that engine's runs (the publication lock still "
+                            "kept the store and the file in step)")
+    try:
+        running = engine.current_identity(dep)
+    except TableTuneError as exc:
+        context.log.warning(f"{dep.name}: could not learn the engine it runs now ({exc}); v{doc['version']} was made "
+                            f"for {identity_key}")
+    else:
+        differ = identity_mismatches(doc["identity"], running.to_dict(), running_name=f"{dep.name}'s now")
+        if differ:
+            context.log.warning(f"{dep.name}: v{doc['version']} was made for engine {identity_key}, not the one it "
+                                f"runs now ({'; '.join(differ)}): its controller refuses this file and serves on the "
+                                "engine's own table until a table of the current engine is published")
     partitions = context.instance.get_dynamic_partitions(engine_identity_partitions.name)
     yield dg.AssetMaterialization(
         asset_key="published_table",
         partition=identity_key if identity_key in partitions else None,
         description=f"rollback of {dep.name}",
         metadata={"deployment": dep.name, "version": doc["version"], "path": str(dep.published_table),
+                  "identity_key": identity_key, "prior_id": (doc.get("prior") or {}).get("prior_id") or "",
                   "table": dg.MetadataValue.md(table_markdown(doc["table"]["ranges"])), "rollback": True},
     )
     yield dg.Output(doc["version"])

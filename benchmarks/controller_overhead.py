@@ -91,16 +91,19 @@ def in_process(batch_sizes: list[int], max_k: int, n: int, steps: int, rounds: i
 
     from tabletune_pipelines.controller.loader import EngineFacts
     from tabletune_pipelines.controller.logic import Controller
-    from tests.controller._fake import linear_profile, publish
+    from tests.controller._fake import IDENTITY, linear_profile, publish
 
     work = Path(tempfile.mkdtemp(prefix="tt-overhead-"))
     launch = tuple((k + 1, k + 1, k) for k in range(max_k)) + ((max_k + 1, n, max_k),)
     rates = [max(0.05, 0.9 - 0.1 * i) for i in range(max_k)]
     profile = linear_profile(n, max_k)
+    # The largest intervals the settings allow (ControllerSettings.BOUNDS): no rebuild or export inside
+    # the timed steps (6 batch sizes x 3000 steps x 5 rounds = 90000 by default); rebuilds are timed below.
     p = publish(work / "p.json", ranges=[(1, n // 4, max_k), (n // 4 + 1, n // 2, 2), (n // 2 + 1, n, 1)],
                 rates=rates, profile=profile, allowed_k=list(range(max_k + 1)), n=n, k_max=max_k,
-                identity=None, controller={"rebuild_every_steps": 10 ** 9, "export_every_steps": 10 ** 9,
-                                           "export_every_s": 1e9, "step_time_outlier_ratio": 1e6})
+                identity=dict(IDENTITY, max_k=max_k, max_num_seqs=n),  # a file without one is refused
+                controller={"rebuild_every_steps": 100_000, "export_every_steps": 1_000_000,
+                            "export_every_s": 3600.0, "step_time_outlier_ratio": 1000.0})
     clock = [0.0]
     c = Controller(EngineFacts(max_k, n, launch), p, clock=lambda: clock[0])
     rng = random.Random(0)

@@ -14,11 +14,13 @@ run on a GPU node that has only vLLM; only ``run`` needs the pipeline extra.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import sys
 from datetime import date
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -54,25 +56,25 @@ def _int_list(minimum: int):
     return parse
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
-    return value
+def _profile_number(name: str):
+    """A ``profile`` option checked against the library's own limit (``engine.plan.PROFILE_LIMITS``:
+    one validation for the CLI and ``ProfileOptions``); imported only when the option is given."""
+    def parse(text: str) -> int | float:
+        from tabletune_pipelines.engine.plan import PROFILE_LIMITS, limit_problem
 
+        integer = PROFILE_LIMITS[name][2]
+        try:
+            value: int | float = int(text) if integer else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not {'an integer' if integer else 'a number of seconds'}") from None
+        problem = limit_problem(name, value)
+        if problem:
+            raise argparse.ArgumentTypeError(f"{text} {problem}")
+        return value
 
-def _seconds(text: str) -> float:
-    """A number of seconds >= 0 (0 = off)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text} must be a finite number of seconds >= 0 (0 = off)")
-    return value
+    parse.__name__ = name
+    return parse
 
 
 def _iso_date(text: str) -> str:
@@ -156,21 +158,12 @@ def _rates(text: str) -> tuple[float, ...]:
     return vals
 
 
-def _check_in_range(option: str, values: tuple[int, ...] | None, low: int, high: int, what: str) -> None:
-    bad = [v for v in values or () if not low <= v <= high]
-    if bad:
-        raise UsageError(f"{option} {','.join(map(str, values))}: {bad} outside {low}..{high} ({what})")
-
-
 # -- subcommands ---------------------------------------------------------------------------------
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from tabletune_pipelines import deployments
 
     dep = _deployment(args)
-    _check_in_range("--batch-sizes", args.batch_sizes, 1, dep.max_num_seqs,
-                    f"deployment {dep.name!r} has max_num_seqs {dep.max_num_seqs}")
-    _check_in_range("--ks", args.ks, 0, dep.max_k, f"deployment {dep.name!r} has max_k {dep.max_k}")
     options = deployments.ProfileOptions(mode=args.mode, repetitions=args.repetitions,
                                          batch_sizes=args.batch_sizes, ks=args.ks,
                                          accept_batch_sizes=args.accept_batch_sizes,
@@ -181,6 +174,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
                                             else {"remeasure_budget_s": args.remeasure_budget}),
                                          **({} if args.max_repetitions is None
                                             else {"max_repetitions": args.max_repetitions}))
+    # --batch-sizes, --ks, --accept-batch-sizes against the deployment, by the plan's own rule, before
+    # an engine starts or the store is opened.
+    options.check_engine(dep.max_num_seqs, dep.max_k,
+                         f" (deployment {dep.name!r}: max_num_seqs {dep.max_num_seqs}, max_k {dep.max_k})")
     identity = deployments.current_identity(dep)
     store = _open_store(args, must_exist=False)
     print(f"profiling {identity.key} into {store.path}", file=sys.stderr)
@@ -206,11 +203,24 @@ def cmd_acceptance(args: argparse.Namespace) -> int:
     return 0
 
 
-def _latest_profiled_identity(store: TableTuneStore, dep: Deployment) -> str:
-    key = store.latest_profiled_identity_key(dep.model)
-    if key is None:
-        raise NotFoundError(f"no step-time profile for deployment {dep.name!r} in {store.path}; "
-                            "run `tabletune profile` first")
+def _deployment_profile_key(store: TableTuneStore, dep: Deployment) -> str:
+    """The identity key of the engine ``dep`` runs now (the fleet's fields + its vLLM version), which
+    the store must hold a profile of: never another GPU's, K's or max_num_seqs' profile of the same model."""
+    from tabletune_pipelines import deployments
+
+    stored = store.identity_keys()
+    listed = ", ".join(stored[:10]) + (", ..." if len(stored) > 10 else "")
+    held = (f"the store holds {len(stored)} engine identit{'y' if len(stored) == 1 else 'ies'}: {listed}" if stored
+            else "the store holds no engine identity yet") + f" ({store.path})"
+    try:
+        key = deployments.current_identity(dep).key
+    except deployments.EndpointUnreachable as exc:
+        raise NotFoundError(f"deployment {dep.name!r}: cannot learn the engine it runs ({exc}); pass --identity KEY "
+                            f"to pick a stored profile; {held}") from None
+    if key not in stored:
+        raise NotFoundError(f"no step-time profile for deployment {dep.name!r} (engine {key}): {held}; run "
+                            "`tabletune profile` to profile this engine, or pass --identity KEY to use another "
+                            "engine's profile")
     return key
 
 
@@ -226,16 +236,50 @@ def _prior(store: TableTuneStore, dep: Deployment, prior_id: str | None) -> Acce
     return prior
 
 
+def _plot_guard(args: argparse.Namespace) -> dict[Path, str]:
+    """The files ``--plot`` may never replace, whether they exist yet or not (the store, the fleet
+    file, every deployment's published table, companion and live counters); the target is checked
+    now against them and against what is there (``tuning.report.check_plot_target``)."""
+    from tabletune_pipelines.fleet import load_fleet
+    from tabletune_pipelines.tuning.report import check_plot_target
+
+    fleet = load_fleet(args.fleet)
+    guard = {_store_path(args): "the DuckDB store", Path(fleet.source): "the fleet file"}
+    for d in fleet.deployments:
+        guard.update({path: f"deployment {d.name!r}'s {key}" for path, key in d.written_files()})
+    with _plot_option():
+        check_plot_target(args.plot, guard)
+    return guard
+
+
+@contextlib.contextmanager
+def _plot_option() -> Iterator[None]:
+    """A ``PlotTargetError`` as the ``--plot`` option's error (``error: --plot: refusing ...``)."""
+    from tabletune_pipelines.errors import PlotTargetError
+
+    try:
+        yield
+    except PlotTargetError as exc:
+        raise UsageError(f"--plot: {exc}") from None
+
+
 def cmd_table(args: argparse.Namespace) -> int:
     from tabletune_pipelines.tuning.derive import derive_table
-    from tabletune_pipelines.tuning.report import evidence_markdown, goodput_markdown, goodput_plot, table_markdown
+    from tabletune_pipelines.tuning.report import (
+        evidence_markdown,
+        goodput_markdown,
+        goodput_plot,
+        table_markdown,
+        write_plot,
+    )
 
     dep = _deployment(args)
+    plot_guard = _plot_guard(args) if args.plot else None  # a --plot target is refused before any work
     store = _open_store(args, must_exist=True, read_only=not args.save)
-    key = args.identity or _latest_profiled_identity(store, dep)
+    key = args.identity or _deployment_profile_key(store, dep)
     if args.identity and not store.has_identity(args.identity):
         raise NotFoundError(f"--identity {args.identity!r}: no engine identity with that key in {store.path}; "
-                            "omit --identity to use the deployment's latest profile")
+                            "omit --identity to use the profile of the engine the deployment runs")
     profile = store.load_profile(key, args.mode)  # NotFoundError when that mode has no cells
     if args.rates is not None and args.prior:
         raise UsageError("give --prior or --rates, not both")
@@ -264,10 +308,8 @@ def cmd_table(args: argparse.Namespace) -> int:
         print("vLLM --speculative-config:", json.dumps(tuned.table.speculative_config(dep.base_speculative_config())))
     if args.plot:
         png = goodput_plot(tuned.table, profile.no_spec_ms(), f"{key}\nprior {prior.prior_id}")
-        try:
-            Path(args.plot).write_bytes(png)
-        except OSError as exc:
-            raise UsageError(f"--plot {args.plot}: cannot write the plot there ({exc.strerror or exc})") from None
+        with _plot_option():
+            write_plot(args.plot, png, plot_guard)
         print(f"plot: {args.plot}", file=sys.stderr)
     if args.save:
         print(f"stored as {store.write_table(tuned.table)}", file=sys.stderr)
@@ -314,7 +356,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-sizes", type=_int_list(1),
                    help="comma-separated, each in 1..max_num_seqs (default: 1..16 then every 8 to max_num_seqs)")
     p.add_argument("--ks", type=_int_list(0), help="comma-separated k values, each in 0..max_k (default 0..max_k)")
-    p.add_argument("--repetitions", type=_positive_int, default=DEFAULT_REPETITIONS)
+    p.add_argument("--repetitions", type=_profile_number("repetitions"), default=DEFAULT_REPETITIONS,
+                   help=f"repetitions per cell, 1..100 (default {DEFAULT_REPETITIONS})")
     p.add_argument("--accept-batch-sizes", type=_int_list_or_none(1), default=None,
                    help="batch sizes of the all-accepted cells (accepted-work correction; default smallest, "
                         "middle, largest); 'none' for none (on a GPU they need a launch of their own)")
@@ -323,13 +366,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also time each k >= 1 in its own launch with K = k and no table (engine-dependence check)")
     # Defaults (engine.plan.DEFAULT_REMEASURE_BUDGET_S, core.remeasure.DEFAULT_MAX_REPETITIONS) are
     # named, not imported, so `--help` stays light; tests/cli check that the two agree.
-    p.add_argument("--remeasure-budget", type=_seconds, default=None, metavar="SECONDS",
+    p.add_argument("--remeasure-budget", type=_profile_number("remeasure_budget_s"), default=None,
+                   metavar="SECONDS",
                    help="after the first pass, re-measure the cells behind ambiguous table decisions (adaptive "
-                        "re-measurement, one_launch mode) for at most this long; default 120, 0 turns it off")
-    p.add_argument("--max-repetitions", type=_positive_int, default=None,
-                   help="most repetitions re-measurement gives one cell (default 9)")
-    p.add_argument("--startup-timeout", type=_positive_int, default=None,
-                   help="seconds to wait for each engine launch to become healthy (default 600; a cold GPU "
+                        "re-measurement, one_launch mode) for at most this long (0..86400); default 120, 0 turns "
+                        "it off")
+    p.add_argument("--max-repetitions", type=_profile_number("max_repetitions"), default=None,
+                   help="most repetitions re-measurement gives one cell, 1..100 (default 9)")
+    p.add_argument("--startup-timeout", type=_profile_number("startup_timeout"), default=None,
+                   help="seconds to wait for each engine launch to become healthy, 1..3600 (default 600; a cold GPU "
                         "launch with CUDA graphs can take 2-3 minutes, a slow CPU several)")
     p.set_defaults(func=cmd_profile)
 
@@ -339,13 +384,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_acceptance)
 
     p = sub.add_parser("table", help="derive and show the goodput-optimal table from the store")
-    p.add_argument("--identity", help="engine identity key (default: the deployment's latest profile)")
+    p.add_argument("--identity", help="engine identity key (default: the engine the deployment runs now)")
     p.add_argument("--prior", help="acceptance prior id (default: the latest)")
     p.add_argument("--rates", type=_rates, default=None,
                    help="use these acceptance rates a_1..a_K instead of a stored prior, e.g. 0.7,0.5,0.3")
     p.add_argument("--mode", default=DEFAULT_PROFILE_MODE, choices=PROFILE_MODES)
     p.add_argument("--format", default="text", choices=["text", "vllm"])
-    p.add_argument("--plot", help="write a goodput-vs-batch-size PNG here")
+    p.add_argument("--plot", help="write a goodput-vs-batch-size PNG here: a new file or an earlier plot of "
+                                  "TableTune's, never anything else (written atomically)")
     p.add_argument("--no-correction", action="store_true", help="ignore the accepted-work step-time correction")
     p.add_argument("--policy", default="evidence", choices=["evidence", "stickiness"],
                    help="table search rule: switch k only on evidence (default) or the method's 0.5%% rule")

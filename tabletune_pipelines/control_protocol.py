@@ -9,8 +9,10 @@ acknowledgement file ``<file>.ack``:
 * The **reader** (inside the engine: the step scheduler once per step, the CPU plugin when drafts
   are verified) detects a new command with one ``os.stat`` per poll — the file's (inode, mtime,
   size) changed — parses it, acts, and writes the ack atomically. A file it cannot parse (not
-  strict JSON: NaN, Infinity, a duplicate key, non-UTF-8 bytes, over ``MAX_COMMAND_BYTES``) is
-  acknowledged with ``{"ack": null, "error": ...}``; it never raises into the engine.
+  strict JSON: NaN, Infinity, a duplicate key, nesting past 64 levels, an integer of more than 32
+  digits, non-UTF-8 bytes, over ``MAX_COMMAND_BYTES``; or not a regular file: a named pipe is
+  never waited on; ``strict_io``) is acknowledged with ``{"ack": null, "error": ...}``; it never
+  raises into the engine.
 * Commands are **validated before they are applied** (``check_k_command``, ``check_rates_command``):
   a command that fails is acknowledged with its error and changes nothing.
 
@@ -53,8 +55,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tabletune_pipelines import strict_io
 from tabletune_pipelines.errors import TableTuneError
-from tabletune_pipelines.published import strict_json_loads
 
 K_CONTROL_ENV = "TABLETUNE_K_CONTROL"
 """Environment variable naming the k / table / admission-gate channel of an engine."""
@@ -238,11 +240,8 @@ class ControlWriter:
 
     def read_ack(self) -> dict[str, Any] | None:
         """The current acknowledgement (a JSON object), or None if there is none or it is being written."""
-        try:
-            ack = json.loads(self.ack_path.read_text())
-        except (OSError, ValueError):
-            return None
-        return ack if isinstance(ack, dict) else None
+        ack = _read_json_object(self.ack_path)
+        return ack
 
     def wait_ack(self, seq: int, *, timeout: float, poke: Callable[[], None] | None = None,
                  pause: float = 0.05, what: str | None = None) -> dict[str, Any]:
@@ -306,15 +305,22 @@ class ControlReader:
             return None
         self._sig = sig
         try:
-            with open(self.path, "rb") as fh:
-                raw = fh.read(MAX_COMMAND_BYTES + 1)
-            if len(raw) > MAX_COMMAND_BYTES:
-                raise ValueError(f"the command file is larger than {MAX_COMMAND_BYTES} bytes")
-            data = strict_json_loads(raw.decode("utf-8"))  # NaN, Infinity and duplicate keys are errors
+            # A regular file only (a named pipe is refused, never waited on), bounded, strict JSON:
+            # NaN, Infinity, duplicate keys, deep nesting and huge integers are errors (strict_io).
+            raw, _ = strict_io.read_bounded(self.path, MAX_COMMAND_BYTES)
+            data = strict_io.loads(raw.decode("utf-8"))
             if not isinstance(data, dict) or not isinstance(data.get("seq"), int) or isinstance(data["seq"], bool):
                 raise ValueError(f"expected a JSON object with an integer 'seq', got {str(data)[:200]}")
+        except strict_io.FileTooLargeError:
+            self._write_ack({"ack": None, "error": f"unreadable command: the command file is larger than "
+                                                   f"{MAX_COMMAND_BYTES} bytes"})
+            return None
         except (OSError, ValueError) as exc:
-            self._write_ack({"ack": None, "error": f"unreadable command: {exc}"})
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            self._write_ack({"ack": None, "error": f"unreadable command: {why}"})
+            return None
+        except Exception as exc:  # noqa: BLE001 - never raise into the engine; the ack says what failed
+            self._write_ack({"ack": None, "error": f"unreadable command: {type(exc).__name__}: {str(exc)[:200]}"})
             return None
         seq = int(data.pop("seq"))
         if seq == self.last_seq:
@@ -339,17 +345,24 @@ class ControlReader:
             pass  # the engine must not fail over an acknowledgement; the writer times out instead
 
 
-def _read_seq(path: Path) -> int:
+def _read_json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path`` (a regular file, bounded, strict JSON), or None for anything else."""
     try:
-        data = json.loads(path.read_text())
-        return int(data.get("seq") or 0) if isinstance(data, dict) else 0
-    except (OSError, ValueError, TypeError):
-        return 0
+        raw, _ = strict_io.read_bounded(path, MAX_COMMAND_BYTES)
+        data = strict_io.loads(raw.decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _seq_field(path: Path, key: str) -> int:
+    value = (_read_json_object(path) or {}).get(key)
+    return value if type(value) is int and value > 0 else 0
+
+
+def _read_seq(path: Path) -> int:
+    return _seq_field(path, "seq")
 
 
 def _read_ack_seq(path: Path) -> int:
-    try:
-        data = json.loads(path.read_text())
-        return int(data.get("ack") or 0) if isinstance(data, dict) else 0
-    except (OSError, ValueError, TypeError):
-        return 0
+    return _seq_field(path, "ack")

@@ -24,7 +24,8 @@ from tabletune_pipelines.engine.installed import installed_vllm_version
 from tabletune_pipelines.engine.plan import ProfileOptions
 from tabletune_pipelines.errors import InvalidValueError, NotFoundError, TableTuneError
 from tabletune_pipelines.fleet import Deployment, Fleet, tabletune_home
-from tabletune_pipelines.published import atomic_write_text, check_publish_targets
+from tabletune_pipelines.identity_match import COMPARED_FIELDS, identity_mismatches
+from tabletune_pipelines.published import check_publish_targets, write_speculative_config_companion
 
 __all__ = [
     "AcceptanceOptions", "CurrentIdentity", "EndpointUnreachable", "EngineMismatchError", "ProfileOptions",
@@ -81,9 +82,10 @@ def current_identity(dep: Deployment, timeout_s: float = 5.0) -> EngineIdentity:
 
 
 def same_engine(dep: Deployment, identity: EngineIdentity) -> bool:
-    """Whether ``identity`` describes ``dep``'s model, drafter and shape (any vLLM version)."""
-    return (dep.model, dep.drafter, dep.method, dep.gpu, dep.max_k, dep.max_num_seqs) == (
-        identity.model, identity.drafter, identity.method, identity.gpu, identity.max_k, identity.max_num_seqs)
+    """Whether ``identity`` describes ``dep``'s GPU, model, drafter, method and shape (any vLLM version),
+    by the comparison the controller uses on a published file (``identity_match.identity_mismatches``)."""
+    fields = [f for f in COMPARED_FIELDS if f != "vllm_version"]
+    return not identity_mismatches(identity.to_dict(), {f: getattr(dep, f) for f in fields}, fields=fields)
 
 
 def deployment_for_identity(fleet: Fleet, identity: EngineIdentity, preferred: str = "") -> Deployment | None:
@@ -287,8 +289,8 @@ def serving_speculative_config(dep: Deployment, local_model_path: Callable[..., 
 
 
 def write_speculative_config(dep: Deployment, published: Mapping[str, Any]) -> Path:
-    """Write the paste-able ``--speculative-config`` JSON of a published document beside the table."""
-    path = dep.speculative_config_path
+    """Write the paste-able ``--speculative-config`` JSON of a published document beside the table
+    (``TableTuneStore.publish`` writes it itself, under the publication lock; this is for callers
+    that build a document by other means)."""
     check_publish_targets(dep.published_table, dep.name)  # never beside, or over, a file TableTune does not own
-    atomic_write_text(path, json.dumps(published["speculative_config"], indent=2, sort_keys=True) + "\n")
-    return path
+    return write_speculative_config_companion(dep.published_table, published)

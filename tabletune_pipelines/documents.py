@@ -17,12 +17,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
+from tabletune_pipelines import strict_io
 from tabletune_pipelines.core.goodput import validate_acceptance, validate_step_time
 from tabletune_pipelines.core.evidence import Boundary
 from tabletune_pipelines.core.noise import CellEstimate
 from tabletune_pipelines.core.steptime import StepTimeSurface, median_standard_error, relative_spread
 from tabletune_pipelines.core.table import validate_table
-from tabletune_pipelines.errors import DocumentError, EmptyProfileError, SchemaVersionError, TableTuneError
+from tabletune_pipelines.errors import (
+    DocumentError,
+    EmptyProfileError,
+    InvalidStepTimeError,
+    SchemaVersionError,
+    TableTuneError,
+)
 from tabletune_pipelines.vocab import (
     ACCEPTANCE_MODES,
     DEFAULT_CUDAGRAPH_MODE,
@@ -31,6 +38,7 @@ from tabletune_pipelines.vocab import (
     DEFAULT_DTYPE,
     DEFAULT_PROFILE_MODE,
     DEFAULT_TEMPERATURE,
+    MAX_STEP_MS,
     PRIOR_SOURCES,
     PROFILE_MODES,
     TIMING_SOURCES,
@@ -96,8 +104,10 @@ class _Document:
     @classmethod
     def from_json(cls: type[T], text: str) -> T:
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
+            # TableTune's own documents (json.dumps may have written NaN); depth, digits and
+            # duplicate keys are bounded as in every reader (strict_io).
+            data = strict_io.loads(text, allow_nan=True)
+        except ValueError as exc:  # json.JSONDecodeError and strict_io.StrictJSONError
             raise SchemaVersionError(f"not valid JSON for {cls.SCHEMA}: {exc}") from None
         return cls.from_dict(data)
 
@@ -193,16 +203,25 @@ class StepTimeCell:
     before the field existed)."""
 
     def __post_init__(self) -> None:
-        validate_step_time(self.median_ms, where=f" at B={self.batch_size}, k={self.k}")
+        where = f" at B={self.batch_size}, k={self.k}"
+        validate_step_time(self.median_ms, where=where)
+        # Every repetition is a step time too: the noise model, the re-measurement and the spread
+        # use them, so one NaN, negative or absurd repetition would change the table silently.
+        if isinstance(self.repetitions_ms, (str, bytes, Mapping)) or not hasattr(self.repetitions_ms, "__iter__"):
+            raise DocumentError(f"step-time cell{where}: repetitions_ms = {self.repetitions_ms!r:.60} must be a "
+                                "list of step times")
+        for i, r in enumerate(self.repetitions_ms):
+            if isinstance(r, bool) or not isinstance(r, numbers.Real):
+                raise InvalidStepTimeError(f"step time {r!r:.40} (repetitions_ms[{i}]){where} is not a number")
+            validate_step_time(r, where=f" (repetitions_ms[{i}]){where}")
         if self.stderr_ms is None and len(self.repetitions_ms) >= 2:
-            try:
-                object.__setattr__(self, "stderr_ms", median_standard_error(self.repetitions_ms))
-            except TableTuneError:
-                pass  # a repetition that is not a step time: no estimate (the median was validated)
-        elif self.stderr_ms is not None and (not isinstance(self.stderr_ms, numbers.Real)
-                                             or not math.isfinite(self.stderr_ms) or self.stderr_ms < 0):
-            raise DocumentError(f"step-time cell at B={self.batch_size}, k={self.k}: stderr_ms = {self.stderr_ms!r} "
-                                "must be a finite number >= 0 or null")
+            object.__setattr__(self, "stderr_ms", median_standard_error(self.repetitions_ms))
+        elif self.stderr_ms is not None and (isinstance(self.stderr_ms, bool)
+                                             or not isinstance(self.stderr_ms, numbers.Real)
+                                             or not math.isfinite(self.stderr_ms)
+                                             or not 0 <= self.stderr_ms <= MAX_STEP_MS):
+            raise DocumentError(f"step-time cell{where}: stderr_ms = {self.stderr_ms!r} must be a finite number in "
+                                f"[0, {MAX_STEP_MS:g}] or null")
         if not _is_int(self.batch_size) or self.batch_size < 1:
             raise DocumentError(f"step-time cell: batch_size = {self.batch_size!r} must be an integer >= 1")
         if self.k is not None and (not _is_int(self.k) or self.k < 0):
@@ -295,8 +314,13 @@ class StepTimeProfile(_Document):
         ident = body.pop("identity")
         ident = EngineIdentity.from_dict(ident if "schema" in ident else
                                          {"schema": EngineIdentity.SCHEMA, "schema_version": SCHEMA_VERSION, **ident})
-        cells = tuple(StepTimeCell(**{**c, "repetitions_ms": tuple(c["repetitions_ms"])}) for c in body.pop("cells"))
-        return cls(identity=ident, cells=cells, **body)
+        cells = []
+        for i, c in enumerate(body.pop("cells")):
+            try:
+                cells.append(StepTimeCell(**{**c, "repetitions_ms": tuple(c["repetitions_ms"])}))
+            except InvalidStepTimeError as exc:  # name the profile, so the cell can be found
+                raise InvalidStepTimeError(f"step-time profile of {ident.key}, cells[{i}]: {exc}") from None
+        return cls(identity=ident, cells=tuple(cells), **body)
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ class InvalidAcceptanceError(TableTuneError, ValueError):
 
 
 class InvalidStepTimeError(TableTuneError, ValueError):
-    """A step time that is missing, not finite or not positive."""
+    """A step time that is missing, not finite, not positive, or too long to be a step (``vocab.MAX_STEP_MS``)."""
 
 
 class EmptyProfileError(TableTuneError, ValueError):
@@ -69,6 +69,16 @@ class PromptFileError(TableTuneError, ValueError):
     """A prompt file that is missing, empty, unreadable or malformed (names the line, never quotes it)."""
 
 
+class PlotTargetError(TableTuneError, ValueError):
+    """A plot path where TableTune may not write: something it did not write is there (names the path
+    and what is there), or its folder is missing."""
+
+
+class UnwritablePathError(TableTuneError):
+    """A folder TableTune must write in (``$TABLETUNE_HOME`` for the fingerprint key, the store's
+    folder, an export's output folder) cannot be created or written; names it and what to do."""
+
+
 # -- the store ---------------------------------------------------------------------------------
 
 class StoreError(TableTuneError):
@@ -80,4 +90,10 @@ class StoreLockedError(StoreError):
 
 
 class StoreCorruptError(StoreError):
-    """The file exists but is not a readable DuckDB database."""
+    """The file exists but is not a readable DuckDB database (another kind of file, truncated, or
+    failing DuckDB's checksums)."""
+
+
+class StoredDataError(StoreCorruptError):
+    """A row of the store whose values cannot be a measurement (a step-time cell with a NaN, infinite,
+    negative or absurd repetition); names the row (identity, k, batch size) and the value."""

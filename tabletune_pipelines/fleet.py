@@ -10,7 +10,8 @@ is an error, not a 3 or a 1. ``${VAR}`` and ``${VAR:-default}`` are expanded in 
 variable without a default is an error. Relative paths are resolved against the file's folder.
 
 The YAML itself is read strictly too: a key written twice in one mapping, an alias (``*name``) or
-a merge key (``<<``), a file over ``MAX_FLEET_BYTES`` or one that is not UTF-8 is an error naming
+a merge key (``<<``), an integer of more than 32 digits, a file over ``MAX_FLEET_BYTES``, one that is
+not UTF-8 or a path that is not a regular file (a named pipe: ``strict_io``) is an error naming
 the file and line (YAML would keep the last duplicate silently and expand aliases without bound).
 Beyond types, values must make sense: names and vLLM option values are plain tokens that cannot
 be read as options, ``speculative_config`` may not set what the loader checks, ``controller`` is
@@ -52,6 +53,7 @@ from pydantic_core import PydanticCustomError
 
 from tabletune_pipelines.errors import FleetError
 from tabletune_pipelines.published import speculative_config_path as _companion_of
+from tabletune_pipelines.strict_io import MAX_INT_DIGITS, FileTooLargeError, NotRegularFileError, read_bounded
 from tabletune_pipelines.vocab import (
     DEFAULT_CUDAGRAPH_MODE,
     DEFAULT_MODEL_RUNNER,
@@ -325,6 +327,20 @@ class Deployment(_Schema):
     def _paths(cls, v: Any, info: ValidationInfo) -> Any:
         return _path(v, info)
 
+    @field_validator("live_counters")
+    @classmethod
+    def _counters_target(cls, v: Path | None) -> Path | None:
+        # The controller appends to this file: refused up front unless it is absent or a live counters
+        # file (the controller checks again before every append; one rule, in live_counters).
+        from tabletune_pipelines.live_counters import LiveCountersError, check_live_counters_target
+
+        if v is not None:
+            try:
+                check_live_counters_target(v)
+            except LiveCountersError as exc:
+                raise _problem(f"'live_counters': {exc}") from None
+        return v
+
     @field_validator("k8s", mode="before")
     @classmethod
     def _empty_k8s(cls, v: Any) -> Any:
@@ -521,6 +537,14 @@ class StrictLoader(yaml.SafeLoader):
                                "the value out)", event.start_mark)
         return super().compose_node(parent, index)
 
+    def construct_yaml_int(self, node: Any) -> Any:
+        # Python refuses to build an integer of more than 4300 decimal digits (a ValueError), and a
+        # long one is no fleet value: the bound every reader has (strict_io.MAX_INT_DIGITS).
+        digits = len(str(node.value).lstrip("+-").replace("_", ""))
+        if digits > MAX_INT_DIGITS:
+            raise _YAMLRefused(f"an integer of {digits} digits (at most {MAX_INT_DIGITS} are allowed)", node.start_mark)
+        return super().construct_yaml_int(node)
+
     def construct_mapping(self, node: Any, deep: bool = False) -> Any:
         if isinstance(node, yaml.MappingNode):
             first: dict[Any, int] = {}
@@ -536,6 +560,9 @@ class StrictLoader(yaml.SafeLoader):
                 except TypeError:
                     pass  # an unhashable key: SafeLoader names it below
         return super().construct_mapping(node, deep)
+
+
+StrictLoader.add_constructor("tag:yaml.org,2002:int", StrictLoader.construct_yaml_int)
 
 
 def parse_fleet(data: Any, source: str = "<string>", base_dir: Path | None = None) -> Fleet:
@@ -559,16 +586,18 @@ def load_fleet(path: str | os.PathLike[str] | None = None) -> Fleet:
     """
     p = Path(path or os.environ.get("TABLETUNE_FLEET") or DEFAULT_FLEET_PATH).expanduser()
     try:
-        with open(p, "rb") as fh:
-            raw = fh.read(MAX_FLEET_BYTES + 1)
+        raw, _ = read_bounded(p, MAX_FLEET_BYTES)  # a regular file only: a named pipe is never waited on
     except FileNotFoundError:
         raise FleetError(f"fleet file {p} does not exist (set TABLETUNE_FLEET or pass --fleet)") from None
     except IsADirectoryError:
         raise FleetError(f"fleet file {p} is a folder; pass the YAML file (set TABLETUNE_FLEET or --fleet)") from None
+    except NotRegularFileError as exc:
+        raise FleetError(f"fleet file {p} is {exc.kind}, not a regular file; it was not read. Pass the YAML "
+                         "file (set TABLETUNE_FLEET or --fleet)") from None
+    except FileTooLargeError:
+        raise FleetError(f"fleet file {p} is larger than {MAX_FLEET_BYTES} bytes; not a fleet file") from None
     except OSError as exc:
         raise FleetError(f"cannot read fleet file {p}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_FLEET_BYTES:
-        raise FleetError(f"fleet file {p} is larger than {MAX_FLEET_BYTES} bytes; not a fleet file")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -583,6 +612,8 @@ def load_fleet(path: str | os.PathLike[str] | None = None) -> Fleet:
         raise FleetError(f"fleet file {p} is not valid YAML: {' '.join(str(exc).split())}") from None
     except RecursionError:
         raise FleetError(f"fleet file {p} is nested too deeply to be a fleet file") from None
+    except ValueError as exc:  # a value YAML itself cannot build (the integer bound above catches the known one)
+        raise FleetError(f"fleet file {p} is not valid YAML: {' '.join(str(exc).split())[:200]}") from None
     return parse_fleet(data, source=str(p), base_dir=p.resolve().parent)
 
 

@@ -31,8 +31,10 @@ Rules checked on read (a bad line names the file and line number): lengths equal
 ``MAX_POSITIONS``, ``0 <= accepted_i <= drafted_i``, ``drafted_i`` non-increasing in i (position
 i+1 is only drafted when position i is), ``num_drafts >= drafted_1`` (every request-step that
 drafted position 1 is a draft), window_end >= window_start, ``estimate`` in [0, 1] and
-non-increasing, no NaN/Infinity, a line at most ``MAX_LINE_BYTES`` (read line by line with that
-limit: a longer line is never held in memory whole). Blank lines are skipped. A half-written last
+non-increasing, strict JSON (``strict_io.loads``: no NaN/Infinity, duplicate keys, nesting past 64
+levels or integers of more than 32 digits), a line at most ``MAX_LINE_BYTES`` (read line by line
+with that limit: a longer line is never held in memory whole), a regular file only (a named pipe
+is refused, never waited on). Blank lines are skipped. A half-written last
 line (the controller was killed mid-append) is reported and skipped, not fatal.
 
 Rules checked across lines: the windows of one writer (same ``deployment`` and ``source``) are in
@@ -51,13 +53,16 @@ import hashlib
 import json
 import math
 import os
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from tabletune_pipelines import strict_io
 from tabletune_pipelines.errors import TableTuneError
+from tabletune_pipelines.strict_io import LineTooLongError, NotRegularFileError, bounded_lines, open_regular
 
 LIVE_COUNTERS_SCHEMA = "tabletune.live_counters"
 LIVE_COUNTERS_SCHEMA_VERSION = 1
@@ -203,30 +208,14 @@ class ReadResult:
     """Windows skipped because the same window was already read (exported twice)."""
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a number JSON allows")
-
-
 def _lines(fh: Any, where: str) -> Any:
-    """``(line number, bytes, ended by a newline)`` of a binary file, each line read with a bound."""
-    no = 0
-    while True:
-        bline = fh.readline(MAX_LINE_BYTES + 1)
-        if not bline:
-            return
-        no += 1
-        if len(bline) > MAX_LINE_BYTES and not bline.endswith(b"\n"):
-            size = len(bline)
-            while not bline.endswith(b"\n"):  # count the rest without keeping it
-                bline = fh.readline(MAX_LINE_BYTES)
-                if not bline:
-                    break
-                size += len(bline)
-            size -= bline.endswith(b"\n")
-            raise LiveCountersError(f"{where}:{no}: line of {size} bytes is longer than "
-                                    f"{MAX_LINE_BYTES}; not a counters window")
-        ended = bline.endswith(b"\n")
-        yield no, bline.rstrip(b"\n"), ended
+    """``(line number, bytes, ended by a newline)`` of a binary file, each line read with a bound
+    (``strict_io.bounded_lines``: a longer line is measured in pieces, never held whole)."""
+    try:
+        yield from bounded_lines(fh, MAX_LINE_BYTES)
+    except LineTooLongError as exc:
+        raise LiveCountersError(f"{where}:{exc.line_no}: line of {exc.size} bytes is longer than "
+                                f"{MAX_LINE_BYTES}; not a counters window") from None
 
 
 def _check_sequence(w: CounterWindow, obj: dict[str, Any], where: str, no: int,
@@ -260,11 +249,13 @@ def read_live_counters(path: str | os.PathLike[str], *, max_k: int | None = None
     file and line). ``max_k``: the deployment's K; a window with more draft positions is refused."""
     p = Path(path)
     try:
-        fh = open(p, "rb")  # noqa: SIM115 - closed below
+        fh = open_regular(p)  # a FIFO or device is refused, never opened for a blocking read
     except FileNotFoundError:
         raise LiveCountersError(f"live counters file {p} does not exist (the controller has not exported yet)") from None
     except IsADirectoryError:
         raise LiveCountersError(f"live counters file {p} is a folder, not a file") from None
+    except NotRegularFileError as exc:
+        raise LiveCountersError(f"live counters file {p} is {exc.kind}, not a regular file; it was not read") from None
     except OSError as exc:
         raise LiveCountersError(f"cannot read live counters file {p}: {exc.strerror or exc}") from None
     windows: list[CounterWindow] = []
@@ -288,7 +279,9 @@ def read_live_counters(path: str | os.PathLike[str], *, max_k: int | None = None
                     continue
                 raise LiveCountersError(f"{where}: not UTF-8 (byte {exc.start})") from None
             try:
-                obj = json.loads(line, parse_constant=_reject_constant)
+                obj = strict_io.loads(line)
+            except strict_io.StrictJSONError as exc:  # complete JSON TableTune refuses: never a torn line
+                raise LiveCountersError(f"{where}: not valid JSON ({exc})") from None
             except ValueError as exc:
                 # A torn line (a writer killed mid-append; a restarted writer starts on a new line)
                 # is a prefix of a line: it never ends with the closing brace. Skip it, report it.
@@ -344,11 +337,112 @@ def window_line(
     return text
 
 
+# -- what the controller may append to (issue 19, item 1) -----------------------------------------
+# The export path comes from a file others write (the fleet's live_counters, the published file's
+# export_path), so it may name a file TableTune did not write: a system file, the DuckDB store. The
+# controller appends only to a file that is absent (it creates it) or already a live counters file:
+# a regular file (not a symlink, folder, FIFO or device) whose first line is a window of this format.
+# An empty file is not one (TableTune never leaves one behind: a first write that fails removes the
+# file it created). ``append_line`` checks the descriptor it writes to; ``check_live_counters_target``
+# is the same check by path, for the fleet loader and the publish gate.
+
+_WRITE_FLAGS = os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def _refuse_target(path: str | os.PathLike[str], reason: str) -> LiveCountersError:
+    return LiveCountersError(f"refusing to append live counters to {os.fspath(path)}: it {reason}, so it is not a "
+                             "live counters file TableTune wrote. Nothing was written; point live_counters (or the "
+                             "controller's export_path) at a path where nothing exists yet, or move this file away")
+
+
+def _not_a_file(st: os.stat_result) -> str | None:
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link (TableTune appends to files, not link targets)"
+    if stat.S_ISDIR(st.st_mode):
+        return "is a folder"
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file (a named pipe, a device or a socket)"
+    return None
+
+
+def _not_ours(fd: int) -> str | None:
+    """Why the open regular file ``fd`` is not a live counters file (None: it is one)."""
+    st = os.fstat(fd)
+    reason = _not_a_file(st)
+    if reason:
+        return reason
+    if st.st_size == 0:
+        return "is empty"
+    head = os.pread(fd, MAX_LINE_BYTES + 1, 0)
+    first, newline, _ = head.partition(b"\n")
+    if b"\x00" in head:  # JSON text never holds one; a database's header can hold a newline before it
+        return "is a binary file (it holds NUL bytes)"
+    if not newline and len(head) > MAX_LINE_BYTES:
+        return f"has a first line longer than {MAX_LINE_BYTES} bytes"
+    try:
+        obj = json.loads(first.decode("utf-8"))  # what it is, not whether its counts are valid: the reader's job
+    except (ValueError, RecursionError):  # not UTF-8 (UnicodeDecodeError), not JSON, nested without end
+        return "does not start with a JSON line"
+    if not isinstance(obj, dict) or obj.get("schema") != LIVE_COUNTERS_SCHEMA:
+        return f"does not start with a line of schema {LIVE_COUNTERS_SCHEMA!r}"
+    if obj.get("schema_version") != LIVE_COUNTERS_SCHEMA_VERSION:
+        return (f"holds schema_version {obj.get('schema_version')!r} counters; this TableTune writes "
+                f"{LIVE_COUNTERS_SCHEMA_VERSION}")
+    return None
+
+
+def check_live_counters_target(path: str | os.PathLike[str]) -> None:
+    """Raise ``LiveCountersError`` unless the controller may append to ``path``: nothing is there, or
+    a live counters file is (see above). Reads at most one line; never writes."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise LiveCountersError(f"cannot inspect live counters file {os.fspath(path)}: {exc.strerror or exc}") from None
+    reason = _not_a_file(st)
+    if reason is None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as exc:
+            raise LiveCountersError(f"cannot read live counters file {os.fspath(path)} to check it: "
+                                    f"{exc.strerror or exc}") from None
+        try:
+            reason = _not_ours(fd)
+        finally:
+            os.close(fd)
+    if reason:
+        raise _refuse_target(path, reason)
+
+
 def append_line(path: str | os.PathLike[str], line: str) -> None:
     """Append ``line`` + newline with one ``write`` on an ``O_APPEND`` descriptor (no folder is
-    created: the export goes only where the operator made room for it)."""
+    created: the export goes only where the operator made room for it). Only to a file that is
+    absent (created) or a live counters file (checked on the descriptor written to); anything else
+    is a ``LiveCountersError`` and is left as it was."""
     data = (line.rstrip("\n") + "\n").encode("utf-8")
-    fd = os.open(os.fspath(path), os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    p = os.fspath(path)
+    created = False
+    try:
+        fd = os.open(p, _WRITE_FLAGS | os.O_CREAT | os.O_EXCL, 0o644)
+        created = True
+    except FileExistsError:  # also a symlink, dangling or not: O_EXCL does not follow it
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:  # removed in between: the next export creates it
+            raise OSError(f"{p} disappeared while being opened") from None
+        reason = _not_a_file(st)  # before opening: opening a device or a FIFO can have effects
+        if reason:
+            raise _refuse_target(p, reason) from None
+        fd = os.open(p, _WRITE_FLAGS)
+        try:
+            reason = _not_ours(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        if reason:
+            os.close(fd)
+            raise _refuse_target(p, reason) from None
     try:
         size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":
@@ -356,5 +450,18 @@ def append_line(path: str | os.PathLike[str], line: str) -> None:
         n = os.write(fd, data)
         if n != len(data):
             raise OSError(f"short write to {path}: {n} of {len(data)} bytes")
+    except BaseException:
+        if created:  # never leave an empty or torn first line behind: it would refuse every later export
+            _remove_if_same(p, fd)
+        raise
     finally:
         os.close(fd)
+
+
+def _remove_if_same(path: str, fd: int) -> None:
+    try:
+        st, mine = os.lstat(path), os.fstat(fd)
+        if (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
+            os.unlink(path)
+    except OSError:
+        pass

@@ -10,8 +10,10 @@ One rule for every caller (the acceptance measurement and the pipeline's prompt 
 missing, unreadable or empty file and any malformed line raise ``PromptFileError`` naming the file
 and the line number. Prompts are user data, so a message describes a bad line's shape (its JSON
 type, its length) and never quotes it. A line longer than ``MAX_LINE_BYTES`` is refused without
-being held in memory whole; ``"prompt"`` twice in one object, or a prompt with an unpaired UTF-16
-surrogate escape (``"\ud800"``: not text vLLM can encode), is refused too. Stdlib only.
+being held in memory whole; a key twice in one object (a second ``"prompt"`` would replace the
+first), NaN or Infinity, nesting past 64 levels, an integer of more than 32 digits (``strict_io``),
+or a prompt with an unpaired UTF-16 surrogate escape (``"\ud800"``: not text vLLM can encode), is
+refused too, and so is a path that is not a regular file (a named pipe). Stdlib only.
 """
 
 from __future__ import annotations
@@ -20,23 +22,15 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
+from tabletune_pipelines import strict_io
 from tabletune_pipelines.errors import PromptFileError
+from tabletune_pipelines.strict_io import LineTooLongError, NotRegularFileError, bounded_lines, open_regular
 
 EXPECTED = '{"prompt": "..."}'
 #: A prompt line is at most this long (a 1M-token prompt is ~4 MB of UTF-8).
 MAX_LINE_BYTES = 16 * 1024 * 1024
-
-
-def _pairs(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    """``object_pairs_hook``: a second ``"prompt"`` would silently replace the first."""
-    if sum(1 for k, _ in pairs if k == "prompt") > 1:
-        raise _DuplicatePrompt
-    return dict(pairs)
-
-
-class _DuplicatePrompt(ValueError):
-    pass
 
 
 def _shape(value: object) -> str:
@@ -68,10 +62,13 @@ def _prompt_of(path: Path, no: int, raw: bytes) -> str | None:
         return None
     line = line.rstrip("\r\n")  # so a JSON error's column is on this line
     try:
-        obj = json.loads(line, object_pairs_hook=_pairs)
-    except _DuplicatePrompt:
-        raise PromptFileError(f"{where}: the object has the key \"prompt\" more than once; "
+        obj = strict_io.loads(line)
+    except strict_io.DuplicateKeyError as exc:  # a second "prompt" would silently replace the first
+        which = "the key \"prompt\"" if exc.key == "prompt" else f"a key (of length {len(exc.key)})"
+        raise PromptFileError(f"{where}: the object has {which} more than once; "
                               f"each line must be {EXPECTED}") from None
+    except strict_io.StrictJSONError as exc:  # NaN, deep nesting, a huge integer: never quotes the line
+        raise PromptFileError(f"{where}: not strict JSON ({exc}); each line must be {EXPECTED}") from None
     except json.JSONDecodeError as exc:
         raise PromptFileError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); "
                               f"each line must be {EXPECTED}") from None
@@ -92,29 +89,29 @@ def _prompt_of(path: Path, no: int, raw: bytes) -> str | None:
     return prompt
 
 
-def _lines(fh: object, path: Path) -> Iterator[tuple[int, bytes]]:
-    """``(line number, bytes)``, each line read with a bound (a longer one is refused, not held)."""
-    no = 0
-    while True:
-        raw = fh.readline(MAX_LINE_BYTES + 1)  # type: ignore[attr-defined]
-        if not raw:
-            return
-        no += 1
-        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-            raise PromptFileError(f"prompt file {path}, line {no}: longer than {MAX_LINE_BYTES} bytes; "
-                                  f"each line must be one {EXPECTED}")
-        yield no, raw
+def _lines(fh: BinaryIO, path: Path) -> Iterator[tuple[int, bytes]]:
+    """``(line number, bytes)``, each line read with a bound (``strict_io.bounded_lines``: a longer
+    one is refused, never held whole)."""
+    try:
+        for no, raw, _ in bounded_lines(fh, MAX_LINE_BYTES):
+            yield no, raw
+    except LineTooLongError as exc:
+        raise PromptFileError(f"prompt file {path}, line {exc.line_no}: longer than {MAX_LINE_BYTES} bytes "
+                              f"({exc.size} bytes); each line must be one {EXPECTED}") from None
 
 
 def iter_prompts(path: str | os.PathLike[str]) -> Iterator[str]:
     """The prompts of a file in order; raises ``PromptFileError`` at the first bad line or if none."""
     p = Path(path)
     try:
-        fh = p.open("rb")
+        fh = open_regular(p)  # a named pipe or device is refused, never opened for a blocking read
     except FileNotFoundError:
         raise PromptFileError(f"prompt file {p} does not exist; write one {EXPECTED} per line") from None
     except IsADirectoryError:
         raise PromptFileError(f"prompt file {p} is a directory; pass a JSONL file") from None
+    except NotRegularFileError as exc:
+        raise PromptFileError(f"prompt file {p} is {exc.kind}, not a regular file; it was not read. Pass a "
+                              "JSONL file") from None
     except OSError as exc:
         raise PromptFileError(f"cannot read prompt file {p}: {exc.strerror or exc}") from None
     n = 0

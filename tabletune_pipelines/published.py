@@ -25,24 +25,31 @@ files written before them still load)::
 
 ``parse_published`` is the strict reader: it applies the publish gate's table rules (contiguous
 ranges covering exactly 1..max_num_seqs, no overlap, 0 <= k <= max_k), rejects NaN and Infinity,
-duplicate keys, non-UTF-8 bytes, booleans where integers belong, unknown keys and files over
-``MAX_PUBLISHED_BYTES``; every message names the file and the key. ``published_document`` runs the
+duplicate keys, nesting past 64 levels, integers of more than 32 digits, non-UTF-8 bytes, booleans
+where integers belong, unknown keys, step times over ``vocab.MAX_STEP_MS``, files over
+``MAX_PUBLISHED_BYTES`` and paths that are not regular files (a named pipe is never waited on; the
+file rules and the JSON parser are ``strict_io``'s); every message names the file and the key. ``published_document`` runs the
 same checks on what it builds, so the pipeline cannot publish a file the controller would refuse.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
 import stat
 import tempfile
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tabletune_pipelines import strict_io
 from tabletune_pipelines.errors import TableTuneError
+from tabletune_pipelines.vocab import MAX_STEP_MS
 
 PUBLISHED_SCHEMA = "tabletune.published_table"
 PUBLISHED_SCHEMA_VERSION = 1
@@ -110,12 +117,19 @@ class PublishedTable:
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     """Write ``text`` to ``path`` so that readers never see a partial file."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` to ``path`` so that readers never see a partial file: a temp file
+    ``.<name>.*.tmp`` in the same folder, fsync, rename; a failure removes the temp file and leaves
+    ``path`` as it was. Missing folders are created."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)
@@ -135,22 +149,10 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
 
 # -- strict JSON -------------------------------------------------------------------------------
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a number JSON allows (NaN and Infinity are rejected)")
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise ValueError(f"duplicate key {k!r}")
-        out[k] = v
-    return out
-
-
 def strict_json_loads(text: str) -> Any:
-    """``json.loads`` that rejects NaN/Infinity and duplicate keys (raises ``ValueError``)."""
-    return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_no_duplicates)
+    """``json.loads`` that rejects NaN/Infinity, duplicate keys, deep nesting and huge integers
+    (raises ``ValueError``): ``strict_io.loads``, the one strict parser of every reader."""
+    return strict_io.loads(text)
 
 
 # -- field checks (each raises PublishedTableError naming where and the key) -------------------
@@ -232,20 +234,31 @@ def validate_ranges(where: str, ranges: Any, max_num_seqs: int, max_k: int) -> t
     return tuple(parsed)
 
 
+def _key_int(key: Any) -> int | None:
+    """A JSON key that spells a small non-negative integer in ASCII digits (``"²"`` is a digit to
+    ``str.isdigit`` but not to ``int``), else None."""
+    return int(key) if isinstance(key, str) and 0 < len(key) <= 9 and key.isascii() and key.isdigit() else None
+
+
 def _step_ms(where: str, v: Any, max_k: int) -> dict[int, dict[int, float]]:
     out: dict[int, dict[int, float]] = {}
     for ks, row in _obj(where, "table.step_ms", v).items():
-        if not (isinstance(ks, str) and ks.isdigit()) or int(ks) > max_k:
-            raise _fail(where, f"table.step_ms key {ks!r} must be a k in 0..{max_k}")
+        k = _key_int(ks)
+        if k is None or k > max_k:
+            raise _fail(where, f"table.step_ms key {ks!r:.40} must be a k in 0..{max_k}")
         cells: dict[int, float] = {}
         for bs, ms in _obj(where, f"table.step_ms[{ks}]", row).items():
-            if not (isinstance(bs, str) and bs.isdigit()) or int(bs) < 1:
-                raise _fail(where, f"table.step_ms[{ks}] key {bs!r} must be a batch size >= 1")
+            b = _key_int(bs)
+            if b is None or b < 1:
+                raise _fail(where, f"table.step_ms[{ks}] key {bs!r:.40} must be a batch size >= 1")
             t = _num(where, f"table.step_ms[{ks}][{bs}]", ms)
             if t <= 0:
                 raise _fail(where, f"table.step_ms[{ks}][{bs}] = {t!r} ms must be positive")
-            cells[int(bs)] = t
-        out[int(ks)] = cells
+            if t > MAX_STEP_MS:
+                raise _fail(where, f"table.step_ms[{ks}][{bs}] = {t!r} ms is longer than {MAX_STEP_MS:g} ms, which no "
+                                   "decode step takes")
+            cells[b] = t
+        out[k] = cells
     return out
 
 
@@ -296,8 +309,9 @@ def parse_published(doc: Any, where: str = "<document>") -> PublishedTable:
                            f"differs from table.max_k = {max_k}")
     if "num_speculative_tokens_per_batch_size" in spec:
         spec_ranges = spec["num_speculative_tokens_per_batch_size"]
-        if not isinstance(spec_ranges, list) or sorted(tuple(r) for r in spec_ranges if isinstance(r, list)) != list(ranges) \
-                or len(spec_ranges) != len(ranges):
+        plain = isinstance(spec_ranges, list) and all(  # only then can they be sorted and compared
+            isinstance(r, list) and len(r) == 3 and all(type(x) is int for x in r) for r in spec_ranges)
+        if not plain or sorted(tuple(r) for r in spec_ranges) != list(ranges):
             raise _fail(where, "speculative_config.num_speculative_tokens_per_batch_size differs from table.ranges")
 
     identity = None
@@ -455,6 +469,12 @@ def controller_fields(
     ctl = dict(controller or {})
     if live_counters is not None and "export_path" not in ctl:
         ctl["export_path"] = os.fspath(live_counters)
+    export = ctl.get("export_path")
+    if isinstance(export, str) and os.path.isabs(export):  # a relative one is the published file's folder's
+        # The controller will append there: refused before anything is published (issue 19, item 1).
+        from tabletune_pipelines.live_counters import check_live_counters_target
+
+        check_live_counters_target(export)  # LiveCountersError naming the file and what it is
     out["controller"] = ctl
     if allowed_k is not None:
         out["allowed_k"] = sorted({int(k) for k in allowed_k})
@@ -503,23 +523,27 @@ def _existing_json(path: Path, what: str, limit: int) -> Any:
     if st.st_size > limit:
         raise _refusal(path, f"is {st.st_size} bytes, more than any {what} ({limit} bytes at most)", what)
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read(limit + 1)
+        raw, _ = strict_io.read_bounded(path, limit)  # replaced by a FIFO since lstat: still never blocks
         return strict_json_loads(raw.decode("utf-8"))
+    except (IsADirectoryError, strict_io.NotRegularFileError):
+        raise _refusal(path, "is not a regular file", what) from None
+    except strict_io.FileTooLargeError:
+        raise _refusal(path, f"is more than any {what} ({limit} bytes at most)", what) from None
     except OSError as exc:
         raise PublishedTableError(f"cannot read {path} before replacing it ({exc.strerror or exc}); "
                                   "nothing was written") from None
-    except ValueError:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+    except ValueError:  # UnicodeDecodeError, JSONDecodeError and StrictJSONError are ValueErrors
         raise _refusal(path, "is not a JSON document", what) from None
 
 
-def check_published_target(path: str | os.PathLike[str], deployment: str | None = None) -> None:
-    """Raise ``PublishedTableError`` unless ``path`` is free or holds a published table (of ``deployment``)."""
+def check_published_target(path: str | os.PathLike[str], deployment: str | None = None) -> int:
+    """Raise ``PublishedTableError`` unless ``path`` is free or holds a published table (of ``deployment``);
+    the version of the table there (0: none, or none that is an integer)."""
     p = Path(path)
     what = "a published table"
     doc = _existing_json(p, what, MAX_PUBLISHED_BYTES)
     if doc is _ABSENT:
-        return
+        return 0
     if not isinstance(doc, dict) or doc.get("schema") != PUBLISHED_SCHEMA:
         raise _refusal(p, f"has no \"schema\": {PUBLISHED_SCHEMA!r}", what)
     owner = doc.get("deployment")
@@ -527,6 +551,8 @@ def check_published_target(path: str | os.PathLike[str], deployment: str | None 
         raise PublishedTableError(
             f"refusing to replace {p}: it is the published table of deployment {owner!r}, not {deployment!r}. "
             "Nothing was written; give each deployment its own published_table")
+    version = doc.get("version")
+    return version if type(version) is int and version > 0 else 0
 
 
 def check_speculative_config_target(path: str | os.PathLike[str]) -> None:
@@ -541,10 +567,68 @@ def check_speculative_config_target(path: str | os.PathLike[str]) -> None:
         raise _refusal(p, "is not a --speculative-config with num_speculative_tokens_per_batch_size", what)
 
 
-def check_publish_targets(path: str | os.PathLike[str], deployment: str | None = None) -> None:
-    """Everything a publication replaces: the published table and its speculative-config companion."""
-    check_published_target(path, deployment)
+def check_publish_targets(path: str | os.PathLike[str], deployment: str | None = None) -> int:
+    """Everything a publication replaces: the published table and its speculative-config companion
+    (raises ``PublishedTableError``); the version of the published table there now (0: none)."""
+    version = check_published_target(path, deployment)
     check_speculative_config_target(speculative_config_path(path))
+    return version
+
+
+def write_speculative_config_companion(path: str | os.PathLike[str], document: Mapping[str, Any]) -> Path:
+    """Write the paste-able ``--speculative-config`` of a published ``document`` beside the published
+    table at ``path`` (``<stem>.speculative-config.json``, atomically), after the slot check."""
+    target = speculative_config_path(path)
+    check_speculative_config_target(target)
+    return atomic_write_text(target, json.dumps(document["speculative_config"], indent=2, sort_keys=True) + "\n")
+
+
+# -- one publication at a time per published file (issue 19, item 8) ---------------------------
+# Publishing allocates a version in the store and writes the file; two publishers of one deployment
+# interleaving those steps would leave the store's version and the file's holding different tables.
+# An exclusive ``flock`` on a lock file beside the published table, held from the version allocation
+# to the last write, serialises them on one host (flock is not reliable on every network file system;
+# the store's primary key then turns a race into a retry, see TableTuneStore.publish).
+
+PUBLICATION_LOCK_TIMEOUT_S = 120.0
+"""How long a publisher waits for another publication of the same file before giving up."""
+
+
+def publication_lock_path(path: str | os.PathLike[str]) -> Path:
+    """``.<name>.lock`` beside the published table: created once, never removed (removing a lock file
+    another process has open would let a third lock a new one at the same time)."""
+    p = Path(path)
+    return p.with_name(f".{p.name}.lock")
+
+
+@contextmanager
+def publication_lock(path: str | os.PathLike[str], timeout_s: float = PUBLICATION_LOCK_TIMEOUT_S) -> Iterator[Path]:
+    """Hold the exclusive publication lock of the published table at ``path`` (the folder is created
+    if missing). ``PublishedTableError`` when the lock file cannot be opened (a symlink, a folder, no
+    permission) or another publication holds it for longer than ``timeout_s``."""
+    lock = publication_lock_path(path)
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise PublishedTableError(f"cannot open the publication lock {lock} ({exc.strerror or exc}); nothing was "
+                                  "written. TableTune keeps this lock file beside the published table: make the "
+                                  "folder writable, or move what is at that path away") from None
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise PublishedTableError(
+                        f"another publication of {Path(path)} has held {lock} for more than {timeout_s:g} s; nothing "
+                        "was written. Wait for it to finish (or stop it) and publish again") from None
+                time.sleep(0.05)
+        yield lock
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def write_published_table(path: str | os.PathLike[str], document: dict[str, Any]) -> Path:
@@ -562,18 +646,18 @@ def read_published_text(path: str | os.PathLike[str]) -> tuple[str, os.stat_resu
     """The file's text and its stat (size-bounded, UTF-8); errors say which file and what is wrong."""
     p = Path(path)
     try:
-        with open(p, "rb") as fh:
-            st = os.fstat(fh.fileno())
-            raw = fh.read(MAX_PUBLISHED_BYTES + 1)
+        raw, st = strict_io.read_bounded(p, MAX_PUBLISHED_BYTES)  # a regular file only: a FIFO never blocks
     except FileNotFoundError:
         raise PublishedTableError(f"published table {p} does not exist; publish one with the pipeline first") from None
     except IsADirectoryError:
         raise PublishedTableError(f"published table {p} is a folder, not a file") from None
+    except strict_io.NotRegularFileError as exc:
+        raise PublishedTableError(f"published table {p} is {exc.kind}, not a regular file; it was not read") from None
+    except strict_io.FileTooLargeError:
+        raise PublishedTableError(f"published table {p} is larger than {MAX_PUBLISHED_BYTES} bytes; not a "
+                                  "TableTune published table") from None
     except OSError as exc:
         raise PublishedTableError(f"cannot read published table {p}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_PUBLISHED_BYTES:
-        raise PublishedTableError(f"published table {p} is larger than {MAX_PUBLISHED_BYTES} bytes; not a "
-                                  "TableTune published table")
     try:
         return raw.decode("utf-8"), st
     except UnicodeDecodeError as exc:
@@ -586,7 +670,7 @@ def load_published(path: str | os.PathLike[str]) -> PublishedTable:
     text, _ = read_published_text(path)
     try:
         doc = strict_json_loads(text)
-    except ValueError as exc:  # JSONDecodeError is a ValueError; so are NaN and duplicate keys
+    except ValueError as exc:  # JSONDecodeError and StrictJSONError (NaN, duplicate keys, depth, digits)
         raise PublishedTableError(f"published table {path} is not valid JSON: {exc}") from None
     return parse_published(doc, str(path))
 

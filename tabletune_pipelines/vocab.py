@@ -79,3 +79,10 @@ DEFAULT_MODEL_RUNNER: ModelRunner = "auto"
 """Model runner of a deployment that does not choose one."""
 STORE_FILENAME = "tabletune_store.duckdb"
 """DuckDB file under ``$TABLETUNE_HOME`` (not named like a schema inside it: docs/engine-facts.md)."""
+
+# -- bounds ------------------------------------------------------------------------------------
+
+MAX_STEP_MS = 1e7
+"""Longest step time any cell, repetition or published ``step_ms`` may hold (10^7 ms, 2.8 hours: no
+decode step takes that long, so a larger value is a damaged row, not a measurement; squared it
+stays far from float overflow)."""

@@ -205,28 +205,40 @@ class PolicyController(Controller):
     policy: TurboSpecPolicy | NightjarPolicy | None = None
     policy_name: str = "tabletune"
 
-    def _install(self, start: Any) -> None:
-        self.policy, self.policy_name = None, "tabletune"
-        self.policy_k_steps = [0] * (self._K + 1)
-        self.policy_failed: str | None = None
-        super()._install(start)
-        name = self.settings.policy
+    def _prepare(self, start: Any) -> dict[str, Any]:
+        # Built with the rest of the version (``Controller._prepare``: all or nothing). A baseline that
+        # cannot be built is not a failed install: the version goes in force serving its published
+        # table, and ``_announce`` counts and logs the baseline's failure.
+        new = super()._prepare(start)
+        name = start.settings.policy
+        new.update(policy=None, policy_name="tabletune", policy_k_steps=[0] * (self._K + 1), policy_failed=None,
+                   _policy_build_error=None)
+        if name == "tabletune":
+            return new
+        new.update(policy_name=name, controlling=False)  # the baseline decides; TableTune's rebuilds are observed
+        if not new["applying"]:
+            new["policy_failed"] = "the launch has no table, so k cannot change"
+            return new
+        try:
+            new["policy"] = build_policy(name, start, self._n)
+        except Exception as exc:  # noqa: BLE001 - the published table is served instead
+            new["_policy_build_error"] = exc
+            new["policy_failed"] = f"building the {name} policy: {type(exc).__name__}"
+        return new
+
+    def _announce(self, start: Any) -> None:
+        super()._announce(start)
+        name, exc = self.policy_name, self.__dict__.pop("_policy_build_error", None)
         if name == "tabletune":
             return
-        self.policy_name = name
-        self.controlling = False  # the baseline decides; the TableTune rebuilds are only observed
         if not self.applying:
-            self.policy_failed = "the launch has no table, so k cannot change"
             self.log.warning("TableTune controller: policy %s needs a launch table to switch k; serving the "
                              "configured table", name)
-            return
-        try:
-            self.policy = build_policy(name, start, self._n)
-        except Exception as exc:  # noqa: BLE001 - the published table is served instead
-            self._policy_failed("building the " + name + " policy", exc)
-            return
-        self.log.info("TableTune controller: policy %s chooses k (allowed k %s); the published table %s is the "
-                      "fallback", name, list(start.allowed_k), _ranges(self.ranges))
+        elif exc is not None:
+            self.fail("building the " + name + " policy", exc)
+        else:
+            self.log.info("TableTune controller: policy %s chooses k (allowed k %s); the published table %s is "
+                          "the fallback", name, list(start.allowed_k), _ranges(self.ranges))
 
     def _policy_failed(self, where: str, exc: BaseException) -> None:
         self.policy = None

@@ -1,11 +1,17 @@
 """From the published file to the controller's starting point — or the reason there is none.
 
 ``load_start`` reads the file with the strict reader (``tabletune_pipelines.published``) and then
-checks that it was made for *this* engine: model, drafter, method, K (``num_speculative_tokens``),
-max_num_seqs and the vLLM version (its public part: ``0.32.0+cpu`` matches ``0.32.0``), and that
-every k of its table is one the launch table lists (on GPU, Model Runner V2 captures CUDA graphs
-only for those: docs/engine-facts.md, "GPU (H200, vLLM 0.26)"). Any failure is returned as one
-sentence for the log; the caller keeps the engine's configured table. Stdlib + numpy, no vLLM.
+checks that it was made for *this* engine: the file must record its engine identity (a file without
+one could be any engine's table), and that identity must match the engine on every field the engine
+reports — GPU type, vLLM version (its public part: ``0.32.0+cpu`` matches ``0.32.0``), model,
+drafter, method, K (``num_speculative_tokens``) and max_num_seqs — by the one comparison
+``tabletune_pipelines.identity_match.identity_mismatches`` (the library's ``deployments.same_engine``
+uses it too). When the engine was told which deployment it serves (``TABLETUNE_DEPLOYMENT``), the
+file must be that deployment's; without that setting the deployment name is not checked (the fleet
+gives every deployment its own published file, so the path names it). Every k of the table must be
+one the launch table lists (on GPU, Model Runner V2 captures CUDA graphs only for those:
+docs/engine-facts.md, "GPU (H200, vLLM 0.26)"). Any failure is returned as one sentence for the
+log; the caller keeps the engine's configured table. Stdlib + numpy, no vLLM.
 """
 
 from __future__ import annotations
@@ -18,7 +24,12 @@ from pathlib import Path
 import numpy as np
 
 from tabletune_pipelines.controller.settings import ControllerSettings, SettingsError
+from tabletune_pipelines.identity_match import identity_mismatches as _mismatches
+from tabletune_pipelines.identity_match import missing_fields
 from tabletune_pipelines.published import PublishedTable, PublishedTableError, load_published
+
+DEPLOYMENT_ENV = "TABLETUNE_DEPLOYMENT"
+"""The fleet deployment this engine serves (optional): a published file of another deployment is refused."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +50,16 @@ class EngineFacts:
     """Draft model as given to vLLM (``speculative_config.model``; None for n-gram)."""
     vllm_version: str | None = None
     """``vllm.__version__``."""
+    gpu: str | None = None
+    """Accelerator type (``"cpu"``, or the GPU's model such as ``"NVIDIA H200"``; None: not known)."""
+    deployment: str | None = None
+    """The fleet deployment this engine serves (``TABLETUNE_DEPLOYMENT``; None: not configured, not checked)."""
+
+    def identity_fields(self) -> dict[str, object]:
+        """The engine identity fields this engine knows (what ``identity_mismatches`` compares)."""
+        known = {"gpu": self.gpu, "vllm_version": self.vllm_version, "model": self.model, "drafter": self.drafter,
+                 "method": self.method, "max_k": self.max_k, "max_num_seqs": self.max_num_seqs}
+        return {k: v for k, v in known.items() if v is not None}
 
     @property
     def launch_ks(self) -> tuple[int, ...]:
@@ -71,37 +92,11 @@ class StartPoint:
         return bool(self.prior) and self.profile_ms is not None
 
 
-def _public(version: str | None) -> str | None:
-    return None if version is None else str(version).split("+", 1)[0].strip()
-
-
-def _same_model(a: str, b: str) -> bool:
-    if a == b:
-        return True
-    try:
-        return os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b))
-    except (OSError, ValueError):
-        return False
-
-
 def identity_mismatches(pub: PublishedTable, engine: EngineFacts) -> list[str]:
-    """What differs between the file's engine identity and this engine (compared where both are known)."""
-    out = []
-    if pub.max_k != engine.max_k:
-        out.append(f"K (num_speculative_tokens) {pub.max_k} != this engine's {engine.max_k}")
-    if pub.max_num_seqs != engine.max_num_seqs:
-        out.append(f"max_num_seqs {pub.max_num_seqs} != this engine's {engine.max_num_seqs}")
-    ident = pub.identity or {}
-    if ident.get("model") and engine.model and not _same_model(str(ident["model"]), engine.model):
-        out.append(f"model {ident['model']!r} != this engine's {engine.model!r}")
-    if ident.get("drafter") and engine.drafter and not _same_model(str(ident["drafter"]), engine.drafter):
-        out.append(f"drafter {ident['drafter']!r} != this engine's {engine.drafter!r}")
-    if ident.get("method") and engine.method and ident["method"] != engine.method:
-        out.append(f"method {ident['method']!r} != this engine's {engine.method!r}")
-    if ident.get("vllm_version") and engine.vllm_version and \
-            _public(ident["vllm_version"]) != _public(engine.vllm_version):
-        out.append(f"vLLM {ident['vllm_version']!r} != this engine's {engine.vllm_version!r}")
-    return out
+    """What differs between the file's engine and this engine: K and max_num_seqs always, the
+    identity's other fields where both the file and the engine know them (``identity_match``)."""
+    made_for = {**(pub.identity or {}), "max_k": pub.max_k, "max_num_seqs": pub.max_num_seqs}
+    return _mismatches(made_for, engine.identity_fields())
 
 
 def profile_rows(pub: PublishedTable, ks: Sequence[int], n: int) -> np.ndarray | str:
@@ -127,18 +122,30 @@ def default_export_path(published_path: str | os.PathLike[str]) -> Path:
 def load_start(path: str | os.PathLike[str], engine: EngineFacts) -> StartPoint | str:
     """The starting point from the published file at ``path``, or one sentence saying why not."""
     try:
-        pub = load_published(path)
+        pub = load_published(path)  # strict_io: a FIFO, deep nesting or a huge integer is a PublishedTableError
     except PublishedTableError as exc:
         return str(exc)
+    except Exception as exc:  # noqa: BLE001 - a reader bug on a hostile file must not stop the engine
+        return f"published table {path} could not be read ({type(exc).__name__}: {str(exc)[:200]})"
     return start_from(pub, Path(path), engine)
 
 
 def start_from(pub: PublishedTable, path: Path, engine: EngineFacts) -> StartPoint | str:
     """Checks of a validated file against this engine (``load_start`` after reading)."""
     where = f"published table {path} (v{pub.version})"
+    if engine.deployment and pub.deployment != engine.deployment:
+        return (f"{where} was published for deployment {pub.deployment!r}, but this engine serves "
+                f"{engine.deployment!r} ({DEPLOYMENT_ENV}); point TABLETUNE_PUBLISHED_TABLE at the published_table of "
+                f"{engine.deployment!r} in the fleet file")
     bad = identity_mismatches(pub, engine)
     if bad:
         return f"{where} was made for another engine: " + "; ".join(bad)
+    if pub.identity is None:
+        return (f"{where} records no engine identity, so nothing says which engine its table was measured on; "
+                "re-publish it with the pipeline (which records one)")
+    missing = missing_fields(pub.identity)
+    if missing:
+        return f"{where}: its identity lacks {', '.join(missing)}, so it cannot be checked against this engine"
     try:
         settings = ControllerSettings.from_mapping(pub.controller, where=f"{where}: controller")
     except SettingsError as exc:

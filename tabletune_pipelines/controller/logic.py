@@ -140,12 +140,15 @@ class Controller:
         else:
             self._sig = self._stat()
             res = load_start(self.path, self.engine)
-        if isinstance(res, str):
-            self.fallback_reason = res
-            self.log.warning("TableTune controller: using the engine's configured table %s: %s",
-                             _fmt_table(self.launch_ranges), res)
-            return
-        self._install(res)
+        if not isinstance(res, str):
+            new = self._try_prepare(res)
+            if not isinstance(new, str):
+                self._commit(res, new)
+                return
+            res = new
+        self.fallback_reason = res
+        self.log.warning("TableTune controller: using the engine's configured table %s: %s",
+                         _fmt_table(self.launch_ranges), res)
 
     def _stat(self) -> tuple[int, int, int] | None:
         try:
@@ -154,56 +157,70 @@ class Controller:
             return None
         return (st.st_ino, st.st_mtime_ns, st.st_size)
 
-    def _install(self, start: StartPoint) -> None:
-        """Start (again) from a validated published file."""
+    def _try_prepare(self, start: StartPoint) -> dict[str, Any] | str:
+        """``_prepare(start)``, or one sentence saying why ``start`` cannot be installed."""
+        try:
+            return self._prepare(start)
+        except Exception as exc:  # noqa: BLE001 - whatever failed, the version in force stays whole
+            return (f"published table {self.path} (v{start.published.version}) could not be installed "
+                    f"({type(exc).__name__}: {exc})")
+
+    def _prepare(self, start: StartPoint) -> dict[str, Any]:
+        """Everything a validated published file puts in force, built without touching ``self``:
+        ``{attribute: value}`` for ``_commit``. Installing is all or nothing: if anything here
+        raises, the version in force (its state, its log and vLLM's lookup) stays as it was."""
         pub, s = start.published, start.settings
         K, n = self._K, self._n
-        self.start, self.settings, self.fallback_reason = start, s, None
-        self._last_estimate = ()
+        estimator: AcceptanceEstimator | None = None
         if start.prior:
             w = float(s.prior_weight)
             if start.prior_count > 0:
                 w = min(w, float(start.prior_count))  # a prior is worth no more drafts than it saw
-            self.estimator = AcceptanceEstimator(start.prior, EstimatorConfig(
+            estimator = AcceptanceEstimator(start.prior, EstimatorConfig(
                 prior_weight=w, halve_after_rebuild=s.halve_after_rebuild, prior_decay=s.prior_decay,
                 min_prior_weight=min(float(s.min_prior_weight), w)))
-        else:
-            self.estimator = None
         ks = start.allowed_k
-        self._k_row = [-1] * (K + 1)
+        k_row = [-1] * (K + 1)
+        model: StepTimeModel | None = None
+        tp: list[list[float]] = []
         if start.profile_ms is not None:
-            self.model = StepTimeModel(ks, start.profile_ms, prior_weight=s.step_time_prior_weight,
-                                       min_prior_weight=s.step_time_min_prior_weight, max_count=s.step_time_max_count)
+            model = StepTimeModel(ks, start.profile_ms, prior_weight=s.step_time_prior_weight,
+                                  min_prior_weight=s.step_time_min_prior_weight, max_count=s.step_time_max_count)
             for i, k in enumerate(ks):
-                self._k_row[k] = i
-            self._tp = [[0.0, *row] for row in start.profile_ms.tolist()]
-        else:
-            self.model = None
-            self._tp = []
-        self._obs = {}
-        self._hist_d = [0] * (K + 1)
-        self._hist_a = [0] * (K + 1)
-        self._st_tol = float(s.step_time_outlier_ratio)
-        self._N = int(s.rebuild_every_steps)
-        self._next_rebuild = self.steps + self._N
-        self._explore_every = int(s.exploration_every_steps)
-        self._explore_run = int(s.exploration_run_steps)
-        self._next_explore = self.steps + self._explore_every
-        self._explore_left = self._explore_pending = 0
+                k_row[k] = i
+            tp = [[0.0, *row] for row in start.profile_ms.tolist()]
         can_switch = self.engine.launch_ranges is not None
         # The published table is put in force whenever k can be switched; only in control mode
         # (with a prior and a profile) is it rebuilt, explored around and held with hysteresis.
-        self.applying = can_switch
-        self.controlling = s.mode == "control" and start.can_control and can_switch
+        controlling = s.mode == "control" and start.can_control and can_switch
         table = tuple((a, b, min(K, k)) for a, b, k in pub.ranges)
-        self.candidate_ranges = table
-        self._apply(table)
+        lookup, hyst = self._lookups(table, applying=can_switch, controlling=controlling, ks=ks, h=s.hysteresis)
         kmax = max(ks) if ks else 0
-        self._explore = vllm_lookup(np.full(n, kmax)) if (self.controlling and self._explore_every and kmax) else None
-        self._explore_k = kmax
+        every, N = int(s.exploration_every_steps), int(s.rebuild_every_steps)
+        explore = vllm_lookup(np.full(n, kmax)) if (controlling and every and kmax) else None
+        return {
+            "start": start, "settings": s, "fallback_reason": None, "_last_estimate": (),
+            "estimator": estimator, "model": model, "_k_row": k_row, "_tp": tp, "_obs": {},
+            "_hist_d": [0] * (K + 1), "_hist_a": [0] * (K + 1), "_st_tol": float(s.step_time_outlier_ratio),
+            "_N": N, "_next_rebuild": self.steps + N, "_explore_every": every,
+            "_explore_run": int(s.exploration_run_steps), "_next_explore": self.steps + every,
+            "_explore_left": 0, "_explore_pending": 0, "applying": can_switch, "controlling": controlling,
+            "candidate_ranges": table, "ranges": table, "_lookup": lookup, "_hyst": hyst, "_explore": explore,
+            "_explore_k": kmax,
+        }
+
+    def _commit(self, start: StartPoint, new: dict[str, Any]) -> None:
+        """Put a prepared version in force (plain assignments: nothing here can fail half-way), then
+        say so."""
+        self.__dict__.update(new)
+        self._announce(start)
+
+    def _announce(self, start: StartPoint) -> None:
+        """The log lines of a newly installed version."""
+        pub, ks, table = start.published, start.allowed_k, self.ranges
         for note in start.notes:
             self.log.info("TableTune controller: published v%d: %s", pub.version, note)
-        if not can_switch:
+        if not self.applying:
             self.log.warning("TableTune controller: the launch has no num_speculative_tokens_per_batch_size, so k "
                              "cannot change; only observing (launch with a table listing every k in %s)", list(ks))
         self.log.info("TableTune controller: published v%d of %s loaded (%s; table %s; allowed k %s; prior %s "
@@ -212,16 +229,22 @@ class Controller:
                       _fmt(start.prior) if start.prior else "none", start.prior_count,
                       f"{self.estimator.prior_weight:g}" if self.estimator else "-", start.export_path)
 
-    def _apply(self, ranges: tuple[tuple[int, int, int], ...]) -> None:
-        """Make ``ranges`` the table in force (only handed to vLLM while controlling)."""
-        self.ranges = ranges
-        if not self.applying:
-            self._lookup, self._hyst = None, {}
-            return
+    def _lookups(self, ranges: tuple[tuple[int, int, int], ...], *, applying: bool, controlling: bool,
+                 ks: Sequence[int], h: int) -> tuple[list[int] | None, dict[int, list[int]]]:
+        """vLLM's lookup of ``ranges`` and its hysteresis variants (None, {} when k cannot change)."""
+        if not applying:
+            return None, {}
         dense = dense_from_ranges(ranges, self._n)
-        self._lookup = vllm_lookup(dense)
-        ks = self.start.allowed_k if self.start else ()
-        self._hyst = hysteresis_lookups(dense, ks, int(self.settings.hysteresis)) if self.controlling else {}
+        return vllm_lookup(dense), (hysteresis_lookups(dense, ks, int(h)) if controlling else {})
+
+    def _apply(self, ranges: tuple[tuple[int, int, int], ...],
+               lookups: tuple[list[int] | None, dict[int, list[int]]] | None = None) -> None:
+        """Make ``ranges`` the table in force (only handed to vLLM while controlling); ``lookups``:
+        its ``_lookups``, when the caller built them before changing anything else."""
+        if lookups is None:
+            lookups = self._lookups(ranges, applying=self.applying, controlling=self.controlling,
+                                    ks=self.start.allowed_k if self.start else (), h=self.settings.hysteresis)
+        self.ranges, (self._lookup, self._hyst) = ranges, lookups
 
     def _poll(self, now: float) -> None:
         self._next_poll = now + max(1.0, float(self.settings.poll_every_s))
@@ -247,9 +270,15 @@ class Controller:
             self._once(f"old:{res.published.version}", "TableTune controller: published file %s holds v%d, not "
                        "newer than v%d in force; ignored", self.path, res.published.version, cur)
             return
+        new = self._try_prepare(res)
+        if isinstance(new, str):
+            self._sig = sig  # judged, as a file the checks refuse: the version in force stays whole
+            self._once("install:" + new, "TableTune controller: not using the changed published file, keeping "
+                       "v%d and table %s: %s", cur, _fmt_table(self.ranges), new)
+            return
         self.export(now, force=True)  # the old version's last window
         self.reloads += 1
-        self._install(res)
+        self._commit(res, new)
         # Only now is the new version in force: if anything above raised, the next poll retries it.
         self._sig = sig
 
@@ -409,6 +438,11 @@ class Controller:
                        "skipped, keeping table %s (further skips are only counted)", elapsed * 1000.0,
                        s.rebuild_budget_ms, _fmt_table(self.ranges))
             return
+        new = compact(chosen)
+        old = self.candidate_ranges
+        # The lookups first: if building them failed, nothing below (halving, decay) has happened.
+        lookups = self._lookups(new, applying=self.applying, controlling=True, ks=start.allowed_k,
+                                h=s.hysteresis) if self.controlling and new != old else None
         drafted_live, accepted_live, w = est.drafted.copy(), est.accepted.copy(), est.prior_weight
         est.rebuild()  # halves the live counters, decays w
         if s.halve_after_rebuild and s.live_count_floor > 0:
@@ -418,8 +452,6 @@ class Controller:
             est.drafted[:] = drafted_live * scale
             est.accepted[:] = accepted_live * scale
         model.decay()
-        new = compact(chosen)
-        old = self.candidate_ranges
         self.candidate_ranges = new
         self.rebuilds += 1
         self.last_rebuild_ms = (time.perf_counter() - t0) * 1000.0
@@ -427,8 +459,8 @@ class Controller:
         self._last_estimate = tuple(float(x) for x in rates)
         if new != old:
             self.table_changes += 1
-            if self.controlling:
-                self._apply(new)
+            if lookups is not None:
+                self._apply(new, lookups)
             ratios = model.ratios()
             corr = ", ".join(f"k{k} x{float(np.median(ratios[i])):.2f}" for i, k in enumerate(model.ks)
                              if np.any(model.count[i] > 0))
@@ -532,12 +564,16 @@ class Controller:
                 busy_s=round(self._win_busy, 6), estimate=self.estimate(), source=self.source, seq=self.exports,
                 controller=self.state())
             append_line(start.export_path, line)
-        except (OSError, ValueError) as exc:  # ValueError: LiveCountersError (a line the format refuses)
+        except (OSError, ValueError) as exc:
+            # ValueError: LiveCountersError, a line the format refuses or a file at export_path that is
+            # not a live counters file (append_line writes nothing to it). One line for the disk's
+            # failures, one for the format's and the file's.
             self.export_failures += 1
             self._next_export_try = now + max(1.0, float(s.export_every_s))
-            self._once("export", "TableTune controller: cannot write live counters to %s (%s); serving goes on, "
-                       "counts are kept for the next attempt (further failures are only counted)",
-                       start.export_path, getattr(exc, "strerror", None) or exc)
+            self._once("export" if isinstance(exc, OSError) else "export:refused", "TableTune controller: cannot "
+                       "write live counters to %s (%s); serving goes on, counts are kept for the next attempt "
+                       "(further failures are only counted)", start.export_path,
+                       getattr(exc, "strerror", None) or exc)
             return False
         self.exports += 1
         self._last_wall_end = w1

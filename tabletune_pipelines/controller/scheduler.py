@@ -17,7 +17,9 @@ Interfaces used, present in vLLM 0.26 and 0.32 (docs/engine-facts.md, "vLLM inte
 ``schedule``), ``num_spec_tokens``, ``scheduler_config.max_num_seqs``;
 ``SchedulerOutput.num_scheduled_tokens``, ``.scheduled_spec_decode_tokens``, ``.scheduled_new_reqs``,
 ``.total_num_scheduled_tokens``, ``.num_spec_tokens_to_schedule``; ``ModelRunnerOutput.req_id_to_index``,
-``.sampled_token_ids``. ``AsyncScheduler`` overrides none of the three hooks in either version.
+``.sampled_token_ids``; ``VllmConfig.device_config.device_type`` (``cpu`` / ``cuda``; on CUDA the GPU's
+model comes from the driver's files, ``identity_match.engine_gpu``). ``AsyncScheduler`` overrides none
+of the three hooks in either version.
 
 Nothing here may take the engine down: every hook catches its exceptions and hands them to the
 controller, which counts them and logs the first of each kind; a controller that cannot be built
@@ -40,8 +42,9 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 # The controller with the ``policy`` setting honoured (logic.Controller for ``policy: tabletune``).
 from tabletune_pipelines.controller.baselines import PolicyController as Controller
-from tabletune_pipelines.controller.loader import EngineFacts
+from tabletune_pipelines.controller.loader import DEPLOYMENT_ENV, EngineFacts
 from tabletune_pipelines.controller.settings import PUBLISHED_ENV
+from tabletune_pipelines.identity_match import engine_gpu
 
 logger = logging.getLogger("tabletune.controller")
 if not logger.handlers and not logging.getLogger("tabletune").handlers:
@@ -75,6 +78,8 @@ def engine_facts(scheduler: Any) -> EngineFacts:
         drafter=(str(getattr(spec, "model", "") or "") or None) if spec is not None and
         getattr(spec, "method", None) != "ngram" else None,
         vllm_version=version,
+        gpu=engine_gpu(getattr(getattr(cfg, "device_config", None), "device_type", None)),
+        deployment=os.environ.get(DEPLOYMENT_ENV) or None,
     )
 
 

@@ -3,8 +3,11 @@
 Stdlib only. A deployment overrides any of them in the fleet file (``controller:`` mapping), the
 pipeline copies that mapping into the published file (``"controller": {...}``), and the
 controller reads it from there at start-up and on every newly published version. Unknown keys,
-wrong types, booleans where numbers belong, NaN and out-of-range values are refused with a message
-that names the key (docs/controller.md, "Settings").
+wrong types, booleans where numbers belong, NaN and values outside their range (``BOUNDS``: every
+numeric setting has a lower and an upper bound that mean something) are refused with a message
+that names the key and the value (docs/controller.md, "Settings"). This is the one validation of
+these settings: the fleet loader, the publish gate (``published.parse_published``) and the
+controller all go through ``ControllerSettings.from_mapping``.
 """
 
 from __future__ import annotations
@@ -30,6 +33,95 @@ CONTROLLER_POLICIES: tuple[str, ...] = get_args(ControllerPolicy)
 PUBLISHED_ENV = "TABLETUNE_PUBLISHED_TABLE"
 
 
+@dataclass(frozen=True)
+class Bound:
+    """The range of one numeric setting, and why it ends where it does (docs/controller.md, "Settings")."""
+
+    low: float
+    high: float
+    integer: bool = False
+    low_open: bool = False
+    """True: ``low`` itself is not allowed."""
+    why: str = ""
+
+    def problem(self, value: Any) -> str | None:
+        """None when ``value`` is allowed, else what it must be (the message after ``name = value``)."""
+        if self.integer:
+            ok = type(value) is int
+        else:  # a bool is not a number; an int too large for a float is compared exactly
+            ok = type(value) is int or (type(value) is float and math.isfinite(value))
+        if ok:
+            ok = (value > self.low if self.low_open else value >= self.low) and value <= self.high
+        if ok:
+            return None
+        kind = "an integer" if self.integer else "a finite number"
+        rel = ">" if self.low_open else ">="
+        return f"must be {kind} {rel} {_num(self.low)} and <= {_num(self.high)} ({self.why})"
+
+    def doc(self) -> str:
+        """The range as docs/controller.md's settings table writes it: ``1..100000``, ``(1, 1000]``."""
+        if self.integer:
+            return f"{_num(self.low)}..{_num(self.high)}"
+        return f"{'(' if self.low_open else '['}{_num(self.low)}, {_num(self.high)}]"
+
+
+def _num(x: float) -> str:
+    """A bound as written: ``100000``, ``0.5``, ``1e+12``."""
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e7 else f"{x:g}"
+
+
+def _show(value: Any) -> str:
+    """``repr`` of a value for a message, shortened (a YAML integer can have hundreds of digits)."""
+    r = repr(value)
+    return r if len(r) <= 40 else f"{r[:24]}... ({len(r)} characters)"
+
+
+#: Counts of drafts (prior weight, halving floor): a week of serving at 1000 steps/s and 1024 requests
+#: a step drafts ~6e11 times; a weight beyond that is not a number of observations anyone has.
+MAX_DRAFTS = 1e12
+#: Counts of steps (step-time weights and caps): ~a year of steps at 30 steps/s.
+MAX_STEPS = 1e9
+#: The smallest weight that is still a weight: a thousandth of one observation.
+MIN_WEIGHT = 1e-3
+#: PATH_MAX on Linux.
+MAX_EXPORT_PATH_CHARS = 4096
+
+#: Every numeric setting's range (one home: the fleet loader, the publish gate and the controller
+#: all validate through ``ControllerSettings``). A value outside is refused by name; inside, the
+#: controller can be built with it and it means something.
+BOUNDS: dict[str, Bound] = {
+    "turbospec_forget": Bound(0.5, 1.0, why="the counts remember about 1/(1-f) steps; below 0.5 not even two"),
+    "nightjar_exploration": Bound(0.0, 10.0, why="rewards are normalised to at most 1; beyond 10 the bonus "
+                                                 "outweighs any reward difference and the bandit only explores"),
+    "rebuild_every_steps": Bound(1, 100_000, integer=True, why="steps between rebuilds; 100000 steps are hours "
+                                                                "of serving, a rarer rebuild never follows traffic"),
+    "prior_weight": Bound(MIN_WEIGHT, MAX_DRAFTS, why="drafts the prior counts as"),
+    "live_count_floor": Bound(0.0, MAX_DRAFTS, why="drafts per position kept when halving; 0 halves everything"),
+    "min_prior_weight": Bound(MIN_WEIGHT, MAX_DRAFTS, why="drafts; the floor of the decayed prior weight"),
+    "exploration_every_steps": Bound(0, 100_000, integer=True, why="0 turns exploration off; rarer than every "
+                                                                    "100000 steps is off in all but name"),
+    "exploration_run_steps": Bound(1, 64, integer=True, why="a few steps suffice to observe the explored k"),
+    "hysteresis": Bound(0, 4096, integer=True, why="batch sizes; 4096 is the largest max_num_seqs a fleet may "
+                                                   "have, and an h of max_num_seqs already keeps any k in use"),
+    "stickiness": Bound(0.0, 10.0, why="a fraction of goodput; at 10 another k must be 11 times better, so the "
+                                       "table never changes"),
+    "step_time_prior_weight": Bound(MIN_WEIGHT, MAX_STEPS, why="steps a profiled cell counts as"),
+    "step_time_min_prior_weight": Bound(MIN_WEIGHT, MAX_STEPS, why="steps; the floor of the decayed weight"),
+    "step_time_max_count": Bound(1.0, MAX_STEPS, why="live steps kept per cell"),
+    "step_time_outlier_ratio": Bound(1.0, 1000.0, low_open=True, why="1 would refuse every interval; at 1000 "
+                                                                     "every interval of a running engine counts"),
+    "rebuild_budget_ms": Bound(1e-6, 60_000.0, why="1e-6 ms is below any clock's resolution (every rebuild is "
+                                                   "over it); rebuilds take well under 1 ms, and one of a minute "
+                                                   "would have stalled the engine for that minute"),
+    "export_every_steps": Bound(1, 1_000_000, integer=True, why="export_every_s bounds a window's length anyway"),
+    "export_every_s": Bound(1.0, 3600.0, why="seconds; a window of at most an hour loses at most an hour of "
+                                             "counts at a crash"),
+    "poll_every_s": Bound(1.0, 300.0, why="seconds; a newly published or rolled-back table is in force within "
+                                          "five minutes"),
+    "log_unchanged_every_s": Bound(0.0, 86_400.0, why="seconds; at least one line a day says the controller runs"),
+}
+
+
 class SettingsError(TableTuneError, ValueError):
     """A controller setting with an unknown key, a wrong type or a value outside its range."""
 
@@ -47,10 +139,10 @@ class ControllerSettings:
     while the baseline writes vLLM's lookup; if the baseline cannot be built or raises, the
     published table is served as it is."""
     turbospec_forget: float = 0.995
-    """TurboSpec-style policy: per-step forgetting factor of its acceptance counts (0 < f <= 1;
+    """TurboSpec-style policy: per-step forgetting factor of its acceptance counts (0.5 <= f <= 1;
     1 = plain cumulative counts)."""
     nightjar_exploration: float = 1.0
-    """Nightjar-style policy: UCB1 exploration constant c (>= 0; 0 = greedy after one try per k)."""
+    """Nightjar-style policy: UCB1 exploration constant c (0..10; 0 = greedy after one try per k)."""
     rebuild_every_steps: int = 100
     """N: rebuild the table every this many engine steps that ran requests."""
     prior_weight: float = 2000.0
@@ -102,7 +194,7 @@ class ControllerSettings:
     export_every_s: float = 60.0
     """... or every this many seconds, whichever comes first (checked at rebuilds)."""
     poll_every_s: float = 1.0
-    """Check the published file's mtime at most this often (>= 1 s) for a newer version."""
+    """Check the published file's mtime this often (1..300 s) for a newer version."""
     log_unchanged_every_s: float = 60.0
     """A rebuild that changes the table logs one INFO line; unchanged rebuilds log one summary
     line at most this often."""
@@ -112,44 +204,28 @@ class ControllerSettings:
             raise SettingsError(f"controller setting mode = {self.mode!r} must be one of {CONTROLLER_MODES}")
         if not isinstance(self.policy, str) or self.policy not in CONTROLLER_POLICIES:
             raise SettingsError(f"controller setting policy = {self.policy!r} must be one of {CONTROLLER_POLICIES}")
-        f = self.turbospec_forget
-        if type(f) not in (int, float) or not math.isfinite(f) or not 0.0 < f <= 1.0:
-            raise SettingsError(f"controller setting turbospec_forget = {f!r} must be a number in (0, 1]")
-        for name, lo in (("rebuild_every_steps", 1), ("exploration_every_steps", 0), ("hysteresis", 0),
-                         ("export_every_steps", 1), ("exploration_run_steps", 1)):
-            v = getattr(self, name)
-            if type(v) is not int or v < lo:
-                raise SettingsError(f"controller setting {name} = {v!r} must be an integer >= {lo}")
-        if self.exploration_run_steps > 64:
-            raise SettingsError(f"controller setting exploration_run_steps = {self.exploration_run_steps!r} must be "
-                                "at most 64 (a few steps suffice to observe the explored k)")
-        for name, lo, strict in (("prior_weight", 0.0, True), ("min_prior_weight", 0.0, True),
-                                 ("nightjar_exploration", 0.0, False),
-                                 ("stickiness", 0.0, False), ("live_count_floor", 0.0, False),
-                                 ("step_time_prior_weight", 0.0, True),
-                                 ("step_time_min_prior_weight", 0.0, True), ("step_time_max_count", 1.0, False),
-                                 ("rebuild_budget_ms", 0.0, True), ("export_every_s", 0.0, True),
-                                 ("poll_every_s", 1.0, False), ("log_unchanged_every_s", 0.0, False)):
-            v = getattr(self, name)
-            if type(v) not in (int, float) or not math.isfinite(v) or v < lo or (strict and v == lo):
-                rel = ">" if strict else ">="
-                raise SettingsError(f"controller setting {name} = {v!r} must be a finite number {rel} {lo:g}")
-        if self.step_time_outlier_ratio is None or type(self.step_time_outlier_ratio) not in (int, float) \
-                or not math.isfinite(self.step_time_outlier_ratio) or self.step_time_outlier_ratio <= 1.0:
-            raise SettingsError(f"controller setting step_time_outlier_ratio = {self.step_time_outlier_ratio!r} "
-                                "must be a finite number > 1")
+        for name in ("halve_after_rebuild", "prior_decay", "step_time_correction"):
+            if type(getattr(self, name)) is not bool:
+                raise SettingsError(f"controller setting {name} = {getattr(self, name)!r} must be true or false")
+        for name, bound in BOUNDS.items():
+            problem = bound.problem(getattr(self, name))
+            if problem:
+                raise SettingsError(f"controller setting {name} = {_show(getattr(self, name))} {problem}")
         if self.min_prior_weight > self.prior_weight:
             raise SettingsError(f"controller setting min_prior_weight = {self.min_prior_weight!r} must be <= "
                                 f"prior_weight = {self.prior_weight!r}")
         if self.step_time_min_prior_weight > self.step_time_prior_weight:
             raise SettingsError(f"controller setting step_time_min_prior_weight = {self.step_time_min_prior_weight!r} "
                                 f"must be <= step_time_prior_weight = {self.step_time_prior_weight!r}")
-        for name in ("halve_after_rebuild", "prior_decay", "step_time_correction"):
-            if type(getattr(self, name)) is not bool:
-                raise SettingsError(f"controller setting {name} = {getattr(self, name)!r} must be true or false")
-        if self.export_path is not None and (not isinstance(self.export_path, str) or not self.export_path.strip()
-                                             or "\n" in self.export_path or "\x00" in self.export_path):
-            raise SettingsError(f"controller setting export_path = {self.export_path!r} must be a non-empty path")
+        if 0 < self.exploration_every_steps <= self.exploration_run_steps:
+            raise SettingsError(f"controller setting exploration_every_steps = {self.exploration_every_steps!r} must "
+                                f"be 0 (off) or more than exploration_run_steps = {self.exploration_run_steps!r} "
+                                "(else every step explores)")
+        p = self.export_path
+        if p is not None and (not isinstance(p, str) or not p.strip() or len(p) > MAX_EXPORT_PATH_CHARS
+                              or any(ord(c) < 32 or ord(c) == 127 for c in p)):
+            raise SettingsError(f"controller setting export_path = {p!r:.200} must be a non-empty path of at most "
+                                f"{MAX_EXPORT_PATH_CHARS} characters without control characters")
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any] | None, *, where: str = "controller settings") -> "ControllerSettings":
@@ -164,11 +240,14 @@ class ControllerSettings:
             raise SettingsError(f"{where}: unknown setting(s) {unknown}; known: {sorted(known)}")
         body = dict(data)
         # JSON has one number type: accept 3.0 for an integer setting only when it is integral.
+        # Only exact conversions: 1e300 stays a float (refused by name, not turned into a 301-digit
+        # integer), and an integer too large for a float stays an integer (refused by its bound).
         for f in fields(cls):
-            if f.name in body and f.type in ("int",) and type(body[f.name]) is float and body[f.name].is_integer():
-                body[f.name] = int(body[f.name])
-            if f.name in body and f.type in ("float",) and type(body[f.name]) is int:
-                body[f.name] = float(body[f.name])
+            v = body.get(f.name)
+            if f.type in ("int",) and type(v) is float and v.is_integer() and abs(v) <= 2.0 ** 53:
+                body[f.name] = int(v)
+            if f.type in ("float",) and type(v) is int and abs(v) <= 2 ** 53:
+                body[f.name] = float(v)
         try:
             return cls(**body)
         except SettingsError as exc:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from tabletune_pipelines.errors import InvalidAcceptanceError, InvalidStepTimeError, InvalidValueError
+from tabletune_pipelines.vocab import MAX_STEP_MS
 
 # Survival rates may come from counters whose rounding makes a later position a hair
 # higher than an earlier one; anything beyond this is a real monotonicity violation.
@@ -57,14 +58,19 @@ def tau_curve(rates: Sequence[float]) -> np.ndarray:
 
 
 def validate_step_time(step_ms: float, *, where: str = "") -> float:
-    """A step time must be a finite, positive number of milliseconds."""
+    """A step time must be a finite, positive number of milliseconds, at most ``MAX_STEP_MS``."""
     try:
         value = float(step_ms)
-    except (TypeError, ValueError):
-        raise InvalidStepTimeError(f"step time {step_ms!r}{where} is not a number") from None
+    except (TypeError, ValueError, OverflowError):
+        raise InvalidStepTimeError(f"step time {step_ms!r:.40}{where} is not a number") from None
     if not math.isfinite(value) or value <= 0.0:
         raise InvalidStepTimeError(
             f"step time {step_ms!r} ms{where} must be finite and positive; re-measure this cell"
+        )
+    if value > MAX_STEP_MS:
+        raise InvalidStepTimeError(
+            f"step time {value!r} ms{where} is longer than {MAX_STEP_MS:g} ms, which no decode step takes; "
+            "re-measure this cell"
         )
     return value
 

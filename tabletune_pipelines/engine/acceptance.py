@@ -38,9 +38,10 @@ from pathlib import Path
 from tabletune_pipelines.documents import AcceptancePrior
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.engine.errors import EngineConfigError, EngineError, PromptFileError
-from tabletune_pipelines.errors import InvalidValueError
+from tabletune_pipelines.errors import InvalidValueError, UnwritablePathError
 from tabletune_pipelines.engine.process import VLLMServer
 from tabletune_pipelines.prompts import load_prompts
+from tabletune_pipelines.strict_io import FileTooLargeError, NotRegularFileError, read_bounded
 
 __all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_SAMPLE_SIZE", "SpecCounters", "load_prompts", "measure_acceptance",
            "fingerprint_key", "measure_acceptance_from_file", "parse_spec_counters", "prompt_fingerprint",
@@ -69,14 +70,37 @@ FINGERPRINT_KEY_FILE = "fingerprint.key"
 """This installation's fingerprint secret, in ``$TABLETUNE_HOME``."""
 
 
+#: The key file holds 64 hex digits and a newline; a file larger than this is not a key (never read whole).
+_MAX_KEY_FILE_BYTES = 256
+
+
 def _read_key(path: Path) -> bytes:
-    st = os.lstat(path)  # FileNotFoundError: not created yet
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        raise  # not created yet: fingerprint_key makes it (or names the folder it cannot make it in)
+    except OSError as exc:
+        raise InvalidValueError(f"cannot read fingerprint key {path} ({exc.strerror or exc}); make it readable by "
+                                "this user, or set TABLETUNE_HOME to this installation's folder") from None
     if not stat.S_ISREG(st.st_mode):
         raise InvalidValueError(f"fingerprint key {path} is not a regular file; remove it (a new key is made)")
     if st.st_mode & 0o077:
         raise InvalidValueError(f"fingerprint key {path} can be read by other users (mode {stat.S_IMODE(st.st_mode):o}); "
                                 f"run chmod 600 {path}: it keys the stored prompt fingerprints")
-    text = path.read_text(encoding="ascii", errors="replace").strip()
+    try:
+        raw, _ = read_bounded(path, _MAX_KEY_FILE_BYTES)  # a regular file, read with a bound
+    except FileNotFoundError:
+        raise
+    except FileTooLargeError as exc:
+        raise InvalidValueError(f"fingerprint key {path} is {exc.size or 'more than ' + str(exc.limit)} bytes; a key "
+                                "is 64 hex digits. Remove it to make a new one (fingerprints stored so far then no "
+                                "longer match new measurements of the same prompts)") from None
+    except NotRegularFileError:
+        raise InvalidValueError(f"fingerprint key {path} is not a regular file; remove it (a new key is made)") from None
+    except OSError as exc:
+        raise InvalidValueError(f"cannot read fingerprint key {path} ({exc.strerror or exc}); make it readable by "
+                                "this user, or set TABLETUNE_HOME to this installation's folder") from None
+    text = raw.decode("ascii", errors="replace").strip()
     try:
         key = bytes.fromhex(text)
     except ValueError:
@@ -100,18 +124,33 @@ def fingerprint_key(home: str | Path | None = None) -> bytes:
         return _read_key(path)
     except FileNotFoundError:
         pass
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".fingerprint.", dir=path.parent)  # mkstemp: mode 0600
+    except NotADirectoryError:  # TABLETUNE_HOME (or a folder above it) is a file
+        pass  # creating the key below names the folder
     try:
-        os.write(fd, (secrets.token_hex(32) + "\n").encode())
-        os.fsync(fd)
-        os.close(fd)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".fingerprint.", dir=path.parent)  # mkstemp: mode 0600
+    except OSError as exc:
+        raise UnwritablePathError(
+            f"cannot create the fingerprint key in {path.parent} ({exc.strerror or exc}); the first acceptance "
+            "measurement makes it there. Make that folder writable, or set TABLETUNE_HOME to a writable folder") from None
+    try:
+        try:
+            os.write(fd, (secrets.token_hex(32) + "\n").encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         try:
             os.link(tmp, path)  # fails if another process made the key first: theirs is kept
         except FileExistsError:
             pass
+    except OSError as exc:
+        raise UnwritablePathError(f"cannot write the fingerprint key {path} ({exc.strerror or exc}); make "
+                                  f"{path.parent} writable, or set TABLETUNE_HOME to a writable folder") from None
     finally:
-        os.unlink(tmp)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
     return _read_key(path)
 
 

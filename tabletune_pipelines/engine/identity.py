@@ -9,7 +9,6 @@ Both go through ``cudagraph_mode`` below, so one engine never gets two keys.
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 from typing import Protocol
 
 from tabletune_pipelines.documents import EngineIdentity
@@ -17,6 +16,7 @@ from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.engine.dtype import default_dtype
 from tabletune_pipelines.engine.errors import EngineConfigError
 from tabletune_pipelines.engine.installed import installed_vllm_version, resolve_device
+from tabletune_pipelines.identity_match import nvidia_gpu_name
 
 DEFAULT_GRAPH_MODE = "default"
 """Recorded when graphs are on and nobody declared a mode: whatever vLLM picks for the launch."""
@@ -44,13 +44,9 @@ def accelerator_name(device: str) -> str:
     """
     if resolve_device(device) == "cpu":
         return "cpu"
-    for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
-        try:
-            for line in info.read_text().splitlines():
-                if line.startswith("Model:"):
-                    return line.split(":", 1)[1].strip() or "gpu"
-        except OSError:
-            continue
+    name = nvidia_gpu_name()  # the driver's files: the same reading the controller compares with
+    if name:
+        return name
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
                              text=True, timeout=20, check=False).stdout.strip().splitlines()

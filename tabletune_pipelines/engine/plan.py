@@ -9,6 +9,7 @@ a default per field. ``default_plan`` turns it plus a ``ServerConfig`` into a ``
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -22,6 +23,56 @@ from tabletune_pipelines.vocab import DEFAULT_REPETITIONS, PROFILE_MODES, Profil
 
 #: Default seconds of adaptive re-measurement after the first pass.
 DEFAULT_REMEASURE_BUDGET_S = 120.0
+
+#: The range of every number ``ProfileOptions`` holds: ``name: (low, high, integer, why)``. One
+#: validation: ``ProfileOptions`` checks its fields with ``limit_problem``, and so do the CLI's
+#: ``profile`` options (``--repetitions``, ``--max-repetitions``, ``--remeasure-budget``,
+#: ``--startup-timeout``), so a value that could not be meant (10^12 repetitions, a 1e300 s budget) is
+#: refused by name before an engine starts or the store is touched.
+PROFILE_LIMITS: dict[str, tuple[float, float, bool, str]] = {
+    "repetitions": (1, 100, True, "repetitions per cell; 100 make the median ~6x tighter than 3, more only make "
+                                  "the profile take hours"),
+    "max_repetitions": (1, 100, True, "the most repetitions re-measurement gives a cell"),
+    "prompt_tokens": (1, 32_768, True, "tokens of each timing prompt; the profile times decode steps"),
+    "remeasure_budget_s": (0.0, 86_400.0, False, "seconds of re-measurement, 0 = off; at most a day"),
+    "startup_timeout": (1.0, 3_600.0, False, "seconds a launch may take to become healthy; a cold GPU launch "
+                                             "with CUDA graphs takes 2-3 minutes, a slow CPU several"),
+    "kv_cache_space_gib": (1, 4_096, True, "GiB of CPU memory for the KV cache"),
+    "max_model_len": (1, 2 ** 24, True, "tokens of context"),
+}
+
+
+def limit_problem(name: str, value: Any) -> str | None:
+    """None when ``value`` is within ``PROFILE_LIMITS[name]``, else what it must be (the text after
+    ``name = value``)."""
+    low, high, integer, why = PROFILE_LIMITS[name]
+    if integer:
+        ok = type(value) is int
+    else:  # a bool is not a number of seconds
+        ok = type(value) is int or (type(value) is float and math.isfinite(value))
+    if ok and low <= value <= high:
+        return None
+    if integer:
+        return f"must be an integer >= {int(low)} and <= {int(high)} ({why})"
+    return f"must be a finite number >= {low:g} and <= {high:g} ({why})"
+
+
+def check_limit(name: str, value: Any) -> None:
+    """``EngineConfigError`` naming ``name`` and ``value`` unless ``value`` is within its limits."""
+    problem = limit_problem(name, value)
+    if problem:
+        shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:24]}... ({len(repr(value))} characters)"
+        raise EngineConfigError(f"{name} = {shown} {problem}")
+
+
+def check_in_range(label: str, values: Iterable[int] | None, low: int, high_name: str, high: int,
+                   where: str = "") -> None:
+    """Every value in ``low..high``, else ``EngineConfigError``: ``"batch size 99 is outside
+    1..max_num_seqs = 16"`` + ``where``. The batch sizes and k values of options and plans, checked
+    against an engine by this one rule (the CLI before anything starts, the plan when it is built)."""
+    for v in values or ():
+        if not low <= v <= high:
+            raise EngineConfigError(f"{label} {v} is outside {low}..{high_name} = {high}{where}")
 
 CellKey = tuple[int | None, int, str]
 """(k, batch size, acceptance) of one cell; k None is the no-speculation baseline."""
@@ -87,7 +138,8 @@ class ProfileOptions:
     ks: tuple[int, ...] | None = None
     """Draft lengths to time under the launch K; None = 0..K."""
     repetitions: int = DEFAULT_REPETITIONS
-    """Repetitions per cell (the cell is their median; the k order rotates per repetition)."""
+    """Repetitions per cell (the cell is their median; the k order rotates per repetition); 1..100
+    (``PROFILE_LIMITS`` holds every number's range)."""
     include_no_spec: bool = True
     """Also time the no-speculation server at every batch size (one more launch)."""
     accept_batch_sizes: tuple[int, ...] | None = None
@@ -103,7 +155,7 @@ class ProfileOptions:
     prompt_tokens: int = 32
     """Prompt length of the timing requests, in tokens (sent as token ids)."""
     startup_timeout: float | None = None
-    """Server start-up timeout in seconds; None = the ServerConfig's."""
+    """Server start-up timeout in seconds (1..3600); None = the ServerConfig's."""
     kv_cache_space_gib: int | None = None
     """``VLLM_CPU_KVCACHE_SPACE`` (CPU build); None = the ServerConfig's."""
     max_model_len: int | None = None
@@ -123,21 +175,15 @@ class ProfileOptions:
             raise EngineConfigError(f"mode = {self.mode!r} must be one of {PROFILE_MODES}")
         for name in ("batch_sizes", "ks", "accept_batch_sizes"):
             object.__setattr__(self, name, _ints(name, getattr(self, name)))
-        for name in ("repetitions", "prompt_tokens"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise EngineConfigError(f"{name} = {v!r} must be an integer >= 1")
+        for name in PROFILE_LIMITS:  # None: the ServerConfig's own value (only these three may be None)
+            if getattr(self, name) is not None or name not in ("startup_timeout", "kv_cache_space_gib",
+                                                               "max_model_len"):
+                check_limit(name, getattr(self, name))
         for name in ("include_no_spec", "fixed_k_baseline"):
             if not isinstance(getattr(self, name), bool):
                 raise EngineConfigError(f"{name} = {getattr(self, name)!r} must be true or false")
         if self.warmup is not None and not isinstance(self.warmup, bool):
             raise EngineConfigError(f"warmup = {self.warmup!r} must be true, false or null (device default)")
-        b = self.remeasure_budget_s
-        if isinstance(b, bool) or not isinstance(b, int | float) or not b >= 0:
-            raise EngineConfigError(f"remeasure_budget_s = {b!r} must be a number of seconds >= 0 (0 = off)")
-        m = self.max_repetitions
-        if not isinstance(m, int) or isinstance(m, bool) or m < 1:
-            raise EngineConfigError(f"max_repetitions = {m!r} must be an integer >= 1")
         if self.decision_rates is not None:
             try:
                 rates = tuple(float(r) for r in self.decision_rates)
@@ -145,6 +191,15 @@ class ProfileOptions:
             except (TypeError, ValueError) as exc:
                 raise EngineConfigError(f"decision_rates = {self.decision_rates!r}: {exc}") from None
             object.__setattr__(self, "decision_rates", rates)
+
+    def check_engine(self, max_num_seqs: int, max_k: int, where: str = "") -> None:
+        """The batch sizes (and all-accepted batch sizes) within 1..max_num_seqs and the k values
+        within 0..max_k of an engine, else ``EngineConfigError`` naming the value (``where``: whose
+        limits, e.g. a fleet deployment). The plan applies the same rule when it is built; checking
+        here first fails before an engine starts or the store is opened."""
+        check_in_range("batch size", self.batch_sizes, 1, "max_num_seqs", max_num_seqs, where)
+        check_in_range("k =", self.ks, 0, "num_speculative_tokens", max_k, where)
+        check_in_range("accept batch size", self.accept_batch_sizes, 1, "max_num_seqs", max_num_seqs, where)
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -187,20 +242,13 @@ def default_plan(config: ServerConfig, *, batch_sizes: Iterable[int] | None = No
         raise EngineConfigError("batch_sizes is empty; give at least one batch size or None for the default grid")
     if not kk:
         raise EngineConfigError("ks is empty; give at least one k or None for 0..K")
-    for b in bs:
-        if not 1 <= b <= config.max_num_seqs:
-            raise EngineConfigError(f"batch size {b} is outside 1..max_num_seqs = {config.max_num_seqs}")
-    for k in kk:
-        if not 0 <= k <= K:
-            raise EngineConfigError(f"k = {k} is outside 0..num_speculative_tokens = {K}")
-    if repetitions < 1:
-        raise EngineConfigError(f"repetitions = {repetitions!r} must be >= 1")
+    check_in_range("batch size", bs, 1, "max_num_seqs", config.max_num_seqs)
+    check_in_range("k =", kk, 0, "num_speculative_tokens", K)
+    check_limit("repetitions", repetitions)
     if accept_batch_sizes is None:
         accept_batch_sizes = sorted({bs[0], bs[len(bs) // 2], bs[-1]})
     abs_ = tuple(sorted(set(accept_batch_sizes)))
-    for b in abs_:
-        if not 1 <= b <= config.max_num_seqs:
-            raise EngineConfigError(f"accept batch size {b} is outside 1..max_num_seqs = {config.max_num_seqs}")
+    check_in_range("accept batch size", abs_, 1, "max_num_seqs", config.max_num_seqs)
     return ProfilePlan(batch_sizes=bs, ks=kk, repetitions=repetitions, include_no_spec=include_no_spec,
                        accept_batch_sizes=abs_, prompt_tokens=prompt_tokens)
 

@@ -245,7 +245,11 @@ def published_for(path: str | os.PathLike[str], *, ranges: Sequence[Sequence[int
         deployment=deployment, version=version, table=table,
         speculative_config={"method": "eagle3", "num_speculative_tokens": int(max_k),
                             "num_speculative_tokens_per_batch_size": rng},
-        published_at="2026-12-01T00:00:00Z", identity=None,
+        published_at="2026-12-01T00:00:00Z",
+        # The simulated engine's identity (a published file must carry one; the controller compares
+        # the fields its engine knows: here K and max_num_seqs).
+        identity={"gpu": "simulated", "vllm_version": "simulated", "model": "simulated-target", "drafter": None,
+                  "method": "eagle3", "max_k": int(max_k), "max_num_seqs": int(max_num_seqs)},
         prior={"rates": [float(x) for x in prior], "num_drafts": int(prior_drafts), "prior_id": "prior-sim",
                "source": "synthetic"},
         allowed_k=list(range(int(max_k) + 1)), controller=controller or {})

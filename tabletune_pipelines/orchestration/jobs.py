@@ -1,7 +1,9 @@
 """Jobs: profile and publish one identity, re-tune one identity, the weekly acceptance, rollback.
 
-Every job carries a default ``tabletune/engine`` tag so runs launched by hand from the UI queue
-behind the run of the same engine (tags.py). The fleet file is read once, here, for that default.
+Every job, the rollback included, carries a default ``tabletune/engine`` tag so runs launched by
+hand from the UI queue behind the run of the same engine (tags.py): a rollback publishes to the
+deployment, so it must not overlap a re-tune of that engine publishing to it. The fleet file is read
+once, here, for that default.
 """
 
 from __future__ import annotations
@@ -37,7 +39,10 @@ weekly_acceptance_job = dg.define_asset_job(
 )
 
 
-@dg.job(description="Roll a deployment's published table back to the previous version (as a new version).")
+@dg.job(tags=MANUAL_RUN_TAGS,
+        description="Roll a deployment's published table back to the previous version (as a new version), with the "
+                    "engine identity and prior it was published with. Queued by its tabletune/engine tag like every "
+                    "run of the engine (give it the deployment's engine group in a fleet of several).")
 def rollback_published_table():
     rollback_published_table_op()
 

@@ -42,12 +42,30 @@ from tabletune_pipelines.documents import (
     StepTimeCell,
     StepTimeProfile,
 )
-from tabletune_pipelines.errors import NotFoundError, StoreCorruptError, StoreError, StoreLockedError
-from tabletune_pipelines.published import check_publish_targets, published_document, write_published_table
+from tabletune_pipelines.errors import (
+    NotFoundError,
+    StoreCorruptError,
+    StoredDataError,
+    StoreError,
+    StoreLockedError,
+    TableTuneError,
+    UnwritablePathError,
+)
+from tabletune_pipelines.published import (
+    check_publish_targets,
+    controller_fields,
+    publication_lock,
+    published_document,
+    write_published_table,
+    write_speculative_config_companion,
+)
+from tabletune_pipelines.strict_io import NotRegularFileError, open_regular
 from tabletune_pipelines.vocab import DEFAULT_PROFILE_MODE
 
 #: How many existing ids a NotFoundError lists.
 _LISTED = 10
+#: How often ``publish`` tries the next version when other publishers keep taking it.
+_PUBLISH_ATTEMPTS = 5
 
 SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS engine_identities (
@@ -109,6 +127,8 @@ CREATE TABLE IF NOT EXISTS publications (
     path          VARCHAR NOT NULL,
     published_at  TIMESTAMP NOT NULL,
     note          VARCHAR,
+    identity_json VARCHAR,         -- the published file's "identity" (NULL: none, or an older store)
+    prior_json    VARCHAR,         -- the published file's "prior" (NULL: none, or an older store)
     PRIMARY KEY (deployment, version)
 );
 """
@@ -135,15 +155,22 @@ _CONNECT_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extens
 
 #: Columns added after the first stores were written: (table, column, type). Opening a store for
 #: writing adds them (NULL in old rows); a read-only open of an older store reads NULL for them.
-MIGRATED_COLUMNS: tuple[tuple[str, str, str], ...] = (("step_time_cells", "stderr_ms", "DOUBLE"),)
+MIGRATED_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("step_time_cells", "stderr_ms", "DOUBLE"),
+    ("publications", "identity_json", "VARCHAR"),
+    ("publications", "prior_json", "VARCHAR"),
+)
 
 
 def _create_schema(conn: duckdb.DuckDBPyConnection) -> None:
     """Create TableTune's tables where missing. Migrations of older stores go here too, so the
     schema check after it (and ``_expected_schema``) sees the current schema."""
     conn.execute(SCHEMA_SQL)
+    tables = {r[0] for r in conn.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = "
+                                         "current_database() AND schema_name = 'main'").fetchall()}
     for table, column, typ in MIGRATED_COLUMNS:
-        conn.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {typ}")
+        if table in tables:  # a view of that name is not altered: the schema check names it
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {typ}")
 
 
 def _columns(conn: duckdb.DuckDBPyConnection) -> dict[str, set[tuple[str, str]]]:
@@ -209,14 +236,18 @@ def check_schema(path: str | os.PathLike[str], conn: duckdb.DuckDBPyConnection, 
 
 
 def check_duckdb_file(path: str | os.PathLike[str]) -> None:
-    """``StoreCorruptError`` unless ``path`` is absent, empty, or starts with DuckDB's header."""
+    """``StoreCorruptError`` unless ``path`` is absent, empty, or a regular file that starts with
+    DuckDB's header (a named pipe or device is never opened: ``strict_io.open_regular``)."""
     try:
-        with open(path, "rb") as fh:
+        with open_regular(path) as fh:
             head = fh.read(16)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # absent (a folder above it may be a file: named on creation)
         return
     except IsADirectoryError:
         raise StoreError(f"the store path {path} is a directory; pass a DuckDB file (--db or TABLETUNE_DUCKDB)") from None
+    except NotRegularFileError as exc:
+        raise StoreError(f"the store path {path} is {exc.kind}, not a DuckDB file; it was not opened. Pass a "
+                         "DuckDB file (--db or TABLETUNE_DUCKDB)") from None
     except OSError as exc:
         raise StoreError(f"cannot read the store {path}: {exc.strerror or exc}") from None
     if head and head[_MAGIC_AT:_MAGIC_AT + len(_DUCKDB_MAGIC)] != _DUCKDB_MAGIC:
@@ -228,9 +259,30 @@ def check_duckdb_file(path: str | os.PathLike[str]) -> None:
             "TableTune at another file (--db or TABLETUNE_DUCKDB) or move this one aside.")
 
 
+#: DuckDB's words for a file it cannot read back: truncated (short reads) or damaged (checksums).
+_DAMAGED = ("could not read enough bytes", "corrupt database file", "does not match stored checksum")
+
+
+def damaged_store_error(path: str | os.PathLike[str], exc: BaseException) -> StoreError | None:
+    """The store error for a DuckDB error that says the file itself cannot be read (None otherwise):
+    a truncated or damaged file is a ``StoreCorruptError``, another I/O error a ``StoreError``;
+    both name the file. Errors of any other kind are TableTune's or DuckDB's own, and stay raised."""
+    msg = " ".join(str(exc).split())
+    if any(word in msg.lower() for word in _DAMAGED):
+        return StoreCorruptError(
+            f"{path} is damaged (truncated or corrupt): DuckDB cannot read it back ({msg:.300}). It was left "
+            "untouched; restore it from a backup, or move it aside (a writing command then starts a new store)")
+    if isinstance(exc, duckdb.IOException):
+        return StoreError(f"cannot use the store {path}: {msg:.300}")
+    return None
+
+
 def translate_duckdb_error(path: str | os.PathLike[str], exc: BaseException) -> StoreError:
     """Turn DuckDB's open errors into actionable store errors."""
     msg = str(exc)
+    damaged = damaged_store_error(path, exc)
+    if damaged is not None and not ("Could not set lock" in msg or "Conflicting lock" in msg):
+        return damaged
     if "Could not set lock" in msg or "Conflicting lock" in msg:
         return StoreLockedError(
             f"DuckDB file {path} is locked by another process ({msg.split(':', 1)[-1].strip()}). "
@@ -243,6 +295,58 @@ def translate_duckdb_error(path: str | os.PathLike[str], exc: BaseException) -> 
             "TableTune at another file or move this one aside."
         )
     return StoreError(f"cannot open DuckDB file {path}: {msg}")
+
+
+#: DuckDB's file layout: three 4 kB headers, then the blocks, block i at ``_BLOCK_START + i * block size``.
+_BLOCK_START = 3 * 4096
+
+
+def check_not_truncated(path: str | os.PathLike[str], conn: duckdb.DuckDBPyConnection) -> None:
+    """``StoreCorruptError`` when the file ends before the last block TableTune's tables use.
+
+    A file cut short past the blocks DuckDB reads on connecting opens fine, and its lost blocks fail
+    only when a query reaches them (a read) or are silently overwritten (a write: the store would
+    then hold garbage). DuckDB's own pragmas say how many blocks are in use and which each table's
+    data is in; all of them must lie inside the file (free blocks do not count: DuckDB trims those
+    off the end itself). A DuckDB version without these pragmas
+    is not checked here; its queries still fail as ``StoreCorruptError`` (``damaged_store_error``).
+    """
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        return
+    tables = sorted(set(_columns(conn)) & set(_expected_schema()))
+    try:
+        block_size, used = conn.execute("SELECT block_size, used_blocks FROM pragma_database_size() "
+                                        "WHERE database_name = current_database()").fetchone() or (0, 0)
+        top = -1
+        for table in tables:  # names from DuckDB's own catalog that are TableTune's: no quoting needed
+            for block, extra in conn.execute(f"SELECT block_id, additional_block_ids FROM pragma_storage_info('{table}') "
+                                             "WHERE block_id >= 0").fetchall():
+                top = max(top, int(block), *(int(b) for b in extra or ()))
+    except (duckdb.BinderException, duckdb.CatalogException, duckdb.NotImplementedException):
+        return  # another DuckDB's pragmas: not checked here
+    # Every block in use lies inside the file: at least ``used`` of them, and the highest a table names.
+    blocks = max(top + 1, int(used or 0))
+    need = _BLOCK_START + blocks * int(block_size or 0)
+    if blocks and size < need:
+        raise StoreCorruptError(
+            f"{path} is damaged (truncated): it has {size} bytes, but the {blocks} blocks its database uses end at byte "
+            f"{need}. It was left untouched; restore it from a backup, or move it aside (a writing command then starts "
+            "a new store)")
+
+
+def _writable_folder(folder: Path) -> None:
+    """Create the store's folder where missing; ``UnwritablePathError`` when that fails or it cannot be
+    written (DuckDB writes the store and its ``.wal`` file there)."""
+    fix = ("make it writable, or point TABLETUNE_DUCKDB / --db (or TABLETUNE_HOME, where the store lives by "
+           "default) at a writable folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UnwritablePathError(f"cannot create the store's folder {folder} ({exc.strerror or exc}); {fix}") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UnwritablePathError(f"the store's folder {folder} is not writable; {fix}")
 
 
 class TableTuneStore:
@@ -264,7 +368,7 @@ class TableTuneStore:
                                 "TABLETUNE_DUCKDB to the store)")
         check_duckdb_file(self.path)
         if not read_only:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            _writable_folder(self.path.parent)
         with self._connect() as conn:
             self._prepare(conn)
 
@@ -288,6 +392,8 @@ class TableTuneStore:
         check are one transaction, so a refused database is left exactly as it was; DuckDB's own
         errors (a view where a table belongs, a type clash) become a StoreError."""
         try:
+            if self.path != Path("<resource>"):
+                check_not_truncated(self.path, conn)  # before anything is written to it
             if self.read_only:
                 check_schema(self.path, conn, read_only=True)
                 return
@@ -301,6 +407,9 @@ class TableTuneStore:
                 raise
             conn.execute("COMMIT")
         except duckdb.Error as exc:
+            damaged = damaged_store_error(self.path, exc)
+            if damaged is not None:
+                raise damaged from None
             raise StoreError(f"{self.path} is a DuckDB database TableTune cannot use: {exc}. It was left as it was; "
                              "point TABLETUNE_DUCKDB / --db at TableTune's own store file") from None
 
@@ -309,7 +418,13 @@ class TableTuneStore:
     def _connect(self) -> Iterator[duckdb.DuckDBPyConnection]:
         if self._factory is not None:
             with self._factory() as conn:
-                yield conn
+                try:
+                    yield conn
+                except duckdb.Error as exc:
+                    damaged = damaged_store_error(self.path, exc)
+                    if damaged is None:
+                        raise
+                    raise damaged from None
             return
         deadline = time.monotonic() + self.lock_timeout_s
         while True:
@@ -325,6 +440,11 @@ class TableTuneStore:
                 raise err from None
         try:
             yield conn
+        except duckdb.Error as exc:  # a file truncated or damaged past its header fails only when read
+            damaged = damaged_store_error(self.path, exc)
+            if damaged is None:
+                raise
+            raise damaged from None
         finally:
             conn.close()
 
@@ -419,11 +539,18 @@ class TableTuneStore:
             "step_time_cells WHERE identity_key = ? AND mode = ? ORDER BY acceptance, k NULLS FIRST, batch_size",
             [identity_key, mode],
         )
-        return [
-            StepTimeCell(k=r[0], batch_size=r[1], median_ms=r[2], repetitions_ms=tuple(r[3]), acceptance=r[4],
-                         launch_k=r[5], timing=r[6], stderr_ms=r[7])
-            for r in rows
-        ]
+        cells = []
+        for r in rows:
+            try:
+                cells.append(StepTimeCell(k=r[0], batch_size=r[1], median_ms=r[2], repetitions_ms=tuple(r[3]),
+                                          acceptance=r[4], launch_k=r[5], timing=r[6], stderr_ms=r[7]))
+            except TableTuneError as exc:  # a row no measurement writes (edited or damaged): never used
+                raise StoredDataError(
+                    f"{self.path}: the stored step-time cell k={r[0]}, B={r[1]} ({r[4]}, mode {mode!r}) of identity "
+                    f"{identity_key!r} cannot be a measurement: {exc} (`tabletune profile "
+                    f"{'' if r[0] is None else f'--ks {r[0]} '}--batch-sizes {r[1]}` replaces the row; nothing was "
+                    "derived from it)") from None
+        return cells
 
     def _has_column(self, table: str, column: str) -> bool:
         return bool(self.query("SELECT 1 FROM duckdb_columns() WHERE database_name = current_database() AND "
@@ -529,12 +656,22 @@ class TableTuneStore:
         return DraftLengthTable.from_json(rows[0][0]) if rows else None
 
     def publications(self, deployment: str) -> list[dict[str, Any]]:
-        """The deployment's publication rows, oldest version first (empty if none)."""
+        """The deployment's publication rows, oldest version first (empty if none): ``version``,
+        ``table_id``, ``path``, ``published_at``, ``note``, and the published file's ``identity`` and
+        ``prior`` (dicts; None when the file had none or the row predates their columns)."""
+        # A store opened read-only may predate the two columns: NULL there.
+        extra = [c if self._has_column("publications", c) else "NULL" for c in ("identity_json", "prior_json")]
         rows = self.query(
-            "SELECT version, table_id, path, published_at, note FROM publications WHERE deployment = ? ORDER BY version",
-            [deployment],
-        )
-        return [dict(zip(("version", "table_id", "path", "published_at", "note"), r)) for r in rows]
+            f"SELECT version, table_id, path, published_at, note, {extra[0]}, {extra[1]} FROM publications "
+            "WHERE deployment = ? ORDER BY version", [deployment])
+        return [dict(zip(("version", "table_id", "path", "published_at", "note"), r[:5]),
+                     identity=json.loads(r[5]) if r[5] else None, prior=json.loads(r[6]) if r[6] else None)
+                for r in rows]
+
+    def latest_publication_version(self, deployment: str) -> int:
+        """The deployment's highest published version (0: none)."""
+        row = self.query("SELECT max(version) FROM publications WHERE deployment = ?", [deployment])
+        return int(row[0][0] or 0)
 
     def publish(
         self,
@@ -545,46 +682,109 @@ class TableTuneStore:
         base_speculative_config: dict[str, Any] | None = None,
         note: str | None = None,
         document_fields: Mapping[str, Any] | None = None,
+        companion: bool = True,
     ) -> dict[str, Any]:
-        """Record a new publication version and atomically export the file the controller reads.
+        """Record a new publication version and atomically export the file the controller reads
+        (and, with ``companion``, its ``<stem>.speculative-config.json``).
 
-        ``document_fields``: further keyword arguments of ``published.published_document``.
-        The file is written first and the version row committed after: a crash in between leaves
-        a valid file that is simply not yet recorded, never a recorded version without a file.
-        Before anything is written (to the store or the file), ``export_path`` and its
+        ``document_fields``: further keyword arguments of ``published.published_document``; the
+        identity and prior among them are recorded with the version (``rollback`` re-publishes them).
+        Before anything is written (to the store or the files), ``export_path`` and its
         speculative-config companion must be free or TableTune's own files of this deployment
         (``published.check_publish_targets``): a PublishedTableError leaves both untouched.
+
+        One publication of a file at a time: the publication lock beside it
+        (``published.publication_lock``) is held from the version allocation to the version row, so
+        the file's version and the store's row of that version hold the same table. The version is
+        one above both the store's last and the file's (a publish that crashed after writing the file
+        leaves a version the store lacks; the next one must still be newer for the controller). The
+        file is written first and the row committed after: a crash in between leaves a valid file not
+        yet recorded, never a recorded version without a file. Should another publisher that the lock
+        does not reach (another host on a file system without flock) take the version first, the
+        store's primary key refuses the row and the publication is repeated with the next version.
         """
-        check_publish_targets(export_path, deployment)
-        tid = self.write_table(table)
-        previous = self.publications(deployment)
-        version = (previous[-1]["version"] + 1) if previous else 1
-        published_at = _now()
-        # The table's evidence (bounds, boundaries, k within noise) goes beside the table, whose
-        # fields stay the ones every reader of the published file knows.
-        table_fields, evidence = table.published_parts()
-        fields = {"evidence": evidence, **dict(document_fields or {})}
-        doc = published_document(
-            deployment=deployment, version=version, table=table_fields,
-            speculative_config=table.speculative_config(base_speculative_config),
-            published_at=published_at.isoformat() + "Z", **fields,
-        )
-        path = write_published_table(export_path, doc)
-        with self._transaction() as conn:
-            conn.execute("INSERT INTO publications VALUES (?, ?, ?, ?, ?, ?)",
-                         [deployment, version, tid, str(path), published_at, note])
-        return doc
+        check_publish_targets(export_path, deployment)  # a refusal creates nothing, not even the lock file
+        with publication_lock(export_path):
+            on_disk = check_publish_targets(export_path, deployment)  # again: what is there now
+            tid = self.write_table(table)
+            # The table's evidence (bounds, boundaries, k within noise) goes beside the table, whose
+            # fields stay the ones every reader of the published file knows.
+            table_fields, evidence = table.published_parts()
+            fields = {"evidence": evidence, **dict(document_fields or {})}
+            for _ in range(_PUBLISH_ATTEMPTS):
+                version = max(self.latest_publication_version(deployment), on_disk) + 1
+                published_at = _now()
+                doc = published_document(
+                    deployment=deployment, version=version, table=table_fields,
+                    speculative_config=table.speculative_config(base_speculative_config),
+                    published_at=published_at.isoformat() + "Z", **fields,
+                )
+                path = write_published_table(export_path, doc)
+                if companion:
+                    write_speculative_config_companion(export_path, doc)
+                if self._record_publication(deployment, version, tid, path, published_at, note, doc):
+                    return doc
+                on_disk = version  # taken by another publisher: the file is rewritten with a higher one
+        raise StoreError(
+            f"publishing {tid} to deployment {deployment!r}: {_PUBLISH_ATTEMPTS} versions in a row were taken by "
+            f"other publishers at the same time, so {export_path} (v{version}) may hold another table than the "
+            "store's row of that version. Stop the other publishers of this deployment and publish again")
+
+    def _record_publication(self, deployment: str, version: int, table_id: str, path: Path, published_at: datetime,
+                            note: str | None, doc: Mapping[str, Any]) -> bool:
+        """Insert the version row; False when that version already exists (another publisher took it)."""
+        identity, prior = doc.get("identity"), doc.get("prior")
+        try:
+            with self._transaction() as conn:
+                conn.execute(
+                    "INSERT INTO publications (deployment, version, table_id, path, published_at, note, identity_json, "
+                    "prior_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    [deployment, version, table_id, str(path), published_at, note,
+                     None if identity is None else json.dumps(identity, sort_keys=True),
+                     None if prior is None else json.dumps(prior, sort_keys=True)])
+        except (duckdb.ConstraintException, duckdb.TransactionException):
+            return False
+        except duckdb.Error as exc:
+            raise StoreError(f"{path} holds v{version} of deployment {deployment!r}, but {self.path} could not record "
+                             f"it ({exc}); publish again once the store can be written") from None
+        return True
 
     def rollback(self, deployment: str, export_path: str | os.PathLike[str],
                  base_speculative_config: dict[str, Any] | None = None,
-                 document_fields: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """Re-publish the table of the version before the current one, as a new version."""
+                 document_fields: Mapping[str, Any] | None = None, *, companion: bool = True) -> dict[str, Any]:
+        """Re-publish the table of the version before the current one, as a new version, with the
+        engine identity and the prior that version was published with (``document_fields`` supply
+        the rest: the deployment's controller settings now). A version recorded before the store kept
+        them gets them from the store (the table's identity and prior ids); one whose identity cannot
+        be had is refused (StoreError), since the controller refuses a file without one."""
         pubs = self.publications(deployment)
         if len(pubs) < 2:
             raise StoreError(
                 f"deployment {deployment!r} has {len(pubs)} publication(s); rollback needs a previous version"
             )
         current, previous = pubs[-1], pubs[-2]
-        return self.publish(deployment, self.table(previous["table_id"]), export_path,
-                            base_speculative_config=base_speculative_config, document_fields=document_fields,
+        table = self.table(previous["table_id"])
+        fields = {**dict(document_fields or {}), **self._published_engine(deployment, previous, table)}
+        return self.publish(deployment, table, export_path, base_speculative_config=base_speculative_config,
+                            document_fields=fields, companion=companion,
                             note=f"rollback of v{current['version']} to v{previous['version']}")
+
+    def _published_engine(self, deployment: str, pub: Mapping[str, Any], table: DraftLengthTable) -> dict[str, Any]:
+        """``identity`` and ``prior`` document fields of an earlier publication."""
+        identity, prior = pub.get("identity"), pub.get("prior")
+        if identity is None:
+            stored = self.find_identity(table.identity_key)
+            if stored is None:
+                raise StoreError(
+                    f"cannot roll deployment {deployment!r} back to v{pub['version']}: its table {table.table_id} was "
+                    f"made for engine identity {table.identity_key!r}, which neither that publication nor "
+                    f"{self.path} records, and the controller refuses a file without an engine identity. Nothing "
+                    "was published; publish a table of the deployment's current engine instead")
+            identity = stored.to_dict()
+        if prior is None:
+            try:
+                prior = self.acceptance_prior(table.prior_id)
+            except NotFoundError:
+                prior = None  # the file then carries the table's acceptance rates only
+        fields = controller_fields(identity=identity, prior=prior)
+        return {k: fields[k] for k in ("identity", "prior") if k in fields}

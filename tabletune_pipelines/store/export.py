@@ -15,28 +15,73 @@ import sys
 from pathlib import Path
 
 from tabletune_pipelines.documents import StepTimeProfile
-from tabletune_pipelines.errors import TableTuneError
+from tabletune_pipelines.errors import DocumentError, TableTuneError, UnwritablePathError
+from tabletune_pipelines.published import atomic_write_text
 from tabletune_pipelines.store.duckdb_store import TableTuneStore
+from tabletune_pipelines.strict_io import FileTooLargeError, NotRegularFileError, read_bounded
+
+#: An exported profile is a few hundred kB (1024 batch sizes x 9 k x a few repetitions); larger is not one.
+MAX_PROFILE_BYTES = 64 * 1024 * 1024
+
+
+def _output_folder(out: Path) -> None:
+    """Create ``out`` where missing; ``UnwritablePathError`` naming it when it is not a folder or
+    cannot be created (nothing is written then)."""
+    if out.exists() and not out.is_dir():
+        raise UnwritablePathError(f"output folder {out} exists and is not a folder; nothing was written. Pass a "
+                                  "folder (it is created if missing)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UnwritablePathError(f"cannot create the output folder {out} ({exc.strerror or exc}); nothing was "
+                                  "written. Pass a folder you can write") from None
 
 
 def export_profiles(store: TableTuneStore, out_dir: str | Path) -> list[Path]:
-    """Write every stored profile as ``<key>.<mode>.json`` under ``out_dir``; returns the paths."""
+    """Write every stored profile as ``<key>.<mode>.json`` under ``out_dir``; returns the paths.
+
+    Each file is replaced atomically (what is at that name, a named pipe included, is replaced, never
+    written into); ``UnwritablePathError`` when ``out_dir`` is not a folder or a file cannot be written."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    _output_folder(out)
     written = []
     for key in store.identity_keys():
         for mode in store.profile_modes(key):
             path = out / f"{key}.{mode}.json"
-            path.write_text(store.load_profile(key, mode).to_json(indent=1) + "\n", encoding="utf-8")
+            try:
+                atomic_write_text(path, store.load_profile(key, mode).to_json(indent=1) + "\n")
+            except OSError as exc:
+                raise UnwritablePathError(f"cannot write {path} ({exc.strerror or exc}); "
+                                          f"{len(written)} profile(s) were written before it") from None
             written.append(path)
     return written
+
+
+def read_profile(path: str | Path) -> StepTimeProfile:
+    """An exported profile document (a regular file of at most ``MAX_PROFILE_BYTES``, UTF-8 JSON);
+    errors name the file."""
+    try:
+        raw, _ = read_bounded(path, MAX_PROFILE_BYTES)
+        text = raw.decode("utf-8")
+    except FileNotFoundError:
+        raise DocumentError(f"profile file {path} does not exist") from None
+    except (IsADirectoryError, NotRegularFileError, FileTooLargeError) as exc:
+        raise DocumentError(f"profile file {path}: {exc.strerror}; not an exported profile") from None
+    except OSError as exc:
+        raise DocumentError(f"cannot read profile file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise DocumentError(f"profile file {path} is not UTF-8 (byte {exc.start})") from None
+    try:
+        return StepTimeProfile.from_json(text)
+    except TableTuneError as exc:
+        raise type(exc)(f"profile file {path}: {exc}") from None
 
 
 def import_profiles(store: TableTuneStore, paths: list[str | Path]) -> int:
     """Write the cells of exported profile documents into ``store``; returns the number of cells."""
     n = 0
     for p in paths:
-        profile = StepTimeProfile.from_json(Path(p).read_text(encoding="utf-8"))
+        profile = read_profile(p)
         store.upsert_identity(profile.identity)
         store.write_profile_cells(profile.identity, list(profile.cells), profile.mode)
         n += len(profile.cells)
@@ -52,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         if not Path(args[0]).exists():
             print(f"error: store {args[0]} does not exist", file=sys.stderr)
             return 2
-        for p in export_profiles(TableTuneStore(args[0]), args[1]):
+        for p in export_profiles(TableTuneStore(args[0], read_only=True), args[1]):  # the store is only read
             print(p)
     except TableTuneError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -7,6 +7,15 @@ measured prior as ``w`` observations: â_i = (w·a_i + accepted_i) / (w + drafte
 
 A window is counted once however often it was exported (``unique_windows``), and a window with
 more draft positions than the deployment's ``max_k`` is refused: it cannot come from its engine.
+
+Counts of one engine only: every window names the engine identity that counted it (``identity_key``,
+from the published table the controller served). One ``live_counters`` file can hold windows of two
+engines — a deployment upgraded mid-week (another vLLM, K or max_num_seqs, another GPU) keeps its
+file — and acceptance measured on one engine is no prior for another. ``live_prior`` given the
+deployment's current identity key keeps that engine's windows only and says how many of other
+engines (and without a key) it left out (``EngineWindows``); without a key it refuses windows of
+several engines rather than pooling them. Leaving out, not refusing, is what the pipeline does: a
+mid-week upgrade should not cost the week's feedback of the engine that now runs.
 """
 
 from __future__ import annotations
@@ -42,7 +51,9 @@ class LivePrior:
     prior_weight: float
     """w: how many observations the measured prior counted as in the blend."""
     identity_key: str | None
-    """Engine identity the controller reported in the week's last window (None if it did not)."""
+    """Engine identity whose windows were counted (the key asked for; else the one the windows name)."""
+    left_out: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Windows of other engines that were not counted: identity key ('' = none recorded) -> windows."""
 
     @property
     def basis(self) -> str:
@@ -72,15 +83,66 @@ def windows_in_week(windows: Iterable[CounterWindow], deployment: str, start: da
     return [w for w in windows if w.deployment == deployment and start <= w.window_end < end]
 
 
+@dataclass(frozen=True)
+class EngineWindows:
+    """Windows split by the engine that counted them."""
+
+    identity_key: str
+    """The engine whose windows are kept."""
+    kept: tuple[CounterWindow, ...]
+    """Windows of that engine, in their order."""
+    left_out: dict[str, int]
+    """Other engines' windows: identity key ('' = the window names none) -> how many."""
+
+    @property
+    def left_out_count(self) -> int:
+        return sum(self.left_out.values())
+
+    def describe_left_out(self) -> str:
+        """``"3 window(s) of other engines left out (only KEY is counted): KEY2 (2), without an identity
+        key (1)"``, or '' when none was."""
+        if not self.left_out:
+            return ""
+        parts = [f"{k} ({n})" if k else f"without an identity key ({n})" for k, n in sorted(self.left_out.items())]
+        return (f"{self.left_out_count} window(s) of other engines left out (only {self.identity_key} is counted): "
+                + ", ".join(parts))
+
+
+def windows_of_engine(windows: Iterable[CounterWindow], identity_key: str) -> EngineWindows:
+    """Keep the windows counted by engine ``identity_key``; count the others per key."""
+    kept, left_out = [], {}
+    for w in windows:
+        if w.identity_key == identity_key:
+            kept.append(w)
+        else:
+            left_out[w.identity_key or ""] = left_out.get(w.identity_key or "", 0) + 1
+    return EngineWindows(identity_key=identity_key, kept=tuple(kept), left_out=left_out)
+
+
 def live_prior(deployment: str, week: str, windows: Sequence[CounterWindow], *, max_k: int,
-               measured: AcceptancePrior | None, prior_weight: float, counters_fingerprint: str) -> LivePrior | None:
-    """The live prior of ``deployment`` for ``week`` from that week's ``windows`` (None if there are none).
+               measured: AcceptancePrior | None, prior_weight: float, counters_fingerprint: str,
+               identity_key: str | None = None) -> LivePrior | None:
+    """The live prior of ``deployment`` for ``week`` from that week's ``windows`` (None if none count).
 
     ``measured``: the latest measured prior of the deployment; used as the blend's prior when it
     has a rate for every position the controller counted. ``counters_fingerprint``: digest of the
-    counters file, so the prior id changes when the counts do.
+    counters file, so the prior id changes when the counts do. ``identity_key``: the deployment's
+    current engine identity; only its windows count (``LivePrior.left_out`` says what was not).
+    Without it, windows naming several engines are refused (``InvalidValueError``), never pooled.
     """
     windows = unique_windows(windows)
+    left_out: dict[str, int] = {}
+    if identity_key is not None:
+        split = windows_of_engine(windows, identity_key)
+        windows, left_out = list(split.kept), split.left_out
+    else:
+        keys = sorted({w.identity_key or "" for w in windows})
+        if len(keys) > 1:
+            raise InvalidValueError(
+                f"live counters of {deployment!r} for the week of {week} mix windows of {len(keys)} engines ("
+                + ", ".join(k or "no identity key" for k in keys) + "); acceptance of one engine is no prior for "
+                "another: name the deployment's current engine identity to count its windows only")
+        identity_key = (keys[0] or None) if keys else None
     if not windows:
         return None
     for w in windows:
@@ -112,4 +174,4 @@ def live_prior(deployment: str, week: str, windows: Sequence[CounterWindow], *, 
     )
     return LivePrior(prior=prior, windows=len(windows), drafted=prior.drafted_per_pos,
                      accepted=prior.accepted_per_pos, blended_with=blended_with,
-                     prior_weight=prior_weight, identity_key=windows[-1].identity_key or None)
+                     prior_weight=prior_weight, identity_key=identity_key, left_out=left_out)

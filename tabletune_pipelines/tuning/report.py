@@ -1,18 +1,24 @@
 """Human-readable views of the documents: markdown tables and a goodput-vs-batch-size plot.
 
 Plain strings and PNG bytes; the Dagster layer and the CLI decide where they are shown.
+``write_plot`` writes a plot where the CLI's ``--plot`` says, if what is there is TableTune's.
 """
 
 from __future__ import annotations
 
 import io
+import os
+import stat
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 
 from tabletune_pipelines.core.goodput import tau_curve
 from tabletune_pipelines.documents import AcceptancePrior, DraftLengthTable, EngineIdentity, StepTimeProfile
 from tabletune_pipelines.core.table import expand_table
+from tabletune_pipelines.errors import PlotTargetError
+from tabletune_pipelines.published import atomic_write_bytes
 from tabletune_pipelines.tuning.derive import TunedTable, table_step_and_tau
 
 
@@ -172,6 +178,97 @@ def goodput_plot(table: DraftLengthTable, no_spec_ms: Mapping[int, float] | None
     ax.legend(fontsize=8)
     fig.tight_layout()
     buf = io.BytesIO()
-    fig.savefig(buf, format="png")
+    fig.savefig(buf, format="png", metadata={"Software": PLOT_SOFTWARE})  # the mark write_plot recognises
     plt.close(fig)
     return buf.getvalue()
+
+
+# -- writing a plot (issue 19, item 2) --------------------------------------------------------------
+# ``tabletune table`` is read-only except for ``--plot PATH``; whatever PATH names would be replaced.
+# So a plot goes only where nothing is, or over a plot TableTune wrote: a regular file starting with
+# the PNG signature and carrying the text chunk ``Software: TableTune ...`` that ``goodput_plot``
+# writes. Never the store, the fleet file, a published table or its companion (the caller names
+# them), a symlink or a folder; and atomically (temp file + rename), so a failure leaves nothing
+# half-written.
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PLOT_SOFTWARE = "TableTune goodput_plot"
+"""The PNG ``Software`` text of TableTune's plots (a PNG without it is someone else's)."""
+_PNG_HEAD_BYTES = 64 * 1024  # matplotlib writes its text chunks right after IHDR
+
+
+def _tabletune_png(head: bytes) -> str | None:
+    """Why the bytes ``head`` (a file's start) are not a plot TableTune wrote (None: they are)."""
+    if not head.startswith(PNG_SIGNATURE):
+        return "is not a PNG image"
+    i = len(PNG_SIGNATURE)
+    while i + 8 <= len(head):
+        size, kind = int.from_bytes(head[i:i + 4], "big"), head[i + 4:i + 8]
+        if kind == b"IDAT" or kind == b"IEND":
+            break
+        body = head[i + 8:i + 8 + size]
+        if kind == b"tEXt" and body.partition(b"\x00")[::2] == (b"Software", PLOT_SOFTWARE.encode()):
+            return None
+        i += 12 + size
+    return f"is a PNG image without TableTune's mark (Software: {PLOT_SOFTWARE})"
+
+
+def check_plot_target(path: str | os.PathLike[str], protected: Mapping[Path, str] | None = None) -> None:
+    """Raise ``PlotTargetError`` unless a plot may be written at ``path``: its folder exists, and
+    nothing is there or a plot TableTune wrote is. ``protected``: paths that are never a plot
+    (``{path: what it is}``, e.g. the store and the fleet file), refused whether or not they exist."""
+    p = Path(path)
+    mine = _resolved(p)
+    for other, what in (protected or {}).items():
+        if _resolved(Path(other)) == mine:
+            raise _plot_refusal(p, f"is {what}")
+    if not p.parent.is_dir():
+        raise PlotTargetError(f"cannot write a plot to {p}: its folder {p.parent} does not exist (TableTune "
+                              "creates no folder for a plot)")
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise PlotTargetError(f"cannot inspect {p} before writing a plot there: {exc.strerror or exc}") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise _plot_refusal(p, "is a symbolic link")
+    if stat.S_ISDIR(st.st_mode):
+        raise _plot_refusal(p, "is a folder")
+    if not stat.S_ISREG(st.st_mode):
+        raise _plot_refusal(p, "is not a regular file (a named pipe, a device or a socket)")
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            head = os.pread(fd, _PNG_HEAD_BYTES, 0)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise PlotTargetError(f"cannot read {p} to check it before writing a plot there: "
+                              f"{exc.strerror or exc}") from None
+    reason = _tabletune_png(head)
+    if reason:
+        raise _plot_refusal(p, reason)
+
+
+def write_plot(path: str | os.PathLike[str], png: bytes, protected: Mapping[Path, str] | None = None) -> Path:
+    """Write ``png`` (``goodput_plot``'s bytes) to ``path`` after ``check_plot_target``, atomically."""
+    if _tabletune_png(png[:_PNG_HEAD_BYTES]):
+        raise ValueError("write_plot writes goodput_plot's PNGs only")  # a bug, not an input
+    check_plot_target(path, protected)
+    try:
+        return atomic_write_bytes(path, png)
+    except OSError as exc:
+        raise PlotTargetError(f"cannot write a plot to {path}: {exc.strerror or exc}; nothing was written") from None
+
+
+def _plot_refusal(path: Path, reason: str) -> PlotTargetError:
+    return PlotTargetError(f"refusing to write a plot to {path}: it {reason}, so it is not a plot TableTune "
+                           "wrote. Nothing was written; give a new file name, or the path of an earlier plot")
+
+
+def _resolved(path: Path) -> Path:
+    try:
+        return path.expanduser().resolve()
+    except (OSError, RuntimeError):  # a symlink loop: compare the path as written
+        return path.expanduser().absolute()

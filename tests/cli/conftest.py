@@ -27,15 +27,23 @@ def home(tmp_path, monkeypatch):
     return h
 
 
+def embedded_identity():
+    """The identity of the engine the embedded default deployment runs on this machine (the fleet's
+    fields, the installed vLLM, this CPU's dtype): the profile `tabletune table` picks by default."""
+    from tabletune_pipelines.deployments import current_identity
+    from tabletune_pipelines.fleet import DEFAULT_FLEET_PATH, load_fleet
+
+    return current_identity(load_fleet(DEFAULT_FLEET_PATH).deployments[0])
+
+
 def seed_store(db: Path) -> str:
-    """A store with the MEDIUM profile of the embedded default's identity shape and one prior; the identity key."""
-    from tabletune_pipelines.documents import AcceptancePrior, EngineIdentity, StepTimeCell
+    """A store with the MEDIUM profile of the embedded default's identity and one prior; the identity key."""
+    from tabletune_pipelines.documents import AcceptancePrior, StepTimeCell
     from tabletune_pipelines.store import TableTuneStore
     from tabletune_pipelines.vocab import DEFAULT_SAMPLE_SIZE
 
     store = TableTuneStore(db)
-    ident = EngineIdentity(gpu="cpu", vllm_version="0.32.0+cpu", model="tiny:small", drafter=None, method="ngram",
-                           max_k=3, max_num_seqs=16)
+    ident = embedded_identity()
     store.write_profile_cells(ident, [StepTimeCell(k=k, batch_size=b, median_ms=ms, repetitions_ms=(ms,), launch_k=3)
                                       for k, row in MEDIUM.items() for b, ms in row.items()])
     drafts = 5000

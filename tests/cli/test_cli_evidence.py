@@ -14,11 +14,11 @@ import numpy as np
 from tabletune_pipelines.cli import build_parser, main
 from tabletune_pipelines.documents import AcceptancePrior, EngineIdentity
 from tabletune_pipelines.store import TableTuneStore
+from tests.cli.conftest import embedded_identity
 from tests.tuning.samples import noisy_profile
 
-IDENT = EngineIdentity(gpu="cpu", vllm_version="0.32.0+cpu", model="tiny:small", drafter=None, method="ngram",
-                       max_k=3, max_num_seqs=16)
-"""The embedded default deployment's identity shape (as ``conftest.seed_store``)."""
+IDENT: EngineIdentity = embedded_identity()
+"""The embedded default deployment's identity (as ``conftest.seed_store``): what `tabletune table` picks."""
 RATES = (0.7, 0.5, 0.3)
 REMEASURED = {(1, 7), (3, 7), (1, 8), (3, 8), (1, 9), (3, 9)}
 

@@ -42,7 +42,7 @@ def test_settings_policy_is_typed_and_validated():
     with pytest.raises(SettingsError, match=r"policy = 'smartspec' must be one of \('tabletune', 'turbospec', "
                                             r"'nightjar'\)"):
         ControllerSettings.from_mapping({"policy": "smartspec"})
-    with pytest.raises(SettingsError, match=r"turbospec_forget = 0\.0 must be a number in \(0, 1\]"):
+    with pytest.raises(SettingsError, match=r"turbospec_forget = 0\.0 must be a finite number >= 0\.5 and <= 1"):
         ControllerSettings(turbospec_forget=0.0)
     with pytest.raises(SettingsError, match="nightjar_exploration = -1.0"):
         ControllerSettings(nightjar_exploration=-1.0)

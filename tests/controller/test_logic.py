@@ -346,9 +346,10 @@ def test_a_failure_is_counted_and_logged_once(tmp_path, clock, caplog):
     assert c.errors == 5 and sum("counting a step failed" in r.getMessage() for r in caplog.records) == 1
 
 
-def test_identity_is_optional_but_k_and_n_are_always_checked(tmp_path, clock):
+def test_a_file_without_identity_is_refused_and_k_and_n_are_always_checked(tmp_path, clock):
     p = publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=(0.9, 0.8, 0.7), identity=None)
-    assert controller(p, clock).start is not None
+    c = controller(p, clock)
+    assert c.start is None and "records no engine identity" in c.fallback_reason
     c = controller(p, clock, engine=EngineFacts(max_k=3, max_num_seqs=8, launch_ranges=((1, 8, 3),)))
     assert c.start is None and "max_num_seqs 16" in c.fallback_reason
 

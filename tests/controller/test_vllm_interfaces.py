@@ -62,3 +62,6 @@ def test_interfaces_the_adapter_uses(site):
     spec = _fields(_classes(site / "vllm/config/speculative.py")["SpeculativeConfig"])
     assert {"num_speculative_tokens_per_batch_size", "method"} <= spec
     assert "def build_dynamic_sd_schedule_lookup" in (site / "vllm/v1/spec_decode/dynamic/utils.py").read_text()
+    # engine_facts: the device type tells the CPU build from CUDA (the GPU's model is read from the driver).
+    assert "device_config" in _fields(_classes(site / "vllm/config/vllm.py")["VllmConfig"])
+    assert "device_type" in _fields(_classes(site / "vllm/config/device.py")["DeviceConfig"])

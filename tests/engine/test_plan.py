@@ -80,6 +80,17 @@ def test_options_defaults_and_mapping():
     ({"repetitions": 0}, "repetitions = 0"),
     ({"include_no_spec": "yes"}, "include_no_spec = 'yes' must be true or false"),
     ({"warmup": 1}, "warmup = 1"),
+    # Finite but meaningless (issue 19, item 4): every number has an upper bound too.
+    ({"repetitions": 10 ** 12}, r"repetitions = 1000000000000 must be an integer >= 1 and <= 100"),
+    ({"max_repetitions": 101}, r"max_repetitions = 101 must be an integer >= 1 and <= 100"),
+    ({"remeasure_budget_s": 1e300}, r"remeasure_budget_s = 1e\+300 must be a finite number >= 0 and <= 86400"),
+    ({"remeasure_budget_s": float("inf")}, r"remeasure_budget_s = inf must be a finite number"),
+    ({"remeasure_budget_s": True}, r"remeasure_budget_s = True must be a finite number"),
+    ({"startup_timeout": 1e300}, r"startup_timeout = 1e\+300 must be a finite number >= 1 and <= 3600"),
+    ({"startup_timeout": 0}, r"startup_timeout = 0 must be a finite number >= 1"),
+    ({"prompt_tokens": 10 ** 6}, r"prompt_tokens = 1000000 must be an integer >= 1 and <= 32768"),
+    ({"kv_cache_space_gib": 10 ** 6}, r"kv_cache_space_gib = 1000000 must be an integer >= 1 and <= 4096"),
+    ({"max_model_len": 2 ** 40}, r"max_model_len = 1099511627776 must be an integer >= 1 and <= 16777216"),
 ])
 def test_options_name_the_bad_key_or_value(data, message):
     with pytest.raises(EngineConfigError, match=message):
@@ -121,3 +132,20 @@ def test_launch_configs():
     assert fk.table is None and fk.num_speculative_tokens == 2 and fk.synthetic_acceptance_rates == (0.0, 0.0)
     ns = no_spec_config(CFG, None)
     assert ns.method is None and ns.speculative_config is None and ns.load_format == "dummy"
+
+
+def test_the_largest_values_are_allowed_and_the_engine_ranges_are_one_rule():
+    from tabletune_pipelines.engine.plan import PROFILE_LIMITS
+
+    top = ProfileOptions.from_mapping({n: (int(hi) if integer else hi) for n, (_, hi, integer, _) in
+                                       PROFILE_LIMITS.items()})
+    assert top.repetitions == 100 and top.remeasure_budget_s == 86_400.0 and top.startup_timeout == 3_600.0
+    opts = ProfileOptions(batch_sizes=(1, 8), ks=(0, 3), accept_batch_sizes=(1, 64))
+    opts.check_engine(64, 3)
+    with pytest.raises(EngineConfigError, match=r"accept batch size 64 is outside 1..max_num_seqs = 32 \(dep\)"):
+        opts.check_engine(32, 3, " (dep)")
+    with pytest.raises(EngineConfigError, match="k = 3 is outside 0..num_speculative_tokens = 2"):
+        opts.check_engine(64, 2)
+    # The plan refuses the same value with the same words (one rule).
+    with pytest.raises(EngineConfigError, match="accept batch size 64 is outside 1..max_num_seqs = 32"):
+        plan_from_options(CFG, opts)

@@ -272,11 +272,13 @@ def test_live_counters_feed_the_next_prior(home, one_fleet, instance):
     dep.live_counters.parent.mkdir(parents=True, exist_ok=True)
     t0 = datetime(2026, 11, 17, 10, tzinfo=timezone.utc)
     t1 = datetime(2026, 11, 17, 10, 5, tzinfo=timezone.utc)
+    key = identity_key(one_fleet)  # the engine the deployment runs: the controller names it in every window
     lines = [window_line(deployment="local-cpu", window_start=t0, window_end=t1, num_drafts=4000,
-                         drafted_per_pos=[4000, 4000, 2000], accepted_per_pos=[3600, 3000, 1000]),
+                         drafted_per_pos=[4000, 4000, 2000], accepted_per_pos=[3600, 3000, 1000], identity_key=key),
              window_line(deployment="local-cpu", window_start=datetime(2026, 11, 30, tzinfo=timezone.utc),
                          window_end=datetime(2026, 11, 30, 0, 5, tzinfo=timezone.utc), num_drafts=10,
-                         drafted_per_pos=[10, 10, 10], accepted_per_pos=[0, 0, 0])]  # another week: ignored
+                         drafted_per_pos=[10, 10, 10], accepted_per_pos=[0, 0, 0],
+                         identity_key=key)]  # another week: ignored
     dep.live_counters.write_text("\n".join(lines) + '\n{"schema": "tabletune.live_co')  # torn last line
     res = materialize(["live_acceptance_counters"], resources, instance, WEEK)
     assert res.success
@@ -285,7 +287,6 @@ def test_live_counters_feed_the_next_prior(home, one_fleet, instance):
     assert row[0] == pytest.approx([5000 / 6000, 4000 / 6000, 1600 / 4000])
     assert row[1:] == (4000, WEEK)
     # The table of this week now starts from the live prior.
-    key = identity_key(one_fleet)
     res = run_identity(resources, instance, key)
     md = {m.asset_key.to_user_string(): m.materialization.metadata for m in res.get_asset_materialization_events()}
     assert md["draft_length_table"]["prior_source"].value == "live"

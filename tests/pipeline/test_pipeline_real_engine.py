@@ -47,10 +47,11 @@ def real_run(tmp_path_factory):
         dep = fleet.deployments[0]
         write_default_prompt_file(dep.prompts_file(WEEK))
         dep.live_counters.parent.mkdir(parents=True, exist_ok=True)
+        key = current_identity(dep).key  # the controller names the engine that counted in every window
         dep.live_counters.write_text(window_line(
             deployment=dep.name, window_start=datetime(2026, 11, 18, 9, tzinfo=timezone.utc),
             window_end=datetime(2026, 11, 18, 9, 5, tzinfo=timezone.utc), num_drafts=3000,
-            drafted_per_pos=[3000, 3000, 3000], accepted_per_pos=[2400, 1800, 1200]) + "\n")
+            drafted_per_pos=[3000, 3000, 3000], accepted_per_pos=[2400, 1800, 1200], identity_key=key) + "\n")
         models = os.environ.get("TABLETUNE_TINY_MODELS") or str(Path(tempfile.gettempdir()) / "tabletune-tiny-models")
         resources = {
             "duckdb": DuckDBResource(database=str(home / "tabletune_store.duckdb")),
@@ -58,7 +59,6 @@ def real_run(tmp_path_factory):
             "engine": EngineResource(cache_dir=models, profile_options=PROFILE_OPTIONS),
             "policy": TuningPolicy(),
         }
-        key = current_identity(dep).key
         with dg.DagsterInstance.ephemeral() as instance:
             weekly = dg.materialize(ASSETS, selection=["acceptance_prior", "live_acceptance_counters"],
                                     resources=resources, instance=instance, partition_key=WEEK)

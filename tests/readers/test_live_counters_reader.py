@@ -177,11 +177,14 @@ def test_the_feedback_asset_counts_a_twice_exported_window_once(home):
     from tabletune_pipelines.orchestration.definitions import ASSETS
     from tests.pipeline.helpers import deployment_dict, make_resources, write_fleet
 
+    from tabletune_pipelines.deployments import identity_for
+
     fleet_path = write_fleet(home, [deployment_dict("local-cpu")])
     dep = load_fleet(fleet_path).deployment("local-cpu")
     dep.live_counters.parent.mkdir(parents=True)
-    first = line(0, 5, drafts=4000)
-    dep.live_counters.write_text(first + "\n" + line(5, 10, drafts=1000) + "\n" + first + "\n")  # exported twice
+    key = identity_for(dep, "0.32.0+cpu").key  # the engine it runs (ScriptedEngine): only its windows count
+    first = line(0, 5, drafts=4000, identity_key=key)
+    dep.live_counters.write_text(first + "\n" + line(5, 10, drafts=1000, identity_key=key) + "\n" + first + "\n")
     with dg.DagsterInstance.ephemeral() as instance:
         res = dg.materialize(ASSETS, selection=["live_acceptance_counters"], resources=make_resources(home, fleet_path),
                              instance=instance, partition_key="2026-11-16")

@@ -52,6 +52,7 @@ def test_priors_tables_publish_and_rollback(tmp_path):
     s.write_acceptance_prior(p)  # idempotent
     assert s.query("SELECT count(*) FROM acceptance_priors") == [(1,)]
     assert s.latest_acceptance_prior("local") == p
+    s.upsert_identity(IDENT)  # rollback re-publishes the table's engine identity (from the store for bare publishes)
     out = tmp_path / "pub" / "local.json"
     d1 = s.publish("local", table(), out)
     d2 = s.publish("local", table(((1, 16, 1),)), out)
