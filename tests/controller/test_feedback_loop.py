@@ -101,7 +101,7 @@ def test_served_counters_change_the_next_published_table(tmp_path):
         doc2 = publish(v2_table, lp.prior)
         assert doc2["version"] == 2 and doc2["prior"]["source"] == "live"
         # --- the serving engine picks the new version up
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 240  # one poll and the next window: seconds here, minutes on a slow machine
         got = None
         while time.monotonic() < deadline and got is None:
             got = next((w for w in read_live_counters(live).windows if w.table_version == 2), None)
