@@ -10,6 +10,7 @@ Modules, one job each:
     process         VLLMServer: lifecycle (start, health, stop, kill, log tail) and control
     client          EngineClient: HTTP (completions, /metrics, /version, /health)
     installed       which vLLM is installed, is it the CPU build, resolve_device
+    dtype           the default model dtype: bfloat16 on a GPU and a CPU with native bf16, else float32
     identity        EngineIdentity of a launch config or a fleet deployment (one graph rule)
     plan            ProfileOptions, ProfilePlan, default_plan, the launches a plan needs
     cell            one measurement of one cell T(B, k)
@@ -19,7 +20,7 @@ Modules, one job each:
     step_scheduler  --scheduler-cls: per-step records, runtime k switching, admission gate
     cpu_plugin      vLLM general plugin: synthetic rejection on the CPU build
     launcher        python -m tabletune_pipelines.engine.launcher serve MODEL ... (CPU build)
-    tiny_models     ensure_tiny_models(cache_dir, size) -> TinyModels
+    tiny_models     ensure_tiny_models(cache_dir, size, dtype) -> TinyModels
     errors          EngineError and friends (all TableTuneError)
 The control-file protocol the server side, the step scheduler and the CPU plugin share is
 ``tabletune_pipelines.control_protocol``.
