@@ -53,7 +53,6 @@ import hashlib
 import json
 import math
 import os
-import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -356,13 +355,8 @@ def _refuse_target(path: str | os.PathLike[str], reason: str) -> LiveCountersErr
 
 
 def _not_a_file(st: os.stat_result) -> str | None:
-    if stat.S_ISLNK(st.st_mode):
-        return "is a symbolic link (TableTune appends to files, not link targets)"
-    if stat.S_ISDIR(st.st_mode):
-        return "is a folder"
-    if not stat.S_ISREG(st.st_mode):
-        return "is not a regular file (a named pipe, a device or a socket)"
-    return None
+    reason = strict_io.not_a_write_target(st)
+    return reason + " (TableTune appends to files, not link targets)" if reason == "is a symbolic link" else reason
 
 
 def _not_ours(fd: int) -> str | None:
@@ -380,8 +374,8 @@ def _not_ours(fd: int) -> str | None:
     if not newline and len(head) > MAX_LINE_BYTES:
         return f"has a first line longer than {MAX_LINE_BYTES} bytes"
     try:
-        obj = json.loads(first.decode("utf-8"))  # what it is, not whether its counts are valid: the reader's job
-    except (ValueError, RecursionError):  # not UTF-8 (UnicodeDecodeError), not JSON, nested without end
+        obj = strict_io.loads(first.decode("utf-8"))  # what it is, not whether its counts are valid
+    except ValueError:  # not UTF-8 (UnicodeDecodeError), not JSON, not strict JSON (StrictJSONError)
         return "does not start with a JSON line"
     if not isinstance(obj, dict) or obj.get("schema") != LIVE_COUNTERS_SCHEMA:
         return f"does not start with a line of schema {LIVE_COUNTERS_SCHEMA!r}"

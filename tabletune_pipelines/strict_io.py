@@ -87,6 +87,18 @@ _KINDS = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character de
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
+def not_a_write_target(st: os.stat_result) -> str | None:
+    """Why a path with ``os.lstat`` result ``st`` is no file TableTune may write over or append to
+    (None: a regular file). One rule for the live-counters export and ``--plot``."""
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if stat.S_ISDIR(st.st_mode):
+        return "is a folder"
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file (a named pipe, a device or a socket)"
+    return None
+
+
 def _check_regular(path: str, mode: int) -> None:
     if stat.S_ISREG(mode):
         return

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import io
 import os
-import stat
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+
+from tabletune_pipelines.strict_io import not_a_write_target
 
 import numpy as np
 
@@ -231,12 +232,9 @@ def check_plot_target(path: str | os.PathLike[str], protected: Mapping[Path, str
         return
     except OSError as exc:
         raise PlotTargetError(f"cannot inspect {p} before writing a plot there: {exc.strerror or exc}") from None
-    if stat.S_ISLNK(st.st_mode):
-        raise _plot_refusal(p, "is a symbolic link")
-    if stat.S_ISDIR(st.st_mode):
-        raise _plot_refusal(p, "is a folder")
-    if not stat.S_ISREG(st.st_mode):
-        raise _plot_refusal(p, "is not a regular file (a named pipe, a device or a socket)")
+    reason = not_a_write_target(st)
+    if reason:
+        raise _plot_refusal(p, reason)
     try:
         fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
