@@ -10,13 +10,20 @@ from tabletune_pipelines.deployments import deployments_running, serving_specula
 from tabletune_pipelines.errors import TableTuneError
 from tabletune_pipelines.fleet import Deployment
 from tabletune_pipelines.identity_match import identity_mismatches
-from tabletune_pipelines.orchestration.metadata import json_md
+from tabletune_pipelines.orchestration.metadata import check_result, image_metadata, json_md
 from tabletune_pipelines.orchestration.partitions import engine_identity_partitions
 from tabletune_pipelines.orchestration.resources import EngineResource, FleetResource, TuningPolicy, store_from
 from tabletune_pipelines.orchestration.tags import ENGINE_TAG
-from tabletune_pipelines.published import controller_fields
-from tabletune_pipelines.tuning.gates import blocking_table_gates
-from tabletune_pipelines.tuning.report import boundaries_markdown, loss_text, table_markdown, within_noise_markdown
+from tabletune_pipelines.published import check_publish_targets, controller_fields, served_plot_path
+from tabletune_pipelines.tuning.gates import Gate, blocking_table_gates, served_gate
+from tabletune_pipelines.tuning.report import (
+    boundaries_markdown,
+    loss_text,
+    served_goodput_plot,
+    table_markdown,
+    within_noise_markdown,
+    write_plot,
+)
 
 ROLLBACK_HOWTO = (
     "Roll back with the job `rollback_published_table` (config: `deployment`), e.g.\n\n"
@@ -63,8 +70,18 @@ def publication_kwargs(dep: Deployment, engine: EngineResource, table=None, stor
         "(tabletune_pipelines.published, schema tabletune.published_table) at the fleet's `published_table`, "
         "plus `<stem>.speculative-config.json` to paste into `--speculative-config` without the controller. "
         "Versioned in DuckDB `publications`; the job `rollback_published_table` re-publishes the previous version. "
-        "Refuses a table that fails a blocking gate, so the last published table stays in place."
+        "Refuses a table that fails a blocking gate, so the last published table stays in place. Before it "
+        "publishes, the table is verified by served goodput against every fixed k in one launch "
+        "(check served_goodput_verified; EngineResource served_verification)."
     ),
+    check_specs=[
+        dg.AssetCheckSpec("served_goodput_verified", asset="published_table", blocking=True,
+                          description="Served goodput in one launch, closed loop at ~3 loads up to max_num_seqs, the "
+                                      "table against every fixed k in rotating rounds: passes only if at every load "
+                                      "the table is within the paired noise (or 3%) of the best fixed k "
+                                      "(docs/evaluation.md, \"Served verification\"). A failure publishes nothing: "
+                                      "the previous table stays."),
+    ],
 )
 def published_table(context: dg.AssetExecutionContext, config: PublishConfig, duckdb: DuckDBResource,
                     fleet: FleetResource, engine: EngineResource, policy: TuningPolicy):
@@ -91,19 +108,39 @@ def published_table(context: dg.AssetExecutionContext, config: PublishConfig, du
                                       "published" + (f" ({'; '.join(notes)})" if notes else "")))
     rows = ["| deployment | version | file | --speculative-config |", "|---|---|---|---|"]
     published, unchanged = [], []
+    to_publish = []
     for dep in targets:
         pubs = store.publications(dep.name)
         if pubs and pubs[-1]["table_id"] == table.table_id and not config.force and dep.published_table.exists():
             unchanged.append(dep.name)
             rows.append(f"| {dep.name} | v{pubs[-1]['version']} (unchanged) | `{dep.published_table}` | "
                         f"`{dep.speculative_config_path}` |")
-            continue
+        else:
+            to_publish.append(dep)
+    for dep in to_publish:  # a target TableTune may not replace is refused before the verification's launch
+        check_publish_targets(dep.published_table, dep.name)
+    # Served verification (blocking): the table against every fixed k in one launch, before anything is written.
+    gate, section, png, plot_md = _served_verification(context, store, engine, table, key, to_publish)
+    if not gate.passed:
+        yield _check(gate, plot_md)
+        current = ", ".join(f"{d.name} v{n}" if (n := store.latest_publication_version(d.name)) else
+                            f"{d.name}: none yet" for d in to_publish)
+        raise dg.Failure(description=(
+            f"refusing to publish table {table.table_id} of {key}: {gate.description}. Nothing was published; the "
+            f"previously published tables stay ({current})."))
+    for dep in to_publish:
+        fields = publication_kwargs(dep, engine, table, store)
+        if section is not None:
+            plot_name = _write_served_plot(context, dep, png)
+            fields["document_fields"] = {**fields["document_fields"],
+                                         "served_verification": {**section, "plot": plot_name}}
         doc = store.publish(dep.name, table, dep.published_table, note=f"identity {key}, prior {table.prior_id}",
-                            **publication_kwargs(dep, engine, table, store))  # the companion too, under one lock
+                            **fields)  # the companion too, under one lock
         context.log.info(f"published {table.table_id} to {dep.name} as v{doc['version']}: {dep.published_table}")
         published.append({"deployment": dep.name, "version": doc["version"], "path": str(dep.published_table)})
         rows.append(f"| {dep.name} | v{doc['version']} | `{dep.published_table}` | `{dep.speculative_config_path}` |")
-    return dg.MaterializeResult(
+    yield dg.MaterializeResult(
+        check_results=[_check(gate, plot_md)],
         metadata={
             "table": dg.MetadataValue.md(table_markdown(table.ranges)),
             "table_id": table.table_id,
@@ -125,8 +162,69 @@ def published_table(context: dg.AssetExecutionContext, config: PublishConfig, du
                 serving_speculative_config(targets[0], engine.local_model_path))),
             "rollback": dg.MetadataValue.md(ROLLBACK_HOWTO),
             "skipped_deployments": dg.MetadataValue.json(notes),
+            "served_verification": dg.MetadataValue.text(gate.description),
+            **({"served_goodput": dg.MetadataValue.md(gate.comparison)} if gate.comparison else {}),
+            **plot_md,
         },
     )
+
+
+def _check(gate: Gate, extra: dict) -> dg.AssetCheckResult:
+    """The gate's check result with the plot's metadata."""
+    r = check_result(gate)
+    return dg.AssetCheckResult(check_name=r.check_name, passed=r.passed, severity=r.severity,
+                               metadata={**r.metadata, **extra}, description=r.description)
+
+
+def _served_verification(context: dg.AssetExecutionContext, store, engine: EngineResource, table, key: str,
+                         to_publish: list[Deployment]) -> tuple[Gate, dict | None, bytes | None, dict]:
+    """The check ``served_goodput_verified``: its gate, the published file's section, the plot and its metadata."""
+    if not to_publish:
+        return served_gate(None, disabled_reason=f"every target already holds table {table.table_id}; nothing new "
+                                                 "to publish"), None, None, {}
+    try:
+        opts = engine.served_verification_options()
+    except TableTuneError as exc:
+        raise dg.Failure(description=f"EngineResource served_verification: {exc} (nothing published)") from exc
+    if not opts.enabled:
+        return served_gate(None, disabled_reason="served verification is off (EngineResource served_verification: "
+                                                 "{enabled: false}); the table publishes on its predicted figures "
+                                                 "alone"), None, None, {}
+    identity = store.find_identity(key)
+    if identity is None:
+        raise dg.Failure(description=f"engine identity {key} is not in the store; cannot verify table {table.table_id}")
+    try:
+        prior = store.acceptance_prior(table.prior_id)
+    except TableTuneError:
+        prior = None
+    try:
+        result = engine.verify_served(identity, to_publish[0], table, prior, context.log)
+    except TableTuneError as exc:
+        gate = Gate("served_goodput_verified", False,
+                    f"the served verification could not run ({exc}); set EngineResource served_verification "
+                    "{enabled: false} to publish without it", {"status": "error"})
+        return gate, None, None, {}
+    gate = served_gate(result)
+    png = served_goodput_plot(result, f"{key}\ntable {[list(r) for r in table.ranges]}")
+    shown = image_metadata(png, f"{key}-{table.table_id}-served")
+    plot_md = {"served_goodput_plot": dg.MetadataValue.md(shown["goodput_plot"].value.replace(
+                   "goodput vs batch size", "served goodput vs load", 1)),
+               "served_goodput_plot_path": shown["goodput_plot_path"]}
+    return gate, result.to_dict(), png, plot_md
+
+
+def _write_served_plot(context: dg.AssetExecutionContext, dep: Deployment, png: bytes | None) -> str | None:
+    """The plot beside the published table (``<stem>.served-verification.png``); its file name, or None."""
+    if png is None:
+        return None
+    path = served_plot_path(dep.published_table)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)  # publishing creates it too
+        write_plot(path, png)
+    except (TableTuneError, OSError) as exc:
+        context.log.warning(f"{dep.name}: served verification plot not written ({exc})")
+        return None
+    return path.name
 
 
 class RollbackConfig(dg.Config):

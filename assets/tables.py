@@ -66,10 +66,10 @@ class TableConfig(dg.Config):
         dg.AssetCheckSpec("k0_costs_vs_no_spec", asset="draft_length_table", blocking=False,
                           description="WARN if no speculation beats the table somewhere by a margin (k = 0 is not "
                                       "'off', docs/method.md, \"Limitations\" 3)."),
-        dg.AssetCheckSpec("cuda_graph_headroom", asset="draft_length_table", blocking=False,
-                          description="WARN where a served decode step of the table (B·(1+k) tokens plus some "
-                                      "prefill) exceeds vLLM's largest captured CUDA graph and runs without "
-                                      "graphs (docs/engine-facts.md, the capture-size cliff)."),
+        dg.AssetCheckSpec("cuda_graph_headroom", asset="draft_length_table", blocking=True,
+                          description="BLOCKS a table whose served steps (decode plus the workload's prefill) "
+                                      "fall off vLLM's CUDA graphs where the profile never measured such a step "
+                                      "(docs/method.md, \"What a served step costs\")."),
     ],
 )
 def draft_length_table(context: dg.AssetExecutionContext, config: TableConfig, duckdb: DuckDBResource,

@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _closed_loop import rotated  # noqa: E402
+from tabletune_pipelines.evaluation.served import rotated  # noqa: E402
 from _common import mean_se  # noqa: E402
 
 ENGINES = {

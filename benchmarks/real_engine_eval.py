@@ -30,7 +30,7 @@ Per scenario:
    (``core.evidence.search_with_evidence``) with both rules. Then every table policy — fixed
    k = 0..K, the docs' dense example scaled to max_num_seqs, tuned (0.5% rule), tuned (evidence)
    and its A/A copy (two names for the same table) — hot-swapped between windows in rotating order
-   across ``--rounds`` rounds (``_closed_loop.measure_window``: kept tokens = Σ(b + a) over the
+   across ``--rounds`` rounds (``evaluation.served.measure_window``: kept tokens = Σ(b + a) over the
    step log, every step checked to have run the window's table).
 2. **Adaptive launches**, one per policy: the controller (control mode from the tuned table),
    TurboSpec-style and Nightjar-style (``controller: {policy: ...}``), each the production plugin
@@ -65,7 +65,15 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from _closed_loop import LoadGenerator, Window, counted_window, measure_window, paired_ratio, rotated, summarize  # noqa: E402
+from tabletune_pipelines.evaluation.served import (  # noqa: E402
+    LoadGenerator,
+    Window,
+    counted_window,
+    measure_window,
+    paired_ratio,
+    rotated,
+    summarize,
+)
 from _common import fixed_prior, ints, loadavg, mean_se  # noqa: E402
 
 N, K = 16, 3
@@ -195,11 +203,9 @@ def profile_served(srv, prompt, args) -> tuple[dict, dict, dict, tuple[float, ..
             for k in KS:
                 srv.set_k(k)
                 time.sleep(args.settle)
-                off = srv.step_log_offset()
-                a = time.monotonic()
-                time.sleep(args.profile_window)
-                for s in srv.read_steps(since=a, until=time.monotonic(), offset=off):
-                    if s.get("b", 0) > 0 and s.get("new", 1) == 0 and s.get("dt") and s.get("k") == k:
+                steps, _ = counted_window(srv, f"k={k}", load=load, round_=0, window_s=args.profile_window)
+                for s in steps:
+                    if s.get("new", 1) == 0 and s.get("dt") and s.get("k") == k:
                         samples[k].setdefault(int(s["b"]), []).append(float(s["dt"]))
                         if k == K:
                             for i, (d, c) in enumerate(zip(s.get("dp", []), s.get("ap", []))):

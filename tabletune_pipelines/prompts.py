@@ -52,6 +52,12 @@ def _shape(value: object) -> str:
 
 def _prompt_of(path: Path, no: int, raw: bytes) -> str | None:
     """The prompt of line ``no`` (None for a blank line); a malformed line raises."""
+    obj = _record_of(path, no, raw)
+    return None if obj is None else obj["prompt"]
+
+
+def _record_of(path: Path, no: int, raw: bytes) -> dict | None:
+    """The JSON object of line ``no`` (None for a blank line), checked like ``_prompt_of``."""
     where = f"prompt file {path}, line {no}"
     try:
         line = raw.decode("utf-8")
@@ -86,7 +92,7 @@ def _prompt_of(path: Path, no: int, raw: bytes) -> str | None:
     except UnicodeEncodeError as exc:
         raise PromptFileError(f"{where}: \"prompt\" (a string of length {len(prompt)}) has an unpaired UTF-16 "
                               f"surrogate escape at character {exc.start + 1}; it is not text") from None
-    return prompt
+    return obj
 
 
 def _lines(fh: BinaryIO, path: Path) -> Iterator[tuple[int, bytes]]:
@@ -102,6 +108,13 @@ def _lines(fh: BinaryIO, path: Path) -> Iterator[tuple[int, bytes]]:
 
 def iter_prompts(path: str | os.PathLike[str]) -> Iterator[str]:
     """The prompts of a file in order; raises ``PromptFileError`` at the first bad line or if none."""
+    for obj in iter_records(path):
+        yield obj["prompt"]
+
+
+def iter_records(path: str | os.PathLike[str]) -> Iterator[dict]:
+    """The JSON object of every prompt line in order (its ``"prompt"`` checked as above; other keys,
+    such as the optional ``"mix"`` of TableTune's sample weeks, as they are)."""
     p = Path(path)
     try:
         fh = open_regular(p)  # a named pipe or device is refused, never opened for a blocking read
@@ -117,10 +130,10 @@ def iter_prompts(path: str | os.PathLike[str]) -> Iterator[str]:
     n = 0
     with fh:
         for no, raw in _lines(fh, p):
-            prompt = _prompt_of(p, no, raw)
-            if prompt is not None:
+            obj = _record_of(p, no, raw)
+            if obj is not None:
                 n += 1
-                yield prompt
+                yield obj
     if n == 0:
         raise PromptFileError(f"prompt file {p} has no prompts (it is empty or only blank lines); "
                               f"write one {EXPECTED} per line")

@@ -19,9 +19,11 @@ files written before them still load)::
                "accepted_per_pos": [...], "prior_id": "...", "source": "measured"},   # new
      "allowed_k": [0, 1, 3],       # new: k values the controller may choose (default: the table's)
      "controller": {...},          # new: ControllerSettings overrides (docs/controller.md)
-     "evidence": {...}}            # new: the table search's evidence (policy, confidence, loss bounds,
+     "evidence": {...},            # new: the table search's evidence (policy, confidence, loss bounds,
                                    #   boundaries with gain and confidence, k within noise per B,
                                    #   number of ranges, cells re-measured, wall-timed cells)
+     "served_verification": {...}} # new: the served goodput verification the table passed before it
+                                   #   was published (evaluation/served.py; see SERVED_VERIFICATION_FORMAT)
 
 ``parse_published`` is the strict reader: it applies the publish gate's table rules (contiguous
 ranges covering exactly 1..max_num_seqs, no overlap, 0 <= k <= max_k), rejects NaN and Infinity,
@@ -57,8 +59,33 @@ PUBLISHED_SCHEMA_VERSION = 1
 MAX_PUBLISHED_BYTES = 8 * 1024 * 1024
 
 _TOP_KEYS = {"schema", "schema_version", "deployment", "version", "published_at", "table", "speculative_config",
-             "identity", "prior", "allowed_k", "controller", "evidence"}
+             "identity", "prior", "allowed_k", "controller", "evidence", "served_verification"}
 _PRIOR_KEYS = {"rates", "num_drafts", "drafted_per_pos", "accepted_per_pos", "prior_id", "source"}
+
+SERVED_VERIFICATION_FORMAT = """\
+"served_verification": {
+  "passed": true,                     # no checked load failed (the section is written only for a pass)
+  "rule": "...",                      # the rule in words (docs/evaluation.md, "Served verification")
+  "tolerance": 0.03,                  # a loss up to this passes whatever the noise
+  "candidate": [[1, 16, 3]],          # the verified table: equal to table.ranges
+  "candidate_is": "k=3",              # the fixed-k policy the table equals at every B, or null
+  "loads": [1, 8, 16],                # closed-loop concurrencies checked (each 1..max_num_seqs)
+  "rounds": 3, "window_s": 1.5,       # the plan after the budget (rounds per load, seconds per window)
+  "budget_s": 75.0, "elapsed_s": 71.2, "budget_cut": false, "launch_s": 31.0 (or null),
+  "device": "cpu", "acceptance": "real" (or "prior [0.7, 0.5, 0.3]", or null),
+  "excluded_windows": 0,              # windows the step-log check left out
+  "client_errors": 0,
+  "plot": "<stem>.served-verification.png" (or null; a file name beside the published table),
+  "per_load": [{"load": 16, "status": "pass" | "fail" | "inconclusive", "best_fixed_k": 2 (or null),
+                "ratio": 0.987 (or null), "ratio_se": 0.011 (or null), "rounds": 3, "t": 4.303 (or null),
+                "goodput": {"k=0": [tok/s or null, s.e. or null, windows], "k=1": [...], ..., "table": [...]}}]}
+"""
+"""The ``served_verification`` section (optional; checked strictly by ``parse_published``)."""
+_SERVED_KEYS = {"passed", "rule", "tolerance", "candidate", "candidate_is", "loads", "rounds", "window_s", "budget_s",
+                "elapsed_s", "budget_cut", "launch_s", "device", "acceptance", "excluded_windows", "client_errors",
+                "plot", "per_load"}
+_SERVED_LOAD_KEYS = {"load", "status", "best_fixed_k", "ratio", "ratio_se", "rounds", "t", "goodput"}
+_SERVED_STATUS = ("pass", "fail", "inconclusive")
 
 
 class PublishedTableError(TableTuneError, ValueError):
@@ -111,6 +138,8 @@ class PublishedTable:
     """Engine identity fields (model, method, max_k, max_num_seqs, vllm_version, ...) if recorded."""
     controller: dict[str, Any] = field(default_factory=dict)
     """Controller settings of the deployment (keys of ControllerSettings)."""
+    served_verification: dict[str, Any] | None = None
+    """The served goodput verification the table passed before publishing (``SERVED_VERIFICATION_FORMAT``), if any."""
     document: dict[str, Any] = field(default_factory=dict, repr=False)
     """The whole JSON document as read."""
 
@@ -271,6 +300,94 @@ def _counts(where: str, key: str, v: Any, n: int) -> tuple[int, ...]:
     return out
 
 
+def _bool(where: str, key: str, v: Any) -> bool:
+    if type(v) is not bool:
+        raise _fail(where, f"{key} = {v!r:.40} must be true or false")
+    return v
+
+
+def _opt_num(where: str, key: str, v: Any, lo: float | None = None) -> float | None:
+    if v is None:
+        return None
+    x = _num(where, key, v)
+    if lo is not None and x < lo:
+        raise _fail(where, f"{key} = {x!r} must be >= {lo:g}")
+    return x
+
+
+def _served_verification(where: str, v: Any, ranges: Sequence[Sequence[int]], max_num_seqs: int,
+                         max_k: int) -> dict[str, Any]:
+    """The ``served_verification`` section, strictly (``SERVED_VERIFICATION_FORMAT``)."""
+    key = "served_verification"
+    sv = _obj(where, key, v, _SERVED_KEYS)
+    for name in ("passed", "tolerance", "candidate", "loads", "rounds", "window_s", "budget_s", "elapsed_s",
+                 "budget_cut", "per_load"):
+        if name not in sv:
+            raise _fail(where, f"{key} lacks the field {name!r}")
+    passed = _bool(where, f"{key}.passed", sv["passed"])
+    _bool(where, f"{key}.budget_cut", sv["budget_cut"])
+    if "rule" in sv:
+        _str(where, f"{key}.rule", sv["rule"])
+    tol = _num(where, f"{key}.tolerance", sv["tolerance"])
+    if not 0.0 <= tol < 1.0:
+        raise _fail(where, f"{key}.tolerance = {tol!r} must be in [0, 1)")
+    cand = validate_ranges(where, sv["candidate"], max_num_seqs, max_k)
+    if [list(r) for r in cand] != [list(r) for r in ranges]:
+        raise _fail(where, f"{key}.candidate {[list(r) for r in cand]} is not the published table.ranges")
+    for name in ("candidate_is", "device", "acceptance", "plot"):
+        if sv.get(name) is not None:
+            _str(where, f"{key}.{name}", sv[name])
+    if sv.get("plot") is not None and ("/" in sv["plot"] or "\\" in sv["plot"] or not sv["plot"].endswith(".png")):
+        raise _fail(where, f"{key}.plot = {sv['plot']!r:.80} must be the file name of a PNG beside the published table")
+    loads = sv["loads"]
+    if not isinstance(loads, list) or not loads:
+        raise _fail(where, f"{key}.loads must be a non-empty list of loads")
+    load_set = {_int(where, f"{key}.loads[{i}]", x, 1) for i, x in enumerate(loads)}
+    if max(load_set) > max_num_seqs:
+        raise _fail(where, f"{key}.loads has a load above max_num_seqs = {max_num_seqs}")
+    _int(where, f"{key}.rounds", sv["rounds"], 1)
+    for name in ("window_s", "budget_s"):
+        if _num(where, f"{key}.{name}", sv[name]) <= 0:
+            raise _fail(where, f"{key}.{name} must be > 0 seconds")
+    _opt_num(where, f"{key}.elapsed_s", sv["elapsed_s"], 0.0)
+    _opt_num(where, f"{key}.launch_s", sv.get("launch_s"), 0.0)
+    for name in ("excluded_windows", "client_errors"):
+        if name in sv:
+            _int(where, f"{key}.{name}", sv[name], 0)
+    per = sv["per_load"]
+    if not isinstance(per, list):
+        raise _fail(where, f"{key}.per_load must be a list")
+    failed = False
+    for i, row in enumerate(per):
+        at = f"{key}.per_load[{i}]"
+        r = _obj(where, at, row, _SERVED_LOAD_KEYS)
+        for name in ("load", "status", "goodput"):
+            if name not in r:
+                raise _fail(where, f"{at} lacks the field {name!r}")
+        if _int(where, f"{at}.load", r["load"], 1) not in load_set:
+            raise _fail(where, f"{at}.load = {r['load']} is not one of {key}.loads")
+        if r["status"] not in _SERVED_STATUS:
+            raise _fail(where, f"{at}.status = {r['status']!r:.40} must be one of {list(_SERVED_STATUS)}")
+        failed |= r["status"] == "fail"
+        if r.get("best_fixed_k") is not None and _int(where, f"{at}.best_fixed_k", r["best_fixed_k"], 0) > max_k:
+            raise _fail(where, f"{at}.best_fixed_k = {r['best_fixed_k']} > max_k = {max_k}")
+        _opt_num(where, f"{at}.ratio", r.get("ratio"), 0.0)
+        _opt_num(where, f"{at}.ratio_se", r.get("ratio_se"), 0.0)
+        _opt_num(where, f"{at}.t", r.get("t"), 0.0)
+        if "rounds" in r:
+            _int(where, f"{at}.rounds", r["rounds"], 0)
+        for pol, cell in _obj(where, f"{at}.goodput", r["goodput"]).items():
+            if not isinstance(cell, list) or len(cell) != 3:
+                raise _fail(where, f"{at}.goodput[{pol!r:.40}] must be [goodput, s.e., windows]")
+            _opt_num(where, f"{at}.goodput[{pol!r:.40}][0]", cell[0], 0.0)
+            _opt_num(where, f"{at}.goodput[{pol!r:.40}][1]", cell[1], 0.0)
+            _int(where, f"{at}.goodput[{pol!r:.40}][2]", cell[2], 0)
+    if passed == failed:
+        raise _fail(where, f"{key}.passed = {str(passed).lower()} contradicts per_load "
+                           f"({'a' if failed else 'no'} load failed)")
+    return sv
+
+
 def parse_published(doc: Any, where: str = "<document>") -> PublishedTable:
     """Validate a decoded published document strictly and return it typed."""
     if not isinstance(doc, dict) or doc.get("schema") != PUBLISHED_SCHEMA:
@@ -371,6 +488,9 @@ def parse_published(doc: Any, where: str = "<document>") -> PublishedTable:
             raise _fail(where, f"the table uses k = {missing}, which allowed_k {allowed} does not list")
     if doc.get("evidence") is not None:  # the table search's evidence (issue 8): reported, not used to serve
         _obj(where, "evidence", doc["evidence"])
+    served = None
+    if doc.get("served_verification") is not None:  # issue 17: reported, not used to serve
+        served = _served_verification(where, doc["served_verification"], ranges, max_num_seqs, max_k)
     controller = dict(_obj(where, "controller", doc.get("controller") or {}))
     if controller:
         # Lazy: controller.settings is stdlib-only and defines the vocabulary of this mapping.
@@ -383,7 +503,7 @@ def parse_published(doc: Any, where: str = "<document>") -> PublishedTable:
     return PublishedTable(
         deployment=deployment, version=version, published_at=published_at, ranges=ranges,
         max_num_seqs=max_num_seqs, max_k=max_k, identity_key=identity_key, prior=prior, step_ms=step_ms,
-        allowed_k=tuple(allowed), identity=identity, controller=controller, document=doc)
+        allowed_k=tuple(allowed), identity=identity, controller=controller, served_verification=served, document=doc)
 
 
 # -- building and writing ----------------------------------------------------------------------
@@ -392,7 +512,7 @@ def published_document(
     *, deployment: str, version: int, table: dict[str, Any], speculative_config: dict[str, Any], published_at: str,
     identity: Mapping[str, Any] | None = None, prior: Mapping[str, Any] | None = None,
     allowed_k: Sequence[int] | None = None, controller: Mapping[str, Any] | None = None,
-    evidence: Mapping[str, Any] | None = None,
+    evidence: Mapping[str, Any] | None = None, served_verification: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The JSON body of a published table (``table`` is a DraftLengthTable's ``to_dict()``).
 
@@ -400,8 +520,10 @@ def published_document(
     max_num_seqs and vLLM version with the engine it runs in). ``prior``: the AcceptancePrior's
     rates and counts (``rates``, ``num_drafts``, ``drafted_per_pos``, ``accepted_per_pos``,
     ``prior_id``, ``source``). ``allowed_k``: the k values the controller may choose (default: the
-    table's). ``controller``: the deployment's controller settings (docs/controller.md). The
-    document is validated with ``parse_published`` before it is returned.
+    table's). ``controller``: the deployment's controller settings (docs/controller.md).
+    ``served_verification``: ``ServedVerification.to_dict()`` of the check the table passed
+    (``SERVED_VERIFICATION_FORMAT``). The document is validated with ``parse_published`` before it
+    is returned.
     """
     doc: dict[str, Any] = {
         "schema": PUBLISHED_SCHEMA,
@@ -422,6 +544,8 @@ def published_document(
     doc["controller"] = dict(controller or {})
     if evidence is not None:
         doc["evidence"] = dict(evidence)
+    if served_verification is not None:
+        doc["served_verification"] = dict(served_verification)
     _roundtrip_check(doc, f"being published for {deployment!r}")
     return doc
 
@@ -492,6 +616,16 @@ SPECULATIVE_CONFIG_SUFFIX = ".speculative-config.json"
 MAX_COMPANION_BYTES = 1024 * 1024
 """A speculative-config companion is a few kB; a larger file there is not one."""
 _ABSENT = object()
+
+
+SERVED_PLOT_SUFFIX = ".served-verification.png"
+"""``<stem>.served-verification.png``: the served verification's goodput-vs-load plot beside a published table."""
+
+
+def served_plot_path(published_path: str | os.PathLike[str]) -> Path:
+    """The served verification's plot beside a published table: ``<stem>.served-verification.png``."""
+    p = Path(published_path)
+    return p.with_name(p.stem + SERVED_PLOT_SUFFIX)
 
 
 def speculative_config_path(published_path: str | os.PathLike[str]) -> Path:

@@ -49,7 +49,12 @@ SearchPolicy = Literal["evidence", "stickiness"]
 confidence bound exceeds the stickiness threshold) or ``stickiness`` (the method's rule: where the
 point estimate does; docs/method.md, "Table search")."""
 
+GraphMode = Literal["full", "piecewise", "none"]
+"""How a step ran on a GPU: one full CUDA graph, piecewise graphs (attention eager), or no graphs
+(above the capture ceiling, or an engine without graphs such as the CPU build)."""
+
 PROFILE_MODES: tuple[str, ...] = get_args(ProfileMode)
+GRAPH_MODES: tuple[str, ...] = get_args(GraphMode)
 SEARCH_POLICIES: tuple[str, ...] = get_args(SearchPolicy)
 ACCEPTANCE_MODES: tuple[str, ...] = get_args(AcceptanceMode)
 TIMING_SOURCES: tuple[str, ...] = get_args(TimingSource)

@@ -4,7 +4,8 @@ The vLLM adapter (``controller/scheduler.py``) calls three methods; a simulator 
 
 * ``next_lookup()`` before each ``Scheduler.schedule``: the lookup vLLM should use for the next
   step (None = leave it alone). This is where exploration (a run of ``exploration_run_steps`` steps
-  at the largest allowed k every ``exploration_every_steps``) and boundary hysteresis (keep the current k while B is within h of
+  every ``exploration_every_steps``: at the largest allowed k, and with step-time correction every
+  other run at each other allowed k in turn) and boundary hysteresis (keep the current k while B is within h of
   a range that uses it) take effect, by handing vLLM one of a few lookups precomputed at rebuild.
 * ``on_step(...)`` after each ``update_from_output``, with the step's per-request counts: drafted
   = ``len(scheduled_spec_decode_tokens[req])``, kept = ``len(sampled_token_ids[i]) - 1``. It adds one
@@ -125,6 +126,8 @@ class Controller:
         self._lookup: list[int] | None = None
         self._hyst: dict[int, list[int]] = {}
         self._explore: list[int] | None = None
+        self._explore_cycle: list[tuple[int, list[int] | None]] = []
+        self._explore_i = 0
         self._k_row = [-1] * (K + 1)
         self._tp: list[list[float]] = []
         # Clean step intervals since the last rebuild: {row * (n + 1) + B: [sum ms, count]}, only the
@@ -198,6 +201,12 @@ class Controller:
         kmax = max(ks) if ks else 0
         every, N = int(s.exploration_every_steps), int(s.rebuild_every_steps)
         explore = vllm_lookup(np.full(n, kmax)) if (controlling and every and kmax) else None
+        # With step-time correction, every other exploration run visits the other allowed ks in turn,
+        # so each k's cost is observed, not only the largest one's (a k never run keeps its profile
+        # however wrong, and a wrong profile of an unused k pulls the table towards it).
+        others = ([k for k in sorted(ks, reverse=True) if k != kmax]
+                  if (explore is not None and model is not None and s.step_time_correction) else [])
+        explore_cycle = [x for k in others for x in ((kmax, explore), (k, vllm_lookup(np.full(n, k))))]
         return {
             "start": start, "settings": s, "fallback_reason": None, "_last_estimate": (),
             "estimator": estimator, "model": model, "_k_row": k_row, "_tp": tp, "_obs": {},
@@ -206,7 +215,7 @@ class Controller:
             "_explore_run": int(s.exploration_run_steps), "_next_explore": self.steps + every,
             "_explore_left": 0, "_explore_pending": 0, "applying": can_switch, "controlling": controlling,
             "candidate_ranges": table, "ranges": table, "_lookup": lookup, "_hyst": hyst, "_explore": explore,
-            "_explore_k": kmax,
+            "_explore_k": kmax, "_explore_cycle": explore_cycle, "_explore_i": 0,
         }
 
     def _commit(self, start: StartPoint, new: dict[str, Any]) -> None:
@@ -295,6 +304,10 @@ class Controller:
             else:
                 self._next_explore = self.steps + self._explore_every
                 self._explore_left = self._explore_run - 1
+                cycle = self._explore_cycle
+                if len(cycle) > 1:
+                    self._explore_k, self._explore = cycle[self._explore_i % len(cycle)]
+                    self._explore_i += 1
             self.exploration_steps += 1
             self._explore_pending = min(self._explore_pending + 1, self._explore_run + 1)  # idle schedules
             return self._explore

@@ -288,11 +288,15 @@ def measure_acceptance(
     offset = server.step_log_offset()
     t0 = time.monotonic()
     workers = concurrency or cfg.max_num_seqs
+    usage: list[tuple[int, int]] = []  # (prompt tokens, completion tokens) per request: the workload
 
     def one(i_prompt: tuple[int, str]) -> None:
         i, p = i_prompt
-        server.complete(p, max_tokens=max_tokens, temperature=temperature,
-                        seed=None if temperature == 0 else seed + i)
+        out = server.complete(p, max_tokens=max_tokens, temperature=temperature,
+                              seed=None if temperature == 0 else seed + i)
+        u = out.get("usage") if isinstance(out, dict) else None
+        if isinstance(u, dict) and isinstance(u.get("prompt_tokens"), int) and isinstance(u.get("completion_tokens"), int):
+            usage.append((u["prompt_tokens"], u["completion_tokens"]))
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
         list(pool.map(one, enumerate(prompts)))
@@ -314,10 +318,18 @@ def measure_acceptance(
     rates = rates_from_counts(accepted, drafted)
     if source is None:
         source = "synthetic" if cfg.synthetic_acceptance_rates is not None else "measured"
+    workload = None
+    if usage:
+        workload = {"prompt_tokens": round(sum(u[0] for u in usage) / len(usage), 2),
+                    "output_tokens": round(max(1.0, sum(u[1] for u in usage) / len(usage)), 2),
+                    "source": f"mean prompt tokens of the {len(usage)} sampled prompts (the engine's tokenizer); output "
+                              f"tokens as generated here (capped at max_tokens = {max_tokens}): replace with served "
+                              "output lengths where known"}
     return AcceptancePrior(
         rates=rates, num_drafts=int(round(delta.num_drafts)), drafted_per_pos=tuple(drafted),
         accepted_per_pos=tuple(accepted), prompt_fingerprint=prompt_fingerprint(prompts),
-        prompt_count=len(prompts), temperature=float(temperature), source=source, week=week, deployment=deployment)
+        prompt_count=len(prompts), temperature=float(temperature), source=source, week=week, deployment=deployment,
+        workload=workload)
 
 
 def measure_acceptance_from_file(

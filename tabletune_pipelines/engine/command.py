@@ -71,6 +71,11 @@ def build_command(config: ServerConfig, port: int, device: str) -> list[str]:
         cmd.append("--no-enable-prefix-caching")
     if config.load_format is not None:
         cmd += ["--load-format", config.load_format]
+    if config.max_cudagraph_capture_size is not None and not (config.enforce_eager or device == "cpu"):
+        cmd += ["--compilation-config",
+                json.dumps({"max_cudagraph_capture_size": int(config.max_cudagraph_capture_size)}, separators=(",", ":"))]
+    if config.max_num_batched_tokens is not None:
+        cmd += ["--max-num-batched-tokens", str(int(config.max_num_batched_tokens))]
     if config.step_timing:
         cmd += ["--scheduler-cls", scheduler_class(device)]
     spec = config.speculative_config

@@ -76,6 +76,13 @@ class ServerConfig:
     dtype: str | None = None
     """Model dtype passed as ``--dtype``; None = the device's default (``engine/dtype.py``: bfloat16
     on a GPU and on a CPU with native bf16, else float32), resolved on construction."""
+    max_cudagraph_capture_size: int | None = None
+    """Largest CUDA-graph capture size in tokens (``--compilation-config
+    '{"max_cudagraph_capture_size": N}'``); None = vLLM's own rule, ``min(max_num_seqs·(1 + K)·2,
+    512)`` on vLLM 0.26 (``core.stepcost.default_capture_ceiling``). A step above it runs without
+    graphs (docs/engine-facts.md, "Served steps are not profiled steps"). Ignored without graphs."""
+    max_num_batched_tokens: int | None = None
+    """``--max-num-batched-tokens``: the scheduler's token budget per step; None = vLLM's default."""
     enforce_eager: bool = False
     """``--enforce-eager`` (no CUDA graphs / torch.compile). Off by default so GPU timing runs the
     CUDA-graph mode production uses; always on for the CPU build (docs/engine-facts.md, "CPU build")."""

@@ -15,6 +15,7 @@ from tabletune_pipelines.documents import EngineIdentity
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.engine.dtype import default_dtype
 from tabletune_pipelines.engine.errors import EngineConfigError
+from tabletune_pipelines.core.stepcost import default_capture_ceiling
 from tabletune_pipelines.engine.installed import installed_vllm_version, resolve_device
 from tabletune_pipelines.identity_match import nvidia_gpu_name
 
@@ -74,7 +75,19 @@ def engine_identity(config: ServerConfig, *, vllm_version: str | None = None, gp
         dtype=config.dtype,
         cudagraph_mode=cudagraph_mode(eager=config.enforce_eager or device == "cpu", declared=declared_cudagraph_mode),
         model_runner=config.model_runner,
+        capture_ceiling=capture_ceiling(eager=config.enforce_eager or device == "cpu",
+                                        explicit=config.max_cudagraph_capture_size,
+                                        max_num_seqs=config.max_num_seqs, max_k=int(config.num_speculative_tokens)),
+        max_num_batched_tokens=config.max_num_batched_tokens,
     )
+
+
+def capture_ceiling(*, eager: bool, explicit: int | None, max_num_seqs: int, max_k: int) -> int | None:
+    """The capture ceiling an engine runs with: None without graphs, else the explicit setting or
+    vLLM's own rule (``core.stepcost.default_capture_ceiling``)."""
+    if eager:
+        return None
+    return int(explicit) if explicit is not None else default_capture_ceiling(max_num_seqs, max_k)
 
 
 class DeploymentLike(Protocol):
@@ -89,6 +102,8 @@ class DeploymentLike(Protocol):
     dtype: str | None
     cudagraph_mode: str | None
     model_runner: str
+    max_cudagraph_capture_size: int | None
+    max_num_batched_tokens: int | None
 
 
 def deployment_identity(dep: DeploymentLike, vllm_version: str) -> EngineIdentity:
@@ -103,4 +118,8 @@ def deployment_identity(dep: DeploymentLike, vllm_version: str) -> EngineIdentit
         max_k=dep.max_k, max_num_seqs=dep.max_num_seqs, dtype=dep.dtype or default_dtype(device),
         cudagraph_mode=cudagraph_mode(eager=device == "cpu", declared=dep.cudagraph_mode),
         model_runner=dep.model_runner,
+        capture_ceiling=capture_ceiling(eager=device == "cpu",
+                                        explicit=getattr(dep, "max_cudagraph_capture_size", None),
+                                        max_num_seqs=dep.max_num_seqs, max_k=dep.max_k),
+        max_num_batched_tokens=getattr(dep, "max_num_batched_tokens", None),
     )

@@ -169,17 +169,32 @@ class ProfileOptions:
     decision_rates: tuple[float, ...] | None = None
     """Acceptance rates a_1..a_K under which decisions are judged for re-measurement; None = a low,
     a middle and a high geometric profile (``core.remeasure.DEFAULT_DECISION_RATES``)."""
+    mixed_steps: bool = True
+    """Also time mixed steps (a decoding batch plus injected prompts, ``engine.mixed``) in the
+    ``one_launch`` launch, for the served step-cost fit (``core.stepcost``)."""
+    mixed_batch_sizes: tuple[int, ...] | None = None
+    """Batch sizes of the mixed steps; None = smallest, middle and largest of the grid, the largest
+    one below max_num_seqs (``engine.mixed.default_mixed_batch_sizes``)."""
+    mixed_prefill_tokens: tuple[int, ...] | None = None
+    """Prompt lengths injected into the decoding batches; None = ½×, 2× and 8× ``prompt_tokens``
+    and, with CUDA graphs, the capture ceiling (``engine.mixed.default_mixed_prefill_tokens``)."""
 
     def __post_init__(self) -> None:
         if self.mode not in PROFILE_MODES:
             raise EngineConfigError(f"mode = {self.mode!r} must be one of {PROFILE_MODES}")
-        for name in ("batch_sizes", "ks", "accept_batch_sizes"):
+        for name in ("batch_sizes", "ks", "accept_batch_sizes", "mixed_batch_sizes", "mixed_prefill_tokens"):
             object.__setattr__(self, name, _ints(name, getattr(self, name)))
         for name in PROFILE_LIMITS:  # None: the ServerConfig's own value (only these three may be None)
             if getattr(self, name) is not None or name not in ("startup_timeout", "kv_cache_space_gib",
                                                                "max_model_len"):
                 check_limit(name, getattr(self, name))
-        for name in ("include_no_spec", "fixed_k_baseline"):
+        for name in ("mixed_batch_sizes", "mixed_prefill_tokens"):
+            bad = [v for v in getattr(self, name) or () if not 1 <= v <= 1_000_000]
+            if bad or getattr(self, name) == ():
+                raise EngineConfigError(f"{name} = {list(getattr(self, name))!r}: give positive token counts / batch "
+                                        "sizes (at most 1000000), or null for the default; mixed_steps: false turns "
+                                        "the mixed steps off")
+        for name in ("include_no_spec", "fixed_k_baseline", "mixed_steps"):
             if not isinstance(getattr(self, name), bool):
                 raise EngineConfigError(f"{name} = {getattr(self, name)!r} must be true or false")
         if self.warmup is not None and not isinstance(self.warmup, bool):

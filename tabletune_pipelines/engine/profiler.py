@@ -50,6 +50,7 @@ from tabletune_pipelines.core.remeasure import (
     geometric_rates,
     remeasure,
 )
+from tabletune_pipelines.core.stepcost import StepSample
 from tabletune_pipelines.core.steptime import median_step_time
 from tabletune_pipelines.documents import EngineIdentity, StepTimeCell, StepTimeProfile
 from tabletune_pipelines.engine.cell import Measurement, measure_cell_once, warm_up
@@ -57,6 +58,7 @@ from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.engine.errors import EngineConfigError
 from tabletune_pipelines.engine.identity import engine_identity
 from tabletune_pipelines.engine.installed import resolve_device
+from tabletune_pipelines.engine.mixed import default_mixed_batch_sizes, default_mixed_prefill_tokens, measure_mixed_steps
 from tabletune_pipelines.engine.plan import (
     CellKey,
     ProfileOptions,
@@ -74,7 +76,8 @@ from tabletune_pipelines.engine.tiny_models import read_vocab_size
 from tabletune_pipelines.errors import TableTuneError
 from tabletune_pipelines.vocab import AcceptanceMode
 
-__all__ = ["CellKey", "ProfileOptions", "ProfilePlan", "cell_key", "profile_step_times", "store_hooks"]
+__all__ = ["CellKey", "ProfileOptions", "ProfilePlan", "cell_key", "profile_step_times", "store_hooks",
+           "store_sample_hooks"]
 
 
 def cell_key(cell: StepTimeCell) -> CellKey:
@@ -294,6 +297,8 @@ def profile_step_times(
     server_factory: Callable[[ServerConfig], VLLMServer] = VLLMServer,
     server: VLLMServer | None = None,
     nospec_server: VLLMServer | None = None,
+    existing_samples: Sequence[StepSample] = (),
+    on_samples: Callable[[list[StepSample]], None] | None = None,
 ) -> StepTimeProfile:
     """Measure T(B, k) for ``config`` (its model, drafter, method and launch K) and return the profile.
 
@@ -307,6 +312,10 @@ def profile_step_times(
     not stopped). ``server`` must be a launch of ``config`` with a table and synthetic rates (on
     the CPU build they are switched to 0 / 1 at runtime and restored afterwards; on a GPU its
     table must list every k of the plan and its rates must be 0).
+
+    Mixed steps (``options.mixed_steps``, ``one_launch`` mode): after the decode cells, in the same
+    launch, decoding batches with prompts injected (``engine.mixed``); all their samples go to
+    ``on_samples`` at once. ``existing_samples`` (a rerun) are kept and not measured again.
     """
     options = options or ProfileOptions()
     mode = options.mode
@@ -350,7 +359,9 @@ def profile_step_times(
     # A rerun of a complete first pass launches only if a decision is still ambiguous.
     adaptive = mode == "one_launch" and options.remeasure_budget_s > 0 and (
         bool(reject_ks) or run.remeasure_pending(options))
-    if mode == "one_launch" and (reject_ks or adaptive
+    samples = list(existing_samples)
+    mixed = mode == "one_launch" and options.mixed_steps and not samples
+    if mode == "one_launch" and (reject_ks or adaptive or mixed
                                    or (accept_ks and server is not None and server.can_switch_synthetic_rates)):
         srv = server or run.launch(switching_config(config, plan.ks, 0.0, work))
         original_rates = list(srv.config.synthetic_acceptance_rates or zeros)
@@ -362,6 +373,12 @@ def profile_step_times(
                     run.group(srv, reject_ks, plan.batch_sizes, "reject", True)
                 if adaptive:
                     run.remeasure(srv, options)
+            if mixed:
+                if srv.can_switch_synthetic_rates and list(srv.config.synthetic_acceptance_rates or zeros) != zeros:
+                    srv.set_synthetic_rates(zeros)
+                samples = _mixed_phase(srv, run, config, identity, options, plan)
+                if on_samples is not None:
+                    on_samples(samples)
             if accept_ks and srv.can_switch_synthetic_rates:
                 srv.set_synthetic_rates(ones)
                 run.group(srv, accept_ks, plan.accept_batch_sizes, "accept", True)
@@ -403,7 +420,30 @@ def profile_step_times(
              f"repetitions timed by the draft-count fit: {run.fallbacks.get('fit', 0)}, by the wall clock: "
              f"{run.fallbacks.get('wall', 0)}; wall-timed cells in the profile: {len(wall)}"
              + (f" at B = {sorted({c.batch_size for c in wall})}" if wall else ""))
-    return StepTimeProfile(identity=identity, cells=tuple(cells), mode=mode)
+    return StepTimeProfile(identity=identity, cells=tuple(cells), mode=mode, samples=tuple(samples))
+
+
+def _mixed_phase(srv: Any, run: _Run, config: ServerConfig, identity: EngineIdentity, options: ProfileOptions,
+                 plan: ProfilePlan) -> list[StepSample]:
+    """Mixed steps at every k of the plan and the mixed batch sizes (``engine.mixed``)."""
+    sizes = list(options.mixed_batch_sizes or default_mixed_batch_sizes(plan.batch_sizes, config.max_num_seqs))
+    ps = list(options.mixed_prefill_tokens or default_mixed_prefill_tokens(
+        config.max_model_len, identity.capture_ceiling, plan.prompt_tokens))
+    ps = [p for p in ps if p + 1 <= config.max_model_len]
+    ks = [k for k in plan.ks if k is not None]
+    t0 = time.monotonic()
+    run.prog.say(f"[profile] mixed steps: k {ks} x B {sizes}, injected prompts of {ps} tokens")
+    out: list[StepSample] = []
+    for i, b in enumerate(sizes):
+        for k in ks[i % len(ks):] + ks[: i % len(ks)]:
+            srv.set_k(k)
+            run._warm(srv, k, b)
+            got = measure_mixed_steps(srv, k, b, ps, vocab_size=run.vocab_size, seed=_seed(b, k, 0, "mixed"))
+            out.extend(got)
+            run.prog.say(f"[profile] mixed k={k} B={b}: {sum(1 for s in got if s.prefill_tokens)} mixed steps, "
+                         f"{sum(1 for s in got if not s.prefill_tokens)} decode steps")
+    run.prog.say(f"[profile] mixed steps done: {len(out)} samples in {time.monotonic() - t0:.0f} s")
+    return out
 
 
 def store_hooks(store: Any, identity: EngineIdentity, mode: str) -> tuple[list[StepTimeCell], Callable[[StepTimeCell], None]]:
@@ -414,3 +454,14 @@ def store_hooks(store: Any, identity: EngineIdentity, mode: str) -> tuple[list[S
         store.write_profile_cell(identity, cell, mode)
 
     return existing, on_cell
+
+
+def store_sample_hooks(store: Any, identity: EngineIdentity,
+                       mode: str) -> tuple[list[StepSample], Callable[[list[StepSample]], None]]:
+    """``(existing_samples, on_samples)`` for ``profile_step_times`` backed by a ``TableTuneStore``."""
+    existing = list(store.step_samples(identity.key, mode))
+
+    def on_samples(samples: list[StepSample]) -> None:
+        store.write_step_samples(identity, samples, mode)
+
+    return existing, on_samples

@@ -4,14 +4,18 @@ Runs the whole pipeline once, in process, into a persistent Dagster instance (so
 afterwards): the last complete week's acceptance prior (and live counters, if the controller
 exported any), then for every deployment's current engine identity the step-time profile, the
 draft-length table and the published table. Real vLLM (the CPU build), the tiny local models,
-the DuckDB file under ``$TABLETUNE_HOME``. Ends by printing the published table and where it is.
+the DuckDB file under ``$TABLETUNE_HOME``. Ends by printing, per deployment, the measured
+acceptance a_i with its 95 % interval, the mix and size of the sample it was measured on, the
+published table and where it is, and the goodput ratio of that table against the docs' example
+table with its standard error (``run_report``).
 
 On a fresh machine there are no logged prompts yet: for ``endpoint: embedded`` deployments the
-week's prompt file is created from the engine's default prompt set (repetitive texts on which
-n-gram drafting is accepted), and the output says so.
+week's prompt file is written as a sample week drawn from the real prompt mixes shipped in
+packages (``prompt_mixes``: HumanEval code and WritingBench prose, half each unless ``--mix``
+says otherwise), in the JSONL format users log, and the output says so.
 
-Options: ``--quick`` (3 batch sizes, 2 repetitions: ~2 minutes instead of ~6), ``--week
-YYYY-MM-DD`` (a Monday; default the last complete week, UTC).
+Options: ``--quick`` (3 batch sizes, 2 repetitions), ``--week YYYY-MM-DD`` (a Monday; default the
+last complete week, UTC), ``--mix code:0.5,prose:0.5`` (the sample week's mix when one is written).
 """
 
 from __future__ import annotations
@@ -51,15 +55,54 @@ def _dtype_reason(dep) -> str:
     return default_dtype_choice("cpu" if dep.gpu == "cpu" else "gpu").reason
 
 
+#: The sample week written on a fresh machine: half code, half prose, 400 prompts (the measurement samples 160).
+DEFAULT_MIX = "code:0.5,prose:0.5"
+SAMPLE_WEEK_PROMPTS = 400
+
+
+def _numbers(database: str, key: str, doc: dict, dep, engine) -> list[str]:
+    """Acceptance with intervals, the sample's mix, and the goodput ratio against the docs' table."""
+    from tabletune_pipelines.acceptance_ci import prior_intervals
+    from tabletune_pipelines.prompt_mixes import describe_mix, sample_mix
+    from tabletune_pipelines.run_report import compare_to_docs, comparison_lines
+    from tabletune_pipelines.store.duckdb_store import TableTuneStore
+    from tabletune_pipelines.tuning.derive import derive_table
+
+    store = TableTuneStore(database, read_only=True)
+    table = doc["table"]
+    prior = store.acceptance_prior(table["prior_id"])
+    lines = [f"[tabletune] {dep.name}: what was measured"]
+    ivs = prior_intervals(prior)
+    where = f"{prior.source} prior"
+    if prior.week and prior.source == "measured" and dep.prompts_file(prior.week).is_file():
+        mix = sample_mix(dep.prompts_file(prior.week), dep.max_prompts)
+        where += f", week of {prior.week}, sample of {prior.prompt_count} prompts: {describe_mix(mix)}"
+    else:
+        where += f" ({prior.prompt_count} prompts)" + (f", week of {prior.week}" if prior.week else "")
+    lines.append(f"  acceptance ({where}; {prior.num_drafts} drafts, temperature {prior.temperature:g}):")
+    for i, iv in enumerate(ivs):
+        lines.append(f"    a_{i + 1} = {iv.value:.3f}  95% interval [{iv.lo:.3f}, {iv.hi:.3f}]  "
+                     f"({prior.accepted_per_pos[i]} of {prior.drafted_per_pos[i]} drafts kept)")
+    lines.append(f"  table: {json.dumps(table['ranges'])}")
+    tuned = derive_table(store.load_profile(key), prior)
+    if tuned.evidence is not None:
+        cmp = compare_to_docs(tuned.evidence, tuned.choice.ks, table["ranges"], table["max_num_seqs"], table["max_k"])
+        lines += comparison_lines(cmp)
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tabletune run", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small profile plan (3 batch sizes, 2 repetitions)")
     parser.add_argument("--week", help="week to measure acceptance for (Monday, YYYY-MM-DD); default last complete")
+    parser.add_argument("--mix", default=DEFAULT_MIX,
+                        help=f"mix of the sample week written when a week has no logged prompts (default {DEFAULT_MIX}; "
+                             "mixes: code = HumanEval, prose = WritingBench)")
     args = parser.parse_args(argv)
 
     import dagster as dg
 
-    from tabletune_pipelines.engine.acceptance import write_default_prompt_file
+    from tabletune_pipelines import prompt_mixes
     from tabletune_pipelines.errors import TableTuneError
     from tabletune_pipelines.fleet import load_fleet
     from tabletune_pipelines.orchestration.definitions import ASSETS
@@ -79,9 +122,14 @@ def main(argv: list[str] | None = None) -> int:
     for dep in fleet.deployments:
         f = dep.prompts_file(week)
         if dep.embedded and not f.exists():
-            write_default_prompt_file(f)
-            print(f"[tabletune] {dep.name}: no logged prompts for the week of {week}; wrote the default sample "
-                  f"prompt set to {f} (replace it with real logged prompts)")
+            try:
+                prompt_mixes.write_week(f, args.mix, n=SAMPLE_WEEK_PROMPTS, seed=int(week.replace("-", "")))
+            except TableTuneError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+            print(f"[tabletune] {dep.name}: no logged prompts for the week of {week}; wrote a sample week of "
+                  f"{SAMPLE_WEEK_PROMPTS} real prompts ({args.mix}: code = HumanEval, prose = WritingBench) to {f} "
+                  "(replace it with your logged prompts)")
 
     def fail(result: dg.ExecuteInProcessResult, what: str) -> int:
         for ev in result.all_events:
@@ -127,6 +175,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"fixed k {doc['table']['predicted_worst_loss']:.2%}")
             print(f"[tabletune] --speculative-config for a deployment without the controller: "
                   f"{dep.speculative_config_path}")
+            try:
+                for line in _numbers(resources["duckdb"].database, key, doc, dep, engine):
+                    print(line)
+            except (TableTuneError, ValueError, KeyError) as exc:  # the table is published; only the summary failed
+                print(f"[tabletune] {dep.name}: could not summarise the measurements: {exc}", file=sys.stderr)
     print(f"\n[tabletune] open the UI on it:\n  DAGSTER_HOME={dagster_home} env --default-signal=INT,TERM "
           f"{Path(sys.executable).parent / 'dagster'} dev -w {REPO / 'workspace.yaml'} -h 127.0.0.1 -p 3000")
     return status

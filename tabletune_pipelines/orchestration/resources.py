@@ -24,7 +24,8 @@ from tabletune_pipelines import deployments
 from tabletune_pipelines.core.acceptance import DEFAULT_PRIOR_WEIGHT
 from tabletune_pipelines.core.evidence import DEFAULT_CONFIDENCE, DEFAULT_POLICY
 from tabletune_pipelines.core.table import DEFAULT_STICKINESS
-from tabletune_pipelines.documents import AcceptancePrior, EngineIdentity, StepTimeProfile
+from tabletune_pipelines.documents import AcceptancePrior, DraftLengthTable, EngineIdentity, StepTimeProfile
+from tabletune_pipelines.evaluation.served import ServedVerification, ServedVerificationOptions
 from tabletune_pipelines.fleet import Deployment, Fleet, default_store_path, load_fleet
 from tabletune_pipelines.store import TableTuneStore
 from tabletune_pipelines.tuning.gates import GatePolicy
@@ -56,6 +57,11 @@ class EngineResource(dg.ConfigurableResource):
                                           "fixed_k_baseline.")
     acceptance_options: dict[str, Any] = Field(
         default_factory=dict, description="deployments.AcceptanceOptions fields, e.g. max_tokens, seed.")
+    served_verification: dict[str, Any] = Field(
+        default_factory=dict, description="evaluation.served.ServedVerificationOptions fields for the blocking check "
+                                          "served_goodput_verified before publishing, e.g. enabled (default true), "
+                                          "budget_s (default 75 on the CPU build, 300 on a GPU), loads, rounds, "
+                                          "window_s, tolerance (0.03), acceptance (auto|real|prior).")
 
     def _cache(self) -> str:
         return self.cache_dir or str(deployments.default_cache_dir())
@@ -80,6 +86,17 @@ class EngineResource(dg.ConfigurableResource):
         options = deployments.ProfileOptions.from_mapping(self.profile_options, where="EngineResource profile_options")
         return deployments.profile(identity, dep, store, log=log, options=options, cache_dir=self._cache(),
                                    work_dir=self._work("profile"))
+
+    def served_verification_options(self) -> ServedVerificationOptions:
+        return ServedVerificationOptions.from_mapping(self.served_verification,
+                                                      where="EngineResource served_verification")
+
+    def verify_served(self, identity: EngineIdentity, dep: Deployment | None, table: DraftLengthTable,
+                      prior: AcceptancePrior | None, log: logging.Logger) -> ServedVerification:
+        """The table against every fixed k by served goodput, in one launch of this engine."""
+        return deployments.verify_served(identity, dep, table, prior, log=log,
+                                         options=self.served_verification_options(), cache_dir=self._cache(),
+                                         work_dir=self._work("verify"))
 
     def measure_acceptance(self, identity: EngineIdentity, dep: Deployment, prompts_file: Path, week: str,
                            log: logging.Logger) -> AcceptancePrior:

@@ -42,6 +42,8 @@ from tabletune_pipelines.documents import (
     StepTimeCell,
     StepTimeProfile,
 )
+from tabletune_pipelines.core.goodput import validate_step_time
+from tabletune_pipelines.core.stepcost import StepSample
 from tabletune_pipelines.errors import (
     NotFoundError,
     StoreCorruptError,
@@ -94,6 +96,17 @@ CREATE TABLE IF NOT EXISTS step_time_cells (
     timing         VARCHAR NOT NULL,
     measured_at    TIMESTAMP NOT NULL,
     stderr_ms      DOUBLE          -- standard error of median_ms (NULL: < 2 repetitions, or an older store)
+);
+-- Steps timed with prefill in them (the served step-cost fit, core/stepcost.py); one row a step.
+CREATE TABLE IF NOT EXISTS step_samples (
+    identity_key   VARCHAR NOT NULL,
+    mode           VARCHAR NOT NULL,
+    batch_size     INTEGER NOT NULL,
+    k              INTEGER NOT NULL,
+    decode_tokens  INTEGER NOT NULL,
+    prefill_tokens INTEGER NOT NULL,
+    ms             DOUBLE NOT NULL,
+    measured_at    TIMESTAMP NOT NULL
 );
 CREATE TABLE IF NOT EXISTS acceptance_priors (
     prior_id           VARCHAR PRIMARY KEY,
@@ -155,6 +168,9 @@ _CONNECT_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extens
 
 #: Columns added after the first stores were written: (table, column, type). Opening a store for
 #: writing adds them (NULL in old rows); a read-only open of an older store reads NULL for them.
+#: Tables added after the first stores were written: a writing open creates them (``SCHEMA_SQL``), a
+#: read-only open of an older store finds them absent and reads nothing from them.
+MIGRATED_TABLES: frozenset[str] = frozenset({"step_samples"})
 MIGRATED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("step_time_cells", "stderr_ms", "DOUBLE"),
     ("publications", "identity_json", "VARCHAR"),
@@ -214,12 +230,14 @@ def check_schema(path: str | os.PathLike[str], conn: duckdb.DuckDBPyConnection, 
     types (in any order), so no query of the store can fail with a binder error."""
     want, have = _expected_schema(), _columns(conn)
     missing = sorted(set(want) - set(have))
+    if read_only:  # an older store opened read-only lacks tables added later; reads find nothing there
+        missing = [t for t in missing if t not in MIGRATED_TABLES]
     if missing:
         raise StoreError(
             f"{path} is not a TableTune store: it has no table(s) {', '.join(missing)}. Point TABLETUNE_DUCKDB / --db "
             "at TableTune's store" + (", or create one with a writing command (tabletune profile / acceptance)"
                                       if read_only else ""))
-    for table in sorted(want):
+    for table in sorted(set(want) & set(have)):
         extra, lacking = sorted(have[table] - want[table]), sorted(want[table] - have[table])
         if read_only:  # an older store opened read-only lacks the migrated columns; reads give NULL there
             lacking = [(c, t) for c, t in lacking if (table, c, t) not in MIGRATED_COLUMNS]
@@ -561,6 +579,36 @@ class TableTuneStore:
         return [r[0] for r in self.query("SELECT DISTINCT mode FROM step_time_cells WHERE identity_key = ? "
                                          "ORDER BY mode", [identity_key])]
 
+    def write_step_samples(self, identity: EngineIdentity, samples: list[StepSample], mode: str = "one_launch") -> None:
+        """Replace the stored mixed-step samples of one identity and mode with ``samples``."""
+        self.upsert_identity(identity)
+        now = _now()
+        with self._transaction() as conn:
+            conn.execute("DELETE FROM step_samples WHERE identity_key = ? AND mode = ?", [identity.key, mode])
+            for s in samples:
+                conn.execute(
+                    "INSERT INTO step_samples (identity_key, mode, batch_size, k, decode_tokens, prefill_tokens, ms, "
+                    "measured_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    [identity.key, mode, s.batch, s.k, s.decode_tokens, s.prefill_tokens, float(s.ms), now])
+
+    def step_samples(self, identity_key: str, mode: str = DEFAULT_PROFILE_MODE) -> list[StepSample]:
+        """The stored mixed-step samples (empty if none, or an older store opened read-only)."""
+        if not self.query("SELECT 1 FROM duckdb_tables() WHERE database_name = current_database() AND "
+                          "schema_name = 'main' AND table_name = 'step_samples'"):
+            return []
+        rows = self.query("SELECT batch_size, k, decode_tokens, prefill_tokens, ms FROM step_samples WHERE "
+                          "identity_key = ? AND mode = ? ORDER BY measured_at, batch_size, k, prefill_tokens",
+                          [identity_key, mode])
+        out = []
+        for b, k, d, p, ms in rows:
+            try:
+                validate_step_time(ms, where=f" (mixed-step sample B={b}, k={k}, P={p})")
+            except TableTuneError as exc:
+                raise StoredDataError(f"{self.path}: a stored mixed-step sample of {identity_key!r} cannot be a "
+                                      f"measurement: {exc} (profile again to replace it)") from None
+            out.append(StepSample(batch=b, k=k, decode_tokens=d, prefill_tokens=p, ms=ms))
+        return out
+
     def load_profile(self, identity_key: str, mode: str = DEFAULT_PROFILE_MODE) -> StepTimeProfile:
         """The step-time profile of one identity in one mode; NotFoundError when it has no cells there."""
         identity = self.identity(identity_key)
@@ -570,7 +618,8 @@ class TableTuneStore:
             raise NotFoundError(
                 f"engine identity {identity_key!r} has no step-time cells in mode {mode!r} in {self.path}"
                 + (f"; it has cells in mode(s) {modes}" if modes else "; profile it first"))
-        return StepTimeProfile(identity=identity, cells=tuple(cells), mode=mode)
+        return StepTimeProfile(identity=identity, cells=tuple(cells), mode=mode,
+                               samples=tuple(self.step_samples(identity_key, mode)))
 
     # -- acceptance priors -------------------------------------------------------------------
     def write_acceptance_prior(self, prior: AcceptancePrior, identity_key: str | None = None) -> str:

@@ -7,6 +7,12 @@ The steps (docs/method.md, "Step time T(B, k)", "Table search", "Limitations" 2)
    interpolated to every B with the interpolation's own error.
 2. The accepted-work correction fitted with two parameters across B and k from the all-accepted
    cells (``core.noise.fit_accepted_work``) and applied only when the fit is significant.
+2b. What serving pays (``core.stepcost``): with a workload (the prior's, or one given) the step
+   time each k is judged by is E[T(B, k, P)], the decode surface plus the expected prefill and
+   graph-mode extra of the steps serving runs there, fitted from the profile's mixed steps and
+   the engine's graph envelope; the fits' errors enter the bounds. Without mixed steps on an engine
+   with CUDA graphs, the cells whose served steps cross the capture ceiling are listed as
+   unmeasured (the ``cuda_graph_headroom`` gate blocks a table that uses them).
 3. The table search (``core.evidence.search_with_evidence``): by default k changes only where the
    goodput gain's lower confidence bound, from the cells' errors, the prior's count-based error
    and the interpolation, exceeds the stickiness threshold; ``policy="stickiness"`` is the
@@ -18,7 +24,7 @@ confidence, the k within noise per B, the predicted worst loss with its bounds).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +36,13 @@ from tabletune_pipelines.core.evidence import (
     search_with_evidence,
 )
 from tabletune_pipelines.core.goodput import tau_curve
+from tabletune_pipelines.core.stepcost import (
+    ServedCost,
+    StepCost,
+    Workload,
+    fit_prefill_costs,
+    unmeasured_cells,
+)
 from tabletune_pipelines.core.noise import (
     AcceptedWorkFit,
     NoisySurface,
@@ -66,6 +79,10 @@ class TunedTable:
     """The correction's fit (None: no all-accepted cells, or the correction was off)."""
     step_ms_sd: np.ndarray | None = None
     """Standard error of ``step_ms_dense``, same shape."""
+    cost: StepCost | None = None
+    """The step-cost model (decode surface after the corrections, envelope, prefill fits)."""
+    served: ServedCost | None = None
+    """E[T(B, k, P)] under the workload (None: no workload, the search ran on decode steps)."""
     warnings: tuple[str, ...] = ()
     """What the table's reader should know (no error estimates, wall-timed cells, ...)."""
 
@@ -81,13 +98,15 @@ def derive_table(
     policy: SearchPolicy = DEFAULT_POLICY,
     confidence: float = DEFAULT_CONFIDENCE,
     prior_error: bool = True,
+    workload: Workload | None = None,
 ) -> TunedTable:
     """Goodput-best table for ``profile``'s engine under ``prior``'s acceptance (module docstring).
 
     ``stickiness``: the threshold a gain (its lower bound, under ``policy="evidence"``) must exceed
     for the table to change k. ``confidence``: level of every bound. ``prior_error``: include the
     prior's count-based error in the bounds. With ``non_decreasing_in_batch``, measured dips of T
-    over B (noise) are pooled away first.
+    over B (noise) are pooled away first. ``workload``: what the traffic brings per request (default:
+    the prior's ``workload``; None there too: decode steps only).
     """
     ident = profile.identity
     noisy = NoisySurface.from_cells(profile.estimates("reject"))
@@ -112,6 +131,14 @@ def derive_table(
         fit = fit_accepted_work(noisy, accept, accept_var, confidence=confidence)
     dense, cov = corrected_dense(ms, var, noisy.ks, rates, fit)
     corrected = fit is not None and bool(fit.applied_at(n).any())
+    cost = step_cost(profile, dense, noisy.ks)
+    workload = workload if workload is not None else prior.workload_model()
+    served = cost.served(rates, workload) if workload is not None else None
+    if served is not None:
+        dense = served.ms
+        cov = cov.copy()
+        for i in range(len(noisy.ks)):
+            cov[i, i] = cov[i, i] + served.var[i]
     rates_cov = (rates_covariance(rates, prior.drafted_per_pos, prior.num_drafts)
                  if prior_error and noisy.has_errors else None)
     ev = search_with_evidence(dense, cov if noisy.has_errors else None, noisy.ks, rates, rates_cov=rates_cov,
@@ -145,10 +172,47 @@ def derive_table(
         cells_remeasured=len(profile.remeasured()),
         wall_timed_cells=len(wall),
         accepted_work_fit=_fit_summary(fit, n),
+        served_cost=_served_summary(cost, served, workload, noisy.ks, ev.ranges, n),
     )
     sd = np.sqrt(np.stack([cov[i, i] for i in range(len(noisy.ks))]))
+    if served is not None and not cost.fits and cost.envelope.has_graphs:
+        warnings.append("the profile has no mixed steps: served steps with prefill are priced as pure decode steps; "
+                        "profile again with mixed_steps on")
     return TunedTable(table=table, choice=ev.choice, step_ms_dense=dense, corrected=corrected, evidence=ev,
-                      accepted_work_fit=fit, step_ms_sd=sd, warnings=tuple(warnings))
+                      accepted_work_fit=fit, step_ms_sd=sd, warnings=tuple(warnings), cost=cost, served=served)
+
+
+def step_cost(profile: StepTimeProfile, decode_ms: np.ndarray, ks: Sequence[int]) -> StepCost:
+    """The profile's step-cost model: ``decode_ms`` (K, N) as the decode surface, the identity's
+    graph envelope, and the prefill fits of its mixed-step samples (``core.stepcost``)."""
+    ks = tuple(int(k) for k in ks)
+    n = decode_ms.shape[1]
+    env = profile.identity.graph_envelope()
+    samples = [s for s in profile.samples if s.k in ks and 1 <= s.batch <= n]
+    fits = fit_prefill_costs(samples, lambda k, b: decode_ms[ks.index(k), b - 1], env) if samples else {}
+    return StepCost(ks=ks, decode_ms=decode_ms, envelope=env, fits=fits)
+
+
+#: Batch sizes (fractions of max_num_seqs) at which the table's provenance shows the served extra.
+_SHOWN_AT = (1, 0.25, 0.5, 0.75, 1.0)
+
+
+def _served_summary(cost: StepCost, served: ServedCost | None, workload: Workload | None, ks: Sequence[int],
+                    ranges: Sequence[Sequence[int]], n: int) -> dict:
+    """The table's ``served_cost`` provenance (empty without a workload)."""
+    if served is None or workload is None:
+        return {}
+    dense_k = expand_table([list(r) for r in ranges], n, max(ks))
+    bs = sorted({max(1, min(n, int(round(f * n)) if isinstance(f, float) else f)) for f in _SHOWN_AT})
+    return {
+        "workload": workload.to_dict(),
+        **cost.summary(),
+        "extra_ms": {str(k): {str(b): round(float(served.extra_ms[i, b - 1]), 4) for b in bs} for i, k in enumerate(ks)},
+        "arrivals_per_step": {str(k): {str(b): round(float(served.arrivals[i, b - 1]), 4) for b in bs}
+                              for i, k in enumerate(ks)},
+        "unmeasured": [[b, k, round(p, 4)] for b, k, p in unmeasured_cells(served, ks, dense_k)],
+        "unmeasured_cliff": [[b, k, round(p, 4)] for b, k, p in unmeasured_cells(served, ks, dense_k, cliff_only=True)],
+    }
 
 
 def _fit_summary(fit: AcceptedWorkFit | None, max_num_seqs: int) -> dict:

@@ -5,7 +5,9 @@ The Dagster layer turns gates into asset-check results; the same functions run a
 publishing, so a table that failed a blocking gate is never published, whichever run tries.
 
 Blocking gates: ``profile_complete``, ``prior_sane``, ``valid_for_vllm``,
-``predicted_loss_under_threshold``, ``table_supported_by_evidence``. Warning gates (they never block; they tell an operator where
+``predicted_loss_under_threshold``, ``table_supported_by_evidence``, and, right before publishing,
+``served_goodput_verified`` (the table against every fixed k by served goodput in one launch,
+``evaluation.served``). Warning gates (they never block; they tell an operator where
 the method's assumptions may not hold): ``engine_dependence_trap`` (docs/method.md, "Limitations" 1),
 ``k0_costs_vs_no_spec`` (docs/method.md, "Limitations" 3) and ``cuda_graph_headroom``
 (docs/engine-facts.md, "the CUDA-graph capture-size cliff").
@@ -16,21 +18,26 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from tabletune_pipelines.core.goodput import tau_curve, validate_acceptance
+from tabletune_pipelines.core.stepcost import default_capture_ceiling
 from tabletune_pipelines.core.table import expand_table, validate_table, validate_vllm_schedule
 from tabletune_pipelines.documents import AcceptancePrior, DraftLengthTable, StepTimeCell, StepTimeProfile
 from tabletune_pipelines.errors import TableTuneError
 from tabletune_pipelines.tuning.derive import table_step_and_tau
 
+if TYPE_CHECKING:
+    from tabletune_pipelines.evaluation.served import ServedVerification
+
 GateName = Literal["profile_complete", "prior_sane", "valid_for_vllm", "predicted_loss_under_threshold",
                    "table_supported_by_evidence", "engine_dependence_trap", "k0_costs_vs_no_spec",
-                   "cuda_graph_headroom"]
+                   "cuda_graph_headroom", "served_goodput_verified"]
 """Every gate's name (also the name of its asset check)."""
 GATE_NAMES: tuple[str, ...] = get_args(GateName)
 BLOCKING_GATES: tuple[GateName, ...] = ("profile_complete", "prior_sane", "valid_for_vllm",
-                                        "predicted_loss_under_threshold", "table_supported_by_evidence")
+                                        "predicted_loss_under_threshold", "table_supported_by_evidence",
+                                        "cuda_graph_headroom", "served_goodput_verified")
 """Gates whose failure stops the pipeline; the others only warn."""
 NOT_MEASURED = "NOT MEASURED"
 """How a warning gate's description starts when its inputs were not measured (it then passes)."""
@@ -299,51 +306,59 @@ def k0_gate(table: DraftLengthTable, no_spec_ms: Mapping[int, float], k0_ms: Map
                             f"(k = 0 overhead up to {worst_overhead:.0%})", figures, comparison)
 
 
-#: vLLM 0.26's cap on the CUDA-graph capture size when none is configured (``vllm/config/vllm.py``).
-VLLM_DEFAULT_CAPTURE_CAP = 512
 #: Tokens of prefill a served decode step typically carries on top of its B·(1 + k) decode tokens
 #: (one short arriving prompt, or the start of a chunk).
 PREFILL_HEADROOM_TOKENS = 32
 
 
-def default_capture_size(max_num_seqs: int, max_k: int) -> int:
-    """vLLM 0.26's default ``max_cudagraph_capture_size``: ``min(max_num_seqs·(1 + K)·2, 512)``."""
-    return min(max_num_seqs * (1 + max_k) * 2, VLLM_DEFAULT_CAPTURE_CAP)
-
-
 def cuda_graph_headroom_gate(table: DraftLengthTable, cudagraph_mode: str, *, capture_size: int | None = None,
                              prefill_tokens: int = PREFILL_HEADROOM_TOKENS) -> Gate:
-    """Warn where the table's decode steps leave no room under the largest captured CUDA graph.
+    """Block a table that puts a k where serving falls off the CUDA graphs and the profile never
+    measured what such a step costs (docs/method.md, "What a served step costs").
 
-    The profile times pure decode steps (B·(1 + k) tokens); served steps also carry prefill tokens
-    of arriving requests, and a step above ``max_cudagraph_capture_size`` tokens runs without CUDA
-    graphs. Measured on the H200 at load 128 with the default cap of 512 tokens: k = 3 ran ~3.5x
-    slower per step and lost 50-55% of goodput; with a cap of 1024 the collapse was gone (2.2x)
-    (docs/engine-facts.md). Fails at every B where B·(1 + k) + ``prefill_tokens`` exceeds the cap
-    (``capture_size``, default vLLM's own rule); passes without CUDA graphs (``cudagraph_mode``
-    none, e.g. the CPU build)."""
+    A served step carries prefill of arriving requests; above the capture ceiling
+    (``capture_size``, default vLLM's rule ``core.stepcost.default_capture_ceiling``) it runs without
+    graphs: on an H200 at load 128 k = 3 ran ~3.5x slower per step and lost 50-58% of goodput
+    (docs/engine-facts.md). With a workload (``table.served_cost``), the cells are those where the
+    table's k crosses the ceiling with probability >= 1% in a transition no mixed-step fit covers
+    (``unmeasured_cliff``); where the profile measured steps beyond the ceiling, their cost is in the
+    table and the gate passes with the figures. Without a workload, the cells are those where
+    B·(1 + k) + ``prefill_tokens`` exceeds the ceiling. Passes without CUDA graphs."""
     name: GateName = "cuda_graph_headroom"
     if str(cudagraph_mode).strip().lower() in ("none", ""):
         return Gate(name, True, "no CUDA graphs in this engine (cudagraph_mode none): nothing to check",
                     {"cudagraph_mode": str(cudagraph_mode)})
-    cap = int(capture_size) if capture_size else default_capture_size(table.max_num_seqs, table.max_k)
-    dense_k = expand_table([list(r) for r in table.ranges], table.max_num_seqs, table.max_k)
-    over = [(b, k) for b, k in enumerate(dense_k, start=1) if k > 0 and b * (1 + k) + prefill_tokens > cap]
+    served = table.served_cost or {}
+    env = served.get("envelope") or {}
+    cap = int(capture_size or env.get("capture_ceiling") or default_capture_ceiling(table.max_num_seqs, table.max_k))
     suggested = table.max_num_seqs * (1 + table.max_k) * 2
+    dense_k = expand_table([list(r) for r in table.ranges], table.max_num_seqs, table.max_k)
+    over_cap = [(b, k) for b, k in enumerate(dense_k, start=1) if k > 0 and b * (1 + k) + prefill_tokens > cap]
+    priced = [t for t in (served.get("fits") or {}) if t.endswith(">none") and not t.startswith("none")]
+    if served:
+        over = [(int(b), int(k)) for b, k, _ in served.get("unmeasured_cliff", [])]
+        basis = f"under the workload {served.get('workload', {})}"
+    else:
+        over = [] if priced else over_cap
+        basis = f"B·(1 + k) + {prefill_tokens} prefill tokens"
     figures = {"capture_size": cap, "prefill_tokens": int(prefill_tokens), "suggested_capture_size": suggested,
-               "batch_sizes_over_the_cap": [b for b, _ in over]}
+               "batch_sizes_over_the_cap": [b for b, _ in over], "batch_sizes_crossing_priced": [
+                   b for b, _ in over_cap] if priced else [], "measured_cliff_fits": priced}
     if not over:
-        return Gate(name, True, f"every decode step of the table plus {prefill_tokens} prefill tokens fits under the "
-                                f"largest captured CUDA graph ({cap} tokens)", figures)
+        how = (f"; the steps that cross it from B = {over_cap[0][0]} were measured ({', '.join(priced)}) and are "
+               "priced into the table") if (over_cap and priced) else ""
+        return Gate(name, True, f"every served step of the table that falls off the CUDA graphs ({cap}-token ceiling) "
+                                f"has a measured cost ({basis}){how}", figures)
     first_b, first_k = over[0]
     rows = "\n".join(f"| {b} | {k} | {b * (1 + k)} | {cap} |" for b, k in over)
     comparison = "| B | table k | decode tokens B·(1+k) | capture cap |\n|---|---|---|---|\n" + rows
     return Gate(name, False,
-                f"from B = {first_b} (k = {first_k}) a decode step with any prefill exceeds the largest captured CUDA "
-                f"graph ({cap} tokens) and runs without graphs, so the profile's T(B, k) does not hold there "
-                f"(measured on an H200: k = 3 lost ~50% at load 128); serve with --compilation-config "
-                f"'{{\"max_cudagraph_capture_size\": {suggested}}}' or keep k lower at those B "
-                f"(if the engine already runs a larger cap, this warning does not apply)", figures, comparison)
+                f"from B = {first_b} (k = {first_k}) served steps ({basis}) exceed the largest captured CUDA graph "
+                f"({cap} tokens) and run without graphs, and the profile never measured such a step, so the "
+                f"table's cost there is a guess (measured on an H200: k = 3 lost ~50% at load 128). Profile with "
+                f"mixed steps (mixed_steps: true, the default) so the cost is measured, serve with "
+                f"--compilation-config '{{\"max_cudagraph_capture_size\": {suggested}}}' (a new engine identity: "
+                f"profile it), or keep k lower at those B", figures, comparison)
 
 
 def fixed_launch_cells(profile_cells: Iterable[StepTimeCell]) -> dict[int, dict[int, float]]:
@@ -355,3 +370,47 @@ def fixed_launch_cells(profile_cells: Iterable[StepTimeCell]) -> dict[int, dict[
         if c.k is not None and c.k >= 1 and c.acceptance == "reject":
             out.setdefault(c.k, {})[c.batch_size] = c.median_ms
     return out if len(out) >= 2 else {}
+
+
+# -- served verification (issue 17, item 4) ------------------------------------------------------
+
+def served_gate(result: "ServedVerification | None", *, disabled_reason: str = "") -> Gate:
+    """Blocking: the candidate served within the paired noise of the best fixed k at every checked
+    load (``evaluation.served``; docs/evaluation.md, "Served verification"). ``result`` None: not
+    measured (``disabled_reason`` says why), which passes as NOT MEASURED like the other gates."""
+    name: GateName = "served_goodput_verified"
+    if result is None:
+        return Gate(name, True, f"{NOT_MEASURED}: {disabled_reason or 'served verification did not run'}",
+                    {"status": "not measured"})
+    figures: dict[str, Any] = {
+        "loads": sorted(result.plan.loads), "rounds": result.plan.rounds, "window_s": result.plan.window_s,
+        "budget_s": result.plan.budget_s, "elapsed_s": round(result.elapsed_s, 1), "budget_cut": result.budget_cut,
+        "tolerance": result.tolerance, "failed_loads": result.failed_loads,
+        "inconclusive_loads": result.inconclusive_loads, "excluded_windows": result.excluded_windows,
+        "client_errors": result.client_errors, "rule": result.rule,
+        "worst_loss": None if result.worst_loss is None else round(result.worst_loss, 4),
+    }
+    if result.launch_s is not None:
+        figures["launch_s"] = round(result.launch_s, 1)
+    if result.acceptance:
+        figures["acceptance"] = result.acceptance
+    return Gate(name, result.passed, result.summary(), figures, served_markdown(result))
+
+
+def served_markdown(result: "ServedVerification") -> str:
+    """One row per load: every policy's goodput ± s.e., the best fixed k, the paired ratio and the verdict."""
+    pols = list(dict.fromkeys(g.policy for g in result.goodput))
+    head = ["load", *[f"{p} (tok/s)" for p in pols], "best fixed", "table / best (paired)", "verdict"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for v in result.verdicts:
+        cells = []
+        for p in pols:
+            g = next((x for x in result.goodput if x.policy == p and x.load == v.load), None)
+            if g is None or g.rounds == 0:
+                cells.append("n/a")
+            else:
+                cells.append(f"{g.goodput:.1f}" + (f" ± {g.stderr:.1f}" if g.rounds > 1 else ""))
+        ratio = ("n/a" if v.ratio is None else f"{v.ratio:.3f}" + (f" ± {v.ratio_se:.3f} ({v.rounds} rounds)"
+                                                                    if v.ratio_se is not None else " (1 round)"))
+        lines.append(f"| {v.load} | " + " | ".join(cells) + f" | {v.best_fixed or 'n/a'} | {ratio} | {v.status} |")
+    return "\n".join(lines)

@@ -270,3 +270,44 @@ def _resolved(path: Path) -> Path:
         return path.expanduser().resolve()
     except (OSError, RuntimeError):  # a symlink loop: compare the path as written
         return path.expanduser().absolute()
+
+
+# -- served verification (issue 17, item 4) -------------------------------------------------------
+
+def served_goodput_plot(result, title: str) -> bytes:
+    """PNG: served goodput vs load (closed-loop concurrency), one curve per fixed k with its
+    standard error across rounds, the candidate table bold; failed loads marked. ``result`` is an
+    ``evaluation.served.ServedVerification``. Carries the mark ``write_plot`` recognises."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=90)
+    pols = list(dict.fromkeys(g.policy for g in result.goodput))
+    for p in pols:
+        pts = sorted((g.load, g.goodput, g.stderr) for g in result.goodput if g.policy == p and g.rounds > 0)
+        if not pts:
+            continue
+        xs = [x for x, _, _ in pts]
+        ys = [y for _, y, _ in pts]
+        es = [e if np.isfinite(e) else 0.0 for _, _, e in pts]
+        if p == "table":
+            label = "table" + (f" (= {result.candidate_is})" if result.candidate_is else "")
+            ax.errorbar(xs, ys, yerr=es, fmt="k--o", linewidth=2.2, capsize=3, label=label, zorder=3)
+        else:
+            ax.errorbar(xs, ys, yerr=es, marker=".", linewidth=1.2, capsize=2, label=p)
+    failed = [v.load for v in result.verdicts if v.status == "fail"]
+    for load in failed:
+        ax.axvline(load, color="red", alpha=0.25, linewidth=6)
+    ax.set_xlabel("load (concurrent requests, closed loop)")
+    ax.set_ylabel("served goodput (tokens kept / s)")
+    verdict = "passed" if result.passed else f"FAILED at load {failed}"
+    ax.set_title(f"{title}\nserved verification {verdict}", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": PLOT_SOFTWARE})
+    plt.close(fig)
+    return buf.getvalue()

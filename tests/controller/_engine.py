@@ -63,6 +63,8 @@ class Load:
     prompt: Callable[[random.Random], Any] = lambda rng: [rng.randrange(3, 2000) for _ in range(16)]
     max_tokens: tuple[int, int] = (32, 64)
     temperature: float = 0.0
+    ignore_eos: bool = True
+    """False for a real model on real prompts: it stops where it would in service."""
     sent: int = 0
     completed: int = 0
     errors: list[str] = field(default_factory=list)
@@ -79,7 +81,7 @@ class Load:
                 self.sent += 1
             try:
                 out = self.server.complete(self.prompt(rng), max_tokens=rng.randint(*self.max_tokens),
-                                           ignore_eos=True, temperature=self.temperature, timeout=300.0)
+                                           ignore_eos=self.ignore_eos, temperature=self.temperature, timeout=300.0)
                 ok = len(out.get("choices", [])) == 1
                 with self._lock:
                     self.completed += int(ok)

@@ -1,16 +1,19 @@
-"""Traffic switch with real acceptance, on real vLLM (CPU build): n-gram drafting, the prompt mix
-switched mid-run from highly repetitive to non-repetitive; the estimate and the table follow.
+"""Traffic switch with real acceptance, on real vLLM (CPU build) and a real model: n-gram drafting on
+SmolLM2-135M-Instruct (``engine/real_model.py``), the prompt mix switched mid-run from code
+(HumanEval) to prose (WritingBench English requests: ``prompt_mixes``); the estimate and the table follow.
 
-ONE server: tiny target, ``method: ngram`` (prompt lookup 2..4), K = 3, real verification (no
-synthetic rates), ``--scheduler-cls ...AsyncControllerScheduler``. Phase 1: 8 clients send prompts
-made of a short random pattern repeated; phase 2: prompts of random tokens. (The random-weight
-target loops at temperature 0 whatever the prompt, so n-gram acceptance stays non-zero in phase 2,
-only lower; sampled output would stop n-gram drafting altogether.) "The truth" of a phase is its
-own acceptance counted in the controller's windows of the phase's second half (drafted/accepted per
-position). Tolerance (stated): â within (0.06, 0.08, 0.10) of it, or 3 standard errors where the
-phase drafts too little for that (``tolerance``), and the table one the search picks for rates in
-that box. Phases are counted in engine steps, so the test does the same work on any machine. The published step times are a synthetic linear profile whose table
-depends on a_2, a_3 in this range (step-time correction off, so the table follows acceptance only).
+ONE server: the real model, ``method: ngram`` (prompt lookup 2..4), K = 3, real verification (no
+synthetic rates), greedy decoding that stops at the model's end of turn like a served request,
+``--scheduler-cls ...AsyncControllerScheduler``. Phase 1: 8 clients send HumanEval prompts; phase
+2: WritingBench prompts. Nothing about either phase's acceptance is set by the test: "the truth" of
+a phase is its own acceptance counted in the controller's windows of the phase's second half
+(drafted/accepted per position). Tolerance (stated): â within (0.06, 0.08, 0.10) of it, or 3
+standard errors where the phase drafts too little for that (``tolerance``), and the table one the
+search picks for rates in that box. Phases are counted in engine steps, so the test does the same
+work on any machine. The published step times are a synthetic linear profile whose table depends
+on a_1..a_3 where the two real mixes lie (step-time correction off, so the table follows acceptance
+only); the test checks the two phases' real rates give different tables under it before asking the
+controller to follow.
 """
 
 from __future__ import annotations
@@ -21,32 +24,44 @@ from datetime import datetime, timezone
 
 import pytest
 
-from tabletune_pipelines.engine import VLLMServer
-from tests.controller._engine import Load, Rig, server_config
-from tests.controller._fake import linear_profile, on_robust_table, robust_choices, table_dense, true_table
+from tabletune_pipelines.engine import ServerConfig, VLLMServer
+from tabletune_pipelines.controller.settings import PUBLISHED_ENV
+from tests.controller._engine import SCHEDULER, Load, Rig
+from tests.controller._fake import IDENTITY, LAUNCH, linear_profile, on_robust_table, robust_choices, table_dense, true_table
 
-pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(1500)]
 
 PROFILE = linear_profile(c0=4.0, c1=1.0, d0=0.1, d1=0.2)
 TOL = (0.06, 0.08, 0.10)
-PHASE_STEPS = (1500, 2800)  # engine steps of the repetitive and the non-repetitive phase
+PHASE_STEPS = (1500, 2800)  # engine steps of the code and the prose phase
+#: The table must follow within this many controller steps of the switch (stated in the issue's note).
+FOLLOW_STEPS = 2500
 
 
-def repetitive(rng):
-    pattern = [rng.randrange(3, 2000) for _ in range(rng.randint(3, 6))]
-    return (pattern * 20)[:48]
+def real_server(tmp_path, published):
+    from tabletune_pipelines.engine.real_model import MAX_MODEL_LEN, ensure_real_model
+
+    m = ensure_real_model()  # the venv's one conversion, shared with tests/engine/test_real_model.py
+    cfg = ServerConfig(
+        model=str(m.model_dir), method="ngram", num_speculative_tokens=3, table=tuple(LAUNCH), max_num_seqs=16,
+        max_model_len=MAX_MODEL_LEN, dtype=m.dtype, work_dir=str(tmp_path), step_timing=False,
+        extra_args=("--scheduler-cls", SCHEDULER + "AsyncControllerScheduler"),
+        speculative_extra={"prompt_lookup_max": 4, "prompt_lookup_min": 2}, extra_env={PUBLISHED_ENV: str(published)})
+    return VLLMServer(cfg), dict(IDENTITY, model=str(m.model_dir), drafter=None, method="ngram", dtype=m.dtype)
 
 
-def random_tokens(rng):
-    return [rng.randrange(3, 2000) for _ in range(48)]
+def mix_prompt(name):
+    from tabletune_pipelines.prompt_mixes import load_mix
+
+    prompts = load_mix(name)
+    return lambda rng: rng.choice(prompts)
 
 
 def tolerance(windows, rates):
     """How close â must be to a phase's truth: the stated tolerance, or 3 standard errors of the
     estimate where its evidence is thinner. The controller halves its live counts at every rebuild
-    (one window), so â rests on about twice a window's drafts; with the random-weight target the
-    non-repetitive mix sometimes drafts only ~50 times a window (â then wanders by ±0.05), and how
-    often depends on the kernels' numerics, not on the controller."""
+    (one window), so â rests on about twice a window's drafts; a mix on which n-gram lookup finds few
+    matches drafts only tens of times a window (â then wanders by ±0.05)."""
     out = []
     for i, (t, r) in enumerate(zip(TOL, rates)):
         n = 2 * statistics.median(w.drafted_per_pos[i] for w in windows)
@@ -66,14 +81,13 @@ def phase_rates(windows):
 
 def test_estimate_and_table_follow_a_traffic_switch(tmp_path):
     pub = tmp_path / "local.json"
-    srv = VLLMServer(server_config(tmp_path, pub, method="ngram", rates=None, cls="AsyncControllerScheduler",
-                                   speculative_extra={"prompt_lookup_max": 4, "prompt_lookup_min": 2}))
+    srv, ident = real_server(tmp_path, pub)
     rig = Rig(srv, pub, tmp_path / "local.live.jsonl", method="ngram")
     prior = (0.5, 0.4, 0.3)
-    rig.publish(ranges=true_table(PROFILE, prior), rates=prior, profile=PROFILE,
+    rig.publish(ranges=true_table(PROFILE, prior), rates=prior, profile=PROFILE, identity=ident,
                 controller={"step_time_correction": False})
     srv.start()
-    load = Load(srv, 8, prompt=repetitive).start()
+    load = Load(srv, 8, prompt=mix_prompt("code"), ignore_eos=False).start()
     try:
         # Phases in engine steps, not seconds (a slower machine runs them longer, not shorter): about
         # 16 s and 22 s of this 2-core machine at 8 clients. The switch is taken once the first mix's
@@ -81,7 +95,7 @@ def test_estimate_and_table_follow_a_traffic_switch(tmp_path):
         rig.wait_steps(PHASE_STEPS[0])
         load.stop()
         switch = datetime.now(timezone.utc)
-        load.prompt = random_tokens
+        load.prompt = mix_prompt("prose")
         load.start()
         rig.wait_steps(PHASE_STEPS[1])
     finally:
@@ -93,11 +107,11 @@ def test_estimate_and_table_follow_a_traffic_switch(tmp_path):
     two = [w for w in ws if w.window_start >= switch]
     r1, d1 = phase_rates(one[len(one) // 2:])
     r2, d2 = phase_rates(two[len(two) // 2:])
-    print(f"\n[traffic] repetitive: a = {[round(x, 3) for x in r1]} (drafted {d1}); "
-          f"non-repetitive: a = {[round(x, 3) for x in r2]} (drafted {d2})")
+    print(f"\n[traffic] code (HumanEval): a = {[round(x, 3) for x in r1]} (drafted {d1}); "
+          f"prose (WritingBench): a = {[round(x, 3) for x in r2]} (drafted {d2})")
     assert max(abs(a - b) for a, b in zip(r1, r2)) > 0.1, "the two prompt mixes should differ in acceptance"
     tol1, tol2 = tolerance(one[len(one) // 2:], r1), tolerance(two[len(two) // 2:], r2)
-    print(f"[traffic] tolerance: repetitive {[round(t, 3) for t in tol1]}, non-repetitive {[round(t, 3) for t in tol2]}")
+    print(f"[traffic] tolerance: code {[round(t, 3) for t in tol1]}, prose {[round(t, 3) for t in tol2]}")
     ok1, ok2 = robust_choices(PROFILE, r1, tol1), robust_choices(PROFILE, r2, tol2)
     assert table_dense(true_table(PROFILE, r1)) != table_dense(true_table(PROFILE, r2))
 
@@ -118,7 +132,7 @@ def test_estimate_and_table_follow_a_traffic_switch(tmp_path):
     print(f"[traffic] table {end1.controller['table']} -> {hit.controller['table']} within {steps} steps, "
           f"{secs:.1f} s of the switch (â {[round(x, 3) for x in end1.estimate]} -> "
           f"{[round(x, 3) for x in hit.estimate]})")
-    assert steps <= 2500
+    assert steps <= FOLLOW_STEPS
     # ... and it stays with the new traffic: nearer its acceptance than the old one's, on its table.
     assert all(nearer(w, r2, r1) and settled(w, r2, ok2, tol2) for w in two[-3:]), \
         [(w.estimate, w.controller["table"]) for w in two[-3:]]

@@ -27,9 +27,9 @@ from tabletune_pipelines.engine.acceptance import (
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.engine.errors import EngineError, EngineStartupTimeout
 from tabletune_pipelines.engine.identity import engine_identity
-from tabletune_pipelines.engine.plan import default_plan
+from tabletune_pipelines.engine.plan import ProfileOptions, default_plan
 from tabletune_pipelines.engine.process import VLLMServer, group_alive
-from tabletune_pipelines.engine.profiler import profile_step_times, store_hooks
+from tabletune_pipelines.engine.profiler import profile_step_times, store_hooks, store_sample_hooks
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
@@ -70,8 +70,10 @@ def test_profile_one_launch_real(shared_server, shared_config, tmp_path):
     plan = default_plan(shared_config, batch_sizes=[1, 4, 8], ks=[0, 1, 3], accept_batch_sizes=[8])
     lines: list[str] = []
     t0 = time.monotonic()
+    samples, on_samples = store_sample_hooks(store, identity, "one_launch")
     prof = profile_step_times(shared_config, plan=plan, server=shared_server, existing=existing, on_cell=on_cell,
-                              identity=identity, progress=lines.append)
+                              identity=identity, progress=lines.append, existing_samples=samples,
+                              on_samples=on_samples)
     elapsed = time.monotonic() - t0
     print("\n".join(lines))
     print(f"profile took {elapsed:.0f} s")
@@ -97,9 +99,40 @@ def test_profile_one_launch_real(shared_server, shared_config, tmp_path):
     stored = store.profile_cells(identity.key, "one_launch")
     assert len(stored) == len(prof.cells)
     assert prof.surface().ks == (0, 1, 3)
+    # Mixed steps (engine.mixed) in the same launch: decoding batches at B = 1, 4 (the middle of the
+    # grid) and 7 (one short of max_num_seqs = 8, so a prompt can join), with prompts of 16, 64 and 256
+    # tokens injected. Each mixed step carries exactly one injected prompt; the prefill fit on the CPU
+    # build (no graphs: one transition) prices a prompt token above zero.
+    mixed = [s for s in prof.samples if s.prefill_tokens > 0]
+    print(f"mixed steps: {len(mixed)} of {len(prof.samples)} samples")
+    assert {s.batch for s in mixed} <= {1, 4, 7} and len({s.batch for s in mixed}) >= 2, mixed
+    assert {s.prefill_tokens for s in mixed} <= {16, 64, 256} and len({s.prefill_tokens for s in mixed}) >= 2
+    assert all(s.decode_tokens == s.batch * (1 + s.k) for s in prof.samples)
+    assert len(store.step_samples(identity.key)) == len(prof.samples)
+    from tabletune_pipelines.tuning.derive import derive_table
+    from tabletune_pipelines.core.stepcost import Workload
+
+    prof = store.load_profile(identity.key)
+    tuned = derive_table(prof, prior_of((0.7, 0.5, 0.3)), workload=Workload(prompt_tokens=64, output_tokens=32))
+    fit = tuned.table.served_cost["fits"]["none>none"]
+    print(f"prefill fit: {fit}")
+    assert fit["c_ms_per_prefill_token"] - 2 * fit["c_se"] > 0, fit  # a longer prompt costs more, beyond noise
+    # What serving pays under this workload is above the decode step wherever requests arrive.
+    assert (tuned.served.extra_ms > 0).all()
     # The shared server was left as found: K = 3 and the original synthetic rates.
     prior = measure_acceptance(shared_server, sample_prompts(load_prompts_default(), 40, seed=3), max_tokens=16)
     assert prior.rates[0] > 0.5
+    # The prior records what the requests brought (the workload served steps are priced with).
+    assert prior.workload is not None and 0 < prior.workload["output_tokens"] <= 16
+    assert prior.workload["prompt_tokens"] > 5
+
+
+def prior_of(rates):
+    from tabletune_pipelines.documents import AcceptancePrior
+
+    return AcceptancePrior(rates=tuple(rates), num_drafts=10_000, drafted_per_pos=(10_000,) * len(rates),
+                           accepted_per_pos=tuple(int(10_000 * a) for a in rates), prompt_fingerprint="x",
+                           prompt_count=100, source="synthetic")
 
 
 def assert_not_clearly_faster(cell, *, than):
@@ -136,8 +169,8 @@ def test_kill_mid_profile_then_resume(shared_server, shared_config, tmp_path):
             launched[0].kill()  # the engine dies after the B = 1 cells
 
     with pytest.raises(EngineError):
-        profile_step_times(shared_config, plan=plan, existing=existing, on_cell=on_cell, identity=identity,
-                           server_factory=factory, progress=lambda m: None)
+        profile_step_times(shared_config, ProfileOptions(mixed_steps=False), plan=plan, existing=existing,
+                           on_cell=on_cell, identity=identity, server_factory=factory, progress=lambda m: None)
     assert not launched[0].is_alive()
     assert launched[0].last_pgid and not group_alive(launched[0].last_pgid)
     kept = store.profile_cells(identity.key, "one_launch")
@@ -150,8 +183,8 @@ def test_kill_mid_profile_then_resume(shared_server, shared_config, tmp_path):
         measured.append(cell)
         write(cell)
 
-    prof = profile_step_times(shared_config, plan=plan, existing=existing, on_cell=on_cell2, identity=identity,
-                              server=shared_server, progress=lambda m: None)
+    prof = profile_step_times(shared_config, ProfileOptions(mixed_steps=False), plan=plan, existing=existing,
+                              on_cell=on_cell2, identity=identity, server=shared_server, progress=lambda m: None)
     assert sorted((c.k, c.batch_size) for c in measured) == [(0, 2), (1, 2)]
     assert len(prof.cells) == 4
     before = {(c.k, c.batch_size): c.median_ms for c in kept}

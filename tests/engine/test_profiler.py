@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tabletune_pipelines.documents import EngineIdentity
@@ -20,7 +22,9 @@ IDENT = EngineIdentity(gpu="cpu", vllm_version="0.32.0+cpu", model="m", drafter=
 PLAN = ProfilePlan(batch_sizes=(1, 8), ks=(0, 1, 3), repetitions=2, accept_batch_sizes=(1,))
 
 
-def _run(options=None, plan=PLAN, **kw):
+def _run(options=None, plan=PLAN, mixed=False, **kw):
+    # the mixed phase has its own test below
+    options = dataclasses.replace(options or ProfileOptions(), mixed_steps=mixed)
     launched: list[FakeServer] = []
     kw.setdefault("server_factory", lambda cfg: FakeServer(cfg, launched=launched))
     prof = profile_step_times(CFG, options, plan=plan, identity=IDENT, vocab_size=100, progress=lambda m: None, **kw)
@@ -43,6 +47,20 @@ def test_one_launch_switches_k_in_one_server_whose_table_lists_every_k():
     switches = [c[1] for c in spec.calls if c[0] == "set_k"]
     assert switches == [0, 1, 3, 1, 3, 0] + [1, 3, 1, 3, 0] + [1, 3, 1]
     assert all(c == ("stop", None) for s in launched for c in s.calls[-1:])
+
+
+def test_mixed_steps_run_in_the_same_launch_after_the_decode_cells_and_resume():
+    got: list = []
+    prof, launched = _run(ProfileOptions(), mixed=True, on_samples=got.append)
+    spec = launched[0]
+    switches = [c[1] for c in spec.calls if c[0] == "set_k"]
+    # decode cells as above, then mixed steps at B = 1 (k 0 1 3) and B = 7 (k 1 3 0: the order rotates;
+    # at max_num_seqs = 8 no request could join a batch of 8), then the all-accepted cells.
+    assert switches == [0, 1, 3, 1, 3, 0] + [1, 3, 1, 3, 0] + [0, 1, 3] + [1, 3, 0] + [1, 3, 1]
+    assert len(got) == 1 and list(prof.samples) == got[0]
+    # A rerun with the stored samples measures none again.
+    _, launched = _run(ProfileOptions(), mixed=True, existing=prof.cells, existing_samples=[object()])
+    assert not launched or not [c for c in launched[0].calls if c[0] == "set_k"]
 
 
 def test_warmup_runs_each_k_and_batch_size_once_before_timing_it():

@@ -4,6 +4,8 @@ behind ambiguous decisions get more repetitions, in the same launch, each update
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from tabletune_pipelines.documents import EngineIdentity, StepTimeCell
@@ -49,6 +51,7 @@ class NoisyServer(FakeServer):
 
 
 def _run(options, existing=()):
+    options = dataclasses.replace(options, mixed_steps=False)  # re-measurement only
     launched: list[FakeServer] = []
     got: list[StepTimeCell] = []
     prof = profile_step_times(CFG, options, plan=PLAN, identity=IDENT, vocab_size=100, progress=lambda m: None,

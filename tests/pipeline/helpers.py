@@ -97,6 +97,37 @@ class ScriptedEngine(EngineResource):
                 written += 1
         return store.load_profile(identity.key)
 
+    def verify_served(self, identity, dep, table, prior, log):
+        """Scripted windows (goodput B·τ(k)/T(B, k) of the scripted profile at B = load, 3 rounds, ±1% per
+        round alike for every policy) judged by the real ``evaluation.served.judge``."""
+        from tabletune_pipelines.core.goodput import tau_curve
+        from tabletune_pipelines.core.table import expand_table
+        from tabletune_pipelines.evaluation import served
+
+        opts = self.served_verification_options()
+        self._calls.append(("verify_served", identity.key, table.table_id))
+        K, M = identity.max_k, identity.max_num_seqs
+        loads = tuple(opts.loads or served.default_loads(M))
+        taus = tau_curve(tuple(self.rates[:K]))
+        lookup = expand_table([list(r) for r in table.ranges], M, K)
+
+        def window(policy, k, load, r):
+            g = 1000.0 * load * taus[k] / scripted_ms(k, load) * (1.0 + 0.01 * ((r + load) % 3 - 1))
+            return served.Window(policy, load, r, int(round(g * 2.0)), 2.0, 100, float(load), 0)
+
+        windows = []
+        for load in loads:
+            for r in range(3):
+                windows += [window(served.fixed_name(k), k, load, r) for k in range(K + 1)]
+                windows.append(window(served.CANDIDATE, lookup[load - 1], load, r))
+        goodput, verdicts = served.judge(windows, loads, [served.fixed_name(k) for k in range(K + 1)],
+                                         tolerance=opts.tolerance)
+        plan = served.VerificationPlan(loads, 3, 2.0, 0.0, 0.0, opts.budget_s or 75.0, 0.0)
+        return served.ServedVerification(
+            candidate=tuple(tuple(r) for r in table.ranges), max_k=K, max_num_seqs=M, plan=plan, goodput=tuple(goodput),
+            verdicts=tuple(verdicts), tolerance=opts.tolerance, elapsed_s=0.0, budget_cut=False,
+            windows=tuple(windows), device="scripted", acceptance="scripted")
+
     def measure_acceptance(self, identity, dep, prompts_file, week, log):
         if dep.name in self.fail_acceptance_for:
             raise EngineCrashedError(f"scripted crash while measuring acceptance of {dep.name}")

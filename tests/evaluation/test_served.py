@@ -1,0 +1,352 @@
+"""Served verification (evaluation/served.py): the window check, the paired statistics and the verdict
+with worked numbers, the budget plan, the result's published section. Pure logic, no engine."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+
+from tabletune_pipelines.errors import InvalidValueError
+from tabletune_pipelines.evaluation import served
+from tabletune_pipelines.evaluation.served import (
+    ServedVerificationOptions,
+    Window,
+    default_loads,
+    judge,
+    judge_load,
+    paired_ratio,
+    plan_verification,
+    t_quantile,
+)
+from tabletune_pipelines.published import PublishedTableError, parse_published
+
+
+class FakeServer:
+    """Replays a step log; records the tables it was asked to run."""
+
+    device = "cpu"
+
+    def __init__(self, steps):
+        self.steps, self.tables = steps, []
+
+    def set_k(self, *, table):
+        self.tables.append(table)
+
+    def step_log_offset(self):
+        return 0
+
+    def read_steps(self, since=None, until=None, offset=0):
+        return self.steps
+
+
+# -- the window and its step-log check ---------------------------------------------------------
+
+def test_window_counts_kept_tokens_and_checks_k_at_the_range_edges():
+    # docs-like table on max_num_seqs 128: k = 3 up to 64, k = 1 from 65; steps exactly at both
+    # edges and at 128 must all verify (the first GPU run indexed the lookup off by one).
+    table = [[1, 64, 3], [65, 128, 1]]
+    steps = [{"b": 64, "k": 3, "a": 10, "dt": 20.0}, {"b": 65, "k": 1, "a": 5, "dt": 20.0},
+             {"b": 128, "k": 1, "a": 7, "dt": 20.0}, {"b": 0, "k": 0, "a": 0, "dt": 1.0}]
+    w = served.measure_window(FakeServer(steps), "docs", table, load=128, round_=0, window_s=0.0,
+                              settle_s=0.0, max_num_seqs=128, max_k=3)
+    assert w.mismatched_steps == 0 and w.table_verified
+    assert w.kept_tokens == 64 + 10 + 65 + 5 + 128 + 7 and w.steps == 3
+    assert abs(w.seconds - 0.060) < 1e-12
+    assert abs(w.goodput - (64 + 10 + 65 + 5 + 128 + 7) / 0.060) < 1e-9
+
+
+def test_window_that_ran_another_table_fails_the_check():
+    steps = [{"b": 8, "k": 3, "a": 0, "dt": 5.0}] * 3
+    w = served.measure_window(FakeServer(steps), "k1", [[1, 16, 1]], load=8, round_=0, window_s=0.0,
+                              settle_s=0.0, max_num_seqs=16, max_k=3)
+    assert w.mismatched_steps == 3 and not w.table_verified
+    assert w.mismatch_examples[0] == [8, 3, 1, 0]
+
+
+def test_one_step_of_slack_for_the_swap():
+    steps = [{"b": 8, "k": 3, "a": 0, "dt": 5.0}] + [{"b": 8, "k": 1, "a": 0, "dt": 5.0}] * 5
+    w = served.measure_window(FakeServer(steps), "k1", [[1, 16, 1]], load=8, round_=0, window_s=0.0,
+                              settle_s=0.0, max_num_seqs=16, max_k=3)
+    assert w.mismatched_steps == 1 and w.table_verified
+
+
+def test_a_window_of_a_slow_engine_waits_for_min_steps_up_to_its_limit():
+    class Growing(FakeServer):
+        def __init__(self):
+            super().__init__([])
+            self.calls = 0
+
+        def read_steps(self, since=None, until=None, offset=0):
+            self.calls += 1
+            return [{"b": 4, "k": 1, "a": 1, "dt": 50.0}] * (3 if self.calls == 1 else 25)
+
+    steps, w = served.counted_window(Growing(), "k1", load=4, round_=0, window_s=0.01, min_steps=20)
+    assert len(steps) == 25 and w.steps == 25 and w.kept_tokens == 25 * 5 and abs(w.seconds - 1.25) < 1e-12
+    steps, w = served.counted_window(Growing(), "k1", load=4, round_=0, window_s=0.01, min_steps=20,
+                                     max_window_s=0.0)
+    assert w.steps == 3  # the limit is reached: the window keeps what it has
+
+
+def test_rotation_and_paired_ratio():
+    assert served.rotated(["a", "b", "c"], 1) == ["b", "c", "a"]
+    ws = [Window("a", 1, r, kept, 1.0, 10, 1.0, 0) for r, kept in ((0, 110), (1, 90))] + \
+         [Window("b", 1, r, 100, 1.0, 10, 1.0, 0) for r in (0, 1)]
+    ratio, se, n = paired_ratio(ws, "a", "b", 1)
+    assert n == 2 and abs(ratio - 1.0) < 1e-12 and abs(se - 0.1) < 1e-12
+
+
+def test_benchmarks_have_no_copy_of_the_closed_loop():
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[2] / "benchmarks"
+    assert not (bench / "_closed_loop.py").exists()
+    for script in ("gpu_goodput.py", "real_engine_eval.py", "served_vs_profiled.py", "gpu_controller.py"):
+        text = (bench / script).read_text()
+        assert "from _closed_loop" not in text and "_closed_loop." not in text, script
+        assert "tabletune_pipelines.evaluation.served" in text, script
+
+
+# -- the verdict, worked numbers ------------------------------------------------------------------
+
+def test_t_quantiles():
+    assert t_quantile(1) == 12.706 and t_quantile(2) == 4.303 and t_quantile(4) == 2.776
+    assert t_quantile(11) == 2.228  # the next tabulated dof below: never smaller than the exact 2.201
+    assert t_quantile(1000) == 1.96
+    with pytest.raises(ValueError):
+        t_quantile(0)
+
+
+def test_a_loss_within_the_tolerance_passes_whatever_the_noise():
+    # ratios 0.98, 0.98, 0.98: s.e. 0, loss 2% <= 3%
+    v = judge_load(16, {0: 98.0, 1: 196.0, 2: 49.0}, {"k=2": {0: 100.0, 1: 200.0, 2: 50.0},
+                                                      "k=0": {0: 60.0, 1: 60.0, 2: 60.0}}, tolerance=0.03)
+    assert v.status == "pass" and v.best_fixed == "k=2" and v.best_fixed_k == 2
+    assert abs(v.ratio - 0.98) < 1e-12 and v.ratio_se == 0.0 and v.rounds == 3
+    assert abs(v.loss - 0.02) < 1e-12 and "within the tolerance" in v.reason
+
+
+def test_a_large_loss_within_the_paired_noise_passes():
+    # ratios 0.8, 1.0, 0.9: mean 0.9, sd 0.1, s.e. 0.0577; t(2) = 4.303 -> upper 1.148 >= 1
+    v = judge_load(8, {0: 80.0, 1: 100.0, 2: 90.0}, {"k=1": {0: 100.0, 1: 100.0, 2: 100.0}}, tolerance=0.03)
+    assert v.status == "pass" and "within the paired noise" in v.reason
+    assert abs(v.ratio - 0.9) < 1e-12 and abs(v.ratio_se - 0.1 / math.sqrt(3)) < 1e-12 and v.t == 4.303
+
+
+def test_a_large_significant_loss_fails():
+    # ratios 0.70, 0.72, 0.74: mean 0.72, s.e. 0.01155; upper 0.72 + 4.303 * 0.01155 = 0.7697 < 1
+    v = judge_load(16, {0: 70.0, 1: 72.0, 2: 74.0}, {"k=1": {0: 100.0, 1: 100.0, 2: 100.0},
+                                                     "k=3": {0: 90.0, 1: 90.0, 2: 90.0}}, tolerance=0.03)
+    assert v.status == "fail" and v.best_fixed == "k=1"
+    assert abs(v.ratio - 0.72) < 1e-12 and abs(v.ratio_se - 0.02 / math.sqrt(3)) < 1e-12
+    assert abs(v.loss - 0.28) < 1e-12 and "exceeds the tolerance" in v.reason
+
+
+def test_the_best_fixed_k_is_the_highest_mean_and_pairing_is_by_round():
+    # k=3 has the higher mean (105 vs 100); the candidate is paired with k=3 round by round:
+    # 50/100 and 100/110 -> mean 0.7045..., not 150/210.
+    v = judge_load(4, {0: 50.0, 1: 100.0}, {"k=3": {0: 100.0, 1: 110.0}, "k=2": {0: 100.0, 1: 100.0}},
+                   tolerance=0.03)
+    assert v.best_fixed == "k=3" and v.rounds == 2
+    assert abs(v.ratio - (0.5 + 100 / 110) / 2) < 1e-12
+    # two rounds: t(1) = 12.706, s.e. 0.2045 -> upper far above 1: a pass within the noise
+    assert v.status == "pass" and v.t == 12.706
+
+
+def test_one_paired_round_is_inconclusive_and_does_not_fail_the_verification():
+    v = judge_load(1, {0: 10.0}, {"k=0": {0: 100.0, 1: 100.0}}, tolerance=0.03)
+    assert v.status == "inconclusive" and v.ratio == 0.1 and v.ratio_se is None and v.rounds == 1
+    assert judge_load(1, {}, {"k=0": {0: 1.0}}, tolerance=0.03).status == "inconclusive"
+
+
+def test_judge_leaves_out_windows_the_step_log_check_failed():
+    ws = []
+    for r in range(3):
+        ws.append(Window("k=0", 8, r, 100, 1.0, 10, 8.0, 0))
+        ws.append(Window("table", 8, r, 50 + r, 1.0, 10, 8.0, 0))
+    ws.append(Window("k=1", 8, 0, 1000, 1.0, 10, 8.0, 5))  # ran another table: left out
+    goodput, (v,) = judge(ws, [8], ["k=0", "k=1"], tolerance=0.03)
+    assert v.best_fixed == "k=0" and v.status == "fail"
+    g = {x.policy: x for x in goodput}
+    assert g["k=1"].rounds == 0 and math.isnan(g["k=1"].goodput)
+    assert g["table"].rounds == 3 and abs(g["table"].goodput - 51.0) < 1e-12 and abs(g["table"].stderr - 1 / math.sqrt(3)) < 1e-12
+
+
+# -- budget plan and options ----------------------------------------------------------------------
+
+def test_default_loads_include_max_num_seqs():
+    assert default_loads(16) == (1, 8, 16) and default_loads(128) == (1, 64, 128)
+    assert default_loads(2) == (1, 2) and default_loads(1) == (1,)
+
+
+def test_plan_keeps_the_defaults_when_they_fit():
+    p = plan_verification(4, (1, 8, 16), budget_s=1000, rounds=3, window_s=2.0, settle_s=0.5, warmup_s=2.0)
+    assert (p.rounds, p.window_s, p.note) == (3, 2.0, "")
+    assert abs(p.estimated_s - 3 * (2.0 + 3 * 4 * (2.0 + 0.5 + served.SWAP_OVERHEAD_S))) < 1e-9
+
+
+def test_plan_shortens_windows_before_it_drops_rounds_and_says_so():
+    # 3 loads, 5 policies: 3 rounds of 2 s need 3 * (2 + 15 * 2.7) = 127.5 s
+    p = plan_verification(5, (1, 8, 16), budget_s=90, rounds=3, window_s=2.0, settle_s=0.5, warmup_s=2.0)
+    # (90 / 3 - 2) / (3 * 5) - 0.7 = 1.166 -> 1.1 s windows, 3 rounds kept
+    assert p.rounds == 3 and p.window_s == 1.1 and p.estimated_s <= 90 and "3 round(s) of 1.1 s" in p.note
+    p = plan_verification(5, (1, 8, 16), budget_s=60, rounds=3, window_s=2.0, settle_s=0.5, warmup_s=2.0)
+    # 3 rounds would need 0.5 s windows; 2 rounds: (60 / 3 - 2) / 10 - 0.7 = 1.1 s
+    assert p.rounds == 2 and p.window_s == 1.1 and p.estimated_s <= 60
+    p = plan_verification(5, (1, 8, 16), budget_s=20, rounds=3, window_s=2.0, settle_s=0.5, warmup_s=2.0)
+    assert p.rounds == 1 and p.window_s == served.MIN_WINDOW_S and "until the budget is spent" in p.note
+
+
+def test_options_from_mapping_are_strict():
+    o = ServedVerificationOptions.from_mapping({"budget_s": 30, "loads": [1, 4], "enabled": False})
+    assert o.budget_s == 30 and o.loads == (1, 4) and not o.enabled
+    with pytest.raises(InvalidValueError, match="unknown key"):
+        ServedVerificationOptions.from_mapping({"budget": 30})
+    with pytest.raises(InvalidValueError, match="budget_s"):
+        ServedVerificationOptions(budget_s=0)
+    with pytest.raises(InvalidValueError, match="tolerance"):
+        ServedVerificationOptions(tolerance=1.5)
+    with pytest.raises(InvalidValueError, match="acceptance"):
+        ServedVerificationOptions(acceptance="maybe")
+
+
+# -- the whole verification on a scripted server --------------------------------------------------
+
+class ScriptedServer:
+    """A server whose step log follows the table in force: at load L every step runs B = L requests at
+    the table's k for L, takes ms[k], and keeps ``L * (1 + kept[k])`` tokens. ``time.sleep`` is not
+    patched; windows are short."""
+
+    device = "cpu"
+
+    def __init__(self, ms, kept, max_num_seqs, max_k):
+        self.ms, self.kept, self.M, self.K = ms, kept, max_num_seqs, max_k
+        self.lookup = [max_k] * max_num_seqs
+        self.load = None
+        self.prompts = []
+
+    def set_k(self, *, table):
+        from tabletune_pipelines.core.table import expand_table
+
+        self.lookup = expand_table([list(r) for r in table], self.M, self.K)
+
+    def complete(self, prompt, **kw):
+        import time
+
+        self.prompts.append(prompt)
+        time.sleep(0.01)
+
+    def step_log_offset(self):
+        return 0
+
+    def read_steps(self, since=None, until=None, offset=0):
+        b = self.load
+        k = self.lookup[b - 1]
+        return [{"b": b, "k": k, "a": b * self.kept[k], "dt": self.ms[k]}] * 20
+
+
+def _verify(server, table, loads, monkeypatch, **kw):
+    real = served.LoadGenerator.__post_init__
+
+    def remember(gen):
+        server.load = gen.load  # the scripted step log follows the running load
+        real(gen)
+
+    monkeypatch.setattr(served.LoadGenerator, "__post_init__", remember)
+    return served.verify_served(server, table, K=3, max_num_seqs=8, loads=loads, rounds=2, window_s=0.01,
+                                settle_s=0.0, warmup_s=0.0, budget_s=60, progress=lambda s: None, **kw)
+
+
+def test_verify_served_fails_a_table_that_loses_and_passes_one_that_does_not(monkeypatch):
+    # k = 2 keeps 1.5 drafts per request at 10 ms; k = 0 keeps none at 6 ms: k = 2 is ~1.5x better.
+    ms, kept = {0: 6.0, 1: 8.0, 2: 10.0, 3: 14.0}, {0: 0.0, 1: 0.8, 2: 1.5, 3: 1.8}
+    srv = ScriptedServer(ms, kept, 8, 3)
+    bad = _verify(srv, [[1, 4, 2], [5, 8, 0]], (2, 8), monkeypatch, prompt=lambda rng: "p")
+    assert not bad.passed and bad.failed_loads == [8] and bad.candidate_is is None
+    (v8,) = [v for v in bad.verdicts if v.load == 8]
+    # the step log is the same every round: ratio exact, s.e. 0
+    assert v8.best_fixed == "k=2" and abs(v8.ratio - (1.0 / 6.0) / (2.5 / 10.0)) < 1e-9 and v8.ratio_se == 0.0
+    assert "NOT verified" in bad.summary() and srv.prompts and srv.prompts[0] == "p"
+    good = _verify(srv, [[1, 8, 2]], (2, 8), monkeypatch)
+    assert good.passed and good.candidate_is == "k=2" and all(v.status == "pass" for v in good.verdicts)
+    assert all(abs(v.ratio - 1.0) < 1e-12 for v in good.verdicts)
+    # the published section is what the strict reader accepts
+    doc = _published(good)
+    assert parse_published(doc).served_verification["passed"] is True
+
+
+def _published(result, ranges=None):
+    from tabletune_pipelines.published import published_document
+
+    ranges = ranges or [list(r) for r in result.candidate]
+    table = {"ranges": ranges, "max_num_seqs": 8, "max_k": 3, "identity_key": "id", "prior_id": "p",
+             "acceptance_rates": [0.7, 0.5, 0.3]}
+    return published_document(deployment="d", version=1, table=table, speculative_config={"method": "x"},
+                               published_at="2026-11-23T10:00:00Z", served_verification=result.to_dict())
+
+
+def _section():
+    loads = (1, 8)
+    ws = [Window(n, load, r, 100 * (2 if n == "k=2" or n == "table" else 1), 1.0, 10, 1.0, 0)
+          for load in loads for r in range(3) for n in ("k=0", "k=1", "k=2", "k=3", "table")]
+    goodput, verdicts = judge(ws, loads, ["k=0", "k=1", "k=2", "k=3"], tolerance=0.03)
+    plan = served.VerificationPlan(loads, 3, 1.5, 0.4, 1.5, 75.0, 60.0)
+    return served.ServedVerification(candidate=((1, 8, 2),), max_k=3, max_num_seqs=8, plan=plan,
+                                     goodput=tuple(goodput), verdicts=tuple(verdicts), tolerance=0.03,
+                                     elapsed_s=55.0, budget_cut=False, candidate_is="k=2", windows=tuple(ws))
+
+
+def test_published_section_round_trips_and_the_reader_is_strict():
+    res = _section()
+    doc = _published(res)
+    sv = parse_published(doc).served_verification
+    assert sv["passed"] and sv["loads"] == [1, 8] and sv["per_load"][0]["best_fixed_k"] == 2
+    assert sv["per_load"][0]["goodput"]["table"] == [200.0, 0.0, 3]
+
+    def broken(edit):
+        d = _published(res)
+        edit(d["served_verification"])
+        with pytest.raises(PublishedTableError) as exc:
+            parse_published(d, "f.json")
+        return str(exc.value)
+
+    assert "unknown key" in broken(lambda s: s.update(extra=1))
+    assert "must be true or false" in broken(lambda s: s.update(passed=1))
+    assert "contradicts per_load" in broken(lambda s: s.update(passed=False))
+    assert "contradicts per_load" in broken(lambda s: s["per_load"][0].update(status="fail"))
+    assert "must be one of" in broken(lambda s: s["per_load"][0].update(status="ok"))
+    assert "is not the published table.ranges" in broken(lambda s: s.update(candidate=[[1, 8, 3]]))
+    assert "above max_num_seqs" in broken(lambda s: s.update(loads=[1, 9]))
+    assert "is not one of" in broken(lambda s: s["per_load"][0].update(load=4))
+    assert "finite number" in broken(lambda s: s["per_load"][0].update(ratio="1"))
+    assert "[goodput, s.e., windows]" in broken(lambda s: s["per_load"][0]["goodput"].update(table=[1.0]))
+    assert "file name of a PNG" in broken(lambda s: s.update(plot="../x.png"))
+    assert "lacks the field" in broken(lambda s: s.pop("per_load"))
+
+
+def test_served_gate_is_blocking_and_reports_the_figures():
+    from tabletune_pipelines.tuning.gates import BLOCKING_GATES, served_gate
+
+    assert "served_goodput_verified" in BLOCKING_GATES
+    res = _section()
+    g = served_gate(res)
+    assert g.passed and g.blocking and g.figures["loads"] == [1, 8] and g.figures["failed_loads"] == []
+    assert "| load |" in g.comparison and "k=2" in g.comparison
+    off = served_gate(None, disabled_reason="served verification is off")
+    assert off.passed and off.description.startswith("NOT MEASURED")
+
+
+def test_plot_is_a_tabletune_png():
+    from tabletune_pipelines.tuning.report import _tabletune_png, served_goodput_plot
+
+    png = served_goodput_plot(_section(), "id")
+    assert _tabletune_png(png[:65536]) is None and len(png) > 5000
+
+
+def test_served_module_imports_without_dagster_duckdb_pandas_matplotlib():
+    code = ("import sys, tabletune_pipelines.evaluation.served\n"
+            "print(','.join(m for m in ('dagster', 'duckdb', 'pandas', 'matplotlib', 'vllm') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == ""
