@@ -23,14 +23,14 @@ logged_prompts = dg.AssetSpec(
 )
 
 
-def _sample_summary(dep, prior, week: str) -> dict:
+def _sample_summary(dep, prior, week: str, seed: int = 0) -> dict:
     """The sample behind a prior: mix (``prompt_mixes.sample_mix``; logs without ``mix`` labels count as
     unlabelled), size, and a_i with its 95 % Wilson interval."""
     from tabletune_pipelines.acceptance_ci import prior_intervals
     from tabletune_pipelines.prompt_mixes import sample_mix
 
     ivs = prior_intervals(prior)
-    return {"mix": sample_mix(dep.prompts_file(week), dep.max_prompts), "prompt_count": prior.prompt_count,
+    return {"mix": sample_mix(dep.prompts_file(week), dep.max_prompts, seed), "prompt_count": prior.prompt_count,
             "num_drafts": prior.num_drafts,
             "a": [{"value": round(iv.value, 4), "ci95": [round(iv.lo, 4), round(iv.hi, 4)]} for iv in ivs]}
 
@@ -103,7 +103,8 @@ def acceptance_prior(context: dg.AssetExecutionContext, config: AcceptanceConfig
             "identities": dg.MetadataValue.json(sorted({m[2] for m in measured})),
             "deployments_without_prompts": dg.MetadataValue.json(no_prompts),
             # Which mix each prior's sample came from, its size and each a_i's 95 % interval (Wilson, counts).
-            "samples": dg.MetadataValue.json({name: _sample_summary(the_fleet.deployment(name), prior, week)
+            "samples": dg.MetadataValue.json({name: _sample_summary(the_fleet.deployment(name), prior, week,
+                                                                    int(engine.acceptance_options.get("seed", 0)))
                                               for name, prior, _ in measured}),
         },
         # One check over all deployments of the run: it fails if any deployment's prior is not sane.

@@ -20,10 +20,14 @@ same launch:
    and in ``--rounds`` rounds, every (setting, fixed k) pair gets a window of ``--window`` s, the
    order of settings and k rotating per round. Measured from the step log over the window:
    tokens/s = sum(b + a) / sum(dt) (every request keeps its token plus its accepted drafts).
-   Predicted from the same window's steps: sum(b * tau(k)) / sum(T(b, k)) — the profile's T at the
-   batch sizes the engine actually ran — with the setting's own profile. Both over every step
-   ("served": prefill steps of arriving requests included, which T does not model) and over decode
-   steps only (no request admitted: what T(B, k) is defined on).
+   Predicted from the same window's steps with the setting's own profile and its step-cost model
+   (``core.stepcost``: the decode surface plus the prefill fit of the profile's mixed steps), in
+   three ways (``MODES``): decode steps only, priced by the decode surface (what T(B, k) is defined
+   on); every served step, priced by its own decode and prefill tokens (``StepCost.step_ms``); and
+   every served step priced by the workload's expectation (``StepCost.served``: 32-token prompts,
+   the mean output length), which is what the tuner optimises. Kept tokens predicted:
+   sum((b - new)·tau(k) + new) (an admitted request keeps its first token), or sum(b·tau(k)) under
+   the expectation.
 
 Printed per setting, fixed k and load: measured and predicted tokens/s, error, realised tau,
 measured vs predicted step time; per k the worst and mean |error| over loads (target within
@@ -55,20 +59,37 @@ def window(server, k: int, load: int, seconds: float, settle: float) -> dict:
     steps, _ = counted_window(server, f"k={k}", load=load, round_=0, window_s=seconds)
     steps = [s for s in steps if s.get("dt") is not None]
     return {"k": k, "load": load, "steps": [(int(s["b"]), int(s.get("a", 0)), int(s.get("new", 0)), float(s["dt"]),
-                                              s.get("k")) for s in steps]}
+                                              s.get("k"), int(s.get("tok", 0) or 0), int(s.get("d", 0) or 0))
+                                             for s in steps]}
 
 
-def score(w: dict, t_dense, ks, taus, decode_only: bool) -> dict | None:
-    """Measured and predicted tokens/s of one window (see the module docstring)."""
-    i = list(ks).index(w["k"])
-    steps = [s for s in w["steps"] if s[4] == w["k"] and (not decode_only or s[2] == 0)]
+#: How a window's steps are priced (``score``): the decode surface alone on decode steps (what T(B, k)
+#: is defined on); every served step by its own tokens (``StepCost.step_ms`` with the step's prefill);
+#: every served step by the workload's expectation (``StepCost.served``, what the tuner optimises).
+MODES = ("decode steps, decode surface", "every step, priced by its tokens", "every step, workload expectation")
+
+
+def score(w: dict, cost, served_ms, taus, mode: str) -> dict | None:
+    """Measured and predicted tokens/s of one window (see the module docstring and ``MODES``)."""
+    k = w["k"]
+    i = list(cost.ks).index(k)
+    steps = [s for s in w["steps"] if s[4] == k and (mode != MODES[0] or s[2] == 0)]
+    steps = [s for s in steps if s[0] - s[2] >= 1]
     if not steps:
         return None
-    n = t_dense.shape[1]
-    kept = sum(b + a for b, a, _, _, _ in steps)
-    secs = sum(dt for *_, dt, _ in steps) / 1000.0
-    pred_kept = sum(b * taus[w["k"]] for b, *_ in steps)
-    pred_secs = sum(t_dense[i, min(b, n) - 1] for b, *_ in steps) / 1000.0
+    n = cost.max_num_seqs
+    kept = sum(b + a for b, a, *_ in steps)
+    secs = sum(s[3] for s in steps) / 1000.0
+    dec = [min(b - new, n) for b, _, new, *_ in steps]
+    pred_kept = sum(d * taus[k] + s[2] for d, s in zip(dec, steps))
+    if mode == MODES[1]:
+        prefill = [max(0, tok - (b - new) - d) if tok else 0 for b, _, new, _, _, tok, d in steps]
+        pred_secs = float(sum(cost.step_ms(dec, k, prefill))) / 1000.0
+    elif mode == MODES[2]:
+        pred_kept = sum(d * taus[k] for d in dec)  # arrivals are inside the expectation
+        pred_secs = sum(served_ms[i, d - 1] for d in dec) / 1000.0
+    else:
+        pred_secs = sum(cost.decode_ms[i, d - 1] for d in dec) / 1000.0
     return {"measured": kept / secs, "predicted": pred_kept / pred_secs, "steps": len(steps),
             "mean_b": statistics.fmean(b for b, *_ in steps), "tau": kept / sum(b for b, *_ in steps),
             "step_ms": 1000.0 * secs / len(steps), "pred_step_ms": 1000.0 * pred_secs / len(steps)}
@@ -107,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     ks, loads, bs = ints(args.ks), ints(args.loads), ints(args.batch_sizes)
     otok = tuple(ints(args.output_tokens))
     taus = tau_curve(rates)
+    from tabletune_pipelines.core.stepcost import Workload
+
+    workload = Workload(prompt_tokens=32, output_tokens=(otok[0] + otok[1]) / 2.0,
+                        source=f"the closed loop: 32-token prompts, output uniform in {otok[0]}..{otok[1]}")
     flag = out / "busywait.on"
     flag.unlink(missing_ok=True)
     t_start = time.monotonic()
@@ -142,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             prof = profile_step_times(cfg, opts, plan=plan, identity=identity, vocab_size=vocab, server=srv,
                                       progress=lambda m: print(m, flush=True))
             profiles[setting] = prof
-            tuned[setting] = derive_table(prof, fixed_prior(rates))
+            tuned[setting] = derive_table(prof, fixed_prior(rates), workload=workload)
             (out / f"profile-{setting}.json").write_text(prof.to_json(indent=1))
             print(f"[{setting}] profile in {time.monotonic() - t0:.0f} s, load {loadavg()}; table "
                   f"{tuned[setting].table.as_vllm()}; correction {tuned[setting].table.accepted_work_fit}", flush=True)
@@ -161,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                             w = window(srv, k, load, args.window, args.settle)
                             w.update(setting=setting, round=r, load_avg=loadavg())
                             windows.append(w)
-                            s = score(w, tuned[setting].step_ms_dense, tuned[setting].choice.ks, taus, False)
+                            s = score(w, tuned[setting].cost, tuned[setting].step_ms_dense, taus, MODES[1])
                             if s:
                                 print(f"load {load:>2} round {r} busy-wait {setting:<3} k={k}: measured "
                                       f"{s['measured']:7.1f} predicted {s['predicted']:7.1f} tok/s "
@@ -191,8 +216,9 @@ def main(argv: list[str] | None = None) -> int:
         say(f"\n## busy-wait {setting}: profile cell spread median {spreads[len(spreads) // 2]:.0%}, max "
             f"{spreads[-1]:.0%}; wall-timed cells {len(prof.wall_timed())}; re-measured cells "
             f"{len(prof.remeasured())}; accepted-work fit {tt.table.accepted_work_fit}")
-        for decode_only in (False, True):
-            say(f"\n### {'decode steps only' if decode_only else 'every step (served)'}")
+        say(f"prefill fits: {tt.table.served_cost.get('fits')}")
+        for mode in MODES:
+            say(f"\n### {mode}")
             say("| k | load | measured tok/s | predicted tok/s | error | tau | step ms meas / pred | rounds spread |")
             say("|---|---|---|---|---|---|---|---|")
             per_k: dict[int, list[float]] = {}
@@ -201,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                 meas_by_k, pred_by_k = {}, {}
                 for k in ks:
                     ws = [w for w in windows if w["setting"] == setting and w["k"] == k and w["load"] == load]
-                    sc = [score(w, tt.step_ms_dense, tt.choice.ks, taus, decode_only) for w in ws]
+                    sc = [score(w, tt.cost, tt.step_ms_dense, taus, mode) for w in ws]
                     sc = [s for s in sc if s]
                     if not sc:
                         continue

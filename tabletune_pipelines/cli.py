@@ -341,7 +341,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         os.environ["TABLETUNE_FLEET"] = args.fleet
     if args.db:
         os.environ["TABLETUNE_DUCKDB"] = args.db
-    return run_embedded((["--quick"] if args.quick else []) + (["--week", args.week] if args.week else []))
+    if args.mix is not None:
+        from tabletune_pipelines.errors import NotFoundError
+        from tabletune_pipelines.prompt_mixes import parse_weights
+
+        try:
+            parse_weights(args.mix)  # a bad mix fails here, before Dagster starts
+        except NotFoundError as exc:
+            raise UsageError(f"--mix {args.mix!r}: {exc}") from None
+    return run_embedded((["--quick"] if args.quick else []) + (["--week", args.week] if args.week else [])
+                        + (["--mix", args.mix] if args.mix is not None else []))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -402,6 +411,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="small profile plan (3 batch sizes, 2 repetitions)")
     p.add_argument("--week", type=_monday,
                    help="week of logged prompts (Monday, YYYY-MM-DD); default the last complete week")
+    p.add_argument("--mix", default=None,
+                   help="mix of the sample week written when the week has no logged prompts, e.g. code:0.5,prose:0.5 "
+                        "(mixes: code = HumanEval, prose = WritingBench, chat = FreshQA); default code:0.5,prose:0.5")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("show", help="print the deployment's published table")

@@ -59,7 +59,7 @@ PUBLISHED_SCHEMA_VERSION = 1
 MAX_PUBLISHED_BYTES = 8 * 1024 * 1024
 
 _TOP_KEYS = {"schema", "schema_version", "deployment", "version", "published_at", "table", "speculative_config",
-             "identity", "prior", "allowed_k", "controller", "evidence", "served_verification"}
+             "identity", "prior", "allowed_k", "controller", "evidence", "served_verification", "serving"}
 _PRIOR_KEYS = {"rates", "num_drafts", "drafted_per_pos", "accepted_per_pos", "prior_id", "source"}
 
 SERVED_VERIFICATION_FORMAT = """\
@@ -489,6 +489,13 @@ def parse_published(doc: Any, where: str = "<document>") -> PublishedTable:
     if doc.get("evidence") is not None:  # the table search's evidence (issue 8): reported, not used to serve
         _obj(where, "evidence", doc["evidence"])
     served = None
+    if doc.get("serving") is not None:  # issue 17: the serving flags the table assumes (reported)
+        serving = _obj(where, "serving", doc["serving"])
+        flags, env = serving.get("flags"), serving.get("env")
+        if (set(serving) - {"flags", "env"} or not isinstance(flags, list) or not all(isinstance(f, str) for f in flags)
+                or not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+            raise PublishedTableError(f"published table {where}: 'serving' must be {{\"flags\": [strings], \"env\": "
+                                      "{name: string}}; republish it with this TableTune")
     if doc.get("served_verification") is not None:  # issue 17: reported, not used to serve
         served = _served_verification(where, doc["served_verification"], ranges, max_num_seqs, max_k)
     controller = dict(_obj(where, "controller", doc.get("controller") or {}))
@@ -546,8 +553,29 @@ def published_document(
         doc["evidence"] = dict(evidence)
     if served_verification is not None:
         doc["served_verification"] = dict(served_verification)
+    if identity is not None:
+        doc["serving"] = serving_envelope(doc["identity"])
     _roundtrip_check(doc, f"being published for {deployment!r}")
     return doc
+
+
+def serving_envelope(identity: Mapping[str, Any]) -> dict[str, Any]:
+    """The serving flags and environment the table assumes, beside ``--speculative-config``: the
+    engine the profile measured (its graph envelope and model runner, docs/method.md, "What a served
+    step costs"). An operator who serves with them gets the step costs the table was derived from."""
+    flags: list[str] = ["--max-num-seqs", str(int(identity["max_num_seqs"]))]
+    mode = str(identity.get("cudagraph_mode") or "none").lower()
+    ceiling = identity.get("capture_ceiling")
+    if ceiling is not None and mode != "none":
+        flags += ["--compilation-config", json.dumps({"max_cudagraph_capture_size": int(ceiling)},
+                                                     separators=(",", ":"))]
+    if identity.get("max_num_batched_tokens") is not None:
+        flags += ["--max-num-batched-tokens", str(int(identity["max_num_batched_tokens"]))]
+    env = {}
+    runner = identity.get("model_runner")
+    if runner in ("v1", "v2"):
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "1" if runner == "v2" else "0"
+    return {"flags": flags, "env": env}
 
 
 def _roundtrip_check(doc: dict[str, Any], where: str) -> None:

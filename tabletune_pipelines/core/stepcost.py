@@ -29,6 +29,7 @@ Pure numpy, no I/O: the tuner, the controller and the simulator all price steps 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -201,6 +202,34 @@ def samples_from_step_log(steps: Iterable[Mapping[str, Any]], *, max_batch: int 
     return out
 
 
+def attribute_mixed_steps(batch: Sequence[StepSample]) -> list[StepSample]:
+    """The samples of ONE decoding batch (same B and k, in log order) with each mixed step's cost
+    counted wherever the scheduler put it.
+
+    A step's interval (``dt``) ends at its output. With vLLM's async scheduling (the GPU default) the
+    engine prepares step n+1 (the kernel launches of an eager step among it) before it processes
+    output n, so part of a mixed step's cost lands in the interval before it and the steps around it
+    look cheaper: on an H200 a mixed step at B = 127, k = 3 above the capture ceiling logged 6.5 ms,
+    and the step before it 31-33 ms, against 10 ms for a quiet decode step. So a mixed step n whose
+    neighbours are pure decode steps costs ``dt(n−1) + dt(n) + dt(n+1) − 2·q``, with ``q`` the
+    median interval of quiet decode steps (pure, with pure neighbours) of the same batch; on a
+    synchronous scheduler (the CPU build) this is dt(n). Returns the quiet decode steps and the
+    mixed steps so attributed (mixed steps next to another mixed step are dropped).
+    """
+    s = list(batch)
+    pure = [x.prefill_tokens == 0 for x in s]
+    quiet = [s[i] for i in range(1, len(s) - 1) if pure[i - 1] and pure[i] and pure[i + 1]]
+    if len(quiet) < 3:
+        return []
+    q = float(np.median([x.ms for x in quiet]))
+    out = list(quiet)
+    for i in range(1, len(s) - 1):
+        if not pure[i] and pure[i - 1] and pure[i + 1]:
+            cost = s[i - 1].ms + s[i].ms + s[i + 1].ms - 2.0 * q
+            out.append(dataclasses.replace(s[i], ms=max(cost, 1e-3)))
+    return out
+
+
 @dataclass(frozen=True)
 class PrefillFit:
     """Extra cost of a mixed step over its pure decode step, for one graph transition:
@@ -270,15 +299,24 @@ def _ols(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
 def fit_prefill_costs(samples: Sequence[StepSample], decode_ms: Any, envelope: GraphEnvelope) -> dict[str, PrefillFit]:
     """One ``PrefillFit`` per transition seen in ``samples`` (those with P > 0 and ≥ ``MIN_FIT_STEPS``).
 
-    ``decode_ms(k, B)`` gives the pure decode step time the extra cost is measured against (the
-    profile's surface). A term whose regressor does not vary (one D, or one P) is held at 0.
+    The extra cost is measured against the pure decode steps of the same batch size and k among
+    ``samples`` (same launch, so launch-to-launch drift cancels) where there are
+    ``MIN_FIT_STEPS`` of them, else against ``decode_ms(k, B)`` (the profile's surface). A term
+    whose regressor does not vary (one D, or one P) is held at 0.
     """
+    pure: dict[tuple[int, int], list[float]] = {}
+    for s in samples:
+        if s.prefill_tokens == 0:
+            pure.setdefault((s.k, s.batch), []).append(s.ms)
+    bases = {key: float(np.median(v)) for key, v in pure.items() if len(v) >= MIN_FIT_STEPS}
     groups: dict[str, list[tuple[float, float, float]]] = {}
     for s in samples:
         if s.prefill_tokens <= 0:
             continue
         tr = envelope.transition(s.decode_tokens, s.prefill_tokens)
-        base = float(decode_ms(s.k, s.batch))
+        base = bases.get((s.k, s.batch))
+        if base is None:
+            base = float(decode_ms(s.k, s.batch))
         groups.setdefault(tr, []).append((float(s.decode_tokens), float(s.prefill_tokens), s.ms - base))
     fits: dict[str, PrefillFit] = {}
     for tr, rows in sorted(groups.items()):

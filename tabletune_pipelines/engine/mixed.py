@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from tabletune_pipelines.core.stepcost import StepSample, samples_from_step_log
+from tabletune_pipelines.core.stepcost import StepSample, attribute_mixed_steps, samples_from_step_log
 from tabletune_pipelines.engine.cell import TimingServer, run_batch, timing_prompts
 from tabletune_pipelines.engine.errors import EngineError
 
@@ -30,6 +30,8 @@ logger = logging.getLogger("tabletune.mixed")
 MIXED_DECODE_TOKENS = 129
 #: Prompt length of the decoding batch's requests, in tokens.
 BATCH_PROMPT_TOKENS = 32
+#: Decode steps between two injected prompts (so each mixed step has decode steps around it).
+QUIET_STEPS = 3
 
 
 def _wait_decoding(server: TimingServer, offset: int, batch_size: int, thread: threading.Thread,
@@ -77,6 +79,14 @@ def measure_mixed_steps(
     if _wait_decoding(server, offset, batch_size, thread, request_timeout):
         i = 0
         while thread.is_alive():
+            # At least QUIET_STEPS steps between injections: a mixed step's cost is read with its
+            # neighbours (``core.stepcost.attribute_mixed_steps``), which must be decode steps. On a
+            # slow engine (an MoE on a GPU, 20+ ms a step) prompts would otherwise land every step.
+            seen = len(server.read_steps(offset=offset))
+            while thread.is_alive() and len(server.read_steps(offset=offset)) < seen + QUIET_STEPS:
+                time.sleep(0.002)
+            if not thread.is_alive():
+                break
             p = int(prefill_tokens[i % len(prefill_tokens)])
             i += 1
             prompt = timing_prompts(1, p, vocab_size, seed * 7919 + i)[0]
@@ -91,7 +101,7 @@ def measure_mixed_steps(
         raise EngineError(f"the decoding batch of {batch_size} requests at k = {k} failed: {result['error']}",
                           server.log_tail(10))
     steps = server.read_steps(since=t0, offset=offset)
-    samples = [s for s in samples_from_step_log(steps) if s.batch == batch_size and s.k == k]
+    samples = attribute_mixed_steps([s for s in samples_from_step_log(steps) if s.batch == batch_size and s.k == k])
     logger.info("mixed steps at k=%d B=%d: %d prompts injected, %d samples (%d mixed)", k, batch_size, injected,
                 len(samples), sum(1 for s in samples if s.prefill_tokens > 0))
     return samples

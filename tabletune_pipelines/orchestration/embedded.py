@@ -75,7 +75,7 @@ def _numbers(database: str, key: str, doc: dict, dep, engine) -> list[str]:
     ivs = prior_intervals(prior)
     where = f"{prior.source} prior"
     if prior.week and prior.source == "measured" and dep.prompts_file(prior.week).is_file():
-        mix = sample_mix(dep.prompts_file(prior.week), dep.max_prompts)
+        mix = sample_mix(dep.prompts_file(prior.week), dep.max_prompts, int(engine.acceptance_options.get("seed", 0)))
         where += f", week of {prior.week}, sample of {prior.prompt_count} prompts: {describe_mix(mix)}"
     else:
         where += f" ({prior.prompt_count} prompts)" + (f", week of {prior.week}" if prior.week else "")

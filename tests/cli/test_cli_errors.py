@@ -84,6 +84,7 @@ TABLE_EMPTY = [
 RUN = [
     ("run-week-not-monday", ["run", "--week", "2026-11-24"], "2026-11-24 is a Tuesday"),
     ("run-week-not-a-date", ["run", "--week", "last"], "'last' is not a date YYYY-MM-DD"),
+    ("run-mix-unknown", ["run", "--mix", "poetry"], "--mix 'poetry': prompt mix(es) ['poetry'] not known"),
 ]
 # Once a profile and a prior exist.
 SEEDED = [

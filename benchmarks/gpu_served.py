@@ -1,0 +1,252 @@
+"""Tables priced by what serving pays, on the GPU (issue 17): profile mixed steps, derive, judge served.
+
+    python benchmarks/gpu_served.py profile --engine dense --out $OUT      # launch 1 (every draft rejected)
+    python benchmarks/gpu_served.py judge --engine dense --tables $OUT/dense-served.json --out $OUT  # launch 2
+    python benchmarks/gpu_served.py profile --cpu-smoke --out /tmp/x        # this script on the CPU build
+
+``profile``: ONE launch of the engine with every draft rejected and a launch table listing every k.
+The decode cells come from the committed one-launch profile (``benchmarks/data/h200/``, the same
+machine kind and vLLM version), so the launch measures only what they lack: mixed steps
+(``engine.mixed``: decoding batches at B in ``--mixed-batch-sizes`` with prompts of 16, 64, 256 and
+512 tokens injected, the last crossing the 512-token capture ceiling). Then, with no engine, the
+tuner derives two tables under a = (0.7, 0.5, 0.3): from decode steps alone (what TableTune
+published before) and priced by what serving pays (``core.stepcost`` with the closed loop's
+workload: 32-token prompts, 32-128 output tokens, mean 80). Wall time of profile + derive printed.
+
+``judge``: ONE launch with synthetic acceptance (0.7, 0.5, 0.3), closed loop
+(``evaluation.served``) at each load, rounds in rotating order, every window checked against the
+step log: fixed k = 1, 2, 3, the docs' table, the decode-only table and the served-priced table.
+Printed per load: goodput ± s.e. across rounds, loss against the best fixed k, and the served
+table's paired ratio to the best fixed k (by round) ± s.e.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from tabletune_pipelines.core.stepcost import Workload  # noqa: E402
+from tabletune_pipelines.documents import AcceptancePrior, StepTimeProfile  # noqa: E402
+from tabletune_pipelines.evaluation.served import loss_table, paired_ratio, run_closed_loop, summarize  # noqa: E402
+
+ENGINES = {"dense": ("qwen3-4b", "qwen3-4b-eagle3"), "moe": ("qwen3-30b-a3b", "qwen3-30b-a3b-eagle3")}
+PROFILES = {
+    "dense": "H200__vllm-0.26.0__qwen3-4b__qwen3-4b-eagle3__eagle3__k3__n128__a10d0800.one_launch.json",
+    "moe": "H200__vllm-0.26.0__qwen3-30b-a3b__qwen3-30b-a3b-eagle3__eagle3__k3__n128__3c6d7de3.one_launch.json",
+}
+RATES = (0.7, 0.5, 0.3)
+WORKLOAD = Workload(prompt_tokens=32, output_tokens=80,
+                    source="the closed loop's load: 32-token prompts, output uniform in 32..128 tokens")
+DOCS = [[1, 64, 3], [65, 128, 1]]
+
+
+def prior(rates=RATES, workload: Workload | None = WORKLOAD) -> AcceptancePrior:
+    n = 100_000
+    return AcceptancePrior(rates=tuple(rates), num_drafts=n, drafted_per_pos=(n,) * len(rates),
+                           accepted_per_pos=tuple(int(n * a) for a in rates), prompt_fingerprint="synthetic",
+                           prompt_count=0, source="synthetic",
+                           workload=None if workload is None else workload.to_dict())
+
+
+def server_config(args, rates, work: Path):
+    from tabletune_pipelines.engine import ServerConfig
+
+    K = len(rates)
+    if args.cpu_smoke:
+        from tests.controller._engine import server_config as cpu_config
+
+        n = 8
+        launch = tuple((k + 1, k + 1, k) for k in range(K)) + ((K + 1, n, K),)
+        cfg = cpu_config(work, None, rates=rates, launch=launch, max_num_seqs=n, k_max=K)
+        return dataclasses.replace(cfg, step_timing=True, extra_args=(), extra_env={}), n
+    n = args.max_num_seqs
+    target, head = ENGINES[args.engine]
+    launch = tuple((k + 1, k + 1, k) for k in range(K)) + ((K + 1, n, K),)
+    return ServerConfig(
+        model=f"{args.models}/{target}", drafter=f"{args.models}/{head}", method="eagle3", num_speculative_tokens=K,
+        table=launch, synthetic_acceptance_rates=tuple(rates), max_num_seqs=n, max_model_len=1024, device="gpu",
+        model_runner="v2", load_format="dummy", startup_timeout=600.0, work_dir=str(work),
+        max_cudagraph_capture_size=args.capture_size), n
+
+
+def cmd_profile(args) -> int:
+    from tabletune_pipelines.engine import VLLMServer
+    from tabletune_pipelines.engine.plan import ProfileOptions, ProfilePlan
+    from tabletune_pipelines.engine.profiler import profile_step_times
+    from tabletune_pipelines.tuning.derive import derive_table
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    cfg, n = server_config(args, (0.0, 0.0, 0.0), Path(args.work_dir) / "profile")
+    if args.cpu_smoke:
+        base = None
+        plan = ProfilePlan(batch_sizes=(1, 4, 8), ks=(0, 1, 2, 3), repetitions=2, include_no_spec=False)
+        mixed_bs = (1, 4, 7)
+    else:
+        base = StepTimeProfile.from_json((HERE / "data" / "h200" / PROFILES[args.engine]).read_text())
+        grid = tuple(sorted({c.batch_size for c in base.cells if c.k is not None and c.acceptance == "reject"}))
+        plan = ProfilePlan(batch_sizes=grid, ks=(0, 1, 2, 3), repetitions=3, include_no_spec=False)
+        mixed_bs = tuple(int(x) for x in args.mixed_batch_sizes.split(","))
+    opts = ProfileOptions(remeasure_budget_s=0, warmup=not args.cpu_smoke, mixed_batch_sizes=mixed_bs,
+                          mixed_prefill_tokens=tuple(int(x) for x in args.prefill.split(",")),
+                          max_model_len=cfg.max_model_len)
+    existing = [] if base is None else [c for c in base.cells if c.k is not None and c.acceptance == "reject"]
+    with VLLMServer(cfg) as srv:
+        t_up = time.monotonic() - t0
+        print(f"[served] {args.engine} healthy after {t_up:.0f} s", flush=True)
+        prof = profile_step_times(cfg, opts, plan=plan, existing=existing, server=srv,
+                                  identity=None if base is None else base.identity,
+                                  vocab_size=151000 if not args.cpu_smoke else None,
+                                  progress=lambda m: print(m, flush=True))
+    t_prof = time.monotonic() - t0
+    ident = dataclasses.replace(prof.identity, capture_ceiling=None if args.cpu_smoke else (args.capture_size or 512))
+    if not args.cpu_smoke:
+        ident = dataclasses.replace(ident, cudagraph_mode=ident.cudagraph_mode or "full_and_piecewise")
+    if base is not None:  # the committed profile's all-accepted and no-spec cells ride along
+        prof = dataclasses.replace(prof, cells=tuple(prof.cells) + tuple(
+            c for c in base.cells if not (c.k is not None and c.acceptance == "reject")))
+    prof = dataclasses.replace(prof, identity=ident)
+    t1 = time.monotonic()
+    decode_only, served = derive_both(prof)
+    t_derive = time.monotonic() - t1
+    seconds = {"launch": t_up, "profile": t_prof - t_up, "derive": t_derive, "total": time.monotonic() - t0}
+    report(args, prof, decode_only, served, seconds, out)
+    return 0
+
+
+def derive_both(prof: StepTimeProfile):
+    """The decode-only table (what TableTune published before) and the served-priced one."""
+    from tabletune_pipelines.tuning.derive import derive_table
+
+    return derive_table(prof, prior(workload=None)), derive_table(prof, prior(), workload=WORKLOAD)
+
+
+def report(args, prof, decode_only, served, seconds, out: Path) -> None:
+    t_up, t_prof, t_derive = seconds["launch"], seconds["launch"] + seconds["profile"], seconds["derive"]
+    fits = served.table.served_cost.get("fits", {})
+    print(f"\n[served] {args.engine}: launch {t_up:.0f} s, profile (mixed steps) {t_prof - t_up:.0f} s, derive "
+          f"{t_derive:.1f} s; whole flow {seconds['total']:.0f} s")
+    for t, f in fits.items():
+        print(f"  fit {t}: a = {f['a_ms']:.3f}±{f['a_se']:.3f} ms, b = {f['b_ms_per_decode_token']:.5f}±{f['b_se']:.5f} "
+              f"ms/decode token, c = {f['c_ms_per_prefill_token']:.5f}±{f['c_se']:.5f} ms/prefill token, n = {f['n']}, "
+              f"rmse {f['rmse_ms']:.2f} ms, D {f['decode_tokens_range']}, P {f['prefill_tokens_range']}")
+    print(f"  decode-only table: {decode_only.table.as_vllm()}")
+    print(f"  served-priced table: {served.table.as_vllm()}  (unmeasured cliff cells: "
+          f"{len(served.table.served_cost.get('unmeasured_cliff', []))})")
+    (out / f"{args.engine}-served.json").write_text(json.dumps({
+        "engine": args.engine, "rates": RATES, "workload": WORKLOAD.to_dict(),
+        "decode_only": decode_only.table.as_vllm(), "served": served.table.as_vllm(),
+        "served_cost": served.table.served_cost, "seconds": seconds,
+        "profile": json.loads(prof.to_json()),
+    }, indent=1, default=float))
+
+
+def cmd_rederive(args) -> int:
+    """Derive again from a profile phase's output; ``--attribute`` first applies
+    ``core.stepcost.attribute_mixed_steps`` to raw samples (the first dense run logged raw ones)."""
+    from tabletune_pipelines.core.stepcost import attribute_mixed_steps
+
+    d = json.loads(Path(args.tables).read_text())
+    prof = StepTimeProfile.from_dict(d["profile"])
+    if args.attribute:
+        by: dict = {}
+        for s in prof.samples:
+            by.setdefault((s.batch, s.k), []).append(s)
+        prof = dataclasses.replace(prof, samples=tuple(x for key in by for x in attribute_mixed_steps(by[key])))
+    t1 = time.monotonic()
+    decode_only, served = derive_both(prof)
+    seconds = dict(d.get("seconds", {}), derive=time.monotonic() - t1)
+    report(args, prof, decode_only, served, seconds, Path(args.out))
+    return 0
+
+
+def cmd_judge(args) -> int:
+    from tabletune_pipelines.engine import VLLMServer
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tables = json.loads(Path(args.tables).read_text())
+    cfg, n = server_config(args, RATES, Path(args.work_dir) / "judge")
+    K = len(RATES)
+    policies = {f"fixed_k{k}": [[1, n, k]] for k in args.fixed_ks}
+    policies["docs"] = [[s, min(e, n), k] for s, e, k in DOCS if s <= n]
+    policies["decode_only"] = tables["decode_only"]
+    policies["served"] = tables["served"]
+    groups = [([int(x) for x in g.split(":")[0].split(",")], float(g.split(":")[1])) for g in args.loads.split(";")]
+    windows = []
+    t0 = time.monotonic()
+    log = open(out / f"{args.engine}-judge.log", "a")
+
+    def say(s: str) -> None:
+        print(s, flush=True)
+        log.write(s + "\n")
+        log.flush()
+
+    with VLLMServer(cfg) as srv:
+        say(f"[judge] {args.engine} healthy after {time.monotonic() - t0:.0f} s; policies {policies}")
+        for loads, window in groups:
+            loads = [min(load, n) for load in loads]
+            windows += run_closed_loop(srv, policies, loads, vocab_size=151000 if not args.cpu_smoke else 2000,
+                                       max_num_seqs=n, max_k=K, rounds=args.rounds, window_s=window, progress=say)
+            (out / f"{args.engine}-judge.json").write_text(json.dumps({"windows": [w.__dict__ for w in windows],
+                                                                          "policies": policies}, default=float))
+    summary = summarize(windows)
+    fixed = [p for p in policies if p.startswith("fixed_k")]
+    loads = sorted({w.load for w in windows})
+    losses = loss_table(summary, fixed, list(policies), loads)
+    say(f"\n{args.engine}: goodput tok/s ± s.e. across rounds (loss vs best fixed k)")
+    for p in policies:
+        cells = []
+        for load in loads:
+            s = summary.get((p, load))
+            cells.append("n/a" if s is None else
+                         f"{s.goodput:7.0f}±{s.stderr:5.0f} ({100 * losses.get(p, {}).get(load, float('nan')):5.1f}%)")
+        say(f"  {p:<12} " + " | ".join(cells))
+    say("  served vs best fixed k, paired by round (ratio ± s.e.):")
+    verdict = {}
+    for load in loads:
+        best = max(fixed, key=lambda p: summary[(p, load)].goodput)
+        r, se, m = paired_ratio(windows, "served", best, load)
+        rd, sed, _ = paired_ratio(windows, "served", "docs", load)
+        verdict[load] = {"best": best, "ratio": r, "se": se, "rounds": m, "vs_docs": rd, "vs_docs_se": sed}
+        say(f"    L{load}: vs {best} {r:.3f}±{se:.3f} ({m} rounds); vs docs {rd:.3f}±{sed:.3f}")
+    (out / f"{args.engine}-judge.json").write_text(json.dumps({
+        "windows": [w.__dict__ for w in windows], "policies": policies, "loss": losses, "verdict": verdict,
+        "summary": {f"{p}@{l}": s.__dict__ for (p, l), s in summary.items()}}, indent=1, default=float))
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("phase", choices=["profile", "judge", "rederive"])
+    ap.add_argument("--attribute", action="store_true", help="rederive: attribute raw mixed-step samples first")
+    ap.add_argument("--engine", choices=sorted(ENGINES), default="dense")
+    ap.add_argument("--models", default=os.environ.get("TT_GPU_MODELS", "/tmp/gv/models"))
+    ap.add_argument("--max-num-seqs", type=int, default=128)
+    ap.add_argument("--capture-size", type=int, default=None, help="max_cudagraph_capture_size (None: vLLM's rule)")
+    ap.add_argument("--mixed-batch-sizes", default="1,32,64,96,127")
+    ap.add_argument("--prefill", default="16,64,256,512")
+    ap.add_argument("--tables", help="judge: the profile phase's <engine>-served.json")
+    ap.add_argument("--loads", default="1,32:2;64,96,128:4", help="groups 'L,L:window_s;...'")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--fixed-ks", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 3])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--work-dir", default="/tmp/tt-served")
+    ap.add_argument("--cpu-smoke", action="store_true", help="run on vLLM's CPU build (tiny models; figures mean nothing)")
+    args = ap.parse_args(argv)
+    if args.cpu_smoke:
+        args.prefill = "16,64,200"
+    return {"profile": cmd_profile, "judge": cmd_judge, "rederive": cmd_rederive}[args.phase](args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
