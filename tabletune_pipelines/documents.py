@@ -441,7 +441,8 @@ class DraftLengthTable(_Document):
     predicted_worst_loss: float = 0.0
     """Predicted worst loss over B against the best fixed k at that B."""
     step_ms: dict[str, dict[str, float]] = field(default_factory=dict)
-    """T(B, k) the table was derived from, ``{k: {B: ms}}`` (string keys for JSON)."""
+    """The decode surface T(B, k) the table was derived from, ``{k: {B: ms}}`` (string keys for
+    JSON); when the search priced served steps, the expected extra per step is in ``served_cost``."""
     search_policy: SearchPolicy = "stickiness"
     """The search's rule (``vocab.SearchPolicy``); tables stored before the evidence rule used the
     method's ``stickiness``."""

@@ -126,7 +126,8 @@ class Controller:
         self._lookup: list[int] | None = None
         self._hyst: dict[int, list[int]] = {}
         self._explore: list[int] | None = None
-        self._explore_cycle: list[tuple[int, list[int] | None]] = []
+        self._explore_cycle: list[list[tuple[int, list[int] | None]]] = []
+        self._explore_seq: list[tuple[int, list[int] | None]] = []
         self._explore_i = 0
         self._k_row = [-1] * (K + 1)
         self._tp: list[list[float]] = []
@@ -201,12 +202,15 @@ class Controller:
         kmax = max(ks) if ks else 0
         every, N = int(s.exploration_every_steps), int(s.rebuild_every_steps)
         explore = vllm_lookup(np.full(n, kmax)) if (controlling and every and kmax) else None
-        # With step-time correction, every other exploration run visits the other allowed ks in turn,
-        # so each k's cost is observed, not only the largest one's (a k never run keeps its profile
-        # however wrong, and a wrong profile of an unused k pulls the table towards it).
+        # With step-time correction, each exploration runs at the largest k and then, for as many steps,
+        # at the next other allowed k in turn, so every k's cost is observed, not only the largest one's
+        # (a k never run keeps its profile however wrong, and a wrong profile of an unused k pulls the
+        # table towards it); the largest k keeps its full share of exploration.
+        run = int(s.exploration_run_steps)
         others = ([k for k in sorted(ks, reverse=True) if k != kmax]
                   if (explore is not None and model is not None and s.step_time_correction) else [])
-        explore_cycle = [x for k in others for x in ((kmax, explore), (k, vllm_lookup(np.full(n, k))))]
+        explore_cycle = ([[(kmax, explore)] * run + [(k, vllm_lookup(np.full(n, k)))] * run for k in others]
+                         or [[(kmax, explore)] * run])
         return {
             "start": start, "settings": s, "fallback_reason": None, "_last_estimate": (),
             "estimator": estimator, "model": model, "_k_row": k_row, "_tp": tp, "_obs": {},
@@ -215,7 +219,7 @@ class Controller:
             "_explore_run": int(s.exploration_run_steps), "_next_explore": self.steps + every,
             "_explore_left": 0, "_explore_pending": 0, "applying": can_switch, "controlling": controlling,
             "candidate_ranges": table, "ranges": table, "_lookup": lookup, "_hyst": hyst, "_explore": explore,
-            "_explore_k": kmax, "_explore_cycle": explore_cycle, "_explore_i": 0,
+            "_explore_k": kmax, "_explore_cycle": explore_cycle, "_explore_i": 0, "_explore_seq": explore_cycle[0],
         }
 
     def _commit(self, start: StartPoint, new: dict[str, Any]) -> None:
@@ -297,20 +301,20 @@ class Controller:
         if not self.controlling:
             return self._lookup
         if self._explore is not None and (self._explore_left > 0 or self.steps >= self._next_explore):
-            # A run of exploration_run_steps steps at the largest k: its steps after the first follow a
-            # step of the same k, so they are clean observations of that k's step time.
+            # A run of exploration_run_steps steps at the largest k (then, with step-time correction, as
+            # many at the next other k): steps after a run's first follow a step of the same k, so they
+            # are clean observations of that k's step time.
             if self._explore_left > 0:
                 self._explore_left -= 1
             else:
                 self._next_explore = self.steps + self._explore_every
-                self._explore_left = self._explore_run - 1
-                cycle = self._explore_cycle
-                if len(cycle) > 1:
-                    self._explore_k, self._explore = cycle[self._explore_i % len(cycle)]
-                    self._explore_i += 1
+                self._explore_seq = self._explore_cycle[self._explore_i % len(self._explore_cycle)]
+                self._explore_i += 1
+                self._explore_left = len(self._explore_seq) - 1
+            self._explore_k, lookup = self._explore_seq[len(self._explore_seq) - 1 - self._explore_left]
             self.exploration_steps += 1
-            self._explore_pending = min(self._explore_pending + 1, self._explore_run + 1)  # idle schedules
-            return self._explore
+            self._explore_pending = min(self._explore_pending + 1, len(self._explore_seq) + 1)  # idle schedules
+            return lookup
         if self._hyst and self._cur_k is not None:
             return self._hyst.get(self._cur_k, self._lookup)
         return self._lookup

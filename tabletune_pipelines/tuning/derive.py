@@ -70,7 +70,8 @@ class TunedTable:
     choice: TableChoice
     """The search's result: chosen k per B and the goodput of every k."""
     step_ms_dense: np.ndarray
-    """T(B, k) used for the search, shape (len(ks), max_num_seqs)."""
+    """T(B, k) used for the search, shape (len(ks), max_num_seqs): E[T(B, k, P)] under the workload
+    when there is one (``served``), else the decode surface (the table's ``step_ms``)."""
     corrected: bool
     """Whether the accepted-work correction was applied."""
     evidence: EvidenceTable | None = None
@@ -134,6 +135,7 @@ def derive_table(
     cost = step_cost(profile, dense, noisy.ks)
     workload = workload if workload is not None else prior.workload_model()
     served = cost.served(rates, workload) if workload is not None else None
+    decode_dense = dense
     if served is not None:
         dense = served.ms
         cov = cov.copy()
@@ -161,7 +163,10 @@ def derive_table(
         prior_id=prior.prior_id,
         acceptance_rates=tuple(float(a) for a in rates),
         predicted_worst_loss=ev.worst_loss,
-        step_ms={str(k): {str(b): float(dense[i, b - 1]) for b in range(1, n + 1)} for i, k in enumerate(noisy.ks)},
+        # The decode surface: what the controller's clean decode steps and the k = 0 check compare
+        # with; the served extra the search added is in served_cost.
+        step_ms={str(k): {str(b): float(decode_dense[i, b - 1]) for b in range(1, n + 1)}
+                 for i, k in enumerate(noisy.ks)},
         search_policy=policy,
         confidence=float(confidence),
         has_error_estimates=noisy.has_errors,

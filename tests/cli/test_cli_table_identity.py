@@ -36,7 +36,7 @@ def add_other_profile(db) -> str:
 def test_table_uses_the_profile_of_the_engine_the_deployment_runs(seeded, capsys):
     mine = embedded_identity().key
     other = add_other_profile(seeded)
-    assert TableTuneStore(seeded).latest_profiled_identity_key("tiny:small") == other  # what the old pick chose
+    assert TableTuneStore(seeded).latest_profiled_identity_key(embedded_identity().model) == other  # what the old pick chose
     assert main(["table"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"# draft-length table for {mine}\n") and other not in out

@@ -114,7 +114,9 @@ def test_unusable_file_falls_back_with_one_line(tmp_path, clock, caplog, case, m
     if case == "truncated":
         p.write_text(p.read_text()[:200])
     elif case == "schema_version":
-        p.write_text(p.read_text().replace('"schema_version": 1,\n  "speculative', '"schema_version": 2,\n  "speculative'))
+        doc = json.loads(p.read_text())
+        doc["schema_version"] = 2
+        p.write_text(json.dumps(doc, indent=2))
     elif case.startswith("other") or case == "k not launched":
         eng = {"other K": EngineFacts(max_k=4, max_num_seqs=16, launch_ranges=((1, 16, 4),)),
                "other max_num_seqs": EngineFacts(max_k=3, max_num_seqs=32, launch_ranges=((1, 32, 3),)),
@@ -192,17 +194,18 @@ def test_exploration_runs_three_steps_at_the_largest_k_every_50(tmp_path, clock)
     assert set(eng.ks_run) == {1, 3}
 
 
-def test_with_step_time_correction_every_other_run_visits_each_other_k(tmp_path, clock):
-    # Runs at steps 50, 100, ...: K = 3, then k = 1, 3, 0, 3, 1, ... (k = 1 is also the table's k).
+def test_with_step_time_correction_each_exploration_also_visits_the_next_other_k(tmp_path, clock):
+    # Explorations at steps 50, 100, ...: 3 steps at K = 3, then 3 at k = 1, then 0, 1, 0, ... in turn.
     p = publish(tmp_path / "pub.json", ranges=[(1, 16, 1)], rates=(0.3, 0.1, 0.05), allowed_k=[0, 1, 3],
                 controller={"mode": "control", "rebuild_every_steps": 500, "stickiness": 10.0})
     c = controller(p, clock)
     eng = FakeEngine(c, (0.3, 0.1, 0.05), TRUE_T, clock=clock)
     eng.run(1000, 8)
-    run_k = [eng.ks_run[s] for s in range(50, 1000, 50)]
-    assert run_k[:6] == [3, 1, 3, 0, 3, 1]
-    assert all(eng.ks_run[s + j] == eng.ks_run[s] for s in range(50, 1000, 50) for j in range(3))
-    assert c.exploration_steps == 19 * 3
+    starts = range(50, 1000, 50)
+    assert all(eng.ks_run[s:s + 3] == [3, 3, 3] for s in starts)
+    assert [eng.ks_run[s + 3] for s in starts][:4] == [1, 0, 1, 0]
+    assert all(eng.ks_run[s + 3:s + 6] == [eng.ks_run[s + 3]] * 3 for s in starts)
+    assert c.exploration_steps == 19 * 6
     timed = {k: sum(n for _, _, n, _ in cells) for k, cells in c.state()["step_time"].items()}
     assert timed.get("0", 0) > 0 and timed.get("3", 0) > 0  # every allowed k's cost was observed
 
@@ -215,13 +218,13 @@ def test_the_explored_k_is_timed_only_from_a_run_of_two_steps(tmp_path, clock, r
     p = publish(tmp_path / "pub.json", ranges=[(1, 16, 1)], rates=(0.3, 0.1, 0.05), allowed_k=[1, 3],
                 controller={"mode": "control", "rebuild_every_steps": 500, "exploration_run_steps": run,
                             "stickiness": 10.0})  # no table change: k = 3 runs only in exploration
-    # (every other run: runs alternate between K = 3 and the other allowed k, here k = 1)
+    # (each exploration: 3 steps at K = 3, then as many at the other allowed k, here k = 1)
     c = controller(p, clock)
     FakeEngine(c, (0.3, 0.1, 0.05), TRUE_T, clock=clock).run(1000, 8)
     cells = {int(b): n for b, _, n, _ in c.state()["step_time"].get("3", [])}
     assert (cells.get(8, 0) > 0) is observed, cells
     if observed:
-        assert cells[8] == 10 * (run - 1)  # 10 of the 19 runs (steps 50, 150, ..., 950), each timed from its second step
+        assert cells[8] == 19 * (run - 1)  # 19 runs (from step 50 to 950), each timed from its second step
 
 
 def test_hysteresis_keeps_k_near_a_boundary(tmp_path, clock):

