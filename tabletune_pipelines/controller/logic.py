@@ -4,8 +4,8 @@ The vLLM adapter (``controller/scheduler.py``) calls three methods; a simulator 
 
 * ``next_lookup()`` before each ``Scheduler.schedule``: the lookup vLLM should use for the next
   step (None = leave it alone). This is where exploration (a run of ``exploration_run_steps`` steps
-  every ``exploration_every_steps``: at the largest allowed k, and with step-time correction every
-  other run at each other allowed k in turn) and boundary hysteresis (keep the current k while B is within h of
+  every ``exploration_every_steps``: at the largest allowed k, and with step-time correction then as
+  many steps at the next other allowed k) and boundary hysteresis (keep the current k while B is within h of
   a range that uses it) take effect, by handing vLLM one of a few lookups precomputed at rebuild.
 * ``on_step(...)`` after each ``update_from_output``, with the step's per-request counts: drafted
   = ``len(scheduled_spec_decode_tokens[req])``, kept = ``len(sampled_token_ids[i]) - 1``. It adds one

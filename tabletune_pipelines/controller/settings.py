@@ -160,8 +160,8 @@ class ControllerSettings:
     """Floor of the decayed prior weight (keeps never-drafted positions defined)."""
     exploration_every_steps: int = 50
     """Every this many steps, run ``exploration_run_steps`` steps at the largest allowed k so every
-    position keeps being observed; with ``step_time_correction`` every other run goes to each other
-    allowed k in turn, so every k's step time is observed (0 turns exploration off)."""
+    position keeps being observed; with ``step_time_correction`` each run is followed by as many steps
+    at the next other allowed k in turn, so every k's step time is observed (0 turns exploration off)."""
     exploration_run_steps: int = 3
     """Steps in a row at the largest allowed k per exploration (1..64). A step's interval counts as an
     observation of its k only when the step before ran the same k (docs/controller.md, "Live step-time
