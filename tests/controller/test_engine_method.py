@@ -119,9 +119,14 @@ def _calibrate(rig, rates, k):
     # steps take (a few ms on a fast one, hundreds on a slow one).
     v = rig.publish(ranges=[(1, 16, k)], rates=rates, allowed_k=[k],
                     controller={"mode": "observe", "step_time_outlier_ratio": 1000.0})
-    hit, mine = rig.wait(lambda w: sum(c[2] for c in w.controller.get("step_time", {}).get(str(k), [])) >= 300,
-                         version=v, max_steps=1500)
-    assert hit is not None, f"too few clean steps at k = {k}"
+    # Until 30 clean steps at B = CLIENTS (the batch size the load runs at when no client lags): a
+    # total of 300 clean steps was once reached with almost all of them at B = 1 (8 clients starved
+    # of CPU on a busy machine), and the test then compared the ks at B = 1, where no profile error
+    # up to 60% flips the choice.
+    hit, mine = rig.wait(lambda w: any(int(c[0]) == CLIENTS and c[2] >= 30
+                                       for c in w.controller.get("step_time", {}).get(str(k), [])),
+                         version=v, max_steps=6000)
+    assert hit is not None, f"too few clean steps at k = {k}, B = {CLIENTS}: {mine[-1].controller.get('step_time')}"
     cells = hit.controller["step_time"][str(k)]
     return {int(b): ms for b, ms, n, _ in cells if n >= 30}
 
