@@ -82,8 +82,8 @@ def measure_mixed_steps(
             # At least QUIET_STEPS steps between injections: a mixed step's cost is read with its
             # neighbours (``core.stepcost.attribute_mixed_steps``), which must be decode steps. On a
             # slow engine (an MoE on a GPU, 20+ ms a step) prompts would otherwise land every step.
-            seen = len(server.read_steps(offset=offset))
-            while thread.is_alive() and len(server.read_steps(offset=offset)) < seen + QUIET_STEPS:
+            since = server.step_log_offset()  # only the lines logged from here on are read while waiting
+            while thread.is_alive() and len(server.read_steps(offset=since)) < QUIET_STEPS:
                 time.sleep(0.002)
             if not thread.is_alive():
                 break
