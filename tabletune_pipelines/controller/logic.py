@@ -16,8 +16,15 @@ The vLLM adapter (``controller/scheduler.py``) calls three methods; a simulator 
      variable k then does not bias later positions), added to the live counters;
   2. â_i = (w·a_i + accepted_i) / (w + drafted_i) (``core.acceptance.AcceptanceEstimator``);
   3. step times: the profile blended with observed step durations (``controller/steptime.py``);
-  4. the table search over the allowed k (``controller/search.py``, same rule as ``core.table``);
-  5. within the time budget: install it, halve the live counters, decay w; else skip (counted).
+  4. the table search over the allowed k: the offline tuner's evidence rule
+     (``core.evidence.search_with_evidence``, one implementation) revising the table in force, so
+     a k changes at a batch size only when the lower confidence bound of its gain (acceptance
+     counts and step-time spread) clears ``stickiness``; batch sizes held by the flap backoff
+     keep their k (a batch size whose k returned to its value before its last change is held
+     for 2, 4, 8, ... rebuilds up to ``flap_backoff_rebuilds``);
+  5. within the time budget: install it (only if it changed), halve the live counters, decay w;
+     else skip (counted). Every change of k at a batch size is counted (``switches``, exported
+     per batch size and per hour).
 
 * ``close()`` at shutdown: exports the last window.
 
@@ -44,12 +51,13 @@ from tabletune_pipelines.controller.search import (
     compact,
     dense_from_ranges,
     hysteresis_lookups,
-    sticky_choice,
     vllm_lookup,
 )
 from tabletune_pipelines.controller.settings import ControllerSettings
 from tabletune_pipelines.controller.steptime import StepTimeModel
 from tabletune_pipelines.core.acceptance import AcceptanceEstimator, EstimatorConfig
+from tabletune_pipelines.core.evidence import search_with_evidence
+from tabletune_pipelines.core.noise import rates_covariance
 from tabletune_pipelines.live_counters import append_line, window_line
 
 logger = logging.getLogger("tabletune.controller")
@@ -93,6 +101,14 @@ class Controller:
         self.reloads = 0
         self.last_rebuild_ms = 0.0
         self.max_rebuild_ms = 0.0
+        # Flapping: changes of k per batch size (index B), the k each B had before its last change,
+        # how often it returned there, and the rebuild until which it is held.
+        self.switches = np.zeros(n + 1, dtype=np.int64)
+        self.reversals = 0
+        self._k_before = np.full(n + 1, -1, dtype=np.int64)
+        self._backoff_level = np.zeros(n + 1, dtype=np.int64)
+        self._held_until = np.zeros(n + 1, dtype=np.int64)
+        self._t_started = clock()
         self._logged: set[str] = set()
         self._last_unchanged_log = float("-inf")
         self._last_wall_end = float("-inf")
@@ -375,10 +391,11 @@ class Controller:
                         key = row * (self._n + 1) + b
                         cell = self._obs.get(key)
                         if cell is None:
-                            self._obs[key] = [ms, 1.0]
+                            self._obs[key] = [ms, 1.0, ms * ms]
                         else:
                             cell[0] += ms
                             cell[1] += 1.0
+                            cell[2] += ms * ms
         self._prev_b, self._prev_k = b, k_next
         if self._explore_pending and k_next == self._explore_k:
             self._explore_pending -= 1  # an exploration step: the k in force for hysteresis stays
@@ -433,10 +450,11 @@ class Controller:
             vals = np.asarray(list(self._obs.values()), dtype=float)
             self._obs = {}
             rows, bs = np.divmod(keys, self._n + 1)
-            add_s, add_c = np.zeros_like(model.profile), np.zeros_like(model.profile)
+            add_s, add_c, add_q = (np.zeros_like(model.profile) for _ in range(3))
             add_s[rows, bs - 1] = vals[:, 0]
             add_c[rows, bs - 1] = vals[:, 1]
-            model.add(add_s, add_c)
+            add_q[rows, bs - 1] = vals[:, 2]
+            model.add(add_s, add_c, add_q)
         if start is not None and est is not None and model is not None:
             self._search(t0, est, model, start)
         self.export(now)
@@ -445,9 +463,7 @@ class Controller:
         s = self.settings
         budget = float(s.rebuild_budget_ms) / 1000.0
         rates = est.estimate()
-        times = model.corrected() if s.step_time_correction else model.profile
-        chosen = sticky_choice(times, start.allowed_k, rates, float(s.stickiness)) if \
-            time.perf_counter() - t0 <= budget else None
+        chosen = self._choose(est, model, start, rates) if time.perf_counter() - t0 <= budget else None
         elapsed = time.perf_counter() - t0
         if chosen is None or elapsed > budget:
             self.skipped_rebuilds += 1
@@ -457,6 +473,8 @@ class Controller:
             return
         new = compact(chosen)
         old = self.candidate_ranges
+        if new != old:
+            self._count_switches(dense_from_ranges(old, self._n), chosen)
         # The lookups first: if building them failed, nothing below (halving, decay) has happened.
         lookups = self._lookups(new, applying=self.applying, controlling=True, ks=start.allowed_k,
                                 h=s.hysteresis) if self.controlling and new != old else None
@@ -494,6 +512,58 @@ class Controller:
                 self.log.info("TableTune controller: rebuild %d at step %d: table %s unchanged; a = %s; prior "
                               "weight %g; %.2f ms", self.rebuilds, self.steps, _fmt_table(new), _fmt(rates), w,
                               self.last_rebuild_ms)
+
+    def _choose(self, est: AcceptanceEstimator, model: StepTimeModel, start: StartPoint,
+                rates: np.ndarray) -> np.ndarray:
+        """k per batch size (index B - 1): the evidence rule revising the table in force, on the
+        corrected step times with their spread and the acceptance estimate with its counts; batch
+        sizes held by the flap backoff keep their k."""
+        s = self.settings
+        if s.step_time_correction:
+            times, var = model.corrected(), model.variance()
+        else:
+            times, var = model.profile, None
+        n_eff = est.prior_weight + est.drafted  # the prior counts as w drafts at every position
+        cov = rates_covariance(rates, drafted_per_pos=n_eff.tolist())
+        incumbent = dense_from_ranges(self.candidate_ranges, self._n)
+        ev = search_with_evidence(times, var, start.allowed_k, rates, rates_cov=cov, allowed_ks=start.allowed_k,
+                                  threshold=float(s.stickiness), confidence=float(s.evidence_confidence),
+                                  incumbent=incumbent)
+        chosen = np.asarray(ev.choice.chosen, dtype=np.int64)
+        held = self._held_until[1:] > self.rebuilds
+        if held.any():
+            chosen[held] = incumbent[held]
+        return chosen
+
+    def _count_switches(self, old: np.ndarray, new: np.ndarray) -> None:
+        """Count each batch size whose k changes; one that returns to its k before its last change
+        (a flip back) is held for 2, 4, 8, ... rebuilds, up to ``flap_backoff_rebuilds``."""
+        changed = np.flatnonzero(old != new)
+        if not changed.size:
+            return
+        b = changed + 1
+        self.switches[b] += 1
+        back = self._k_before[b] == new[changed]
+        self.reversals += int(back.sum())
+        cap = int(self.settings.flap_backoff_rebuilds)
+        if cap > 0 and back.any():
+            fb = b[back]
+            self._backoff_level[fb] += 1
+            hold = np.minimum(np.left_shift(1, np.minimum(self._backoff_level[fb], 40)), cap)
+            self._held_until[fb] = self.rebuilds + 1 + hold
+        self._k_before[b] = old[changed]
+
+    def flapping(self) -> dict[str, Any]:
+        """Switches of k (table changes at a batch size): total, per hour since the controller
+        started, flips back, the batch sizes that switched most and how many are held now."""
+        hours = max(self._clock() - self._t_started, 1e-9) / 3600.0
+        total = int(self.switches.sum())
+        top = np.argsort(-self.switches, kind="stable")[:8]
+        return {
+            "switches": total, "switches_per_hour": round(total / hours, 3), "reversals": self.reversals,
+            "switches_by_batch_size": {str(int(b)): int(self.switches[b]) for b in sorted(top) if self.switches[b]},
+            "held_batch_sizes": int(np.count_nonzero(self._held_until[1:] > self.rebuilds)),
+        }
 
     # ------------------------------------------------------------------ export
     def _reset_window(self, now: float) -> None:
@@ -543,6 +613,7 @@ class Controller:
             "step_time_correction": bool(self.settings.step_time_correction),
             "hook_us_mean": round(1e6 * self._win_hook_s / self._win_steps, 3) if self._win_steps else None,
             "hook_us_max": round(1e6 * self._win_hook_max, 3),
+            **self.flapping(),
         }
         if self.model is not None:
             st["step_time_weight"] = round(self.model.weight, 4)

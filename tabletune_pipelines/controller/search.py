@@ -1,10 +1,7 @@
-"""The table search and the lookups the controller hands vLLM, sized for the rebuild budget.
+"""The lookups the controller hands vLLM, and the table's dense/range forms, sized for the rebuild budget.
 
-``sticky_choice`` returns exactly what ``core.table.choose_draft_lengths`` returns (tests compare
-both on random inputs), without its per-batch-size Python loop: the stickiness walk only changes
-k where the current k stops being within ``stickiness`` of the best, so with the "next batch size
-where row r stops being acceptable" precomputed for every row, the walk takes one step per range.
-At max_num_seqs 1024 that is tens of microseconds instead of milliseconds.
+The table search itself is the offline tuner's (``core.evidence.search_with_evidence``, revising
+the table in force; vectorised over B).
 
 Lookups use vLLM's layout (``Scheduler.dynamic_sd_lookup``): a list indexed by batch size, index 0
 unused, length max_num_seqs + 1.
@@ -15,33 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-
-from tabletune_pipelines.core.table import goodput_matrix
-
-
-def sticky_choice(step_ms_dense: np.ndarray, ks: Sequence[int], rates: Sequence[float], stickiness: float) -> np.ndarray:
-    """Chosen k for B = 1..n (array of k values), same rule as ``choose_draft_lengths``.
-
-    ``step_ms_dense[i, B-1]`` is T(B, ks[i]); every row is a candidate.
-    """
-    g = goodput_matrix(step_ms_dense, ks, rates)
-    rows, n = g.shape
-    best = g.argmax(axis=0)  # first maximum, like max() over the rows in order
-    gmax = g[best, np.arange(n)]
-    # ok[r, c]: keeping row r at column c is allowed (the best is not better by more than stickiness).
-    ok = gmax[None, :] <= g * (1.0 + stickiness)
-    idx = np.broadcast_to(np.arange(n), (rows, n))
-    # next_bad[r, c]: first column >= c where row r is not acceptable (n if none).
-    next_bad = np.minimum.accumulate(np.where(ok, n, idx)[:, ::-1], axis=1)[:, ::-1]
-    ks_arr = np.asarray(ks, dtype=np.int64)
-    chosen = np.empty(n, dtype=np.int64)
-    col, cur = 0, int(best[0])
-    while True:
-        end = int(next_bad[cur, col + 1]) if col + 1 < n else n
-        chosen[col:end] = ks_arr[cur]
-        if end >= n:
-            return chosen
-        col, cur = end, int(best[end])
 
 
 def compact(chosen: Sequence[int]) -> tuple[tuple[int, int, int], ...]:

@@ -103,6 +103,9 @@ BOUNDS: dict[str, Bound] = {
     "exploration_run_steps": Bound(1, 64, integer=True, why="a few steps suffice to observe the explored k"),
     "hysteresis": Bound(0, 4096, integer=True, why="batch sizes; 4096 is the largest max_num_seqs a fleet may "
                                                    "have, and an h of max_num_seqs already keeps any k in use"),
+    "evidence_confidence": Bound(0.5, 0.999999, why="0.5 is a point-estimate decision (z = 0); at 1 no bound is "
+                                                    "finite and the table never changes"),
+    "flap_backoff_rebuilds": Bound(0, 1_000_000, integer=True, why="rebuilds; 0 turns the backoff off"),
     "stickiness": Bound(0.0, 10.0, why="a fraction of goodput; at 10 another k must be 11 times better, so the "
                                        "table never changes"),
     "step_time_prior_weight": Bound(MIN_WEIGHT, MAX_STEPS, why="steps a profiled cell counts as"),
@@ -170,7 +173,16 @@ class ControllerSettings:
     hysteresis: int = 2
     """h: keep the current k while the batch size is within h of a batch size that uses it."""
     stickiness: float = 0.005
-    """Keep the previous batch size's k unless another is better by more than this fraction."""
+    """Keep the k a batch size has unless another is better by more than this fraction, with the
+    confidence below (the offline tuner's evidence rule, ``core.evidence``, revising the table in force)."""
+    evidence_confidence: float = 0.95
+    """Confidence of the evidence rule at a rebuild: a k changes at a batch size only when the lower
+    bound of its gain (Bonferroni over the other k) clears ``stickiness``. 0.5 decides on point
+    estimates (z = 0)."""
+    flap_backoff_rebuilds: int = 64
+    """The longest hold of the flap backoff (0 turns it off): a batch size whose k returns to the
+    value it had before its last change is held for 2, 4, 8, ... rebuilds, up to this many, before
+    it may change again (docs/controller.md, "Flapping")."""
     step_time_correction: bool = True
     """Blend observed step durations per (B, k) into the profiled T(B, k) (docs/method.md,
     "Limitations" 2: the profile cannot see work that grows with accepted tokens)."""

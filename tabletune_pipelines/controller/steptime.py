@@ -10,6 +10,14 @@ dominate, and a cell no longer visited keeps its last estimate instead of drifti
 traffic visits few batch sizes, so the correction is spread over B per k: the ratio T̂ / T_prof of
 the observed cells is interpolated linearly between them and held constant beyond them; a k never
 observed keeps its profile. Pure numpy, no I/O (a simulator can drive it).
+
+Each cell also keeps the sum of squares of its observations, so the correction comes with its
+error: ``var T̂ = n s² / (w_T + n)²`` (s² the cell's sample variance), spread over B as a relative
+variance the same way as the ratio. The table search's evidence rule (``core.evidence``) reads it:
+a k changes at a batch size only where the gain's lower confidence bound clears the stickiness. A
+k never observed keeps its profile as a point estimate (no variance). Consecutive steps share noise,
+so the variance is a lower bound of the truth; the Bonferroni-corrected 95 % bound and the backoff
+on repeated flips (``logic``) cover the rest.
 """
 
 from __future__ import annotations
@@ -33,17 +41,23 @@ class StepTimeModel:
         self.min_weight = float(min_prior_weight)
         self.max_count = float(max_count)
         self.sum_ms = np.zeros_like(self.profile)
+        self.sq_ms = np.zeros_like(self.profile)
         self.count = np.zeros_like(self.profile)
         self._b = np.arange(1, self.n + 1, dtype=float)
 
-    def add(self, sum_ms: np.ndarray, count: np.ndarray) -> None:
-        """Add a batch of observations (same shape as the profile)."""
+    def add(self, sum_ms: np.ndarray, count: np.ndarray, sq_ms: np.ndarray | None = None) -> None:
+        """Add a batch of observations (same shape as the profile): their sums, counts and, for
+        the error of the correction, sums of squares (None: no spread, as if every step took the mean)."""
         self.sum_ms += sum_ms
         self.count += count
+        if sq_ms is None:
+            sq_ms = np.where(count > 0, sum_ms * sum_ms / np.maximum(count, 1e-12), 0.0)
+        self.sq_ms += sq_ms
         over = self.count > self.max_count
         if over.any():
             scale = np.where(over, self.max_count / np.maximum(self.count, 1e-12), 1.0)
             self.sum_ms *= scale
+            self.sq_ms *= scale
             self.count *= scale
 
     def blended(self) -> np.ndarray:
@@ -60,6 +74,21 @@ class StepTimeModel:
             if seen.size:
                 out[i] = np.interp(self._b, self._b[seen], r[i, seen])
         return out
+
+    def variance(self) -> np.ndarray:
+        """Variance (ms²) of ``corrected()`` per (k, B): each observed cell's ``n s² / (w_T + n)²``
+        as a relative variance, spread over B like the ratio; 0 where a k was never observed twice."""
+        n, w = self.count, self.weight
+        mean = self.sum_ms / np.maximum(n, 1e-12)
+        s2 = np.where(n > 1, np.maximum(self.sq_ms - n * mean * mean, 0.0) / np.maximum(n - 1.0, 1e-12), 0.0)
+        blended = self.blended()
+        rel = n * s2 / (w + n) ** 2 / blended ** 2
+        out = np.zeros_like(self.profile)
+        for i in range(len(self.ks)):
+            seen = np.flatnonzero(n[i] > 1)
+            if seen.size:
+                out[i] = np.interp(self._b, self._b[seen], rel[i, seen])
+        return out * self.corrected() ** 2
 
     def corrected(self) -> np.ndarray:
         """Step times for the table search: the profile times the spread correction."""

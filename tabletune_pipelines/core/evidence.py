@@ -254,6 +254,31 @@ def _boundaries(chosen: Sequence[int], ks: Sequence[int], log_ratio: np.ndarray,
     return tuple(out)
 
 
+def _revise(incumbent: Sequence[int], g: np.ndarray, log_ratio: np.ndarray, sd: np.ndarray, z: float, lim: float,
+            ks: tuple[int, ...], rows: list[int]) -> tuple[int, ...]:
+    """The evidence rule with the incumbent's k at each B as the k kept (vectorised over B: each
+    batch size's decision depends on its own column only)."""
+    n = g.shape[1]
+    inc = np.asarray(incumbent, dtype=np.int64)
+    if inc.shape != (n,):
+        raise InvalidValueError(f"incumbent has {inc.size} batch sizes; the step times have {n}")
+    row_of = {k: i for i, k in enumerate(ks) if i in rows}
+    cur = np.array([row_of.get(int(k), -1) for k in inc], dtype=np.int64)
+    cols = np.arange(n)
+    allowed = np.zeros(len(ks), dtype=bool)
+    allowed[rows] = True
+    have = cur >= 0
+    c_row = np.where(have, cur, 0)
+    lcb = log_ratio[:, c_row, cols] - z * sd[:, c_row, cols]  # (K, N): each k over the incumbent
+    ok = (lcb > lim) & allowed[:, None] & (np.arange(len(ks))[:, None] != c_row[None, :])
+    # No allowed incumbent: every allowed k is a candidate, the best point estimate wins.
+    ok[:, ~have] = allowed[:, None]
+    masked = np.where(ok, g, -np.inf)
+    best = masked.argmax(axis=0)  # first maximum, like max() over the rows in order
+    pick = np.where(ok.any(axis=0), best, c_row)
+    return tuple(int(ks[i]) for i in pick)
+
+
 def search_with_evidence(
     step_ms_dense: np.ndarray,
     step_cov_dense: np.ndarray | None,
@@ -265,6 +290,7 @@ def search_with_evidence(
     threshold: float = DEFAULT_STICKINESS,
     confidence: float = DEFAULT_CONFIDENCE,
     policy: SearchPolicy = DEFAULT_POLICY,
+    incumbent: Sequence[int] | None = None,
 ) -> EvidenceTable:
     """The table search of the module docstring on dense T (K, N) and its (co)variances.
 
@@ -272,6 +298,13 @@ def search_with_evidence(
     decides on point estimates, which is the stickiness rule. ``policy="stickiness"`` runs the
     method's rule (``core.table.choose_draft_lengths``) and reports the same evidence for its
     boundaries.
+
+    ``incumbent`` (k per batch size, index B - 1): the table in force, for a search that revises it
+    (the online controller's rebuild). The k kept unless another is better beyond the evidence
+    threshold is then the incumbent's k at the same B instead of the previous batch size's pick, so a
+    k changes at a batch size only on evidence and a range is never narrower than the evidence that
+    moved it. An incumbent k that is not allowed has no claim: the best point estimate is taken there.
+    Only the evidence policy takes an incumbent.
     """
     ks = tuple(int(k) for k in ks)
     if policy not in SEARCH_POLICIES:
@@ -292,7 +325,11 @@ def search_with_evidence(
     log_ratio = logg[:, None, :] - logg[None, :, :]
     z = z_value(confidence, len(rows) - 1)
     if policy == "stickiness":
+        if incumbent is not None:
+            raise InvalidValueError("an incumbent table is revised by the evidence policy only, not by 'stickiness'")
         chosen = choose_draft_lengths(t, ks, rates, allowed_ks=allowed, stickiness=threshold).chosen
+    elif incumbent is not None:
+        chosen = _revise(incumbent, g, log_ratio, sd, z, math.log1p(threshold), ks, rows)
     else:
         lim = math.log1p(threshold)
         picks: list[int] = []

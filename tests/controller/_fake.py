@@ -17,7 +17,7 @@ import numpy as np
 
 from tabletune_pipelines.controller.loader import EngineFacts
 from tabletune_pipelines.controller.logic import Controller
-from tabletune_pipelines.core.table import choose_draft_lengths, compact_ranges
+from tabletune_pipelines.core.table import choose_draft_lengths, compact_ranges, goodput_matrix
 from tabletune_pipelines.published import published_document, write_published_table
 
 N, K = 16, 3
@@ -42,14 +42,23 @@ def true_table(profile, rates, ks=(0, 1, 2, 3), n: int = N, stickiness: float = 
     return compact_ranges(choose_draft_lengths(dense(profile, ks, n), ks, rates, stickiness=stickiness).chosen)
 
 
+def near_best(profile, rates, ks=(0, 1, 2, 3), n: int = N, stickiness: float = 0.005) -> list[set[int]]:
+    """Per B, every k whose goodput is within ``stickiness`` of the best k there: what a table may
+    keep under the stickiness rule, whether its search walks B (the tuner's first search) or revises
+    the table in force (the controller's)."""
+    g = goodput_matrix(dense(profile, ks, n), ks, rates)
+    best = g.max(axis=0)
+    return [{int(k) for i, k in enumerate(ks) if best[b] <= g[i, b] * (1.0 + stickiness)} for b in range(n)]
+
+
 def robust_choices(profile, rates, tol, ks=(0, 1, 2, 3), n: int = N) -> list[set[int]]:
-    """Per B, every k the true table picks for some rates within ``tol`` of ``rates`` (the box's
-    corners and mid-points): a controller whose â is within ``tol`` must pick one of these."""
+    """Per B, every k within the stickiness of the best for some rates within ``tol`` of ``rates``
+    (the box's corners and mid-points): a controller whose â is within ``tol`` must pick one of these."""
     out: list[set[int]] = [set() for _ in range(n)]
     for signs in itertools.product((-1, 0, 1), repeat=len(rates)):
         r = np.minimum.accumulate(np.clip([a + s * t for a, s, t in zip(rates, signs, tol)], 0, 1))
-        for b, k in enumerate(table_dense(true_table(profile, r, ks, n), n)):
-            out[b].add(int(k))
+        for b, ks_b in enumerate(near_best(profile, r, ks, n)):
+            out[b] |= ks_b
     return out
 
 

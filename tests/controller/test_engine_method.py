@@ -160,29 +160,22 @@ def test_step_time_correction_with_a_profile_30_percent_low(rig):
                          max_steps=1500)
     assert hit is not None, [w.controller["table"] for w in mine]
     at = report("step time, corrected", hit, mine)
-    # ... and it stays there. (Before exploration ran in runs, k = K was explored one step at a time and
-    # never timed, so it kept its profile, 30% low, and pulled the table back in about half the runs;
-    # docs/controller.md, exploration_run_steps.) Where the true choice wins by a margin the step-time
-    # noise cannot flip, every later window keeps it. Where this launch measured a near tie (T2/T1 was
-    # 1.03 at B = 8 in one run: k = 1 ahead by 2%), which k wins is noise until the controller asks for
-    # evidence before switching (issue 18); what holds there is the correction itself: every k observed
-    # at B0 has its profile corrected at least half way from the wrong value to the measured one.
+    # ... and it stays there: every later window keeps the true k at B0 (the strict rule). Before
+    # exploration ran in runs, k = K was never timed and kept its profile, 30% low, which pulled the table
+    # back in about half the runs; after that, the per-cell noise of the corrected step times flipped
+    # near ties (one CI run: 7 of 8 later windows). A k now changes at a batch size only when the lower
+    # confidence bound of its gain clears the stickiness (core.evidence, the offline rule), and a batch
+    # size that flips back is held (docs/controller.md, "Flapping").
     _, mine = rig.wait(lambda w: False, version=v, max_steps=at + 800)
     later = [w for w in mine if Rig.steps_into(w, mine) > at]
     kept = [table_dense(w.controller["table"])[b0 - 1] == want_true for w in later]
     g = {k: (1 + sum(rates[:k])) / t_true[k][b0] for k in ks}
     margin = g[want_true] / max(x for k, x in g.items() if k != want_true) - 1
     print(f"  true margin at B = {b0}: k = {want_true} ahead by {margin:.1%}; later windows keeping it "
-          f"{sum(kept)}/{len(kept)}")
+          f"{sum(kept)}/{len(kept)}; switches {mine[-1].controller['switches']} "
+          f"({mine[-1].controller['switches_per_hour']:.0f}/h), reversals {mine[-1].controller['reversals']}")
     assert later
-    if margin >= 0.10:
-        assert all(kept), [w.controller["table"] for w in later]
-    else:
-        full = 1.0 / (1.0 - low)  # T̂/T_prof of a fully corrected k >= 2
-        for k, cells in later[-1].controller["step_time"].items():
-            for b, _ms, n, ratio in cells:
-                if int(b) == b0 and n >= 10 and int(k) >= 2:
-                    assert ratio >= 1 + 0.5 * (full - 1), (k, b, n, ratio, full)
+    assert all(kept), [w.controller["table"] for w in later]
     print(f"  corrections: {mine[-1].controller['step_time']}")
 
     v = rig.publish(ranges=start, rates=rates, profile=t_wrong, allowed_k=list(ks),

@@ -13,10 +13,12 @@ from __future__ import annotations
 import json
 import logging
 
+import numpy as np
 import pytest
 
 from tabletune_pipelines.controller.loader import EngineFacts
-from tabletune_pipelines.controller.search import dense_from_ranges
+from tabletune_pipelines.controller.search import compact, dense_from_ranges
+from tabletune_pipelines.core.table import compact_ranges
 from tabletune_pipelines.live_counters import read_live_counters
 from tests.controller._fake import (
     ENGINE,
@@ -24,8 +26,11 @@ from tests.controller._fake import (
     FakeEngine,
     controller,
     linear_profile,
+    near_best,
+    on_robust_table,
     publish,
     quartered,
+    table_dense,
     true_table,
 )
 from tests.controller._fake import robust_choices as _robust
@@ -263,7 +268,11 @@ def test_repair_from_a_table_shrunk_to_a_quarter(tmp_path, clock):
                 controller={"step_time_correction": False})
     c = controller(p, clock)
     FakeEngine(c, rates, TRUE_T, clock=clock).run(150, 12)  # one rebuild is enough: the prior is right
-    assert [list(r) for r in c.ranges] == tuned
+    # Every batch size on a k within the stickiness of the best (the rebuild revises the wrong table
+    # where the evidence says so: at B = 2 it may keep k = 2, which the tuned table's walk over B
+    # replaced by k = 3 only because k = 3 was in force at B = 1).
+    assert on_robust_table(c.ranges, near_best(PROFILE, rates))
+    assert table_dense(c.ranges)[4:] != table_dense(wrong)[4:]  # no speculation above B = 4 was repaired
 
 
 @pytest.mark.parametrize("with_fix", [False, True], ids=["no exploration, no decay", "exploration + decay"])
@@ -376,3 +385,66 @@ def test_a_file_without_identity_is_refused_and_k_and_n_are_always_checked(tmp_p
 def test_prior_weight_is_capped_by_the_priors_draft_count(tmp_path, clock):
     p = publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=(0.9, 0.8, 0.7), prior_count=500)
     assert controller(p, clock).estimator.prior_weight == 500.0
+
+
+def test_the_rebuild_runs_the_offline_search_on_its_inputs(tmp_path, clock, monkeypatch):
+    """The online rebuild and the offline tuner run one search function (``core.evidence``), and the
+    table the controller installs is exactly that function's answer on the rebuild's inputs."""
+    from tabletune_pipelines.controller import logic
+    from tabletune_pipelines.core import evidence
+    from tabletune_pipelines.tuning import derive
+
+    assert logic.search_with_evidence is evidence.search_with_evidence is derive.search_with_evidence
+    calls = []
+
+    def spy(*args, **kw):
+        out = evidence.search_with_evidence(*args, **kw)
+        calls.append((args, kw, out))
+        return out
+
+    monkeypatch.setattr(logic, "search_with_evidence", spy)
+    rates = (0.7, 0.5, 0.3)
+    p = publish(tmp_path / "pub.json", ranges=quartered(true_table(PROFILE, rates)), rates=rates,
+                allowed_k=[0, 1, 2, 3])
+    c = controller(p, clock)
+    FakeEngine(c, rates, TRUE_T, clock=clock).run(450, 12)
+    assert len(calls) == c.rebuilds >= 4
+    for args, kw, out in calls:
+        assert kw["incumbent"] is not None and kw["confidence"] == 0.95 and kw["threshold"] == 0.005
+        assert kw["rates_cov"] is not None and np.any(kw["rates_cov"])  # acceptance counts carry their error
+        again = evidence.search_with_evidence(*args, **kw)  # the same function on the same inputs
+        assert again.choice.chosen == out.choice.chosen
+    assert [tuple(r) for r in c.candidate_ranges] == [tuple(r) for r in compact_ranges(calls[-1][2].choice.chosen)]
+    assert np.any(calls[-1][0][1])  # the step-time spread is in the evidence (correction is on)
+
+
+def test_flapping_is_counted_and_a_flip_back_is_held(tmp_path, clock):
+    """A boundary that noise pushes back and forth: switches are counted per batch size, and each
+    return to the previous k holds that batch size for 2, 4, 8, ... rebuilds."""
+    rates = (0.7, 0.5, 0.3)
+    p = publish(tmp_path / "pub.json", ranges=[(1, 16, 1)], rates=rates, allowed_k=[1, 2],
+                controller={"step_time_correction": False})
+    c = controller(p, clock)
+    seq = [np.full(16, 2), np.full(16, 1)] * 6  # what a flapping search would answer, rebuild after rebuild
+    inst = []
+    for want in seq:
+        old = dense_from_ranges(c.candidate_ranges, 16)
+        held = c._held_until[1:] > c.rebuilds
+        new = np.where(held, old, want)
+        c._count_switches(old, new)
+        c.candidate_ranges = compact(new)
+        c.rebuilds += 1
+        inst.append(int(new[0]))
+    # 1 -> 2 (a switch); 2 -> 1 (back: reversal 1, held the next 2 rebuilds); 1 -> 2 (back again:
+    # reversal 2, held 4); 2 -> 1 (reversal 3, held 8, still held at the end). 4 switches where the
+    # search asked for 12.
+    assert inst == [2, 1, 1, 1, 2, 2, 2, 2, 2, 1, 1, 1]
+    st = c.state()
+    assert st["switches"] == 16 * 4 and st["reversals"] == 16 * 3
+    assert st["switches_by_batch_size"]["1"] == 4 and st["held_batch_sizes"] == 16
+    assert st["switches_per_hour"] > 0
+    off = controller(publish(tmp_path / "off.json", ranges=[(1, 16, 1)], rates=rates, allowed_k=[1, 2],
+                             controller={"flap_backoff_rebuilds": 0}), clock)
+    off._count_switches(np.full(16, 1), np.full(16, 2))
+    off._count_switches(np.full(16, 2), np.full(16, 1))
+    assert off.reversals == 16 and not np.any(off._held_until)
