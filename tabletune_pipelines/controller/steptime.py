@@ -12,12 +12,19 @@ the observed cells is interpolated linearly between them and held constant beyon
 observed keeps its profile. Pure numpy, no I/O (a simulator can drive it).
 
 Each cell also keeps the sum of squares of its observations, so the correction comes with its
-error: ``var T̂ = n s² / (w_T + n)²`` (s² the cell's sample variance), spread over B as a relative
-variance the same way as the ratio. The table search's evidence rule (``core.evidence``) reads it:
-a k changes at a batch size only where the gain's lower confidence bound clears the stickiness. A
-k never observed keeps its profile as a point estimate (no variance). Consecutive steps share noise,
-so the variance is a lower bound of the truth; the Bonferroni-corrected 95 % bound and the backoff
-on repeated flips (``logic``) cover the rest.
+error. The profile is a prior that can be wrong (that is why it is corrected), so its w_T weight
+carries the profile's own error, σ_p relative, measured as the RMS of (live mean / profile − 1)
+over the cells observed at least ``PROFILE_ERROR_MIN_COUNT`` times, never below
+``PROFILE_ERROR_FLOOR``::
+
+    var T̂ = (w_T² (σ_p T_prof)² + n s²) / (w_T + n)²        (s²: the cell's sample variance)
+
+spread over B as a relative variance the same way as the ratio; a k never observed has the
+profile's error, σ_p relative. So a k with few live steps cannot win on its profile alone when the
+profile has been seen to be off elsewhere. The table search's evidence rule (``core.evidence``)
+reads it: a k changes at a batch size only where the gain's lower confidence bound clears the
+stickiness. Consecutive steps share noise, so the live part is a lower bound of the truth; the
+Bonferroni-corrected 95 % bound and the backoff on repeated flips (``logic``) cover the rest.
 """
 
 from __future__ import annotations
@@ -25,6 +32,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+
+#: A profile is not known better than this on the serving path (relative error of a profiled cell).
+PROFILE_ERROR_FLOOR = 0.05
+#: Live steps a cell needs before its deviation from the profile counts in the profile's error.
+PROFILE_ERROR_MIN_COUNT = 10.0
 
 
 class StepTimeModel:
@@ -75,17 +87,28 @@ class StepTimeModel:
                 out[i] = np.interp(self._b, self._b[seen], r[i, seen])
         return out
 
+    def profile_error(self) -> float:
+        """σ_p: RMS relative deviation of the profile from the live mean over the well-observed
+        cells, at least ``PROFILE_ERROR_FLOOR``."""
+        seen = self.count >= PROFILE_ERROR_MIN_COUNT
+        if not seen.any():
+            return PROFILE_ERROR_FLOOR
+        dev = self.sum_ms[seen] / self.count[seen] / self.profile[seen] - 1.0
+        return max(PROFILE_ERROR_FLOOR, float(np.sqrt(np.mean(dev * dev))))
+
     def variance(self) -> np.ndarray:
-        """Variance (ms²) of ``corrected()`` per (k, B): each observed cell's ``n s² / (w_T + n)²``
-        as a relative variance, spread over B like the ratio; 0 where a k was never observed twice."""
+        """Variance (ms²) of ``corrected()`` per (k, B) (module docstring): the profile's error weighted
+        by w_T plus the live spread, as a relative variance spread over B like the ratio; a k never
+        observed has the profile's error."""
         n, w = self.count, self.weight
+        sp = self.profile_error()
         mean = self.sum_ms / np.maximum(n, 1e-12)
         s2 = np.where(n > 1, np.maximum(self.sq_ms - n * mean * mean, 0.0) / np.maximum(n - 1.0, 1e-12), 0.0)
-        blended = self.blended()
-        rel = n * s2 / (w + n) ** 2 / blended ** 2
-        out = np.zeros_like(self.profile)
+        var = (w * w * (sp * self.profile) ** 2 + n * s2) / (w + n) ** 2
+        rel = var / self.blended() ** 2
+        out = np.full_like(self.profile, sp * sp)
         for i in range(len(self.ks)):
-            seen = np.flatnonzero(n[i] > 1)
+            seen = np.flatnonzero(n[i] > 0)
             if seen.size:
                 out[i] = np.interp(self._b, self._b[seen], rel[i, seen])
         return out * self.corrected() ** 2

@@ -275,7 +275,15 @@ def _revise(incumbent: Sequence[int], g: np.ndarray, log_ratio: np.ndarray, sd: 
     ok[:, ~have] = allowed[:, None]
     masked = np.where(ok, g, -np.inf)
     best = masked.argmax(axis=0)  # first maximum, like max() over the rows in order
-    pick = np.where(ok.any(axis=0), best, c_row)
+    moving = ok.any(axis=0)
+    pick = np.where(moving, best, c_row)
+    # Where the evidence moves a batch size, it moves to the k of the batch size below when that k is
+    # one of the supported ones and within the stickiness of the best of them (the walk over B's rule),
+    # so a revision does not cut a range the evidence treats alike into pieces.
+    for c in np.flatnonzero(moving[1:]) + 1:
+        r = pick[c - 1]
+        if ok[r, c] and g[r, c] * math.expm1(lim) + g[r, c] >= g[best[c], c]:
+            pick[c] = r
     return tuple(int(ks[i]) for i in pick)
 
 
@@ -303,7 +311,9 @@ def search_with_evidence(
     (the online controller's rebuild). The k kept unless another is better beyond the evidence
     threshold is then the incumbent's k at the same B instead of the previous batch size's pick, so a
     k changes at a batch size only on evidence and a range is never narrower than the evidence that
-    moved it. An incumbent k that is not allowed has no claim: the best point estimate is taken there.
+    moved it. Where the evidence moves a batch size, it moves to the best supported k, or to the k
+    of the batch size below when that one is supported too and within the stickiness of the best.
+    An incumbent k that is not allowed has no claim: the best point estimate is taken there.
     Only the evidence policy takes an incumbent.
     """
     ks = tuple(int(k) for k in ks)

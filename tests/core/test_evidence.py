@@ -237,8 +237,14 @@ def test_revising_changes_k_only_on_evidence_and_is_stable(p):
     g = exact.choice.goodput
     for b, (k0, k1, kn) in enumerate(zip(inc, exact.choice.chosen, noisy.choice.chosen)):
         i0, best = ks.index(k0), g[:, b].max()
-        # Point estimates: keep the incumbent unless the best beats it by more than the stickiness.
-        assert k1 == (k0 if best <= g[i0, b] * (1 + stick) else ks[int(g[:, b].argmax())])
+        # Point estimates: keep the incumbent unless the best beats it by more than the stickiness, and
+        # then move to a k within the stickiness of the best (the best, or the k of the batch size below).
+        if best <= g[i0, b] * (1 + stick):
+            assert k1 == k0
+        else:
+            i1 = ks.index(k1)
+            assert k1 != k0 and g[i1, b] * (1 + stick) >= best
+            assert k1 == ks[int(g[:, b].argmax())] or (b > 0 and k1 == exact.choice.chosen[b - 1])
         # Noise only ever keeps more: a noisy revision changes k only where the exact one does, and to
         # a k that beats the incumbent beyond the stickiness at its lower bound.
         if kn != k0:
