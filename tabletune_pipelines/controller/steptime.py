@@ -13,9 +13,9 @@ observed keeps its profile. Pure numpy, no I/O (a simulator can drive it).
 
 Each cell also keeps the sum of squares of its observations, so the correction comes with its
 error. The profile is a prior that can be wrong (that is why it is corrected), so its w_T weight
-carries the profile's own error, σ_p relative, measured as the RMS of (live mean / profile − 1)
-over the cells observed at least ``PROFILE_ERROR_MIN_COUNT`` times, never below
-``PROFILE_ERROR_FLOOR``::
+carries the profile's own error, σ_p relative per k, measured as the RMS of (live mean / profile
+− 1) over that k's cells observed at least ``PROFILE_ERROR_MIN_COUNT`` times (a k without such
+cells: the largest other k's), never below ``PROFILE_ERROR_FLOOR``::
 
     var T̂ = (w_T² (σ_p T_prof)² + n s²) / (w_T + n)²        (s²: the cell's sample variance)
 
@@ -87,14 +87,16 @@ class StepTimeModel:
                 out[i] = np.interp(self._b, self._b[seen], r[i, seen])
         return out
 
-    def profile_error(self) -> float:
-        """σ_p: RMS relative deviation of the profile from the live mean over the well-observed
-        cells, at least ``PROFILE_ERROR_FLOOR``."""
+    def profile_error(self) -> np.ndarray:
+        """σ_p per k: RMS relative deviation of that k's profile from the live mean over its
+        well-observed cells; a k without any has the largest of the others' (the profile has been
+        seen that far off); never below ``PROFILE_ERROR_FLOOR``."""
         seen = self.count >= PROFILE_ERROR_MIN_COUNT
-        if not seen.any():
-            return PROFILE_ERROR_FLOOR
-        dev = self.sum_ms[seen] / self.count[seen] / self.profile[seen] - 1.0
-        return max(PROFILE_ERROR_FLOOR, float(np.sqrt(np.mean(dev * dev))))
+        dev = np.where(seen, self.sum_ms / np.maximum(self.count, 1e-12) / self.profile - 1.0, 0.0)
+        rows = seen.any(axis=1)
+        rms = np.sqrt((dev * dev).sum(axis=1) / np.maximum(seen.sum(axis=1), 1))
+        fallback = float(rms[rows].max()) if rows.any() else 0.0
+        return np.maximum(PROFILE_ERROR_FLOOR, np.where(rows, rms, fallback))
 
     def variance(self) -> np.ndarray:
         """Variance (ms²) of ``corrected()`` per (k, B) (module docstring): the profile's error weighted
@@ -104,9 +106,9 @@ class StepTimeModel:
         sp = self.profile_error()
         mean = self.sum_ms / np.maximum(n, 1e-12)
         s2 = np.where(n > 1, np.maximum(self.sq_ms - n * mean * mean, 0.0) / np.maximum(n - 1.0, 1e-12), 0.0)
-        var = (w * w * (sp * self.profile) ** 2 + n * s2) / (w + n) ** 2
+        var = (w * w * (sp[:, None] * self.profile) ** 2 + n * s2) / (w + n) ** 2
         rel = var / self.blended() ** 2
-        out = np.full_like(self.profile, sp * sp)
+        out = np.repeat((sp * sp)[:, None], self.n, axis=1)
         for i in range(len(self.ks)):
             seen = np.flatnonzero(n[i] > 0)
             if seen.size:

@@ -44,7 +44,10 @@ def rig(tmp_path_factory):
     r = Rig(srv, pub, wd / "local.live.jsonl")
     r.publish(ranges=[(1, 16, 3)], rates=(0.9, 0.8, 0.7), controller={"step_time_correction": False})
     srv.start()
-    r.load = Load(srv, CLIENTS).start()
+    # Long requests (96-160 tokens): few admissions, so most steps are clean decode steps at B = 8 even
+    # when the clients' threads get little CPU (with 32-64 tokens one run saw 1230 clean steps at B = 1
+    # against 236 at B = 8).
+    r.load = Load(srv, CLIENTS, max_tokens=(96, 160)).start()
     try:
         yield r
     finally:

@@ -63,21 +63,24 @@ def test_summary_lists_observed_cells():
 
 def test_variance_carries_the_profile_error_and_the_live_spread():
     m = model()
-    assert m.profile_error() == 0.05  # nothing observed: the floor
+    assert m.profile_error().tolist() == [0.05, 0.05]  # nothing observed: the floor
     # Nothing observed: every cell has the profile's error, 5 % relative.
     assert np.allclose(m.variance(), (0.05 * m.profile) ** 2)
     # k = 3 at B = 4: 50 steps, half 12 ms and half 14 ms (mean 13, sample variance 50/49 ms²).
     s, c = obs(m.profile.shape, {(1, 4): (12.0, 25)})
     s2, c2 = obs(m.profile.shape, {(1, 4): (14.0, 25)})
     m.add(s + s2, c + c2, sq_ms=np.where(c > 0, 25 * 144.0 + 25 * 196.0, 0.0))
-    # The profile was 30 % off there: σ_p = 0.3.
-    assert m.profile_error() == pytest.approx(0.3)
+    # k = 3's profile was 30 % off there: σ_p = 0.3 for k = 3, and for k = 1, never observed, too.
+    assert m.profile_error() == pytest.approx([0.3, 0.3])
     # var T̂ = (50² (0.3 · 10)² + 50 · 50/49) / 100² = 2.2551 ms² at T̂ = 11.5 ms.
     want = (50 ** 2 * 3.0 ** 2 + 50 * 50 / 49) / 100 ** 2
     assert m.variance()[1, 3] == pytest.approx(want)
     # Spread over B as a relative variance (held beyond the observed cell); k = 1, never observed: σ_p.
     assert m.variance()[1, 7] == pytest.approx(want / 11.5 ** 2 * m.corrected()[1, 7] ** 2)
     assert m.variance()[0, 0] == pytest.approx((0.3 * 5.0) ** 2)
+    # k = 1 observed right on its profile (20 steps of 5 ms at B = 2): its own error, the floor.
+    m.add(*obs(m.profile.shape, {(0, 2): (5.0, 20)}))
+    assert m.profile_error() == pytest.approx([0.05, 0.3])
     # More live steps shrink the profile's share: 950 more at 13 ms.
     m.add(*obs(m.profile.shape, {(1, 4): (13.0, 950)}))
     assert m.variance()[1, 3] < want / 10
