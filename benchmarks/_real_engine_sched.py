@@ -22,12 +22,15 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 from tabletune_pipelines.controller.scheduler import _ControllerMixin
 from tabletune_pipelines.engine.step_scheduler import _TimingMixin
+from tabletune_pipelines.evaluation.baselines import PolicyController
 
 ANCHOR_ENV = "TABLETUNE_EVAL_ANCHOR_FLAG"
 
 
 class EvalScheduler(_TimingMixin, _ControllerMixin, Scheduler):  # type: ignore[misc]
     """Step log + k control around the controller plugin (sync scheduling: the CPU build)."""
+
+    controller_cls = PolicyController  # the ``policy`` setting picks TableTune, TurboSpec- or Nightjar-style
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

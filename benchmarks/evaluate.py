@@ -35,7 +35,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from tabletune_pipelines.controller.baselines import NightjarPolicy, TurboSpecPolicy  # noqa: E402
+from tabletune_pipelines.evaluation.baselines import NightjarPolicy, TurboSpecPolicy  # noqa: E402
 from tabletune_pipelines.documents import AcceptancePrior, StepTimeProfile  # noqa: E402
 from tabletune_pipelines.evaluation import costmodel as cm  # noqa: E402
 from tabletune_pipelines.evaluation import simulator as sim  # noqa: E402

@@ -9,10 +9,15 @@ driven without an engine (tests, a simulator):
 
     settings   ControllerSettings: every parameter, its default, strict parsing
     loader     published file -> StartPoint (or the reason to fall back); the engine-identity check
-    search     the table search (same rule as core.table, vectorised) and vLLM-layout lookups
-    steptime   live step-time correction of the profiled T(B, k)
-    logic      Controller: per-step counting, rebuilds, exploration, hysteresis, reloads, export
+    search     the table's dense/range forms and vLLM-layout lookups (the search itself is
+               core.evidence, the offline tuner's)
+    steptime   live step-time correction of the profiled T(B, k), with its error
+    logic      Controller: per-step counting, rebuilds, exploration, hysteresis, flap counting
+               and backoff, reloads, export
     scheduler  the vLLM adapter: Scheduler / AsyncScheduler subclasses with the three hooks
+
+The evaluation's adaptive baselines are not here: ``evaluation.baselines`` and its own adapter
+``evaluation.scheduler`` (a production engine never imports them).
 
 Importing this package imports nothing heavy; it may import only vLLM, numpy, the stdlib and the
 stdlib/numpy-only library modules (``core``, ``published``, ``live_counters``, ``vocab``, ``errors``);

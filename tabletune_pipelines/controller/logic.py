@@ -75,6 +75,10 @@ class Controller:
     """One engine's controller (see the module docstring). ``published_path`` may be None (then
     it only falls back); ``wall`` gives the UTC seconds used in exported windows."""
 
+    honours_policy = False
+    """Whether this class runs the ``policy`` setting's baselines (``evaluation.baselines.PolicyController``
+    does). This one, the production controller, observes a version whose policy is not ``tabletune``."""
+
     def __init__(self, engine: EngineFacts, published_path: str | os.PathLike[str] | None, *,
                  wall: Callable[[], float] = time.time, clock: Callable[[], float] = time.monotonic,
                  log: logging.Logger | None = None, source: str | None = None) -> None:
@@ -212,7 +216,8 @@ class Controller:
         can_switch = self.engine.launch_ranges is not None
         # The published table is put in force whenever k can be switched; only in control mode
         # (with a prior and a profile) is it rebuilt, explored around and held with hysteresis.
-        controlling = s.mode == "control" and start.can_control and can_switch
+        controlling = (s.mode == "control" and start.can_control and can_switch
+                       and (s.policy == "tabletune" or self.honours_policy))
         table = tuple((a, b, min(K, k)) for a, b, k in pub.ranges)
         lookup, hyst = self._lookups(table, applying=can_switch, controlling=controlling, ks=ks, h=s.hysteresis)
         kmax = max(ks) if ks else 0
@@ -249,6 +254,10 @@ class Controller:
         pub, ks, table = start.published, start.allowed_k, self.ranges
         for note in start.notes:
             self.log.info("TableTune controller: published v%d: %s", pub.version, note)
+        if start.settings.policy != "tabletune" and not self.honours_policy:
+            self.log.warning("TableTune controller: policy %s is an evaluation baseline and runs only under "
+                             "--scheduler-cls tabletune_pipelines.evaluation.scheduler.EvaluationScheduler; this "
+                             "plugin observes and serves the published table", start.settings.policy)
         if not self.applying:
             self.log.warning("TableTune controller: the launch has no num_speculative_tokens_per_batch_size, so k "
                              "cannot change; only observing (launch with a table listing every k in %s)", list(ks))

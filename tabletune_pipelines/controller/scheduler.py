@@ -25,9 +25,11 @@ Nothing here may take the engine down: every hook catches its exceptions and han
 controller, which counts them and logs the first of each kind; a controller that cannot be built
 leaves vLLM's scheduler exactly as it is.
 
-The controller is ``baselines.PolicyController``: ``logic.Controller`` plus the ``policy`` setting,
-so the evaluation's TurboSpec-style and Nightjar-style baselines run in the engine through the same
-three hooks (``policy: turbospec`` / ``nightjar`` in the published file's controller settings).
+The controller is ``logic.Controller`` (``controller_cls``). Nothing here imports the evaluation
+package: the evaluation's TurboSpec-style and Nightjar-style baselines run in an engine only under
+``tabletune_pipelines.evaluation.scheduler.EvaluationScheduler`` (the same three hooks, its
+``controller_cls`` honouring the ``policy`` setting); under this plugin a published ``policy`` other
+than ``tabletune`` is observed only, with a warning.
 """
 
 from __future__ import annotations
@@ -40,9 +42,8 @@ from typing import Any
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-# The controller with the ``policy`` setting honoured (logic.Controller for ``policy: tabletune``).
-from tabletune_pipelines.controller.baselines import PolicyController as Controller
 from tabletune_pipelines.controller.loader import DEPLOYMENT_ENV, EngineFacts
+from tabletune_pipelines.controller.logic import Controller
 from tabletune_pipelines.controller.settings import PUBLISHED_ENV
 from tabletune_pipelines.identity_match import engine_gpu
 
@@ -87,6 +88,8 @@ class _ControllerMixin:
     """The three hooks; mixed in front of vLLM's Scheduler / AsyncScheduler (cooperative super())."""
 
     _tt: Controller | None = None
+    controller_cls: type[Controller] = Controller
+    """The controller the hooks drive (the evaluation scheduler puts its policy-honouring one here)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -95,7 +98,7 @@ class _ControllerMixin:
             if not self.num_spec_tokens:
                 logger.warning("TableTune controller: this launch has no speculative decoding; controller off")
                 return
-            self._tt = Controller(engine_facts(self), os.environ.get(PUBLISHED_ENV) or None, log=logger)
+            self._tt = self.controller_cls(engine_facts(self), os.environ.get(PUBLISHED_ENV) or None, log=logger)
             if self.dynamic_sd_lookup is None:
                 pass  # Controller logged that it can only observe
         except Exception as exc:  # noqa: BLE001 - a controller that cannot start must not stop vLLM

@@ -19,7 +19,7 @@ Two kinds of policy:
 * ``TablePolicy``: a fixed k per batch size (no speculation, each fixed k, a table).
 * An engine-side policy with the controller's hooks, ``next_lookup()`` / ``on_step(...)``: the
   production ``controller.logic.Controller`` (built on a real published file, ``published_for``)
-  or a baseline of ``controller.baselines``. The simulator calls them exactly as the vLLM adapter
+  or a baseline of ``evaluation.baselines``. The simulator calls them exactly as the vLLM adapter
   (``controller/scheduler.py``) does: ``next_lookup()`` before the step (None leaves the engine's
   launch table in force), the step's k = lookup[B], then ``on_step(num_scheduled_tokens,
   scheduled_spec_decode_tokens, req_id_to_index, sampled_token_ids, k, num_new, total_tokens,

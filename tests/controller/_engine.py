@@ -44,7 +44,7 @@ def server_config(work_dir: Path, published: Path, *, method: str = "draft_model
         model=str(m.target_dir), drafter=str(m.draft_dir) if method == "draft_model" else None, method=method,
         num_speculative_tokens=k_max, table=tuple(launch), synthetic_acceptance_rates=None if rates is None
         else tuple(rates), max_num_seqs=max_num_seqs, max_model_len=512, work_dir=str(work_dir), step_timing=False,
-        extra_args=("--scheduler-cls", SCHEDULER + cls), speculative_extra=speculative_extra or {},
+        extra_args=("--scheduler-cls", cls if "." in cls else SCHEDULER + cls), speculative_extra=speculative_extra or {},
         extra_env={PUBLISHED_ENV: str(published), **(extra_env or {})})
 
 

@@ -105,7 +105,8 @@ def test_hooks_hand_over_the_lookup_and_swallow_errors(tmp_path, monkeypatch):
 
 
 def test_a_controller_that_cannot_start_leaves_vllm_alone(monkeypatch):
-    monkeypatch.setattr(adapter, "Controller", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no")))
+    monkeypatch.setattr(adapter._ControllerMixin, "controller_cls",
+                        lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no")))
     s = Wrapped(vllm_config=config())
     assert s._tt is None
     before = list(s.dynamic_sd_lookup)

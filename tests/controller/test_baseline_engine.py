@@ -1,7 +1,8 @@
 """The adaptive baselines choose k inside real vLLM (CPU build), through the controller plugin.
 
 ONE server for the module: tiny target + 1-layer draft model, K = 3, launch table listing every k,
-synthetic acceptance (0.7, 0.5, 0.3), ``--scheduler-cls ...ControllerScheduler`` and the published
+synthetic acceptance (0.7, 0.5, 0.3), ``--scheduler-cls ...evaluation.scheduler.EvaluationScheduler``
+(the production plugin's hooks with the baselines enabled) and the published
 file named by ``TABLETUNE_PUBLISHED_TABLE`` (as an operator turns the controller on). Each test
 publishes a version with ``controller: {policy: ...}`` over a published table of k = 1 everywhere
 (the fallback); what is asserted comes from the controller's export.
@@ -17,12 +18,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tabletune_pipelines.controller.baselines import TurboSpecPolicy
+from tabletune_pipelines.evaluation.baselines import TurboSpecPolicy
 from tabletune_pipelines.controller.search import compact
 from tabletune_pipelines.engine import VLLMServer
 from tests.controller._engine import Load, Rig, server_config
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
+
+#: The controller plugin with the baselines enabled (the production plugin only observes them).
+EVALUATION_SCHEDULER = "tabletune_pipelines.evaluation.scheduler.EvaluationScheduler"
 
 N = 16
 PROFILE = {k: {b: 10 + 0.2 * b + (0.2 + 1.0 * b) * k for b in range(1, N + 1)} for k in range(4)}
@@ -33,7 +37,7 @@ RATES = (0.7, 0.5, 0.3)
 def rig(tmp_path_factory):
     wd = tmp_path_factory.mktemp("controller-baselines")
     pub = wd / "local.json"
-    srv = VLLMServer(server_config(wd, pub, rates=RATES))
+    srv = VLLMServer(server_config(wd, pub, rates=RATES, cls=EVALUATION_SCHEDULER))
     r = Rig(srv, pub, wd / "local.live.jsonl")
     r.publish(ranges=[(1, N, 1)], rates=RATES, profile=PROFILE, controller={"mode": "observe"})
     srv.start()

@@ -1,12 +1,12 @@
 """The ``policy`` setting: the TurboSpec-style and Nightjar-style baselines as controller variants
-(``baselines.PolicyController``, what the vLLM adapter builds), on worked numbers. No vLLM."""
+(``evaluation.baselines.PolicyController``, what the evaluation's vLLM adapter builds), on worked numbers. No vLLM."""
 
 from __future__ import annotations
 
 import pytest
 
-from tabletune_pipelines.controller import baselines
-from tabletune_pipelines.controller.baselines import PolicyController, TurboSpecPolicy
+from tabletune_pipelines.evaluation import baselines
+from tabletune_pipelines.evaluation.baselines import PolicyController, TurboSpecPolicy
 from tabletune_pipelines.controller.loader import EngineFacts
 from tabletune_pipelines.controller.settings import ControllerSettings, SettingsError
 from tabletune_pipelines.live_counters import read_live_counters

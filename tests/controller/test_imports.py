@@ -43,3 +43,32 @@ def test_the_logic_loads_without_vllm_or_torch():
             "print(','.join(m for m in ('vllm', 'torch', 'dagster', 'duckdb', 'pandas') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == ""
+
+
+def test_a_production_engine_imports_no_evaluation_module(tmp_path):
+    """The production plugin (``controller.scheduler``), its controller driven through steps and
+    rebuilds, and a published version naming an evaluation baseline: no module of the evaluation
+    package is ever imported (the baselines run only under ``evaluation.scheduler``)."""
+    code = f"""
+import logging, sys
+from pathlib import Path
+from tabletune_pipelines.controller import scheduler, logic
+from tabletune_pipelines.controller.loader import EngineFacts
+assert scheduler._ControllerMixin.controller_cls is logic.Controller
+from tests.controller._fake import FakeEngine, linear_profile, publish
+clock = [0.0]
+for policy in ("tabletune", "turbospec"):
+    p = publish(Path({str(tmp_path)!r}) / (policy + ".json"), ranges=[(1, 16, 3)], rates=(0.7, 0.5, 0.3),
+                allowed_k=[0, 1, 2, 3], controller={{"policy": policy}})
+    c = scheduler._ControllerMixin.controller_cls(EngineFacts(
+        max_k=3, max_num_seqs=16, launch_ranges=((1, 1, 0), (2, 2, 1), (3, 3, 2), (4, 16, 3))), p,
+        clock=lambda: clock[0], log=logging.getLogger("t"))
+    FakeEngine(c, (0.7, 0.5, 0.3), lambda b, k: linear_profile()[k][b], clock=clock).run(300, 8)
+    assert c.rebuilds >= 2, c.rebuilds
+    assert c.controlling == (policy == "tabletune"), (policy, c.controlling)
+print(",".join(m for m in sys.modules if m.startswith("tabletune_pipelines.evaluation")))
+"""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "", f"the production plugin imported {out.stdout.strip()}"

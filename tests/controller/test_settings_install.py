@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tabletune_pipelines.controller import logic
-from tabletune_pipelines.controller.baselines import PolicyController
+from tabletune_pipelines.evaluation.baselines import PolicyController
 from tabletune_pipelines.controller.search import dense_from_ranges, vllm_lookup
 from tabletune_pipelines.controller.settings import (
     BOUNDS,

@@ -1,11 +1,11 @@
-"""The two adaptive baselines on worked examples (controller/baselines.py)."""
+"""The two adaptive baselines on worked examples (evaluation/baselines.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from tabletune_pipelines.controller.baselines import NightjarPolicy, TurboSpecPolicy, linear_step_model
+from tabletune_pipelines.evaluation.baselines import NightjarPolicy, TurboSpecPolicy, linear_step_model
 
 # T(B, k) = 3 + 0.5·k + 0.05·B·k: exactly linear, so the fitted model is the profile itself.
 PROFILE = {k: {b: 3 + 0.5 * k + 0.05 * b * k for b in (1, 2, 4, 8, 16, 32)} for k in (1, 3)}

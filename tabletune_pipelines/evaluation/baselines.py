@@ -1,4 +1,5 @@
-"""Two adaptive baselines as controller variants: the same hooks as ``logic.Controller``
+"""Two adaptive baselines as controller variants (evaluation only: a production engine, whose plugin
+is ``controller.scheduler``, never imports this module; ``evaluation.scheduler`` runs them in vLLM): the same hooks as ``logic.Controller``
 (``next_lookup()`` before a step, ``on_step(...)`` after it, ``close()``), so the vLLM adapter or
 the replay simulator (``tabletune_pipelines.evaluation.simulator``) drives them unchanged. Stdlib +
 numpy, no vLLM. What each implements from its paper is in docs/evaluation.md, "Baselines".
@@ -200,8 +201,10 @@ class PolicyController(Controller):
     version (a restart of the baseline: its state does not carry over). Whatever goes wrong in a
     baseline — it cannot be built, it raises, it hands back a lookup of the wrong length — is
     counted and logged once (``Controller.fail``) and the published table is served from then on
-    (until the next published version). The vLLM adapter (``scheduler.py``) builds this class."""
+    (until the next published version). The evaluation's vLLM adapter (``evaluation/scheduler.py``)
+    builds this class."""
 
+    honours_policy = True
     policy: TurboSpecPolicy | NightjarPolicy | None = None
     policy_name: str = "tabletune"
 
