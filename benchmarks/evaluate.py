@@ -37,6 +37,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from tabletune_pipelines.evaluation.baselines import NightjarPolicy, TurboSpecPolicy  # noqa: E402
 from tabletune_pipelines.documents import AcceptancePrior, StepTimeProfile  # noqa: E402
+from tabletune_pipelines.core.table import compact_ranges, expand_table  # noqa: E402
 from tabletune_pipelines.evaluation import costmodel as cm  # noqa: E402
 from tabletune_pipelines.evaluation import simulator as sim  # noqa: E402
 from tabletune_pipelines.evaluation.surfaces import Surface, from_cost_model, from_profile  # noqa: E402
@@ -90,19 +91,8 @@ def scaled(ranges, n: int) -> list[list[int]]:
 
 
 def cut(ranges, n: int, K: int) -> list[list[int]]:
-    """Ranges cut to 1..n with k capped at K."""
-    out = []
-    for s, e, k in ranges:
-        if s <= n:
-            out.append([s, min(e, n), min(k, K)])
-    out[-1][1] = n
-    merged: list[list[int]] = []
-    for r in out:
-        if merged and merged[-1][2] == r[2]:
-            merged[-1][1] = r[1]
-        else:
-            merged.append(r)
-    return merged
+    """Ranges cut to 1..n with k capped at K (the table's dense form and back: ``core.table``)."""
+    return compact_ranges(expand_table(ranges, n, K))
 
 
 def fmt_table(r) -> str:

@@ -11,14 +11,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tabletune_pipelines.documents import AcceptancePrior, EngineIdentity, StepTimeProfile
+from tabletune_pipelines.engine.client import EngineClient
+from tabletune_pipelines.engine.errors import EngineError
 from tabletune_pipelines.engine.identity import deployment_identity
 from tabletune_pipelines.engine.installed import installed_vllm_version
 from tabletune_pipelines.engine.plan import ProfileOptions
@@ -53,21 +53,13 @@ class EngineMismatchError(TableTuneError):
 # -- identity ------------------------------------------------------------------------------
 
 def probe_vllm_version(endpoint: str, timeout_s: float = 5.0) -> str:
-    """``GET <endpoint>/version`` → the ``version`` field; unreachable or malformed → EndpointUnreachable."""
-    url = endpoint.rstrip("/") + "/version"
+    """``GET <endpoint>/version`` → the version (``engine.client``: ``EngineClient.version``, whose
+    ``version_from_answer`` is the one reading of the answer); no answer, an error status or an answer
+    without a non-empty version → EndpointUnreachable."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - fleet-configured URL
-            body = resp.read()
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise EndpointUnreachable(f"{url} did not answer: {reason}") from None
-    try:
-        version = json.loads(body)["version"]
-    except (ValueError, KeyError, TypeError):
-        raise EndpointUnreachable(f"{url} answered but not with vLLM's {{\"version\": ...}}: {body[:200]!r}") from None
-    if not isinstance(version, str) or not version:
-        raise EndpointUnreachable(f"{url} answered an empty version: {body[:200]!r}")
-    return version
+        return EngineClient(endpoint).version(timeout=timeout_s)
+    except EngineError as exc:
+        raise EndpointUnreachable(str(exc)) from None
 
 
 def identity_for(dep: Deployment, vllm_version: str) -> EngineIdentity:

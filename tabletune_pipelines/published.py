@@ -1,6 +1,7 @@
 """The published-table file: what the pipeline exports and the controller loads as its prior.
 
-Stdlib only, so the controller inside vLLM reads it with this very module. Writes are atomic
+The controller inside vLLM reads it with this very module, so it imports only the stdlib and
+numpy-only ``core.table`` (whose ``validate_table`` is the one table validator). Writes are atomic
 (temp file in the same folder, fsync, rename, fsync of the folder): a reader in another process
 sees either the previous complete file or the new complete file, never a torn one.
 
@@ -50,7 +51,8 @@ from pathlib import Path
 from typing import Any
 
 from tabletune_pipelines import strict_io
-from tabletune_pipelines.errors import TableTuneError
+from tabletune_pipelines.core.table import validate_table
+from tabletune_pipelines.errors import InvalidTableError, TableTuneError
 from tabletune_pipelines.vocab import MAX_STEP_MS
 
 PUBLISHED_SCHEMA = "tabletune.published_table"
@@ -236,31 +238,20 @@ def _rates(where: str, key: str, v: Any) -> tuple[float, ...]:
 
 
 def validate_ranges(where: str, ranges: Any, max_num_seqs: int, max_k: int) -> tuple[tuple[int, int, int], ...]:
-    """The publish gate's table rules (``core.table.validate_table``), stdlib only."""
+    """``table.ranges`` of a file, by the publish gate's rules (``core.table.validate_table``, the one
+    table validator), after the strict JSON shape: a non-empty list of ``[start, end, k]`` lists of
+    integers (no booleans, floats or strings, which vLLM's ``int()`` would accept)."""
     if not isinstance(ranges, list) or not ranges:
         raise _fail(where, f"table.ranges must be a non-empty list of [start, end, k], got {ranges!r:.80}")
-    parsed = []
     for i, entry in enumerate(ranges):
         if not isinstance(entry, list) or len(entry) != 3:
             raise _fail(where, f"table.ranges[{i}] = {entry!r:.80} must be a [start, end, k] list")
-        s, e, k = (_int(where, f"table.ranges[{i}][{j}]", x) for j, x in enumerate(entry))
-        if s < 1 or e < s:
-            raise _fail(where, f"table.ranges[{i}] = {entry}: need 1 <= start <= end")
-        if not 0 <= k <= max_k:
-            raise _fail(where, f"table.ranges[{i}] = {entry}: k = {k} is outside 0..max_k = {max_k}")
-        parsed.append((s, e, k))
-    parsed.sort()
-    if parsed[0][0] != 1:
-        raise _fail(where, f"the first range {list(parsed[0])} must start at 1")
-    for prev, cur in zip(parsed, parsed[1:]):
-        if cur[0] <= prev[1]:
-            raise _fail(where, f"ranges {list(prev)} and {list(cur)} overlap")
-        if cur[0] != prev[1] + 1:
-            raise _fail(where, f"gap between ranges {list(prev)} and {list(cur)}: batch sizes "
-                               f"{prev[1] + 1}..{cur[0] - 1} have no k")
-    if parsed[-1][1] != max_num_seqs:
-        raise _fail(where, f"the last range {list(parsed[-1])} must end at max_num_seqs = {max_num_seqs}")
-    return tuple(parsed)
+        for j, x in enumerate(entry):
+            _int(where, f"table.ranges[{i}][{j}]", x)
+    try:
+        return tuple(validate_table(ranges, max_num_seqs, max_k))
+    except InvalidTableError as exc:
+        raise _fail(where, f"table.ranges: {exc}") from None
 
 
 def _key_int(key: Any) -> int | None:
@@ -599,7 +590,7 @@ def controller_fields(
     deployment's ``controller:`` mapping; ``live_counters``: the fleet's ``live_counters`` path, which
     becomes the controller's ``export_path`` unless the mapping sets one (what the controller
     exports is then what ``live_acceptance_counters`` ingests). Objects are read through their
-    ``to_dict()``, so this module stays stdlib-only.
+    ``to_dict()``, so this module needs no document class.
     """
 
     def as_dict(x: Any) -> dict[str, Any] | None:

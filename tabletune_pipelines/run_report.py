@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tabletune_pipelines.core.table import dense_from_ranges
+
 DOCS_EXAMPLE = ((1, 64, 3), (65, 128, 1), (129, 512, 0))
 
 
@@ -31,15 +33,6 @@ def docs_table(max_num_seqs: int, max_k: int) -> list[list[int]]:
         out.append([s, min(e, max_num_seqs), min(k, max_k)])
     out[-1][1] = max_num_seqs
     return out
-
-
-def _dense(ranges: Sequence[Sequence[int]], n: int) -> list[int]:
-    ks = [0] * n
-    for s, e, k in ranges:
-        for b in range(int(s), int(e) + 1):
-            if 1 <= b <= n:
-                ks[b - 1] = int(k)
-    return ks
 
 
 @dataclass(frozen=True)
@@ -68,7 +61,7 @@ def compare_to_docs(evidence, ks: Sequence[int], table: Sequence[Sequence[int]],
     """``evidence``: the ``EvidenceTable`` of ``derive_table`` (its ``log_ratio`` and ``log_sd``, (K, K, N))."""
     ks = [int(k) for k in ks]
     docs = docs_table(max_num_seqs, max_k)
-    mine, theirs = _dense(table, max_num_seqs), _dense(docs, max_num_seqs)
+    mine, theirs = dense_from_ranges(table, max_num_seqs).tolist(), dense_from_ranges(docs, max_num_seqs).tolist()
     lr, ls = np.asarray(evidence.log_ratio), np.asarray(evidence.log_sd)
     ratio, sd = np.ones(max_num_seqs), np.zeros(max_num_seqs)
     for b in range(max_num_seqs):

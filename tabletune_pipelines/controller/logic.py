@@ -54,10 +54,11 @@ from tabletune_pipelines.controller.search import (
     vllm_lookup,
 )
 from tabletune_pipelines.controller.settings import ControllerSettings
-from tabletune_pipelines.controller.steptime import StepTimeModel
+from tabletune_pipelines.controller.steptime import ServedPrior, StepTimeModel, served_prior
 from tabletune_pipelines.core.acceptance import AcceptanceEstimator, EstimatorConfig
 from tabletune_pipelines.core.evidence import search_with_evidence
 from tabletune_pipelines.core.noise import rates_covariance
+from tabletune_pipelines.core.stepcost import StepCost, Workload
 from tabletune_pipelines.live_counters import append_line, window_line
 
 logger = logging.getLogger("tabletune.controller")
@@ -154,6 +155,11 @@ class Controller:
         # Clean step intervals since the last rebuild: {row * (n + 1) + B: [sum ms, count]}, only the
         # cells visited (a handful), so folding them in costs nothing at max_num_seqs 1024.
         self._obs: dict[int, list[float]] = {}
+        # Every served step's interval, same keys ([sum ms, count, sum of squares]).
+        self._obs_all: dict[int, list[float]] = {}
+        # The live workload (requests admitted, prefill tokens, tokens produced), halved at rebuilds.
+        self._wl = [0.0, 0.0, 0.0]
+        self.served: ServedPrior | None = None
         self._initial_load()
 
     # ------------------------------------------------------------------ loading
@@ -213,6 +219,10 @@ class Controller:
             for i, k in enumerate(ks):
                 k_row[k] = i
             tp = [[0.0, *row] for row in start.profile_ms.tolist()]
+        served = served_prior(pub.document) if model is not None else None
+        if isinstance(served, str):
+            self._once("served:" + served, "TableTune controller: published v%d: %s", pub.version, served)
+            served = None
         can_switch = self.engine.launch_ranges is not None
         # The published table is put in force whenever k can be switched; only in control mode
         # (with a prior and a profile) is it rebuilt, explored around and held with hysteresis.
@@ -234,13 +244,18 @@ class Controller:
                          or [[(kmax, explore)] * run])
         return {
             "start": start, "settings": s, "fallback_reason": None, "_last_estimate": (),
-            "estimator": estimator, "model": model, "_k_row": k_row, "_tp": tp, "_obs": {},
+            "estimator": estimator, "model": model, "_k_row": k_row, "_tp": tp, "_obs": {}, "_obs_all": {},
+            "served": served, "_wl": [0.0, 0.0, 0.0],
             "_hist_d": [0] * (K + 1), "_hist_a": [0] * (K + 1), "_st_tol": float(s.step_time_outlier_ratio),
             "_N": N, "_next_rebuild": self.steps + N, "_explore_every": every,
             "_explore_run": int(s.exploration_run_steps), "_next_explore": self.steps + every,
             "_explore_left": 0, "_explore_pending": 0, "applying": can_switch, "controlling": controlling,
             "candidate_ranges": table, "ranges": table, "_lookup": lookup, "_hyst": hyst, "_explore": explore,
             "_explore_k": kmax, "_explore_cycle": explore_cycle, "_explore_i": 0, "_explore_seq": explore_cycle[0],
+            # A new version starts its own flap history (its table is not the old one's); the switch
+            # counts stay cumulative for the export.
+            "_k_before": np.full(n + 1, -1, dtype=np.int64), "_backoff_level": np.zeros(n + 1, dtype=np.int64),
+            "_held_until": np.zeros(n + 1, dtype=np.int64),
         }
 
     def _commit(self, start: StartPoint, new: dict[str, Any]) -> None:
@@ -383,9 +398,26 @@ class Controller:
         self._win_tokens += b + kept
         if k_next is None:  # an engine whose SchedulerOutput lacks the field: the k just verified
             k_next = longest
+        self._wl[0] += num_new
+        self._wl[1] += max(0, total_tokens - b - drafted)
+        self._wl[2] += b + kept
         if last is not None and self._prev_b:
             dt = now - last
             self._win_busy += dt
+            if self._tp and k_next is not None and 0 <= k_next <= self._K and b <= self._n:
+                # Every served step: what serving pays at (B, k), prefill and graph changes included.
+                row = self._k_row[k_next]
+                if row >= 0:
+                    ms = dt * 1000.0
+                    if ms <= self._tp[row][b] * self._st_tol * self._st_tol:
+                        key = row * (self._n + 1) + b
+                        cell = self._obs_all.get(key)
+                        if cell is None:
+                            self._obs_all[key] = [ms, 1.0, ms * ms]
+                        else:
+                            cell[0] += ms
+                            cell[1] += 1.0
+                            cell[2] += ms * ms
             # A clean decode step: same requests' count and k as the step before, nothing admitted,
             # no prefill tokens. Its interval is one whole step at (B, k) (as the profile timed it).
             # Judged by the k each step reports, not by which lookup was handed out last: with the
@@ -464,6 +496,16 @@ class Controller:
             add_c[rows, bs - 1] = vals[:, 1]
             add_q[rows, bs - 1] = vals[:, 2]
             model.add(add_s, add_c, add_q)
+        if model is not None and self._obs_all:
+            keys = np.fromiter(self._obs_all.keys(), dtype=np.int64, count=len(self._obs_all))
+            vals = np.asarray(list(self._obs_all.values()), dtype=float)
+            self._obs_all = {}
+            rows, bs = np.divmod(keys, self._n + 1)
+            add_s, add_c, add_q = (np.zeros_like(model.profile) for _ in range(3))
+            add_s[rows, bs - 1] = vals[:, 0]
+            add_c[rows, bs - 1] = vals[:, 1]
+            add_q[rows, bs - 1] = vals[:, 2]
+            model.add_served(add_s, add_c, add_q)
         if start is not None and est is not None and model is not None:
             self._search(t0, est, model, start)
         self.export(now)
@@ -489,6 +531,7 @@ class Controller:
                                 h=s.hysteresis) if self.controlling and new != old else None
         drafted_live, accepted_live, w = est.drafted.copy(), est.accepted.copy(), est.prior_weight
         est.rebuild()  # halves the live counters, decays w
+        self._wl = [x * 0.5 for x in self._wl]
         if s.halve_after_rebuild and s.live_count_floor > 0:
             # ... but not below the floor: keep max(d / 2, min(d, floor)) draws, same acceptance ratio.
             keep = np.maximum(drafted_live * 0.5, np.minimum(drafted_live, s.live_count_floor))
@@ -531,7 +574,21 @@ class Controller:
         if s.step_time_correction:
             times, var = model.corrected(), model.variance()
         else:
-            times, var = model.profile, None
+            times, var = model.profile, np.zeros_like(model.profile)
+        if self.served is not None or s.step_time_correction:
+            # What a served step costs over the decode surface: the tuner's pricing (the one step-cost
+            # model, core.stepcost) under the live workload, corrected by every served step observed.
+            e0 = v0 = None
+            if self.served is not None:
+                cost = StepCost(ks=tuple(start.allowed_k), decode_ms=times, envelope=self.served.envelope,
+                                fits=self.served.fits).served(rates, self.workload())
+                e0, v0 = cost.extra_ms, cost.var
+            if s.step_time_correction:
+                extra, xvar = model.served_extra(e0, v0)
+            else:
+                extra, xvar = e0, v0
+            times = np.maximum(times + extra, 1e-6)
+            var = var + xvar
         n_eff = est.prior_weight + est.drafted  # the prior counts as w drafts at every position
         cov = rates_covariance(rates, drafted_per_pos=n_eff.tolist())
         incumbent = dense_from_ranges(self.candidate_ranges, self._n)
@@ -543,6 +600,20 @@ class Controller:
         if held.any():
             chosen[held] = incumbent[held]
         return chosen
+
+    #: Requests the published workload counts as, against the live ones.
+    WORKLOAD_PRIOR_REQUESTS = 100.0
+
+    def workload(self) -> Workload | None:
+        """L_in and L_out in force: the published workload blended with the live one (prefill tokens
+        and tokens produced per admitted request), the published one counting as
+        ``WORKLOAD_PRIOR_REQUESTS`` requests. None without a published workload."""
+        if self.served is None:
+            return None
+        w0, (new, prefill, made) = self.served.workload, self._wl
+        W = self.WORKLOAD_PRIOR_REQUESTS
+        return Workload(prompt_tokens=max(1.0, (W * w0.prompt_tokens + prefill) / (W + new)),
+                        output_tokens=max(1.0, (W * w0.output_tokens + made) / (W + new)), source="live")
 
     def _count_switches(self, old: np.ndarray, new: np.ndarray) -> None:
         """Count each batch size whose k changes; one that returns to its k before its last change
@@ -627,6 +698,10 @@ class Controller:
         if self.model is not None:
             st["step_time_weight"] = round(self.model.weight, 4)
             st["step_time"] = self.model.summary()
+            st["served_step"] = self.model.served_summary()
+        wl = self.workload()
+        if wl is not None:
+            st["workload"] = {"prompt_tokens": round(wl.prompt_tokens, 2), "output_tokens": round(wl.output_tokens, 2)}
         return st
 
     def export(self, now: float, *, force: bool = False) -> bool:

@@ -1,4 +1,8 @@
-"""The lookups the controller hands vLLM, and the table's dense/range forms, sized for the rebuild budget.
+"""The lookups the controller hands vLLM, sized for the rebuild budget.
+
+The table's dense and range forms are ``core.table``'s (``dense_from_ranges``, vectorised;
+``compact_ranges``); ``dense_from_ranges`` is re-exported here and ``compact`` gives the ranges as
+tuples.
 
 The table search itself is the offline tuner's (``core.evidence.search_with_evidence``, revising
 the table in force; vectorised over B).
@@ -13,24 +17,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tabletune_pipelines.core.table import compact_ranges, dense_from_ranges
+
+__all__ = ["compact", "dense_from_ranges", "hysteresis_lookups", "vllm_lookup"]
+
 
 def compact(chosen: Sequence[int]) -> tuple[tuple[int, int, int], ...]:
-    """Dense k per batch size (index B - 1) → vLLM's ranges ``((start, end, k), ...)``."""
-    arr = np.asarray(chosen, dtype=np.int64)
-    if arr.size == 0:
-        return ()
-    cuts = np.flatnonzero(np.diff(arr)) + 1
-    starts = np.concatenate([[0], cuts])
-    ends = np.concatenate([cuts, [arr.size]])
-    return tuple((int(s) + 1, int(e), int(arr[s])) for s, e in zip(starts, ends))
-
-
-def dense_from_ranges(ranges: Sequence[Sequence[int]], n: int) -> np.ndarray:
-    """k per batch size (index B - 1) of contiguous ranges covering 1..n."""
-    out = np.zeros(n, dtype=np.int64)
-    for s, e, k in ranges:
-        out[int(s) - 1:min(int(e), n)] = int(k)
-    return out
+    """``core.table.compact_ranges`` as tuples ``((start, end, k), ...)``, the form the controller
+    compares and stores (a published file's ranges); () for no batch size."""
+    return tuple((s, e, k) for s, e, k in compact_ranges(chosen)) if len(chosen) else ()
 
 
 def vllm_lookup(dense: np.ndarray) -> list[int]:

@@ -25,13 +25,32 @@ profile has been seen to be off elsewhere. The table search's evidence rule (``c
 reads it: a k changes at a batch size only where the gain's lower confidence bound clears the
 stickiness. Consecutive steps share noise, so the live part is a lower bound of the truth; the
 Bonferroni-corrected 95 % bound and the backoff on repeated flips (``logic``) cover the rest.
+
+**Served.** A clean decode step is what the profile timed; serving also runs steps that carry
+prefill and, on a GPU, steps that cross the CUDA-graph capture ceiling (docs/method.md, "What a
+served step costs"). Every served step's interval is therefore also kept per cell (k, B) (intervals
+over ``outlier_ratio²`` times the profile are pauses, not steps). What a served step costs over the
+decode surface, per cell::
+
+    Ê(B, k) = (w_T · E_prior(B, k) + n · (mean of every step − T̂(B, k))) / (w_T + n)
+
+with E_prior the tuner's own served pricing (``core.stepcost.StepCost.served`` on the published
+fits, envelope and a live workload estimate; 0 when the table was priced on decode steps alone).
+The difference from the prior is spread over B per k like the ratio. The prior's error is its fits'
+variance plus half the larger of E_prior and the largest extra observed anywhere, so a k never
+observed borrows no saving it was not shown. The search then prices T̂ + Ê: the cost serving pays,
+with its variance.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+
+from tabletune_pipelines.core.stepcost import GraphEnvelope, PrefillFit, Workload
 
 #: A profile is not known better than this on the serving path (relative error of a profiled cell).
 PROFILE_ERROR_FLOOR = 0.05
@@ -55,6 +74,10 @@ class StepTimeModel:
         self.sum_ms = np.zeros_like(self.profile)
         self.sq_ms = np.zeros_like(self.profile)
         self.count = np.zeros_like(self.profile)
+        # Every served step (clean or not) per cell: what serving pays there (module docstring, "Served").
+        self.all_sum = np.zeros_like(self.profile)
+        self.all_sq = np.zeros_like(self.profile)
+        self.all_count = np.zeros_like(self.profile)
         self._b = np.arange(1, self.n + 1, dtype=float)
 
     def add(self, sum_ms: np.ndarray, count: np.ndarray, sq_ms: np.ndarray | None = None) -> None:
@@ -71,6 +94,46 @@ class StepTimeModel:
             self.sum_ms *= scale
             self.sq_ms *= scale
             self.count *= scale
+
+    def add_served(self, sum_ms: np.ndarray, count: np.ndarray, sq_ms: np.ndarray) -> None:
+        """Add every served step's interval per cell (prefill and graph changes included), capped
+        like the clean steps."""
+        self.all_sum += sum_ms
+        self.all_count += count
+        self.all_sq += sq_ms
+        over = self.all_count > self.max_count
+        if over.any():
+            scale = np.where(over, self.max_count / np.maximum(self.all_count, 1e-12), 1.0)
+            self.all_sum *= scale
+            self.all_sq *= scale
+            self.all_count *= scale
+
+    def served_extra(self, prior_extra: np.ndarray | None = None,
+                     prior_var: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(extra ms, its variance) a served step costs over the decode surface per (k, B): the
+        prior's (``core.stepcost`` from the published fits, or 0) blended with the observed mean of
+        every served step minus the corrected decode time, the prior counting as w_T steps (module
+        docstring, "Served"). The prior's error: its fits' variance plus half the larger of its
+        value and the largest extra observed anywhere (a k never observed may pay as much)."""
+        shape = self.profile.shape
+        e0 = np.zeros(shape) if prior_extra is None else np.asarray(prior_extra, float)
+        v0 = np.zeros(shape) if prior_var is None else np.asarray(prior_var, float)
+        n, w = self.all_count, self.weight
+        mean = self.all_sum / np.maximum(n, 1e-12)
+        e_obs = mean - self.corrected()
+        well = n >= PROFILE_ERROR_MIN_COUNT
+        e_ref = max(0.0, float(e_obs[well].max())) if well.any() else 0.0
+        v0 = v0 + (0.5 * np.maximum(e0, e_ref)) ** 2
+        s2 = np.where(n > 1, np.maximum(self.all_sq - n * mean * mean, 0.0) / np.maximum(n - 1.0, 1e-12), 0.0)
+        e_hat = (w * e0 + n * e_obs) / (w + n)
+        v_hat = (w * w * v0 + n * s2) / (w + n) ** 2
+        out_e, out_v = e0.copy(), v0.copy()
+        for i in range(len(self.ks)):
+            seen = np.flatnonzero(n[i] > 0)
+            if seen.size:
+                out_e[i] = e0[i] + np.interp(self._b, self._b[seen], (e_hat - e0)[i, seen])
+                out_v[i] = np.interp(self._b, self._b[seen], v_hat[i, seen])
+        return out_e, out_v
 
     def blended(self) -> np.ndarray:
         """T̂ at every cell (the profile where nothing was observed)."""
@@ -123,6 +186,22 @@ class StepTimeModel:
         """After a rebuild: the profile's weight halves (down to its floor)."""
         self.weight = max(self.min_weight, self.weight * 0.5)
 
+    def served_summary(self, max_cells: int = 8) -> dict[str, list[list[float]]]:
+        """Cells with served steps per k, most observed first: ``{k: [[B, mean ms of every step, count,
+        mean − corrected decode ms], ...]}``."""
+        out: dict[str, list[list[float]]] = {}
+        dec = self.corrected()
+        for i, k in enumerate(self.ks):
+            seen = np.flatnonzero(self.all_count[i] > 0)
+            if not seen.size:
+                continue
+            top = seen[np.argsort(-self.all_count[i, seen], kind="stable")[:max_cells]]
+            out[str(k)] = [[int(j + 1), round(float(self.all_sum[i, j] / self.all_count[i, j]), 4),
+                            round(float(self.all_count[i, j]), 1),
+                            round(float(self.all_sum[i, j] / self.all_count[i, j] - dec[i, j]), 4)]
+                           for j in sorted(top)]
+        return out
+
     def summary(self, max_cells: int = 16) -> dict[str, list[list[float]]]:
         """Observed cells per k, most observed first: ``{k: [[B, live mean ms, count, T̂/T_prof], ...]}``."""
         out: dict[str, list[list[float]]] = {}
@@ -136,3 +215,34 @@ class StepTimeModel:
                             round(float(self.count[i, j]), 1), round(float(blended[i, j] / self.profile[i, j]), 4)]
                            for j in sorted(top)]
         return out
+
+
+@dataclass(frozen=True)
+class ServedPrior:
+    """The tuner's served-step pricing, read from the published table's ``served_cost``: the graph
+    envelope, the mixed-step fits per transition and the workload it priced (``core.stepcost``)."""
+
+    envelope: GraphEnvelope
+    """Which steps get CUDA graphs on the engine the table was tuned for."""
+    fits: Mapping[str, PrefillFit]
+    """Mixed-step extra cost per graph transition."""
+    workload: Workload
+    """Prompt and output lengths the table was priced for (the live estimate starts here)."""
+
+
+def served_prior(document: Mapping[str, Any]) -> ServedPrior | str | None:
+    """The published document's served-cost model; None when the table was priced on decode steps
+    alone; one sentence when it is there but unreadable (the controller then prices decode steps)."""
+    table = document.get("table") if isinstance(document, Mapping) else None
+    sc = table.get("served_cost") if isinstance(table, Mapping) else None
+    if not sc:
+        return None
+    try:
+        env = sc["envelope"]
+        envelope = GraphEnvelope(cudagraph_mode=str(env["cudagraph_mode"]), capture_ceiling=env["capture_ceiling"],
+                                 max_num_batched_tokens=env["max_num_batched_tokens"])
+        fits = {str(t): PrefillFit.from_dict(f) for t, f in dict(sc.get("fits") or {}).items()}
+        return ServedPrior(envelope=envelope, fits=fits, workload=Workload.from_dict(sc["workload"]))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        return (f"its served-cost model is unreadable ({type(exc).__name__}: {str(exc)[:120]}); served steps are "
+                "priced from live observations only")

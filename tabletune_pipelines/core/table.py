@@ -100,42 +100,46 @@ def validate_table(table: object, max_num_seqs: int, max_k: int) -> Schedule:
     return parsed
 
 
+def dense_from_ranges(ranges: Sequence[Sequence[int]], n: int, max_k: int | None = None) -> np.ndarray:
+    """k per batch size B = 1..n (index B - 1) of ranges ``[[start, end, k], ...]``: the one expansion
+    of a table's range form into its dense form (vectorised; the controller's rebuilds call it).
+
+    B gets the k of the range with the largest start <= B, so a gap or the tail past the last range
+    carries the previous k forward, as vLLM's ``build_dynamic_sd_schedule_lookup`` does; k is capped
+    at ``max_k`` when given; a B below every start gets 0. The ranges are not validated here
+    (``expand_table`` validates first).
+    """
+    if n <= 0:
+        return np.zeros(0, dtype=np.int64)
+    arr = np.asarray([[int(r[0]), int(r[2])] for r in ranges], dtype=np.int64).reshape(-1, 2)
+    if arr.shape[0] == 0:
+        return np.zeros(n, dtype=np.int64)
+    arr = arr[np.argsort(arr[:, 0], kind="stable")]
+    idx = np.searchsorted(arr[:, 0], np.arange(1, n + 1), side="right") - 1
+    out = np.where(idx >= 0, arr[np.maximum(idx, 0), 1], 0)
+    return out if max_k is None else np.minimum(out, max_k)
+
+
 def expand_table(table: object, max_num_seqs: int, max_k: int) -> list[int]:
-    """Dense k per batch size, index B - 1, mirroring ``build_dynamic_sd_schedule_lookup``
-    (gaps and the tail carry the previous k forward; k is capped at ``max_k``)."""
+    """Dense k per batch size, index B - 1, of a table vLLM accepts, exactly as vLLM's
+    ``build_dynamic_sd_schedule_lookup`` builds it (tests compare both): ``validate_vllm_schedule``,
+    then ``dense_from_ranges`` capped at ``max_k``."""
     if max_num_seqs <= 0 or max_k <= 0:
         raise InvalidTableError(f"max_num_seqs = {max_num_seqs} and max_k = {max_k} must both be > 0")
     parsed = validate_vllm_schedule(table)
-    dense = [0] * max_num_seqs
-    nxt = 1
-    last_k = None
-    for start, end, k in parsed:
-        if start > nxt and last_k is not None:
-            for b in range(nxt, min(start, max_num_seqs + 1)):
-                dense[b - 1] = min(max_k, last_k)
-        for b in range(max(start, nxt), min(end, max_num_seqs) + 1):
-            dense[b - 1] = min(max_k, k)
-        nxt = max(nxt, end + 1)
-        last_k = k
-        if nxt > max_num_seqs:
-            break
-    for b in range(nxt, max_num_seqs + 1):
-        dense[b - 1] = min(max_k, last_k)
-    return dense
+    return [int(k) for k in dense_from_ranges(parsed, max_num_seqs, max_k)]
 
 
 def compact_ranges(ks: Sequence[int]) -> list[list[int]]:
-    """Dense k per batch size (index B - 1) → vLLM's ``[[start, end, k], ...]``."""
-    if len(ks) == 0:
+    """Dense k per batch size (index B - 1) → vLLM's ``[[start, end, k], ...]``: the one compaction
+    of a table's dense form into its range form (vectorised)."""
+    arr = np.asarray(ks, dtype=np.int64).reshape(-1)
+    if arr.size == 0:
         raise InvalidTableError("cannot build a table for zero batch sizes")
-    out: list[list[int]] = []
-    for b, k in enumerate(ks, start=1):
-        k = int(k)
-        if out and out[-1][2] == k:
-            out[-1][1] = b
-        else:
-            out.append([b, b, k])
-    return out
+    cuts = np.flatnonzero(np.diff(arr)) + 1
+    starts = np.concatenate([[0], cuts])
+    ends = np.concatenate([cuts, [arr.size]])
+    return [[int(s) + 1, int(e), int(arr[s])] for s, e in zip(starts, ends)]
 
 
 def allowed_ks_from_table(table: object) -> list[int]:

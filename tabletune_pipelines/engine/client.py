@@ -1,4 +1,5 @@
-"""HTTP client of one vLLM OpenAI-compatible server: health, completions, metrics, version.
+"""HTTP client of one vLLM OpenAI-compatible server: health, completions, metrics, version
+(``version_from_answer`` is the one reading of ``GET /version``, for remote deployments too).
 
 Stdlib only (``urllib``). Errors are ``EngineError``s; ``EngineUnreachable`` when nothing
 answered (the process owner, ``VLLMServer``, then checks whether the server died and adds the
@@ -44,7 +45,7 @@ class EngineClient:
     def _call(self, path: str, *, data: bytes | None = None, timeout: float) -> tuple[int, bytes]:
         try:
             return http_request(self.base_url + path, data=data, timeout=timeout)
-        except (OSError, urllib.error.URLError) as exc:
+        except (OSError, urllib.error.URLError, ValueError) as exc:  # ValueError: a malformed URL
             raise EngineUnreachable(f"{self.base_url}{path} did not answer: {exc!r}") from None
 
     def healthy(self, timeout: float = 2.0) -> bool:
@@ -85,14 +86,28 @@ class EngineClient:
         return raw.decode()
 
     def version(self, timeout: float = 10.0) -> str:
-        """The ``version`` field of ``/version``."""
+        """The vLLM version the server reports: ``GET /version`` read by ``version_from_answer``."""
+        url = self.base_url + "/version"
         status, raw = self._call("/version", timeout=timeout)
         if status != 200:
-            raise EngineError(f"/version answered {status}")
-        try:
-            return str(json.loads(raw).get("version", "unknown"))
-        except (ValueError, AttributeError):
-            raise EngineError(f"/version answered {raw[:200]!r}, not vLLM's {{\"version\": ...}}") from None
+            raise EngineError(f"{url} answered {status}")
+        return version_from_answer(raw, url)
+
+
+def version_from_answer(raw: bytes, url: str = "/version") -> str:
+    """The version in vLLM's ``/version`` answer ``{"version": "0.32.0"}``: the one reading of it.
+
+    Anything else is an ``EngineError`` naming ``url`` and the answer: not JSON, not an object, no
+    ``version``, or a version that is not a non-empty string (an empty answer would make an engine
+    identity with no version, so it is refused like a missing one).
+    """
+    try:
+        version = json.loads(raw).get("version")
+    except (ValueError, AttributeError):
+        version = None
+    if not isinstance(version, str) or not version.strip():
+        raise EngineError(f"{url} answered {raw[:200]!r}, not vLLM's {{\"version\": \"<non-empty>\"}}")
+    return version
 
 
 def _error_type(raw: bytes) -> str:

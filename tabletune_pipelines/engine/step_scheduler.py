@@ -4,7 +4,7 @@ Passed to vLLM with ``--scheduler-cls tabletune_pipelines.engine.step_scheduler.
 on the CPU build, ``AutoTimingScheduler`` on a GPU (it builds ``TimingAsyncScheduler`` when the
 engine runs async scheduling, vLLM 0.26's default there). It runs inside the engine core process
 and imports only vLLM, the stdlib and ``control_protocol`` (docs/engine-facts.md, "vLLM
-interfaces").
+interfaces"); a table command also loads ``core.table`` (numpy), the one table expansion.
 
 Per step (each ``update_from_output`` call) it appends one JSON line to the file named by
 ``TABLETUNE_STEP_LOG`` (if set)::
@@ -61,11 +61,11 @@ __all__ = ["K_CONTROL_ENV", "STEP_LOG_ENV", "AutoTimingScheduler", "TimingAsyncS
 
 
 def build_lookup(table: list[list[int]], max_num_seqs: int, max_k: int) -> list[int]:
-    """vLLM's dense lookup (index = batch size, index 0 unused) for ``table``."""
-    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+    """vLLM's dense lookup (index = batch size, index 0 unused) for ``table``: ``core.table.expand_table``,
+    the one expansion (equal to vLLM's ``build_dynamic_sd_schedule_lookup``; tests compare both)."""
+    from tabletune_pipelines.core.table import expand_table  # lazy, like control_protocol's check: core needs numpy
 
-    return build_dynamic_sd_schedule_lookup(table, vllm_max_batch_size=max_num_seqs,
-                                            vllm_num_speculative_tokens=max_k)
+    return [0, *expand_table(table, max_num_seqs, max_k)]
 
 
 class _TimingMixin:

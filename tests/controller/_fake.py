@@ -89,7 +89,7 @@ REBUILD_BUDGET_MS = 60_000.0
 
 def publish(path: Path, *, ranges, rates, profile=None, version: int = 1, controller: dict | None = None,
             identity: dict | None = IDENTITY, prior_count: int = 0, allowed_k=None, n: int = N, k_max: int = K,
-            over_junk: bool = False) -> Path:
+            over_junk: bool = False, served_cost: dict | None = None) -> Path:
     """Publish a table for the fake engine. ``over_junk``: the test left a deliberately broken file
     there, which publishing refuses to replace (issue 12): remove it first."""
     if over_junk:
@@ -99,6 +99,8 @@ def publish(path: Path, *, ranges, rates, profile=None, version: int = 1, contro
              "max_num_seqs": n, "max_k": k_max, "identity_key": "cpu__test", "prior_id": "prior-test",
              "acceptance_rates": list(rates), "predicted_worst_loss": 0.0,
              "step_ms": {str(k): {str(b): float(v) for b, v in row.items()} for k, row in profile.items()}}
+    if served_cost:
+        table["served_cost"] = served_cost
     doc = published_document(
         deployment="test", version=version, table=table,
         speculative_config={"method": "draft_model", "num_speculative_tokens": k_max,
@@ -136,11 +138,19 @@ class FakeEngine:
             m += 1
         return m
 
-    def run(self, steps: int, batch: int, default_k: int = K) -> None:
+    def run(self, steps: int, batch: int, default_k: int = K, *, output_tokens: int | None = None,
+            prompt_tokens: int = 0, extra_ms: Callable[[int, int, int], float] | None = None) -> float:
+        """``steps`` steps at ``batch`` requests. With ``output_tokens``, a closed loop: a request ends
+        after that many tokens and a new one takes its place the next step, bringing
+        ``prompt_tokens`` of prefill; such a step costs ``extra_ms(B, k, prefill tokens)`` more than
+        the decode step. Returns the tokens produced per second."""
         c = self.c
         ids = [f"r{i}" for i in range(batch)]
         idx = {r: i for i, r in enumerate(ids)}
         nst = {r: 1 for r in ids}
+        left = [self.rng.randint(1, output_tokens) for _ in ids] if output_tokens else []
+        new = 0
+        t0, made = self.clock[0], 0
         for _ in range(steps):
             lookup = c.next_lookup()
             k = lookup[batch] if lookup is not None else default_k
@@ -148,9 +158,20 @@ class FakeEngine:
             sampled = [[1] * (self.kept(k) + 1) for _ in ids]
             if self.tamper is not None:
                 self.tamper(sampled)
-            self.clock[0] += self.step_ms(batch, k) / 1000.0
+            prefill = new * prompt_tokens
+            ms = self.step_ms(batch, k) + (extra_ms(batch, k, prefill) if extra_ms is not None and prefill else 0.0)
+            self.clock[0] += ms / 1000.0
             self.ks_run.append(k)
-            c.on_step(nst, spec, idx, sampled, k, 0, batch + batch * k, self.clock[0])
+            made += sum(len(x) for x in sampled)
+            c.on_step(nst, spec, idx, sampled, k, new, batch + batch * k + prefill, self.clock[0])
+            new = 0
+            if output_tokens:
+                for i, x in enumerate(sampled):
+                    left[i] -= len(x)
+                    if left[i] <= 0:
+                        left[i] = output_tokens
+                        new += 1
+        return made / max(self.clock[0] - t0, 1e-12)
 
 
 def controller(path: Path | None, clock: list[float], engine: EngineFacts = ENGINE, **kw: Any) -> Controller:

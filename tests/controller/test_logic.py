@@ -448,3 +448,92 @@ def test_flapping_is_counted_and_a_flip_back_is_held(tmp_path, clock):
     off._count_switches(np.full(16, 1), np.full(16, 2))
     off._count_switches(np.full(16, 2), np.full(16, 1))
     assert off.reversals == 16 and not np.any(off._held_until)
+
+
+# -- served steps: prefill and the capture ceiling (issue: every step observed, one step-cost model) ------
+
+CEILING = 50
+HIGH = (0.9, 0.8, 0.7)
+
+
+def cliff_extra(b: int, k: int, prefill: int) -> float:
+    """The H200's cliff in miniature: a step whose decode plus prefill tokens pass the ceiling runs
+    without graphs (+20 ms); under it a mixed step costs 2 ms; 0.05 ms per prefill token."""
+    return (20.0 if b * (1 + k) + prefill > CEILING else 2.0) + 0.05 * prefill
+
+
+SERVED_COST = {  # what the tuner stores with a table it priced by served steps (core.stepcost's summary)
+    "workload": {"prompt_tokens": 8.0, "output_tokens": 20.0, "source": "test"},
+    "envelope": {"cudagraph_mode": "full_and_piecewise", "capture_ceiling": CEILING, "max_num_batched_tokens": None},
+    "fits": {t: {"transition": t, "a_ms": a, "b_ms_per_decode_token": 0.0, "c_ms_per_prefill_token": 0.05,
+                 "a_se": 0.0, "b_se": 0.0, "c_se": 0.0, "cov": [[0.0] * 3] * 3, "n": 50, "rmse_ms": 1.0,
+                 "decode_tokens_range": [1, 64], "prefill_tokens_range": [8, 32]}
+             for t, a in (("full>none", 20.0), ("full>piecewise", 2.0))},
+}
+
+
+def served_goodput_of_fixed_k(tmp_path, clock, b: int) -> dict[int, float]:
+    out = {}
+    for k in (1, 2, 3):
+        p = publish(tmp_path / f"fixed{k}.json", ranges=[(1, 16, k)], rates=HIGH, allowed_k=[k],
+                    controller={"mode": "observe"})
+        out[k] = FakeEngine(controller(p, clock), HIGH, TRUE_T, clock=clock, seed=5).run(
+            3000, b, output_tokens=20, prompt_tokens=8, extra_ms=cliff_extra)
+    return out
+
+
+def test_every_served_step_is_observed_and_the_table_leaves_the_cliff(tmp_path, clock):
+    b = 12
+    decode_only = true_table(PROFILE, HIGH, ks=(1, 2, 3))
+    assert table_dense(decode_only)[b - 1] == 3  # pure decode steps: k = 3 is best at B = 12
+    fixed = served_goodput_of_fixed_k(tmp_path, clock, b)
+    best = max(fixed, key=fixed.get)
+    assert best != 3 and fixed[3] < 0.8 * fixed[best]  # served: k = 3 falls off the graphs at every admission
+    p = publish(tmp_path / "pub.json", ranges=decode_only, rates=HIGH, allowed_k=[1, 2, 3])
+    c = controller(p, clock)
+    eng = FakeEngine(c, HIGH, TRUE_T, clock=clock, seed=3)
+    eng.run(3000, b, output_tokens=20, prompt_tokens=8, extra_ms=cliff_extra)
+    k_end = table_dense(c.ranges)[b - 1]
+    g = eng.run(2000, b, output_tokens=20, prompt_tokens=8, extra_ms=cliff_extra)
+    print(f"\nserved goodput of fixed k {fixed}; controller on k = {k_end} at B = {b}: {g:.1f} "
+          f"({g / fixed[best]:.3f} of the best fixed k); served cells {c.state()['served_step']}")
+    assert k_end == best
+    # Exploration's price here: 6 steps in 50 run the other ks (3 at K, 3 at the next k), each up to 3x
+    # as long as a k = 1 step on this cliff, which costs about 6 % (0.936 measured).
+    assert g >= 0.90 * fixed[best]
+    assert c.state()["served_step"]["3"]  # the served steps at k = 3 are in the export, with their extra
+
+
+def test_a_published_served_model_prices_the_cliff_before_any_step_is_seen(tmp_path, clock):
+    """The tuner's served pricing (core.stepcost, the one step-cost model) is the controller's prior:
+    with no live correction at all, its first rebuild already prices the cliff, and its table is the
+    evidence search on exactly ``StepCost.served`` of the published model."""
+    from tabletune_pipelines.controller.steptime import served_prior
+    from tabletune_pipelines.core.evidence import search_with_evidence
+    from tabletune_pipelines.core.stepcost import StepCost
+
+    b = 12
+    decode_only = true_table(PROFILE, HIGH, ks=(1, 2, 3))
+    p = publish(tmp_path / "pub.json", ranges=decode_only, rates=HIGH, allowed_k=[1, 2, 3],
+                served_cost=SERVED_COST, controller={"step_time_correction": False, "exploration_every_steps": 0})
+    c = controller(p, clock)
+    assert c.served is not None and c.served.workload.prompt_tokens == 8.0
+    FakeEngine(c, HIGH, TRUE_T, clock=clock).run(150, b)  # one rebuild; no prefill in these steps
+    assert table_dense(c.ranges)[b - 1] != 3
+    sp = served_prior({"table": {"served_cost": SERVED_COST}})
+    times = np.array([[PROFILE[k][bb] for bb in range(1, 17)] for k in (1, 2, 3)])
+    cost = StepCost(ks=(1, 2, 3), decode_ms=times, envelope=sp.envelope, fits=sp.fits).served(
+        c.estimate(), c.workload())
+    assert cost.extra_ms[2, b - 1] > 10.0  # k = 3 at B = 12: most served steps fall off the graphs
+    ref = search_with_evidence(cost.ms, None, (1, 2, 3), c.estimate(), incumbent=table_dense(decode_only),
+                               confidence=0.95)
+    assert table_dense(c.ranges)[b - 1] == ref.choice.chosen[b - 1]
+
+
+def test_an_unreadable_served_model_is_logged_and_decode_pricing_goes_on(tmp_path, clock, caplog):
+    bad = {**SERVED_COST, "fits": {"full>none": {"transition": "full>none"}}}
+    p = publish(tmp_path / "pub.json", ranges=[(1, 16, 1)], rates=HIGH, allowed_k=[1, 2, 3], served_cost=bad)
+    with caplog.at_level(logging.WARNING, logger="tabletune.controller"):
+        c = controller(p, clock)
+    assert c.start is not None and c.served is None
+    assert "served-cost model is unreadable" in caplog.text

@@ -60,7 +60,7 @@ def test_a_file_of_the_old_format_still_loads(tmp_path):
 BAD = [
     ("gap", lambda d: d["table"].update(ranges=[[1, 4, 3], [6, 16, 1]]), "gap between ranges"),
     ("overlap", lambda d: d["table"].update(ranges=[[1, 5, 3], [5, 16, 1]]), "overlap"),
-    ("k above K", lambda d: d["table"].update(ranges=[[1, 16, 4]]), "outside 0..max_k = 3"),
+    ("k above K", lambda d: d["table"].update(ranges=[[1, 16, 4]]), "allows at most num_speculative_tokens = 3"),
     ("short cover", lambda d: d["table"].update(ranges=[[1, 8, 3]]), "must end at max_num_seqs = 16"),
     ("not from 1", lambda d: d["table"].update(ranges=[[2, 16, 3]]), "must start at 1"),
     ("string k", lambda d: d["table"].update(ranges=[[1, 16, "3"]]), "must be an integer"),
@@ -150,7 +150,7 @@ ranges_st = st.lists(st.tuples(st.integers(-1, 20), st.integers(-1, 20), st.inte
 @settings(max_examples=300, deadline=None)
 @given(ranges_st, st.integers(1, 20), st.integers(1, 4))
 def test_table_rules_match_the_publish_gate(ranges, n, k_max):
-    """The stdlib reader accepts exactly the tables core.table.validate_table accepts."""
+    """The file's reader accepts exactly the integer tables core.table.validate_table accepts."""
     table = [list(r) for r in ranges]
     try:
         validate_table(table, n, k_max)

@@ -201,10 +201,10 @@ def _file(tmp_path, **over):
 READER_CASES = [
     ({"ranges": [[1, 4, 3], [6, 16, 1]]}, "gap between ranges [1, 4, 3] and [6, 16, 1]"),
     ({"ranges": [[1, 8, 3], [8, 16, 1]]}, "ranges [1, 8, 3] and [8, 16, 1] overlap"),
-    ({"ranges": [[1, 16, 4]]}, "k = 4 is outside 0..max_k = 3"),
-    ({"ranges": [[1, 16, -1]]}, "k = -1 is outside 0..max_k = 3"),
+    ({"ranges": [[1, 16, 4]]}, "k = 4 but the launch allows at most num_speculative_tokens = 3"),
+    ({"ranges": [[1, 16, -1]]}, "k = -1 must be >= 0"),
     ({"ranges": [[1, 15, 1]]}, "must end at max_num_seqs = 16"),
-    ({"ranges": [[0, 16, 1]]}, "need 1 <= start <= end"),
+    ({"ranges": [[0, 16, 1]]}, "batch sizes must be positive"),
     ({"ranges": []}, "non-empty list"),
     ({"ranges": [[1, 16, 1.0]]}, "must be an integer"),
     ({"ranges": [[1, 16, True]]}, "must be an integer"),

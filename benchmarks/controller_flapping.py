@@ -1,0 +1,127 @@
+"""Switches per hour of the online controller at a steady load, with and without the flap backoff,
+in ONE launch (issue 18, "Flapping measured and bounded").
+
+    python benchmarks/controller_flapping.py                       # 2 rounds x 2 policies x 5 min
+    python benchmarks/controller_flapping.py --minutes 10 --rounds 1 --load 8
+
+One launch of the small tiny target + 1-layer draft (``draft_model``, K = 3, launch table listing
+every k, max_num_seqs 16) with the production controller plugin. First, in the same launch, T(B, k)
+at B = ``--load`` for k = 1, 2, 3 (observe mode, the controller's own mean of clean steps). Then the
+synthetic acceptance is set to a **near tie** between k = 1 and k = 2 at that batch size
+(a_1 = 0.6, a_2 chosen so that the goodputs are equal, a_3 = 0.01): the case where noise decides
+and a controller flaps if it can. The published profile is that measurement shaped over B
+(``T(B) = T(L)·(0.5 + 0.5·B/L)``), step-time correction on (the defaults).
+
+Policies, each published as a new version from the table ``[[1, 16, 1]]`` and served for
+``--minutes`` at ``--load`` closed-loop clients, rounds alternating the order:
+``backoff`` (the defaults: evidence rule, ``flap_backoff_rebuilds`` 64) and ``no backoff``
+(``flap_backoff_rebuilds: 0``), plus ``point estimates`` (``evidence_confidence: 0.5``, no
+backoff: closest to the controller before the evidence rule). Printed per phase and per policy
+(mean ± s.e. over rounds): switches and reversals per hour (from the controller's own counters in
+its exported state), ranges of the final table and goodput (kept tokens / busy s); then the
+ratio of switches per hour with and without the backoff.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _common import loadavg, mean_se  # noqa: E402
+
+POLICIES = {
+    "backoff": {},
+    "no backoff": {"flap_backoff_rebuilds": 0},
+    "point estimates": {"flap_backoff_rebuilds": 0, "evidence_confidence": 0.5},
+}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--load", type=int, default=8, help="closed-loop clients (the batch size served)")
+    ap.add_argument("--minutes", type=float, default=5.0, help="minutes per policy and round")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--profile-seconds", type=float, default=20.0)
+    args = ap.parse_args()
+    import logging
+
+    logging.getLogger("tabletune.controller").setLevel(logging.WARNING)
+    from tabletune_pipelines.engine import VLLMServer
+    from tests.controller._engine import Rig, server_config
+
+    n, ks, L = 16, (1, 2, 3), int(args.load)
+    names = [p.strip() for p in args.policies.split(",") if p.strip()]
+    work = Path(tempfile.mkdtemp(prefix="tt-flapping-"))
+    pub = work / "local.json"
+    srv = VLLMServer(server_config(work, pub, rates=(0.6, 0.2, 0.01)))
+    rig = Rig(srv, pub, work / "local.live.jsonl")
+    flat = {k: {b: 10.0 for b in range(1, n + 1)} for k in (0, *ks)}
+    rig.publish(ranges=[(1, n, 1)], rates=(0.6, 0.2, 0.01), profile=flat, controller={"mode": "observe"})
+    t0 = time.monotonic()
+    srv.start()
+    print(f"engine started in {time.monotonic() - t0:.0f} s; load average {loadavg()}", flush=True)
+    results: dict[str, list[dict[str, float]]] = {nm: [] for nm in names}
+    try:
+        t_at: dict[int, float] = {}
+        for k in ks:
+            rig.publish(ranges=[(1, n, k)], rates=(0.6, 0.2, 0.01), profile=flat, allowed_k=[k],
+                        controller={"mode": "observe", "step_time_outlier_ratio": 50.0})
+            ws, _ = rig.serve(L, args.profile_seconds, 2.0, max_tokens=(96, 160))
+            cells = [c for c in (ws[-1].controller.get("step_time", {}).get(str(k), []) if ws else [])]
+            at = [c for c in cells if int(c[0]) == L] or sorted(cells, key=lambda c: -c[2])[:1]
+            if not at:
+                raise SystemExit(f"no clean steps at k = {k}: {cells}")
+            t_at[k] = float(at[0][1])
+        a1 = 0.6
+        a2 = min(a1, max(0.0, (1 + a1) * (t_at[2] / t_at[1] - 1.0)))
+        rates = (a1, a2, min(a2, 0.01))
+        profile = {k: {b: t_at.get(k, t_at[1]) * (0.5 + 0.5 * b / L) for b in range(1, n + 1)} for k in (0, *ks)}
+        srv.set_synthetic_rates(rates)
+        print(f"T(B = {L}) = " + ", ".join(f"k{k} {t_at[k]:.2f} ms" for k in ks) + f"; near-tie rates {rates} "
+              f"(G1 = G2 at B = {L})", flush=True)
+        for r in range(args.rounds):
+            order = names[r % len(names):] + names[:r % len(names)]
+            for name in order:
+                rig.publish(ranges=[(1, n, 1)], rates=rates, profile=profile, allowed_k=list(ks),
+                            controller=dict(POLICIES[name]))
+                t1 = time.monotonic()
+                ws, gen = rig.serve(L, args.minutes * 60.0, 3.0, max_tokens=(96, 160))
+                if len(ws) < 2:
+                    raise SystemExit(f"{name}: {len(ws)} windows exported")
+                hours = (ws[-1].window_end - ws[0].window_start).total_seconds() / 3600.0
+                first, last = ws[0].controller, ws[-1].controller
+                sw = (last["switches"] - first["switches"]) / hours
+                rev = (last["reversals"] - first["reversals"]) / hours
+                busy = sum(w.busy_s or 0.0 for w in ws)
+                g = sum(w.tokens or 0 for w in ws) / busy if busy else float("nan")
+                res = {"switches_per_hour": sw, "reversals_per_hour": rev, "ranges": len(last["table"]),
+                       "goodput": g, "rebuilds": last["rebuilds"] - first["rebuilds"]}
+                results[name].append(res)
+                print(f"round {r} {name:<16} {sw:8.0f} switches/h, {rev:7.0f} reversals/h over {hours * 60:.1f} min "
+                      f"({res['rebuilds']} rebuilds); table {last['table']}; {g:7.1f} tok/s; "
+                      f"{time.monotonic() - t1:.0f} s; load average {loadavg()}", flush=True)
+    finally:
+        srv.stop()
+
+    print("\n| policy | switches / h | reversals / h | ranges at the end | goodput tok/s |")
+    print("|---|---|---|---|---|")
+    for nm in names:
+        cells = {key: mean_se([x[key] for x in results[nm]]) for key in ("switches_per_hour", "reversals_per_hour",
+                                                                        "ranges", "goodput")}
+        print(f"| {nm} | " + " | ".join(f"{m:.1f} ± {s:.1f}" for m, s in cells.values()) + " |")
+    if "backoff" in results and "no backoff" in results:
+        on = sum(x["switches_per_hour"] for x in results["backoff"])
+        off = sum(x["switches_per_hour"] for x in results["no backoff"])
+        print(f"\nswitches per hour with / without the backoff: {on / off:.3f}" if off else
+              "\nno switches without the backoff either: the evidence rule alone held the table")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
