@@ -5,7 +5,10 @@ so L requests are running at every step (B = L). Request lengths are drawn unifo
 ``Workload.lengths`` so requests do not end in lockstep; a request that just arrived spends its
 first step in prefill: it produces one token and drafts nothing (that step counts it in
 ``num_new`` and its prompt in the scheduled tokens, as vLLM's scheduler output does). Prefill
-*cost* is not modelled: T(B, k) is the surface's.
+*cost*: by default a step takes the surface's T(B, k) whatever it carries; with ``step_cost`` (the
+one step-cost model, ``core.stepcost.StepCost``: the surface's decode times plus a graph envelope and
+mixed-step fits, ``served_step_cost``) a step that carries prefill takes ``StepCost.step_ms(B, k, P)``,
+the price the tuner and the controller use, capture-ceiling cliff included.
 
 Acceptance is stochastic per request and step: with k drafts a request keeps its first m drafts
 with P(m >= i) = a_i (the unconditional survival of docs/method.md, "Goodput"), drawn with one
@@ -38,6 +41,7 @@ import numpy as np
 
 from tabletune_pipelines.controller.loader import EngineFacts
 from tabletune_pipelines.controller.logic import Controller
+from tabletune_pipelines.core.stepcost import GraphEnvelope, PrefillFit, StepCost
 from tabletune_pipelines.evaluation.surfaces import Surface
 from tabletune_pipelines.published import published_document, write_published_table
 
@@ -127,9 +131,15 @@ def _survival(rates: Sequence[float], k_max: int) -> np.ndarray:
     return a
 
 
+def served_step_cost(surface: Surface, envelope: GraphEnvelope, fits: dict[str, PrefillFit]) -> StepCost:
+    """The surface's decode times (rows k = 0..K) as a ``StepCost`` with a graph envelope and
+    mixed-step fits (e.g. the ones the tuner measured on the GPU), for ``simulate(step_cost=...)``."""
+    return StepCost(ks=tuple(range(surface.max_k + 1)), decode_ms=surface.ms, envelope=envelope, fits=fits)
+
+
 def simulate(surface: Surface, policy: TablePolicy | EnginePolicy, load: int, steps: int, workload: Workload, *,
              seed: int = 0, warmup: int = 0, launch_k: Sequence[int] | None = None,
-             trace: list[tuple[Any, ...]] | None = None) -> SimResult:
+             trace: list[tuple[Any, ...]] | None = None, step_cost: StepCost | None = None) -> SimResult:
     """Run ``steps`` steps at ``load`` concurrent requests (module docstring).
 
     ``launch_k``: k per B (index B − 1) of the engine's launch table, used when an engine-side
@@ -175,13 +185,18 @@ def simulate(surface: Surface, policy: TablePolicy | EnginePolicy, load: int, st
         else:
             m = np.zeros(L, dtype=np.int64)
         gained = np.minimum(m + 1, remaining)
-        dt = surface.t(L, None) if nospec else surface.t(L, k)
+        n_new = int(new.sum())
+        if nospec:
+            dt = surface.t(L, None)
+        elif step_cost is not None and n_new:
+            dt = float(step_cost.step_ms(L, k, PROMPT_TOKENS * n_new))
+        else:
+            dt = surface.t(L, k)
         now += dt / 1000.0
         if not table:
             draft = [] if not k else [0] * k
             spec = {ids[i]: draft for i in np.flatnonzero(~new)} if k else {}
             sampled = [[0] * (int(x) + 1) for x in m]
-            n_new = int(new.sum())
             total = L + k * (L - n_new) + (PROMPT_TOKENS - 1) * n_new
             if trace is not None:
                 trace.append((None if lookup is None else list(lookup), dict(scheduled),

@@ -121,3 +121,35 @@ def test_controller_repairs_a_wrong_table(tmp_path, surface):
                         seed=2, warmup=300)
     assert static.goodput < 0.9 * best
     assert ctrl.goodput > 0.95 * best
+
+
+def test_the_simulator_prices_served_steps_with_the_one_step_cost_model():
+    """With the H200 dense engine's measured mixed-step fits (benchmarks/data/h200/dense-served.json),
+    the simulator prices a step that carries prefill by ``core.stepcost.StepCost.step_ms`` (what the
+    tuner and the controller use): at load 128 fixed k = 3 falls off the capture ceiling and loses to
+    k = 2, as the H200 served k = 3 at 7393 ± 645 tok/s against 12264 ± 678 for k = 2 (RESULTS.md);
+    on decode steps alone the simulator (like the decode-only profile) ranks k = 3 first."""
+    import json
+
+    from tabletune_pipelines.controller import logic
+    from tabletune_pipelines.controller.steptime import served_prior
+    from tabletune_pipelines.core import stepcost
+    from tabletune_pipelines.tuning import derive
+
+    assert sim.StepCost is logic.StepCost is derive.StepCost is stepcost.StepCost  # one model, three users
+    doc = json.loads((H200 / "dense-served.json").read_text())
+    prof = StepTimeProfile.from_dict(doc["profile"])
+    surface = from_profile(prof)
+    sp = served_prior({"table": {"served_cost": doc["served_cost"]}})
+    cost = sim.served_step_cost(surface, sp.envelope, sp.fits)
+    wl = sim.Workload(RATES, lengths=(32, 128))
+    out = {}
+    for k in (2, 3):
+        pol = sim.TablePolicy.fixed(k, surface.max_num_seqs)
+        out[k] = (sim.simulate(surface, pol, 128, 1500, wl, seed=1, warmup=200).goodput,
+                  sim.simulate(surface, pol, 128, 1500, wl, seed=1, warmup=200, step_cost=cost).goodput)
+    print(f"\nload 128, decode-only vs served pricing: k = 2 {out[2][0]:.0f} / {out[2][1]:.0f}, "
+          f"k = 3 {out[3][0]:.0f} / {out[3][1]:.0f} tok/s")
+    assert out[3][0] > out[2][0]  # decode steps alone: k = 3 ahead
+    assert out[3][1] < 0.9 * out[2][1]  # served: k = 3 behind by more than the measurement's noise
+    assert out[3][1] < 0.8 * out[3][0]  # the cliff costs k = 3 a fifth or more of its decode goodput
