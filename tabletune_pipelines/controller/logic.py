@@ -150,6 +150,9 @@ class Controller:
         self._explore_cycle: list[list[tuple[int, list[int] | None]]] = []
         self._explore_seq: list[tuple[int, list[int] | None]] = []
         self._explore_i = 0
+        # An open decision at the batch size in service: the run that explores the k that could beat
+        # the table's k there (set at rebuilds; None when every decision there is settled).
+        self._explore_focus: list[tuple[int, list[int] | None]] | None = None
         self._k_row = [-1] * (K + 1)
         self._tp: list[list[float]] = []
         # Clean step intervals since the last rebuild: {row * (n + 1) + B: [sum ms, count]}, only the
@@ -252,6 +255,7 @@ class Controller:
             "_explore_left": 0, "_explore_pending": 0, "applying": can_switch, "controlling": controlling,
             "candidate_ranges": table, "ranges": table, "_lookup": lookup, "_hyst": hyst, "_explore": explore,
             "_explore_k": kmax, "_explore_cycle": explore_cycle, "_explore_i": 0, "_explore_seq": explore_cycle[0],
+            "_explore_focus": None,
             # A new version starts its own flap history (its table is not the old one's); the switch
             # counts stay cumulative for the export.
             "_k_before": np.full(n + 1, -1, dtype=np.int64), "_backoff_level": np.zeros(n + 1, dtype=np.int64),
@@ -348,7 +352,15 @@ class Controller:
                 self._explore_left -= 1
             else:
                 self._next_explore = self.steps + self._explore_every
-                self._explore_seq = self._explore_cycle[self._explore_i % len(self._explore_cycle)]
+                # Every other run explores the open decision at the batch size in service, if any (the
+                # evidence rule moves only on observations, and the cycle alone visits each other k
+                # once per len(cycle) runs); the others follow the cycle, so every k stays observed.
+                focus = self._explore_focus
+                if focus is not None and self._explore_i % 2:
+                    self._explore_seq = focus
+                else:
+                    self._explore_seq = self._explore_cycle[(self._explore_i // 2 if focus is not None else
+                                                             self._explore_i) % len(self._explore_cycle)]
                 self._explore_i += 1
                 self._explore_left = len(self._explore_seq) - 1
             self._explore_k, lookup = self._explore_seq[len(self._explore_seq) - 1 - self._explore_left]
@@ -596,6 +608,7 @@ class Controller:
                                   threshold=float(s.stickiness), confidence=float(s.evidence_confidence),
                                   incumbent=incumbent)
         chosen = np.asarray(ev.choice.chosen, dtype=np.int64)
+        self._explore_focus = self._focus(ev, chosen, start)
         held = self._held_until[1:] > self.rebuilds
         if held.any():
             chosen[held] = incumbent[held]
@@ -614,6 +627,31 @@ class Controller:
         W = self.WORKLOAD_PRIOR_REQUESTS
         return Workload(prompt_tokens=max(1.0, (W * w0.prompt_tokens + prefill) / (W + new)),
                         output_tokens=max(1.0, (W * w0.output_tokens + made) / (W + new)), source="live")
+
+    def _focus(self, ev: Any, chosen: np.ndarray, start: StartPoint) -> list[tuple[int, list[int] | None]] | None:
+        """The exploration run for the open decision at the batch size in service: the largest k, then
+        the other k whose gain over the chosen k there has the largest upper confidence bound above
+        the stickiness (None when no k other than the largest is open there, or without exploration
+        at the largest k)."""
+        b = self._prev_b
+        if self._explore is None or not 1 <= b <= self._n or not self.settings.step_time_correction:
+            return None
+        ks, c = ev.choice.ks, b - 1
+        j = ks.index(int(chosen[c]))
+        kmax = max(start.allowed_k)
+        lim = float(np.log1p(self.settings.stickiness))
+        best, best_up = None, lim
+        for k in start.allowed_k:
+            if k == kmax or k == int(chosen[c]):
+                continue
+            i = ks.index(k)
+            up = float(ev.log_ratio[i, j, c] + ev.z * ev.log_sd[i, j, c])
+            if up > best_up:
+                best, best_up = k, up
+        if best is None:
+            return None
+        run = int(self.settings.exploration_run_steps)
+        return [(kmax, self._explore)] * run + [(best, vllm_lookup(np.full(self._n, best)))] * run
 
     def _count_switches(self, old: np.ndarray, new: np.ndarray) -> None:
         """Count each batch size whose k changes; one that returns to its k before its last change

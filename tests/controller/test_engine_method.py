@@ -138,9 +138,12 @@ def test_step_time_correction_with_a_profile_30_percent_low(rig):
     rates = (0.6, 0.02, 0.01)  # a_1 worth a draft, later positions nearly worthless
     rig.server.set_synthetic_rates(rates)
     ks = (1, 2, 3)
-    cal = {k: _calibrate(rig, rates, k) for k in ks}
-    b0 = max(set.intersection(*[set(c) for c in cal.values()]), key=lambda b: b)
-    m = {k: cal[k][b0] for k in ks}
+    # Three calibration rounds in alternating order, the median per k: a burst of load during one k's
+    # calibration (one run measured T1 = 10.6 > T2 = T3 = 9.3 ms at B = 8 with the ks one after the
+    # other) moves one of three values, not the comparison.
+    rounds = [{k: _calibrate(rig, rates, k) for k in order} for order in (ks, ks[::-1], ks)]
+    b0 = max(set.intersection(*[set(c) for r in rounds for c in r.values()]), key=lambda b: b)
+    m = {k: sorted(r[k][b0] for r in rounds)[1] for k in ks}
     # T_true(B, k): this launch's measured T(B0, k), shaped over B (the test serves B <= B0).
     t_true = {k: {b: m[k] * (0.5 + 0.5 * b / b0) for b in range(1, 17)} for k in ks}
     want_true = table_dense(true_table(t_true, rates, ks))[b0 - 1]
