@@ -163,6 +163,7 @@ class Controller:
         # The live workload (requests admitted, prefill tokens, tokens produced), halved at rebuilds.
         self._wl = [0.0, 0.0, 0.0]
         self.served: ServedPrior | None = None
+        self._served_cache: tuple[Any, np.ndarray, np.ndarray] | None = None
         self._initial_load()
 
     # ------------------------------------------------------------------ loading
@@ -248,7 +249,7 @@ class Controller:
         return {
             "start": start, "settings": s, "fallback_reason": None, "_last_estimate": (),
             "estimator": estimator, "model": model, "_k_row": k_row, "_tp": tp, "_obs": {}, "_obs_all": {},
-            "served": served, "_wl": [0.0, 0.0, 0.0],
+            "served": served, "_wl": [0.0, 0.0, 0.0], "_served_cache": None,
             "_hist_d": [0] * (K + 1), "_hist_a": [0] * (K + 1), "_st_tol": float(s.step_time_outlier_ratio),
             "_N": N, "_next_rebuild": self.steps + N, "_explore_every": every,
             "_explore_run": int(s.exploration_run_steps), "_next_explore": self.steps + every,
@@ -592,9 +593,7 @@ class Controller:
             # model, core.stepcost) under the live workload, corrected by every served step observed.
             e0 = v0 = None
             if self.served is not None:
-                cost = StepCost(ks=tuple(start.allowed_k), decode_ms=times, envelope=self.served.envelope,
-                                fits=self.served.fits).served(rates, self.workload())
-                e0, v0 = cost.extra_ms, cost.var
+                e0, v0 = self._served_extra_prior(times, rates, start)
             if s.step_time_correction:
                 extra, xvar = model.served_extra(e0, v0)
             else:
@@ -613,6 +612,23 @@ class Controller:
         if held.any():
             chosen[held] = incumbent[held]
         return chosen
+
+    def _served_extra_prior(self, times: np.ndarray, rates: np.ndarray,
+                            start: StartPoint) -> tuple[np.ndarray, np.ndarray]:
+        """The tuner's served extra (``StepCost.served``) under the live workload. It depends on the
+        rates and the workload only (not on the decode surface), and costs 5-10 ms at max_num_seqs
+        128 (50+ ms at 1024), so it is recomputed only when the rates move by 0.01 or a workload
+        length by 5 %: at steady state almost never."""
+        wl = self.workload()
+        if wl is None or self.served is None:
+            return np.zeros_like(times), np.zeros_like(times)
+        key = (tuple(round(float(r), 2) for r in rates), round(float(np.log(wl.prompt_tokens)) / 0.05),
+               round(float(np.log(wl.output_tokens)) / 0.05))
+        if self._served_cache is None or self._served_cache[0] != key:
+            cost = StepCost(ks=tuple(start.allowed_k), decode_ms=times, envelope=self.served.envelope,
+                            fits=self.served.fits).served(rates, wl)
+            self._served_cache = (key, cost.extra_ms, cost.var)
+        return self._served_cache[1], self._served_cache[2]
 
     #: Requests the published workload counts as, against the live ones.
     WORKLOAD_PRIOR_REQUESTS = 100.0
