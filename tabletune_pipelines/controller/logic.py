@@ -20,8 +20,8 @@ The vLLM adapter (``controller/scheduler.py``) calls three methods; a simulator 
      (``core.evidence.search_with_evidence``, one implementation) revising the table in force, so
      a k changes at a batch size only when the lower confidence bound of its gain (acceptance
      counts and step-time spread) clears ``stickiness``; batch sizes held by the flap backoff
-     keep their k (a batch size whose k returned to its value before its last change is held
-     for 2, 4, 8, ... rebuilds up to ``flap_backoff_rebuilds``);
+     keep their k (a batch size that switches again within 16 rebuilds of its last switch is
+     held for 2, 4, 8, ... rebuilds up to ``flap_backoff_rebuilds``);
   5. within the time budget: install it (only if it changed), halve the live counters, decay w;
      else skip (counted). Every change of k at a batch size is counted (``switches``, exported
      per batch size and per hour).
@@ -113,6 +113,7 @@ class Controller:
         self._k_before = np.full(n + 1, -1, dtype=np.int64)
         self._backoff_level = np.zeros(n + 1, dtype=np.int64)
         self._held_until = np.zeros(n + 1, dtype=np.int64)
+        self._last_switch = np.full(n + 1, -(1 << 40), dtype=np.int64)
         self._t_started = clock()
         self._logged: set[str] = set()
         self._last_unchanged_log = float("-inf")
@@ -260,7 +261,7 @@ class Controller:
             # A new version starts its own flap history (its table is not the old one's); the switch
             # counts stay cumulative for the export.
             "_k_before": np.full(n + 1, -1, dtype=np.int64), "_backoff_level": np.zeros(n + 1, dtype=np.int64),
-            "_held_until": np.zeros(n + 1, dtype=np.int64),
+            "_held_until": np.zeros(n + 1, dtype=np.int64), "_last_switch": np.full(n + 1, -(1 << 40), dtype=np.int64),
         }
 
     def _commit(self, start: StartPoint, new: dict[str, Any]) -> None:
@@ -669,23 +670,29 @@ class Controller:
         run = int(self.settings.exploration_run_steps)
         return [(kmax, self._explore)] * run + [(best, vllm_lookup(np.full(self._n, best)))] * run
 
+    #: A batch size that switches again within this many rebuilds of its last switch is flapping.
+    FLAP_WINDOW_REBUILDS = 16
+
     def _count_switches(self, old: np.ndarray, new: np.ndarray) -> None:
-        """Count each batch size whose k changes; one that returns to its k before its last change
-        (a flip back) is held for 2, 4, 8, ... rebuilds, up to ``flap_backoff_rebuilds``."""
+        """Count each batch size whose k changes (and the reversals: back to the k it had before its
+        last change). A batch size that switches again within ``FLAP_WINDOW_REBUILDS`` rebuilds of its
+        last switch (back and forth, or round three ks) is held for 2, 4, 8, ... rebuilds, up to
+        ``flap_backoff_rebuilds``; a switch after a quiet spell resets the hold to nothing."""
         changed = np.flatnonzero(old != new)
         if not changed.size:
             return
         b = changed + 1
         self.switches[b] += 1
-        back = self._k_before[b] == new[changed]
-        self.reversals += int(back.sum())
+        self.reversals += int((self._k_before[b] == new[changed]).sum())
+        self._k_before[b] = old[changed]
+        repeat = self.rebuilds - self._last_switch[b] <= self.FLAP_WINDOW_REBUILDS
+        self._last_switch[b] = self.rebuilds
+        self._backoff_level[b] = np.where(repeat, self._backoff_level[b] + 1, 0)
         cap = int(self.settings.flap_backoff_rebuilds)
-        if cap > 0 and back.any():
-            fb = b[back]
-            self._backoff_level[fb] += 1
+        if cap > 0 and repeat.any():
+            fb = b[repeat]
             hold = np.minimum(np.left_shift(1, np.minimum(self._backoff_level[fb], 40)), cap)
             self._held_until[fb] = self.rebuilds + 1 + hold
-        self._k_before[b] = old[changed]
 
     def flapping(self) -> dict[str, Any]:
         """Switches of k (table changes at a batch size): total, per hour since the controller

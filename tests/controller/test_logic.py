@@ -419,30 +419,41 @@ def test_the_rebuild_runs_the_offline_search_on_its_inputs(tmp_path, clock, monk
 
 
 def test_flapping_is_counted_and_a_flip_back_is_held(tmp_path, clock):
-    """A boundary that noise pushes back and forth: switches are counted per batch size, and each
-    return to the previous k holds that batch size for 2, 4, 8, ... rebuilds."""
+    """A boundary that noise pushes back and forth (or round three ks): switches are counted per batch
+    size, and each switch within 16 rebuilds of the last one holds that batch size for 2, 4, 8, ...
+    rebuilds; a switch after a quiet spell is not held."""
     rates = (0.7, 0.5, 0.3)
-    p = publish(tmp_path / "pub.json", ranges=[(1, 16, 1)], rates=rates, allowed_k=[1, 2],
+    p = publish(tmp_path / "pub.json", ranges=[(1, 16, 1)], rates=rates, allowed_k=[1, 2, 3],
                 controller={"step_time_correction": False})
     c = controller(p, clock)
-    seq = [np.full(16, 2), np.full(16, 1)] * 6  # what a flapping search would answer, rebuild after rebuild
-    inst = []
-    for want in seq:
-        old = dense_from_ranges(c.candidate_ranges, 16)
-        held = c._held_until[1:] > c.rebuilds
-        new = np.where(held, old, want)
-        c._count_switches(old, new)
-        c.candidate_ranges = compact(new)
-        c.rebuilds += 1
-        inst.append(int(new[0]))
-    # 1 -> 2 (a switch); 2 -> 1 (back: reversal 1, held the next 2 rebuilds); 1 -> 2 (back again:
-    # reversal 2, held 4); 2 -> 1 (reversal 3, held 8, still held at the end). 4 switches where the
-    # search asked for 12.
-    assert inst == [2, 1, 1, 1, 2, 2, 2, 2, 2, 1, 1, 1]
+
+    def drive(wants):
+        inst = []
+        for want in wants:
+            old = dense_from_ranges(c.candidate_ranges, 16)
+            held = c._held_until[1:] > c.rebuilds
+            new = np.where(held, old, want)
+            c._count_switches(old, new)
+            c.candidate_ranges = compact(new)
+            c.rebuilds += 1
+            inst.append(int(new[0]))
+        return inst
+
+    # 1 -> 2 (a switch); 2 -> 1 at the next rebuild (repeated: held the next 2 rebuilds); 1 -> 2 (held 4);
+    # 2 -> 1 (held 8, still held at the end). 4 switches where the search asked for 12.
+    assert drive([np.full(16, 2), np.full(16, 1)] * 6) == [2, 1, 1, 1, 2, 2, 2, 2, 2, 1, 1, 1]
     st = c.state()
     assert st["switches"] == 16 * 4 and st["reversals"] == 16 * 3
     assert st["switches_by_batch_size"]["1"] == 4 and st["held_batch_sizes"] == 16
     assert st["switches_per_hour"] > 0
+    # Round three ks (no direct flip back) is flapping too: 1 -> 3 -> 2 -> 1 ... every rebuild.
+    c.rebuilds += 100  # a quiet spell: the hold and its level are over
+    cyc = drive([np.full(16, k) for k in (3, 2, 1, 3, 2, 1, 3, 2)])
+    # 1 -> 3 (free), 3 -> 2 (repeated: held 2), then the wanted 1 at the 6th rebuild (held 4): 3 switches for 7.
+    assert cyc == [3, 2, 2, 2, 2, 1, 1, 1], cyc
+    # A switch after a quiet spell (a real change of traffic) is not held.
+    c.rebuilds += 100
+    assert drive([np.full(16, 1)])[0] == 1 and not np.any(c._held_until[1:] > c.rebuilds)
     off = controller(publish(tmp_path / "off.json", ranges=[(1, 16, 1)], rates=rates, allowed_k=[1, 2],
                              controller={"flap_backoff_rebuilds": 0}), clock)
     off._count_switches(np.full(16, 1), np.full(16, 2))
