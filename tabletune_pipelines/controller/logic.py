@@ -693,6 +693,9 @@ class Controller:
             fb = b[repeat]
             hold = np.minimum(np.left_shift(1, np.minimum(self._backoff_level[fb], 40)), cap)
             self._held_until[fb] = self.rebuilds + 1 + hold
+            # The quiet spell that forgives a batch size starts when its hold ends, not at its switch (a
+            # hold longer than the window would otherwise reset the level it was earned by).
+            self._last_switch[fb] = self._held_until[fb]
 
     def flapping(self) -> dict[str, Any]:
         """Switches of k (table changes at a batch size): total, per hour since the controller

@@ -451,6 +451,12 @@ def test_flapping_is_counted_and_a_flip_back_is_held(tmp_path, clock):
     cyc = drive([np.full(16, k) for k in (3, 2, 1, 3, 2, 1, 3, 2)])
     # 1 -> 3 (free), 3 -> 2 (repeated: held 2), then the wanted 1 at the 6th rebuild (held 4): 3 switches for 7.
     assert cyc == [3, 2, 2, 2, 2, 1, 1, 1], cyc
+    # Flapping that outlasts its holds escalates to the longest hold (64 rebuilds), however long the
+    # holds get: a switch right after a hold ends is still a repeat.
+    c.rebuilds += 100
+    long_run = drive([np.full(16, k) for k in (2, 1) * 150])
+    flips = sum(1 for x, y in zip(long_run, long_run[1:]) if x != y)
+    assert flips <= 300 // 64 + 8, (flips, long_run)  # 2, 4, ..., 64, 64, ...: 9 switches in 300 rebuilds
     # A switch after a quiet spell (a real change of traffic) is not held.
     c.rebuilds += 100
     assert drive([np.full(16, 1)])[0] == 1 and not np.any(c._held_until[1:] > c.rebuilds)
