@@ -186,36 +186,28 @@ class StepTimeModel:
         """After a rebuild: the profile's weight halves (down to its floor)."""
         self.weight = max(self.min_weight, self.weight * 0.5)
 
+    def _top_cells(self, count: np.ndarray, sums: np.ndarray, last: np.ndarray,
+                   max_cells: int) -> dict[str, list[list[float]]]:
+        """Per k, the most observed cells: ``[[B, mean ms, count, last[k, B]], ...]``."""
+        out: dict[str, list[list[float]]] = {}
+        for i, k in enumerate(self.ks):
+            seen = np.flatnonzero(count[i] > 0)
+            if not seen.size:
+                continue
+            top = seen[np.argsort(-count[i, seen], kind="stable")[:max_cells]]
+            out[str(k)] = [[int(j + 1), round(float(sums[i, j] / count[i, j]), 4), round(float(count[i, j]), 1),
+                            round(float(last[i, j]), 4)] for j in sorted(top)]
+        return out
+
     def served_summary(self, max_cells: int = 8) -> dict[str, list[list[float]]]:
         """Cells with served steps per k, most observed first: ``{k: [[B, mean ms of every step, count,
         mean − corrected decode ms], ...]}``."""
-        out: dict[str, list[list[float]]] = {}
-        dec = self.corrected()
-        for i, k in enumerate(self.ks):
-            seen = np.flatnonzero(self.all_count[i] > 0)
-            if not seen.size:
-                continue
-            top = seen[np.argsort(-self.all_count[i, seen], kind="stable")[:max_cells]]
-            out[str(k)] = [[int(j + 1), round(float(self.all_sum[i, j] / self.all_count[i, j]), 4),
-                            round(float(self.all_count[i, j]), 1),
-                            round(float(self.all_sum[i, j] / self.all_count[i, j] - dec[i, j]), 4)]
-                           for j in sorted(top)]
-        return out
+        mean = self.all_sum / np.maximum(self.all_count, 1e-12)
+        return self._top_cells(self.all_count, self.all_sum, mean - self.corrected(), max_cells)
 
     def summary(self, max_cells: int = 16) -> dict[str, list[list[float]]]:
         """Observed cells per k, most observed first: ``{k: [[B, live mean ms, count, T̂/T_prof], ...]}``."""
-        out: dict[str, list[list[float]]] = {}
-        blended = self.blended()
-        for i, k in enumerate(self.ks):
-            seen = np.flatnonzero(self.count[i] > 0)
-            if not seen.size:
-                continue
-            top = seen[np.argsort(-self.count[i, seen], kind="stable")[:max_cells]]
-            out[str(k)] = [[int(j + 1), round(float(self.sum_ms[i, j] / self.count[i, j]), 4),
-                            round(float(self.count[i, j]), 1), round(float(blended[i, j] / self.profile[i, j]), 4)]
-                           for j in sorted(top)]
-        return out
-
+        return self._top_cells(self.count, self.sum_ms, self.blended() / self.profile, max_cells)
 
 @dataclass(frozen=True)
 class ServedPrior:
