@@ -11,16 +11,18 @@ max_num_seqs 1024.
    table listing every k, max_num_seqs = max(loads), the controller plugin in control mode). At
    each load L (L closed-loop clients), the controller's own export reports, per window: the mean
    and max time of its per-step hook (``hook_us_mean``/``hook_us_max``: the counting in
-   ``update_from_output``, timed inside the engine process), the rebuild time, and the mean clean
-   decode step (its step-time observations). Ratios hook / step are of the same windows.
+   ``update_from_output``, timed inside the engine process, not counting the building of the
+   step's ``StepOutcome``), the rebuild time, and the mean clean decode step (its step-time
+   observations). Ratios hook / step are of the same windows.
 2. In process (no vLLM): the same ``Controller`` driven by a fake scheduler output at B up to 256
-   with max k 8 and max_num_seqs 1024 (``--max-num-seqs``): hook µs per step (median over
-   ``--rounds`` rounds of ``--steps`` steps; min–max of the round medians), and the rebuild's ms
-   (median, p90, max over ``--rebuilds`` rebuilds whose counts change every time, so most rebuilds
-   change the table: the worst case). The decode step it is compared with is the engine's step at
-   the nearest measured load (step times grow with B, so at B above the largest load the ratio is
-   an upper bound), and H200 steps of vLLM 0.26 (docs/engine-facts.md, "GPU (H200, vLLM 0.26)":
-   4.7–10.5 ms at B = 1–128 with EAGLE-3) for reference.
+   with max k 8 and max_num_seqs 1024 (``--max-num-seqs``): hook µs per step (``next_lookup``,
+   building the step's ``StepOutcome`` and ``on_step``; median over ``--rounds`` rounds of
+   ``--steps`` steps; min–max of the round medians), and the rebuild's ms (median, p90, max over
+   ``--rebuilds`` rebuilds whose counts change every time, so most rebuilds change the table: the
+   worst case). The decode step it is compared with is the engine's step at the nearest measured
+   load (step times grow with B, so at B above the largest load the ratio is an upper bound), and
+   H200 steps of vLLM 0.26 (docs/engine-facts.md, "GPU (H200, vLLM 0.26)": 4.7–10.5 ms at
+   B = 1–128 with EAGLE-3) for reference.
 
 Every figure is printed with the machine's load average (docs/engine-facts.md, "Noise on 2 cores").
 """
@@ -91,6 +93,7 @@ def in_process(batch_sizes: list[int], max_k: int, n: int, steps: int, rounds: i
 
     from tabletune_pipelines.controller.loader import EngineFacts
     from tabletune_pipelines.controller.logic import Controller
+    from tabletune_pipelines.controller.step import StepOutcome
     from tests.controller._fake import IDENTITY, linear_profile, publish
 
     work = Path(tempfile.mkdtemp(prefix="tt-overhead-"))
@@ -123,7 +126,8 @@ def in_process(batch_sizes: list[int], max_k: int, n: int, steps: int, rounds: i
                 clock[0] += step_s  # steps as long as the profile says: the correction stays ~1
                 t = time.perf_counter_ns()
                 c.next_lookup()
-                c.on_step(nst, spec, idx, sampled, max_k, 0, b * (1 + max_k), clock[0])
+                # The record is built inside the timed part, as the vLLM adapter builds it per step.
+                c.on_step(StepOutcome(nst, spec, idx, sampled, max_k, 0, b * (1 + max_k), clock[0]))
                 ts.append(time.perf_counter_ns() - t)
             meds.append(statistics.median(ts) / 1000.0)
         hook[b] = meds

@@ -12,8 +12,11 @@ driven without an engine (tests, a simulator):
     search     the table's dense/range forms and vLLM-layout lookups (the search itself is
                core.evidence, the offline tuner's)
     steptime   live step-time correction of the profiled T(B, k), with its error
-    logic      Controller: per-step counting, rebuilds, exploration, hysteresis, flap counting
-               and backoff, reloads, export
+    step       StepOutcome (one engine step, as the hooks see it) and count_drafts (the one
+               per-request count of drafted and kept tokens); stdlib only
+    flapping   FlapCounter: switches of k per batch size, reversals, the flap backoff's holds
+    observations  CostObserver: which step intervals observe T(B, k), clean and served
+    logic      Controller: per-step counting, rebuilds, exploration, hysteresis, reloads, export
     scheduler  the vLLM adapter: Scheduler / AsyncScheduler subclasses with the three hooks
 
 The evaluation's adaptive baselines are not here: ``evaluation.baselines`` and its own adapter

@@ -7,10 +7,11 @@ The vLLM adapter (``controller/scheduler.py``) calls three methods; a simulator 
   every ``exploration_every_steps``: at the largest allowed k, and with step-time correction then as
   many steps at the next other allowed k) and boundary hysteresis (keep the current k while B is within h of
   a range that uses it) take effect, by handing vLLM one of a few lookups precomputed at rebuild.
-* ``on_step(...)`` after each ``update_from_output``, with the step's per-request counts: drafted
-  = ``len(scheduled_spec_decode_tokens[req])``, kept = ``len(sampled_token_ids[i]) - 1``. It adds one
-  to two histogram slots per request (no per-request allocation), times the step, and every
-  ``rebuild_every_steps`` steps rebuilds the table (docs/method.md, "Online controller"):
+* ``on_step(step)`` after each ``update_from_output``, with the step's ``step.StepOutcome``: per
+  request drafted = ``len(scheduled_spec_decode_tokens[req])``, kept = ``len(sampled_token_ids[i]) - 1``
+  (``step.count_drafts``: one increment in each of two histograms, no per-request allocation). It
+  times the step (``observations.CostObserver``), and every ``rebuild_every_steps`` steps rebuilds
+  the table (docs/method.md, "Online controller"):
 
   1. per-position counts from the histograms (drafted_i = request-steps that drafted >= i; a
      variable k then does not bias later positions), added to the live counters;
@@ -20,8 +21,8 @@ The vLLM adapter (``controller/scheduler.py``) calls three methods; a simulator 
      (``core.evidence.search_with_evidence``, one implementation) revising the table in force, so
      a k changes at a batch size only when the lower confidence bound of its gain (acceptance
      counts and step-time spread) clears ``stickiness``; batch sizes held by the flap backoff
-     keep their k (a batch size that switches again within 16 rebuilds of its last switch is
-     held for 2, 4, 8, ... rebuilds up to ``flap_backoff_rebuilds``);
+     keep their k (``flapping.FlapCounter``: a batch size that switches again within 16 rebuilds
+     of its last switch is held for 2, 4, 8, ... rebuilds up to ``flap_backoff_rebuilds``);
   5. within the time budget: install it (only if it changed), halve the live counters, decay w;
      else skip (counted). Every change of k at a batch size is counted (``switches``, exported
      per batch size and per hour).
@@ -39,14 +40,16 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tabletune_pipelines.controller.flapping import FlapCounter
 from tabletune_pipelines.controller.loader import EngineFacts, StartPoint, load_start
+from tabletune_pipelines.controller.observations import CostObserver
 from tabletune_pipelines.controller.search import (
     compact,
     dense_from_ranges,
@@ -54,6 +57,7 @@ from tabletune_pipelines.controller.search import (
     vllm_lookup,
 )
 from tabletune_pipelines.controller.settings import ControllerSettings
+from tabletune_pipelines.controller.step import StepOutcome, count_drafts, fold, longest
 from tabletune_pipelines.controller.steptime import ServedPrior, StepTimeModel, served_prior
 from tabletune_pipelines.core.acceptance import AcceptanceEstimator, EstimatorConfig
 from tabletune_pipelines.core.evidence import search_with_evidence
@@ -70,17 +74,6 @@ def _fmt_table(ranges: Sequence[Sequence[int]]) -> str:
 
 def _fmt(xs: Sequence[float], nd: int = 3) -> str:
     return "(" + ", ".join(f"{float(x):.{nd}f}" for x in xs) + ")"
-
-
-def _observe(cells: dict[int, list[float]], key: int, ms: float) -> None:
-    """Add one step interval to its cell: ``[sum ms, count, sum of squares]``."""
-    cell = cells.get(key)
-    if cell is None:
-        cells[key] = [ms, 1.0, ms * ms]
-    else:
-        cell[0] += ms
-        cell[1] += 1.0
-        cell[2] += ms * ms
 
 
 class Controller:
@@ -117,14 +110,8 @@ class Controller:
         self.reloads = 0
         self.last_rebuild_ms = 0.0
         self.max_rebuild_ms = 0.0
-        # Flapping: changes of k per batch size (index B), the k each B had before its last change,
-        # how often it returned there, and the rebuild until which it is held.
-        self.switches = np.zeros(n + 1, dtype=np.int64)
-        self.reversals = 0
-        self._k_before = np.full(n + 1, -1, dtype=np.int64)
-        self._backoff_level = np.zeros(n + 1, dtype=np.int64)
-        self._held_until = np.zeros(n + 1, dtype=np.int64)
-        self._last_switch = np.full(n + 1, -(1 << 40), dtype=np.int64)
+        # Flapping: changes of k per batch size, reversals and the flap backoff's holds.
+        self.flaps = FlapCounter(n)
         self._t_started = clock()
         self._logged: set[str] = set()
         self._last_unchanged_log = float("-inf")
@@ -165,13 +152,8 @@ class Controller:
         # An open decision at the batch size in service: the run that explores the k that could beat
         # the table's k there (set at rebuilds; None when every decision there is settled).
         self._explore_focus: list[tuple[int, list[int] | None]] | None = None
-        self._k_row = [-1] * (K + 1)
-        self._tp: list[list[float]] = []
-        # Clean step intervals since the last rebuild: {row * (n + 1) + B: [sum ms, count]}, only the
-        # cells visited (a handful), so folding them in costs nothing at max_num_seqs 1024.
-        self._obs: dict[int, list[float]] = {}
-        # Every served step's interval, same keys ([sum ms, count, sum of squares]).
-        self._obs_all: dict[int, list[float]] = {}
+        # Step intervals observed since the last rebuild (None without a step-time profile).
+        self.costs: CostObserver | None = None
         # The live workload (requests admitted, prefill tokens, tokens produced), halved at rebuilds.
         self._wl = [0.0, 0.0, 0.0]
         self.served: ServedPrior | None = None
@@ -226,16 +208,13 @@ class Controller:
                 prior_weight=w, halve_after_rebuild=s.halve_after_rebuild, prior_decay=s.prior_decay,
                 min_prior_weight=min(float(s.min_prior_weight), w)))
         ks = start.allowed_k
-        k_row = [-1] * (K + 1)
         model: StepTimeModel | None = None
-        tp: list[list[float]] = []
+        costs: CostObserver | None = None
         if start.profile_ms is not None:
             model = StepTimeModel(ks, start.profile_ms, prior_weight=s.step_time_prior_weight,
                                   min_prior_weight=s.step_time_min_prior_weight, max_count=s.step_time_max_count,
                                   hysteresis=int(s.hysteresis))
-            for i, k in enumerate(ks):
-                k_row[k] = i
-            tp = [[0.0, *row] for row in start.profile_ms.tolist()]
+            costs = CostObserver(ks, start.profile_ms, float(s.step_time_outlier_ratio), K, n)
         served = served_prior(pub.document) if model is not None else None
         if isinstance(served, str):
             self._once("served:" + served, "TableTune controller: published v%d: %s", pub.version, served)
@@ -261,9 +240,9 @@ class Controller:
                          or [[(kmax, explore)] * run])
         return {
             "start": start, "settings": s, "fallback_reason": None, "_last_estimate": (),
-            "estimator": estimator, "model": model, "_k_row": k_row, "_tp": tp, "_obs": {}, "_obs_all": {},
+            "estimator": estimator, "model": model, "costs": costs,
             "served": served, "_wl": [0.0, 0.0, 0.0], "_served_cache": None,
-            "_hist_d": [0] * (K + 1), "_hist_a": [0] * (K + 1), "_st_tol": float(s.step_time_outlier_ratio),
+            "_hist_d": [0] * (K + 1), "_hist_a": [0] * (K + 1),
             "_N": N, "_next_rebuild": self.steps + N, "_explore_every": every,
             "_explore_run": int(s.exploration_run_steps), "_next_explore": self.steps + every,
             "_explore_left": 0, "_explore_pending": 0, "applying": can_switch, "controlling": controlling,
@@ -272,8 +251,7 @@ class Controller:
             "_explore_focus": None,
             # A new version starts its own flap history (its table is not the old one's); the switch
             # counts stay cumulative for the export.
-            "_k_before": np.full(n + 1, -1, dtype=np.int64), "_backoff_level": np.zeros(n + 1, dtype=np.int64),
-            "_held_until": np.zeros(n + 1, dtype=np.int64), "_last_switch": np.full(n + 1, -(1 << 40), dtype=np.int64),
+            "flaps": self.flaps.restarted(int(s.flap_backoff_rebuilds)),
         }
 
     def _commit(self, start: StartPoint, new: dict[str, Any]) -> None:
@@ -385,45 +363,29 @@ class Controller:
             return self._hyst.get(self._cur_k, self._lookup)
         return self._lookup
 
-    def on_step(self, num_scheduled_tokens: Mapping[str, int], spec_tokens: Mapping[str, Sequence[Any]] | None,
-                req_id_to_index: Mapping[str, int], sampled: Sequence[Sequence[int]] | None, k_next: int | None,
-                num_new: int, total_tokens: int, now: float) -> None:
-        """One engine step's outcome (``update_from_output``); ``now`` is ``time.monotonic()``."""
+    def on_step(self, step: StepOutcome) -> None:
+        """One engine step's outcome (``update_from_output``; ``step.now`` is ``time.monotonic()``)."""
         t_in = time.perf_counter()
-        b = len(num_scheduled_tokens)
+        b = len(step.num_scheduled_tokens)
+        now = step.now
         last, self._last_t = self._last_t, now
         if b == 0:
             self._prev_b = 0
             return
         self.steps += 1
-        drafted = kept = longest = 0
-        if spec_tokens and sampled:
-            hd, ha, K = self._hist_d, self._hist_a, self._K
-            ns = len(sampled)
-            for rid, toks in spec_tokens.items():
-                n = len(toks)
-                if not n:
-                    continue
-                i = req_id_to_index.get(rid)
-                if i is None or i >= ns:
-                    continue
-                out = sampled[i]
-                if not len(out):
-                    continue  # finished or aborted in this step: vLLM counts nothing either
-                m = len(out) - 1
-                if m > n or n > K:
-                    self._anomaly(n, m)
-                    n = min(n, K)
-                    m = min(m, n)
-                hd[n] += 1
-                ha[m] += 1
-                drafted += n
-                kept += m
-                if n > longest:
-                    longest = n
+        k_next, num_new, total_tokens = step.k_next, step.num_new, step.total_tokens
+        if k_next is not None:
+            drafted, kept, _ = count_drafts(step.spec_tokens, step.req_id_to_index, step.sampled, self._K,
+                                            self._hist_d, self._hist_a, self._anomaly)
+        else:  # an engine whose SchedulerOutput lacks the field: the k just verified (this step's longest draft)
+            hd, ha = [0] * (self._K + 1), [0] * (self._K + 1)
+            drafted, kept, _ = count_drafts(step.spec_tokens, step.req_id_to_index, step.sampled, self._K, hd, ha,
+                                            self._anomaly)
+            k_next = longest(hd)
+            for i, (d, a) in enumerate(zip(hd, ha)):
+                self._hist_d[i] += d
+                self._hist_a[i] += a
         self._win_tokens += b + kept
-        if k_next is None:  # an engine whose SchedulerOutput lacks the field: the k just verified
-            k_next = longest
         if self.served is not None:  # the live workload only prices the published served model
             self._wl[0] += num_new
             self._wl[1] += max(0, total_tokens - b - drafted)
@@ -431,28 +393,9 @@ class Controller:
         if last is not None and self._prev_b:
             dt = now - last
             self._win_busy += dt
-            if self._tp and k_next is not None and k_next == self._prev_k and 0 <= k_next <= self._K and b <= self._n:
-                # Every served step: what serving pays at (B, k), prefill and graph changes included;
-                # but not the first step at a new k, which carries the switch: a k seen only in
-                # exploration runs would pay it on a third of its steps and the k in force never
-                # (one CPU run: 0.47 ms of extra at the explored k = 1 against 0.15 at the k in force).
-                row = self._k_row[k_next]
-                if row >= 0:
-                    ms = dt * 1000.0
-                    if ms <= self._tp[row][b] * self._st_tol * self._st_tol:
-                        _observe(self._obs_all, row * (self._n + 1) + b, ms)
-            # A clean decode step: same requests' count and k as the step before, nothing admitted,
-            # no prefill tokens. Its interval is one whole step at (B, k) (as the profile timed it).
-            # Judged by the k each step reports, not by which lookup was handed out last: with the
-            # async scheduler the next step is scheduled before this one's output arrives.
-            if (self._tp and num_new == 0 and b == self._prev_b and k_next == self._prev_k and k_next is not None
-                    and total_tokens == b + drafted and b <= self._n):
-                row = self._k_row[k_next] if 0 <= k_next <= self._K else -1
-                if row >= 0:
-                    ms = dt * 1000.0
-                    tp = self._tp[row][b]
-                    if tp / self._st_tol <= ms <= tp * self._st_tol:
-                        _observe(self._obs, row * (self._n + 1) + b, ms)
+            if self.costs is not None:  # which intervals observe T(B, k): CostObserver.observe
+                decode_only = num_new == 0 and total_tokens == b + drafted  # nothing admitted, no prefill
+                self.costs.observe(dt, b, k_next, self._prev_b, self._prev_k, decode_only)
         self._prev_b, self._prev_k = b, k_next
         if self._explore_pending and k_next == self._explore_k:
             self._explore_pending -= 1  # an exploration step: the k in force for hysteresis stays
@@ -480,28 +423,7 @@ class Controller:
     # ------------------------------------------------------------------ rebuild
     def _fold(self) -> tuple[list[int], list[int]]:
         """Per-position deltas from the histograms (drafted_i = request-steps with >= i drafts)."""
-        hd, ha, K = self._hist_d, self._hist_a, self._K
-        d, a = [0] * K, [0] * K
-        sd = sa = 0
-        for i in range(K, 0, -1):
-            sd += hd[i]
-            sa += ha[i]
-            d[i - 1], a[i - 1] = sd, sa
-        for i in range(K + 1):
-            hd[i] = 0
-            ha[i] = 0
-        return d, a
-
-    def _cells(self, obs: dict[int, list[float]], shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Observed cells ``{row * (n + 1) + B: [sum ms, count, sum of squares]}`` as (sums, counts,
-        sums of squares) arrays of the profile's shape."""
-        keys = np.fromiter(obs.keys(), dtype=np.int64, count=len(obs))
-        vals = np.asarray(list(obs.values()), dtype=float)
-        rows, bs = np.divmod(keys, self._n + 1)
-        out = tuple(np.zeros(shape) for _ in range(3))
-        for m, arr in enumerate(out):
-            arr[rows, bs - 1] = vals[:, m]
-        return out  # type: ignore[return-value]
+        return fold(self._hist_d, self._hist_a)
 
     def rebuild(self, now: float) -> None:
         """Fold the counts in and, when a search is possible, rebuild the table (module docstring)."""
@@ -513,12 +435,8 @@ class Controller:
         est, model, start = self.estimator, self.model, self.start
         if est is not None:
             est.observe_counts(d, a)
-        if model is not None and self._obs:
-            model.add(*self._cells(self._obs, model.profile.shape))
-            self._obs = {}
-        if model is not None and self._obs_all:
-            model.add_served(*self._cells(self._obs_all, model.profile.shape))
-            self._obs_all = {}
+        if model is not None and self.costs is not None:
+            self.costs.hand_over(model)
         if start is not None and est is not None and model is not None:
             self._search(t0, est, model, start)
         self.export(now)
@@ -538,7 +456,7 @@ class Controller:
         new = compact(chosen)
         old = self.candidate_ranges
         if new != old:
-            self._count_switches(dense_from_ranges(old, self._n), chosen)
+            self.flaps.count(dense_from_ranges(old, self._n), chosen, self.rebuilds)
         # The lookups first: if building them failed, nothing below (halving, decay) has happened.
         lookups = self._lookups(new, applying=self.applying, controlling=True, ks=start.allowed_k,
                                 h=s.hysteresis) if self.controlling and new != old else None
@@ -610,7 +528,7 @@ class Controller:
                                   incumbent=incumbent)
         chosen = np.asarray(ev.choice.chosen, dtype=np.int64)
         self._explore_focus = self._focus(ev, chosen, start)
-        held = self._held_until[1:] > self.rebuilds
+        held = self.flaps.held(self.rebuilds)
         if held.any():
             chosen[held] = incumbent[held]
         return chosen
@@ -671,44 +589,11 @@ class Controller:
         run = int(self.settings.exploration_run_steps)
         return [(kmax, self._explore)] * run + [(best, vllm_lookup(np.full(self._n, best)))] * run
 
-    #: A batch size that switches again within this many rebuilds of its last switch is flapping.
-    FLAP_WINDOW_REBUILDS = 16
-
-    def _count_switches(self, old: np.ndarray, new: np.ndarray) -> None:
-        """Count each batch size whose k changes (and the reversals: back to the k it had before its
-        last change). A batch size that switches again within ``FLAP_WINDOW_REBUILDS`` rebuilds of its
-        last switch (back and forth, or round three ks) is held for 2, 4, 8, ... rebuilds, up to
-        ``flap_backoff_rebuilds``; a switch after a quiet spell resets the hold to nothing."""
-        changed = np.flatnonzero(old != new)
-        if not changed.size:
-            return
-        b = changed + 1
-        self.switches[b] += 1
-        self.reversals += int((self._k_before[b] == new[changed]).sum())
-        self._k_before[b] = old[changed]
-        repeat = self.rebuilds - self._last_switch[b] <= self.FLAP_WINDOW_REBUILDS
-        self._last_switch[b] = self.rebuilds
-        self._backoff_level[b] = np.where(repeat, self._backoff_level[b] + 1, 0)
-        cap = int(self.settings.flap_backoff_rebuilds)
-        if cap > 0 and repeat.any():
-            fb = b[repeat]
-            hold = np.minimum(np.left_shift(1, np.minimum(self._backoff_level[fb], 40)), cap)
-            self._held_until[fb] = self.rebuilds + 1 + hold
-            # The quiet spell that forgives a batch size starts when its hold ends, not at its switch (a
-            # hold longer than the window would otherwise reset the level it was earned by).
-            self._last_switch[fb] = self._held_until[fb]
-
     def flapping(self) -> dict[str, Any]:
         """Switches of k (table changes at a batch size): total, per hour since the controller
-        started, flips back, the batch sizes that switched most and how many are held now."""
-        hours = max(self._clock() - self._t_started, 1e-9) / 3600.0
-        total = int(self.switches.sum())
-        top = np.argsort(-self.switches, kind="stable")[:8]
-        return {
-            "switches": total, "switches_per_hour": round(total / hours, 3), "reversals": self.reversals,
-            "switches_by_batch_size": {str(int(b)): int(self.switches[b]) for b in sorted(top) if self.switches[b]},
-            "held_batch_sizes": int(np.count_nonzero(self._held_until[1:] > self.rebuilds)),
-        }
+        started, flips back, the batch sizes that switched most and how many are held now
+        (``FlapCounter.summary``)."""
+        return self.flaps.summary(self.rebuilds, max(self._clock() - self._t_started, 1e-9) / 3600.0)
 
     # ------------------------------------------------------------------ export
     def _reset_window(self, now: float) -> None:

@@ -25,7 +25,8 @@ Nothing here may take the engine down: every hook catches its exceptions and han
 controller, which counts them and logs the first of each kind; a controller that cannot be built
 leaves vLLM's scheduler exactly as it is.
 
-The controller is ``logic.Controller`` (``controller_cls``). Nothing here imports the evaluation
+Each step's outcome is handed to the controller as one ``step.StepOutcome``, built here once per
+step. The controller is ``logic.Controller`` (``controller_cls``). Nothing here imports the evaluation
 package: the evaluation's TurboSpec-style and Nightjar-style baselines run in an engine only under
 ``tabletune_pipelines.evaluation.scheduler.EvaluationScheduler`` (the same three hooks, its
 ``controller_cls`` honouring the ``policy`` setting); under this plugin a published ``policy`` other
@@ -45,6 +46,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from tabletune_pipelines.controller.loader import DEPLOYMENT_ENV, EngineFacts
 from tabletune_pipelines.controller.logic import Controller
 from tabletune_pipelines.controller.settings import PUBLISHED_ENV
+from tabletune_pipelines.controller.step import StepOutcome
 from tabletune_pipelines.identity_match import engine_gpu
 
 logger = logging.getLogger("tabletune.controller")
@@ -122,9 +124,9 @@ class _ControllerMixin:
         if tt is not None:
             try:
                 so, mro = scheduler_output, model_runner_output
-                tt.on_step(so.num_scheduled_tokens, so.scheduled_spec_decode_tokens, mro.req_id_to_index,
-                           mro.sampled_token_ids, getattr(so, "num_spec_tokens_to_schedule", None),
-                           len(so.scheduled_new_reqs), so.total_num_scheduled_tokens, time.monotonic())
+                tt.on_step(StepOutcome(so.num_scheduled_tokens, so.scheduled_spec_decode_tokens, mro.req_id_to_index,
+                                       mro.sampled_token_ids, getattr(so, "num_spec_tokens_to_schedule", None),
+                                       len(so.scheduled_new_reqs), so.total_num_scheduled_tokens, time.monotonic()))
             except Exception as exc:  # noqa: BLE001
                 tt.fail("counting a step", exc)
         return out

@@ -3,8 +3,9 @@
 Passed to vLLM with ``--scheduler-cls tabletune_pipelines.engine.step_scheduler.TimingScheduler``
 on the CPU build, ``AutoTimingScheduler`` on a GPU (it builds ``TimingAsyncScheduler`` when the
 engine runs async scheduling, vLLM 0.26's default there). It runs inside the engine core process
-and imports only vLLM, the stdlib and ``control_protocol`` (docs/engine-facts.md, "vLLM
-interfaces"); a table command also loads ``core.table`` (numpy), the one table expansion.
+and imports only vLLM, the stdlib, ``control_protocol`` and ``controller.step`` (stdlib only; the
+one count of drafted and kept tokens) (docs/engine-facts.md, "vLLM interfaces"); a table command
+also loads ``core.table`` (numpy), the one table expansion.
 
 Per step (each ``update_from_output`` call) it appends one JSON line to the file named by
 ``TABLETUNE_STEP_LOG`` (if set)::
@@ -14,13 +15,17 @@ Per step (each ``update_from_output`` call) it appends one JSON line to the file
      "dt": 4.41,       # ms since the previous update_from_output (the step's wall interval)
      "b": 8,           # requests in the step (len(num_scheduled_tokens))
      "k": 3,           # num_spec_tokens_to_schedule (drafts asked of the drafter this step)
-     "d": 24,          # draft tokens verified in this step (sum over requests)
+     "d": 24,          # draft tokens verified in this step (sum over requests, finished ones too)
      "a": 0,           # draft tokens kept in this step (sum over requests)
      "new": 0,         # requests newly admitted (first scheduled) in this step
      "tok": 32,        # total scheduled tokens
      "c": 2,           # sequence number of the control command in force
-     "dp": [8, 8, 8],  # per draft position: requests that drafted it (only when drafts were verified)
+     "dp": [8, 8, 8],  # per draft position: requests that drafted it (only when drafts were counted)
      "ap": [0, 0, 0]}  # per draft position: requests that kept it
+
+"a", "dp" and "ap" count drafts as the controller does (``controller.step.count_drafts``, vLLM's
+rule): a request finished or aborted in the step (empty output) counts nothing there, and a draft
+longer than K or more kept than drafted is clamped.
 
 Commands arrive on the ``TABLETUNE_K_CONTROL`` channel (``control_protocol.py``), polled once
 per step and once per arriving request:
@@ -46,6 +51,7 @@ from typing import Any
 
 from tabletune_pipelines.control_protocol import K_CONTROL_ENV, STEP_LOG_ENV, Command, ControlReader, InvalidCommand
 from tabletune_pipelines.control_protocol import check_k_command
+from tabletune_pipelines.controller.step import count_drafts, fold, longest
 
 try:  # Imported inside vLLM's engine core; the module stays importable without vLLM for docs/tests.
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -180,35 +186,26 @@ class _TimingMixin:
         if b == 0:
             return
         spec = scheduler_output.scheduled_spec_decode_tokens or {}
-        drafted = kept = 0
+        verified = 0
         dpos: list[int] = []
         apos: list[int] = []
+        kept = 0
         if spec:
-            idx = model_runner_output.req_id_to_index
-            sampled = model_runner_output.sampled_token_ids
-            for rid, toks in spec.items():
-                n = len(toks)
-                if n == 0:
-                    continue
-                drafted += n
-                m = 0
-                i = idx.get(rid)
-                if i is not None and i < len(sampled):
-                    m = max(0, min(n, len(sampled[i]) - 1))
-                kept += m
-                if len(dpos) < n:
-                    dpos.extend([0] * (n - len(dpos)))
-                    apos.extend([0] * (n - len(apos)))
-                for j in range(n):
-                    dpos[j] += 1
-                for j in range(m):
-                    apos[j] += 1
+            verified = sum(len(toks) for toks in spec.values())
+            K = max(0, int(self.num_spec_tokens or 0))
+            hd, ha = [0] * (K + 1), [0] * (K + 1)
+            _, kept, _ = count_drafts(spec, model_runner_output.req_id_to_index,
+                                      model_runner_output.sampled_token_ids, K, hd, ha)
+            n = longest(hd)
+            if n:
+                dpos, apos = fold(hd, ha)
+                del dpos[n:], apos[n:]
         rec = {
             "t": round(now, 6),
             "dt": None if last is None else round((now - last) * 1000.0, 4),
             "b": b,
             "k": getattr(scheduler_output, "num_spec_tokens_to_schedule", None),
-            "d": drafted,
+            "d": verified,
             "a": kept,
             "new": len(scheduler_output.scheduled_new_reqs),
             "tok": scheduler_output.total_num_scheduled_tokens,

@@ -1,6 +1,6 @@
 """Two adaptive baselines as controller variants (evaluation only: a production engine, whose plugin
 is ``controller.scheduler``, never imports this module; ``evaluation.scheduler`` runs them in vLLM): the same hooks as ``logic.Controller``
-(``next_lookup()`` before a step, ``on_step(...)`` after it, ``close()``), so the vLLM adapter or
+(``next_lookup()`` before a step, ``on_step(step)`` after it, ``close()``), so the vLLM adapter or
 the replay simulator (``tabletune_pipelines.evaluation.simulator``) drives them unchanged. Stdlib +
 numpy, no vLLM. What each implements from its paper is in docs/evaluation.md, "Baselines".
 
@@ -11,6 +11,8 @@ numpy, no vLLM. What each implements from its paper is in docs/evaluation.md, "B
   batched tokens B·(k+1) and the drafter's time as linear per proposal step). τ̂ follows the
   paper's acceptance model: one per-token acceptance rate α̂, estimated from live counts with an
   exponential forgetting, and τ̂(k) = (1 − α̂^(k+1)) / (1 − α̂).
+  The live counts follow the controller's rule (``controller.step.count_drafts``: a request with
+  an empty output counts nothing).
 * ``NightjarPolicy`` ("Nightjar: Dynamic Adaptive Speculative Decoding for Large Language Models
   Serving", arXiv 2512.22420): an independent multi-armed bandit per batch size choosing k from
   the observed goodput of its own steps. The paper's planner is a MAB per batch size; the exact
@@ -27,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from tabletune_pipelines.controller.step import StepOutcome, count_drafts
+
 
 def linear_step_model(step_ms: Mapping[int, Mapping[int, float]]) -> np.ndarray:
     """Least-squares (c0, c1, c2, c3) of T ≈ c0 + c1·B + c2·k + c3·B·k over a profile ``{k: {B: ms}}``."""
@@ -41,32 +45,32 @@ def linear_step_model(step_ms: Mapping[int, Mapping[int, float]]) -> np.ndarray:
     return coef
 
 
-def _counts(spec_tokens: Mapping[str, Sequence[Any]] | None, req_id_to_index: Mapping[str, int],
-            sampled: Sequence[Sequence[int]] | None) -> tuple[int, int, int]:
-    """(kept drafts, positions tried, request-steps that drafted) of one step; a position is
-    tried when it was drafted and every draft before it was kept."""
-    kept = tried = n_req = 0
-    if not spec_tokens or not sampled:
-        return 0, 0, 0
-    ns = len(sampled)
-    for rid, toks in spec_tokens.items():
-        n = len(toks)
-        i = req_id_to_index.get(rid)
-        if not n or i is None or i >= ns or not len(sampled[i]):
-            continue
-        m = min(len(sampled[i]) - 1, n)
-        kept += m
-        tried += m + (1 if m < n else 0)
-        n_req += 1
-    return kept, tried, n_req
+class _Counts:
+    """A policy's per-step counts of kept drafts (``controller.step.count_drafts``, the controller's
+    rule), with its own histograms of length ``max_k + 1``."""
+
+    def __init__(self, max_k: int) -> None:
+        self.max_k = int(max_k)
+        self.hist_d = [0] * (self.max_k + 1)
+        self.hist_a = [0] * (self.max_k + 1)
+
+    def __call__(self, step: StepOutcome) -> tuple[int, int]:
+        """(kept drafts, positions tried) of one step; a position is tried when it was drafted and
+        every draft before it was kept."""
+        _, kept, rejections = count_drafts(step.spec_tokens, step.req_id_to_index, step.sampled, self.max_k,
+                                              self.hist_d, self.hist_a)
+        return kept, kept + rejections
 
 
 class TurboSpecPolicy:
-    """k per step from a linear step-time model and a live per-token acceptance rate (module docstring)."""
+    """k per step from a linear step-time model and a live per-token acceptance rate (module docstring).
+    ``max_k``: the engine's K, at which longer drafts are clamped when counted (default: the largest allowed k)."""
 
     def __init__(self, step_ms: Mapping[int, Mapping[int, float]], max_num_seqs: int, allowed_k: Sequence[int], *,
-                 initial_alpha: float = 0.5, forget: float = 0.995, prior_tokens: float = 50.0) -> None:
+                 initial_alpha: float = 0.5, forget: float = 0.995, prior_tokens: float = 50.0,
+                 max_k: int | None = None) -> None:
         self.ks = np.asarray(sorted(int(k) for k in allowed_k), dtype=np.int64)
+        self._counts = _Counts(int(self.ks[-1]) if max_k is None else max_k)
         self.n = int(max_num_seqs)
         self.coef = linear_step_model(step_ms)
         b = np.arange(1, self.n + 1, dtype=float)
@@ -94,13 +98,11 @@ class TurboSpecPolicy:
     def next_lookup(self) -> list[int]:
         return self._lookup
 
-    def on_step(self, num_scheduled_tokens: Mapping[str, int], spec_tokens: Mapping[str, Sequence[Any]] | None,
-                req_id_to_index: Mapping[str, int], sampled: Sequence[Sequence[int]] | None, k_next: int | None,
-                num_new: int, total_tokens: int, now: float) -> None:
-        if not num_scheduled_tokens:
+    def on_step(self, step: StepOutcome) -> None:
+        if not step.num_scheduled_tokens:
             return
         self.steps += 1
-        kept, tried, _ = _counts(spec_tokens, req_id_to_index, sampled)
+        kept, tried = self._counts(step)
         if tried:
             self.kept = self.kept * self.forget + kept
             self.tried = self.tried * self.forget + tried
@@ -111,10 +113,13 @@ class TurboSpecPolicy:
 
 
 class NightjarPolicy:
-    """UCB1 per batch size over the allowed k, rewarded with the step's goodput (module docstring)."""
+    """UCB1 per batch size over the allowed k, rewarded with the step's goodput (module docstring).
+    ``max_k``: the engine's K, at which longer drafts are clamped when counted (default: the largest allowed k)."""
 
-    def __init__(self, max_num_seqs: int, allowed_k: Sequence[int], *, c: float = 1.0) -> None:
+    def __init__(self, max_num_seqs: int, allowed_k: Sequence[int], *, c: float = 1.0,
+                 max_k: int | None = None) -> None:
         self.ks = [int(k) for k in sorted(allowed_k)]
+        self._counts = _Counts(max(self.ks) if max_k is None else max_k)
         self.n = int(max_num_seqs)
         self.c = float(c)
         arms = len(self.ks)
@@ -139,10 +144,8 @@ class NightjarPolicy:
     def next_lookup(self) -> list[int]:
         return self._lookup
 
-    def on_step(self, num_scheduled_tokens: Mapping[str, int], spec_tokens: Mapping[str, Sequence[Any]] | None,
-                req_id_to_index: Mapping[str, int], sampled: Sequence[Sequence[int]] | None, k_next: int | None,
-                num_new: int, total_tokens: int, now: float) -> None:
-        b = len(num_scheduled_tokens)
+    def on_step(self, step: StepOutcome) -> None:
+        b, k_next, now = len(step.num_scheduled_tokens), step.k_next, step.now
         last, self._last_t = self._last_t, now
         if b == 0 or b > self.n:
             return
@@ -153,7 +156,7 @@ class NightjarPolicy:
         dt = now - last
         if dt <= 0:
             return
-        kept, _, _ = _counts(spec_tokens, req_id_to_index, sampled)
+        kept, _ = self._counts(step)
         reward = (b + kept) / (b * dt)  # tokens per request per second: the step's goodput over B
         arm = self.ks.index(k)
         self.count[b, arm] += 1
@@ -175,12 +178,14 @@ from tabletune_pipelines.controller.search import compact  # noqa: E402
 EXPORT_ARMS = 32
 
 
-def build_policy(name: str, start: Any, max_num_seqs: int) -> TurboSpecPolicy | NightjarPolicy:
+def build_policy(name: str, start: Any, max_num_seqs: int,
+                 max_k: int | None = None) -> TurboSpecPolicy | NightjarPolicy:
     """The baseline ``name`` (``turbospec`` / ``nightjar``) for a validated published file
     (``loader.StartPoint``): allowed k = the file's allowed k that the launch lists; TurboSpec's
     linear model is fitted to the file's profiled cells of those k, and its initial per-token
     acceptance is the prior's a_1 (0.5 without a prior; it counts as 50 tokens, so live counts
-    take over within a few steps)."""
+    take over within a few steps). ``max_k``: the engine's K, where drafts are clamped when counted
+    (default: the largest allowed k)."""
     s, ks = start.settings, tuple(start.allowed_k)
     if not ks:
         raise ValueError("the published file allows no k")
@@ -188,9 +193,9 @@ def build_policy(name: str, start: Any, max_num_seqs: int) -> TurboSpecPolicy | 
         cells = {int(k): dict(start.published.step_ms.get(int(k)) or {}) for k in ks}
         alpha = float(start.prior[0]) if start.prior else 0.5
         return TurboSpecPolicy(cells, max_num_seqs, ks, initial_alpha=min(max(alpha, 0.0), 0.999),
-                               forget=float(s.turbospec_forget))
+                               forget=float(s.turbospec_forget), max_k=max_k)
     if name == "nightjar":
-        return NightjarPolicy(max_num_seqs, ks, c=float(s.nightjar_exploration))
+        return NightjarPolicy(max_num_seqs, ks, c=float(s.nightjar_exploration), max_k=max_k)
     raise ValueError(f"no baseline policy {name!r}")
 
 
@@ -223,7 +228,7 @@ class PolicyController(Controller):
             new["policy_failed"] = "the launch has no table, so k cannot change"
             return new
         try:
-            new["policy"] = build_policy(name, start, self._n)
+            new["policy"] = build_policy(name, start, self._n, self._K)
         except Exception as exc:  # noqa: BLE001 - the published table is served instead
             new["_policy_build_error"] = exc
             new["policy_failed"] = f"building the {name} policy: {type(exc).__name__}"
@@ -260,19 +265,16 @@ class PolicyController(Controller):
                 self._policy_failed(f"the {self.policy_name} policy's lookup", exc)
         return super().next_lookup()
 
-    def on_step(self, num_scheduled_tokens: Mapping[str, int], spec_tokens: Mapping[str, Sequence[Any]] | None,
-                req_id_to_index: Mapping[str, int], sampled: Sequence[Sequence[int]] | None, k_next: int | None,
-                num_new: int, total_tokens: int, now: float) -> None:
+    def on_step(self, step: StepOutcome) -> None:
         pol = self.policy
-        super().on_step(num_scheduled_tokens, spec_tokens, req_id_to_index, sampled, k_next, num_new, total_tokens,
-                        now)
+        super().on_step(step)
         if pol is None or pol is not self.policy:  # none, or a new version was installed in this step
             return
         try:
-            if num_scheduled_tokens and k_next is not None and 0 <= k_next <= self._K:
+            k_next = step.k_next
+            if step.num_scheduled_tokens and k_next is not None and 0 <= k_next <= self._K:
                 self.policy_k_steps[k_next] += 1
-            pol.on_step(num_scheduled_tokens, spec_tokens, req_id_to_index, sampled, k_next, num_new,
-                        total_tokens, now)
+            pol.on_step(step)
         except Exception as exc:  # noqa: BLE001
             self._policy_failed(f"the {self.policy_name} policy's update", exc)
 

@@ -20,13 +20,13 @@ sampling noise of separate runs). ``Workload.switch_at`` changes the true rates 
 Two kinds of policy:
 
 * ``TablePolicy``: a fixed k per batch size (no speculation, each fixed k, a table).
-* An engine-side policy with the controller's hooks, ``next_lookup()`` / ``on_step(...)``: the
+* An engine-side policy with the controller's hooks, ``next_lookup()`` / ``on_step(step)``: the
   production ``controller.logic.Controller`` (built on a real published file, ``published_for``)
   or a baseline of ``evaluation.baselines``. The simulator calls them exactly as the vLLM adapter
   (``controller/scheduler.py``) does: ``next_lookup()`` before the step (None leaves the engine's
-  launch table in force), the step's k = lookup[B], then ``on_step(num_scheduled_tokens,
+  launch table in force), the step's k = lookup[B], then ``on_step(StepOutcome(num_scheduled_tokens,
   scheduled_spec_decode_tokens, req_id_to_index, sampled_token_ids, k, num_new, total_tokens,
-  now)`` with ``now`` the simulated monotonic clock after the step.
+  now))`` (``controller.step.StepOutcome``) with ``now`` the simulated monotonic clock after the step.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ import numpy as np
 
 from tabletune_pipelines.controller.loader import EngineFacts
 from tabletune_pipelines.controller.logic import Controller
+from tabletune_pipelines.controller.step import StepOutcome
 from tabletune_pipelines.core.stepcost import GraphEnvelope, PrefillFit, StepCost
 from tabletune_pipelines.evaluation.surfaces import Surface
 from tabletune_pipelines.published import published_document, write_published_table
@@ -52,8 +53,7 @@ PROMPT_TOKENS = 32
 class EnginePolicy(Protocol):
     def next_lookup(self) -> list[int] | None: ...
 
-    def on_step(self, num_scheduled_tokens: Any, spec_tokens: Any, req_id_to_index: Any, sampled: Any,
-                k_next: int | None, num_new: int, total_tokens: int, now: float) -> None: ...
+    def on_step(self, step: StepOutcome) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,7 @@ def simulate(surface: Surface, policy: TablePolicy | EnginePolicy, load: int, st
 
     ``launch_k``: k per B (index B − 1) of the engine's launch table, used when an engine-side
     policy's ``next_lookup()`` returns None (default: K everywhere). ``trace``: if given, every
-    ``on_step`` call's arguments are appended (with the lookup k), for replaying them elsewhere.
+    ``on_step`` call's fields are appended (with the lookup first), for replaying them elsewhere.
     """
     L = int(load)
     n, K = surface.max_num_seqs, surface.max_k
@@ -202,7 +202,7 @@ def simulate(surface: Surface, policy: TablePolicy | EnginePolicy, load: int, st
                 trace.append((None if lookup is None else list(lookup), dict(scheduled),
                               {r: list(v) for r, v in spec.items()}, dict(index),
                               [list(s) for s in sampled], k, n_new, total, now))
-            policy.on_step(scheduled, spec, index, sampled, k, n_new, total, now)
+            policy.on_step(StepOutcome(scheduled, spec, index, sampled, k, n_new, total, now))
         remaining -= gained
         done = remaining <= 0
         new = done

@@ -1,7 +1,7 @@
 """Fakes for the pure-logic tests: a published file builder and a scheduler-output stand-in.
 
 ``FakeEngine`` drives ``Controller`` the way the vLLM adapter does (``next_lookup`` before a step,
-``on_step`` after it) with requests whose kept drafts follow known survival rates and whose step
+``on_step(StepOutcome(...))`` after it) with requests whose kept drafts follow known survival rates and whose step
 takes a known time: the ground truth the tests compare the controller with. No vLLM.
 """
 
@@ -17,6 +17,7 @@ import numpy as np
 
 from tabletune_pipelines.controller.loader import EngineFacts
 from tabletune_pipelines.controller.logic import Controller
+from tabletune_pipelines.controller.step import StepOutcome
 from tabletune_pipelines.core.table import choose_draft_lengths, compact_ranges, goodput_matrix
 from tabletune_pipelines.published import published_document, write_published_table
 
@@ -163,7 +164,7 @@ class FakeEngine:
             self.clock[0] += ms / 1000.0
             self.ks_run.append(k)
             made += sum(len(x) for x in sampled)
-            c.on_step(nst, spec, idx, sampled, k, new, batch + batch * k + prefill, self.clock[0])
+            c.on_step(StepOutcome(nst, spec, idx, sampled, k, new, batch + batch * k + prefill, self.clock[0]))
             new = 0
             if output_tokens:
                 for i, x in enumerate(sampled):

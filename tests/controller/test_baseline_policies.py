@@ -9,6 +9,7 @@ from tabletune_pipelines.evaluation import baselines
 from tabletune_pipelines.evaluation.baselines import PolicyController, TurboSpecPolicy
 from tabletune_pipelines.controller.loader import EngineFacts
 from tabletune_pipelines.controller.settings import ControllerSettings, SettingsError
+from tabletune_pipelines.controller.step import StepOutcome
 from tabletune_pipelines.live_counters import read_live_counters
 from tests.controller._fake import ENGINE, N, FakeEngine, publish
 
@@ -32,8 +33,9 @@ def make(tmp_path, clock, policy, *, rates=(0.6, 0.4, 0.2), engine=ENGINE, **ctl
 def step(c, b, k, kept_each, clock, dt_ms):
     ids = [f"r{i}" for i in range(b)]
     clock[0] += dt_ms / 1000.0
-    c.on_step({r: 1 for r in ids}, {r: [0] * k for r in ids} if k else {}, {r: i for i, r in enumerate(ids)},
-              [[1] * (kept_each + 1) for _ in ids], k, 0, b + b * k, clock[0])
+    c.on_step(StepOutcome({r: 1 for r in ids}, {r: [0] * k for r in ids} if k else {},
+                          {r: i for i, r in enumerate(ids)}, [[1] * (kept_each + 1) for _ in ids], k, 0, b + b * k,
+                          clock[0]))
 
 
 def test_settings_policy_is_typed_and_validated():

@@ -28,19 +28,21 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 
 LAUNCH = ((1, 1, 0), (2, 2, 1), (3, 16, 3))
 FAULTS = textwrap.dedent('''
+    import dataclasses
     import os
     if os.environ.get("TT_INJECT_FAULTS"):
         try:
             from tabletune_pipelines.controller import logic as _logic
             _on_step, _next_lookup, _n = _logic.Controller.on_step, _logic.Controller.next_lookup, [0, 0]
 
-            def on_step(self, nst, spec, idx, sampled, *args, **kw):
+            def on_step(self, step, *args, **kw):
                 _n[0] += 1
                 if _n[0] % 97 == 0:
                     raise RuntimeError("injected fault in on_step")
-                if _n[0] % 13 == 0 and sampled:
-                    sampled = [list(s) + [0] * 4 for s in sampled]  # a copy: vLLM's own lists stay as they are
-                return _on_step(self, nst, spec, idx, sampled, *args, **kw)
+                if _n[0] % 13 == 0 and step.sampled:
+                    # a copy: vLLM's own lists stay as they are
+                    step = dataclasses.replace(step, sampled=[list(s) + [0] * 4 for s in step.sampled])
+                return _on_step(self, step, *args, **kw)
 
             def next_lookup(self):
                 _n[1] += 1

@@ -19,6 +19,7 @@ import pytest
 
 from tabletune_pipelines.controller.loader import EngineFacts
 from tabletune_pipelines.controller.search import compact, dense_from_ranges
+from tabletune_pipelines.controller.step import StepOutcome
 from tabletune_pipelines.core.table import compact_ranges
 from tabletune_pipelines.live_counters import read_live_counters
 from tests.controller._fake import (
@@ -63,8 +64,8 @@ def test_per_position_counts_and_blend(tmp_path, clock):
     ids = ["a", "b", "c"]
     # a drafted 3 kept 2, b drafted 3 kept 0, c drafted 1 kept 1 → drafted (3, 2, 2), accepted (2, 1, 0)
     clock[0] += 0.01
-    c.on_step({r: 1 for r in ids}, {"a": [1, 2, 3], "b": [1, 2, 3], "c": [1]}, {"a": 0, "b": 1, "c": 2},
-              [[1, 2, 3], [1], [1, 2]], 3, 3, 10, clock[0])
+    c.on_step(StepOutcome({r: 1 for r in ids}, {"a": [1, 2, 3], "b": [1, 2, 3], "c": [1]}, {"a": 0, "b": 1, "c": 2},
+                          [[1, 2, 3], [1], [1, 2]], 3, 3, 10, clock[0]))
     (w,) = read_live_counters(tmp_path / "pub.live.jsonl").windows
     assert (w.drafted_per_pos, w.accepted_per_pos, w.num_drafts, w.tokens) == ((3, 2, 2), (2, 1, 0), 3, 3 + 3)
     # â_i = (2000 · 0.5 + accepted_i) / (2000 + drafted_i), before the halving
@@ -78,8 +79,8 @@ def test_halving_stops_at_the_floor(tmp_path, clock):
     c = controller(p, clock)
     ids = [f"r{i}" for i in range(1000)]
     # 1000 request-steps drafting 2 (kept 1 each); 100 of them also drafted a third position (kept 0)
-    c.on_step({r: 1 for r in ids}, {r: [0, 0, 0] if i < 100 else [0, 0] for i, r in enumerate(ids)},
-              {r: i for i, r in enumerate(ids)}, [[1, 1]] * 1000, 2, 0, 3100, clock[0])
+    c.on_step(StepOutcome({r: 1 for r in ids}, {r: [0, 0, 0] if i < 100 else [0, 0] for i, r in enumerate(ids)},
+                          {r: i for i, r in enumerate(ids)}, [[1, 1]] * 1000, 2, 0, 3100, clock[0]))
     c.rebuild(clock[0])
     # position 1, 2: 1000 → max(500, 256) = 500; position 3: 100 stays 100 (below the floor)
     assert c.estimator.drafted.tolist() == [500.0, 500.0, 100.0]
@@ -92,8 +93,8 @@ def test_the_methods_example_a2_becomes_0_55(tmp_path, clock):
                 controller={"rebuild_every_steps": 10_000})
     c = controller(p, clock)
     ids = [f"r{i}" for i in range(2000)]
-    c.on_step({r: 1 for r in ids}, {r: [0, 0] for r in ids}, {r: i for i, r in enumerate(ids)},
-              [[1, 1, 1] if i < 1200 else [1] for i in range(2000)], 2, 0, 6000, clock[0])
+    c.on_step(StepOutcome({r: 1 for r in ids}, {r: [0, 0] for r in ids}, {r: i for i, r in enumerate(ids)},
+                          [[1, 1, 1] if i < 1200 else [1] for i in range(2000)], 2, 0, 6000, clock[0]))
     c.rebuild(clock[0])
     assert c.estimator.prior_weight == 1000.0  # decayed after the rebuild
     assert c._last_estimate[1] == pytest.approx(0.55)
@@ -237,10 +238,10 @@ def test_hysteresis_keeps_k_near_a_boundary(tmp_path, clock):
     p = publish(tmp_path / "pub.json", ranges=[(1, 8, 3), (9, 16, 1)], rates=(0.7, 0.5, 0.3), allowed_k=[1, 3],
                 controller={"hysteresis": 2, "exploration_every_steps": 0, "rebuild_every_steps": 10_000})
     c = controller(p, clock)
-    c.on_step({"a": 4}, {"a": [0, 0, 0]}, {"a": 0}, [[1]], 3, 0, 4, clock[0])  # running k = 3
+    c.on_step(StepOutcome({"a": 4}, {"a": [0, 0, 0]}, {"a": 0}, [[1]], 3, 0, 4, clock[0]))  # running k = 3
     lk = c.next_lookup()
     assert (lk[8], lk[9], lk[10], lk[11]) == (3, 3, 3, 1)
-    c.on_step({"a": 2}, {"a": [0]}, {"a": 0}, [[1]], 1, 0, 2, clock[0] + 0.01)  # now running k = 1
+    c.on_step(StepOutcome({"a": 2}, {"a": [0]}, {"a": 0}, [[1]], 1, 0, 2, clock[0] + 0.01))  # now running k = 1
     lk = c.next_lookup()
     assert (lk[6], lk[7], lk[8], lk[9]) == (3, 1, 1, 1)
 
@@ -432,9 +433,9 @@ def test_flapping_is_counted_and_a_flip_back_is_held(tmp_path, clock):
         inst = []
         for want in wants:
             old = dense_from_ranges(c.candidate_ranges, 16)
-            held = c._held_until[1:] > c.rebuilds
+            held = c.flaps.held(c.rebuilds)
             new = np.where(held, old, want)
-            c._count_switches(old, new)
+            c.flaps.count(old, new, c.rebuilds)
             c.candidate_ranges = compact(new)
             c.rebuilds += 1
             inst.append(int(new[0]))
@@ -460,12 +461,12 @@ def test_flapping_is_counted_and_a_flip_back_is_held(tmp_path, clock):
     assert flips <= 300 // 64 + 8, (flips, long_run)  # 2, 4, ..., 64, 64, ...: 9 switches in 300 rebuilds
     # A switch after a quiet spell (a real change of traffic) is not held.
     c.rebuilds += 100
-    assert drive([np.full(16, 1)])[0] == 1 and not np.any(c._held_until[1:] > c.rebuilds)
+    assert drive([np.full(16, 1)])[0] == 1 and not np.any(c.flaps.held(c.rebuilds))
     off = controller(publish(tmp_path / "off.json", ranges=[(1, 16, 1)], rates=rates, allowed_k=[1, 2],
                              controller={"flap_backoff_rebuilds": 0}), clock)
-    off._count_switches(np.full(16, 1), np.full(16, 2))
-    off._count_switches(np.full(16, 2), np.full(16, 1))
-    assert off.reversals == 16 and not np.any(off._held_until)
+    off.flaps.count(np.full(16, 1), np.full(16, 2), off.rebuilds)
+    off.flaps.count(np.full(16, 2), np.full(16, 1), off.rebuilds)
+    assert off.flaps.reversals == 16 and not np.any(off.flaps.held_until)
 
 
 # -- served steps: prefill and the capture ceiling (issue: every step observed, one step-cost model) ------
@@ -532,7 +533,8 @@ def test_the_first_step_at_a_new_k_is_not_a_served_observation(tmp_path, clock):
     idx = {r: i for i, r in enumerate(ids)}
     for k in (1, 1, 1, 3, 3, 3, 1, 1):
         clock[0] += 0.010
-        c.on_step({r: 1 + k for r in ids}, {r: [0] * k for r in ids}, idx, [[1]] * 4, k, 0, 4 * (1 + k), clock[0])
+        c.on_step(StepOutcome({r: 1 + k for r in ids}, {r: [0] * k for r in ids}, idx, [[1]] * 4, k, 0, 4 * (1 + k),
+                              clock[0]))
     c.rebuild(clock[0])
     # k = 1: steps 2, 3 and 8 (step 1 has no interval, step 7 follows a k = 3 step); k = 3: steps 5 and 6.
     assert c.model.all_count[0, 3] == 3 and c.model.all_count[2, 3] == 2

@@ -105,3 +105,16 @@ def test_auto_scheduler_follows_vllms_async_decision(monkeypatch):
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
     assert issubclass(ss.TimingAsyncScheduler, AsyncScheduler)
+
+
+def test_the_step_log_counts_drafts_as_the_controller_does(sched):
+    """``a``, ``dp``, ``ap`` follow ``controller.step.count_drafts``: a request finished or aborted in the
+    step (empty output) counts nothing; ``d`` stays the drafts verified, that request's too."""
+    f, _, tmp_path = sched
+    so = SimpleNamespace(num_scheduled_tokens={"a": 4, "b": 4, "c": 2},
+                         scheduled_spec_decode_tokens={"a": [1, 2, 3], "b": [4, 5, 6], "c": [7]},
+                         num_spec_tokens_to_schedule=3, scheduled_new_reqs=[], total_num_scheduled_tokens=10)
+    mro = SimpleNamespace(req_id_to_index={"a": 0, "b": 1, "c": 2}, sampled_token_ids=[[9, 9], [], [9, 9]])
+    f._tt_update(so, mro)
+    (rec,) = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert rec["d"] == 7 and rec["a"] == 2 and rec["dp"] == [2, 1, 1] and rec["ap"] == [2, 0, 0]

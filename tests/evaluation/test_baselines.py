@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from tabletune_pipelines.evaluation.baselines import NightjarPolicy, TurboSpecPolicy, linear_step_model
+from tabletune_pipelines.controller.step import StepOutcome
 
 # T(B, k) = 3 + 0.5·k + 0.05·B·k: exactly linear, so the fitted model is the profile itself.
 PROFILE = {k: {b: 3 + 0.5 * k + 0.05 * b * k for b in (1, 2, 4, 8, 16, 32)} for k in (1, 3)}
@@ -27,15 +28,16 @@ def test_turbospec_worked_example():
     # every draft rejected for a while: alpha falls and k = 1 takes over everywhere
     ids = [f"r{i}" for i in range(4)]
     for t in range(400):
-        p.on_step({r: 1 for r in ids}, {r: [0, 0, 0] for r in ids}, {r: i for i, r in enumerate(ids)},
-                  [[1]] * 4, 3, 0, 16, 1.0 + t)
+        p.on_step(StepOutcome({r: 1 for r in ids}, {r: [0, 0, 0] for r in ids}, {r: i for i, r in enumerate(ids)},
+                              [[1]] * 4, 3, 0, 16, 1.0 + t))
     assert p.alpha < 0.05 and set(p.next_lookup()[1:]) == {1}
 
 
 def test_turbospec_counts_tried_positions():
     p = TurboSpecPolicy(PROFILE, 8, (1, 3), initial_alpha=0.5, prior_tokens=0.0001, forget=1.0)
     # a drafted 3 kept 1 (tried 2), b drafted 3 kept 3 (tried 3): alpha = 4 / 5
-    p.on_step({"a": 1, "b": 1}, {"a": [0] * 3, "b": [0] * 3}, {"a": 0, "b": 1}, [[1, 1], [1, 1, 1, 1]], 3, 0, 8, 1.0)
+    p.on_step(StepOutcome({"a": 1, "b": 1}, {"a": [0] * 3, "b": [0] * 3}, {"a": 0, "b": 1}, [[1, 1], [1, 1, 1, 1]],
+                          3, 0, 8, 1.0))
     assert p.alpha == pytest.approx(4 / 5, abs=1e-3)
 
 
@@ -49,7 +51,7 @@ def test_nightjar_ucb_finds_the_better_k_at_its_batch_size():
         now += 0.010  # both k take 10 ms; k = 1 keeps both drafts: twice the tokens
         spec = {"a": [0], "b": [0]} if k else {}
         sampled = [[1, 1], [1, 1]] if k else [[1], [1]]
-        nj.on_step({"a": 1, "b": 1}, spec, {"a": 0, "b": 1}, sampled, k, 0, 2 + 2 * k, now)
+        nj.on_step(StepOutcome({"a": 1, "b": 1}, spec, {"a": 0, "b": 1}, sampled, k, 0, 2 + 2 * k, now))
     assert np.mean(np.array(ks[50:]) == 1) > 0.8
     assert nj.count[2].sum() == 299 and nj.count[2, 0] >= 1  # k = 0 was tried
     assert nj.next_lookup()[3] == 1 and nj.count[3].sum() == 0  # other batch sizes learn on their own

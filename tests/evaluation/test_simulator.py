@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tabletune_pipelines.controller.search import dense_from_ranges
+from tabletune_pipelines.controller.step import StepOutcome
 from tabletune_pipelines.documents import StepTimeProfile
 from tabletune_pipelines.evaluation import costmodel as cm
 from tabletune_pipelines.evaluation import simulator as sim
@@ -104,7 +105,7 @@ def test_simulator_drives_the_production_controller_unchanged(tmp_path, surface)
         got = direct.next_lookup()
         assert got == lookup, f"step {step}: lookup differs"
         assert (got[12] if got is not None else 3) == r.ks[step]
-        direct.on_step(nst, spec, idx, sampled, k, n_new, total, now)
+        direct.on_step(StepOutcome(nst, spec, idx, sampled, k, n_new, total, now))
     assert direct.ranges == c_sim.ranges and direct.rebuilds == c_sim.rebuilds
     assert direct.estimate() == pytest.approx(c_sim.estimate())
     # and the decisions moved to what the true rates make best at B = 12 (k = 3, not the start's 0)
