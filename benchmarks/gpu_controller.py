@@ -24,6 +24,14 @@ published files carry the engine's H200 step-time profile measured by ``tabletun
    controller's exported windows after a settle. Printed: goodput ± s.e., controller / wrong and
    controller / tuned paired per round, the share of the wrong-vs-tuned gap recovered, and the
    table the controller ended on.
+3. Steady load (``--steady``, issue: the controller reaches the best fixed k): at each load, the
+   controller starts from the table TableTune publishes from the decode-step profile (``cliff``:
+   k = 3 at every B, ``decode_only`` in benchmarks/data/h200/<engine>-served.json) or from its
+   quarter (``quartered``) and runs ``--converge`` seconds in control mode; then every
+   fixed k and each table the controller ended on are served in ``--steady-rounds`` rounds in
+   rotating order (observe mode). Printed: goodput ± s.e., each / the best fixed k paired by round,
+   the controller's own goodput over the last third of its run / the best fixed k, its ranges and
+   switches per hour.
 """
 
 from __future__ import annotations
@@ -78,6 +86,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--window", type=float, default=6.0, help="seconds measured per policy and load")
     ap.add_argument("--settle", type=float, default=2.0, help="seconds after a publication before measuring")
+    ap.add_argument("--steady", default="128:cliff,128:quartered,64:quartered",
+                    help="load:start pairs for the steady-load stage (start: cliff = the tuned decode-step table, "
+                         "quartered = its quarter); empty skips the stage")
+    ap.add_argument("--converge", type=float, default=45.0, help="seconds the controller runs from each start")
+    ap.add_argument("--steady-rounds", type=int, default=3)
+    ap.add_argument("--steady-window", type=float, default=5.0)
+    ap.add_argument("--fixed-k", dest="fixed_ks", type=lambda x: [int(v) for v in x.split(",")], default=None,
+                    help="the fixed ks served in the steady stage's rounds (default: 0..K)")
+    ap.add_argument("--extra-table", action="append", default=[], metavar="NAME=JSON",
+                    help="another table served in the steady stage's rounds, e.g. served='[[1,96,3],[97,128,2]]'")
     ap.add_argument("--out", default="gpu_controller.json")
     ap.add_argument("--work-dir", default=None)
     ap.add_argument("--cpu-smoke", action="store_true",
@@ -92,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     from tests.controller._fake import quartered, true_table
 
     target, head = ENGINES[args.engine]
+    if args.fixed_ks is None:
+        args.fixed_ks = list(range(len(args.rates.split(",")) + 1))
     rates = tuple(float(x) for x in args.rates.split(","))
     K, n = len(rates), args.max_num_seqs
     ks = tuple(range(K + 1))
@@ -175,8 +195,21 @@ def main(argv: list[str] | None = None) -> int:
                             None if first is None else round(Rig.seconds_into(first, mine), 2))
                     print(f"[repair] round {r} load {load:>3} {name:<10} {g:9.1f} tok/s ({len(ws)} windows, "
                           f"{gen.completed} requests, {time.monotonic() - t_pub:.1f} s)", flush=True)
+        if args.steady:
+            # The starts: the table TableTune publishes for this engine from its decode-step profile (the
+            # evidence search of ``tabletune table``: k = K at every B for these rates, the cliff at load
+            # 128; recorded with the served-step profile) and its quarter.
+            served_json = ROOT / "benchmarks" / "data" / "h200" / f"{args.engine}-served.json"
+            published = (json.loads(served_json.read_text())["decode_only"] if not args.cpu_smoke
+                         else [[1, n, K]])
+            published = [list(r) for r in published]
+            result["steady"] = steady(args, rig, publish, {"cliff": published, "quartered": quartered(published, n=n)},
+                                      K)
     finally:
         srv.stop()
+    if not loads:
+        Path(args.out).write_text(json.dumps(result, indent=1, default=str))
+        return 0
     print(f"\n{args.engine}: controller repair from the quartered table (goodput tok/s ± s.e. across rounds)")
     print("| load | wrong | tuned | controller | controller / wrong | controller / tuned | gap recovered |")
     print("|---|---|---|---|---|---|---|")
@@ -201,6 +234,87 @@ def main(argv: list[str] | None = None) -> int:
     print("first table change after (s, per round): " + "; ".join(f"load {ld}: {repaired_after.get(ld)}" for ld in loads))
     Path(args.out).write_text(json.dumps(result, indent=1, default=str))
     return 0
+
+
+def _goodput(ws) -> float:
+    busy = sum(w.busy_s or 0.0 for w in ws)
+    return sum(w.tokens or 0 for w in ws) / busy if busy else float("nan")
+
+
+def steady(args, rig, publish, starts: dict, K: int) -> dict:
+    """The controller under steady load from each start (control mode, ``--converge`` seconds), then
+    the table it ended on against every fixed k in rounds, all in this launch (observe mode,
+    rotating order). Printed per load: goodput ± s.e. of each fixed k and each ended table, the ended
+    table / best fixed k paired per round, the controller's own goodput over the last third of its run
+    (exploration and hook included) / best fixed k, its ranges and its switches per hour."""
+    from tests.controller._engine import Rig
+
+    pairs = [(int(a), b) for a, b in (x.split(":") for x in args.steady.split(",") if x)]
+    out: dict = {}
+    for load in sorted({ld for ld, _ in pairs}):
+        runs = {}
+        for ld, start in pairs:
+            if ld != load:
+                continue
+            v = publish(starts[start], "control")
+            t0 = time.monotonic()
+            ws, gen = rig.serve(load, args.converge, 0.0)
+            mine = [w for w in ws if w.table_version == v]
+            tail = [w for w in mine if Rig.seconds_into(w, mine) >= args.converge * 2 / 3] or mine[-1:]
+            last = mine[-1].controller if mine else {}
+            live = [_goodput([w]) for w in tail]
+            # Switches per hour in steady state: over the last third only (the first rebuilds repair the
+            # start table, one switch per batch size changed).
+            t_tail = sum((w.window_end - w.window_start).total_seconds() for w in tail)
+            first = tail[0].controller.get("switches", 0) if tail else 0
+            steady_sph = ((mine[-1].controller.get("switches", 0) - first) / (t_tail / 3600.0)
+                          if tail and t_tail > 0 else float("nan"))
+            runs[start] = {"ended_on": last.get("table"), "ranges": len(last.get("table") or []),
+                           "switches": last.get("switches"), "switches_per_hour": last.get("switches_per_hour"),
+                           "reversals": last.get("reversals"), "held": last.get("held_batch_sizes"),
+                           "steps": last.get("steps"), "live_tail": live, "windows": len(mine),
+                           "steady_switches_per_hour": steady_sph,
+                           "tables": [w.controller["table"] for w in mine]}
+            print(f"[steady] load {load:>3} controller from {start}: {len(mine)} windows, {last.get('steps')} steps, "
+                  f"{gen.completed} requests in {time.monotonic() - t0:.0f} s; ended on {last.get('table')} "
+                  f"({runs[start]['ranges']} ranges); switches {last.get('switches')} "
+                  f"({last.get('switches_per_hour')}/h since start, {steady_sph:.0f}/h over the last third), "
+                  f"reversals {last.get('reversals')}; live goodput over the "
+                  f"last third {mean_se(live)[0]:.0f} ± {mean_se(live)[1]:.0f} tok/s", flush=True)
+        policies = {f"k={k}": [[1, args.max_num_seqs, k]] for k in args.fixed_ks}
+        policies.update({f"ended<-{st}": r["ended_on"] for st, r in runs.items() if r["ended_on"]})
+        for spec in args.extra_table:
+            name, _, table = spec.partition("=")
+            policies[name] = json.loads(table)
+        names = list(policies)
+        g: dict[str, list[float]] = {nm: [] for nm in names}
+        for r in range(args.steady_rounds):
+            for nm in rotated(names, r):
+                publish(policies[nm], "observe")
+                ws, gen = rig.serve(load, args.steady_window, args.settle)
+                g[nm].append(_goodput(ws))
+                print(f"[steady] round {r} load {load:>3} {nm:<16} {g[nm][-1]:9.1f} tok/s ({len(ws)} windows)",
+                      flush=True)
+        fixed = [nm for nm in names if nm.startswith("k=")]
+        best = max(fixed, key=lambda nm: mean_se(g[nm])[0])
+        res = {"goodput": g, "best_fixed": best, "controller": runs, "vs_best": {}}
+        print(f"\n{args.engine} load {load}: goodput tok/s ± s.e. over {args.steady_rounds} rounds; best fixed {best}")
+        for nm in names:
+            ratio = mean_se([a / b for a, b in zip(g[nm], g[best]) if b > 0])
+            res["vs_best"][nm] = ratio
+            print(f"  {nm:<16} {mean_se(g[nm])[0]:9.0f} ± {mean_se(g[nm])[1]:6.0f}   / best fixed (paired) "
+                  f"{ratio[0]:.3f} ± {ratio[1]:.3f}")
+        for st, r in runs.items():
+            live = mean_se(r["live_tail"])
+            b_mean, b_se = mean_se(g[best])
+            ratio = live[0] / b_mean if b_mean else float("nan")
+            err = ratio * ((live[1] / live[0]) ** 2 + (b_se / b_mean) ** 2) ** 0.5 if live[0] and b_mean else float("nan")
+            r["live_over_best"] = (ratio, err)
+            print(f"  controller from {st}: live {live[0]:.0f} ± {live[1]:.0f} tok/s = {ratio:.3f} ± {err:.3f} of best "
+                  f"fixed (unpaired); ended on {r['ranges']} ranges {r['ended_on']}; switches/h "
+                  f"{r['switches_per_hour']} since start, {r['steady_switches_per_hour']:.0f} over the last third")
+        out[load] = res
+    return out
 
 
 if __name__ == "__main__":

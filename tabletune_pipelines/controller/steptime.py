@@ -32,11 +32,19 @@ served step costs"). Every served step's interval is therefore also kept per cel
 over ``outlier_ratio²`` times the profile are pauses, not steps). What a served step costs over the
 decode surface, per cell::
 
-    Ê(B, k) = (w_T · E_prior(B, k) + n · (mean of every step − T̂(B, k))) / (w_T + n)
+    Ê(B, k) = (w_T · E_prior(B, k) + N · (mean of x − T̂ over the pooled steps)) / (w_T + N)
+
+where the N steps are every served step at k within ± 5 % of max_num_seqs of B (at least one more
+than the table's hysteresis, so the range it opens is wide enough to apply): under
+load the batch size wanders over a range, and an explored k's few served steps would otherwise sit
+one or two per cell, each too uncertain to move the evidence (on the H200 at load 128 the controller
+kept k = 3 on the cliff for 46 s while its explored k = 2 spread over B = 115-128). Where no served
+step at k fell within the pool, Ê is the prior with the prior's error: an extra is not carried to
+batch sizes it was not seen near (a cliff at B = 128 says nothing about B = 10).
 
 with E_prior the tuner's own served pricing (``core.stepcost.StepCost.served`` on the published
 fits, envelope and a live workload estimate; 0 when the table was priced on decode steps alone).
-The difference from the prior is spread over B per k like the ratio. The prior's error is its fits'
+The prior's error is its fits'
 variance plus half the larger of E_prior and the largest extra observed anywhere, so a k never
 observed borrows no saving it was not shown. The search then prices T̂ + Ê: the cost serving pays,
 with its variance.
@@ -56,13 +64,15 @@ from tabletune_pipelines.core.stepcost import GraphEnvelope, PrefillFit, Workloa
 PROFILE_ERROR_FLOOR = 0.05
 #: Live steps a cell needs before its deviation from the profile counts in the profile's error.
 PROFILE_ERROR_MIN_COUNT = 10.0
+#: The served extra at B pools the served steps at B ± this fraction of max_num_seqs (module docstring).
+SERVED_POOL_FRACTION = 0.05
 
 
 class StepTimeModel:
     """Profiled T(B, k) for the candidate ks plus live observations (see the module docstring)."""
 
     def __init__(self, ks: Sequence[int], profile_ms: np.ndarray, *, prior_weight: float, min_prior_weight: float,
-                 max_count: float) -> None:
+                 max_count: float, hysteresis: int = 0) -> None:
         self.ks = tuple(int(k) for k in ks)
         self.profile = np.asarray(profile_ms, dtype=float)
         if self.profile.shape[0] != len(self.ks):
@@ -71,6 +81,7 @@ class StepTimeModel:
         self.weight = float(prior_weight)
         self.min_weight = float(min_prior_weight)
         self.max_count = float(max_count)
+        self.hysteresis = int(hysteresis)
         self.sum_ms = np.zeros_like(self.profile)
         self.sq_ms = np.zeros_like(self.profile)
         self.count = np.zeros_like(self.profile)
@@ -118,22 +129,41 @@ class StepTimeModel:
         shape = self.profile.shape
         e0 = np.zeros(shape) if prior_extra is None else np.asarray(prior_extra, float)
         v0 = np.zeros(shape) if prior_var is None else np.asarray(prior_var, float)
-        n, w = self.all_count, self.weight
+        n, w, t = self.all_count, self.weight, self.corrected()
         mean = self.all_sum / np.maximum(n, 1e-12)
-        e_obs = mean - self.corrected()
+        e_obs = mean - t
         well = n >= PROFILE_ERROR_MIN_COUNT
         e_ref = max(0.0, float(e_obs[well].max())) if well.any() else 0.0
         v0 = v0 + (0.5 * np.maximum(e0, e_ref)) ** 2
-        s2 = np.where(n > 1, np.maximum(self.all_sq - n * mean * mean, 0.0) / np.maximum(n - 1.0, 1e-12), 0.0)
-        e_hat = (w * e0 + n * e_obs) / (w + n)
-        v_hat = (w * w * v0 + n * s2) / (w + n) ** 2
-        out_e, out_v = e0.copy(), v0.copy()
-        for i in range(len(self.ks)):
-            seen = np.flatnonzero(n[i] > 0)
-            if seen.size:
-                out_e[i] = e0[i] + np.interp(self._b, self._b[seen], (e_hat - e0)[i, seen])
-                out_v[i] = np.interp(self._b, self._b[seen], v_hat[i, seen])
+        # Residuals over the decode surface (x - T̂), pooled over the batch sizes within
+        # ``served_pool_halfwidth`` of each B: under load B wanders over a range, and an explored k's
+        # few served steps there would otherwise sit one or two per cell, each too uncertain to count.
+        r1 = self._pool(self.all_sum - n * t)
+        r2 = self._pool(self.all_sq - 2.0 * t * self.all_sum + n * t * t)
+        N = self._pool(n)
+        e_p = r1 / np.maximum(N, 1e-12)
+        s2 = np.where(N > 1, np.maximum(r2 - N * e_p * e_p, 0.0) / np.maximum(N - 1.0, 1e-12), 0.0)
+        # Where no served step at k fell within the pool, the prior stands with its wide error: a cliff
+        # seen at B = 112-128 says nothing about B = 10, and a k never served there borrows no saving.
+        seen = N > 0
+        out_e = np.where(seen, (w * e0 + N * e_p) / np.maximum(w + N, 1e-12), e0)
+        out_v = np.where(seen, (w * w * v0 + N * s2) / np.maximum(w + N, 1e-12) ** 2, v0)
         return out_e, out_v
+
+    def pool_halfwidth(self) -> int:
+        """Batch sizes on each side that the served extra pools: ``SERVED_POOL_FRACTION`` of
+        max_num_seqs, and wider than the table's hysteresis (a range the evidence opens must be wider
+        than the band in which the k in force stays, or it never applies): 6 at 128, 3 at 16 with
+        the default hysteresis of 2."""
+        return max(self.hysteresis + 1, int(round(SERVED_POOL_FRACTION * self.n)))
+
+    def _pool(self, x: np.ndarray) -> np.ndarray:
+        """Per k, the sum of ``x`` over the batch sizes within ``pool_halfwidth()`` of each B."""
+        h = self.pool_halfwidth()
+        c = np.concatenate([np.zeros((x.shape[0], 1)), np.cumsum(x, axis=1)], axis=1)
+        idx = np.arange(self.n)
+        hi, lo = np.minimum(idx + h + 1, self.n), np.maximum(idx - h, 0)
+        return c[:, hi] - c[:, lo]
 
     def blended(self) -> np.ndarray:
         """T̂ at every cell (the profile where nothing was observed)."""
@@ -186,36 +216,28 @@ class StepTimeModel:
         """After a rebuild: the profile's weight halves (down to its floor)."""
         self.weight = max(self.min_weight, self.weight * 0.5)
 
+    def _top_cells(self, count: np.ndarray, sums: np.ndarray, last: np.ndarray,
+                   max_cells: int) -> dict[str, list[list[float]]]:
+        """Per k, the most observed cells: ``[[B, mean ms, count, last[k, B]], ...]``."""
+        out: dict[str, list[list[float]]] = {}
+        for i, k in enumerate(self.ks):
+            seen = np.flatnonzero(count[i] > 0)
+            if not seen.size:
+                continue
+            top = seen[np.argsort(-count[i, seen], kind="stable")[:max_cells]]
+            out[str(k)] = [[int(j + 1), round(float(sums[i, j] / count[i, j]), 4), round(float(count[i, j]), 1),
+                            round(float(last[i, j]), 4)] for j in sorted(top)]
+        return out
+
     def served_summary(self, max_cells: int = 8) -> dict[str, list[list[float]]]:
         """Cells with served steps per k, most observed first: ``{k: [[B, mean ms of every step, count,
         mean − corrected decode ms], ...]}``."""
-        out: dict[str, list[list[float]]] = {}
-        dec = self.corrected()
-        for i, k in enumerate(self.ks):
-            seen = np.flatnonzero(self.all_count[i] > 0)
-            if not seen.size:
-                continue
-            top = seen[np.argsort(-self.all_count[i, seen], kind="stable")[:max_cells]]
-            out[str(k)] = [[int(j + 1), round(float(self.all_sum[i, j] / self.all_count[i, j]), 4),
-                            round(float(self.all_count[i, j]), 1),
-                            round(float(self.all_sum[i, j] / self.all_count[i, j] - dec[i, j]), 4)]
-                           for j in sorted(top)]
-        return out
+        mean = self.all_sum / np.maximum(self.all_count, 1e-12)
+        return self._top_cells(self.all_count, self.all_sum, mean - self.corrected(), max_cells)
 
     def summary(self, max_cells: int = 16) -> dict[str, list[list[float]]]:
         """Observed cells per k, most observed first: ``{k: [[B, live mean ms, count, T̂/T_prof], ...]}``."""
-        out: dict[str, list[list[float]]] = {}
-        blended = self.blended()
-        for i, k in enumerate(self.ks):
-            seen = np.flatnonzero(self.count[i] > 0)
-            if not seen.size:
-                continue
-            top = seen[np.argsort(-self.count[i, seen], kind="stable")[:max_cells]]
-            out[str(k)] = [[int(j + 1), round(float(self.sum_ms[i, j] / self.count[i, j]), 4),
-                            round(float(self.count[i, j]), 1), round(float(blended[i, j] / self.profile[i, j]), 4)]
-                           for j in sorted(top)]
-        return out
-
+        return self._top_cells(self.count, self.sum_ms, self.blended() / self.profile, max_cells)
 
 @dataclass(frozen=True)
 class ServedPrior:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 
 import numpy as np
 import pytest
@@ -519,6 +520,52 @@ def test_every_served_step_is_observed_and_the_table_leaves_the_cliff(tmp_path, 
     # as long as a k = 1 step on this cliff, which costs about 6 % (0.936 measured).
     assert g >= 0.90 * fixed[best]
     assert c.state()["served_step"]["3"]  # the served steps at k = 3 are in the export, with their extra
+
+
+def test_the_first_step_at_a_new_k_is_not_a_served_observation(tmp_path, clock):
+    """A step right after a change of k carries the switch; a k seen only in exploration runs would pay
+    it on a third of its served steps and the k in force never (one CPU run: 0.47 ms of extra at the
+    explored k against 0.15 at the k in force)."""
+    c = controller(publish(tmp_path / "pub.json", ranges=[(1, 16, 1)], rates=HIGH, allowed_k=[1, 2, 3]), clock)
+    ids = [f"r{i}" for i in range(4)]
+    idx = {r: i for i, r in enumerate(ids)}
+    for k in (1, 1, 1, 3, 3, 3, 1, 1):
+        clock[0] += 0.010
+        c.on_step({r: 1 + k for r in ids}, {r: [0] * k for r in ids}, idx, [[1]] * 4, k, 0, 4 * (1 + k), clock[0])
+    c.rebuild(clock[0])
+    # k = 1: steps 2, 3 and 8 (step 1 has no interval, step 7 follows a k = 3 step); k = 3: steps 5 and 6.
+    assert c.model.all_count[0, 3] == 3 and c.model.all_count[2, 3] == 2
+    assert c.model.all_count.sum() == 5
+
+
+def _cliff_with_wandering_batch(tmp_path, clock, seed: int = 1) -> list[int]:
+    """3000 steps on the cliff with B drawn anew every 10 steps from 10..16 (as under real load,
+    where B wanders below max_num_seqs); the table the controller ends on, dense."""
+    decode_only = true_table(PROFILE, HIGH, ks=(1, 2, 3))
+    p = publish(tmp_path / "pub.json", ranges=decode_only, rates=HIGH, allowed_k=[1, 2, 3])
+    c = controller(p, clock)
+    eng = FakeEngine(c, HIGH, TRUE_T, clock=clock, seed=3)
+    rnd = random.Random(seed)
+    for _ in range(300):
+        eng.run(10, rnd.randint(10, 16), output_tokens=20, prompt_tokens=8, extra_ms=cliff_extra)
+    return table_dense(c.ranges)
+
+
+def test_the_table_leaves_the_cliff_while_the_batch_size_wanders(tmp_path, clock, monkeypatch):
+    """The explored k's served steps spread over the batch sizes the load visits; pooled over
+    neighbouring B (``StepTimeModel.pool_halfwidth``) they make evidence where one or two per cell did
+    not. On the H200 at load 128 (B over 112-128) the unpooled controller kept k = 3 on the cliff for
+    46 s; this is the same mechanism on the fake engine."""
+    from tabletune_pipelines.controller.steptime import StepTimeModel
+
+    assert set(table_dense(true_table(PROFILE, HIGH, ks=(1, 2, 3)))[9:]) == {3}
+    ended = _cliff_with_wandering_batch(tmp_path / "pooled", clock)
+    # k = 1 is the best fixed k at B = 12 on this cliff (the test above); above B = 10 every k = 2 or 3
+    # step that admits a request crosses the ceiling.
+    assert ended[10:] == [1] * 6, ended
+    monkeypatch.setattr(StepTimeModel, "pool_halfwidth", lambda self: 0)
+    unpooled = _cliff_with_wandering_batch(tmp_path / "cells", clock)
+    assert unpooled[9:].count(3) >= 3, unpooled  # cell by cell, most of the range stays on the cliff
 
 
 def test_a_published_served_model_prices_the_cliff_before_any_step_is_seen(tmp_path, clock):

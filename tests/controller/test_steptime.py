@@ -84,3 +84,27 @@ def test_variance_carries_the_profile_error_and_the_live_spread():
     # More live steps shrink the profile's share: 950 more at 13 ms.
     m.add(*obs(m.profile.shape, {(1, 4): (13.0, 950)}))
     assert m.variance()[1, 3] < want / 10
+
+
+def test_served_extra_pools_neighbouring_batch_sizes_and_keeps_the_prior_elsewhere():
+    m = model()  # 8 batch sizes, hysteresis 0: the pool is B ± 1 (5 % of 8 rounds to 0, at least 1)
+    assert m.pool_halfwidth() == 1
+    # k = 3's served steps (no clean step, so T̂ is the profile, 10 ms): 10 of 14 ms at B = 4, 10 of 16 at B = 5.
+    s, c = obs(m.profile.shape, {(1, 4): (14.0, 10), (1, 5): (16.0, 10)})
+    m.add_served(s, c, np.where(c > 0, s * s / np.maximum(c, 1), 0.0))
+    e, v = m.served_extra()
+    # The prior's error: half the largest extra observed (6 ms at B = 5), squared: 9 ms².
+    v0 = 9.0
+    # B = 4 pools B = 3..5: 20 steps, residuals 4 and 6 ms: mean 5, sample variance 20/19; w_T = 50.
+    assert e[1, 3] == pytest.approx(20 * 5.0 / 70)
+    assert v[1, 3] == pytest.approx((50 ** 2 * v0 + 20 * 20 / 19) / 70 ** 2)
+    # B = 6 pools B = 5..7: the 10 steps at B = 5 alone.
+    assert e[1, 5] == pytest.approx(10 * 6.0 / 60) and v[1, 5] == pytest.approx(50 ** 2 * v0 / 60 ** 2)
+    # B = 2 saw no served step within its pool: the prior (0 ms) with its error, not the extra of B = 4.
+    assert e[1, 1] == 0.0 and v[1, 1] == pytest.approx(v0)
+    # k = 1, never served: the prior everywhere.
+    assert np.all(e[0] == 0.0) and np.allclose(v[0], v0)
+    # The pool is wider than the table's hysteresis (2 here: B ± 3), so the range it opens can apply.
+    wide = model(hysteresis=2)
+    wide.add_served(s, c, np.where(c > 0, s * s / np.maximum(c, 1), 0.0))
+    assert wide.pool_halfwidth() == 3 and wide.served_extra()[0][1, 0] > 0.0  # B = 1 pools B = 1..4

@@ -105,3 +105,4 @@ def test_a_version_answer_without_a_version_is_refused(raw):
     with pytest.raises(EngineError, match="not vLLM's"):
         version_from_answer(raw, "http://x/version")
     assert version_from_answer(b'{"version": "0.32.0+cpu"}') == "0.32.0+cpu"
+    assert version_from_answer(b'{"version": " 0.32.0\\n"}') == "0.32.0"
