@@ -551,6 +551,8 @@ class Controller:
             scale = np.where(drafted_live > 0, keep / np.maximum(drafted_live, 1e-12), 0.0)
             est.drafted[:] = drafted_live * scale
             est.accepted[:] = accepted_live * scale
+        if self.controlling and new != old and s.step_time_correction:
+            model.forget_left(dense_from_ranges(old, self._n), chosen)
         model.decay()
         self.candidate_ranges = new
         self.rebuilds += 1

@@ -26,6 +26,12 @@ reads it: a k changes at a batch size only where the gain's lower confidence bou
 stickiness. Consecutive steps share noise, so the live part is a lower bound of the truth; the
 Bonferroni-corrected 95 % bound and the backoff on repeated flips (``logic``) cover the rest.
 
+**Stale evidence.** When the table in force changes k at a batch size, the observations of the k
+it left are dropped there: the machine's speed drifts (other processes, clocks, the load itself),
+and a cell measured before the switch compared with one measured after it can favour going back on
+the drift alone. Going back needs evidence gathered since the switch, which exploration brings
+(the k just left is an open decision, so it is explored there).
+
 **Served.** A clean decode step is what the profile timed; serving also runs steps that carry
 prefill and, on a GPU, steps that cross the CUDA-graph capture ceiling (docs/method.md, "What a
 served step costs"). Every served step's interval is therefore also kept per cell (k, B) (intervals
@@ -211,6 +217,20 @@ class StepTimeModel:
     def corrected(self) -> np.ndarray:
         """Step times for the table search: the profile times the spread correction."""
         return self.profile * self.ratios()
+
+    def forget_left(self, old_k: np.ndarray, new_k: np.ndarray) -> None:
+        """After the table in force changed k at some batch sizes (dense k per B): the observations of
+        the k each of them left are dropped there, clean and served. Going back needs evidence gathered
+        since the switch (exploration brings it): on 2 busy cores the machine slowed by a third while
+        k = 1 was in force, and k = 2's cell, measured before the switch, looked 10 % cheaper and took
+        the batch size back (module docstring, "Stale evidence")."""
+        rows = {k: i for i, k in enumerate(self.ks)}
+        for b in np.flatnonzero(np.asarray(old_k) != np.asarray(new_k)):
+            i = rows.get(int(old_k[b]))
+            if i is None or b >= self.n:
+                continue
+            for arr in (self.sum_ms, self.sq_ms, self.count, self.all_sum, self.all_sq, self.all_count):
+                arr[i, b] = 0.0
 
     def decay(self) -> None:
         """After a rebuild: the profile's weight halves (down to its floor)."""

@@ -526,7 +526,8 @@ def test_the_first_step_at_a_new_k_is_not_a_served_observation(tmp_path, clock):
     """A step right after a change of k carries the switch; a k seen only in exploration runs would pay
     it on a third of its served steps and the k in force never (one CPU run: 0.47 ms of extra at the
     explored k against 0.15 at the k in force)."""
-    c = controller(publish(tmp_path / "pub.json", ranges=[(1, 16, 1)], rates=HIGH, allowed_k=[1, 2, 3]), clock)
+    c = controller(publish(tmp_path / "pub.json", ranges=[(1, 16, 1)], rates=HIGH, allowed_k=[1, 2, 3],
+                           controller={"mode": "observe"}), clock)  # observing: the rebuild drops no cell
     ids = [f"r{i}" for i in range(4)]
     idx = {r: i for i, r in enumerate(ids)}
     for k in (1, 1, 1, 3, 3, 3, 1, 1):
@@ -536,6 +537,49 @@ def test_the_first_step_at_a_new_k_is_not_a_served_observation(tmp_path, clock):
     # k = 1: steps 2, 3 and 8 (step 1 has no interval, step 7 follows a k = 3 step); k = 3: steps 5 and 6.
     assert c.model.all_count[0, 3] == 3 and c.model.all_count[2, 3] == 2
     assert c.model.all_count.sum() == 5
+
+
+def _slowdown_after_the_switch(tmp_path, clock) -> tuple[list[int], int]:
+    """A profile 30 % low for k >= 2 puts the table on k = 2; the live correction moves B = 8 to the
+    true k = 1, and right then the machine slows by 35 % for every k (the CPU test's run that flipped
+    back: another process started). Returns the k at B = 8 after each of the 40 later blocks of 100
+    steps, and the reversals counted."""
+    rates, ks = (0.6, 0.02, 0.01), (1, 2, 3)
+    base = {1: 7.3, 2: 8.9, 3: 9.8}  # ms at B = 8, measured in that run's calibration
+    t_true = {k: {b: base[k] * (0.6 + 0.4 * b / 8) for b in range(1, 17)} for k in ks}
+    t_wrong = {k: {b: t * (0.7 if k >= 2 else 1.0) for b, t in row.items()} for k, row in t_true.items()}
+    assert table_dense(true_table(t_wrong, rates, ks))[7] == 2 and table_dense(true_table(t_true, rates, ks))[7] == 1
+    p = publish(tmp_path / "pub.json", ranges=true_table(t_wrong, rates, ks), rates=rates, profile=t_wrong,
+                allowed_k=list(ks))
+    c = controller(p, clock)
+    speed = [1.0]
+    eng = FakeEngine(c, rates, lambda b, k: t_true[k][b] * speed[0], clock=clock, seed=3)
+    rnd = random.Random(1)
+    after: list[int] = []
+    for _ in range(60):
+        for _ in range(10):
+            eng.run(10, rnd.choice([6, 7, 8, 8, 8]))
+        k8 = table_dense(c.ranges)[7]
+        if speed[0] == 1.0 and k8 == 1:
+            speed[0] = 1.35
+        elif speed[0] > 1.0:
+            after.append(k8)
+        if len(after) == 40:
+            break
+    return after, c.state()["reversals"]
+
+
+def test_a_slowdown_after_a_switch_does_not_send_it_back_on_stale_evidence(tmp_path, clock, monkeypatch):
+    """The k a batch size left loses its observations there (``StepTimeModel.forget_left``): going back
+    needs evidence gathered since the switch, under the machine's speed of now."""
+    from tabletune_pipelines.controller.steptime import StepTimeModel
+
+    after, reversals = _slowdown_after_the_switch(tmp_path / "forget", clock)
+    assert len(after) == 40 and set(after) == {1} and reversals == 0, (after, reversals)
+    # Keeping them (as before): k = 2's cell, measured before the slowdown, looks 10 % cheaper.
+    monkeypatch.setattr(StepTimeModel, "forget_left", lambda self, old_k, new_k: None)
+    after, reversals = _slowdown_after_the_switch(tmp_path / "keep", clock)
+    assert 2 in after and reversals > 0, (after, reversals)
 
 
 def _cliff_with_wandering_batch(tmp_path, clock, seed: int = 1) -> list[int]:

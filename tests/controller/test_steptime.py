@@ -108,3 +108,15 @@ def test_served_extra_pools_neighbouring_batch_sizes_and_keeps_the_prior_elsewhe
     wide = model(hysteresis=2)
     wide.add_served(s, c, np.where(c > 0, s * s / np.maximum(c, 1), 0.0))
     assert wide.pool_halfwidth() == 3 and wide.served_extra()[0][1, 0] > 0.0  # B = 1 pools B = 1..4
+
+
+def test_the_k_a_batch_size_left_loses_its_observations_there():
+    m = model()
+    s, c = obs(m.profile.shape, {(0, 3): (6.0, 40), (1, 3): (12.0, 40), (1, 4): (12.0, 40)})
+    m.add(s, c)
+    m.add_served(s, c, np.where(c > 0, s * s / np.maximum(c, 1), 0.0))
+    # The table in force goes from k = 3 to k = 1 at B = 3 only (dense k per B, index B - 1).
+    m.forget_left(np.array([3, 3, 3, 3, 3, 3, 3, 3]), np.array([3, 3, 1, 3, 3, 3, 3, 3]))
+    assert m.count[1, 2] == 0 and m.all_count[1, 2] == 0 and m.sum_ms[1, 2] == 0 and m.sq_ms[1, 2] == 0
+    assert m.count[1, 3] == 40 and m.count[0, 2] == 40  # B = 4 kept k = 3; k = 1 (the new k) keeps its own
+    assert m.blended()[1, 2] == 10.0  # back to the profile there, with the profile's error
