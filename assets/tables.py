@@ -1,4 +1,5 @@
-"""``draft_length_table``: the goodput-best table of one engine identity under the latest prior."""
+"""``draft_length_table``: the goodput-best table of one engine identity under its prior
+(``tuning.gates.prior_for_table``, the rule ``tabletune table`` follows too)."""
 
 import dagster as dg
 from dagster_duckdb import DuckDBResource
@@ -13,9 +14,9 @@ from tabletune_pipelines.tuning.gates import (
     blocking_table_gates,
     cuda_graph_headroom_gate,
     engine_dependence_gate,
-    first_sane_prior,
     fixed_launch_cells,
     k0_gate,
+    prior_for_table,
 )
 from tabletune_pipelines.tuning.report import (
     accepted_work_text,
@@ -83,7 +84,7 @@ def draft_length_table(context: dg.AssetExecutionContext, config: TableConfig, d
     except TableTuneError as exc:
         raise dg.Failure(description=f"{exc}; materialize step_time_profile for this partition first") from exc
     ident = profile.identity
-    prior, skipped = first_sane_prior(store.applicable_priors(ident), ident.max_k, policy.min_prior_drafts)
+    prior, skipped = prior_for_table(store, ident, policy.min_prior_drafts)
     for s in skipped:
         context.log.warning(f"skipping prior: {s}")
     if prior is None:

@@ -191,6 +191,7 @@ def profile_served(srv, prompt, args) -> tuple[dict, dict, dict, tuple[float, ..
     per-position acceptance from the same steps; the search with both rules."""
     import numpy as np
 
+    from tabletune_pipelines.core.acceptance import rates_from_counts
     from tabletune_pipelines.core.evidence import search_with_evidence
     from tabletune_pipelines.core.noise import rates_covariance
 
@@ -213,7 +214,7 @@ def profile_served(srv, prompt, args) -> tuple[dict, dict, dict, tuple[float, ..
                                 ap[i] += c
         if cl.errors:
             say(f"  profile load {load}: {len(cl.errors)} client errors, first {cl.errors[0]}")
-    rates = tuple(float(x) for x in np.minimum.accumulate([c / d if d else 0.0 for c, d in zip(ap, dp)]))
+    rates = tuple(float(x) for x in rates_from_counts(ap, dp, undrafted="zero"))
     ms = np.zeros((len(KS), N))
     var = np.zeros((len(KS), N))
     for i, k in enumerate(KS):

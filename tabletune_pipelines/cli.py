@@ -28,7 +28,7 @@ from tabletune_pipelines.errors import NotFoundError, StoreError, TableTuneError
 from tabletune_pipelines.vocab import DEFAULT_PROFILE_MODE, DEFAULT_REPETITIONS, PROFILE_MODES
 
 if TYPE_CHECKING:
-    from tabletune_pipelines.documents import AcceptancePrior
+    from tabletune_pipelines.documents import AcceptancePrior, EngineIdentity
     from tabletune_pipelines.fleet import Deployment
     from tabletune_pipelines.store import TableTuneStore
 
@@ -224,15 +224,23 @@ def _deployment_profile_key(store: TableTuneStore, dep: Deployment) -> str:
     return key
 
 
-def _prior(store: TableTuneStore, dep: Deployment, prior_id: str | None) -> AcceptancePrior:
+def _prior(store: TableTuneStore, identity: EngineIdentity, prior_id: str | None) -> AcceptancePrior:
+    """``--prior``, else the prior the pipeline would use (``tuning.gates.prior_for_table``, the one rule)."""
     if prior_id:
         try:
             return store.acceptance_prior(prior_id)
         except KeyError as exc:  # the store's NotFoundError (a KeyError) lists the ids it has
-            raise NotFoundError(f"--prior {prior_id!r}: {exc}; omit --prior to use the latest") from None
-    prior = store.latest_acceptance_prior(dep.name) or store.latest_acceptance_prior()
+            raise NotFoundError(f"--prior {prior_id!r}: {exc}; omit --prior to use the latest sane one") from None
+    from tabletune_pipelines.tuning.gates import prior_for_table
+
+    prior, skipped = prior_for_table(store, identity)
+    for s in skipped:
+        print(f"warning: skipping prior: {s}", file=sys.stderr)
     if prior is None:
-        raise NotFoundError(f"no acceptance prior in {store.path}; run `tabletune acceptance --prompts FILE` first")
+        raise NotFoundError(
+            f"no sane acceptance prior for {identity.model} / {identity.drafter} / {identity.method} at K = "
+            f"{identity.max_k} in {store.path}" + (f" (rejected: {'; '.join(skipped)})" if skipped else "")
+            + "; run `tabletune acceptance --prompts FILE` first, or pass --prior ID or --rates")
     return prior
 
 
@@ -292,7 +300,7 @@ def cmd_table(args: argparse.Namespace) -> int:
                                 accepted_per_pos=(0,) * len(args.rates), prompt_fingerprint="given",
                                 prompt_count=0, source="synthetic", deployment=dep.name)
     else:
-        prior = _prior(store, dep, args.prior)
+        prior = _prior(store, profile.identity, args.prior)
     tuned = derive_table(profile, prior, correct_accepted_work=not args.no_correction, policy=args.policy)
     if args.format == "vllm":
         print(json.dumps(tuned.table.as_vllm()))
@@ -394,7 +402,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("table", help="derive and show the goodput-optimal table from the store")
     p.add_argument("--identity", help="engine identity key (default: the engine the deployment runs now)")
-    p.add_argument("--prior", help="acceptance prior id (default: the latest)")
+    p.add_argument("--prior", help="acceptance prior id (default: the newest sane prior that applies to the profile's "
+                                   "engine, the pipeline's rule)")
     p.add_argument("--rates", type=_rates, default=None,
                    help="use these acceptance rates a_1..a_K instead of a stored prior, e.g. 0.7,0.5,0.3")
     p.add_argument("--mode", default=DEFAULT_PROFILE_MODE, choices=PROFILE_MODES)

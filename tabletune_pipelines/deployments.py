@@ -9,7 +9,6 @@ engine (``tabletune_pipelines.engine``) and refuse when it is not the version th
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -134,9 +133,11 @@ def resolve_identity(key: str, *, identity_json: str, fleet: Fleet, known: Calla
 
 
 def check_local_engine(identity: EngineIdentity) -> None:
-    """Measurements launch vLLM here: it must be the version the identity names."""
+    """Measurements launch vLLM here: it must be the version the identity names, by the one comparison
+    of engine identities (``identity_match.identity_mismatches``: the same public version, so
+    ``0.32.0+cpu`` is ``0.32.0``), the rule the controller applies to a published file."""
     here = installed_vllm_version()
-    if here != identity.vllm_version:
+    if identity_mismatches({"vllm_version": identity.vllm_version}, {"vllm_version": here}, fields=("vllm_version",)):
         raise EngineMismatchError(
             f"this run's environment has vLLM {here}, but partition {identity.key} needs vLLM "
             f"{identity.vllm_version}; run it where that version is installed (on Kubernetes: the "

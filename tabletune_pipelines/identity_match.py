@@ -2,8 +2,9 @@
 
 Stdlib only: the controller inside vLLM compares a published file's ``identity`` with the engine it
 runs in (``controller/loader.py``), and the library compares a fleet deployment with a stored
-identity (``deployments.same_engine``) and an old publication with a deployment's engine now (the
-rollback job) — all with ``identity_mismatches`` below, so the two sides cannot disagree.
+identity (``deployments.same_engine``), an old publication with a deployment's engine now (the
+rollback job) and the vLLM installed here with a partition's before a measurement
+(``deployments.check_local_engine``) — all with ``identity_mismatches`` below, so no two sides disagree.
 
 Both sides are mappings of ``EngineIdentity`` field names (``EngineIdentity.to_dict()``, a
 published file's ``identity``, the facts the controller reads from vLLM's config). A field is

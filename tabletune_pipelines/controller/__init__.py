@@ -9,8 +9,8 @@ driven without an engine (tests, a simulator):
 
     settings   ControllerSettings: every parameter, its default, strict parsing
     loader     published file -> StartPoint (or the reason to fall back); the engine-identity check
-    search     the table's dense/range forms and vLLM-layout lookups (the search itself is
-               core.evidence, the offline tuner's)
+    search     vLLM-layout lookups (the table's dense/range forms are core.table's; the search
+               itself is core.evidence, the offline tuner's)
     steptime   live step-time correction of the profiled T(B, k), with its error
     step       StepOutcome (one engine step, as the hooks see it) and count_drafts (the one
                per-request count of drafted and kept tokens); stdlib only

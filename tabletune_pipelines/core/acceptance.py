@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -22,6 +23,40 @@ from tabletune_pipelines.errors import InvalidAcceptanceError, InvalidValueError
 
 #: The prior counts as this many observations (docs/method.md, "Online controller").
 DEFAULT_PRIOR_WEIGHT = 2000.0
+
+Undrafted = Literal["zero", "previous"]
+"""What ``rates_from_counts`` gives a draft position that was never drafted (see there)."""
+
+
+def monotone_rates(rates: Sequence[float]) -> np.ndarray:
+    """Survival rates as they are by definition: clipped to [0, 1] and non-increasing with position
+    (a position never gets more survival than the one before it). The one place this is done."""
+    return np.minimum.accumulate(np.clip(np.asarray(rates, dtype=float).reshape(-1), 0.0, 1.0))
+
+
+def rates_from_counts(accepted_per_pos: Sequence[float], drafted_per_pos: Sequence[float], *,
+                      undrafted: Undrafted = "zero") -> np.ndarray:
+    """Per-position counts → acceptance rates a_i = accepted_i / drafted_i, made monotone
+    (``monotone_rates``): the one way counts become rates (an acceptance measurement, the live
+    counters' prior, a benchmark's profiling pass).
+
+    A position with no drafts has no evidence: ``undrafted="zero"`` gives it 0 (the live counters:
+    a k the controller never drafted is not credited), ``"previous"`` the rate of the position
+    before it (0 for the first; an acceptance measurement at a fixed K). Counts beyond the shorter
+    of the two sequences are ignored.
+    """
+    if undrafted not in ("zero", "previous"):
+        raise InvalidValueError(f"undrafted = {undrafted!r} must be 'zero' or 'previous'")
+    a = np.asarray(accepted_per_pos, dtype=float).reshape(-1)
+    d = np.asarray(drafted_per_pos, dtype=float).reshape(-1)
+    n = min(a.size, d.size)
+    a, d = a[:n], d[:n]
+    drafted = d > 0
+    raw = np.divide(a, d, out=np.zeros(n), where=drafted)
+    if undrafted == "previous":
+        last = np.maximum.accumulate(np.where(drafted, np.arange(n), -1))  # the last drafted position so far
+        raw = np.where(last >= 0, raw[np.maximum(last, 0)], 0.0)
+    return monotone_rates(raw)
 
 
 @dataclass(frozen=True)
@@ -91,8 +126,7 @@ class AcceptanceEstimator:
         # Survival is non-increasing by definition. Under a variable k later positions are
         # drafted less often, so their blend can lag the prior; never credit position i+1 with
         # more survival than position i.
-        est = np.minimum.accumulate(np.clip(est, 0.0, 1.0))
-        return est
+        return monotone_rates(est)
 
     def rebuild(self) -> np.ndarray:
         """Return â, then halve live counters (and the prior weight with decay on)."""

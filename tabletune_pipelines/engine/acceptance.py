@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from tabletune_pipelines.core.acceptance import rates_from_counts
 from tabletune_pipelines.documents import AcceptancePrior
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.engine.errors import EngineConfigError, EngineError, PromptFileError
@@ -45,7 +46,6 @@ from tabletune_pipelines.strict_io import FileTooLargeError, NotRegularFileError
 
 __all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_SAMPLE_SIZE", "SpecCounters", "load_prompts", "measure_acceptance",
            "fingerprint_key", "measure_acceptance_from_file", "parse_spec_counters", "prompt_fingerprint",
-           "rates_from_counts",
            "sample_prompts", "write_default_prompt_file"]
 from tabletune_pipelines.vocab import DEFAULT_SAMPLE_SIZE, DEFAULT_TEMPERATURE, PriorSource
 
@@ -253,18 +253,6 @@ def _settled_counters(server: VLLMServer, settle: float = 0.3, tries: int = 20) 
 
 
 # --------------------------------------------------------------------------- measurement
-def rates_from_counts(accepted_per_pos: Sequence[float], drafted_per_pos: Sequence[float]) -> tuple[float, ...]:
-    """a_i = accepted_i / drafted_i, clipped to [0, 1] and made non-increasing (rounding only)."""
-    rates: list[float] = []
-    for a, d in zip(accepted_per_pos, drafted_per_pos):
-        r = (a / d) if d > 0 else (rates[-1] if rates else 0.0)
-        r = min(max(r, 0.0), 1.0)
-        if rates:
-            r = min(r, rates[-1])
-        rates.append(r)
-    return tuple(rates)
-
-
 def measure_acceptance(
     server: VLLMServer,
     prompts: Sequence[str],
@@ -315,7 +303,8 @@ def measure_acceptance(
             dp[i] += int(v)
     if steps and dp[0] > 0:
         drafted = dp
-    rates = rates_from_counts(accepted, drafted)
+    # Every position is drafted at a fixed K; one that was not repeats the position before it.
+    rates = tuple(float(r) for r in rates_from_counts(accepted, drafted, undrafted="previous"))
     if source is None:
         source = "synthetic" if cfg.synthetic_acceptance_rates is not None else "measured"
     workload = None

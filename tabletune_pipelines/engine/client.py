@@ -107,7 +107,7 @@ def version_from_answer(raw: bytes, url: str = "/version") -> str:
         version = None
     if not isinstance(version, str) or not version.strip():
         raise EngineError(f"{url} answered {raw[:200]!r}, not vLLM's {{\"version\": \"<non-empty>\"}}")
-    return version
+    return version.strip()  # validated stripped, so returned stripped (it becomes part of an identity key)
 
 
 def _error_type(raw: bytes) -> str:

@@ -4,8 +4,8 @@ Two sources:
 
 * ``from_cost_model``: the documented cost model (``evaluation.costmodel``), with the no-speculation
   baseline. Its ``profile()`` is what the tuner would have measured on that engine: the method's
-  grid (every B to 16, then every 8, ending at max_num_seqs), three repetitions per cell at ±0.5%
-  (deterministic), so the evidence rule has an error to work with.
+  grid (``core.steptime.batch_size_grid``: every B to 16, then every 8, ending at max_num_seqs),
+  three repetitions per cell at ±0.5% (deterministic), so the evidence rule has an error to work with.
 * ``from_profile``: a stored ``StepTimeProfile`` (e.g. ``benchmarks/data/h200/*.one_launch.json``).
   The simulator's *true* step time is the profile with its hiccups removed: a cell more than
   ``OUTLIER_RATIO`` times the fastest k at the same B is treated as a measurement hiccup (a step
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tabletune_pipelines.core.steptime import non_decreasing_fit
+from tabletune_pipelines.core.steptime import batch_size_grid, non_decreasing_fit
 from tabletune_pipelines.documents import EngineIdentity, StepTimeCell, StepTimeProfile
 from tabletune_pipelines.errors import TableTuneError
 from tabletune_pipelines.evaluation.costmodel import CostParams, dense_surface, step_ms
@@ -31,14 +31,6 @@ OUTLIER_RATIO = 1.6
 
 class SurfaceError(TableTuneError, ValueError):
     """A surface that cannot be built (profile without B = 1, uneven grid, ...)."""
-
-
-def method_grid(n: int) -> list[int]:
-    """The method's batch sizes: every B to 16, then every 8, always ending at ``n``."""
-    bs = list(range(1, min(16, n) + 1)) + list(range(24, n + 1, 8))
-    if bs[-1] != n:
-        bs.append(n)
-    return bs
 
 
 @dataclass(frozen=True)
@@ -86,7 +78,7 @@ class Surface:
                                cudagraph_mode="FULL_AND_PIECEWISE")
         cells = []
         for k in range(K + 1):
-            for b in method_grid(n):
+            for b in batch_size_grid(n):
                 v = float(self.ms[k, b - 1])
                 cells.append(StepTimeCell(k=k, batch_size=b, median_ms=v, repetitions_ms=(0.995 * v, v, 1.005 * v),
                                           launch_k=K))

@@ -12,7 +12,7 @@ carries that group's ``tabletune/engine`` tag and Kubernetes placement). When th
 import dagster as dg
 
 from tabletune_pipelines.fleet import FleetError
-from tabletune_pipelines.orchestration.jobs import weekly_acceptance_job
+from tabletune_pipelines.orchestration.jobs import WEEKLY_ACCEPTANCE
 from tabletune_pipelines.orchestration.partitions import last_complete_week
 from tabletune_pipelines.orchestration.resources import FleetResource
 from tabletune_pipelines.orchestration.tags import run_tags
@@ -22,7 +22,7 @@ WEEKLY_TIMEZONE = "UTC"
 
 
 @dg.schedule(
-    job=weekly_acceptance_job,
+    job_name=WEEKLY_ACCEPTANCE,
     cron_schedule=WEEKLY_CRON,
     execution_timezone=WEEKLY_TIMEZONE,
     default_status=dg.DefaultScheduleStatus.RUNNING,

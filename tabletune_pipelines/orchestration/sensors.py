@@ -8,7 +8,8 @@ exactly one ``profile_and_publish`` run for it (run key ``profile:<key>``, so a 
 requested twice). An unreachable endpoint is logged and reported in the skip reason; it never
 fails the tick and does not move that deployment's cursor.
 
-Interval: ``TABLETUNE_SENSOR_INTERVAL_S`` (default 300 s).
+Interval: ``TABLETUNE_SENSOR_INTERVAL_S`` (default 300 s), read when the code location loads
+(``definitions.defs`` calls ``build_sensors``), never at import.
 """
 
 import json
@@ -18,21 +19,22 @@ import dagster as dg
 
 from tabletune_pipelines.errors import InvalidValueError, TableTuneError
 from tabletune_pipelines.fleet import FleetError
-from tabletune_pipelines.orchestration.jobs import profile_and_publish_job, retune_job, weekly_acceptance_job
+from tabletune_pipelines.orchestration.jobs import Jobs
 from tabletune_pipelines.orchestration.partitions import engine_identity_partitions
 from tabletune_pipelines.orchestration.resources import EngineResource, FleetResource
 from tabletune_pipelines.orchestration.tags import IDENTITY_TAG, run_tags
 
+DEFAULT_SENSOR_INTERVAL_S = 300
+"""Seconds between upgrade-sensor ticks unless ``TABLETUNE_SENSOR_INTERVAL_S`` says otherwise."""
 
-def _interval_s() -> int:
-    raw = os.environ.get("TABLETUNE_SENSOR_INTERVAL_S", "300")
+
+def sensor_interval_s() -> int:
+    """Seconds between upgrade-sensor ticks: ``TABLETUNE_SENSOR_INTERVAL_S`` (read when the code
+    location loads, never at import), default ``DEFAULT_SENSOR_INTERVAL_S``."""
+    raw = os.environ.get("TABLETUNE_SENSOR_INTERVAL_S", str(DEFAULT_SENSOR_INTERVAL_S))
     if not raw.strip().isdigit() or int(raw) < 1:
         raise InvalidValueError(f"TABLETUNE_SENSOR_INTERVAL_S = {raw!r} must be a whole number of seconds >= 1")
     return int(raw)
-
-
-SENSOR_INTERVAL_S = _interval_s()
-"""Seconds between upgrade-sensor ticks."""
 
 
 def _cursor(raw: str | None) -> dict[str, str]:
@@ -46,15 +48,8 @@ def _cursor(raw: str | None) -> dict[str, str]:
     return dict(data.get("identities", {})) if isinstance(data, dict) else {}
 
 
-@dg.sensor(
-    job=profile_and_publish_job,
-    minimum_interval_seconds=SENSOR_INTERVAL_S,
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    description=("Polls each deployment's engine identity (vLLM /version + fleet file; installed vLLM for the embedded "
-                 "default). On a new identity: adds its engine_identity partition and requests one "
-                 "profile_and_publish run. Unreachable endpoints are reported, never fatal."),
-)
-def engine_upgrade_sensor(context: dg.SensorEvaluationContext, fleet: FleetResource, engine: EngineResource):
+def check_engine_upgrades(context: dg.SensorEvaluationContext, fleet: FleetResource, engine: EngineResource):
+    """A tick of ``engine_upgrade_sensor`` (the module docstring); ``build_sensors`` makes it the sensor."""
     seen = _cursor(context.cursor)
     try:
         the_fleet = fleet.load()
@@ -103,15 +98,8 @@ def engine_upgrade_sensor(context: dg.SensorEvaluationContext, fleet: FleetResou
     )
 
 
-@dg.run_status_sensor(
-    run_status=dg.DagsterRunStatus.SUCCESS,
-    monitored_jobs=[weekly_acceptance_job],
-    request_job=retune_job,
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    description="After a successful weekly acceptance run: re-tune and publish every engine identity a deployment "
-                "runs now (one run per identity).",
-)
-def retune_after_acceptance(context: dg.RunStatusSensorContext, fleet: FleetResource, engine: EngineResource):
+def request_retunes(context: dg.RunStatusSensorContext, fleet: FleetResource, engine: EngineResource):
+    """``retune_after_acceptance`` after a successful weekly acceptance run; ``build_sensors`` makes it the sensor."""
     try:
         the_fleet = fleet.load()
     except FleetError as exc:
@@ -132,4 +120,24 @@ def retune_after_acceptance(context: dg.RunStatusSensorContext, fleet: FleetReso
     return requests or dg.SkipReason("no profiled engine identity is running in the fleet")
 
 
-defs = dg.Definitions(sensors=[engine_upgrade_sensor, retune_after_acceptance])
+def build_sensors(jobs: Jobs, interval_s: int = DEFAULT_SENSOR_INTERVAL_S) -> list[dg.SensorDefinition]:
+    """The code location's sensors, requesting ``jobs`` (``definitions.defs`` builds them when it loads)."""
+    upgrade = dg.sensor(
+        name="engine_upgrade_sensor",
+        job=jobs.profile_and_publish,
+        minimum_interval_seconds=interval_s,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=("Polls each deployment's engine identity (vLLM /version + fleet file; installed vLLM for the "
+                     "embedded default). On a new identity: adds its engine_identity partition and requests one "
+                     "profile_and_publish run. Unreachable endpoints are reported, never fatal."),
+    )(check_engine_upgrades)
+    retune = dg.run_status_sensor(
+        name="retune_after_acceptance",
+        run_status=dg.DagsterRunStatus.SUCCESS,
+        monitored_jobs=[jobs.weekly_acceptance],
+        request_job=jobs.retune,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description="After a successful weekly acceptance run: re-tune and publish every engine identity a deployment "
+                    "runs now (one run per identity).",
+    )(request_retunes)
+    return [upgrade, retune]

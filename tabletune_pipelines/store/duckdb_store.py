@@ -166,6 +166,12 @@ _DUCKDB_MAGIC, _MAGIC_AT = b"DUCK", 8
 _CONNECT_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
 
 
+def _quiet(conn: duckdb.DuckDBPyConnection) -> None:
+    """No progress bar: DuckDB draws one on stdout for any query over 2 s (a loaded machine), which
+    would land in ``tabletune table --format vllm``'s JSON or a caller's line protocol."""
+    conn.execute("SET enable_progress_bar = false")
+
+
 #: Columns added after the first stores were written: (table, column, type). Opening a store for
 #: writing adds them (NULL in old rows); a read-only open of an older store reads NULL for them.
 #: Tables added after the first stores were written: a writing open creates them (``SCHEMA_SQL``), a
@@ -437,6 +443,7 @@ class TableTuneStore:
         if self._factory is not None:
             with self._factory() as conn:
                 try:
+                    _quiet(conn)
                     yield conn
                 except duckdb.Error as exc:
                     damaged = damaged_store_error(self.path, exc)
@@ -457,6 +464,7 @@ class TableTuneStore:
                     continue
                 raise err from None
         try:
+            _quiet(conn)
             yield conn
         except duckdb.Error as exc:  # a file truncated or damaged past its header fails only when read
             damaged = damaged_store_error(self.path, exc)

@@ -28,7 +28,7 @@ from datetime import datetime
 
 import numpy as np
 
-from tabletune_pipelines.core.acceptance import AcceptanceEstimator, EstimatorConfig
+from tabletune_pipelines.core.acceptance import AcceptanceEstimator, EstimatorConfig, rates_from_counts
 from tabletune_pipelines.documents import AcceptancePrior
 from tabletune_pipelines.errors import InvalidValueError
 from tabletune_pipelines.live_counters import CounterWindow
@@ -163,9 +163,7 @@ def live_prior(deployment: str, week: str, windows: Sequence[CounterWindow], *, 
         rates = est.estimate()
         blended_with = measured.prior_id
     else:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            rates = np.where(drafted > 0, accepted / np.maximum(drafted, 1), 0.0)
-        rates = np.minimum.accumulate(np.clip(rates, 0.0, 1.0))
+        rates = rates_from_counts(accepted, drafted, undrafted="zero")
     prior = AcceptancePrior(
         rates=tuple(float(r) for r in rates), num_drafts=int(sum(w.num_drafts for w in windows)),
         drafted_per_pos=tuple(int(x) for x in drafted), accepted_per_pos=tuple(int(x) for x in accepted),

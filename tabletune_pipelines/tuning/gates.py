@@ -18,12 +18,18 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 
 from tabletune_pipelines.core.goodput import tau_curve, validate_acceptance
 from tabletune_pipelines.core.stepcost import default_capture_ceiling
 from tabletune_pipelines.core.table import expand_table, validate_table, validate_vllm_schedule
-from tabletune_pipelines.documents import AcceptancePrior, DraftLengthTable, StepTimeCell, StepTimeProfile
+from tabletune_pipelines.documents import (
+    AcceptancePrior,
+    DraftLengthTable,
+    EngineIdentity,
+    StepTimeCell,
+    StepTimeProfile,
+)
 from tabletune_pipelines.errors import TableTuneError
 from tabletune_pipelines.tuning.derive import table_step_and_tau
 
@@ -139,6 +145,22 @@ def first_sane_prior(candidates: Iterable[AcceptancePrior], max_k: int, min_draf
             return prior, skipped
         skipped.append(gate.description)
     return None, skipped
+
+
+class PriorSource(Protocol):
+    """Where applicable priors come from (``store.TableTuneStore`` is one)."""
+
+    def applicable_priors(self, identity: EngineIdentity) -> list[AcceptancePrior]: ...
+
+
+def prior_for_table(store: PriorSource, identity: EngineIdentity, min_drafts: int = GatePolicy.min_prior_drafts
+                    ) -> tuple[AcceptancePrior | None, list[str]]:
+    """The prior a table of ``identity`` is derived from, the one rule (the ``draft_length_table`` asset
+    and ``tabletune table``): of the priors that apply to it (``applicable_priors``: its own and those of
+    the same model, drafter and method; newest week first, a live prior before a measured one within a
+    week), the first that passes ``prior_gate``; and why each one before it was skipped. None when
+    no prior passes."""
+    return first_sane_prior(store.applicable_priors(identity), identity.max_k, min_drafts)
 
 
 # -- tables ------------------------------------------------------------------------------------

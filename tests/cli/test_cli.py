@@ -76,3 +76,29 @@ def test_multi_line_errors_keep_one_error_line(home, tmp_path, capsys):
     lines = capsys.readouterr().err.splitlines()
     assert lines[0].startswith("error: fleet file ") and len(lines) > 2
     assert all(line.startswith("  fleet file ") for line in lines[1:])
+
+
+def test_table_takes_the_prior_the_pipeline_takes(seeded, capsys):
+    """One rule for which prior builds a table (``tuning.gates.prior_for_table``): ``tabletune table``
+    skips a newer prior that fails the prior gate, as the ``draft_length_table`` asset does."""
+    import assets.tables
+    from tabletune_pipelines.documents import AcceptancePrior
+    from tabletune_pipelines.tuning import gates
+
+    assert assets.tables.prior_for_table is gates.prior_for_table
+    store = TableTuneStore(seeded)
+    (key,) = store.identity_keys()
+    good = store.latest_acceptance_prior()
+    thin = AcceptancePrior(rates=(0.9, 0.8, 0.7), num_drafts=10, drafted_per_pos=(10,) * 3,
+                           accepted_per_pos=(9, 8, 7), prompt_fingerprint="e" * 64, prompt_count=1,
+                           week="2026-11-30", deployment="local-cpu")
+    store.write_acceptance_prior(thin, key)
+    assert store.latest_acceptance_prior().prior_id == thin.prior_id  # the newest, but it rests on 10 drafts
+    profile = store.load_profile(key)
+    chosen, skipped = gates.prior_for_table(store, profile.identity)
+    assert chosen == good and len(skipped) == 1 and "rests on 10 drafts" in skipped[0]
+    del store
+    assert main(["table"]) == 0
+    captured = capsys.readouterr()
+    assert f"# prior {good.prior_id}:" in captured.out
+    assert f"warning: skipping prior: prior {thin.prior_id} rests on 10 drafts" in captured.err

@@ -195,6 +195,29 @@ def test_the_library_and_the_controller_use_one_comparison(tmp_path, case):
     assert bool(identity_mismatches(other.to_dict(), BASE.to_dict())) == (case != "same")
 
 
+@pytest.mark.parametrize("here, ok", [("0.26.0", True), ("0.26.0+cu128", True), ("0.26.1", False)])
+def test_the_vllm_here_is_compared_like_the_controller_compares_a_file(tmp_path, monkeypatch, here, ok):
+    """One rule for the vLLM version (``identity_match``: the same public version): a measurement's
+    check of the vLLM installed here (``deployments.check_local_engine``) and the controller on a file
+    made on BASE agree."""
+    from tabletune_pipelines import deployments
+
+    monkeypatch.setattr(deployments, "installed_vllm_version", lambda: here)
+    try:
+        deployments.check_local_engine(BASE)
+        library = True
+    except deployments.EngineMismatchError:
+        library = False
+    n, k = BASE.max_num_seqs, BASE.max_k
+    p = publish(tmp_path / "pub.json", ranges=[(1, n, k)], rates=RATES,
+                identity={f: v for f, v in BASE.to_dict().items() if f not in ("schema", "schema_version")},
+                n=n, k_max=k, profile={})
+    engine = EngineFacts(max_k=k, max_num_seqs=n, launch_ranges=None, model=BASE.model, method=BASE.method,
+                         drafter=BASE.drafter, vllm_version=here, gpu="NVIDIA H200")
+    controller_accepts = not isinstance(load_start(p, engine), str)
+    assert library == controller_accepts == ok
+
+
 def test_same_gpu_rules():
     assert same_gpu("H200", "NVIDIA H200 NVL") and same_gpu("A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB")
     assert not same_gpu("H100-SXM", "NVIDIA H100 80GB HBM3")  # a label with words the driver lacks: refused

@@ -7,6 +7,8 @@ from tabletune_pipelines.core.acceptance import (
     AcceptanceEstimator,
     BoundaryHysteresis,
     EstimatorConfig,
+    monotone_rates,
+    rates_from_counts,
 )
 from tabletune_pipelines.errors import InvalidAcceptanceError, InvalidValueError
 
@@ -100,3 +102,18 @@ def test_hysteresis_holds_k_near_boundary():
     assert h.select(lookup, 13, current_k=1) == 3
     assert BoundaryHysteresis(0).select(lookup, 17, current_k=3) == 1
     assert h.select(lookup, 40, current_k=None) == 1  # clamps to the table's end
+
+
+def test_counts_become_rates_one_way():
+    """``rates_from_counts``: a_i = accepted_i / drafted_i, clipped and non-increasing; a position never
+    drafted gets 0 or, with ``undrafted="previous"``, the rate before it."""
+    assert rates_from_counts([70, 50, 30], [100, 100, 100]).tolist() == [0.7, 0.5, 0.3]
+    assert rates_from_counts([80, 45, 30], [100, 50, 20]).tolist() == [0.8, 0.8, 0.8]  # 0.9 and 1.5 capped
+    assert rates_from_counts([80, 0, 0], [100, 0, 0]).tolist() == [0.8, 0.0, 0.0]
+    assert rates_from_counts([80, 0, 0], [100, 0, 0], undrafted="previous").tolist() == [0.8, 0.8, 0.8]
+    assert rates_from_counts([0, 0], [0, 0], undrafted="previous").tolist() == [0.0, 0.0]
+    assert rates_from_counts([60, 9], [100, 10, 10]).tolist() == [0.6, 0.6]  # the shorter sequence decides
+    assert rates_from_counts([], []).size == 0
+    assert monotone_rates([1.2, 0.5, 0.7, -0.1]).tolist() == [1.0, 0.5, 0.5, 0.0]
+    with pytest.raises(InvalidValueError, match="undrafted"):
+        rates_from_counts([1], [1], undrafted="carry")  # type: ignore[arg-type]

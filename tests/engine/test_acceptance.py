@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from tabletune_pipelines import prompts
+from tabletune_pipelines.core.acceptance import rates_from_counts
 from tabletune_pipelines.engine import acceptance
 from tabletune_pipelines.engine.acceptance import (
     parse_spec_counters,
     prompt_fingerprint,
-    rates_from_counts,
     sample_prompts,
     write_default_prompt_file,
 )
@@ -31,7 +31,7 @@ vllm:spec_decode_num_accepted_tokens_per_pos_created{engine="0",model_name="m",p
 def test_parse_spec_counters_and_rates():
     c = parse_spec_counters(METRICS)
     assert c.num_drafts == 100 and c.accepted_per_pos == (70.0, 50.0, 30.0)
-    assert rates_from_counts(c.accepted_per_pos, [c.num_drafts] * 3) == (0.7, 0.5, 0.3)
+    assert tuple(rates_from_counts(c.accepted_per_pos, [c.num_drafts] * 3, undrafted="previous")) == (0.7, 0.5, 0.3)
     with pytest.raises(TableTuneError, match="no vllm:spec_decode"):
         parse_spec_counters("vllm:num_requests_running 0\n")
 
@@ -42,8 +42,8 @@ def test_counter_differences_and_rate_rounding():
     delta = after.minus(before)
     assert delta.num_drafts == 100 and delta.accepted_per_pos == (80.0, 0.0, 0.0)
     # Per-position drafted counts (a variable k drafts later positions less often); non-increasing.
-    assert rates_from_counts([80, 40, 30], [100, 50, 20]) == (0.8, 0.8, 0.8)
-    assert rates_from_counts([5, 0], [0, 0]) == (0.0, 0.0)
+    assert tuple(rates_from_counts([80, 40, 30], [100, 50, 20], undrafted="previous")) == (0.8, 0.8, 0.8)
+    assert tuple(rates_from_counts([5, 0], [0, 0], undrafted="previous")) == (0.0, 0.0)
 
 
 def test_acceptance_reads_prompt_files_with_the_one_reader():

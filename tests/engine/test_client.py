@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tabletune_pipelines.engine.client import EngineClient, EngineUnreachable
+from tabletune_pipelines.engine.client import EngineClient, EngineUnreachable, version_from_answer
 from tabletune_pipelines.engine.config import SERVED_MODEL_NAME
 from tabletune_pipelines.engine.errors import EngineError
 from tabletune_pipelines.engine.process import free_port
@@ -95,3 +95,14 @@ def test_an_error_answer_that_echoes_the_prompt_is_not_quoted(monkeypatch):
     with pytest.raises(EngineError) as err:
         client.complete(secret, max_tokens=1)
     assert secret not in str(err.value) and "400" in str(err.value) and "BadRequestError" in str(err.value)
+
+
+@pytest.mark.parametrize("raw", [b'{"version": ""}', b'{"version": "  "}', b"", b"{}", b"[]", b"not json",
+                                 b'{"version": 3}', b'{"version": null}'])
+def test_a_version_answer_without_a_version_is_refused(raw):
+    """The one reading of ``/version`` (remote deployments' probe and the local server alike): an empty
+    or missing version is an error, never "" or "unknown"."""
+    with pytest.raises(EngineError, match="not vLLM's"):
+        version_from_answer(raw, "http://x/version")
+    assert version_from_answer(b'{"version": "0.32.0+cpu"}') == "0.32.0+cpu"
+    assert version_from_answer(b'{"version": " 0.32.0\\n"}') == "0.32.0"

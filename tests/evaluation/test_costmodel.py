@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tabletune_pipelines.core.steptime import batch_size_grid
 from tabletune_pipelines.evaluation import costmodel as cm
-from tabletune_pipelines.evaluation.surfaces import from_cost_model, method_grid
+from tabletune_pipelines.evaluation.surfaces import from_cost_model
 
 SURFACES = cm.COST_SURFACES
 
@@ -79,7 +80,7 @@ def test_linear_fit_recovers_a_linear_surface():
 def test_cost_surface_profile_is_what_a_tuner_would_store():
     s = from_cost_model(cm.T4_DENSE, 64)
     prof = s.profile()
-    assert sorted({c.batch_size for c in prof.cells}) == method_grid(64)
-    assert method_grid(64)[-1] == 64 and method_grid(20) == [*range(1, 17), 20]
+    assert sorted({c.batch_size for c in prof.cells}) == batch_size_grid(64)
+    assert batch_size_grid(64)[-1] == 64 and batch_size_grid(20) == [*range(1, 17), 20]
     assert prof.surface().at(2, 64) == pytest.approx(s.t(64, 2))
     assert all(c.stderr_ms and c.stderr_ms > 0 for c in prof.cells)

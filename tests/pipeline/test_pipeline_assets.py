@@ -15,7 +15,7 @@ from tabletune_pipelines.deployments import identity_for
 from tabletune_pipelines.fleet import load_fleet
 from tabletune_pipelines.live_counters import window_line
 from tabletune_pipelines.orchestration.definitions import ASSETS
-from tabletune_pipelines.orchestration.jobs import rollback_published_table
+from tabletune_pipelines.orchestration.jobs import build_jobs
 from tabletune_pipelines.published import read_published_table
 from tests.pipeline.helpers import (
     RATES,
@@ -127,7 +127,7 @@ def test_full_chain_writes_duckdb_metadata_and_publishes(home, one_fleet, instan
                                                           "draft_length_table": {"config": {"allowed_ks": [1, 3]}}}})
     assert res.success
     assert read_published_table(dep.published_table)["version"] == 2
-    rb = rollback_published_table.execute_in_process(
+    rb = build_jobs({}).rollback.execute_in_process(
         run_config={"ops": {"rollback_published_table_op": {"config": {"deployment": "local-cpu"}}}},
         resources={k: resources[k] for k in ("duckdb", "fleet", "engine")}, instance=instance)
     assert rb.success

@@ -16,7 +16,6 @@ from tabletune_pipelines.documents import EngineIdentity
 from tabletune_pipelines.fleet import load_fleet
 from tabletune_pipelines.orchestration.resources import FleetResource
 from tabletune_pipelines.orchestration.schedules import WEEKLY_CRON, weekly_acceptance_schedule
-from tabletune_pipelines.orchestration.sensors import engine_upgrade_sensor, retune_after_acceptance
 from tests.pipeline.helpers import (
     WEEK,
     ScriptedEngine,
@@ -40,11 +39,18 @@ def instance():
         yield inst
 
 
+def sensor(name: str) -> dg.SensorDefinition:
+    """A sensor of the code location, as Dagster loads it."""
+    from tabletune_pipelines.orchestration.definitions import defs
+
+    return defs().resolve_sensor_def(name)
+
+
 def tick(instance, fleet_path, cursor=None, engine=None):
     ctx = dg.build_sensor_context(instance=instance, cursor=cursor,
                                   resources={"fleet": FleetResource(path=str(fleet_path)),
                                              "engine": engine or ScriptedEngine()})
-    result = engine_upgrade_sensor(ctx)
+    result = sensor("engine_upgrade_sensor")(ctx)
     if isinstance(result, dg.SkipReason):
         return [], [], cursor, result.skip_message
     if result.dynamic_partitions_requests:
@@ -124,7 +130,7 @@ def test_weekly_schedule_measures_last_complete_week_per_engine_group(home):
     monday = datetime(2026, 11, 23, 3, 0, tzinfo=timezone.utc)
     from tabletune_pipelines.orchestration.definitions import defs
 
-    ctx = dg.build_schedule_context(scheduled_execution_time=monday, repository_def=defs.get_repository_def(),
+    ctx = dg.build_schedule_context(scheduled_execution_time=monday, repository_def=defs().get_repository_def(),
                                     resources={"fleet": FleetResource(path=str(fleet))})
     reqs = list(weekly_acceptance_schedule.evaluate_tick(ctx).run_requests)
     assert {r.partition_key for r in reqs} == {"2026-11-16"}
@@ -140,9 +146,9 @@ def test_definitions_load_and_instance_config(home, tmp_path, monkeypatch):
     from tabletune_pipelines.orchestration.definitions import defs
 
     repo = Path(__file__).resolve().parents[2]
-    jobs = {j.name for j in defs.get_repository_def().get_all_jobs()}
+    jobs = {j.name for j in defs().get_repository_def().get_all_jobs()}
     assert {"profile_and_publish", "retune_and_publish", "weekly_acceptance", "rollback_published_table"} <= jobs
-    graph = defs.resolve_asset_graph()
+    graph = defs().resolve_asset_graph()
     parents = {k.to_user_string(): {p.to_user_string() for p in graph.get(k).parent_keys}
                for k in graph.get_all_asset_keys()}
     assert parents["published_table"] == {"draft_length_table"}
@@ -162,24 +168,56 @@ def test_definitions_load_and_instance_config(home, tmp_path, monkeypatch):
 
 
 IMPORT_DEFINITIONS = """
-import sys
+import os, sys
 import tabletune_pipelines.fleet as fleet
 calls = []
 real = fleet.load_fleet
 fleet.load_fleet = lambda *a, **kw: calls.append(a) or real(*a, **kw)
+reads = []
+environ_get = os.environ.get
+os.environ.get = lambda key, *d: reads.append(key) or environ_get(key, *d)
 from tabletune_pipelines.orchestration.definitions import defs
-assert defs.resolve_asset_graph().get_all_asset_keys()
-print(len(calls))
+os.environ.get = environ_get
+at_import = (len(calls), sorted(k for k in reads if k.startswith("TABLETUNE")))
+assert defs().resolve_asset_graph().get_all_asset_keys()
+print(at_import[0], len(calls), ",".join(at_import[1]) or "-")
 """
 
 
-def test_importing_the_definitions_reads_the_fleet_once_and_writes_nothing(tmp_path):
+def test_importing_the_definitions_reads_nothing_and_loading_them_reads_the_fleet_once(tmp_path):
     home = tmp_path / "not_created"
     env = {"PATH": "/usr/bin:/bin", "TABLETUNE_HOME": str(home), "HOME": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", IMPORT_DEFINITIONS], env=env, capture_output=True, text=True,
                          check=True, cwd=tmp_path).stdout.split()
-    assert out[-1] == "1"
+    assert out[-3:] == ["0", "1", "-"]  # import: no fleet read, no TABLETUNE_* variable; loading: one read
     assert list(tmp_path.iterdir()) == []  # no TABLETUNE_HOME, no store file, nothing under HOME or the cwd
+
+
+LOAD_WITHOUT_FLEET = """
+from tabletune_pipelines.orchestration.definitions import defs
+d = defs()
+print(d.resolve_job_def("rollback_published_table").tags["tabletune/engine"],
+      d.resolve_sensor_def("engine_upgrade_sensor").minimum_interval_seconds)
+"""
+
+
+def test_the_definitions_load_with_the_fleet_file_missing(tmp_path):
+    """``TABLETUNE_FLEET`` naming a file that is not there: the definitions import and load (the jobs'
+    default engine tag is "manual"; runs report the missing file); a bad sensor interval fails the
+    load with its message, never the import."""
+    env = {"PATH": "/usr/bin:/bin", "TABLETUNE_HOME": str(tmp_path / "home"), "HOME": str(tmp_path),
+           "TABLETUNE_FLEET": str(tmp_path / "missing" / "fleet.yaml")}
+    out = subprocess.run([sys.executable, "-c", LOAD_WITHOUT_FLEET], env=env, capture_output=True, text=True,
+                         cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-2:] == ["manual", "300"]
+    env["TABLETUNE_SENSOR_INTERVAL_S"] = "soon"
+    imported = subprocess.run([sys.executable, "-c", "import tabletune_pipelines.orchestration.definitions"],
+                              env=env, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert imported.returncode == 0, imported.stderr[-3000:]
+    loaded = subprocess.run([sys.executable, "-c", LOAD_WITHOUT_FLEET], env=env, capture_output=True, text=True,
+                            cwd=tmp_path, timeout=300)
+    assert loaded.returncode != 0 and "TABLETUNE_SENSOR_INTERVAL_S = 'soon' must be a whole number" in loaded.stderr
 
 
 def test_retune_after_weekly_acceptance_requests_one_run_per_running_identity(home, instance):
@@ -196,5 +234,5 @@ def test_retune_after_weekly_acceptance_requests_one_run_per_running_identity(ho
     ctx = dg.build_run_status_sensor_context(sensor_name="retune_after_acceptance", dagster_instance=instance,
                                              dagster_run=res.dagster_run, dagster_event=success.dagster_event,
                                              resources={"fleet": FleetResource(path=str(fleet)), "engine": engine})
-    reqs = retune_after_acceptance(ctx)
+    reqs = sensor("retune_after_acceptance")(ctx)
     assert [r.partition_key for r in reqs] == [key]

@@ -15,9 +15,9 @@ import pytest
 from tabletune_pipelines.deployments import identity_for
 from tabletune_pipelines.fleet import load_fleet
 from tabletune_pipelines.live_counters import window_line
-from tabletune_pipelines.orchestration.definitions import ASSETS
-from tabletune_pipelines.orchestration.jobs import MANUAL_RUN_TAGS, rollback_published_table
-from tabletune_pipelines.orchestration.tags import ENGINE_TAG
+from tabletune_pipelines.orchestration.definitions import ASSETS, defs
+from tabletune_pipelines.orchestration.jobs import build_jobs
+from tabletune_pipelines.orchestration.tags import ENGINE_TAG, manual_run_tags, try_load_fleet
 from tabletune_pipelines.published import read_published_table
 from tests.pipeline.helpers import WEEK, make_resources, write_prompts
 
@@ -36,7 +36,8 @@ def sql(home, query, params=None):
 
 
 def test_the_rollback_job_carries_the_engine_tag():
-    assert rollback_published_table.tags[ENGINE_TAG] == MANUAL_RUN_TAGS[ENGINE_TAG]
+    rollback = defs().resolve_job_def("rollback_published_table")
+    assert rollback.tags[ENGINE_TAG] == manual_run_tags(try_load_fleet())[ENGINE_TAG]
 
 
 def test_rollback_republishes_the_old_version_with_its_identity_and_prior(home, one_fleet, instance):
@@ -56,7 +57,7 @@ def test_rollback_republishes_the_old_version_with_its_identity_and_prior(home, 
                           run_config={"ops": {"published_table": {"config": {"force": True}},
                                               "draft_length_table": {"config": {"allowed_ks": [1, 3]}}}}).success
     assert read_published_table(dep.published_table)["version"] == 2
-    rb = rollback_published_table.execute_in_process(
+    rb = build_jobs({}).rollback.execute_in_process(
         run_config={"ops": {"rollback_published_table_op": {"config": {"deployment": "local-cpu"}}}},
         resources={k: resources[k] for k in ("duckdb", "fleet", "engine")}, instance=instance,
         tags={ENGINE_TAG: dep.group})

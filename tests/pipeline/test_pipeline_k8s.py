@@ -96,14 +96,14 @@ def test_sensor_run_requests_carry_the_k8s_tag(home):
     import dagster as dg
 
     from tabletune_pipelines.orchestration.resources import FleetResource
-    from tabletune_pipelines.orchestration.sensors import engine_upgrade_sensor
+    from tabletune_pipelines.orchestration.definitions import defs
 
     with VersionServer("0.32.0") as srv, dg.DagsterInstance.ephemeral() as inst:
         fleet = write_fleet(home, [deployment_dict("g", endpoint=srv.url, gpu="A10G",
                                                    k8s={"node_selector": {"gpu": "a10g"}, "gpu_count": 2})])
         ctx = dg.build_sensor_context(instance=inst, resources={"fleet": FleetResource(path=str(fleet)),
                                                                 "engine": ScriptedEngine()})
-        (req,) = engine_upgrade_sensor(ctx).run_requests
+        (req,) = defs().resolve_sensor_def("engine_upgrade_sensor")(ctx).run_requests
         pod = build_job(req.tags).spec.template.spec
         assert pod.node_selector == {"gpu": "a10g"}
         assert pod.containers[0].resources.limits == {"nvidia.com/gpu": "2"}

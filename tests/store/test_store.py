@@ -259,3 +259,13 @@ def test_latest_table_and_latest_profiled_identity(tmp_path):
     s.write_profile_cell(IDENT, StepTimeCell(k=0, batch_size=1, median_ms=4.0, repetitions_ms=(4.0,)))
     assert s.latest_profiled_identity_key("/m/target") == IDENT.key
     assert s.has_identity(IDENT.key) and s.find_identity("nope") is None and s.profile_modes(IDENT.key) == ["one_launch"]
+
+
+def test_the_store_never_draws_a_progress_bar_on_stdout(tmp_path):
+    """DuckDB draws a progress bar on stdout for a query over 2 s; on a loaded machine that lands in
+    ``tabletune table --format vllm``'s JSON or a caller's line protocol. Every store connection,
+    read-only ones included, turns it off."""
+    db = tmp_path / "tt.duckdb"
+    TableTuneStore(db).upsert_identity(IDENT)
+    for store in (TableTuneStore(db), TableTuneStore(db, read_only=True)):
+        assert store.query("SELECT current_setting('enable_progress_bar')") == [(False,)]

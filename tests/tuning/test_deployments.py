@@ -94,6 +94,20 @@ def test_probe_of_a_closed_port_is_endpoint_unreachable():
         deployments.probe_vllm_version(f"http://127.0.0.1:{port}", timeout_s=2)
 
 
+@pytest.mark.parametrize("version", ["", "0.32.0"])
+def test_probe_reads_version_by_the_clients_rule(version):
+    """``probe_vllm_version`` reads ``/version`` with ``engine.client.version_from_answer``: an empty
+    version is an unreachable endpoint, as it is for the engine's own client."""
+    from tests.pipeline.helpers import VersionServer
+
+    with VersionServer(version) as srv:
+        if version:
+            assert deployments.probe_vllm_version(srv.url, timeout_s=5) == version
+        else:
+            with pytest.raises(deployments.EndpointUnreachable, match="not vLLM's"):
+                deployments.probe_vllm_version(srv.url, timeout_s=5)
+
+
 def test_a_partition_of_another_vllm_is_refused_before_any_launch(tmp_path):
     ident = deployments.identity_for(fleet(tmp_path).deployments[0], "0.0.1-not-installed")
     with pytest.raises(deployments.EngineMismatchError, match="needs vLLM 0.0.1-not-installed"):

@@ -1,0 +1,226 @@
+"""One concept, one home: a second copy of a named concept, in the shape such copies take, fails here.
+
+Every check reads the source (AST, no import) of the library (``tabletune_pipelines``), the Dagster
+layer (``assets``) and the benchmark scripts; tests may keep reference implementations. ``KNOWN``
+lists the copies still left in files being reworked elsewhere: each must still be there, so the list
+can only shrink (delete its entry when the copy goes).
+
+    concept                                  home
+    validating a table's ranges              core.table.validate_table / validate_vllm_schedule
+    ranges -> k per batch size (expanding)   core.table.dense_from_ranges / expand_table
+    k per batch size -> ranges (compacting)  core.table.compact_ranges
+    counts -> monotone acceptance rates      core.acceptance.rates_from_counts / monotone_rates
+    reading GET /version                     engine.client.version_from_answer
+    comparing vLLM versions of identities    identity_match.identity_mismatches
+    the batch-size grid                      core.steptime.batch_size_grid
+    which prior builds a table               tuning.gates.prior_for_table
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Callable, Iterator
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCANNED = ("tabletune_pipelines", "assets", "benchmarks")
+
+Finder = Callable[[ast.AST, list[ast.AST]], bool]
+"""(node, its enclosing nodes, outermost first) -> whether the node is a copy of the concept."""
+
+
+@cache
+def trees() -> dict[str, ast.Module]:
+    out = {}
+    for d in SCANNED:
+        for p in sorted((ROOT / d).rglob("*.py")):
+            if "__pycache__" not in p.parts:
+                out[p.relative_to(ROOT).as_posix()] = ast.parse(p.read_text(), filename=str(p))
+    return out
+
+
+def _walk(node: ast.AST, stack: list[ast.AST]) -> Iterator[tuple[ast.AST, list[ast.AST]]]:
+    yield node, stack
+    for child in ast.iter_child_nodes(node):
+        yield from _walk(child, [*stack, node])
+
+
+def _where(stack: list[ast.AST]) -> str:
+    names = [n.name for n in stack if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)]
+    return ".".join(names) or "<module>"
+
+
+def copies(finder: Finder) -> set[tuple[str, str]]:
+    """(file, enclosing class/function) of every node ``finder`` flags."""
+    found = set()
+    for path, tree in trees().items():
+        docstrings = {id(n.body[0].value) for n, _ in _walk(tree, [])
+                      if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+                      and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        for node, stack in _walk(tree, []):
+            if id(node) not in docstrings and finder(node, stack):
+                found.add((path, _where(stack)))
+    return found
+
+
+def _names(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+# -- the shapes of a copy ------------------------------------------------------------------------
+
+def range_expander(node: ast.AST, stack: list[ast.AST]) -> bool:
+    """``for s, e, k in ranges:`` whose body walks ``range(s, e + 1)`` or assigns ``out[s - 1:e]``."""
+    if not (isinstance(node, ast.For) and isinstance(node.target, ast.Tuple) and len(node.target.elts) == 3
+            and all(isinstance(e, ast.Name) for e in node.target.elts)):
+        return False
+    bounds = {node.target.elts[0].id, node.target.elts[1].id}
+    for inner in ast.walk(ast.Module(body=node.body, type_ignores=[])):
+        if (isinstance(inner, ast.For) and isinstance(inner.iter, ast.Call) and isinstance(inner.iter.func, ast.Name)
+                and inner.iter.func.id == "range" and _names(inner.iter) & bounds):
+            return True
+        if isinstance(inner, ast.Assign | ast.AugAssign):
+            targets = inner.targets if isinstance(inner, ast.Assign) else [inner.target]
+            for t in targets:
+                if isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Slice) and _names(t.slice) & bounds:
+                    return True
+    return False
+
+
+def _last_range_k(node: ast.AST) -> bool:
+    """``x[-1][2]``: the k of the last range built so far."""
+    return (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value == 2
+            and isinstance(node.value, ast.Subscript) and isinstance(node.value.slice, ast.UnaryOp)
+            and isinstance(node.value.slice.operand, ast.Constant) and node.value.slice.operand.value == 1)
+
+
+def range_compactor(node: ast.AST, stack: list[ast.AST]) -> bool:
+    """``if out and out[-1][2] == k`` with k a variable: merging equal neighbours into ranges."""
+    return (isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ast.Eq | ast.NotEq)
+            and any(_last_range_k(side) for side in (node.left, node.comparators[0]))
+            and any(not isinstance(side, ast.Constant) and not _last_range_k(side)
+                    for side in (node.left, node.comparators[0])))
+
+
+TABLE_RULE = re.compile(r"gap between ranges|ranges? .{0,60}overlap|must start at 1|must end at max_num_seqs")
+
+
+def _text(node: ast.AST, stack: list[ast.AST]) -> str | None:
+    """A string literal's text (an f-string's with ``{}`` for each field); None for other nodes and
+    for the parts of an f-string (its whole text is read once)."""
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+    if isinstance(node, ast.Constant) and isinstance(node.value, str) and not (stack and isinstance(
+            stack[-1], ast.JoinedStr)):
+        return node.value
+    return None
+
+
+def table_validator(node: ast.AST, stack: list[ast.AST]) -> bool:
+    """A message of the table rules (gaps, overlaps, coverage of 1..max_num_seqs) in a ``raise``."""
+    text = _text(node, stack)
+    return text is not None and bool(TABLE_RULE.search(text)) and any(isinstance(s, ast.Raise) for s in stack)
+
+
+def monotone_rates(node: ast.AST, stack: list[ast.AST]) -> bool:
+    """``np.minimum.accumulate``: survival rates made non-increasing by hand."""
+    return (isinstance(node, ast.Attribute) and node.attr == "accumulate" and isinstance(node.value, ast.Attribute)
+            and node.value.attr == "minimum")
+
+
+def version_reader(node: ast.AST, stack: list[ast.AST]) -> bool:
+    """A ``.../version`` URL built outside the client."""
+    text = _text(node, stack)
+    return text is not None and text.endswith("/version") and " " not in text
+
+
+def _is_vllm_version(node: ast.AST) -> bool:
+    return ((isinstance(node, ast.Attribute) and node.attr == "vllm_version")
+            or (isinstance(node, ast.Name) and node.id == "vllm_version")
+            or (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
+                and node.slice.value == "vllm_version"))
+
+
+def version_comparison(node: ast.AST, stack: list[ast.AST]) -> bool:
+    """``a.vllm_version == b`` / ``!=``: a version rule of its own."""
+    return (isinstance(node, ast.Compare) and any(isinstance(op, ast.Eq | ast.NotEq) for op in node.ops)
+            and any(_is_vllm_version(side) for side in (node.left, *node.comparators)))
+
+
+def batch_size_grid(node: ast.AST, stack: list[ast.AST]) -> bool:
+    """A function that makes a batch-size grid of its own (``*_grid``)."""
+    return isinstance(node, ast.FunctionDef) and node.name.endswith("_grid")
+
+
+PRIOR_PICKERS = {"applicable_priors", "latest_acceptance_prior", "first_sane_prior"}
+
+
+def prior_picker(node: ast.AST, stack: list[ast.AST]) -> bool:
+    """The asset or the CLI choosing a table's prior from the store by a rule of its own."""
+    if not isinstance(node, ast.Call):
+        return False
+    f = node.func
+    return (f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)) in PRIOR_PICKERS
+
+
+CONCEPTS: dict[str, tuple[Finder, set[str], set[tuple[str, str]]]] = {
+    # concept: (finder, files allowed to hold it, known copies left elsewhere)
+    "range expansion": (range_expander, {"tabletune_pipelines/core/table.py"}, {
+        ("tabletune_pipelines/evaluation/simulator.py", "TablePolicy.from_ranges"),
+    }),
+    "range compaction": (range_compactor, {"tabletune_pipelines/core/table.py"}, set()),
+    "table validation": (table_validator, {"tabletune_pipelines/core/table.py"}, set()),
+    "monotone rates": (monotone_rates, {"tabletune_pipelines/core/acceptance.py"}, {
+        ("tabletune_pipelines/controller/logic.py", "Controller._win_a_rate"),
+    }),
+    "reading /version": (version_reader, {"tabletune_pipelines/engine/client.py"}, set()),
+    "vLLM version comparison": (version_comparison, {"tabletune_pipelines/identity_match.py"}, set()),
+    "batch-size grid": (batch_size_grid, {"tabletune_pipelines/core/steptime.py"}, set()),
+}
+
+
+@pytest.mark.parametrize("concept", list(CONCEPTS))
+def test_one_home_per_concept(concept):
+    finder, homes, known = CONCEPTS[concept]
+    found = {c for c in copies(finder) if c[0] not in homes}
+    assert found - known == set(), f"a second {concept} (its home: {', '.join(sorted(homes))}): {sorted(found - known)}"
+    assert known - found == set(), f"gone, delete from KNOWN: {sorted(known - found)}"
+
+
+def test_the_asset_and_the_cli_pick_a_tables_prior_by_the_one_rule():
+    """``tuning.gates.prior_for_table`` decides which prior builds a table; ``assets/`` and
+    ``cli.py`` never choose one from the store themselves."""
+    found = {c for c in copies(prior_picker) if c[0].startswith("assets/") or c[0] == "tabletune_pipelines/cli.py"}
+    assert found == set()
+
+
+def test_the_finders_see_the_shapes_they_look_for():
+    """Each finder flags the copy it was written for (so an empty result means no copy, not a blind check)."""
+    samples = {
+        range_expander: "def f(ranges, n):\n    ks = [0] * n\n    for s, e, k in ranges:\n"
+                        "        for b in range(s, e + 1):\n            ks[b - 1] = k\n",
+        range_compactor: "def f(ks):\n    out = []\n    for b, k in enumerate(ks, 1):\n"
+                         "        if out and out[-1][2] == k:\n            out[-1][1] = b\n",
+        table_validator: "def f(a, b):\n    raise ValueError(f'ranges {a} and {b} overlap')\n",
+        monotone_rates: "import numpy as np\nr = np.minimum.accumulate([0.7, 0.8])\n",
+        version_reader: "def f(url):\n    return url + '/version'\n",
+        version_comparison: "def f(a, here):\n    return here != a.vllm_version\n",
+        batch_size_grid: "def method_grid(n):\n    return list(range(1, n + 1))\n",
+        prior_picker: "def f(store, ident):\n    return store.latest_acceptance_prior()\n",
+    }
+    for finder, code in samples.items():
+        tree = ast.parse(code)
+        assert any(finder(node, stack) for node, stack in _walk(tree, [])), finder.__name__
+    more = {range_expander: "def f(ranges, n):\n    for s, e, k in ranges:\n        out[s - 1:e] = k\n",
+            table_validator: "def f(a):\n    raise ValueError(f'gap between ranges {a} and {a}')\n",
+            version_reader: "def f(endpoint):\n    return f'{endpoint}/version'\n"}
+    for finder, code in more.items():
+        assert any(finder(node, stack) for node, stack in _walk(ast.parse(code), [])), finder.__name__
+    # The copies this suite replaced would be found.
+    old_published = ("def validate_ranges(where, ranges, n, k):\n    for prev, cur in zip(ranges, ranges[1:]):\n"
+                     "        raise _fail(where, f'ranges {list(prev)} and {list(cur)} overlap')\n")
+    assert any(table_validator(node, stack) for node, stack in _walk(ast.parse(old_published), []))
