@@ -142,7 +142,7 @@ class StepTimeModel:
         e_ref = max(0.0, float(e_obs[well].max())) if well.any() else 0.0
         v0 = v0 + (0.5 * np.maximum(e0, e_ref)) ** 2
         # Residuals over the decode surface (x - T̂), pooled over the batch sizes within
-        # ``served_pool_halfwidth`` of each B: under load B wanders over a range, and an explored k's
+        # ``pool_halfwidth()`` of each B: under load B wanders over a range, and an explored k's
         # few served steps there would otherwise sit one or two per cell, each too uncertain to count.
         r1 = self._pool(self.all_sum - n * t)
         r2 = self._pool(self.all_sq - 2.0 * t * self.all_sum + n * t * t)

@@ -119,8 +119,8 @@ def test_stuck_short_trap_without_and_with_exploration_and_decay(rig):
 
 
 def _calibrate(rig, rates, k):
-    """True T(B0, k) in this launch: observe mode with every batch size at k, the controller's
-    own mean of clean step intervals at the batch size it saw most."""
+    """True T(B, k) in this launch: observe mode with every batch size at k, the controller's own
+    mean of clean step intervals per batch size, ``{B: (ms, clean steps)}`` for the cells it exports."""
     # The published profile is a placeholder here: every step interval counts, whatever this machine's
     # steps take (a few ms on a fast one, hundreds on a slow one).
     v = rig.publish(ranges=[(1, 16, k)], rates=rates, allowed_k=[k],
