@@ -104,6 +104,9 @@ BOUNDS: dict[str, Bound] = {
     "exploration_run_steps": Bound(1, 64, integer=True, why="a few steps suffice to observe the explored k"),
     "hysteresis": Bound(0, 4096, integer=True, why="batch sizes; 4096 is the largest max_num_seqs a fleet may "
                                                    "have, and an h of max_num_seqs already keeps any k in use"),
+    "hysteresis_hold_steps": Bound(1, 1_000_000, integer=True, why="steps; at 1 the table's k is taken every "
+                                                                   "other step, and a hold of 1000000 steps is "
+                                                                   "hours of serving (no release in practice)"),
     "evidence_confidence": Bound(0.5, 0.999999, why="0.5 is a point-estimate decision (z = 0); at 1 no bound is "
                                                     "finite and the table never changes"),
     "flap_backoff_rebuilds": Bound(0, 1_000_000, integer=True, why="rebuilds; 0 turns the backoff off"),
@@ -172,7 +175,12 @@ class ControllerSettings:
     correction"), so with a run of one the explored k's step time would never be observed and would
     keep its profile however wrong; from the second step of a run on it is observed."""
     hysteresis: int = 2
-    """h: keep the current k while the batch size is within h of a batch size that uses it."""
+    """h: keep the current k while the batch size is within h of a batch size that uses it, for at most
+    ``hysteresis_hold_steps`` steps in a row at batch sizes the table gives another k."""
+    hysteresis_hold_steps: int = 32
+    """The longest hysteresis hold: after this many consecutive steps served at a k the table does not
+    give their batch size, one step takes the table's k (a load that crosses a boundary back and forth
+    keeps its k; one that stays inside a range, even one narrower than h, gets the range's k)."""
     stickiness: float = 0.005
     """Keep the k a batch size has unless another is better by more than this fraction, with the
     confidence below (the offline tuner's evidence rule, ``core.evidence``, revising the table in force)."""

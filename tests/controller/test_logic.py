@@ -246,6 +246,47 @@ def test_hysteresis_keeps_k_near_a_boundary(tmp_path, clock):
     assert (lk[6], lk[7], lk[8], lk[9]) == (3, 1, 1, 1)
 
 
+def _serve(c, clock, bs):
+    """Run ``c`` for the batch sizes ``bs`` the way vLLM does (each step's k is the lookup in force at
+    its B = len(num_scheduled_tokens)); the k each step ran."""
+    served = []
+    for b in bs:
+        k = c.next_lookup()[b]
+        clock[0] += 0.01
+        ids = [f"r{i}" for i in range(b)]
+        c.on_step(StepOutcome({r: 1 + k for r in ids}, {r: [0] * k for r in ids}, {r: i for i, r in enumerate(ids)},
+                              [[1] for _ in ids], k, 0, b * (1 + k), clock[0]))
+        served.append(k)
+    return served
+
+
+@pytest.mark.parametrize("hold", [32, 5])
+def test_hysteresis_holds_a_k_for_at_most_the_hold_then_serves_the_table(tmp_path, clock, hold):
+    # A range of k = 1 (B = 8..11) with k = 2 on both sides: every B in it is within h = 2 of a batch
+    # size using k = 2, so a hold without a limit would serve k = 2 at B = 8 for ever.
+    p = publish(tmp_path / "pub.json", ranges=[(1, 7, 2), (8, 11, 1), (12, 16, 2)], rates=(0.7, 0.5, 0.3),
+                allowed_k=[1, 2], controller={"hysteresis": 2, "hysteresis_hold_steps": hold,
+                                              "exploration_every_steps": 0, "rebuild_every_steps": 10_000})
+    c = controller(p, clock)
+    assert _serve(c, clock, [7] * 5) == [2] * 5
+    # The load crosses the 7 | 8 boundary back and forth: k = 2 stays (that is what hysteresis is for).
+    assert _serve(c, clock, [8, 7] * 100) == [2] * 200
+    # The load stays at B = 8: k = 2 for the hold, then the table's k = 1, and it stays.
+    served = _serve(c, clock, [8] * 200)
+    assert served == [2] * hold + [1] * (200 - hold)
+    # ... and now k = 1 is the one held near the boundary.
+    assert _serve(c, clock, [7, 8] * 10) == [1] * 20
+
+
+def test_an_unlimited_hold_is_the_defect_the_limit_fixes(tmp_path, clock):
+    p = publish(tmp_path / "pub.json", ranges=[(1, 7, 2), (8, 11, 1), (12, 16, 2)], rates=(0.7, 0.5, 0.3),
+                allowed_k=[1, 2], controller={"hysteresis": 2, "hysteresis_hold_steps": 1_000_000,
+                                              "exploration_every_steps": 0, "rebuild_every_steps": 10_000})
+    c = controller(p, clock)
+    _serve(c, clock, [7] * 5)
+    assert set(_serve(c, clock, [8] * 500)) == {2}
+
+
 # ---------------------------------------------------------------- the method on a fake engine
 def test_known_truth_convergence(tmp_path, clock):
     truth = (0.3, 0.1, 0.05)
