@@ -14,13 +14,15 @@ and a controller flaps if it can. The published profile is that measurement shap
 
 Policies, each published as a new version from the table ``[[1, 16, 1]]`` and served for
 ``--minutes`` at ``--load`` closed-loop clients, rounds alternating the order:
-``backoff`` (the defaults: evidence rule, ``flap_backoff_rebuilds`` 64) and ``no backoff``
+``backoff`` (the defaults: evidence rule, ``flap_backoff_rebuilds`` 1024) and ``no backoff``
 (``flap_backoff_rebuilds: 0``), plus ``point estimates`` (``evidence_confidence: 0.5``, no
 backoff: closest to the controller before the evidence rule) and ``point estimates + backoff``
 (where the backoff has flips to bound). Printed per phase and per policy
 (mean ± s.e. over rounds): switches and reversals per hour (from the controller's own counters in
-its exported state), ranges of the final table and goodput (kept tokens / busy s); then the
-ratio of switches per hour with and without the backoff.
+its exported state), over the whole phase and over its last two thirds (steady state: the first
+third holds the start table's convergence and the backoff's first, short holds), ranges of the
+final table and goodput (kept tokens / busy s); then the ratios of switches per hour with and
+without the backoff.
 """
 
 from __future__ import annotations
@@ -100,29 +102,38 @@ def main() -> int:
                 first, last = ws[0].controller, ws[-1].controller
                 sw = (last["switches"] - first["switches"]) / hours
                 rev = (last["reversals"] - first["reversals"]) / hours
+                # Steady state: the last two thirds (the first third holds the start table's convergence,
+                # which is no flapping, and the backoff's first, short holds).
+                t_mid = ws[0].window_start + (ws[-1].window_end - ws[0].window_start) / 3
+                mid = next(w for w in ws if w.window_end >= t_mid)
+                h2 = (ws[-1].window_end - mid.window_end).total_seconds() / 3600.0
+                sw2 = (last["switches"] - mid.controller["switches"]) / h2 if h2 > 0 else float("nan")
                 busy = sum(w.busy_s or 0.0 for w in ws)
                 g = sum(w.tokens or 0 for w in ws) / busy if busy else float("nan")
-                res = {"switches_per_hour": sw, "reversals_per_hour": rev, "ranges": len(last["table"]),
-                       "goodput": g, "rebuilds": last["rebuilds"] - first["rebuilds"]}
+                res = {"switches_per_hour": sw, "steady_switches_per_hour": sw2, "reversals_per_hour": rev,
+                       "ranges": len(last["table"]), "goodput": g, "rebuilds": last["rebuilds"] - first["rebuilds"]}
                 results[name].append(res)
-                print(f"round {r} {name:<16} {sw:8.0f} switches/h, {rev:7.0f} reversals/h over {hours * 60:.1f} min "
+                print(f"round {r} {name:<16} {sw:8.0f} switches/h ({sw2:.0f} in the last two thirds), {rev:7.0f} "
+                      f"reversals/h over {hours * 60:.1f} min "
                       f"({res['rebuilds']} rebuilds); table {last['table']}; {g:7.1f} tok/s; "
                       f"{time.monotonic() - t1:.0f} s; load average {loadavg()}", flush=True)
     finally:
         srv.stop()
 
-    print("\n| policy | switches / h | reversals / h | ranges at the end | goodput tok/s |")
-    print("|---|---|---|---|---|")
+    print("\n| policy | switches / h | switches / h, last two thirds | reversals / h | ranges at the end | "
+          "goodput tok/s |")
+    print("|---|---|---|---|---|---|")
     for nm in names:
-        cells = {key: mean_se([x[key] for x in results[nm]]) for key in ("switches_per_hour", "reversals_per_hour",
-                                                                        "ranges", "goodput")}
+        cells = {key: mean_se([x[key] for x in results[nm]])
+                 for key in ("switches_per_hour", "steady_switches_per_hour", "reversals_per_hour", "ranges", "goodput")}
         print(f"| {nm} | " + " | ".join(f"{m:.1f} ± {s:.1f}" for m, s in cells.values()) + " |")
     for on_name, off_name in (("backoff", "no backoff"), ("point estimates + backoff", "point estimates")):
         if on_name in results and off_name in results:
-            on = sum(x["switches_per_hour"] for x in results[on_name])
-            off = sum(x["switches_per_hour"] for x in results[off_name])
-            print(f"\nswitches per hour, {on_name} / {off_name}: {on / off:.3f}" if off else
-                  f"\n{off_name}: no switches, so nothing for the backoff to bound")
+            for key, what in (("switches_per_hour", "whole phase"), ("steady_switches_per_hour", "last two thirds")):
+                on = sum(x[key] for x in results[on_name])
+                off = sum(x[key] for x in results[off_name])
+                print(f"switches per hour ({what}), {on_name} / {off_name}: {on / off:.3f}" if off else
+                      f"{off_name} ({what}): no switches, so nothing for the backoff to bound")
     return 0
 
 

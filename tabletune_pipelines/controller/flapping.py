@@ -1,25 +1,47 @@
 """Flap counting and backoff: the switches of k per batch size between tables in force, and the
-holds that stop a batch size switching back and forth (docs/controller.md, "Flapping").
+table-wide hold that stops a table flipping back and forth (docs/controller.md, "Flapping").
 
 Owned by ``logic.Controller`` (one per published version: a new version starts its own flap
 history, the switch counts stay cumulative for the export); numpy only, testable alone.
+
+Why table-wide: near a tie, noise moves a *boundary* back and forth, and the boundary wanders over
+several batch sizes, each of which flips only now and then (one in 13 to 50 rebuilds in the CPU
+runs and the fake engine). A backoff per batch size saw each flip as the first after a quiet spell
+and held nothing: with and without it the fake engine counted the same switches (26, 31, 22 in
+800 rebuilds, point estimates at a near tie).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
-#: A batch size that switches again within this many rebuilds of its last switch is flapping.
+#: A reversal within this many rebuilds of the end of the last hold (or within the longest hold,
+#: ``cap``, if longer) repeats the flapping: the next hold is longer. After a quiet spell that long,
+#: the level starts again (a change of traffic that happens to flip a batch size back is held 8).
 FLAP_WINDOW_REBUILDS = 16
+#: Hold lengths grow by this factor per repeated reversal: 8, 64, 512, ... rebuilds (the fake engine
+#: at a near tie, last two thirds of 800 rebuilds: 0-2 switches with growth 8, 1-3 with 4, 11-20 without).
+HOLD_GROWTH = 8
+#: While held, a batch size still changes k when the lower confidence bound of the gain is above
+#: this (10 % more goodput): a change of traffic that matters is never held back by the backoff.
+OVERRIDE_GAIN = 0.10
 
 
 class FlapCounter:
-    """Switches of k at batch sizes 1..``n`` (arrays indexed by B, index 0 unused): how many, how
-    many went back to the k the batch size had before its last change (``reversals``), and which
-    batch sizes are held. ``cap``: the longest hold in rebuilds (``flap_backoff_rebuilds``; 0 = no
-    backoff). Rebuilds are numbered by the caller (``Controller.rebuilds``)."""
+    """Switches of k at batch sizes 1..``n`` (arrays indexed by B, index 0 unused), how many went
+    back to the k the batch size had before its last change (``reversals``), and the table-wide hold.
+
+    A change of the table that reverses some batch size (a flip back, or round three ks) is a
+    *reversal event*. The first one after a quiet spell starts a hold of ``HOLD_GROWTH`` rebuilds;
+    each repeat (within ``cap`` rebuilds of the last hold's end, at least ``FLAP_WINDOW_REBUILDS``)
+    one ``HOLD_GROWTH`` times longer, up to ``cap`` rebuilds (``flap_backoff_rebuilds``; 0 = no
+    backoff). While held, no batch size goes back to the k it had before its last change unless
+    the gain clears ``OVERRIDE_GAIN`` at the lower confidence bound (``allow``); a change to a k it
+    did not just have (a change of traffic) is never held. Rebuilds are numbered by the caller
+    (``Controller.rebuilds``)."""
 
     FLAP_WINDOW_REBUILDS = FLAP_WINDOW_REBUILDS
 
@@ -32,48 +54,67 @@ class FlapCounter:
         """Changes back to the k a batch size had before its last change (cumulative)."""
         self.k_before = np.full(n + 1, -1, dtype=np.int64)
         """The k each batch size had before its last change (-1: none yet)."""
-        self.backoff_level = np.zeros(n + 1, dtype=np.int64)
-        """Repeated switches in a row: the r of the next hold, 2^r rebuilds."""
-        self.held_until = np.zeros(n + 1, dtype=np.int64)
-        """The rebuild until which each batch size keeps its k (held while > the rebuild number)."""
-        self.last_switch = np.full(n + 1, -(1 << 40), dtype=np.int64)
-        """The rebuild of each batch size's last switch (or the end of its hold, once held)."""
+        self.level = 0
+        """Reversal events in a row (the r of the last hold, HOLD_GROWTH^r rebuilds)."""
+        self.held_until = -(1 << 40)
+        """The rebuild until which the table is held (held while > the rebuild number)."""
+        self.last_hold = 0
+        """The length of the last hold, rebuilds."""
+        self.overrides = 0
+        """Changes let through a hold because their gain cleared OVERRIDE_GAIN."""
 
     def restarted(self, cap: int) -> FlapCounter:
         """A new flap history (a new published version), with this one's switch counts (copied)."""
         return FlapCounter(self.n, cap, switches=self.switches.copy(), reversals=self.reversals)
 
+    def allow(self, old: np.ndarray, want: np.ndarray, rebuild: int,
+              gain_lcb: np.ndarray | None = None) -> np.ndarray:
+        """The table to install: ``want`` (k per B, index B - 1), or, while the table is held at
+        rebuild number ``rebuild``, ``old`` wherever ``want`` flips a batch size back without clearing
+        the override (``gain_lcb``: per B, the lower confidence bound of log(G(want) / G(old)); None:
+        no batch size clears it)."""
+        if not self.holding(rebuild):
+            return want
+        moving = (want != old) & (want == self.k_before[1:])  # reversals only: a new k moves at once
+        if gain_lcb is not None:
+            strong = moving & (np.asarray(gain_lcb) > math.log1p(OVERRIDE_GAIN))
+            self.overrides += int(strong.sum())
+            moving &= ~strong
+        return np.where(moving, old, want)
+
     def count(self, old: np.ndarray, new: np.ndarray, rebuild: int) -> None:
         """Count each batch size whose k changes from ``old`` to ``new`` (k per B, index B - 1) at
-        rebuild number ``rebuild`` (and the reversals: back to the k it had before its last change).
-        A batch size that switches again within ``FLAP_WINDOW_REBUILDS`` rebuilds of its last switch
-        (back and forth, or round three ks) is held for 2, 4, 8, ... rebuilds, up to ``cap``; a switch
-        after a quiet spell resets the hold to nothing."""
+        rebuild number ``rebuild``, and the reversals among them; a change with a reversal starts
+        or lengthens the hold (class docstring)."""
         changed = np.flatnonzero(old != new)
         if not changed.size:
             return
         b = changed + 1
         self.switches[b] += 1
-        self.reversals += int((self.k_before[b] == new[changed]).sum())
+        back = int((self.k_before[b] == new[changed]).sum())
+        self.reversals += back
         self.k_before[b] = old[changed]
-        repeat = rebuild - self.last_switch[b] <= self.FLAP_WINDOW_REBUILDS
-        self.last_switch[b] = rebuild
-        self.backoff_level[b] = np.where(repeat, self.backoff_level[b] + 1, 0)
-        if self.cap > 0 and repeat.any():
-            fb = b[repeat]
-            hold = np.minimum(np.left_shift(1, np.minimum(self.backoff_level[fb], 40)), self.cap)
-            self.held_until[fb] = rebuild + 1 + hold
-            # The quiet spell that forgives a batch size starts when its hold ends, not at its switch (a
-            # hold longer than the window would otherwise reset the level it was earned by).
-            self.last_switch[fb] = self.held_until[fb]
+        if not back:
+            return
+        repeat = rebuild - self.held_until <= max(self.FLAP_WINDOW_REBUILDS, self.cap)
+        self.level = self.level + 1 if repeat else 1
+        if self.cap > 0:
+            self.last_hold = min(HOLD_GROWTH ** min(self.level, 40), self.cap)
+            self.held_until = rebuild + 1 + self.last_hold
+
+    def holding(self, rebuild: int) -> bool:
+        """Whether the hold runs at rebuild number ``rebuild``."""
+        return rebuild < self.held_until
 
     def held(self, rebuild: int) -> np.ndarray:
-        """Whether each batch size keeps its k at rebuild number ``rebuild`` (bool, index B - 1)."""
-        return self.held_until[1:] > rebuild
+        """Whether each batch size is kept from flipping back at rebuild number ``rebuild`` (bool,
+        index B - 1): while the hold runs, those that have a k to flip back to."""
+        return (self.k_before[1:] >= 0) & self.holding(rebuild)
 
     def summary(self, rebuild: int, hours: float) -> dict[str, Any]:
         """Switches of k (table changes at a batch size): total, per hour over ``hours``, flips back,
-        the batch sizes that switched most and how many are held at rebuild number ``rebuild``."""
+        the batch sizes that switched most, how many are held at rebuild number ``rebuild``, and the
+        backoff's level and overrides."""
         total = int(self.switches.sum())
         top = np.argsort(-self.switches, kind="stable")[:8]
         return {
@@ -81,4 +122,5 @@ class FlapCounter:
             "reversals": self.reversals,
             "switches_by_batch_size": {str(int(b)): int(self.switches[b]) for b in sorted(top) if self.switches[b]},
             "held_batch_sizes": int(np.count_nonzero(self.held(rebuild))),
+            "flap_level": self.level, "flap_overrides": self.overrides,
         }

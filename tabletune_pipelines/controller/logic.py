@@ -20,9 +20,10 @@ The vLLM adapter (``controller/scheduler.py``) calls three methods; a simulator 
   4. the table search over the allowed k: the offline tuner's evidence rule
      (``core.evidence.search_with_evidence``, one implementation) revising the table in force, so
      a k changes at a batch size only when the lower confidence bound of its gain (acceptance
-     counts and step-time spread) clears ``stickiness``; batch sizes held by the flap backoff
-     keep their k (``flapping.FlapCounter``: a batch size that switches again within 16 rebuilds
-     of its last switch is held for 2, 4, 8, ... rebuilds up to ``flap_backoff_rebuilds``);
+     counts and step-time spread) clears ``stickiness``; while the flap backoff holds the table
+     (``flapping.FlapCounter``: after a change that flips some batch size back, for 8, 64, 512, ...
+     rebuilds as the flips repeat, up to ``flap_backoff_rebuilds``) a batch size goes back to its
+     previous k only on a gain above 10 % at the lower confidence bound;
   5. within the time budget: install it (only if it changed), halve the live counters, decay w;
      else skip (counted). Every change of k at a batch size is counted (``switches``, exported
      per batch size and per hour).
@@ -512,7 +513,7 @@ class Controller:
                 rates: np.ndarray) -> np.ndarray:
         """k per batch size (index B - 1): the evidence rule revising the table in force, on the
         corrected step times with their spread and the acceptance estimate with its counts; batch
-        sizes held by the flap backoff keep their k."""
+        sizes do not flip back while the flap backoff holds the table, unless the gain is large."""
         s = self.settings
         if s.step_time_correction:
             times, var = model.corrected(), model.variance()
@@ -538,9 +539,8 @@ class Controller:
                                   incumbent=incumbent)
         chosen = np.asarray(ev.choice.chosen, dtype=np.int64)
         self._explore_focus = self._focus(ev, chosen, start)
-        held = self.flaps.held(self.rebuilds)
-        if held.any():
-            chosen[held] = incumbent[held]
+        if self.flaps.holding(self.rebuilds):
+            chosen = self.flaps.allow(incumbent, chosen, self.rebuilds, _gain_lcb(ev, incumbent, chosen))
         return chosen
 
     def _served_extra_prior(self, times: np.ndarray, rates: np.ndarray,
@@ -735,3 +735,17 @@ class Controller:
     def close(self) -> None:
         """At shutdown: write the last window."""
         self.export(self._clock(), force=True)
+
+
+def _gain_lcb(ev: Any, incumbent: np.ndarray, chosen: np.ndarray) -> np.ndarray:
+    """Per batch size, the lower confidence bound of log(G(chosen) / G(incumbent)) in the search's
+    own evidence (``ev``: ``core.evidence.EvidenceTable``); +inf where the incumbent's k was not
+    searched (it has no claim), 0 where nothing changes."""
+    row = {int(k): i for i, k in enumerate(ev.choice.ks)}
+    cols = np.arange(incumbent.size)
+    ci = np.array([row.get(int(k), -1) for k in chosen])
+    ii = np.array([row.get(int(k), -1) for k in incumbent])
+    ok = (ci >= 0) & (ii >= 0)
+    c, i = np.where(ok, ci, 0), np.where(ok, ii, 0)
+    lcb = ev.log_ratio[c, i, cols] - ev.z * ev.log_sd[c, i, cols]
+    return np.where(ok, np.where(ci == ii, 0.0, lcb), np.inf)

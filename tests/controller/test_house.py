@@ -56,38 +56,45 @@ def test_the_step_module_needs_only_the_stdlib():
 
 # ---------------------------------------------------------------- flapping
 def test_flap_counter_worked_numbers():
-    f = FlapCounter(4, cap=8)
-    one = lambda k: np.array([k, 1, 1, 1])  # noqa: E731 - batch size 1 at k, the others at 1
-    f.count(one(1), one(2), rebuild=0)  # first switch: after a quiet spell (none before), not held
-    assert f.switches.tolist() == [0, 1, 0, 0, 0] and f.reversals == 0 and not f.held(0).any()
-    f.count(one(2), one(1), rebuild=3)  # back within 16 rebuilds: a reversal, and held 2^1 = 2 rebuilds
-    assert f.reversals == 1 and f.backoff_level[1] == 1 and f.held_until[1] == 3 + 1 + 2
-    assert [bool(f.held(r)[0]) for r in (3, 5, 6)] == [True, True, False]
-    # the quiet spell starts when the hold ends (rebuild 6): at 10 it is a repeat, held 2^2 = 4 rebuilds
-    f.count(one(1), one(3), rebuild=10)
-    assert f.reversals == 1 and f.held_until[1] == 10 + 1 + 4 and f.last_switch[1] == 15
-    # 25 > FLAP_WINDOW_REBUILDS rebuilds after the hold ended: a change of traffic, level back to 0, not held
-    assert 40 - 15 > FLAP_WINDOW_REBUILDS
-    f.count(one(3), one(1), rebuild=40)
-    assert f.backoff_level[1] == 0 and f.held_until[1] == 15 and f.reversals == 2  # 1 was its k before 3
-    # repeats from there: holds 2, 4, 8, then the cap (8, not 16)
-    holds = []
-    r, k = 41, 1
-    for _ in range(4):
-        f.count(one(k), one(3 - k), rebuild=r)
-        holds.append(int(f.held_until[1]) - r - 1)
-        r, k = int(f.held_until[1]), 3 - k
-    assert holds == [2, 4, 8, 8]  # 1 -> 2 (its k before was 3), then three flips back: 2 + 3 reversals
-    assert f.summary(r - 1, hours=0.5) == {"switches": 8, "switches_per_hour": 16.0, "reversals": 5,
-                                           "switches_by_batch_size": {"1": 8}, "held_batch_sizes": 1}
-    assert f.summary(r, hours=0.5)["held_batch_sizes"] == 0  # held while the rebuild is below held_until
+    f = FlapCounter(4, cap=100)
+    tab = lambda *ks: np.array(ks)  # noqa: E731 - k at B = 1..4
+    f.count(tab(1, 1, 1, 1), tab(2, 2, 1, 1), rebuild=0)  # first switches (new ks): no reversal, no hold
+    assert f.switches.tolist() == [0, 1, 1, 0, 0] and f.reversals == 0 and not f.holding(0)
+    f.count(tab(2, 2, 1, 1), tab(2, 1, 1, 1), rebuild=50)  # B = 2 back to 1: a reversal event, held 8
+    assert f.reversals == 1 and f.level == 1 and f.held_until == 50 + 1 + 8
+    assert f.held(51).tolist() == [True, True, False, False]  # only batch sizes with a k to go back to
+    assert [f.holding(r) for r in (51, 58, 59)] == [True, True, False]
+    # While held: flipping back is refused unless the gain's lower bound clears 10 %; a new k is not held.
+    want = tab(1, 2, 1, 2)  # B = 1 back to 1 (refused), B = 2 back to 2 (clears: +20 %), B = 4 new
+    got = f.allow(tab(2, 1, 1, 1), want, 55, gain_lcb=np.log([1.05, 1.20, 1.0, 1.01]))
+    assert got.tolist() == [2, 2, 1, 2] and f.overrides == 1
+    assert f.allow(tab(2, 1, 1, 1), want, 59).tolist() == want.tolist()  # the hold is over
+    # Repeats within cap (100) rebuilds of the hold's end: holds 8 x 8 = 64, then the cap.
+    f.count(tab(2, 1, 1, 1), tab(2, 2, 1, 1), rebuild=150)  # 150 - 59 = 91 <= 100: a repeat
+    assert f.level == 2 and f.held_until == 150 + 1 + 64
+    f.count(tab(2, 2, 1, 1), tab(2, 1, 1, 1), rebuild=215)
+    assert f.level == 3 and f.held_until == 215 + 1 + 100  # 512 capped at 100
+    # A reversal after a quiet spell longer than the cap: the level starts again (a change of traffic).
+    f.count(tab(2, 1, 1, 1), tab(2, 2, 1, 1), rebuild=316 + 101)
+    assert f.level == 1 and f.held_until == 417 + 1 + 8 and f.reversals == 4
+    # Round three ks: 1 -> 3 (new), 3 -> 1 (back) is a reversal too.
+    g = FlapCounter(4, cap=100)
+    g.count(tab(1, 1, 1, 1), tab(3, 1, 1, 1), rebuild=0)
+    g.count(tab(3, 1, 1, 1), tab(2, 1, 1, 1), rebuild=1)  # 2 is new at B = 1 (before: 1, then 3)
+    assert g.reversals == 0
+    g.count(tab(2, 1, 1, 1), tab(3, 1, 1, 1), rebuild=2)  # back to 3, the k before 2
+    assert g.reversals == 1 and g.holding(3)
+    assert f.summary(418, hours=0.5) == {"switches": 6, "switches_per_hour": 12.0, "reversals": 4,
+                                         "switches_by_batch_size": {"1": 1, "2": 5}, "held_batch_sizes": 2,
+                                         "flap_level": 1, "flap_overrides": 1}
     # a new published version: its own flap history, the cumulative counts carried over
-    g = f.restarted(cap=0)
-    assert g.switches.tolist() == f.switches.tolist() and g.switches is not f.switches and g.reversals == 5
-    assert not g.held(r - 1).any() and g.k_before.tolist() == [-1] * 5
-    g.count(one(1), one(2), rebuild=r)
-    g.count(one(2), one(1), rebuild=r)  # cap 0: a repeat and a reversal, counted, never held
-    assert g.reversals == 6 and g.backoff_level[1] == 1 and not g.held_until.any()
+    h = f.restarted(cap=0)
+    assert h.switches.tolist() == f.switches.tolist() and h.switches is not f.switches and h.reversals == 4
+    assert not h.holding(418) and h.k_before.tolist() == [-1] * 5
+    h.count(tab(1, 1, 1, 1), tab(2, 1, 1, 1), rebuild=500)
+    h.count(tab(2, 1, 1, 1), tab(1, 1, 1, 1), rebuild=501)  # cap 0: a reversal, counted, never held
+    assert h.reversals == 5 and not h.holding(502)
+    assert FLAP_WINDOW_REBUILDS == 16
 
 
 # ---------------------------------------------------------------- cost observation
