@@ -394,7 +394,7 @@ def fixed_launch_cells(profile_cells: Iterable[StepTimeCell]) -> dict[int, dict[
     return out if len(out) >= 2 else {}
 
 
-# -- served verification (issue 17, item 4) ------------------------------------------------------
+# -- served verification (docs/evaluation.md, "Served verification") -----------------------------
 
 def served_gate(result: "ServedVerification | None", *, disabled_reason: str = "") -> Gate:
     """Blocking: the candidate served within the paired noise of the best fixed k at every checked
