@@ -1,5 +1,5 @@
 """Switches per hour of the online controller at a steady load, with and without the flap backoff,
-in ONE launch (issue 18, "Flapping measured and bounded").
+in ONE launch (the flap bound: docs/controller.md, "Flapping").
 
     python benchmarks/controller_flapping.py                       # 2 rounds x 2 policies x 5 min
     python benchmarks/controller_flapping.py --minutes 10 --rounds 1 --load 8

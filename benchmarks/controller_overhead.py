@@ -4,7 +4,7 @@
     python benchmarks/controller_overhead.py --no-engine          # in-process part only (seconds)
     python benchmarks/controller_overhead.py --loads 1,8,32,64 --window 6
 
-Targets (issue 9): the per-step hook under 1% of a decode step; a rebuild under 1 ms at
+Targets: the per-step hook under 1% of a decode step; a rebuild under 1 ms at
 max_num_seqs 1024.
 
 1. Engine (one launch of the small tiny target + 1-layer draft, ``draft_model``, K = 3, launch

@@ -1,11 +1,12 @@
 """bfloat16 vs float32 on this CPU, side by side in one run: the figure behind the default dtype.
 
 Times the matmul that dominates the medium tiny model's MLP (16 x 1024 x 2816, one thread, the
-issue-16 figure) in both dtypes, interleaved round by round, and prints each mean with its
-standard error, their ratio and the dtype TableTune chooses here (``engine/dtype.py``). On an
-AVX2-only AMD EPYC this matmul took 88 ms in bf16 against 3.3 ms in float32 (27x); on a CPU with
-``avx512_bf16``/AMX the two are close. With ``--engine`` it also profiles the embedded default's
-k = 0 and k = 3 steps at B = 1 and 16 in both dtypes (two launches of real vLLM, a few minutes).
+figure in README, "Which CPU you are on") in both dtypes, interleaved round by round, and prints
+each mean with its standard error, their ratio and the dtype TableTune chooses here
+(``engine/dtype.py``). On an AVX2-only AMD EPYC this matmul took 88 ms in bf16 against 3.3 ms in
+float32 (27x); on a CPU with ``avx512_bf16``/AMX the two are close. With ``--engine`` it also
+profiles the embedded default's k = 0 and k = 3 steps at B = 1 and 16 in both dtypes (two launches
+of real vLLM, a few minutes).
 
     python benchmarks/cpu_dtype.py [--rounds 15] [--engine]
 """

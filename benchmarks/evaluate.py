@@ -1,4 +1,4 @@
-"""Regenerate benchmarks/RESULTS.md's simulator sections (issue 10) with one command:
+"""Regenerate benchmarks/RESULTS.md's simulator sections (docs/evaluation.md) with one command:
 
     python benchmarks/evaluate.py            # ~1-2 min on 2 cores
     python benchmarks/evaluate.py --quick    # fewer steps and loads (a smoke run, not for claims)

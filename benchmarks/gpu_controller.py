@@ -24,7 +24,7 @@ published files carry the engine's H200 step-time profile measured by ``tabletun
    controller's exported windows after a settle. Printed: goodput ± s.e., controller / wrong and
    controller / tuned paired per round, the share of the wrong-vs-tuned gap recovered, and the
    table the controller ended on.
-3. Steady load (``--steady``, issue: the controller reaches the best fixed k): at each load, the
+3. Steady load (``--steady``: does the controller reach the best fixed k?): at each load, the
    controller starts from the table TableTune publishes from the decode-step profile (``cliff``:
    k = 3 at every B, ``decode_only`` in benchmarks/data/h200/<engine>-served.json) or from its
    quarter (``quartered``) and runs ``--converge`` seconds in control mode; then every

@@ -1,4 +1,5 @@
-"""Tables priced by what serving pays, on the GPU (issue 17): profile mixed steps, derive, judge served.
+"""Tables priced by what serving pays, on the GPU (docs/method.md, "What a served step costs"):
+profile mixed steps, derive, judge served.
 
     python benchmarks/gpu_served.py profile --engine dense --out $OUT      # launch 1 (every draft rejected)
     python benchmarks/gpu_served.py judge --engine dense --tables $OUT/dense-served.json --out $OUT  # launch 2

@@ -1,4 +1,5 @@
-"""Tables you can trust on a noisy machine (issue 8): the embedded default profiled twice in one run.
+"""Tables you can trust on a noisy machine (docs/method.md, "The evidence rule"): the embedded
+default profiled twice in one run.
 
     python benchmarks/noise_robustness.py --out /tmp/tt-noise
     python benchmarks/noise_robustness.py --budget 60 --hog-cores 1

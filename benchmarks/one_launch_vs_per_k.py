@@ -1,4 +1,4 @@
-"""One launch for all k vs one launch per k, measured in ONE run (issue 3, point 4).
+"""One launch for all k vs one launch per k, measured in ONE run.
 
     python benchmarks/one_launch_vs_per_k.py                       # small target + 1-layer draft, K = 3
     python benchmarks/one_launch_vs_per_k.py --ks 0,1,3 --batch-sizes 1,4,8,16 --repetitions 3

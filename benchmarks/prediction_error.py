@@ -1,4 +1,4 @@
-"""Predicted vs measured goodput at known synthetic acceptance rates (issue 3, point 6).
+"""Predicted vs measured goodput at known synthetic acceptance rates.
 
     python benchmarks/prediction_error.py
     python benchmarks/prediction_error.py --rates "0.7,0.5,0.3" --batch-sizes 1,4,8,16 --output-tokens 128

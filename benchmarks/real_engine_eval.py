@@ -1,4 +1,5 @@
-"""Every policy's closed-loop goodput on real vLLM (CPU build), side by side (issue 10, part 2).
+"""Every policy's closed-loop goodput on real vLLM (CPU build), side by side (docs/evaluation.md,
+"Real engine").
 
     python benchmarks/real_engine_eval.py                  # full run, ~30-35 min on 2 cores
     python benchmarks/real_engine_eval.py --quick          # smoke run (minutes; not for claims)

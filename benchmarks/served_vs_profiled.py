@@ -1,4 +1,4 @@
-"""Does the profile predict what the engine serves? (issue 8, point 0)
+"""Does the profile predict what the engine serves?
 
     python benchmarks/served_vs_profiled.py --out /tmp/tt-served
     python benchmarks/served_vs_profiled.py --loads 1,4,8,16 --rates 0.75,0.5,0.3 --window 6

@@ -336,7 +336,7 @@ def window_line(
     return text
 
 
-# -- what the controller may append to (issue 19, item 1) -----------------------------------------
+# -- what the controller may append to ------------------------------------------------------------
 # The export path comes from a file others write (the fleet's live_counters, the published file's
 # export_path), so it may name a file TableTune did not write: a system file, the DuckDB store. The
 # controller appends only to a file that is absent (it creates it) or already a live counters file:

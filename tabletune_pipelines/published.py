@@ -477,17 +477,17 @@ def parse_published(doc: Any, where: str = "<document>") -> PublishedTable:
         missing = sorted(set(table_ks) - set(allowed))
         if missing:
             raise _fail(where, f"the table uses k = {missing}, which allowed_k {allowed} does not list")
-    if doc.get("evidence") is not None:  # the table search's evidence (issue 8): reported, not used to serve
+    if doc.get("evidence") is not None:  # the table search's evidence: reported, not used to serve
         _obj(where, "evidence", doc["evidence"])
     served = None
-    if doc.get("serving") is not None:  # issue 17: the serving flags the table assumes (reported)
+    if doc.get("serving") is not None:  # the serving flags the table assumes (reported)
         serving = _obj(where, "serving", doc["serving"])
         flags, env = serving.get("flags"), serving.get("env")
         if (set(serving) - {"flags", "env"} or not isinstance(flags, list) or not all(isinstance(f, str) for f in flags)
                 or not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
             raise PublishedTableError(f"published table {where}: 'serving' must be {{\"flags\": [strings], \"env\": "
                                       "{name: string}}; republish it with this TableTune")
-    if doc.get("served_verification") is not None:  # issue 17: reported, not used to serve
+    if doc.get("served_verification") is not None:  # the served verification: reported, not used to serve
         served = _served_verification(where, doc["served_verification"], ranges, max_num_seqs, max_k)
     controller = dict(_obj(where, "controller", doc.get("controller") or {}))
     if controller:
@@ -614,7 +614,7 @@ def controller_fields(
         ctl["export_path"] = os.fspath(live_counters)
     export = ctl.get("export_path")
     if isinstance(export, str) and os.path.isabs(export):  # a relative one is the published file's folder's
-        # The controller will append there: refused before anything is published (issue 19, item 1).
+        # The controller will append there: refused before anything is published.
         from tabletune_pipelines.live_counters import check_live_counters_target
 
         check_live_counters_target(export)  # LiveCountersError naming the file and what it is
@@ -624,7 +624,7 @@ def controller_fields(
     return out
 
 
-# -- what publishing may replace (issue 12, class 1) -------------------------------------------
+# -- what publishing may replace ---------------------------------------------------------------
 # Publishing replaces a file atomically, whatever is there. So before it does, the file there must
 # be one TableTune wrote: a published table of the same deployment, or its speculative-config
 # companion. Anything else (the DuckDB store, the fleet file, a symlink, an unrelated file) is
@@ -736,7 +736,7 @@ def write_speculative_config_companion(path: str | os.PathLike[str], document: M
     return atomic_write_text(target, json.dumps(document["speculative_config"], indent=2, sort_keys=True) + "\n")
 
 
-# -- one publication at a time per published file (issue 19, item 8) ---------------------------
+# -- one publication at a time per published file ----------------------------------------------
 # Publishing allocates a version in the store and writes the file; two publishers of one deployment
 # interleaving those steps would leave the store's version and the file's holding different tables.
 # An exclusive ``flock`` on a lock file beside the published table, held from the version allocation

@@ -25,8 +25,9 @@ ControllerPolicy = Literal["tabletune", "turbospec", "nightjar"]
 rebuilt online in ``control`` mode), ``turbospec`` (the TurboSpec-style baseline: a linear
 step-time model of the published profile and a live per-token acceptance rate) or ``nightjar``
 (the Nightjar-style baseline: a UCB1 bandit per batch size). Both baselines are
-``evaluation/baselines.py``; they exist to be compared with (issue 10), not to serve production, and
-run only under ``evaluation.scheduler.EvaluationScheduler`` (the production plugin observes them)."""
+``evaluation/baselines.py``; they exist to be compared with (docs/evaluation.md, "Baselines"), not
+to serve production, and run only under ``evaluation.scheduler.EvaluationScheduler`` (the
+production plugin observes them)."""
 
 CONTROLLER_POLICIES: tuple[str, ...] = get_args(ControllerPolicy)
 

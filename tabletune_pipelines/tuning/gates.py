@@ -4,13 +4,13 @@ Each gate returns a ``Gate`` (name, verdict, a sentence that says why, and the f
 The Dagster layer turns gates into asset-check results; the same functions run again right before
 publishing, so a table that failed a blocking gate is never published, whichever run tries.
 
-Blocking gates: ``profile_complete``, ``prior_sane``, ``valid_for_vllm``,
-``predicted_loss_under_threshold``, ``table_supported_by_evidence``, and, right before publishing,
+Blocking gates (``BLOCKING_GATES``): ``profile_complete``, ``prior_sane``, ``valid_for_vllm``,
+``predicted_loss_under_threshold``, ``table_supported_by_evidence``, ``cuda_graph_headroom``
+(docs/engine-facts.md, "the CUDA-graph capture-size cliff") and, right before publishing,
 ``served_goodput_verified`` (the table against every fixed k by served goodput in one launch,
 ``evaluation.served``). Warning gates (they never block; they tell an operator where
-the method's assumptions may not hold): ``engine_dependence_trap`` (docs/method.md, "Limitations" 1),
-``k0_costs_vs_no_spec`` (docs/method.md, "Limitations" 3) and ``cuda_graph_headroom``
-(docs/engine-facts.md, "the CUDA-graph capture-size cliff").
+the method's assumptions may not hold): ``engine_dependence_trap`` (docs/method.md, "Limitations" 1)
+and ``k0_costs_vs_no_spec`` (docs/method.md, "Limitations" 3).
 """
 
 from __future__ import annotations
@@ -394,7 +394,7 @@ def fixed_launch_cells(profile_cells: Iterable[StepTimeCell]) -> dict[int, dict[
     return out if len(out) >= 2 else {}
 
 
-# -- served verification (issue 17, item 4) ------------------------------------------------------
+# -- served verification (docs/evaluation.md, "Served verification") -----------------------------
 
 def served_gate(result: "ServedVerification | None", *, disabled_reason: str = "") -> Gate:
     """Blocking: the candidate served within the paired noise of the best fixed k at every checked

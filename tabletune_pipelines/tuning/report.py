@@ -184,7 +184,7 @@ def goodput_plot(table: DraftLengthTable, no_spec_ms: Mapping[int, float] | None
     return buf.getvalue()
 
 
-# -- writing a plot (issue 19, item 2) --------------------------------------------------------------
+# -- writing a plot (README, "What TableTune writes") -----------------------------------------------
 # ``tabletune table`` is read-only except for ``--plot PATH``; whatever PATH names would be replaced.
 # So a plot goes only where nothing is, or over a plot TableTune wrote: a regular file starting with
 # the PNG signature and carrying the text chunk ``Software: TableTune ...`` that ``goodput_plot``
@@ -272,7 +272,7 @@ def _resolved(path: Path) -> Path:
         return path.expanduser().absolute()
 
 
-# -- served verification (issue 17, item 4) -------------------------------------------------------
+# -- served verification (docs/evaluation.md, "Served verification") ------------------------------
 
 def served_goodput_plot(result, title: str) -> bytes:
     """PNG: served goodput vs load (closed-loop concurrency), one curve per fixed k with its
