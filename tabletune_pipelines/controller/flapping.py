@@ -58,8 +58,6 @@ class FlapCounter:
         """Reversal events in a row (the r of the last hold, HOLD_GROWTH^r rebuilds)."""
         self.held_until = -(1 << 40)
         """The rebuild until which the table is held (held while > the rebuild number)."""
-        self.last_hold = 0
-        """The length of the last hold, rebuilds."""
         self.overrides = 0
         """Changes let through a hold because their gain cleared OVERRIDE_GAIN."""
 
@@ -99,8 +97,7 @@ class FlapCounter:
         repeat = rebuild - self.held_until <= max(self.FLAP_WINDOW_REBUILDS, self.cap)
         self.level = self.level + 1 if repeat else 1
         if self.cap > 0:
-            self.last_hold = min(HOLD_GROWTH ** min(self.level, 40), self.cap)
-            self.held_until = rebuild + 1 + self.last_hold
+            self.held_until = rebuild + 1 + min(HOLD_GROWTH ** min(self.level, 40), self.cap)
 
     def holding(self, rebuild: int) -> bool:
         """Whether the hold runs at rebuild number ``rebuild``."""

@@ -125,8 +125,8 @@ class Controller:
         self._prev_b = 0
         self._prev_k: int | None = None
         self._cur_k: int | None = None
-        self._held = 0  # consecutive steps served at a k the table in force does not give their B
-        self._hold = 32
+        self._off_table = 0  # consecutive steps served at a k the table in force does not give their B
+        self._hyst_limit = 32  # hysteresis_hold_steps
         self._explore_left = 0  # lookups of the current exploration run still to hand out
         self._explore_pending = 0  # exploration steps handed out whose on_step has not come yet
         self._explore_k = 0
@@ -251,7 +251,7 @@ class Controller:
             "_explore_left": 0, "_explore_pending": 0, "applying": can_switch, "controlling": controlling,
             "candidate_ranges": table, "ranges": table, "_lookup": lookup, "_hyst": hyst, "_explore": explore,
             "_explore_k": kmax, "_explore_cycle": explore_cycle, "_explore_i": 0, "_explore_seq": explore_cycle[0],
-            "_explore_focus": None, "_held": 0, "_hold": int(s.hysteresis_hold_steps),
+            "_explore_focus": None, "_off_table": 0, "_hyst_limit": int(s.hysteresis_hold_steps),
             # A new version starts its own flap history (its table is not the old one's); the switch
             # counts stay cumulative for the export.
             "flaps": self.flaps.restarted(int(s.flap_backoff_rebuilds)),
@@ -363,12 +363,12 @@ class Controller:
             self._explore_pending = min(self._explore_pending + 1, len(self._explore_seq) + 1)  # idle schedules
             return lookup
         if self._hyst and self._cur_k is not None:
-            if self._held < self._hold:
+            if self._off_table < self._hyst_limit:
                 return self._hyst.get(self._cur_k, self._lookup)
             # The hold is spent: B has stayed off the k in force for hysteresis_hold_steps steps (a load
             # that sits inside a range, not one that crosses its boundary). One step of the table as it
             # is makes the table's k the current one.
-            self._held = 0
+            self._off_table = 0
         return self._lookup
 
     def on_step(self, step: StepOutcome) -> None:
@@ -411,7 +411,7 @@ class Controller:
             self._cur_k = k_next
             lk = self._lookup  # vLLM looked the step's k up at b = len(num_scheduled_tokens)
             if lk is not None and b < len(lk):
-                self._held = self._held + 1 if k_next != lk[b] else 0
+                self._off_table = self._off_table + 1 if k_next != lk[b] else 0
         self._win_steps += 1
         t_out = time.perf_counter()
         # Per-step cost of this hook (the counting above), without the occasional rebuild and poll,
