@@ -33,9 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from _common import loadavg, mean_se  # noqa: E402
+from tabletune_pipelines.evaluation.bench import loadavg
+from tabletune_pipelines.evaluation.served import mean_se
 
 POLICIES = {
     "backoff": {},
@@ -57,7 +56,7 @@ def main() -> int:
 
     logging.getLogger("tabletune.controller").setLevel(logging.WARNING)
     from tabletune_pipelines.engine import VLLMServer
-    from tests.controller._engine import Rig, server_config
+    from tabletune_pipelines.evaluation.rig import Rig, server_config
 
     n, ks, L = 16, (1, 2, 3), int(args.load)
     names = [p.strip() for p in args.policies.split(",") if p.strip()]

@@ -36,9 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from _common import ints, loadavg  # noqa: E402
+from tabletune_pipelines.evaluation.bench import ints, loadavg
 
 #: H200 step times (ms) of the docs' GPU facts, Qwen3-4B-shaped + EAGLE-3, table k = 3, V2.
 H200_K3_MS = {1: 4.68, 8: 4.84, 32: 5.34, 64: 6.64, 128: 10.49}
@@ -46,8 +44,8 @@ H200_K3_MS = {1: 4.68, 8: 4.84, 32: 5.34, 64: 6.64, 128: 10.49}
 
 def engine_part(loads: list[int], window_s: float) -> dict[int, dict[str, float]]:
     from tabletune_pipelines.engine import VLLMServer
-    from tests.controller._engine import Rig, identity, server_config
-    from tests.controller._fake import linear_profile
+    from tabletune_pipelines.evaluation.rig import Rig, identity, server_config
+    from tabletune_pipelines.evaluation.synthetic import linear_profile
 
     n = max(loads)
     work = Path(tempfile.mkdtemp(prefix="tt-overhead-"))
@@ -94,7 +92,7 @@ def in_process(batch_sizes: list[int], max_k: int, n: int, steps: int, rounds: i
     from tabletune_pipelines.controller.loader import EngineFacts
     from tabletune_pipelines.controller.logic import Controller
     from tabletune_pipelines.controller.step import StepOutcome
-    from tests.controller._fake import IDENTITY, linear_profile, publish
+    from tabletune_pipelines.evaluation.synthetic import IDENTITY, linear_profile, publish
 
     work = Path(tempfile.mkdtemp(prefix="tt-overhead-"))
     launch = tuple((k + 1, k + 1, k) for k in range(max_k)) + ((max_k + 1, n, max_k),)

@@ -34,9 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from _common import ints, loadavg, mean_se  # noqa: E402
+from tabletune_pipelines.evaluation.bench import ints, loadavg
+from tabletune_pipelines.evaluation.served import mean_se
 
 
 def main() -> int:
@@ -52,8 +51,9 @@ def main() -> int:
 
     logging.getLogger("tabletune.controller").setLevel(logging.WARNING)
     from tabletune_pipelines.engine import VLLMServer
-    from tests.controller._engine import Rig, server_config
-    from tests.controller._fake import quartered, true_table
+    from tabletune_pipelines.evaluation.rig import Rig, server_config
+    from tabletune_pipelines.evaluation.simulator import quartered
+    from tabletune_pipelines.evaluation.synthetic import true_table
 
     rates = tuple(float(x) for x in args.rates.split(","))
     loads = ints(args.loads) or [2, 8]
@@ -91,7 +91,7 @@ def main() -> int:
             xs = sorted(measured[k])
             profile[k] = {b: float(np.interp(b, xs, [measured[k][x] for x in xs])) for b in range(1, n + 1)}
         tuned = true_table(profile, rates, ks)
-        wrong = quartered(tuned)
+        wrong = quartered(tuned, n)
         print(f"tuned table {tuned}; wrong table (quarter) {wrong}")
         policies = {
             "wrong": dict(ranges=wrong, controller={"mode": "observe"}),

@@ -14,13 +14,11 @@ of real vLLM, a few minutes).
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks._common import loadavg, mean_se  # noqa: E402
+from tabletune_pipelines.evaluation.bench import loadavg
+from tabletune_pipelines.evaluation.served import mean_se
 
 
 def matmul_ms(dtype, rounds: int, m: int = 16, k: int = 1024, n: int = 2816) -> list[float]:

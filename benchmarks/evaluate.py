@@ -32,16 +32,15 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+from tabletune_pipelines.evaluation.baselines import NightjarPolicy, TurboSpecPolicy
+from tabletune_pipelines.documents import AcceptancePrior, StepTimeProfile
+from tabletune_pipelines.core.table import compact_ranges, expand_table
+from tabletune_pipelines.evaluation import costmodel as cm
+from tabletune_pipelines.evaluation import simulator as sim
+from tabletune_pipelines.evaluation.surfaces import Surface, from_cost_model, from_profile
+from tabletune_pipelines.tuning.derive import derive_table
 
-from tabletune_pipelines.evaluation.baselines import NightjarPolicy, TurboSpecPolicy  # noqa: E402
-from tabletune_pipelines.documents import AcceptancePrior, StepTimeProfile  # noqa: E402
-from tabletune_pipelines.core.table import compact_ranges, expand_table  # noqa: E402
-from tabletune_pipelines.evaluation import costmodel as cm  # noqa: E402
-from tabletune_pipelines.evaluation import simulator as sim  # noqa: E402
-from tabletune_pipelines.evaluation.surfaces import Surface, from_cost_model, from_profile  # noqa: E402
-from tabletune_pipelines.tuning.derive import derive_table  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 RATES = (0.7, 0.5, 0.3)
 SWITCH_RATES = (0.35, 0.15, 0.05)

@@ -15,7 +15,7 @@ published files carry the engine's H200 step-time profile measured by ``tabletun
    hook (timed inside the engine process) and its clean decode-step intervals. Printed: hook µs,
    the decode step at B = L, and their ratio (target < 1%).
    The "tuned" table here is the method's 0.5% point rule on that interpolated profile
-   (``tests.controller._fake.true_table``, the rule the controller's own rebuild applies), not the
+   (``evaluation.synthetic.true_table``, the rule the controller's own rebuild applies), not the
    evidence search of ``tabletune table``.
 2. Repair: policies ``wrong`` (the tuned table with every range shrunk to a quarter, k = 0 above:
    the method's repair experiment; observe mode), ``tuned`` (observe mode), ``controller`` (control
@@ -39,17 +39,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tabletune_pipelines.evaluation.served import mean_se, rotated
 
-from tabletune_pipelines.evaluation.served import rotated  # noqa: E402
-from _common import mean_se  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 ENGINES = {
     "dense": ("qwen3-4b", "qwen3-4b-eagle3"),
@@ -106,8 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("tabletune.controller").setLevel(logging.WARNING)
     from tabletune_pipelines.controller.settings import PUBLISHED_ENV
     from tabletune_pipelines.engine import ServerConfig, VLLMServer
-    from tests.controller._engine import Rig
-    from tests.controller._fake import quartered, true_table
+    from tabletune_pipelines.evaluation.rig import Rig
+    from tabletune_pipelines.evaluation.simulator import quartered
+    from tabletune_pipelines.evaluation.synthetic import true_table
 
     target, head = ENGINES[args.engine]
     if args.fixed_ks is None:
@@ -120,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     pub = work / "published.json"
     launch = tuple((k + 1, k + 1, k) for k in range(K)) + ((K + 1, n, K),)
     if args.cpu_smoke:
-        from tests.controller._engine import identity, server_config
+        from tabletune_pipelines.evaluation.rig import identity, server_config
 
         cfg = server_config(work / "engine", pub, rates=rates, launch=launch, max_num_seqs=n, k_max=K)
         ident = dict(identity(), max_num_seqs=n)
@@ -247,7 +244,7 @@ def steady(args, rig, publish, starts: dict, K: int) -> dict:
     rotating order). Printed per load: goodput ± s.e. of each fixed k and each ended table, the ended
     table / best fixed k paired per round, the controller's own goodput over the last third of its run
     (exploration and hook included) / best fixed k, its ranges and its switches per hour."""
-    from tests.controller._engine import Rig
+    from tabletune_pipelines.evaluation.rig import Rig
 
     pairs = [(int(a), b) for a, b in (x.split(":") for x in args.steady.split(",") if x)]
     out: dict = {}

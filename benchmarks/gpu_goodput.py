@@ -15,12 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tabletune_pipelines.evaluation.served import loss_table, paired_ratio, run_closed_loop, summarize  # noqa: E402
+from tabletune_pipelines.evaluation.served import loss_table, paired_ratio, run_closed_loop, summarize
 
 ENGINES = {
     "dense": ("qwen3-4b", "qwen3-4b-eagle3"),

@@ -27,16 +27,14 @@ import argparse
 import dataclasses
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+from tabletune_pipelines.core.stepcost import Workload
+from tabletune_pipelines.documents import AcceptancePrior, StepTimeProfile
+from tabletune_pipelines.evaluation.served import loss_table, paired_ratio, run_closed_loop, summarize
 
-from tabletune_pipelines.core.stepcost import Workload  # noqa: E402
-from tabletune_pipelines.documents import AcceptancePrior, StepTimeProfile  # noqa: E402
-from tabletune_pipelines.evaluation.served import loss_table, paired_ratio, run_closed_loop, summarize  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 ENGINES = {"dense": ("qwen3-4b", "qwen3-4b-eagle3"), "moe": ("qwen3-30b-a3b", "qwen3-30b-a3b-eagle3")}
 PROFILES = {
@@ -62,7 +60,7 @@ def server_config(args, rates, work: Path):
 
     K = len(rates)
     if args.cpu_smoke:
-        from tests.controller._engine import server_config as cpu_config
+        from tabletune_pipelines.evaluation.rig import server_config as cpu_config
 
         n = 8
         launch = tuple((k + 1, k + 1, k) for k in range(K)) + ((K + 1, n, K),)

@@ -25,8 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import fixed_prior  # noqa: E402
+from tabletune_pipelines.evaluation.synthetic import fixed_prior
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "h200"

@@ -32,7 +32,8 @@ import sys
 import time
 from pathlib import Path
 
-from _common import fixed_prior, ints, loadavg  # noqa: E402 (benchmarks/ is on sys.path when run as a script)
+from tabletune_pipelines.evaluation.bench import ints, loadavg
+from tabletune_pipelines.evaluation.synthetic import fixed_prior
 
 REPO = Path(__file__).resolve().parents[1]
 HOG = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end:\n    pass\n"

@@ -55,7 +55,8 @@ import sys
 import time
 from pathlib import Path
 
-from _common import ints, loadavg, fixed_prior  # noqa: E402 (benchmarks/ is on sys.path when run as a script)
+from tabletune_pipelines.evaluation.bench import ints, loadavg
+from tabletune_pipelines.evaluation.synthetic import fixed_prior
 
 DEFAULT_RATES = "0.7,0.5,0.3;0.9,0.8,0.7"
 

@@ -17,9 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import ints  # noqa: E402 (benchmarks/ is on sys.path when run as a script)
-
-
+from tabletune_pipelines.evaluation.bench import ints
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,7 +35,7 @@ Per scenario:
    step log, every step checked to have run the window's table).
 2. **Adaptive launches**, one per policy: the controller (control mode from the tuned table),
    TurboSpec-style and Nightjar-style (``controller: {policy: ...}``), each the production plugin
-   under ``_real_engine_sched.EvalScheduler``. The policy runs through every load in order
+   under ``evaluation.scheduler.AnchoredEvaluationScheduler``. The policy runs through every load in order
    (its state carries over, as in serving); each round has one adaptive window and one anchor
    window of the tuned (evidence) table with the controller bypassed (paired within the launch).
 3. **No-spec launch** (no speculative config at all), both scenarios' workloads.
@@ -62,22 +62,23 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
-
-from tabletune_pipelines.evaluation.served import (  # noqa: E402
+from tabletune_pipelines.evaluation.bench import ints, loadavg
+from tabletune_pipelines.evaluation.served import (
     LoadGenerator,
     Window,
     counted_window,
+    mean_se,
     measure_window,
     paired_ratio,
     rotated,
     summarize,
 )
-from _common import fixed_prior, ints, loadavg, mean_se  # noqa: E402
+from tabletune_pipelines.evaluation.synthetic import fixed_prior
+
+HERE = Path(__file__).resolve().parent
 
 N, K = 16, 3
+ANCHORED_SCHEDULER = "tabletune_pipelines.evaluation.scheduler.AnchoredEvaluationScheduler"
 LAUNCH = ((1, 1, 0), (2, 2, 1), (3, 3, 2), (4, N, 3))
 KS = (0, 1, 2, 3)
 RATES = (0.7, 0.5, 0.3)
@@ -284,17 +285,18 @@ def table_launch(models, work: Path, scenario: str, prompt, vocab: int, args) ->
 
 def adaptive_launch(models, work: Path, scenario: str, name: str, prompt, base: dict, args) -> dict:
     """One adaptive policy in its own launch, with anchor windows of the tuned table."""
-    from tests.controller._fake import IDENTITY, publish
+    from tabletune_pipelines.evaluation.synthetic import IDENTITY, publish
 
     say(f"\n[{scenario}] {name} launch")
     wd = work / f"{scenario}-{POLICY_SETTING[name]}"
     wd.mkdir(parents=True, exist_ok=True)
     pub, flag = wd / "local.json", wd / "anchor.on"
     flag.unlink(missing_ok=True)
+    # TABLETUNE_EVAL_ANCHOR_FLAG is evaluation.scheduler.ANCHOR_ENV (not imported: that module imports vLLM)
     env = {"TABLETUNE_PUBLISHED_TABLE": str(pub), "TABLETUNE_EVAL_ANCHOR_FLAG": str(flag),
-           "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent),
+           "PYTHONPATH": os.pathsep.join([str(HERE.parent),
                                           *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]])}
-    cfg = server_cfg(models, wd, scenario, cls="_real_engine_sched.EvalScheduler", env=env)
+    cfg = server_cfg(models, wd, scenario, cls=ANCHORED_SCHEDULER, env=env)
     ident = dict(IDENTITY, model=cfg.model, drafter=cfg.drafter, method=cfg.method)
     profile = {int(k): {int(b): v for b, v in row.items()} for k, row in base["profile_ms"].items()}
     anchor = base["tables"][TUNED]

@@ -45,9 +45,9 @@ import sys
 import time
 from pathlib import Path
 
-from _common import fixed_prior, ints, loadavg  # noqa: E402 (benchmarks/ is on sys.path when run as a script)
-
-from tabletune_pipelines.evaluation.served import LoadGenerator, counted_window, rotated  # noqa: E402
+from tabletune_pipelines.evaluation.bench import ints, loadavg
+from tabletune_pipelines.evaluation.served import LoadGenerator, counted_window, rotated
+from tabletune_pipelines.evaluation.synthetic import fixed_prior
 
 HERE = Path(__file__).resolve().parent
 

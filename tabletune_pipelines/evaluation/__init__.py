@@ -2,5 +2,12 @@
 the cost model or from stored profiles, and a closed-loop replay simulator that drives every
 policy, the production controller included; and ``served``: the closed-loop load generator, window
 measurement and step-log verification on a real server, and the served verification of a table
-before it is published (docs/evaluation.md, "Served verification"). Numpy + stdlib only (no Dagster, no vLLM).
+before it is published (docs/evaluation.md, "Served verification"). Numpy + stdlib only (no Dagster,
+no vLLM), except ``scheduler`` (the evaluation's vLLM plugins, loaded inside the engine).
+
+For the benchmarks and the engine tests: ``rig`` (a live engine running the controller, its
+closed-loop load, published versions and exported windows), ``synthetic`` (profiles, tables,
+priors and published files with no measurement behind them) and ``bench`` (the benchmark scripts'
+shared command-line helpers). The production controller imports none of this package, and the
+package imports nothing from ``tests/``.
 """

@@ -1,4 +1,4 @@
-"""The evaluation's vLLM adapter: the controller plugin with the adaptive baselines enabled.
+"""The evaluation's vLLM adapters: the controller plugin with the adaptive baselines enabled.
 
     vllm serve ... --scheduler-cls tabletune_pipelines.evaluation.scheduler.EvaluationScheduler
 
@@ -6,14 +6,31 @@ Exactly ``controller.scheduler`` (the same three hooks, the same sync/async choi
 ``evaluation.baselines.PolicyController`` as the controller, so a published ``policy: turbospec``
 or ``policy: nightjar`` chooses k inside the engine. Evaluation only: the production plugin
 (``controller.scheduler.ControllerScheduler``) never imports this package.
+
+``AnchoredEvaluationScheduler`` (benchmarks/real_engine_eval.py's adaptive launches, sync scheduling:
+the CPU build) runs the same controller under TableTune's step scheduler
+(``engine.step_scheduler``: one step-log record per step, so kept tokens are counted from the
+engine side as in the table launches, and runtime tables), with anchor windows: while the file
+named by ``TABLETUNE_EVAL_ANCHOR_FLAG`` exists, the controller is bypassed — no ``next_lookup``, no
+``on_step`` — and the step scheduler's table (``set_k``) is in force, so the same launch measures a
+reference table between the adaptive policy's windows (a paired comparison without a new published
+version, which would restart the policy). When the flag goes, the controller resumes where it was;
+its step clock restarts so no interval spans the anchor window.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from tabletune_pipelines.controller.scheduler import AsyncControllerScheduler, SyncControllerScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+
+from tabletune_pipelines.controller.scheduler import AsyncControllerScheduler, SyncControllerScheduler, _ControllerMixin
+from tabletune_pipelines.engine.step_scheduler import _TimingMixin
 from tabletune_pipelines.evaluation.baselines import PolicyController
+
+ANCHOR_ENV = "TABLETUNE_EVAL_ANCHOR_FLAG"
+"""``AnchoredEvaluationScheduler``: the file whose existence turns an anchor window on."""
 
 
 class SyncEvaluationScheduler(SyncControllerScheduler):  # type: ignore[misc]
@@ -35,3 +52,46 @@ class EvaluationScheduler:
         vllm_config = kwargs.get("vllm_config", args[0] if args else None)
         use_async = bool(getattr(getattr(vllm_config, "scheduler_config", None), "async_scheduling", False))
         return (AsyncEvaluationScheduler if use_async else SyncEvaluationScheduler)(*args, **kwargs)
+
+
+class AnchoredEvaluationScheduler(_TimingMixin, _ControllerMixin, Scheduler):  # type: ignore[misc]
+    """Step log + k control around the controller plugin with the baselines (sync scheduling: the
+    CPU build), and anchor windows (module docstring)."""
+
+    controller_cls = PolicyController  # the ``policy`` setting picks TableTune, TurboSpec- or Nightjar-style
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._ev_flag = os.environ.get(ANCHOR_ENV) or None
+        self._ev_anchor = False
+
+    def _ev_check(self) -> bool:
+        on = bool(self._ev_flag) and os.path.exists(self._ev_flag)  # type: ignore[arg-type]
+        if on != self._ev_anchor:
+            self._ev_anchor = on
+            tt = self._tt
+            if not on and tt is not None:
+                tt._last_t = None
+                tt._prev_b = 0
+                pol = getattr(tt, "policy", None)
+                if pol is not None and hasattr(pol, "_last_t"):
+                    pol._last_t = None
+        return on
+
+    def schedule(self, *args: Any, **kwargs: Any):  # type: ignore[no-untyped-def]
+        try:
+            anchor = self._ev_check()
+        except Exception:  # noqa: BLE001 - an evaluation hook must not stop the engine either
+            anchor = False
+        if anchor:
+            return Scheduler.schedule(self, *args, **kwargs)
+        return super().schedule(*args, **kwargs)
+
+    def update_from_output(self, scheduler_output, model_runner_output):  # type: ignore[no-untyped-def]
+        if not self._ev_anchor:
+            return super().update_from_output(scheduler_output, model_runner_output)
+        tt, self._tt = self._tt, None
+        try:
+            return super().update_from_output(scheduler_output, model_runner_output)
+        finally:
+            self._tt = tt

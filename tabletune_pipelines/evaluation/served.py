@@ -40,7 +40,7 @@ import random
 import statistics
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -52,7 +52,7 @@ logger = logging.getLogger("tabletune.served")
 __all__ = [
     "DEFAULTS", "LoadGenerator", "LoadVerdict", "PolicyGoodput", "PolicySummary", "ServedVerification",
     "ServedVerificationOptions", "VerificationPlan", "Window", "counted_window", "default_loads", "fixed_name",
-    "judge", "judge_load", "loss_table", "measure_window", "paired_ratio", "plan_verification", "rotated",
+    "judge", "judge_load", "loss_table", "mean_se", "measure_window", "paired_ratio", "plan_verification", "rotated",
     "run_closed_loop", "summarize", "t_quantile", "table_mismatches", "verify_served",
 ]
 
@@ -95,7 +95,9 @@ class Window:
 @dataclass
 class LoadGenerator:
     """``load`` closed-loop clients against ``server`` until ``stop()`` (threads; each client sends
-    one request at a time through ``server.complete``)."""
+    one request at a time through ``server.complete``). The one closed-loop load generator: the
+    served verification, the benchmarks and the engine tests' rig (``evaluation.rig.closed_loop``)
+    all run this one. ``start()`` again after ``stop()`` restarts the clients (same seeds)."""
 
     server: Any
     load: int
@@ -105,33 +107,69 @@ class LoadGenerator:
     seed: int = 0
     prompt: Callable[[random.Random], Any] | None = None
     """Makes each request's prompt from the client's generator; None = ``prompt_tokens`` random ids."""
+    first_seed: int | None = None
+    """Client i's generator is seeded ``first_seed + i``; None: ``seed * 100_003 + i``."""
+    ignore_eos: bool = True
+    """False for a real model on real prompts: it stops where it would in service."""
+    temperature: float | None = None
+    """Sent with each request; None: the server's default."""
+    one_choice: bool = False
+    """Count a request completed only when its answer has exactly one choice (otherwise an error);
+    False: every answer counts (a scripted stand-in server may answer nothing)."""
+    request_timeout_s: float = 600.0
+    """Per request, and per client on ``stop()``."""
+    retry_pause_s: float = 0.5
+    """A client pauses this long after a failed request."""
+    error_chars: int = 200
+    """Each failed request's exception is kept as its repr cut to this many characters."""
     errors: list[str] = field(default_factory=list)
     completed: int = 0
+    sent: int = 0
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(self.load)]
+        self._threads: list[threading.Thread] = []
 
     def _client(self, i: int) -> None:
-        rng = random.Random(self.seed * 100_003 + i)
+        rng = random.Random(self.seed * 100_003 + i if self.first_seed is None else self.first_seed + i)
         while not self._stop.is_set():
-            prompt = (self.prompt(rng) if self.prompt is not None
-                      else [rng.randrange(3, self.vocab_size) for _ in range(self.prompt_tokens)])
+            with self._lock:
+                self.sent += 1
             try:
-                self.server.complete(prompt, max_tokens=rng.randint(*self.output_tokens), ignore_eos=True,
-                                     timeout=600.0)
+                prompt = (self.prompt(rng) if self.prompt is not None
+                          else [rng.randrange(3, self.vocab_size) for _ in range(self.prompt_tokens)])
+                kw = {} if self.temperature is None else {"temperature": self.temperature}
+                out = self.server.complete(prompt, max_tokens=rng.randint(*self.output_tokens),
+                                           ignore_eos=self.ignore_eos, timeout=self.request_timeout_s, **kw)
+                ok = not self.one_choice or len(out.get("choices", [])) == 1
                 with self._lock:
-                    self.completed += 1
+                    self.completed += int(ok)
+                    if not ok:
+                        self.errors.append(f"answer without a choice: {str(out)[:200]}")
             except Exception as exc:  # noqa: BLE001 - reported by the caller
                 with self._lock:
-                    self.errors.append(repr(exc)[:200])
-                time.sleep(0.5)
+                    self.errors.append(repr(exc)[:self.error_chars])
+                time.sleep(self.retry_pause_s)
 
     def start(self) -> "LoadGenerator":
+        self._stop.clear()
+        self._threads = [threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(self.load)]
         for t in self._threads:
             t.start()
         return self
+
+    def wait_completed(self, more: int, timeout: float = 180.0) -> int:
+        """Block until ``more`` further requests completed (progress, not seconds: a machine 3x slower
+        takes 3x longer); ``timeout`` only bounds a stalled engine. Returns the count reached."""
+        target = self.completed + more
+        deadline = time.monotonic() + timeout
+        while self.completed < target:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.completed} of {target} requests completed after {timeout} s: the engine "
+                                     f"stalled (errors: {self.errors[:3]})")
+            time.sleep(0.1)
+        return self.completed
 
     def stop(self, wait: bool = True) -> None:
         """Stop sending. ``wait``: until every client's request in flight has finished (so the next
@@ -139,7 +177,7 @@ class LoadGenerator:
         self._stop.set()
         if wait:
             for t in self._threads:
-                t.join(timeout=600)
+                t.join(timeout=self.request_timeout_s)
 
     def __enter__(self) -> "LoadGenerator":
         return self.start()
@@ -272,7 +310,9 @@ def _ratios(a: Mapping[int, float], b: Mapping[int, float]) -> list[float]:
     return [a[r] / b[r] for r in sorted(set(a) & set(b)) if b[r] > 0]
 
 
-def _mean_se(xs: Sequence[float]) -> tuple[float, float]:
+def mean_se(xs: Iterable[float]) -> tuple[float, float]:
+    """Mean and standard error of the non-NaN values (NaN, NaN when none; s.e. NaN for one)."""
+    xs = [x for x in xs if not math.isnan(x)]
     if not xs:
         return float("nan"), float("nan")
     return statistics.fmean(xs), (statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else float("nan"))
@@ -282,7 +322,7 @@ def paired_ratio(windows: Sequence[Window], a: str, b: str, load: int) -> tuple[
     """Mean of per-round goodput ratios a/b at ``load`` (paired inside a round) and its standard error."""
     by = _by_round(windows, load)
     ratios = _ratios(by.get(a, {}), by.get(b, {}))
-    m, se = _mean_se(ratios)
+    m, se = mean_se(ratios)
     return m, se, len(ratios)
 
 
@@ -373,7 +413,7 @@ def judge_load(load: int, candidate: Mapping[int, float], fixed: Mapping[str, Ma
     if not ratios:
         return LoadVerdict(load, "inconclusive", f"load {load}: no round measured both the candidate and {best}",
                            best)
-    r, se = _mean_se(ratios)
+    r, se = mean_se(ratios)
     n = len(ratios)
     if n < 2:
         return LoadVerdict(load, "inconclusive", f"load {load}: candidate / best fixed {best} = {r:.3f} from one "
@@ -401,7 +441,7 @@ def judge(windows: Sequence[Window], loads: Sequence[int], fixed: Sequence[str],
         by = _by_round(windows, load)
         for name in names:
             vals = list(by.get(name, {}).values())
-            m, se = _mean_se(vals)
+            m, se = mean_se(vals)
             goodput.append(PolicyGoodput(name, load, m, se, len(vals)))
         verdicts.append(judge_load(load, by.get(candidate, {}), {f: by.get(f, {}) for f in fixed}, tolerance=tolerance))
     return goodput, verdicts

@@ -1,4 +1,8 @@
-"""Fakes for the pure-logic tests: a published file builder and a scheduler-output stand-in.
+"""Fakes for the pure-logic tests: a scheduler-output stand-in and the robust-choice references.
+
+The synthetic inputs (the test engine's launch table and identity, ``linear_profile``, ``true_table``,
+``publish``) live in ``tabletune_pipelines.evaluation.synthetic`` (the benchmarks use them too) and are
+re-exported here.
 
 ``FakeEngine`` drives ``Controller`` the way the vLLM adapter does (``next_lookup`` before a step,
 ``on_step(StepOutcome(...))`` after it) with requests whose kept drafts follow known survival rates and whose step
@@ -18,29 +22,21 @@ import numpy as np
 from tabletune_pipelines.controller.loader import EngineFacts
 from tabletune_pipelines.controller.logic import Controller
 from tabletune_pipelines.controller.step import StepOutcome
-from tabletune_pipelines.core.table import choose_draft_lengths, compact_ranges, goodput_matrix
-from tabletune_pipelines.published import published_document, write_published_table
+from tabletune_pipelines.core.table import goodput_matrix
+from tabletune_pipelines.evaluation.synthetic import (  # noqa: F401 - the tests import them from here
+    IDENTITY,
+    LAUNCH,
+    REBUILD_BUDGET_MS,
+    K,
+    N,
+    dense,
+    linear_profile,
+    publish,
+    true_table,
+)
 
-N, K = 16, 3
-LAUNCH = ((1, 1, 0), (2, 2, 1), (3, 3, 2), (4, N, 3))
 ENGINE = EngineFacts(max_k=K, max_num_seqs=N, launch_ranges=LAUNCH, model="/m/target", method="draft_model",
                      vllm_version="0.32.0")
-IDENTITY = {"gpu": "cpu", "vllm_version": "0.32.0+cpu", "model": "/m/target", "drafter": "/m/draft",
-            "method": "draft_model", "max_k": K, "max_num_seqs": N, "dtype": "bfloat16", "cudagraph_mode": "none"}
-
-
-def linear_profile(n: int = N, k_max: int = K, c0=4.0, c1=0.6, d0=0.1, d1=0.1) -> dict[int, dict[int, float]]:
-    """T(B, k) = c0 + c1·k + B·(d0 + d1·k) ms: k costs a fixed part and a part per request."""
-    return {k: {b: c0 + c1 * k + b * (d0 + d1 * k) for b in range(1, n + 1)} for k in range(k_max + 1)}
-
-
-def dense(profile: dict[int, dict[int, float]], ks: Sequence[int], n: int = N) -> np.ndarray:
-    return np.array([[profile[k][b] for b in range(1, n + 1)] for k in ks])
-
-
-def true_table(profile, rates, ks=(0, 1, 2, 3), n: int = N, stickiness: float = 0.005) -> list[list[int]]:
-    """The table core.table's search builds from ``profile`` and ``rates`` (the reference)."""
-    return compact_ranges(choose_draft_lengths(dense(profile, ks, n), ks, rates, stickiness=stickiness).chosen)
 
 
 def near_best(profile, rates, ks=(0, 1, 2, 3), n: int = N, stickiness: float = 0.005) -> list[set[int]]:
@@ -80,36 +76,6 @@ def table_dense(ranges, n: int = N) -> list[int]:
 
 def on_robust_table(ranges, choices) -> bool:
     return all(k in choices[b] for b, k in enumerate(table_dense(ranges, len(choices))))
-
-
-#: Tests publish a rebuild budget no busy machine reaches: a rebuild the 20 ms default would abandon on a
-#: preempted core would leave the table a test expects unchanged. The budget itself is tested on its own
-#: (test_logic: ``rebuild_budget_ms: 1e-6``); its cost is a benchmark's (controller_overhead.py).
-REBUILD_BUDGET_MS = 60_000.0
-
-
-def publish(path: Path, *, ranges, rates, profile=None, version: int = 1, controller: dict | None = None,
-            identity: dict | None = IDENTITY, prior_count: int = 0, allowed_k=None, n: int = N, k_max: int = K,
-            over_junk: bool = False, served_cost: dict | None = None) -> Path:
-    """Publish a table for the fake engine. ``over_junk``: the test left a deliberately broken file
-    there, which publishing refuses to replace (issue 12): remove it first."""
-    if over_junk:
-        path.unlink(missing_ok=True)
-    profile = linear_profile(n, k_max) if profile is None else profile
-    table = {"schema": "tabletune.draft_length_table", "schema_version": 1, "ranges": [list(r) for r in ranges],
-             "max_num_seqs": n, "max_k": k_max, "identity_key": "cpu__test", "prior_id": "prior-test",
-             "acceptance_rates": list(rates), "predicted_worst_loss": 0.0,
-             "step_ms": {str(k): {str(b): float(v) for b, v in row.items()} for k, row in profile.items()}}
-    if served_cost:
-        table["served_cost"] = served_cost
-    doc = published_document(
-        deployment="test", version=version, table=table,
-        speculative_config={"method": "draft_model", "num_speculative_tokens": k_max,
-                            "num_speculative_tokens_per_batch_size": [list(r) for r in ranges]},
-        published_at="2026-11-23T10:00:00Z", identity=identity,
-        prior={"rates": list(rates), "num_drafts": prior_count, "prior_id": "prior-test", "source": "synthetic"},
-        allowed_k=allowed_k, controller={"rebuild_budget_ms": REBUILD_BUDGET_MS, **(controller or {})})
-    return write_published_table(path, doc)
 
 
 class FakeEngine:

@@ -21,7 +21,7 @@ import pytest
 from tabletune_pipelines.evaluation.baselines import TurboSpecPolicy
 from tabletune_pipelines.controller.search import compact
 from tabletune_pipelines.engine import VLLMServer
-from tests.controller._engine import Load, Rig, server_config
+from tabletune_pipelines.evaluation.rig import Rig, closed_loop, server_config
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 
@@ -53,7 +53,7 @@ def serve(rig, version: int, clients: int, steps: int, warm: int = 0,
     and leftovers of the previous load are a fixed number of steps, so a slow machine must not see
     fewer steady ones). The controller exports from inside steps (every ``rebuild_every_steps``), so
     both snapshots are taken while the load runs: (the state after ``warm`` steps, the state at the end)."""
-    load = Load(rig.server, clients, max_tokens=max_tokens).start()
+    load = closed_loop(rig.server, clients, max_tokens=max_tokens).start()
     try:
         first = last(rig, version) if warm and rig.wait_steps(warm) else None
         rig.wait_steps(steps)

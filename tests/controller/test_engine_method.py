@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from tabletune_pipelines.engine import VLLMServer
-from tests.controller._engine import Load, Rig, server_config
+from tabletune_pipelines.evaluation.rig import Rig, closed_loop, server_config
 from tests.controller._fake import (
     linear_profile,
     on_robust_table,
@@ -50,7 +50,7 @@ def rig(tmp_path_factory):
     # Long requests (96-160 tokens): few admissions, so most steps are clean decode steps at B = 8 even
     # when the clients' threads get little CPU (with 32-64 tokens one run saw 1230 clean steps at B = 1
     # against 236 at B = 8).
-    r.load = Load(srv, CLIENTS, max_tokens=(96, 160)).start()
+    r.load = closed_loop(srv, CLIENTS, max_tokens=(96, 160)).start()
     try:
         yield r
     finally:

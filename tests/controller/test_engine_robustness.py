@@ -21,7 +21,7 @@ import time
 import pytest
 
 from tabletune_pipelines.engine import VLLMServer
-from tests.controller._engine import Load, Rig, identity, server_config
+from tabletune_pipelines.evaluation.rig import Rig, closed_loop, identity, server_config
 from tests.controller._fake import publish
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
@@ -76,7 +76,7 @@ def test_engine_keeps_serving_through_bad_files_faults_and_a_dead_export(tmp_pat
     ident = identity()
     good = dict(ranges=[(1, 8, 3), (9, 16, 1)], rates=(0.5, 0.3, 0.1), identity=ident, allowed_k=[0, 1, 3])
     srv.start()
-    load = Load(srv, 8).start()
+    load = closed_loop(srv, 8).start()
     try:
         steps = []
 

@@ -26,7 +26,7 @@ import pytest
 
 from tabletune_pipelines.engine import ServerConfig, VLLMServer
 from tabletune_pipelines.controller.settings import PUBLISHED_ENV
-from tests.controller._engine import SCHEDULER, Load, Rig
+from tabletune_pipelines.evaluation.rig import SCHEDULER, Rig, closed_loop
 from tests.controller._fake import IDENTITY, LAUNCH, linear_profile, on_robust_table, robust_choices, table_dense, true_table
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1500)]
@@ -96,7 +96,7 @@ def test_estimate_and_table_follow_a_traffic_switch(tmp_path):
     rig.publish(ranges=true_table(PROFILE, prior), rates=prior, profile=PROFILE, identity=ident,
                 controller={"step_time_correction": False})
     srv.start()
-    load = Load(srv, 8, prompt=mix_prompt("code"), ignore_eos=False, max_tokens=(96, 128)).start()
+    load = closed_loop(srv, 8, prompt=mix_prompt("code"), ignore_eos=False, max_tokens=(96, 128)).start()
     try:
         # Phases in engine steps, not seconds (a slower machine runs them longer, not shorter): about
         # 16 s and 22 s of this 2-core machine at 8 clients. The switch is taken once the first mix's

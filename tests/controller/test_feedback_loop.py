@@ -27,7 +27,7 @@ from tabletune_pipelines.published import controller_fields, load_published
 from tabletune_pipelines.store import TableTuneStore
 from tabletune_pipelines.tuning.derive import derive_table
 from tabletune_pipelines.tuning.feedback import live_prior, windows_in_week
-from tests.controller._engine import Load, server_config, tiny
+from tabletune_pipelines.evaluation.rig import closed_loop, server_config, tiny
 from tests.controller._fake import linear_profile
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
@@ -68,7 +68,7 @@ def test_served_counters_change_the_next_published_table(tmp_path):
 
     srv = VLLMServer(server_config(tmp_path, pub, rates=(0.3, 0.1, 0.05)))
     srv.start()
-    load = Load(srv, 8).start()
+    load = closed_loop(srv, 8).start()
     try:
         # Serve until the export holds 8000 drafts at position 3 in at least 8 windows: a count of work,
         # not of seconds (a machine 3x slower takes 3x longer; the deadline only bounds a stall).

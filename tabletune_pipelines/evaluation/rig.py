@@ -1,11 +1,17 @@
-"""Real-vLLM rig for the controller's engine tests: one server per module, closed-loop load,
-published versions written while it serves, and the controller's exported windows read back.
+"""The live-engine rig: one real vLLM server running the controller, its closed-loop load, published
+versions written while it serves, and the controller's exported windows read back.
 
-The controller is the only TableTune code in the engine besides the CPU plugin's synthetic
-acceptance (``step_timing=False``: no step scheduler), turned on exactly as an operator would:
-``--scheduler-cls tabletune_pipelines.controller.scheduler.<class>`` plus the env var
-``TABLETUNE_PUBLISHED_TABLE``. Everything the tests assert comes from the controller's own
-export file (the live-counters format the pipeline ingests) and the server log.
+Used by the controller's engine tests and by the benchmarks that measure the controller on a real
+engine (controller_overhead.py, controller_repair.py, controller_flapping.py, gpu_controller.py).
+The controller is turned on exactly as an operator would: ``--scheduler-cls
+tabletune_pipelines.controller.scheduler.<class>`` plus the env var ``TABLETUNE_PUBLISHED_TABLE``
+(``server_config``). Everything read back comes from the controller's own export file (the
+live-counters format the pipeline ingests) and the server log.
+
+``server_config`` defaults to the tiny CPU models (``engine.tiny_models``) with synthetic acceptance
+and no step scheduler (``step_timing=False``); the synthetic inputs it publishes come from
+``evaluation.synthetic``. The load is ``served.LoadGenerator`` with the rig's settings
+(``closed_loop``). No vLLM import here: the engine package is imported when a config is built.
 """
 
 from __future__ import annotations
@@ -13,21 +19,25 @@ from __future__ import annotations
 import os
 import random
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tabletune_pipelines.controller.settings import PUBLISHED_ENV
+from tabletune_pipelines.evaluation.served import LoadGenerator
+from tabletune_pipelines.evaluation.synthetic import IDENTITY, LAUNCH, publish
 from tabletune_pipelines.live_counters import CounterWindow, LiveCountersError, read_live_counters
-from tests.controller._fake import IDENTITY, LAUNCH, publish
+
+__all__ = ["SCHEDULER", "Rig", "closed_loop", "identity", "server_config", "tiny"]
 
 SCHEDULER = "tabletune_pipelines.controller.scheduler."
+"""The production plugin's module: ``server_config(cls=...)`` prefixes a bare class name with it."""
 
 
 def tiny():
+    """The tiny CPU target and draft models (``engine.tiny_models``, the "small" pair), made once in
+    ``$TABLETUNE_TINY_MODELS`` or the temp folder."""
     from tabletune_pipelines.engine.tiny_models import ensure_tiny_models
 
     cache = os.environ.get("TABLETUNE_TINY_MODELS") or str(Path(tempfile.gettempdir()) / "tabletune-tiny-models")
@@ -37,6 +47,8 @@ def tiny():
 def server_config(work_dir: Path, published: Path, *, method: str = "draft_model", cls: str = "ControllerScheduler",
                   launch=LAUNCH, rates: Sequence[float] | None = (0.7, 0.5, 0.3), extra_env: dict | None = None,
                   max_num_seqs: int = 16, k_max: int = 3, speculative_extra: dict | None = None):
+    """The tiny models' ``engine.ServerConfig`` with the scheduler plugin ``cls`` (a bare name is a
+    class of ``controller.scheduler``) reading the published file ``published``."""
     from tabletune_pipelines.engine import ServerConfig
 
     m = tiny()
@@ -49,72 +61,21 @@ def server_config(work_dir: Path, published: Path, *, method: str = "draft_model
 
 
 def identity(method: str = "draft_model") -> dict[str, Any]:
+    """``synthetic.IDENTITY`` with the tiny models' paths: the identity the rig's engine reports."""
     m = tiny()
     return dict(IDENTITY, model=str(m.target_dir), drafter=str(m.draft_dir) if method == "draft_model" else None,
                 method=method)
 
 
-@dataclass
-class Load:
-    """``clients`` closed-loop clients: each sends one request at a time until ``stop()``."""
-
-    server: Any
-    clients: int
-    prompt: Callable[[random.Random], Any] = lambda rng: [rng.randrange(3, 2000) for _ in range(16)]
-    max_tokens: tuple[int, int] = (32, 64)
-    temperature: float = 0.0
-    ignore_eos: bool = True
-    """False for a real model on real prompts: it stops where it would in service."""
-    sent: int = 0
-    completed: int = 0
-    errors: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
-
-    def _run(self, i: int) -> None:
-        rng = random.Random(1000 + i)
-        while not self._stop.is_set():
-            with self._lock:
-                self.sent += 1
-            try:
-                out = self.server.complete(self.prompt(rng), max_tokens=rng.randint(*self.max_tokens),
-                                           ignore_eos=self.ignore_eos, temperature=self.temperature, timeout=300.0)
-                ok = len(out.get("choices", [])) == 1
-                with self._lock:
-                    self.completed += int(ok)
-                    if not ok:
-                        self.errors.append(f"answer without a choice: {str(out)[:200]}")
-            except Exception as exc:  # noqa: BLE001 - counted, the test asserts on it
-                with self._lock:
-                    self.errors.append(repr(exc)[:300])
-                time.sleep(0.2)
-
-    def start(self) -> "Load":
-        self._stop.clear()
-        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(self.clients)]
-        for t in self._threads:
-            t.start()
-        return self
-
-    def wait_completed(self, more: int, timeout: float = 180.0) -> int:
-        """Block until ``more`` further requests completed (progress, not seconds: a machine 3x slower
-        takes 3x longer); ``timeout`` only bounds a stalled engine. Returns the count reached."""
-        target = self.completed + more
-        deadline = time.monotonic() + timeout
-        while self.completed < target:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{self.completed} of {target} requests completed after {timeout} s: the engine "
-                                     f"stalled (errors: {self.errors[:3]})")
-            time.sleep(0.1)
-        return self.completed
-
-    def stop(self) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=300)
+def closed_loop(server: Any, clients: int, *, prompt: Callable[[random.Random], Any] | None = None,
+                max_tokens: tuple[int, int] = (32, 64), temperature: float = 0.0,
+                ignore_eos: bool = True) -> LoadGenerator:
+    """``clients`` closed-loop clients against ``server`` (not started): ``served.LoadGenerator`` with
+    the rig's settings: prompts of 16 random token ids in [3, 2000) unless ``prompt``, client i seeded
+    1000 + i, an answer counted only with exactly one choice, 300 s per request."""
+    return LoadGenerator(server, clients, vocab_size=2000, prompt_tokens=16, output_tokens=max_tokens, prompt=prompt,
+                         first_seed=1000, ignore_eos=ignore_eos, temperature=temperature, one_choice=True,
+                         request_timeout_s=300.0, retry_pause_s=0.2, error_chars=300)
 
 
 class Rig:
@@ -128,6 +89,8 @@ class Rig:
         self.method = method
 
     def publish(self, **kw: Any) -> int:
+        """The next version (``synthetic.publish``; by default the rig's identity, every k allowed, an
+        export every 100 steps or second). Returns its version number."""
         self.version += 1
         kw.setdefault("identity", identity(self.method))
         kw.setdefault("allowed_k", [0, 1, 2, 3])
@@ -136,10 +99,10 @@ class Rig:
         return self.version
 
     def serve(self, clients: int, seconds: float, settle: float,
-              max_tokens: tuple[int, int] = (48, 96)) -> tuple[list[CounterWindow], Load]:
+              max_tokens: tuple[int, int] = (48, 96)) -> tuple[list[CounterWindow], LoadGenerator]:
         """``clients`` closed-loop clients for ``settle`` + ``seconds``: the controller's windows of the
         current version exported after the settle, and the load (its counts)."""
-        gen = Load(self.server, clients, max_tokens=max_tokens).start()
+        gen = closed_loop(self.server, clients, max_tokens=max_tokens).start()
         time.sleep(settle)
         mark = len(self.windows())
         time.sleep(seconds)
@@ -164,6 +127,7 @@ class Rig:
         return now
 
     def windows(self) -> list[CounterWindow]:
+        """Every window the controller exported so far (none while the file is missing or unreadable)."""
         try:
             return list(read_live_counters(self.export).windows)
         except LiveCountersError:
@@ -199,7 +163,9 @@ class Rig:
 
     @staticmethod
     def seconds_into(w: CounterWindow, mine: list[CounterWindow]) -> float:
+        """Seconds from the start of the version's first window to the end of ``w``."""
         return (w.window_end - mine[0].window_start).total_seconds()
 
     def log(self) -> str:
+        """The server's whole log ("" without one)."""
         return self.server.log_path.read_text(errors="replace") if self.server.log_path else ""
