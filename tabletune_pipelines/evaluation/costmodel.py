@@ -1,4 +1,4 @@
-"""A documented GPU step-time cost model T(B, k) for the replay simulator (issue 10, point 3b).
+"""A documented GPU step-time cost model T(B, k) for the replay simulator (docs/evaluation.md).
 
 One decode step with B requests and k drafts each verifies ``t = B·(k+1)`` target tokens (``t = B``
 without speculation) and runs the drafter. The model, all times in ms::
@@ -194,7 +194,7 @@ def switch_point(p: CostParams, rates: Sequence[float] = RATES, below: int = 3) 
 
 
 def anchors() -> list[Anchor]:
-    """The published figures (issue 10; docs/method.md, "Table search") against the model."""
+    """The published figures (docs/method.md, "Table search") against the model."""
     d, m, t4 = H100_DENSE_4B, H100_MOE_30B, T4_DENSE
     out: list[Anchor] = []
     ns1, ns128 = float(step_ms(m, 1, None)), float(step_ms(m, 128, None))

@@ -464,7 +464,7 @@ class _Defaults:
 DEFAULTS: dict[str, _Defaults] = {
     # CPU build (2 cores, tiny models): steps of a few ms, so 1.5 s windows hold hundreds of steps.
     "cpu": _Defaults(budget_s=90.0, rounds=3, window_s=1.5, settle_s=0.4, warmup_s=1.5, min_steps=20),
-    # GPU (H200): 3 s windows gave 20-50% round-to-round spreads at loads 64-128 (issue 17), so longer ones.
+    # GPU (H200): 3 s windows gave 20-50% round-to-round spreads at loads 64-128, so longer ones.
     "gpu": _Defaults(budget_s=300.0, rounds=3, window_s=5.0, settle_s=1.0, warmup_s=5.0, min_steps=100),
 }
 """Per device: the time budget of the measurement (the launch not included) and the plan it starts from."""

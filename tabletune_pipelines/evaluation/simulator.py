@@ -1,4 +1,4 @@
-"""Closed-loop replay simulator: L concurrent requests on a step-time surface (issue 10, point 3).
+"""Closed-loop replay simulator: L concurrent requests on a step-time surface (docs/evaluation.md).
 
 The load is closed-loop: L clients, each sending its next request the moment the last one ends,
 so L requests are running at every step (B = L). Request lengths are drawn uniformly from

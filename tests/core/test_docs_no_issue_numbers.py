@@ -24,11 +24,7 @@ UPSTREAM_BEFORE = re.compile(r"(vLLM|vllm|SGLang|sglang|vllm-project/vllm|sgl-pr
 
 #: Files edited concurrently on other branches that still cite issue numbers; each entry names the
 #: file and is to be removed once that file is reworded (the test then covers it too).
-PENDING: frozenset[str] = frozenset({
-    "tabletune_pipelines/evaluation/costmodel.py",
-    "tabletune_pipelines/evaluation/served.py",
-    "tabletune_pipelines/evaluation/simulator.py",
-})
+PENDING: frozenset[str] = frozenset()
 
 
 def project_issue_citations(text: str) -> list[str]:
