@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from tabletune_pipelines.controller.flapping import FlapCounter
+from tabletune_pipelines.controller.flapping import OVERRIDE_CONFIDENCE, FlapCounter
 from tabletune_pipelines.controller.loader import EngineFacts, StartPoint, load_start
 from tabletune_pipelines.controller.observations import CostObserver
 from tabletune_pipelines.controller.search import (
@@ -62,6 +62,7 @@ from tabletune_pipelines.controller.step import StepOutcome, count_drafts, fold,
 from tabletune_pipelines.controller.steptime import ServedPrior, StepTimeModel, served_prior
 from tabletune_pipelines.core.acceptance import AcceptanceEstimator, EstimatorConfig
 from tabletune_pipelines.core.evidence import search_with_evidence
+from tabletune_pipelines.core.noise import z_value
 from tabletune_pipelines.core.noise import rates_covariance
 from tabletune_pipelines.core.stepcost import StepCost, Workload
 from tabletune_pipelines.live_counters import append_line, window_line
@@ -739,7 +740,8 @@ class Controller:
 
 def _gain_lcb(ev: Any, incumbent: np.ndarray, chosen: np.ndarray) -> np.ndarray:
     """Per batch size, the lower confidence bound of log(G(chosen) / G(incumbent)) in the search's
-    own evidence (``ev``: ``core.evidence.EvidenceTable``); +inf where the incumbent's k was not
+    own evidence (``ev``: ``core.evidence.EvidenceTable``), at the search's confidence or
+    ``flapping.OVERRIDE_CONFIDENCE``, whichever is higher; +inf where the incumbent's k was not
     searched (it has no claim), 0 where nothing changes."""
     row = {int(k): i for i, k in enumerate(ev.choice.ks)}
     cols = np.arange(incumbent.size)
@@ -747,5 +749,6 @@ def _gain_lcb(ev: Any, incumbent: np.ndarray, chosen: np.ndarray) -> np.ndarray:
     ii = np.array([row.get(int(k), -1) for k in incumbent])
     ok = (ci >= 0) & (ii >= 0)
     c, i = np.where(ok, ci, 0), np.where(ok, ii, 0)
-    lcb = ev.log_ratio[c, i, cols] - ev.z * ev.log_sd[c, i, cols]
+    z = max(float(ev.z), z_value(OVERRIDE_CONFIDENCE, max(1, len(ev.allowed) - 1)))
+    lcb = ev.log_ratio[c, i, cols] - z * ev.log_sd[c, i, cols]
     return np.where(ok, np.where(ci == ii, 0.0, lcb), np.inf)

@@ -506,6 +506,30 @@ def test_flapping_is_counted_and_a_flip_back_is_held(tmp_path, clock):
     assert off.flaps.reversals == 16 and not off.flaps.holding(off.rebuilds)
 
 
+def test_a_flip_back_through_a_hold_needs_95_percent_confidence_even_on_point_estimates():
+    from types import SimpleNamespace
+
+    from tabletune_pipelines.controller.logic import _gain_lcb
+    from tabletune_pipelines.core.noise import z_value
+
+    # Two ks (1, 2) at one batch size: k = 2 looks 15 % better, with a log-sd of 0.05.
+    lr = np.zeros((2, 2, 1))
+    lr[1, 0, 0], lr[0, 1, 0] = np.log(1.15), -np.log(1.15)
+    ev = SimpleNamespace(choice=SimpleNamespace(ks=(1, 2)), log_ratio=lr, log_sd=np.full((2, 2, 1), 0.05),
+                         z=0.0, allowed=(1, 2))  # a search on point estimates (evidence_confidence 0.5)
+    lcb = _gain_lcb(ev, np.array([1]), np.array([2]))
+    assert lcb[0] == pytest.approx(np.log(1.15) - z_value(0.95, 1) * 0.05)  # 0.058: below log 1.1 = 0.095
+    assert _gain_lcb(ev, np.array([1]), np.array([1]))[0] == 0.0  # nothing changes
+    assert _gain_lcb(ev, np.array([3]), np.array([2]))[0] == np.inf  # k = 3 was not searched: no claim
+    from tabletune_pipelines.controller.flapping import FlapCounter
+
+    f = FlapCounter(1, cap=100)
+    f.count(np.array([1]), np.array([2]), 0)
+    f.count(np.array([2]), np.array([1]), 1)  # a flip back: held
+    assert f.allow(np.array([1]), np.array([2]), 2, lcb).tolist() == [1]  # 15 % at z = 0 does not get through
+    assert f.allow(np.array([1]), np.array([2]), 2, lcb + 0.05).tolist() == [2] and f.overrides == 1
+
+
 def _near_tie_switches(tmp_path, seed, policy, steps=80_000):
     """Switches of the controller at a near tie (G1 = G2 at B = 8, B wandering over 6..8, step
     times with 5 % noise), deciding on point estimates: all of them, and those of the last two
