@@ -4,11 +4,10 @@ import dagster as dg
 from dagster_duckdb import DuckDBResource
 
 from assets import OWNERS
-from tabletune_pipelines.errors import InvalidValueError, TableTuneError
-from tabletune_pipelines.live_counters import LiveCountersError, read_live_counters
+from tabletune_pipelines.orchestration.metadata import describe_live_priors, failures
 from tabletune_pipelines.orchestration.partitions import week_bounds, weekly_partitions
 from tabletune_pipelines.orchestration.resources import EngineResource, FleetResource, TuningPolicy, store_from
-from tabletune_pipelines.tuning.feedback import live_prior, windows_in_week, windows_of_engine
+from tabletune_pipelines.tuning.feedback import ingest_live_counters
 
 controller_live_counters = dg.AssetSpec(
     "controller_live_counters",
@@ -46,60 +45,7 @@ class FeedbackConfig(dg.Config):
 def live_acceptance_counters(context: dg.AssetExecutionContext, config: FeedbackConfig, duckdb: DuckDBResource,
                              fleet: FleetResource, engine: EngineResource, policy: TuningPolicy):
     week = context.partition_key
-    start, end = week_bounds(week)
-    the_fleet = fleet.load()
-    deps = [the_fleet.deployment(n) for n in config.deployments] if config.deployments else list(the_fleet.deployments)
-    store = store_from(duckdb)
-    rows = ["| deployment | windows | drafts | drafted_i | accepted_i | live prior | other engines' windows left out |",
-            "|---|---|---|---|---|---|---|"]
-    notes, written, left_out = [], [], {}
-    for dep in deps:
-        if dep.live_counters is None:
-            notes.append(f"{dep.name}: no live_counters file configured")
-            continue
-        if not dep.live_counters.exists():
-            notes.append(f"{dep.name}: {dep.live_counters} does not exist yet (no controller export)")
-            continue
-        try:
-            identity = engine.current_identity(dep)
-        except TableTuneError as exc:  # counts of an engine we cannot name cannot be attributed to it
-            notes.append(f"{dep.name}: live counters not read: the engine it runs could not be learned ({exc})")
-            continue
-        try:
-            read = read_live_counters(dep.live_counters, max_k=dep.max_k)
-            split = windows_of_engine(windows_in_week(read.windows, dep.name, start, end), identity.key)
-            live = live_prior(dep.name, week, split.kept, max_k=dep.max_k,
-                              measured=store.latest_measured_prior(dep.name, up_to_week=week),
-                              prior_weight=policy.prior_weight, counters_fingerprint=read.fingerprint,
-                              identity_key=identity.key)
-        except (LiveCountersError, InvalidValueError) as exc:
-            raise dg.Failure(description=f"{dep.name}: unreadable live counters: {exc}") from exc
-        if split.left_out:
-            left_out[dep.name] = split.left_out
-            context.log.warning(f"{dep.name}: {split.describe_left_out()}")
-        if read.skipped_partial_last_line:
-            context.log.warning(f"{dep.name}: skipped a half-written last line in {dep.live_counters}")
-        if read.duplicates:
-            context.log.warning(f"{dep.name}: {read.duplicates} window(s) of {dep.live_counters} were exported twice; "
-                                "each is counted once")
-        if live is None:
-            notes.append(f"{dep.name}: no counter windows of {identity.key} ending in the week of {week}"
-                         + (f" ({split.left_out_count} of other engines left out)" if split.left_out else ""))
-            continue
-        if live.blended_with is None:
-            context.log.warning(f"{dep.name}: {live.basis}")
-        pid = store.write_acceptance_prior(live.prior, store.upsert_identity(identity))
-        written.append(pid)
-        rows.append(f"| {dep.name} | {live.windows} | {live.prior.num_drafts} | {list(live.drafted)} | "
-                    f"{list(live.accepted)} | `{pid}`: {[round(r, 3) for r in live.prior.rates]} — {live.basis} | "
-                    f"{split.left_out_count} |")
-    for n in notes:
-        context.log.info(n)
-    return dg.MaterializeResult(metadata={
-        "live_priors": dg.MetadataValue.md("\n".join(rows)),
-        "dagster/row_count": len(written),
-        "week": week,
-        "notes": dg.MetadataValue.json(notes),
-        "windows_left_out": sum(n for per in left_out.values() for n in per.values()),
-        "windows_left_out_by_engine": dg.MetadataValue.json(left_out),
-    })
+    with failures():
+        live = ingest_live_counters(store_from(duckdb), fleet.load(), week, week_bounds(week), engine,
+                                    deployments=config.deployments, prior_weight=policy.prior_weight, log=context.log)
+    return describe_live_priors(live)

@@ -1,32 +1,15 @@
 """``draft_length_table``: the goodput-best table of one engine identity under its prior
-(``tuning.gates.prior_for_table``, the rule ``tabletune table`` follows too)."""
+(``tuning.build.build_table``; the prior is ``tuning.gates.prior_for_table``'s, the rule
+``tabletune table`` follows too)."""
 
 import dagster as dg
 from dagster_duckdb import DuckDBResource
 
 from assets import OWNERS
-from tabletune_pipelines.errors import TableTuneError
-from tabletune_pipelines.orchestration.metadata import check_result, image_metadata, json_md
+from tabletune_pipelines.orchestration.metadata import describe_table, failures
 from tabletune_pipelines.orchestration.partitions import engine_identity_partitions
 from tabletune_pipelines.orchestration.resources import TuningPolicy, store_from
-from tabletune_pipelines.tuning.derive import derive_table
-from tabletune_pipelines.tuning.gates import (
-    blocking_table_gates,
-    cuda_graph_headroom_gate,
-    engine_dependence_gate,
-    fixed_launch_cells,
-    k0_gate,
-    prior_for_table,
-)
-from tabletune_pipelines.tuning.report import (
-    accepted_work_text,
-    boundaries_markdown,
-    goodput_plot,
-    identity_markdown,
-    loss_text,
-    table_markdown,
-    within_noise_markdown,
-)
+from tabletune_pipelines.tuning.build import build_table
 
 
 class TableConfig(dg.Config):
@@ -75,72 +58,7 @@ class TableConfig(dg.Config):
 )
 def draft_length_table(context: dg.AssetExecutionContext, config: TableConfig, duckdb: DuckDBResource,
                        policy: TuningPolicy):
-    key = context.partition_key
-    store = store_from(duckdb)
-    if not store.has_identity(key):
-        raise dg.Failure(description=f"engine identity {key} has no step_time_profile yet; materialize it first")
-    try:
-        profile = store.load_profile(key)
-    except TableTuneError as exc:
-        raise dg.Failure(description=f"{exc}; materialize step_time_profile for this partition first") from exc
-    ident = profile.identity
-    prior, skipped = prior_for_table(store, ident, policy.min_prior_drafts)
-    for s in skipped:
-        context.log.warning(f"skipping prior: {s}")
-    if prior is None:
-        raise dg.Failure(description=(
-            f"no sane acceptance prior for {ident.model} / {ident.drafter} / {ident.method} at K = {ident.max_k}; "
-            "materialize acceptance_prior for a week with logged prompts"
-            + (f" (rejected: {'; '.join(skipped)})" if skipped else "")))
-    try:
-        tuned = derive_table(profile, prior, allowed_ks=config.allowed_ks, stickiness=policy.stickiness,
-                             policy=policy.search_policy, confidence=policy.confidence)  # type: ignore[arg-type]
-    except (TableTuneError, ValueError) as exc:
-        raise dg.Failure(description=f"cannot derive a table for {key}: {exc}") from exc
-    table = tuned.table
-    for w in tuned.warnings:
-        context.log.warning(w)
-    table_id = store.write_table(table)
-    reject = profile.reject_cells()
-    no_spec = profile.no_spec_ms()
-    gates = [
-        *blocking_table_gates(table, policy.max_predicted_loss),
-        engine_dependence_gate(table, fixed_launch_cells(store.profile_cells(key, "fixed_k")), policy.trap_margin,
-                               reject),
-        k0_gate(table, no_spec, reject.get(0, {}), policy.k0_margin),
-        cuda_graph_headroom_gate(table, ident.cudagraph_mode),
-    ]
-    png = goodput_plot(table, no_spec, f"{key}\nprior {prior.prior_id}")
-    yield dg.MaterializeResult(
-        metadata={
-            "table": dg.MetadataValue.md(table_markdown(table.ranges)),
-            "table_json": dg.MetadataValue.json(table.as_vllm()),
-            "table_id": table_id,
-            "predicted_worst_loss": float(table.predicted_worst_loss),
-            "predicted_worst_loss_lcb": float(table.predicted_worst_loss_lcb or 0.0),
-            "predicted_worst_loss_ucb": float(table.predicted_worst_loss_ucb or 0.0),
-            "predicted_loss": loss_text(table),
-            "ranges": len(table.ranges),
-            "one_batch_size_ranges": sum(1 for s, e, _ in table.ranges if s == e),
-            "search_policy": table.search_policy,
-            "boundaries": dg.MetadataValue.md(boundaries_markdown(table)),
-            "k_within_noise": dg.MetadataValue.md(within_noise_markdown(table)),
-            "cells_remeasured": table.cells_remeasured,
-            "wall_timed_cells": table.wall_timed_cells,
-            "has_error_estimates": table.has_error_estimates,
-            "accepted_work_fit": dg.MetadataValue.md(accepted_work_text(table)),
-            "warnings": dg.MetadataValue.json(list(tuned.warnings)),
-            "identity_key": key,
-            "identity": dg.MetadataValue.md(identity_markdown(ident)),
-            "prior_id": prior.prior_id,
-            "prior_week": prior.week or "",
-            "prior_source": prior.source,
-            "acceptance_rates": dg.MetadataValue.json(list(prior.rates)),
-            "accepted_work_corrected": tuned.corrected,
-            "dagster/row_count": len(table.ranges),
-            "profile_cells": len(profile.cells),
-            "speculative_config": json_md(table.speculative_config()),
-            **image_metadata(png, f"{key}-{table_id}"),
-        },
-        check_results=[check_result(g) for g in gates],
-    )
+    with failures():
+        built = build_table(store_from(duckdb), context.partition_key, policy, allowed_ks=config.allowed_ks,
+                            log=context.log)
+    yield describe_table(built)

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tabletune_pipelines.documents import AcceptancePrior, EngineIdentity, StepTimeProfile
 from tabletune_pipelines.engine.client import EngineClient
@@ -24,14 +24,12 @@ from tabletune_pipelines.engine.plan import ProfileOptions
 from tabletune_pipelines.errors import InvalidValueError, NotFoundError, TableTuneError
 from tabletune_pipelines.fleet import Deployment, Fleet, tabletune_home
 from tabletune_pipelines.identity_match import COMPARED_FIELDS, identity_mismatches
-from tabletune_pipelines.published import check_publish_targets, write_speculative_config_companion
 
 __all__ = [
-    "AcceptanceOptions", "CurrentIdentity", "EndpointUnreachable", "EngineMismatchError", "ProfileOptions",
+    "AcceptanceOptions", "CurrentIdentity", "Engine", "EndpointUnreachable", "EngineMismatchError", "ProfileOptions",
     "check_local_engine", "current_identity", "default_cache_dir", "default_work_dir", "deployment_for_identity",
     "deployments_running", "identity_for", "measure_acceptance", "probe_vllm_version", "profile", "resolve_identity",
-    "resolve_model", "same_engine", "serving_speculative_config", "verification_launch_table", "verify_served",
-    "write_speculative_config",
+    "resolve_model", "same_engine", "verification_launch_table", "verify_served",
 ]
 
 TINY_PREFIX = "tiny:"
@@ -39,6 +37,30 @@ TINY_PREFIX = "tiny:"
 
 CurrentIdentity = Callable[[Deployment], EngineIdentity]
 """How the caller learns a deployment's current identity (the pipeline's resource or ``current_identity``)."""
+
+
+class Engine(Protocol):
+    """How a pipeline run reaches a deployment's vLLM: the pipeline's ``EngineResource`` (these functions
+    with its configuration), or a test's scripted engine. The run-level library functions
+    (``tuning.measure``, ``tuning.feedback.ingest_live_counters``, ``publishing``) take one."""
+
+    acceptance_options: Mapping[str, Any]
+    """``AcceptanceOptions`` fields (the seed of the prompt sample among them)."""
+
+    def current_identity(self, dep: Deployment) -> EngineIdentity: ...
+
+    def local_model_path(self, name: str | None, drafter: bool = False, dtype: str | None = None) -> str | None: ...
+
+    def profile(self, identity: EngineIdentity, dep: Deployment | None, store: Any,
+                log: logging.Logger) -> StepTimeProfile: ...
+
+    def measure_acceptance(self, identity: EngineIdentity, dep: Deployment, prompts_file: Path, week: str,
+                           log: logging.Logger) -> AcceptancePrior: ...
+
+    def served_verification_options(self) -> Any: ...
+
+    def verify_served(self, identity: EngineIdentity, dep: Deployment | None, table: Any,
+                      prior: AcceptancePrior | None, log: logging.Logger) -> Any: ...
 
 
 class EndpointUnreachable(TableTuneError):
@@ -340,22 +362,3 @@ def verify_served(identity: EngineIdentity, dep: Deployment | None, table: Any, 
             prompt=lambda rng: rng.choice(prompts), output_tokens=tuple(opts.output_tokens), acceptance=acceptance,
             progress=log.info)
         return dataclasses.replace(result, launch_s=server.startup_seconds)
-
-
-# -- publishing side -----------------------------------------------------------------------
-
-def serving_speculative_config(dep: Deployment, local_model_path: Callable[..., str | None]) -> dict[str, Any]:
-    """The deployment's ``--speculative-config`` keys other than the table and K; for the embedded
-    default the drafter is the built local folder (``tiny:small`` → a path), so the file can be pasted."""
-    cfg = dep.base_speculative_config()
-    if dep.embedded and "model" in cfg:
-        cfg["model"] = local_model_path(cfg["model"], drafter=True, dtype=dep.dtype)
-    return cfg
-
-
-def write_speculative_config(dep: Deployment, published: Mapping[str, Any]) -> Path:
-    """Write the paste-able ``--speculative-config`` JSON of a published document beside the table
-    (``TableTuneStore.publish`` writes it itself, under the publication lock; this is for callers
-    that build a document by other means)."""
-    check_publish_targets(dep.published_table, dep.name)  # never beside, or over, a file TableTune does not own
-    return write_speculative_config_companion(dep.published_table, published)

@@ -33,6 +33,17 @@ class NotFoundError(TableTuneError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class PipelineFailure(TableTuneError):
+    """A pipeline step that cannot produce what it was asked for (no prompts, no profile, no prior, a
+    table refused before publishing): the message says why and what was left unchanged. ``details``
+    are the figures behind it (plain JSON values); the Dagster layer raises it as a ``dg.Failure``
+    with them as metadata."""
+
+    def __init__(self, message: str, details: dict | None = None) -> None:
+        super().__init__(message)
+        self.details: dict = dict(details or {})
+
+
 # -- the method's inputs (core/) ---------------------------------------------------------------
 
 class InvalidAcceptanceError(TableTuneError, ValueError):

@@ -1,17 +1,53 @@
-"""Dagster-side rendering of what the library produced: check results, images and JSON in the UI."""
+"""Dagster-side rendering of what the library produced: check results, images and JSON in the UI.
+
+The assets call the library and hand its plain result to one ``describe_*`` function here, which
+turns it into the ``dg.MaterializeResult`` (metadata and check results) the UI shows. Keys that
+``draft_length_table`` and ``published_table`` share are written once (``table_metadata``). Library
+code raises ``PipelineFailure`` when a run cannot produce its asset; ``failures()`` turns it into
+the step's ``dg.Failure``.
+"""
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
+import numpy as np
 
+from tabletune_pipelines.documents import DraftLengthTable
+from tabletune_pipelines.errors import PipelineFailure
 from tabletune_pipelines.fleet import tabletune_home
+from tabletune_pipelines.publishing import Publication, Rollback
+from tabletune_pipelines.tuning.build import BuiltTable
+from tabletune_pipelines.tuning.feedback import LiveWeek
 from tabletune_pipelines.tuning.gates import Gate
+from tabletune_pipelines.tuning.measure import ProfileRun, WeekPriors
+from tabletune_pipelines.tuning.report import (
+    accepted_work_text,
+    boundaries_markdown,
+    identity_markdown,
+    live_priors_markdown,
+    loss_text,
+    priors_markdown,
+    profile_markdown,
+    publications_markdown,
+    table_markdown,
+    within_noise_markdown,
+)
+
+ROLLBACK_HOWTO = (
+    "Roll back with the job `rollback_published_table` (config: `deployment`), e.g.\n\n"
+    "`dg launch --job rollback_published_table --config-json "
+    "'{\"ops\": {\"rollback_published_table_op\": {\"config\": {\"deployment\": \"<name>\"}}}}'`\n\n"
+    "In a fleet of several engine groups, also give the run the deployment's engine tag, so the run queue "
+    "serialises it with that engine's runs: the launchpad's tags, or `dagster job launch -j "
+    "rollback_published_table --tags '{\"tabletune/engine\": \"<engine group>\"}' ...`.")
+"""Shown with every published table: how to go back one version."""
 
 
 def _value(v: Any) -> Any:
@@ -21,15 +57,28 @@ def _value(v: Any) -> Any:
     return v
 
 
-def check_result(gate: Gate, *, severity: dg.AssetCheckSeverity | None = None) -> dg.AssetCheckResult:
+@contextmanager
+def failures() -> Iterator[None]:
+    """Around a library call: its ``PipelineFailure`` fails the step as a ``dg.Failure`` (the message as
+    the description, its details as metadata)."""
+    try:
+        yield
+    except PipelineFailure as exc:
+        raise dg.Failure(description=str(exc),
+                         metadata={k: _value(v) for k, v in exc.details.items()} or None) from exc
+
+
+def check_result(gate: Gate, *, severity: dg.AssetCheckSeverity | None = None,
+                 extra: Mapping[str, Any] | None = None) -> dg.AssetCheckResult:
     """A gate as an asset-check result of the asset being materialized (its name is the check's).
 
-    Severity: ERROR for blocking gates, WARN for the others, unless given.
+    Severity: ERROR for blocking gates, WARN for the others, unless given. ``extra``: more metadata.
     """
     md: dict[str, Any] = {k: _value(v) for k, v in gate.figures.items()}
     if gate.comparison:
         md["comparison"] = dg.MetadataValue.md(gate.comparison)
     md["summary"] = dg.MetadataValue.text(gate.description)
+    md.update(extra or {})
     if severity is None:
         severity = dg.AssetCheckSeverity.ERROR if gate.blocking else dg.AssetCheckSeverity.WARN
     return dg.AssetCheckResult(check_name=gate.name, passed=gate.passed, severity=severity, metadata=md,
@@ -55,3 +104,155 @@ def image_metadata(png: bytes, name: str) -> dict[str, dg.MetadataValue]:
 def json_md(obj: Any) -> dg.MetadataValue:
     """A JSON value as a fenced, paste-able markdown block."""
     return dg.MetadataValue.md("```json\n" + json.dumps(obj, indent=2, sort_keys=True) + "\n```")
+
+
+# -- one function per asset: the library's result as what the UI shows ----------------------------
+
+def describe_profile(run: ProfileRun) -> dg.MaterializeResult:
+    """``step_time_profile``: the cells of the identity and the check ``profile_complete``."""
+    profile = run.profile
+    spreads = [c.spread for c in profile.cells]
+    return dg.MaterializeResult(
+        metadata={
+            "identity": dg.MetadataValue.md(identity_markdown(run.identity)),
+            "identity_key": run.identity.key,
+            "deployment": run.deployment,
+            "dagster/row_count": len(profile.cells),
+            "cells_measured_this_run": run.cells_measured,
+            "step_ms": dg.MetadataValue.md("Step time, ms (median of repetitions, every draft rejected)\n\n"
+                                           + profile_markdown(profile)),
+            "median_spread": float(np.median(spreads)) if spreads else 0.0,
+            "max_spread": float(max(spreads)) if spreads else 0.0,
+            "cells_remeasured": len(profile.remeasured()),
+            "wall_timed_cells": len(profile.wall_timed()),
+            "mode": profile.mode,
+        },
+        check_results=[check_result(run.gate)],
+    )
+
+
+def describe_acceptance(week: WeekPriors) -> dg.MaterializeResult:
+    """``acceptance_prior``: the week's priors, their samples, and one ``prior_sane`` check over all
+    deployments of the run (it fails if any prior is not sane)."""
+    return dg.MaterializeResult(
+        metadata={
+            "priors": dg.MetadataValue.md(priors_markdown((m.deployment, m.prior) for m in week.measured)),
+            "dagster/row_count": len(week.measured),
+            "week": week.week,
+            "identities": dg.MetadataValue.json(sorted({m.identity_key for m in week.measured})),
+            "deployments_without_prompts": dg.MetadataValue.json(list(week.without_prompts)),
+            # Which mix each prior's sample came from, its size and each a_i's 95 % interval (Wilson, counts).
+            "samples": dg.MetadataValue.json({m.deployment: m.sample for m in week.measured}),
+        },
+        check_results=[dg.AssetCheckResult(
+            check_name="prior_sane", passed=week.sane, description=week.sanity,
+            metadata={m.deployment: m.gate.description for m in week.measured},
+        )],
+    )
+
+
+def describe_live_priors(week: LiveWeek) -> dg.MaterializeResult:
+    """``live_acceptance_counters``: the week's live priors and the windows left out."""
+    return dg.MaterializeResult(metadata={
+        "live_priors": dg.MetadataValue.md(live_priors_markdown(week)),
+        "dagster/row_count": len(week.ingested),
+        "week": week.week,
+        "notes": dg.MetadataValue.json(list(week.notes)),
+        "windows_left_out": week.windows_left_out,
+        "windows_left_out_by_engine": dg.MetadataValue.json(week.left_out),
+    })
+
+
+def table_metadata(table: DraftLengthTable) -> dict[str, Any]:
+    """The keys ``draft_length_table`` and ``published_table`` share: the table, its provenance and
+    its predicted figures and evidence."""
+    return {
+        "table": dg.MetadataValue.md(table_markdown(table.ranges)),
+        "table_id": table.table_id,
+        "identity_key": table.identity_key,
+        "prior_id": table.prior_id,
+        "predicted_worst_loss": float(table.predicted_worst_loss),
+        "predicted_worst_loss_lcb": float(table.predicted_worst_loss_lcb or 0.0),
+        "predicted_worst_loss_ucb": float(table.predicted_worst_loss_ucb or 0.0),
+        "predicted_loss": loss_text(table),
+        "ranges": len(table.ranges),
+        "boundaries": dg.MetadataValue.md(boundaries_markdown(table)),
+        "k_within_noise": dg.MetadataValue.md(within_noise_markdown(table)),
+        "cells_remeasured": table.cells_remeasured,
+    }
+
+
+def describe_table(built: BuiltTable) -> dg.MaterializeResult:
+    """``draft_length_table``: the table, what it was built from, its plot and every table check."""
+    table, prior, key = built.table, built.prior, built.profile.identity.key
+    return dg.MaterializeResult(
+        metadata={
+            **table_metadata(table),
+            "table_json": dg.MetadataValue.json(table.as_vllm()),
+            "one_batch_size_ranges": sum(1 for s, e, _ in table.ranges if s == e),
+            "search_policy": table.search_policy,
+            "wall_timed_cells": table.wall_timed_cells,
+            "has_error_estimates": table.has_error_estimates,
+            "accepted_work_fit": dg.MetadataValue.md(accepted_work_text(table)),
+            "warnings": dg.MetadataValue.json(list(built.tuned.warnings)),
+            "identity": dg.MetadataValue.md(identity_markdown(built.profile.identity)),
+            "prior_week": prior.week or "",
+            "prior_source": prior.source,
+            "acceptance_rates": dg.MetadataValue.json(list(prior.rates)),
+            "accepted_work_corrected": built.tuned.corrected,
+            "dagster/row_count": len(table.ranges),
+            "profile_cells": len(built.profile.cells),
+            "speculative_config": json_md(table.speculative_config()),
+            **image_metadata(built.plot, f"{key}-{built.table_id}"),
+        },
+        check_results=[check_result(g) for g in built.gates],
+    )
+
+
+def served_check(publication: Publication) -> dg.AssetCheckResult:
+    """``served_goodput_verified``, with the served goodput-vs-load plot when the verification ran."""
+    return check_result(publication.gate, extra=_served_plot(publication))
+
+
+def _served_plot(publication: Publication) -> dict[str, dg.MetadataValue]:
+    if publication.served_plot is None:
+        return {}
+    shown = image_metadata(publication.served_plot, f"{publication.identity_key}-{publication.table.table_id}-served")
+    return {"served_goodput_plot": dg.MetadataValue.md(shown["goodput_plot"].value.replace(
+                "goodput vs batch size", "served goodput vs load", 1)),
+            "served_goodput_plot_path": shown["goodput_plot_path"]}
+
+
+def describe_publication(publication: Publication) -> dg.MaterializeResult:
+    """``published_table``: where the table went, its ``--speculative-config``, how to roll back, and
+    the check ``served_goodput_verified``."""
+    check, gate = served_check(publication), publication.gate
+    return dg.MaterializeResult(
+        check_results=[check],
+        metadata={
+            **table_metadata(publication.table),
+            "publications": dg.MetadataValue.md(publications_markdown(publication)),
+            "published": dg.MetadataValue.json([{"deployment": t.deployment, "version": t.version, "path": str(t.path)}
+                                                for t in publication.published]),
+            "unchanged": dg.MetadataValue.json(list(publication.unchanged)),
+            "dagster/row_count": len(publication.published),
+            "speculative_config": json_md(publication.speculative_config),
+            "rollback": dg.MetadataValue.md(ROLLBACK_HOWTO),
+            "skipped_deployments": dg.MetadataValue.json(list(publication.skipped)),
+            "served_verification": dg.MetadataValue.text(gate.description),
+            **({"served_goodput": dg.MetadataValue.md(gate.comparison)} if gate.comparison else {}),
+            **{k: v for k, v in check.metadata.items() if k.startswith("served_goodput_plot")},
+        },
+    )
+
+
+def describe_rollback(done: Rollback, partitions: list[str]) -> dg.AssetMaterialization:
+    """A rollback as a materialization of ``published_table`` (of the identity's partition when it has one)."""
+    return dg.AssetMaterialization(
+        asset_key="published_table",
+        partition=done.identity_key if done.identity_key in partitions else None,
+        description=f"rollback of {done.deployment}",
+        metadata={"deployment": done.deployment, "version": done.version, "path": str(done.path),
+                  "identity_key": done.identity_key, "prior_id": done.prior_id,
+                  "table": dg.MetadataValue.md(table_markdown(done.ranges)), "rollback": True},
+    )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from tabletune_pipelines.fleet import Deployment, Fleet, FleetError, load_fleet
@@ -69,6 +70,16 @@ def run_tags(dep: Deployment) -> dict[str, str]:
     if cfg is not None:
         tags[K8S_CONFIG_TAG] = json.dumps(cfg, sort_keys=True)
     return tags
+
+
+def engine_tag_warning(tags: Mapping[str, str], deployment: str, group: str) -> str | None:
+    """What to warn when a run that wrote a deployment's table (the rollback) does not carry that
+    deployment's ``tabletune/engine`` tag; None when it does."""
+    tag = tags.get(ENGINE_TAG)
+    if tag == group:
+        return None
+    return (f"this run's {ENGINE_TAG} tag is {tag!r}, not {deployment}'s engine group {group!r}: the run queue did "
+            "not serialise it with that engine's runs (the publication lock still kept the store and the file in step)")
 
 
 def default_engine_tag(fleet: Fleet | None) -> str:

@@ -1,6 +1,10 @@
-"""Tuning, as a library (no Dagster, no DuckDB): a profile and a prior become a table.
+"""Tuning, as a library (no Dagster, no DuckDB import): a profile and a prior become a table.
 
 ``derive`` (the table search's inputs and result), ``gates`` (whether a profile, prior or table
-may be used; plain verdicts), ``feedback`` (the controller's live counters → a live prior) and
-``report`` (markdown and the goodput plot).
+may be used; plain verdicts), ``feedback`` (the controller's live counters → a live prior, and the
+week's ingest of a fleet's counter files), ``report`` (markdown and the goodput plot), and what the
+pipeline's assets call: ``measure`` (profile an engine identity; a week's acceptance priors) and
+``build`` (the table of one engine identity from the store, with its gates and plot). Those take the
+store, the fleet and the engine as arguments and return plain results; publishing is
+``tabletune_pipelines.publishing``.
 """

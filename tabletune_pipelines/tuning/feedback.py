@@ -1,4 +1,7 @@
-"""The controller's live counters of a week → a ``live`` acceptance prior (no I/O).
+"""The controller's live counters of a week → a ``live`` acceptance prior.
+
+Everything but ``ingest_live_counters`` is pure (no I/O); that one runs the week for a fleet: it
+reads each deployment's counters file, makes its live prior and stores it.
 
 The controller inside vLLM exports drafted/accepted counts per draft position in windows
 (``tabletune_pipelines.live_counters``). A week's windows are summed and blended with the latest
@@ -22,16 +25,22 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tabletune_pipelines.core.acceptance import AcceptanceEstimator, EstimatorConfig, rates_from_counts
 from tabletune_pipelines.documents import AcceptancePrior
-from tabletune_pipelines.errors import InvalidValueError
-from tabletune_pipelines.live_counters import CounterWindow
+from tabletune_pipelines.errors import InvalidValueError, PipelineFailure, TableTuneError
+from tabletune_pipelines.live_counters import CounterWindow, LiveCountersError, read_live_counters
+
+if TYPE_CHECKING:
+    from tabletune_pipelines.deployments import Engine
+    from tabletune_pipelines.fleet import Fleet
 
 
 @dataclass(frozen=True)
@@ -173,3 +182,82 @@ def live_prior(deployment: str, week: str, windows: Sequence[CounterWindow], *, 
     return LivePrior(prior=prior, windows=len(windows), drafted=prior.drafted_per_pos,
                      accepted=prior.accepted_per_pos, blended_with=blended_with,
                      prior_weight=prior_weight, identity_key=identity_key, left_out=left_out)
+
+
+# -- the week of a fleet: files in, live priors stored ---------------------------------------------
+
+@dataclass(frozen=True)
+class IngestedCounters:
+    """One deployment's live prior of the week, as stored."""
+
+    deployment: str
+    live: LivePrior
+    prior_id: str
+    left_out: int
+    """Windows of other engines in the file's week that were not counted."""
+
+
+@dataclass(frozen=True)
+class LiveWeek:
+    """One run of ``ingest_live_counters``."""
+
+    week: str
+    ingested: tuple[IngestedCounters, ...]
+    notes: tuple[str, ...]
+    """One sentence per deployment without a live prior (no file, no windows, engine unknown)."""
+    left_out: dict[str, dict[str, int]]
+    """Per deployment, windows of other engines left out: identity key ('' = none recorded) -> windows."""
+
+    @property
+    def windows_left_out(self) -> int:
+        return sum(n for per in self.left_out.values() for n in per.values())
+
+
+def ingest_live_counters(store: Any, fleet: Fleet, week: str, bounds: tuple[datetime, datetime], engine: Engine, *,
+                         deployments: Sequence[str] = (), prior_weight: float, log: logging.Logger) -> LiveWeek:
+    """The live prior of ``week`` (windows ending in ``bounds``, [start, end)) of each deployment
+    (``deployments``, default every one), from its ``live_counters`` file and its current engine's
+    windows only, blended with its latest measured prior, and stored. An unreadable file is a
+    ``PipelineFailure``; the priors stored before it stay."""
+    deps = [fleet.deployment(n) for n in deployments] if deployments else list(fleet.deployments)
+    ingested, notes, left_out = [], [], {}
+    for dep in deps:
+        if dep.live_counters is None:
+            notes.append(f"{dep.name}: no live_counters file configured")
+            continue
+        if not dep.live_counters.exists():
+            notes.append(f"{dep.name}: {dep.live_counters} does not exist yet (no controller export)")
+            continue
+        try:
+            identity = engine.current_identity(dep)
+        except TableTuneError as exc:  # counts of an engine we cannot name cannot be attributed to it
+            notes.append(f"{dep.name}: live counters not read: the engine it runs could not be learned ({exc})")
+            continue
+        try:
+            read = read_live_counters(dep.live_counters, max_k=dep.max_k)
+            split = windows_of_engine(windows_in_week(read.windows, dep.name, *bounds), identity.key)
+            live = live_prior(dep.name, week, split.kept, max_k=dep.max_k,
+                              measured=store.latest_measured_prior(dep.name, up_to_week=week),
+                              prior_weight=prior_weight, counters_fingerprint=read.fingerprint,
+                              identity_key=identity.key)
+        except (LiveCountersError, InvalidValueError) as exc:
+            raise PipelineFailure(f"{dep.name}: unreadable live counters: {exc}") from exc
+        if split.left_out:
+            left_out[dep.name] = split.left_out
+            log.warning(f"{dep.name}: {split.describe_left_out()}")
+        if read.skipped_partial_last_line:
+            log.warning(f"{dep.name}: skipped a half-written last line in {dep.live_counters}")
+        if read.duplicates:
+            log.warning(f"{dep.name}: {read.duplicates} window(s) of {dep.live_counters} were exported twice; "
+                        "each is counted once")
+        if live is None:
+            notes.append(f"{dep.name}: no counter windows of {identity.key} ending in the week of {week}"
+                         + (f" ({split.left_out_count} of other engines left out)" if split.left_out else ""))
+            continue
+        if live.blended_with is None:
+            log.warning(f"{dep.name}: {live.basis}")
+        pid = store.write_acceptance_prior(live.prior, store.upsert_identity(identity))
+        ingested.append(IngestedCounters(dep.name, live, pid, split.left_out_count))
+    for n in notes:
+        log.info(n)
+    return LiveWeek(week=week, ingested=tuple(ingested), notes=tuple(notes), left_out=left_out)

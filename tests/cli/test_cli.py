@@ -80,12 +80,12 @@ def test_multi_line_errors_keep_one_error_line(home, tmp_path, capsys):
 
 def test_table_takes_the_prior_the_pipeline_takes(seeded, capsys):
     """One rule for which prior builds a table (``tuning.gates.prior_for_table``): ``tabletune table``
-    skips a newer prior that fails the prior gate, as the ``draft_length_table`` asset does."""
-    import assets.tables
+    skips a newer prior that fails the prior gate, as the ``draft_length_table`` asset does (through
+    ``tuning.build.build_table``)."""
     from tabletune_pipelines.documents import AcceptancePrior
-    from tabletune_pipelines.tuning import gates
+    from tabletune_pipelines.tuning import build, gates
 
-    assert assets.tables.prior_for_table is gates.prior_for_table
+    assert build.prior_for_table is gates.prior_for_table
     store = TableTuneStore(seeded)
     (key,) = store.identity_keys()
     good = store.latest_acceptance_prior()

@@ -192,9 +192,10 @@ def test_one_home_per_concept(concept):
 
 
 def test_the_asset_and_the_cli_pick_a_tables_prior_by_the_one_rule():
-    """``tuning.gates.prior_for_table`` decides which prior builds a table; ``assets/`` and
-    ``cli.py`` never choose one from the store themselves."""
-    found = {c for c in copies(prior_picker) if c[0].startswith("assets/") or c[0] == "tabletune_pipelines/cli.py"}
+    """``tuning.gates.prior_for_table`` decides which prior builds a table; ``assets/``, the library
+    function the asset calls (``tuning/build.py``) and ``cli.py`` never choose one from the store themselves."""
+    callers = ("tabletune_pipelines/cli.py", "tabletune_pipelines/tuning/build.py")
+    found = {c for c in copies(prior_picker) if c[0].startswith("assets/") or c[0] in callers}
     assert found == set()
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,11 +13,12 @@ from dagster_duckdb import DuckDBResource
 from pydantic import PrivateAttr
 
 from tabletune_pipelines.deployments import identity_for
-from tabletune_pipelines.documents import AcceptancePrior, StepTimeCell
 from tabletune_pipelines.engine.errors import EngineCrashedError
 from tabletune_pipelines.orchestration.resources import EngineResource, FleetResource, TuningPolicy
-from tabletune_pipelines.prompts import count_prompts
-from tests.tuning.samples import RATES, scripted_ms
+from tests.tuning.samples import RATES, scripted_ms, scripted_prior, scripted_profile, scripted_verification
+
+__all__ = ["RATES", "ScriptedEngine", "VersionServer", "WEEK", "deployment_dict", "make_resources", "scripted_ms",
+           "write_fleet", "write_prompts"]
 
 WEEK = "2026-11-16"  # a complete week (Monday) before "now" in these tests
 
@@ -81,66 +81,17 @@ class ScriptedEngine(EngineResource):
         return super().current_identity(dep)
 
     def profile(self, identity, dep, store, log):
-        existing = {(c.k, c.batch_size, c.acceptance) for c in store.profile_cells(identity.key)}
-        written = 0
-        for b in self.batch_sizes:
-            for k in [*range(identity.max_k + 1), None]:
-                if (k, b, "reject") in existing:
-                    continue
-                if 0 <= self.fail_after_cells <= written:
-                    raise EngineCrashedError(f"scripted crash: the vLLM server died at B={b}, k={k}",
-                                             log_tail="EngineDeadError: scripted")
-                ms = scripted_ms(k, b)
-                store.write_profile_cell(identity, StepTimeCell(
-                    k=k, batch_size=b, median_ms=ms, repetitions_ms=(ms * 0.99, ms, ms * 1.02),
-                    launch_k=None if k is None else identity.max_k, timing="engine"))
-                written += 1
-        return store.load_profile(identity.key)
+        return scripted_profile(identity, store, self.batch_sizes, self.fail_after_cells)
 
     def verify_served(self, identity, dep, table, prior, log):
-        """Scripted windows (goodput B·τ(k)/T(B, k) of the scripted profile at B = load, 3 rounds, ±1% per
-        round alike for every policy) judged by the real ``evaluation.served.judge``."""
-        from tabletune_pipelines.core.goodput import tau_curve
-        from tabletune_pipelines.core.table import expand_table
-        from tabletune_pipelines.evaluation import served
-
-        opts = self.served_verification_options()
+        """Scripted windows judged by the real ``evaluation.served.judge`` (``samples.scripted_verification``)."""
         self._calls.append(("verify_served", identity.key, table.table_id))
-        K, M = identity.max_k, identity.max_num_seqs
-        loads = tuple(opts.loads or served.default_loads(M))
-        taus = tau_curve(tuple(self.rates[:K]))
-        lookup = expand_table([list(r) for r in table.ranges], M, K)
-
-        def window(policy, k, load, r):
-            g = 1000.0 * load * taus[k] / scripted_ms(k, load) * (1.0 + 0.01 * ((r + load) % 3 - 1))
-            return served.Window(policy, load, r, int(round(g * 2.0)), 2.0, 100, float(load), 0)
-
-        windows = []
-        for load in loads:
-            for r in range(3):
-                windows += [window(served.fixed_name(k), k, load, r) for k in range(K + 1)]
-                windows.append(window(served.CANDIDATE, lookup[load - 1], load, r))
-        goodput, verdicts = served.judge(windows, loads, [served.fixed_name(k) for k in range(K + 1)],
-                                         tolerance=opts.tolerance)
-        plan = served.VerificationPlan(loads, 3, 2.0, 0.0, 0.0, opts.budget_s or 75.0, 0.0)
-        return served.ServedVerification(
-            candidate=tuple(tuple(r) for r in table.ranges), max_k=K, max_num_seqs=M, plan=plan, goodput=tuple(goodput),
-            verdicts=tuple(verdicts), tolerance=opts.tolerance, elapsed_s=0.0, budget_cut=False,
-            windows=tuple(windows), device="scripted", acceptance="scripted")
+        return scripted_verification(identity, table, self.rates, self.served_verification_options())
 
     def measure_acceptance(self, identity, dep, prompts_file, week, log):
         if dep.name in self.fail_acceptance_for:
             raise EngineCrashedError(f"scripted crash while measuring acceptance of {dep.name}")
-        n = count_prompts(prompts_file)
-        drafts = 100 * n
-        rates = tuple(self.rates[: identity.max_k])
-        drafted = tuple([drafts] * identity.max_k)
-        return AcceptancePrior(
-            rates=rates, num_drafts=drafts, drafted_per_pos=drafted,
-            accepted_per_pos=tuple(int(round(r * drafts)) for r in rates),
-            prompt_fingerprint=hashlib.sha256(prompts_file.read_bytes()).hexdigest(), prompt_count=n,
-            week=week, deployment=dep.name, source="measured",
-        )
+        return scripted_prior(identity, dep, prompts_file, week, self.rates)
 
 
 class VersionServer:

@@ -20,7 +20,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tabletune_pipelines.core.table import validate_table
-from tabletune_pipelines.deployments import write_speculative_config
 from tabletune_pipelines.documents import DraftLengthTable, EngineIdentity
 from tabletune_pipelines.errors import TableTuneError
 from tabletune_pipelines.fleet import parse_fleet
@@ -31,6 +30,7 @@ from tabletune_pipelines.published import (
     speculative_config_path,
     write_published_table,
 )
+from tabletune_pipelines.publishing import write_speculative_config
 from tabletune_pipelines.store import TableTuneStore
 from tests.readers.conftest import assert_one_error, snapshot
 

@@ -61,3 +61,77 @@ def noisy_profile(noise: float = 0.05, seed: int = 0, reps: int = 3, batch_sizes
         cells += [cell(k, b, scripted_ms(k, b) + k * accept_extra_ms_per_token, "accept")
                   for b in accept_batch_sizes for k in ks if k >= 1]
     return StepTimeProfile(identity=identity, cells=tuple(cells))
+
+
+def scripted_verification(identity: EngineIdentity, table, rates, opts):
+    """A served verification of ``table`` from scripted windows (goodput B·τ(k)/T(B, k) of the scripted
+    profile at B = load, 3 rounds, ±1% per round alike for every policy) judged by the real
+    ``evaluation.served.judge``."""
+    from tabletune_pipelines.core.goodput import tau_curve
+    from tabletune_pipelines.core.table import expand_table
+    from tabletune_pipelines.evaluation import served
+
+    K, M = identity.max_k, identity.max_num_seqs
+    loads = tuple(opts.loads or served.default_loads(M))
+    taus = tau_curve(tuple(rates[:K]))
+    lookup = expand_table([list(r) for r in table.ranges], M, K)
+
+    def window(policy, k, load, r):
+        g = 1000.0 * load * taus[k] / scripted_ms(k, load) * (1.0 + 0.01 * ((r + load) % 3 - 1))
+        return served.Window(policy, load, r, int(round(g * 2.0)), 2.0, 100, float(load), 0)
+
+    windows = []
+    for load in loads:
+        for r in range(3):
+            windows += [window(served.fixed_name(k), k, load, r) for k in range(K + 1)]
+            windows.append(window(served.CANDIDATE, lookup[load - 1], load, r))
+    goodput, verdicts = served.judge(windows, loads, [served.fixed_name(k) for k in range(K + 1)],
+                                     tolerance=opts.tolerance)
+    plan = served.VerificationPlan(loads, 3, 2.0, 0.0, 0.0, opts.budget_s or 75.0, 0.0)
+    return served.ServedVerification(
+        candidate=tuple(tuple(r) for r in table.ranges), max_k=K, max_num_seqs=M, plan=plan, goodput=tuple(goodput),
+        verdicts=tuple(verdicts), tolerance=opts.tolerance, elapsed_s=0.0, budget_cut=False,
+        windows=tuple(windows), device="scripted", acceptance="scripted")
+
+
+def scripted_profile(identity: EngineIdentity, store, batch_sizes=(1, 2, 4, 8, 12, 16), fail_after_cells: int = -1
+                     ) -> StepTimeProfile:
+    """What a scripted engine's profiling writes: ``scripted_ms`` at every k in 0..K and no speculation,
+    three repetitions, resuming from the cells the store has; ``fail_after_cells`` >= 0 crashes the
+    "server" after that many new cells (those stay stored, as a real profile's do)."""
+    from tabletune_pipelines.engine.errors import EngineCrashedError
+
+    existing = {(c.k, c.batch_size, c.acceptance) for c in store.profile_cells(identity.key)}
+    cells = []
+    for b in batch_sizes:
+        for k in [*range(identity.max_k + 1), None]:
+            if (k, b, "reject") in existing:
+                continue
+            if 0 <= fail_after_cells <= len(cells):
+                if cells:
+                    store.write_profile_cells(identity, cells)
+                raise EngineCrashedError(f"scripted crash: the vLLM server died at B={b}, k={k}",
+                                         log_tail="EngineDeadError: scripted")
+            ms = scripted_ms(k, b)
+            cells.append(StepTimeCell(k=k, batch_size=b, median_ms=ms, repetitions_ms=(ms * 0.99, ms, ms * 1.02),
+                                      launch_k=None if k is None else identity.max_k, timing="engine"))
+    if cells:
+        store.write_profile_cells(identity, cells)  # one transaction (a real profile writes cell by cell)
+    return store.load_profile(identity.key)
+
+
+def scripted_prior(identity: EngineIdentity, dep, prompts_file, week: str, rates=RATES) -> AcceptancePrior:
+    """What a scripted engine's acceptance measurement returns: ``rates`` from 100 drafts per logged prompt."""
+    import hashlib
+
+    from tabletune_pipelines.prompts import count_prompts
+
+    n = count_prompts(prompts_file)
+    drafts = 100 * n
+    rates = tuple(rates[: identity.max_k])
+    return AcceptancePrior(
+        rates=rates, num_drafts=drafts, drafted_per_pos=tuple([drafts] * identity.max_k),
+        accepted_per_pos=tuple(int(round(r * drafts)) for r in rates),
+        prompt_fingerprint=hashlib.sha256(prompts_file.read_bytes()).hexdigest(), prompt_count=n,
+        week=week, deployment=dep.name, source="measured",
+    )

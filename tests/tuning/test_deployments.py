@@ -1,4 +1,5 @@
-"""deployments.py: a deployment → its identity, options of measurement launches, the paste-able config.
+"""deployments.py: a deployment → its identity, options of measurement launches (the paste-able config:
+test_publishing.py).
 
 Library calls only (no engine launch, no Dagster): measurement itself is covered by the engine tests
 and test_pipeline_real_engine.py.
@@ -6,7 +7,6 @@ and test_pipeline_real_engine.py.
 
 from __future__ import annotations
 
-import json
 import socket
 
 import pytest
@@ -114,9 +114,3 @@ def test_a_partition_of_another_vllm_is_refused_before_any_launch(tmp_path):
         deployments.check_local_engine(ident)
 
 
-def test_serving_config_of_the_embedded_default_is_paste_able(tmp_path):
-    dep = fleet(tmp_path).deployments[0]
-    cfg = deployments.serving_speculative_config(dep, lambda name, drafter=False, dtype=None: f"/models/{name}")
-    assert cfg == {"method": "draft_model", "model": "/models/tiny:small"}
-    path = deployments.write_speculative_config(dep, {"speculative_config": {**cfg, "num_speculative_tokens": 3}})
-    assert path == dep.speculative_config_path and json.loads(path.read_text())["num_speculative_tokens"] == 3

@@ -27,7 +27,8 @@ from tests.tuning.samples import IDENT, prior, profile, scripted_ms
 
 @pytest.mark.parametrize("module", ["tabletune_pipelines.tuning.derive", "tabletune_pipelines.tuning.gates",
                                     "tabletune_pipelines.tuning.feedback", "tabletune_pipelines.tuning.report",
-                                    "tabletune_pipelines.deployments"])
+                                    "tabletune_pipelines.tuning.measure", "tabletune_pipelines.tuning.build",
+                                    "tabletune_pipelines.deployments", "tabletune_pipelines.publishing"])
 def test_library_modules_import_without_dagster_duckdb_pandas(module):
     code = (f"import sys, {module}\n"
             "print(','.join(m for m in ('dagster', 'duckdb', 'pandas', 'matplotlib') if m in sys.modules))")

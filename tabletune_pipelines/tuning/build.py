@@ -1,0 +1,101 @@
+"""The draft-length table of one engine identity, from the store (no Dagster): its profile, the prior
+``gates.prior_for_table`` picks (the rule ``tabletune table`` follows too), the table search
+(``derive.derive_table``), the table stored, every table gate and the goodput plot.
+
+``build_table`` returns a plain ``BuiltTable`` that the Dagster layer describes; when no table can
+be derived it raises ``PipelineFailure`` saying what to materialize first.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from tabletune_pipelines.documents import AcceptancePrior, DraftLengthTable, StepTimeProfile
+from tabletune_pipelines.errors import PipelineFailure, TableTuneError
+from tabletune_pipelines.tuning.derive import TunedTable, derive_table
+from tabletune_pipelines.tuning.gates import (
+    Gate,
+    blocking_table_gates,
+    cuda_graph_headroom_gate,
+    engine_dependence_gate,
+    fixed_launch_cells,
+    k0_gate,
+    prior_for_table,
+)
+from tabletune_pipelines.tuning.report import goodput_plot
+
+
+class TablePolicy(Protocol):
+    """The knobs a table is built with (the pipeline's ``TuningPolicy`` resource has them all)."""
+
+    max_predicted_loss: float
+    min_prior_drafts: int
+    trap_margin: float
+    k0_margin: float
+    stickiness: float
+    search_policy: str
+    confidence: float
+
+
+@dataclass(frozen=True)
+class BuiltTable:
+    """One run of ``build_table``."""
+
+    tuned: TunedTable
+    """The table with the predictions and evidence behind it."""
+    table_id: str
+    """The id it is stored under."""
+    profile: StepTimeProfile
+    prior: AcceptancePrior
+    """The prior it was built from."""
+    gates: tuple[Gate, ...]
+    """The blocking table gates, then ``engine_dependence_trap``, ``k0_costs_vs_no_spec``, ``cuda_graph_headroom``."""
+    plot: bytes
+    """The goodput-vs-batch-size plot (PNG)."""
+
+    @property
+    def table(self) -> DraftLengthTable:
+        return self.tuned.table
+
+
+def build_table(store: Any, key: str, policy: TablePolicy, *, allowed_ks: Iterable[int] | None = None,
+                log: logging.Logger) -> BuiltTable:
+    """Derive, store and judge the table of engine identity ``key`` under ``policy``."""
+    if not store.has_identity(key):
+        raise PipelineFailure(f"engine identity {key} has no step_time_profile yet; materialize it first")
+    try:
+        profile = store.load_profile(key)
+    except TableTuneError as exc:
+        raise PipelineFailure(f"{exc}; materialize step_time_profile for this partition first") from exc
+    ident = profile.identity
+    prior, skipped = prior_for_table(store, ident, policy.min_prior_drafts)
+    for s in skipped:
+        log.warning(f"skipping prior: {s}")
+    if prior is None:
+        raise PipelineFailure(
+            f"no sane acceptance prior for {ident.model} / {ident.drafter} / {ident.method} at K = {ident.max_k}; "
+            "materialize acceptance_prior for a week with logged prompts"
+            + (f" (rejected: {'; '.join(skipped)})" if skipped else ""))
+    try:
+        tuned = derive_table(profile, prior, allowed_ks=allowed_ks, stickiness=policy.stickiness,
+                             policy=policy.search_policy, confidence=policy.confidence)  # type: ignore[arg-type]
+    except (TableTuneError, ValueError) as exc:
+        raise PipelineFailure(f"cannot derive a table for {key}: {exc}") from exc
+    table = tuned.table
+    for w in tuned.warnings:
+        log.warning(w)
+    table_id = store.write_table(table)
+    reject = profile.reject_cells()
+    no_spec = profile.no_spec_ms()
+    gates = (
+        *blocking_table_gates(table, policy.max_predicted_loss),
+        engine_dependence_gate(table, fixed_launch_cells(store.profile_cells(key, "fixed_k")), policy.trap_margin,
+                               reject),
+        k0_gate(table, no_spec, reject.get(0, {}), policy.k0_margin),
+        cuda_graph_headroom_gate(table, ident.cudagraph_mode),
+    )
+    plot = goodput_plot(table, no_spec, f"{key}\nprior {prior.prior_id}")
+    return BuiltTable(tuned=tuned, table_id=table_id, profile=profile, prior=prior, gates=gates, plot=plot)
