@@ -77,20 +77,22 @@ def test_flap_counter_worked_numbers():
     # A reversal after a quiet spell longer than the cap: the level starts again (a change of traffic).
     f.count(tab(2, 1, 1, 1), tab(2, 2, 1, 1), rebuild=316 + 101)
     assert f.level == 1 and f.held_until == 417 + 1 + 8 and f.reversals == 4
-    # Round three ks: 1 -> 3 (new), 3 -> 1 (back) is a reversal too.
+    # Round three ks: 1 -> 3 (new), 3 -> 2 (new), 2 -> 1 returns to a k B = 1 had had: a reversal too,
+    # and held (a cycle 1 -> 2 -> 3 -> 1 ... never flips straight back, and is flapping all the same).
     g = FlapCounter(4, cap=100)
     g.count(tab(1, 1, 1, 1), tab(3, 1, 1, 1), rebuild=0)
     g.count(tab(3, 1, 1, 1), tab(2, 1, 1, 1), rebuild=1)  # 2 is new at B = 1 (before: 1, then 3)
-    assert g.reversals == 0
-    g.count(tab(2, 1, 1, 1), tab(3, 1, 1, 1), rebuild=2)  # back to 3, the k before 2
+    assert g.reversals == 0 and not g.holding(2)
+    g.count(tab(2, 1, 1, 1), tab(1, 1, 1, 1), rebuild=2)  # back to 1, which B = 1 had two changes ago
     assert g.reversals == 1 and g.holding(3)
+    assert g.allow(tab(1, 1, 1, 1), tab(3, 2, 1, 1), 3).tolist() == [1, 2, 1, 1]  # 3 was had: held; 2 at B = 2 is new
     assert f.summary(418, hours=0.5) == {"switches": 6, "switches_per_hour": 12.0, "reversals": 4,
                                          "switches_by_batch_size": {"1": 1, "2": 5}, "held_batch_sizes": 2,
                                          "flap_level": 1, "flap_overrides": 1}
     # a new published version: its own flap history, the cumulative counts carried over
     h = f.restarted(cap=0)
     assert h.switches.tolist() == f.switches.tolist() and h.switches is not f.switches and h.reversals == 4
-    assert not h.holding(418) and h.k_before.tolist() == [-1] * 5
+    assert not h.holding(418) and h.had.tolist() == [0] * 5
     h.count(tab(1, 1, 1, 1), tab(2, 1, 1, 1), rebuild=500)
     h.count(tab(2, 1, 1, 1), tab(1, 1, 1, 1), rebuild=501)  # cap 0: a reversal, counted, never held
     assert h.reversals == 5 and not h.holding(502)
