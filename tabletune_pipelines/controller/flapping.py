@@ -39,9 +39,10 @@ class FlapCounter:
     back to a k the batch size had had before (``reversals``: a flip back, or a return round three
     ks), and the table-wide hold.
 
-    A change of the table that returns some batch size to a k it had had is a *reversal event*. The first one after a quiet spell starts a hold of ``HOLD_GROWTH`` rebuilds;
-    each repeat (within ``cap`` rebuilds of the last hold's end, at least ``FLAP_WINDOW_REBUILDS``)
-    one ``HOLD_GROWTH`` times longer, up to ``cap`` rebuilds (``flap_backoff_rebuilds``; 0 = no
+    A change of the table that returns some batch size to a k it had had is a *reversal event*.
+    The first one after a quiet spell starts a hold of ``HOLD_GROWTH`` rebuilds; each repeat
+    (within ``cap`` rebuilds of the last hold's end, at least ``FLAP_WINDOW_REBUILDS``) one
+    ``HOLD_GROWTH`` times longer, up to ``cap`` rebuilds (``flap_backoff_rebuilds``; 0 = no
     backoff). While held, no batch size goes back to a k it had had unless the gain clears
     ``OVERRIDE_GAIN`` at the lower confidence bound (``allow``); a change to a k it never had (a
     change of traffic) is never held. (Counting only flips back to the k a batch size had just
@@ -75,9 +76,9 @@ class FlapCounter:
     def allow(self, old: np.ndarray, want: np.ndarray, rebuild: int,
               gain_lcb: np.ndarray | None = None) -> np.ndarray:
         """The table to install: ``want`` (k per B, index B - 1), or, while the table is held at
-        rebuild number ``rebuild``, ``old`` wherever ``want`` returns a batch size to a k it had had,
-        without clearing the override (``gain_lcb``: per B, the lower confidence bound of log(G(want) / G(old)); None:
-        no batch size clears it)."""
+        rebuild number ``rebuild``, ``old`` wherever ``want`` returns a batch size to a k it had had
+        without clearing the override (``gain_lcb``: per B, the lower confidence bound of
+        log(G(want) / G(old)); None: no batch size clears it)."""
         if not self.holding(rebuild):
             return want
         moving = (want != old) & (self._bit(self.had[1:], want) > 0)  # returns only: a new k moves at once
