@@ -88,12 +88,14 @@ def cmd_profile(args) -> int:
     cfg, n = server_config(args, (0.0, 0.0, 0.0), Path(args.work_dir) / "profile")
     if args.cpu_smoke:
         base = None
-        plan = ProfilePlan(batch_sizes=(1, 4, 8), ks=(0, 1, 2, 3), repetitions=2, include_no_spec=False)
+        plan = ProfilePlan(batch_sizes=(1, 4, 8), ks=(0, 1, 2, 3), repetitions=2, include_no_spec=False,
+                           accept_batch_sizes=())
         mixed_bs = (1, 4, 7)
     else:
         base = StepTimeProfile.from_json((HERE / "data" / "h200" / PROFILES[args.engine]).read_text())
         grid = tuple(sorted({c.batch_size for c in base.cells if c.k is not None and c.acceptance == "reject"}))
-        plan = ProfilePlan(batch_sizes=grid, ks=(0, 1, 2, 3), repetitions=3, include_no_spec=False)
+        plan = ProfilePlan(batch_sizes=grid, ks=(0, 1, 2, 3), repetitions=3, include_no_spec=False,
+                           accept_batch_sizes=())
         mixed_bs = tuple(int(x) for x in args.mixed_batch_sizes.split(","))
     opts = ProfileOptions(remeasure_budget_s=0, warmup=not args.cpu_smoke, mixed_batch_sizes=mixed_bs,
                           mixed_prefill_tokens=tuple(int(x) for x in args.prefill.split(",")),

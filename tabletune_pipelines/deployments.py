@@ -20,10 +20,11 @@ from tabletune_pipelines.engine.client import EngineClient
 from tabletune_pipelines.engine.errors import EngineError
 from tabletune_pipelines.engine.identity import deployment_identity
 from tabletune_pipelines.engine.installed import installed_vllm_version
-from tabletune_pipelines.engine.plan import ProfileOptions
+from tabletune_pipelines.engine.plan import LaunchOverrides, ProfileOptions
 from tabletune_pipelines.errors import InvalidValueError, NotFoundError, TableTuneError
 from tabletune_pipelines.fleet import Deployment, Fleet, tabletune_home
 from tabletune_pipelines.identity_match import COMPARED_FIELDS, identity_mismatches
+from tabletune_pipelines.options import options_from_mapping
 
 __all__ = [
     "AcceptanceOptions", "CurrentIdentity", "Engine", "EndpointUnreachable", "EngineMismatchError", "ProfileOptions",
@@ -202,34 +203,20 @@ def resolve_model(name: str | None, cache_dir: str | Path, *, drafter: bool = Fa
 # What a profile measures is the engine's ``ProfileOptions`` (engine/plan.py), re-exported here.
 
 @dataclass(frozen=True)
-class AcceptanceOptions:
-    """How acceptance is measured on a prompt file (docs/method.md, "Acceptance")."""
+class AcceptanceOptions(LaunchOverrides):
+    """How acceptance is measured on a prompt file (docs/method.md, "Acceptance"); the server
+    settings of its launch are ``engine.plan.LaunchOverrides``."""
 
     max_tokens: int | None = None
     """Tokens generated per prompt; None = the engine's default."""
     seed: int = 0
     """Seed of the prompt sample and of sampling."""
-    startup_timeout: float | None = None
-    """Server start-up timeout in seconds; None = the ServerConfig's."""
-    kv_cache_space_gib: int | None = None
-    """KV cache size on the CPU build, GiB; None = the ServerConfig's."""
-    max_model_len: int | None = None
-    """Context length of the measurement launch; None = the ServerConfig's."""
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any] | None, *, where: str = "acceptance options") -> "AcceptanceOptions":
-        """Options from a dict (a Dagster resource config); an unknown key is named with ``where``."""
-        data = dict(data or {})
-        names = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(data) - set(names))
-        if unknown:
-            raise InvalidValueError(f"{where}: unknown key(s) {unknown}; known keys: {names}")
-        return cls(**data)
-
-    def server_overrides(self) -> dict[str, Any]:
-        """The ServerConfig fields these options set (only those not None)."""
-        names = ("startup_timeout", "kv_cache_space_gib", "max_model_len")
-        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
+        """Options from a dict (a Dagster resource config; ``options.options_from_mapping``); an unknown
+        key is named with ``where``."""
+        return options_from_mapping(cls, data, where=where, error=InvalidValueError)
 
 
 # -- measurement ---------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal, get_args
 
 from tabletune_pipelines.errors import TableTuneError
+from tabletune_pipelines.options import options_from_mapping
 from tabletune_pipelines.vocab import CONTROLLER_MODES, ControllerMode
 
 ControllerPolicy = Literal["tabletune", "turbospec", "nightjar"]
@@ -254,29 +255,10 @@ class ControllerSettings:
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any] | None, *, where: str = "controller settings") -> "ControllerSettings":
-        """Settings from a JSON/YAML mapping: unknown keys and wrong types are errors naming ``where``."""
-        if data is None:
-            return cls()
-        if not isinstance(data, Mapping):
-            raise SettingsError(f"{where} must be a mapping of setting names to values, got {type(data).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(str(k) for k in data if k not in known)
-        if unknown:
-            raise SettingsError(f"{where}: unknown setting(s) {unknown}; known: {sorted(known)}")
-        body = dict(data)
-        # JSON has one number type: accept 3.0 for an integer setting only when it is integral.
-        # Only exact conversions: 1e300 stays a float (refused by name, not turned into a 301-digit
-        # integer), and an integer too large for a float stays an integer (refused by its bound).
-        for f in fields(cls):
-            v = body.get(f.name)
-            if f.type in ("int",) and type(v) is float and v.is_integer() and abs(v) <= 2.0 ** 53:
-                body[f.name] = int(v)
-            if f.type in ("float",) and type(v) is int and abs(v) <= 2 ** 53:
-                body[f.name] = float(v)
-        try:
-            return cls(**body)
-        except SettingsError as exc:
-            raise SettingsError(f"{where}: {exc}") from None
+        """Settings from a JSON/YAML mapping (``options.options_from_mapping``): unknown keys and wrong
+        types are errors naming ``where``; an integral float (3.0) is an integer setting's integer and
+        an integer a float setting's float, when the conversion is exact (JSON has one number type)."""
+        return options_from_mapping(cls, data, where=where, error=SettingsError, noun="setting", exact_numbers=True)
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -1,8 +1,10 @@
 """What a profile measures, and the launches that measure it.
 
 ``ProfileOptions`` is what a caller asks for (the CLI, the pipeline, a benchmark): typed, with
-a default per field. ``default_plan`` turns it plus a ``ServerConfig`` into a ``ProfilePlan``
-(batch sizes, k values, repetitions, which extra cells). The ``*_config`` functions build the
+a default per field. ``plan_from_options`` turns it plus a ``ServerConfig`` into a ``ProfilePlan``
+(batch sizes, k values, repetitions, which extra cells); the fields the two share are declared once,
+in ``PlanFields``, and the server settings a measurement may override once, in ``LaunchOverrides``
+(``deployments.AcceptanceOptions`` builds on it too). The ``*_config`` functions build the
 ``ServerConfig`` of each launch the plan needs (docs/method.md, "Step time T(B, k)").
 """
 
@@ -19,13 +21,15 @@ from tabletune_pipelines.core.remeasure import DEFAULT_MAX_REPETITIONS
 from tabletune_pipelines.core.steptime import batch_size_grid
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.engine.errors import EngineConfigError
+from tabletune_pipelines.options import options_from_mapping
 from tabletune_pipelines.vocab import DEFAULT_REPETITIONS, PROFILE_MODES, ProfileMode
 
 #: Default seconds of adaptive re-measurement after the first pass.
 DEFAULT_REMEASURE_BUDGET_S = 120.0
 
 #: The range of every number ``ProfileOptions`` holds: ``name: (low, high, integer, why)``. One
-#: validation: ``ProfileOptions`` checks its fields with ``limit_problem``, and so do the CLI's
+#: validation: ``ProfileOptions``, ``ProfilePlan`` and ``deployments.AcceptanceOptions`` check their
+#: fields with ``limit_problem`` (through ``PlanFields`` and ``LaunchOverrides``), and so do the CLI's
 #: ``profile`` options (``--repetitions``, ``--max-repetitions``, ``--remeasure-budget``,
 #: ``--startup-timeout``), so a value that could not be meant (10^12 repetitions, a 1e300 s budget) is
 #: refused by name before an engine starts or the store is touched.
@@ -79,35 +83,6 @@ CellKey = tuple[int | None, int, str]
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class ProfilePlan:
-    """What to measure."""
-
-    batch_sizes: tuple[int, ...]
-    """Batch sizes of the reject cells (default: ``batch_size_grid(max_num_seqs)``)."""
-    ks: tuple[int, ...]
-    """Draft lengths timed under the launch K (default 0..K)."""
-    repetitions: int = DEFAULT_REPETITIONS
-    """Repetitions per cell; the k order is rotated per repetition."""
-    include_no_spec: bool = True
-    """Also measure the no-speculation server (k=None cells) at every batch size."""
-    accept_batch_sizes: tuple[int, ...] = ()
-    """Batch sizes for the all-accepted cells (synthetic rates 1), k >= 1 only; empty = none."""
-    prompt_tokens: int = 32
-    """Prompt length in tokens."""
-
-    def cells(self, mode: str) -> list[CellKey]:
-        """Every cell of the plan under ``mode``, in measuring order."""
-        if mode == "fixed_k":
-            # Launches with K = k and no table: k >= 1 only, no baseline, no all-accepted cells.
-            return [(k, b, "reject") for b in self.batch_sizes for k in self.ks if k >= 1]
-        keys: list[CellKey] = [(k, b, "reject") for b in self.batch_sizes for k in self.ks]
-        if self.include_no_spec:
-            keys += [(None, b, "reject") for b in self.batch_sizes]
-        keys += [(k, b, "accept") for b in self.accept_batch_sizes for k in self.ks if k >= 1]
-        return keys
-
-
 def _ints(name: str, values: Iterable[Any] | None) -> tuple[int, ...] | None:
     if values is None:
         return None
@@ -121,9 +96,114 @@ def _ints(name: str, values: Iterable[Any] | None) -> tuple[int, ...] | None:
     return tuple(out)
 
 
+def _names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise EngineConfigError(f"{name} = {value!r} must be true or false")
+
+
 @dataclass(frozen=True)
-class ProfileOptions:
-    """How to profile: the plan's knobs, the launch mode and a few server settings.
+class LaunchOverrides:
+    """The server settings a measurement's options may set on the ``ServerConfig`` it launches (one
+    home: ``ProfileOptions`` and ``deployments.AcceptanceOptions`` both build on it). None = the
+    ServerConfig's own value; a value is checked against ``PROFILE_LIMITS``."""
+
+    startup_timeout: float | None = None
+    """Server start-up timeout in seconds (1..3600); None = the ServerConfig's."""
+    kv_cache_space_gib: int | None = None
+    """``VLLM_CPU_KVCACHE_SPACE``: GiB of CPU memory for the KV cache (CPU build); None = the ServerConfig's."""
+    max_model_len: int | None = None
+    """Context length of the measurement launches, in tokens; None = the ServerConfig's."""
+
+    def __post_init__(self) -> None:
+        for name in _names(LaunchOverrides):
+            if getattr(self, name) is not None:
+                check_limit(name, getattr(self, name))
+
+    def server_overrides(self) -> dict[str, Any]:
+        """The ServerConfig fields these options set (only those not None)."""
+        return {n: getattr(self, n) for n in _names(LaunchOverrides) if getattr(self, n) is not None}
+
+    def apply_to(self, config: ServerConfig) -> ServerConfig:
+        """``config`` with the server overrides applied."""
+        overrides = self.server_overrides()
+        return dataclasses.replace(config, **overrides) if overrides else config
+
+
+@dataclass(frozen=True)
+class PlanFields:
+    """What a profile measures, each field declared once: ``ProfileOptions`` asks for it (None = the
+    default each field names, resolved against the launch by ``plan_from_options``) and a
+    ``ProfilePlan`` holds it resolved."""
+
+    batch_sizes: tuple[int, ...] | None = None
+    """Batch sizes of the reject cells; None = ``batch_size_grid(max_num_seqs)`` (1..16, then every 8)."""
+    ks: tuple[int, ...] | None = None
+    """Draft lengths timed under the launch K; None = 0..K."""
+    repetitions: int = DEFAULT_REPETITIONS
+    """Repetitions per cell (the cell is their median; the k order rotates per repetition); 1..100
+    (``PROFILE_LIMITS`` holds every number's range)."""
+    include_no_spec: bool = True
+    """Also time the no-speculation server (k = None cells) at every batch size (one more launch)."""
+    accept_batch_sizes: tuple[int, ...] | None = None
+    """Batch sizes of the all-accepted cells (synthetic rates 1, k >= 1 only); None = the smallest,
+    middle and largest of ``batch_sizes``; () = none."""
+    prompt_tokens: int = 32
+    """Prompt length of the timing requests, in tokens (sent as token ids)."""
+
+    def __post_init__(self) -> None:
+        for name in ("batch_sizes", "ks", "accept_batch_sizes"):
+            object.__setattr__(self, name, _ints(name, getattr(self, name)))
+        check_limit("repetitions", self.repetitions)
+        check_limit("prompt_tokens", self.prompt_tokens)
+        _check_bool("include_no_spec", self.include_no_spec)
+
+    def check_engine(self, max_num_seqs: int, max_k: int, where: str = "") -> None:
+        """The batch sizes (and all-accepted batch sizes) within 1..max_num_seqs and the k values
+        within 0..max_k of an engine, else ``EngineConfigError`` naming the value (``where``: whose
+        limits, e.g. a fleet deployment). The one rule: options are checked with it before an engine
+        starts or the store is opened, and a plan when it is built."""
+        check_in_range("batch size", self.batch_sizes, 1, "max_num_seqs", max_num_seqs, where)
+        check_in_range("k =", self.ks, 0, "num_speculative_tokens", max_k, where)
+        check_in_range("accept batch size", self.accept_batch_sizes, 1, "max_num_seqs", max_num_seqs, where)
+
+
+@dataclass(frozen=True)
+class ProfilePlan(PlanFields):
+    """What to measure: ``PlanFields`` resolved (``batch_sizes`` and ``ks`` given, non-empty)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.batch_sizes is None or self.ks is None:
+            raise EngineConfigError("a ProfilePlan holds its batch sizes and ks; plan_from_options resolves None "
+                                    "against the launch")
+        if not self.batch_sizes:
+            raise EngineConfigError("batch_sizes is empty; give at least one batch size or None for the default grid")
+        if not self.ks:
+            raise EngineConfigError("ks is empty; give at least one k or None for 0..K")
+        if self.accept_batch_sizes is None:
+            bs = sorted(set(self.batch_sizes))
+            object.__setattr__(self, "accept_batch_sizes", tuple(sorted({bs[0], bs[len(bs) // 2], bs[-1]})))
+
+    def cells(self, mode: str) -> list[CellKey]:
+        """Every cell of the plan under ``mode``, in measuring order."""
+        if mode == "fixed_k":
+            # Launches with K = k and no table: k >= 1 only, no baseline, no all-accepted cells.
+            return [(k, b, "reject") for b in self.batch_sizes for k in self.ks if k >= 1]
+        keys: list[CellKey] = [(k, b, "reject") for b in self.batch_sizes for k in self.ks]
+        if self.include_no_spec:
+            keys += [(None, b, "reject") for b in self.batch_sizes]
+        keys += [(k, b, "accept") for b in self.accept_batch_sizes for k in self.ks if k >= 1]
+        return keys
+
+
+@dataclass(frozen=True)
+class ProfileOptions(PlanFields, LaunchOverrides):
+    """How to profile: what to measure (``PlanFields``), the launch mode, the server settings
+    (``LaunchOverrides``) and re-measurement.
 
     Every field has a default, so ``ProfileOptions()`` is the method's protocol on the
     deployment's own grid. ``from_mapping`` reads the same fields from a dict (a fleet file, a
@@ -133,17 +213,6 @@ class ProfileOptions:
     mode: ProfileMode = "one_launch"
     """``one_launch`` (every k in one launch, switched at runtime), ``launch_per_k`` or
     ``fixed_k`` (a launch per k >= 1 with K = k and no table: the engine-dependence baseline)."""
-    batch_sizes: tuple[int, ...] | None = None
-    """Batch sizes to time; None = ``batch_size_grid(max_num_seqs)`` (1..16, then every 8)."""
-    ks: tuple[int, ...] | None = None
-    """Draft lengths to time under the launch K; None = 0..K."""
-    repetitions: int = DEFAULT_REPETITIONS
-    """Repetitions per cell (the cell is their median; the k order rotates per repetition); 1..100
-    (``PROFILE_LIMITS`` holds every number's range)."""
-    include_no_spec: bool = True
-    """Also time the no-speculation server at every batch size (one more launch)."""
-    accept_batch_sizes: tuple[int, ...] | None = None
-    """Batch sizes of the all-accepted cells; None = smallest, middle and largest; () = none."""
     fixed_k_baseline: bool = False
     """Also time every k >= 1 in its own launch with K = k and no table, at four batch sizes
     (the engine-dependence check's baseline, docs/method.md, "Limitations" 1). Run by the caller
@@ -152,14 +221,6 @@ class ProfileOptions:
     """Run each (k, B) once untimed before its first timing; None = on a GPU yes (new batch
     shapes JIT-compile kernels there: docs/engine-facts.md, "GPU (H200, vLLM 0.26)"), on the CPU
     build no."""
-    prompt_tokens: int = 32
-    """Prompt length of the timing requests, in tokens (sent as token ids)."""
-    startup_timeout: float | None = None
-    """Server start-up timeout in seconds (1..3600); None = the ServerConfig's."""
-    kv_cache_space_gib: int | None = None
-    """``VLLM_CPU_KVCACHE_SPACE`` (CPU build); None = the ServerConfig's."""
-    max_model_len: int | None = None
-    """Context length of the measurement launches; None = the ServerConfig's."""
     remeasure_budget_s: float = DEFAULT_REMEASURE_BUDGET_S
     """Seconds of adaptive re-measurement after the first pass (``one_launch`` mode): more
     repetitions only for the cells behind decisions the evidence search finds ambiguous
@@ -180,23 +241,22 @@ class ProfileOptions:
     and, with CUDA graphs, the capture ceiling (``engine.mixed.default_mixed_prefill_tokens``)."""
 
     def __post_init__(self) -> None:
+        PlanFields.__post_init__(self)
+        LaunchOverrides.__post_init__(self)
         if self.mode not in PROFILE_MODES:
             raise EngineConfigError(f"mode = {self.mode!r} must be one of {PROFILE_MODES}")
-        for name in ("batch_sizes", "ks", "accept_batch_sizes", "mixed_batch_sizes", "mixed_prefill_tokens"):
+        for name in ("mixed_batch_sizes", "mixed_prefill_tokens"):
             object.__setattr__(self, name, _ints(name, getattr(self, name)))
-        for name in PROFILE_LIMITS:  # None: the ServerConfig's own value (only these three may be None)
-            if getattr(self, name) is not None or name not in ("startup_timeout", "kv_cache_space_gib",
-                                                               "max_model_len"):
-                check_limit(name, getattr(self, name))
+        for name in ("remeasure_budget_s", "max_repetitions"):
+            check_limit(name, getattr(self, name))
         for name in ("mixed_batch_sizes", "mixed_prefill_tokens"):
             bad = [v for v in getattr(self, name) or () if not 1 <= v <= 1_000_000]
             if bad or getattr(self, name) == ():
                 raise EngineConfigError(f"{name} = {list(getattr(self, name))!r}: give positive token counts / batch "
                                         "sizes (at most 1000000), or null for the default; mixed_steps: false turns "
                                         "the mixed steps off")
-        for name in ("include_no_spec", "fixed_k_baseline", "mixed_steps"):
-            if not isinstance(getattr(self, name), bool):
-                raise EngineConfigError(f"{name} = {getattr(self, name)!r} must be true or false")
+        for name in ("fixed_k_baseline", "mixed_steps"):
+            _check_bool(name, getattr(self, name))
         if self.warmup is not None and not isinstance(self.warmup, bool):
             raise EngineConfigError(f"warmup = {self.warmup!r} must be true, false or null (device default)")
         if self.decision_rates is not None:
@@ -207,72 +267,40 @@ class ProfileOptions:
                 raise EngineConfigError(f"decision_rates = {self.decision_rates!r}: {exc}") from None
             object.__setattr__(self, "decision_rates", rates)
 
-    def check_engine(self, max_num_seqs: int, max_k: int, where: str = "") -> None:
-        """The batch sizes (and all-accepted batch sizes) within 1..max_num_seqs and the k values
-        within 0..max_k of an engine, else ``EngineConfigError`` naming the value (``where``: whose
-        limits, e.g. a fleet deployment). The plan applies the same rule when it is built; checking
-        here first fails before an engine starts or the store is opened."""
-        check_in_range("batch size", self.batch_sizes, 1, "max_num_seqs", max_num_seqs, where)
-        check_in_range("k =", self.ks, 0, "num_speculative_tokens", max_k, where)
-        check_in_range("accept batch size", self.accept_batch_sizes, 1, "max_num_seqs", max_num_seqs, where)
-
-    @classmethod
-    def field_names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(cls))
-
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any] | None, *, where: str = "profile options") -> "ProfileOptions":
-        """Options from a dict; an unknown key raises ``EngineConfigError`` naming it and ``where``."""
-        data = dict(data or {})
-        unknown = sorted(set(data) - set(cls.field_names()))
-        if unknown:
-            raise EngineConfigError(f"{where}: unknown key(s) {unknown}; known keys: {list(cls.field_names())}")
-        return cls(**data)
-
-    def server_overrides(self) -> dict[str, Any]:
-        """The ServerConfig fields these options set (only those not None)."""
-        names = ("startup_timeout", "kv_cache_space_gib", "max_model_len")
-        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
-
-    def apply_to(self, config: ServerConfig) -> ServerConfig:
-        """``config`` with the server overrides applied."""
-        overrides = self.server_overrides()
-        return dataclasses.replace(config, **overrides) if overrides else config
+        """Options from a dict (``options.options_from_mapping``); an unknown key or a bad value raises
+        ``EngineConfigError`` naming it and ``where``."""
+        return options_from_mapping(cls, data, where=where, error=EngineConfigError)
 
     def warmup_for(self, device: str) -> bool:
         """The warm-up setting on a resolved device (``cpu`` / ``gpu``)."""
         return (device == "gpu") if self.warmup is None else self.warmup
 
 
-def default_plan(config: ServerConfig, *, batch_sizes: Iterable[int] | None = None, ks: Iterable[int] | None = None,
-                 repetitions: int = DEFAULT_REPETITIONS, include_no_spec: bool = True,
-                 accept_batch_sizes: Iterable[int] | None = None, prompt_tokens: int = 32) -> ProfilePlan:
-    """The plan for ``config``'s launch K and max_num_seqs; every argument is checked against them."""
+def default_plan(config: ServerConfig, **fields: Any) -> ProfilePlan:
+    """The plan for ``config``'s launch K and max_num_seqs from ``PlanFields`` keywords (``batch_sizes``,
+    ``ks``, ``repetitions``, ``include_no_spec``, ``accept_batch_sizes``, ``prompt_tokens``; any
+    left out takes its default), every one checked against the launch (``plan_from_options``)."""
+    return plan_from_options(config, PlanFields(**fields))
+
+
+def plan_from_options(config: ServerConfig, options: PlanFields) -> ProfilePlan:
+    """The ``ProfilePlan`` of ``options`` (a ``ProfileOptions`` or plain ``PlanFields``) on ``config``'s
+    launch: None resolved to the default its field names, values sorted without repeats, and every
+    batch size and k checked against the launch K and max_num_seqs (``PlanFields.check_engine``)."""
     K = int(config.num_speculative_tokens or 0)
     if K < 1:
         raise EngineConfigError("profiling needs num_speculative_tokens >= 1")
-    bs = tuple(sorted(set(batch_sizes))) if batch_sizes is not None else tuple(batch_size_grid(config.max_num_seqs))
-    kk = tuple(sorted(set(ks))) if ks is not None else tuple(range(K + 1))
-    if not bs:
-        raise EngineConfigError("batch_sizes is empty; give at least one batch size or None for the default grid")
-    if not kk:
-        raise EngineConfigError("ks is empty; give at least one k or None for 0..K")
-    check_in_range("batch size", bs, 1, "max_num_seqs", config.max_num_seqs)
-    check_in_range("k =", kk, 0, "num_speculative_tokens", K)
-    check_limit("repetitions", repetitions)
-    if accept_batch_sizes is None:
-        accept_batch_sizes = sorted({bs[0], bs[len(bs) // 2], bs[-1]})
-    abs_ = tuple(sorted(set(accept_batch_sizes)))
-    check_in_range("accept batch size", abs_, 1, "max_num_seqs", config.max_num_seqs)
-    return ProfilePlan(batch_sizes=bs, ks=kk, repetitions=repetitions, include_no_spec=include_no_spec,
-                       accept_batch_sizes=abs_, prompt_tokens=prompt_tokens)
 
-
-def plan_from_options(config: ServerConfig, options: ProfileOptions) -> ProfilePlan:
-    """``default_plan`` with the options' fields."""
-    return default_plan(config, batch_sizes=options.batch_sizes, ks=options.ks, repetitions=options.repetitions,
-                        include_no_spec=options.include_no_spec, accept_batch_sizes=options.accept_batch_sizes,
-                        prompt_tokens=options.prompt_tokens)
+    given = {name: getattr(options, name) for name in _names(PlanFields)}
+    defaults = {"batch_sizes": batch_size_grid(config.max_num_seqs), "ks": range(K + 1)}
+    for name in ("batch_sizes", "ks", "accept_batch_sizes"):  # accept None: the plan's own default
+        values = given[name] if given[name] is not None else defaults.get(name)
+        given[name] = None if values is None else tuple(sorted(set(values)))
+    plan = ProfilePlan(**given)
+    plan.check_engine(config.max_num_seqs, K)
+    return plan
 
 
 def fixed_k_baseline_options(options: ProfileOptions, plan: ProfilePlan) -> ProfileOptions:

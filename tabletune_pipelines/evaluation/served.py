@@ -46,6 +46,7 @@ from typing import Any, Literal
 
 from tabletune_pipelines.core.table import expand_table
 from tabletune_pipelines.errors import InvalidValueError
+from tabletune_pipelines.options import options_from_mapping
 
 logger = logging.getLogger("tabletune.served")
 
@@ -511,6 +512,10 @@ class ServedVerificationOptions:
     """Server start-up timeout of the verification launch; None = the ServerConfig's."""
 
     def __post_init__(self) -> None:
+        for name in ("loads", "output_tokens"):  # a JSON/YAML list is a tuple here
+            v = getattr(self, name)
+            if isinstance(v, list):
+                object.__setattr__(self, name, tuple(v))
         if self.budget_s is not None and not self.budget_s > 0:
             raise InvalidValueError(f"served verification budget_s = {self.budget_s!r} must be > 0 seconds")
         if self.min_steps is not None and (type(self.min_steps) is not int or self.min_steps < 0):
@@ -536,16 +541,9 @@ class ServedVerificationOptions:
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any] | None, *, where: str = "served verification options"
                      ) -> "ServedVerificationOptions":
-        """Options from a dict (a Dagster resource config); an unknown key is named with ``where``."""
-        data = dict(data or {})
-        names = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(data) - set(names))
-        if unknown:
-            raise InvalidValueError(f"{where}: unknown key(s) {unknown}; known keys: {names}")
-        for key in ("loads", "output_tokens"):
-            if data.get(key) is not None:
-                data[key] = tuple(data[key])
-        return cls(**data)
+        """Options from a dict (a Dagster resource config; ``options.options_from_mapping``); an unknown
+        key is named with ``where``."""
+        return options_from_mapping(cls, data, where=where, error=InvalidValueError)
 
 
 def default_loads(max_num_seqs: int) -> tuple[int, ...]:

@@ -12,6 +12,7 @@ serve the embedded default, tests and a fleet:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from tabletune_pipelines.core.table import DEFAULT_STICKINESS
 from tabletune_pipelines.documents import AcceptancePrior, DraftLengthTable, EngineIdentity, StepTimeProfile
 from tabletune_pipelines.evaluation.served import ServedVerification, ServedVerificationOptions
 from tabletune_pipelines.fleet import Deployment, Fleet, default_store_path, load_fleet
+from tabletune_pipelines.options import field_docs
 from tabletune_pipelines.store import TableTuneStore
 from tabletune_pipelines.tuning.gates import GatePolicy
 
@@ -106,17 +108,26 @@ class EngineResource(dg.ConfigurableResource):
                                               cache_dir=self._cache(), work_dir=self._work("acceptance"))
 
 
-class TuningPolicy(dg.ConfigurableResource):
-    """Thresholds of the asset checks (tuning.gates.GatePolicy) and knobs of the table search."""
+_GATE_DOCS = field_docs(GatePolicy)
 
-    max_predicted_loss: float = Field(default=GatePolicy.max_predicted_loss, description=(
-        "Blocking: predicted worst loss vs the best fixed k at any B must be below this."))
-    min_prior_drafts: int = Field(default=GatePolicy.min_prior_drafts,
-                                  description="Blocking: a prior needs at least this many drafts.")
-    trap_margin: float = Field(default=GatePolicy.trap_margin, description=(
-        "Warn when the table is this much slower than fixed k launched with K = k."))
-    k0_margin: float = Field(default=GatePolicy.k0_margin,
-                             description="Warn when k = 0 costs this much more than no speculation.")
+
+def _gate_threshold(name: str) -> Any:
+    """The config field of ``GatePolicy.<name>``: its default and its meaning are GatePolicy's."""
+    return Field(default=getattr(GatePolicy, name), description=_GATE_DOCS.get(name, f"GatePolicy.{name}"))
+
+
+class TuningPolicy(dg.ConfigurableResource):
+    """Thresholds of the asset checks and knobs of the table search.
+
+    The thresholds are ``tuning.gates.GatePolicy``'s fields, declared again here only because a
+    Dagster config schema needs them as fields: default and description come from GatePolicy, and
+    ``gates()`` is the GatePolicy they make (tests/pipeline/test_resources.py checks that every
+    GatePolicy field is here with its default)."""
+
+    max_predicted_loss: float = _gate_threshold("max_predicted_loss")
+    min_prior_drafts: int = _gate_threshold("min_prior_drafts")
+    trap_margin: float = _gate_threshold("trap_margin")
+    k0_margin: float = _gate_threshold("k0_margin")
     stickiness: float = Field(default=DEFAULT_STICKINESS,
                               description="Keep the previous B's k unless another is this much better.")
     search_policy: str = Field(default=DEFAULT_POLICY, description=(
@@ -127,6 +138,10 @@ class TuningPolicy(dg.ConfigurableResource):
     prior_weight: float = Field(default=DEFAULT_PRIOR_WEIGHT, description=(
         "Observations the measured prior counts as when live counters are blended in (docs/method.md, "
         "\"Online controller\")."))
+
+    def gates(self) -> GatePolicy:
+        """The gate thresholds this resource is configured with."""
+        return GatePolicy(**{f.name: getattr(self, f.name) for f in dataclasses.fields(GatePolicy)})
 
 
 def default_resources() -> dict[str, Any]:

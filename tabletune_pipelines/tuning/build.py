@@ -18,6 +18,7 @@ from tabletune_pipelines.errors import PipelineFailure, TableTuneError
 from tabletune_pipelines.tuning.derive import TunedTable, derive_table
 from tabletune_pipelines.tuning.gates import (
     Gate,
+    GatePolicy,
     blocking_table_gates,
     cuda_graph_headroom_gate,
     engine_dependence_gate,
@@ -29,12 +30,11 @@ from tabletune_pipelines.tuning.report import goodput_plot
 
 
 class TablePolicy(Protocol):
-    """The knobs a table is built with (the pipeline's ``TuningPolicy`` resource has them all)."""
+    """The knobs a table is built with (the pipeline's ``TuningPolicy`` resource has them all): the
+    gate thresholds (``gates()``) and the table search's."""
 
-    max_predicted_loss: float
-    min_prior_drafts: int
-    trap_margin: float
-    k0_margin: float
+    def gates(self) -> GatePolicy: ...
+
     stickiness: float
     search_policy: str
     confidence: float
@@ -71,7 +71,8 @@ def build_table(store: Any, key: str, policy: TablePolicy, *, allowed_ks: Iterab
     except TableTuneError as exc:
         raise PipelineFailure(f"{exc}; materialize step_time_profile for this partition first") from exc
     ident = profile.identity
-    prior, skipped = prior_for_table(store, ident, policy.min_prior_drafts)
+    thresholds = policy.gates()
+    prior, skipped = prior_for_table(store, ident, thresholds.min_prior_drafts)
     for s in skipped:
         log.warning(f"skipping prior: {s}")
     if prior is None:
@@ -91,10 +92,10 @@ def build_table(store: Any, key: str, policy: TablePolicy, *, allowed_ks: Iterab
     reject = profile.reject_cells()
     no_spec = profile.no_spec_ms()
     gates = (
-        *blocking_table_gates(table, policy.max_predicted_loss),
-        engine_dependence_gate(table, fixed_launch_cells(store.profile_cells(key, "fixed_k")), policy.trap_margin,
-                               reject),
-        k0_gate(table, no_spec, reject.get(0, {}), policy.k0_margin),
+        *blocking_table_gates(table, thresholds.max_predicted_loss),
+        engine_dependence_gate(table, fixed_launch_cells(store.profile_cells(key, "fixed_k")),
+                               thresholds.trap_margin, reject),
+        k0_gate(table, no_spec, reject.get(0, {}), thresholds.k0_margin),
         cuda_graph_headroom_gate(table, ident.cudagraph_mode),
     )
     plot = goodput_plot(table, no_spec, f"{key}\nprior {prior.prior_id}")

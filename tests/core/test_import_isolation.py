@@ -31,6 +31,7 @@ SERVING_SIDE = [
     "tabletune_pipelines.errors",
     "tabletune_pipelines.vocab",
     "tabletune_pipelines.documents",
+    "tabletune_pipelines.options",
     "tabletune_pipelines.published",
     "tabletune_pipelines.live_counters",
     "tabletune_pipelines.control_protocol",

@@ -14,6 +14,9 @@ can only shrink (delete its entry when the copy goes).
     comparing vLLM versions of identities    identity_match.identity_mismatches
     the batch-size grid                      core.steptime.batch_size_grid
     which prior builds a table               tuning.gates.prior_for_table
+    options from a mapping                   options.options_from_mapping
+    a measurement's launch overrides         engine.plan.LaunchOverrides
+    the gate thresholds and their defaults   tuning.gates.GatePolicy
 """
 
 from __future__ import annotations
@@ -167,6 +170,61 @@ def prior_picker(node: ast.AST, stack: list[ast.AST]) -> bool:
     return (f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)) in PRIOR_PICKERS
 
 
+def _raises_text(node: ast.AST, word: str) -> bool:
+    """A ``raise`` inside ``node`` whose message has ``word`` in it."""
+    for inner, _ in _walk(node, []):
+        if isinstance(inner, ast.Raise) and inner.exc is not None:
+            if any(word in (_text(n, st) or "") for n, st in _walk(inner.exc, [])):
+                return True
+    return False
+
+
+def _calls(node: ast.AST, names: set[str]) -> bool:
+    """A call inside ``node`` of a function or method named one of ``names``."""
+    return any(isinstance(n, ast.Call) and (n.func.attr if isinstance(n.func, ast.Attribute)
+                                             else getattr(n.func, "id", None)) in names for n in ast.walk(node))
+
+
+def mapping_reader(node: ast.AST, stack: list[ast.AST]) -> bool:
+    """A function that reads a dataclass's ``fields`` and raises on an ``unknown`` key itself (a
+    ``from_mapping`` that does not call ``options_from_mapping``)."""
+    return (isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and _calls(node, {"fields", "field_names"})
+            and _raises_text(node, "unknown"))
+
+
+LAUNCH_OVERRIDES = {"startup_timeout", "kv_cache_space_gib", "max_model_len"}
+
+
+def launch_overrides(node: ast.AST, stack: list[ast.AST]) -> bool:
+    """A class declaring two or more of the launch overrides with default None (an options class
+    that does not build on ``LaunchOverrides``), or a literal listing all three (a ``server_overrides``
+    of its own)."""
+    if isinstance(node, ast.ClassDef):
+        declared = {s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+                    and isinstance(s.value, ast.Constant) and s.value.value is None}
+        return len(declared & LAUNCH_OVERRIDES) >= 2
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return LAUNCH_OVERRIDES <= {e.value for e in node.elts if isinstance(e, ast.Constant)}
+    return False
+
+
+GATE_THRESHOLDS = {"max_predicted_loss", "min_prior_drafts", "trap_margin", "k0_margin"}
+
+
+def _number(node: ast.AST | None) -> bool:
+    return isinstance(node, ast.Constant) and type(node.value) in (int, float)
+
+
+def gate_threshold(node: ast.AST, stack: list[ast.AST]) -> bool:
+    """A class field named like a gate threshold with a number of its own as default (``= 0.03`` or
+    ``Field(default=0.03)``), not ``GatePolicy``'s."""
+    if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+            and node.target.id in GATE_THRESHOLDS and stack and isinstance(stack[-1], ast.ClassDef)):
+        return False
+    v = node.value
+    return _number(v) or (isinstance(v, ast.Call) and any(k.arg == "default" and _number(k.value) for k in v.keywords))
+
+
 CONCEPTS: dict[str, tuple[Finder, set[str], set[tuple[str, str]]]] = {
     # concept: (finder, files allowed to hold it, known copies left elsewhere)
     "range expansion": (range_expander, {"tabletune_pipelines/core/table.py"}, {
@@ -180,6 +238,9 @@ CONCEPTS: dict[str, tuple[Finder, set[str], set[tuple[str, str]]]] = {
     "reading /version": (version_reader, {"tabletune_pipelines/engine/client.py"}, set()),
     "vLLM version comparison": (version_comparison, {"tabletune_pipelines/identity_match.py"}, set()),
     "batch-size grid": (batch_size_grid, {"tabletune_pipelines/core/steptime.py"}, set()),
+    "options from a mapping": (mapping_reader, {"tabletune_pipelines/options.py"}, set()),
+    "launch overrides": (launch_overrides, {"tabletune_pipelines/engine/plan.py"}, set()),
+    "gate thresholds": (gate_threshold, {"tabletune_pipelines/tuning/gates.py"}, set()),
 }
 
 
@@ -212,13 +273,19 @@ def test_the_finders_see_the_shapes_they_look_for():
         version_comparison: "def f(a, here):\n    return here != a.vllm_version\n",
         batch_size_grid: "def method_grid(n):\n    return list(range(1, n + 1))\n",
         prior_picker: "def f(store, ident):\n    return store.latest_acceptance_prior()\n",
+        mapping_reader: "def from_mapping(cls, data):\n    unknown = set(data) - {f.name for f in fields(cls)}\n"
+                        "    if unknown:\n        raise ValueError(f'unknown key(s) {unknown}')\n",
+        launch_overrides: "class O:\n    startup_timeout: float | None = None\n    max_model_len: int | None = None\n",
+        gate_threshold: "class P:\n    trap_margin: float = Field(default=0.03)\n",
     }
     for finder, code in samples.items():
         tree = ast.parse(code)
         assert any(finder(node, stack) for node, stack in _walk(tree, [])), finder.__name__
     more = {range_expander: "def f(ranges, n):\n    for s, e, k in ranges:\n        out[s - 1:e] = k\n",
             table_validator: "def f(a):\n    raise ValueError(f'gap between ranges {a} and {a}')\n",
-            version_reader: "def f(endpoint):\n    return f'{endpoint}/version'\n"}
+            version_reader: "def f(endpoint):\n    return f'{endpoint}/version'\n",
+            launch_overrides: "names = ('startup_timeout', 'kv_cache_space_gib', 'max_model_len')\n",
+            gate_threshold: "class P:\n    max_predicted_loss: float = 0.03\n"}
     for finder, code in more.items():
         assert any(finder(node, stack) for node, stack in _walk(ast.parse(code), [])), finder.__name__
     # The copies this suite replaced would be found.

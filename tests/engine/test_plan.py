@@ -73,7 +73,7 @@ def test_options_defaults_and_mapping():
 
 
 @pytest.mark.parametrize(("data", "message"), [
-    ({"modes": "one_launch"}, r"my options: unknown key\(s\) \['modes'\]; known keys: \['mode'"),
+    ({"modes": "one_launch"}, r"my options: unknown key\(s\) \['modes'\]; known keys: \[.*'mode', "),
     ({"mode": "per_k"}, "mode = 'per_k' must be one of"),
     ({"batch_sizes": "1,4"}, "batch_sizes = '1,4' must be a list of integers"),
     ({"ks": [0, 1.5]}, r"ks = \[0, 1.5\]: 1.5 is not an integer"),
@@ -149,3 +149,47 @@ def test_the_largest_values_are_allowed_and_the_engine_ranges_are_one_rule():
     # The plan refuses the same value with the same words (one rule).
     with pytest.raises(EngineConfigError, match="accept batch size 64 is outside 1..max_num_seqs = 32"):
         plan_from_options(CFG, opts)
+
+
+def test_plan_and_options_fields_are_declared_once():
+    """``PlanFields`` declares what a plan and the options share, ``LaunchOverrides`` the server settings
+    ``ProfileOptions`` and ``AcceptanceOptions`` share; no class redeclares one (each has one docstring)."""
+    import dataclasses
+
+    from tabletune_pipelines.deployments import AcceptanceOptions
+    from tabletune_pipelines.engine.plan import LaunchOverrides, PlanFields
+    from tabletune_pipelines.options import field_docs
+
+    shared = {f.name for f in dataclasses.fields(PlanFields)}
+    launch = {f.name for f in dataclasses.fields(LaunchOverrides)}
+    assert shared == {"batch_sizes", "ks", "repetitions", "include_no_spec", "accept_batch_sizes", "prompt_tokens"}
+    assert launch == {"startup_timeout", "kv_cache_space_gib", "max_model_len"}
+    for cls, bases in ((ProfilePlan, shared), (ProfileOptions, shared | launch), (AcceptanceOptions, launch)):
+        assert bases <= {f.name for f in dataclasses.fields(cls)}
+        assert not bases & set(vars(cls).get("__annotations__", {})), f"{cls.__name__} redeclares a shared field"
+    assert set(field_docs(PlanFields)) == shared and set(field_docs(LaunchOverrides)) == launch
+
+
+def test_a_plan_resolves_the_accept_default_as_the_options_do():
+    assert ProfilePlan(batch_sizes=(8, 1, 4), ks=(0, 1)).accept_batch_sizes == (1, 4, 8)
+    assert ProfilePlan(batch_sizes=(1, 8), ks=(0, 1), accept_batch_sizes=()).accept_batch_sizes == ()
+    assert ProfilePlan(batch_sizes=[1, 8], ks=[0, 1]).batch_sizes == (1, 8)
+    with pytest.raises(EngineConfigError, match="holds its batch sizes and ks"):
+        ProfilePlan(ks=(0, 1))
+    with pytest.raises(EngineConfigError, match="repetitions = 0"):
+        ProfilePlan(batch_sizes=(1,), ks=(0,), repetitions=0)
+    with pytest.raises(EngineConfigError, match="include_no_spec = 'no' must be true or false"):
+        ProfilePlan(batch_sizes=(1,), ks=(0,), include_no_spec="no")
+
+
+def test_launch_overrides_are_one_rule_for_profile_and_acceptance_options():
+    from tabletune_pipelines.deployments import AcceptanceOptions
+
+    for cls in (ProfileOptions, AcceptanceOptions):
+        opts = cls(startup_timeout=60, max_model_len=1024)
+        assert opts.server_overrides() == {"startup_timeout": 60, "max_model_len": 1024}
+        cfg = opts.apply_to(CFG)
+        assert (cfg.startup_timeout, cfg.max_model_len, cfg.kv_cache_space_gib) == (60, 1024, CFG.kv_cache_space_gib)
+        assert cls().apply_to(CFG) is CFG
+        with pytest.raises(EngineConfigError, match="kv_cache_space_gib = 0 must be an integer >= 1"):
+            cls(kv_cache_space_gib=0)

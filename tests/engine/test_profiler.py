@@ -81,7 +81,8 @@ def test_no_warmup_by_default_on_the_cpu_build():
 
 def test_launch_per_k_and_fixed_k():
     prof, launched = _run(ProfileOptions(mode="launch_per_k"), plan=ProfilePlan(batch_sizes=(1,), ks=(0, 3),
-                                                                              include_no_spec=False))
+                                                                              include_no_spec=False,
+                                                                              accept_batch_sizes=()))
     assert [s.config.table for s in launched] == [((1, 8, 0),), ((1, 8, 3),)]
     assert all(s.config.num_speculative_tokens == 3 for s in launched)
     assert not any(c[0] == "set_k" for s in launched for c in s.calls)
@@ -95,15 +96,17 @@ def test_launch_per_k_and_fixed_k():
     _, launched = _run(ProfileOptions(mode="fixed_k"), existing=got)
     assert launched == []  # everything measured already
     with pytest.raises(EngineConfigError, match="needs some k >= 1"):
-        _run(ProfileOptions(mode="fixed_k"), plan=ProfilePlan(batch_sizes=(1,), ks=(0,)))
+        _run(ProfileOptions(mode="fixed_k"), plan=ProfilePlan(batch_sizes=(1,), ks=(0,), accept_batch_sizes=()))
 
 
 def test_resume_measures_only_missing_cells():
     first: list[StepTimeCell] = []
-    _run(on_cell=first.append, plan=ProfilePlan(batch_sizes=(1,), ks=(0, 1), include_no_spec=False))
+    _run(on_cell=first.append, plan=ProfilePlan(batch_sizes=(1,), ks=(0, 1), include_no_spec=False,
+                                                accept_batch_sizes=()))
     again: list[StepTimeCell] = []
     prof, launched = _run(on_cell=again.append, existing=first,
-                          plan=ProfilePlan(batch_sizes=(1, 2), ks=(0, 1), include_no_spec=False))
+                          plan=ProfilePlan(batch_sizes=(1, 2), ks=(0, 1), include_no_spec=False,
+                                                          accept_batch_sizes=()))
     assert sorted((c.k, c.batch_size) for c in again) == [(0, 2), (1, 2)]
     assert len(prof.cells) == 4 and len(launched) == 1
 

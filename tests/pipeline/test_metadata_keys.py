@@ -33,7 +33,8 @@ from tabletune_pipelines.tuning.gates import GatePolicy
 from tabletune_pipelines.tuning.measure import measure_week, profile_identity
 from tests.tuning.runs import WEEK, FakeEngine, Log, fleet, store, write_prompts
 
-POLICY = SimpleNamespace(**vars(GatePolicy()), stickiness=DEFAULT_STICKINESS, search_policy=DEFAULT_POLICY,
+POLICY = SimpleNamespace(**vars(GatePolicy()), gates=GatePolicy,
+                         stickiness=DEFAULT_STICKINESS, search_policy=DEFAULT_POLICY,
                          confidence=DEFAULT_CONFIDENCE)
 SHARED = {"table", "table_id", "identity_key", "prior_id", "predicted_worst_loss", "predicted_worst_loss_lcb",
           "predicted_worst_loss_ucb", "predicted_loss", "ranges", "boundaries", "k_within_noise", "cells_remeasured"}

@@ -15,7 +15,8 @@ from tabletune_pipelines.tuning.gates import GatePolicy
 from tests.tuning.runs import Log, store
 from tests.tuning.samples import IDENT, noisy_profile, prior
 
-POLICY = SimpleNamespace(**vars(GatePolicy()), stickiness=DEFAULT_STICKINESS, search_policy=DEFAULT_POLICY,
+POLICY = SimpleNamespace(**vars(GatePolicy()), gates=GatePolicy,
+                         stickiness=DEFAULT_STICKINESS, search_policy=DEFAULT_POLICY,
                          confidence=DEFAULT_CONFIDENCE)
 
 

@@ -25,7 +25,8 @@ from tabletune_pipelines.tuning.gates import GatePolicy
 from tests.tuning.runs import FakeEngine, Log, fleet, store
 from tests.tuning.samples import prior, scripted_profile
 
-POLICY = SimpleNamespace(**vars(GatePolicy()), stickiness=DEFAULT_STICKINESS, search_policy=DEFAULT_POLICY,
+POLICY = SimpleNamespace(**vars(GatePolicy()), gates=GatePolicy,
+                         stickiness=DEFAULT_STICKINESS, search_policy=DEFAULT_POLICY,
                          confidence=DEFAULT_CONFIDENCE)
 OFF = {"enabled": False}
 
