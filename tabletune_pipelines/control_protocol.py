@@ -294,7 +294,7 @@ class ControlReader:
             raw, _ = strict_io.read_bounded(self.path, MAX_COMMAND_BYTES)
             data = strict_io.loads(raw.decode("utf-8"))
             if not isinstance(data, dict) or not isinstance(data.get("seq"), int) or isinstance(data["seq"], bool):
-                raise ValueError(f"expected a JSON object with an integer 'seq', got {str(data)[:200]}")
+                raise InvalidCommand(f"expected a JSON object with an integer 'seq', got {str(data)[:200]}")
         except strict_io.FileTooLargeError:
             self._write_ack({"ack": None, "error": f"unreadable command: the command file is larger than "
                                                    f"{MAX_COMMAND_BYTES} bytes"})
