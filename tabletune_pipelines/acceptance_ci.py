@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
+from tabletune_pipelines.errors import InvalidValueError
+
 DEFAULT_CONFIDENCE = 0.95
 
 # Student-t 0.975 quantiles for small degrees of freedom (the rest: normal).
@@ -76,7 +78,7 @@ def _t(df: int, confidence: float) -> float:
 def group_intervals(groups: Sequence, confidence: float = DEFAULT_CONFIDENCE) -> list[Interval]:
     """Batch-means interval of the pooled a_i from G >= 2 per-group priors (module docstring)."""
     if len(groups) < 2:
-        raise ValueError("group_intervals needs at least two groups")
+        raise InvalidValueError("group_intervals needs at least two groups")
     k = min(len(g.rates) for g in groups)
     out = []
     for i in range(k):

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from tabletune_pipelines.errors import NotFoundError, StoreError, TableTuneError, UsageError
+from tabletune_pipelines.errors import EndpointUnreachable, NotFoundError, StoreError, TableTuneError, UsageError
 from tabletune_pipelines.vocab import DEFAULT_PROFILE_MODE, DEFAULT_REPETITIONS, PROFILE_MODES
 
 if TYPE_CHECKING:
@@ -214,7 +214,7 @@ def _deployment_profile_key(store: TableTuneStore, dep: Deployment) -> str:
             else "the store holds no engine identity yet") + f" ({store.path})"
     try:
         key = deployments.current_identity(dep).key
-    except deployments.EndpointUnreachable as exc:
+    except EndpointUnreachable as exc:
         raise NotFoundError(f"deployment {dep.name!r}: cannot learn the engine it runs ({exc}); pass --identity KEY "
                             f"to pick a stored profile; {held}") from None
     if key not in stored:

@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from tabletune_pipelines import strict_io
-from tabletune_pipelines.errors import TableTuneError
+from tabletune_pipelines.errors import ControlProtocolError, ControlRejected, ControlTimeout, InvalidCommand
 
 K_CONTROL_ENV = "TABLETUNE_K_CONTROL"
 """Environment variable naming the k / table / admission-gate channel of an engine."""
@@ -71,22 +71,6 @@ MAX_COMMAND_BYTES = 1024 * 1024
 """A command is a few kB (a table of 4096 batch sizes is ~60 kB); a larger file is not read."""
 MAX_GATE_TIMEOUT_S = 3600.0
 """Longest admission-gate wait a command may ask for."""
-
-
-class ControlProtocolError(TableTuneError):
-    """A command was refused or not acknowledged in time."""
-
-
-class ControlTimeout(ControlProtocolError):
-    """The engine did not acknowledge a command within the timeout (is it running, stepping?)."""
-
-
-class ControlRejected(ControlProtocolError):
-    """The engine acknowledged a command with an error (the message is the engine's)."""
-
-
-class InvalidCommand(ControlProtocolError, ValueError):
-    """A command the reader refuses before applying it (the ack carries this message)."""
 
 
 # -- command checks (the reader side runs them before acting) -------------------------------------
@@ -310,7 +294,7 @@ class ControlReader:
             raw, _ = strict_io.read_bounded(self.path, MAX_COMMAND_BYTES)
             data = strict_io.loads(raw.decode("utf-8"))
             if not isinstance(data, dict) or not isinstance(data.get("seq"), int) or isinstance(data["seq"], bool):
-                raise ValueError(f"expected a JSON object with an integer 'seq', got {str(data)[:200]}")
+                raise InvalidCommand(f"expected a JSON object with an integer 'seq', got {str(data)[:200]}")
         except strict_io.FileTooLargeError:
             self._write_ack({"ack": None, "error": f"unreadable command: the command file is larger than "
                                                    f"{MAX_COMMAND_BYTES} bytes"})

@@ -17,11 +17,16 @@ from typing import Any, Protocol
 
 from tabletune_pipelines.documents import AcceptancePrior, EngineIdentity, StepTimeProfile
 from tabletune_pipelines.engine.client import EngineClient
-from tabletune_pipelines.engine.errors import EngineError
 from tabletune_pipelines.engine.identity import deployment_identity
 from tabletune_pipelines.engine.installed import installed_vllm_version
 from tabletune_pipelines.engine.plan import LaunchOverrides, ProfileOptions
-from tabletune_pipelines.errors import InvalidValueError, NotFoundError, TableTuneError
+from tabletune_pipelines.errors import (
+    EndpointUnreachable,
+    EngineError,
+    EngineMismatchError,
+    InvalidValueError,
+    NotFoundError,
+)
 from tabletune_pipelines.fleet import Deployment, Fleet, tabletune_home
 from tabletune_pipelines.identity_match import COMPARED_FIELDS, identity_mismatches
 from tabletune_pipelines.options import options_from_mapping
@@ -62,14 +67,6 @@ class Engine(Protocol):
 
     def verify_served(self, identity: EngineIdentity, dep: Deployment | None, table: Any,
                       prior: AcceptancePrior | None, log: logging.Logger) -> Any: ...
-
-
-class EndpointUnreachable(TableTuneError):
-    """A deployment's vLLM endpoint did not answer ``/version``."""
-
-
-class EngineMismatchError(TableTuneError):
-    """The engine available to this run is not the engine the partition describes."""
 
 
 # -- identity ------------------------------------------------------------------------------

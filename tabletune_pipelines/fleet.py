@@ -51,7 +51,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from pydantic import field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from tabletune_pipelines.errors import FleetError
+from tabletune_pipelines.errors import FleetError, LiveCountersError, SettingsError
 from tabletune_pipelines.published import speculative_config_path as _companion_of
 from tabletune_pipelines.strict_io import MAX_INT_DIGITS, FileTooLargeError, NotRegularFileError, read_bounded
 from tabletune_pipelines.vocab import (
@@ -313,7 +313,7 @@ class Deployment(_Schema):
         _json_value(v, "controller")
         # Lazy: stdlib-only, and the one vocabulary of these settings (the published file is checked
         # against it again, inside vLLM).
-        from tabletune_pipelines.controller.settings import ControllerSettings, SettingsError
+        from tabletune_pipelines.controller.settings import ControllerSettings
 
         try:
             ControllerSettings.from_mapping(v, where="'controller'")
@@ -339,7 +339,7 @@ class Deployment(_Schema):
     def _counters_target(cls, v: Path | None) -> Path | None:
         # The controller appends to this file: refused up front unless it is absent or a live counters
         # file (the controller checks again before every append; one rule, in live_counters).
-        from tabletune_pipelines.live_counters import LiveCountersError, check_live_counters_target
+        from tabletune_pipelines.live_counters import check_live_counters_target
 
         if v is not None:
             try:

@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from tabletune_pipelines import strict_io
-from tabletune_pipelines.errors import TableTuneError
+from tabletune_pipelines.errors import LiveCountersError
 from tabletune_pipelines.strict_io import LineTooLongError, NotRegularFileError, bounded_lines, open_regular
 
 LIVE_COUNTERS_SCHEMA = "tabletune.live_counters"
@@ -71,10 +71,6 @@ MAX_POSITIONS = 64
 MAX_LINE_BYTES = 256 * 1024
 #: A file longer than this is not read whole (a year of 1-minute windows is ~1 GB; rotate it).
 MAX_FILE_BYTES = 1024 * 1024 * 1024
-
-
-class LiveCountersError(TableTuneError, ValueError):
-    """A live counters file that does not follow the format."""
 
 
 @dataclass(frozen=True)

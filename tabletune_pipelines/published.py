@@ -52,7 +52,7 @@ from typing import Any
 
 from tabletune_pipelines import strict_io
 from tabletune_pipelines.core.table import validate_table
-from tabletune_pipelines.errors import InvalidTableError, TableTuneError
+from tabletune_pipelines.errors import InvalidTableError, PublishedTableError, SettingsError
 from tabletune_pipelines.vocab import MAX_STEP_MS
 
 PUBLISHED_SCHEMA = "tabletune.published_table"
@@ -88,10 +88,6 @@ _SERVED_KEYS = {"passed", "rule", "tolerance", "candidate", "candidate_is", "loa
                 "plot", "per_load"}
 _SERVED_LOAD_KEYS = {"load", "status", "best_fixed_k", "ratio", "ratio_se", "rounds", "t", "goodput"}
 _SERVED_STATUS = ("pass", "fail", "inconclusive")
-
-
-class PublishedTableError(TableTuneError, ValueError):
-    """The published-table file is missing, unreadable, or not a valid TableTune published table."""
 
 
 @dataclass(frozen=True)
@@ -492,7 +488,7 @@ def parse_published(doc: Any, where: str = "<document>") -> PublishedTable:
     controller = dict(_obj(where, "controller", doc.get("controller") or {}))
     if controller:
         # Lazy: controller.settings is stdlib-only and defines the vocabulary of this mapping.
-        from tabletune_pipelines.controller.settings import ControllerSettings, SettingsError
+        from tabletune_pipelines.controller.settings import ControllerSettings
 
         try:
             ControllerSettings.from_mapping(controller, where=f"{where}: controller")

@@ -23,10 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-from tabletune_pipelines.controller.settings import ControllerSettings, SettingsError
+from tabletune_pipelines.controller.settings import ControllerSettings
+from tabletune_pipelines.errors import PublishedTableError, SettingsError
 from tabletune_pipelines.identity_match import identity_mismatches as _mismatches
 from tabletune_pipelines.identity_match import missing_fields
-from tabletune_pipelines.published import PublishedTable, PublishedTableError, load_published
+from tabletune_pipelines.published import PublishedTable, load_published
 
 DEPLOYMENT_ENV = "TABLETUNE_DEPLOYMENT"
 """The fleet deployment this engine serves (optional): a published file of another deployment is refused."""

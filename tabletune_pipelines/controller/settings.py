@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal, get_args
 
-from tabletune_pipelines.errors import TableTuneError
+from tabletune_pipelines.errors import SettingsError
 from tabletune_pipelines.options import options_from_mapping
 from tabletune_pipelines.vocab import CONTROLLER_MODES, ControllerMode
 
@@ -129,10 +129,6 @@ BOUNDS: dict[str, Bound] = {
                                           "five minutes"),
     "log_unchanged_every_s": Bound(0.0, 86_400.0, why="seconds; at least one line a day says the controller runs"),
 }
-
-
-class SettingsError(TableTuneError, ValueError):
-    """A controller setting with an unknown key, a wrong type or a value outside its range."""
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,7 @@ from typing import Any
 import numpy as np
 
 from tabletune_pipelines.core.stepcost import GraphEnvelope, PrefillFit, Workload
+from tabletune_pipelines.errors import InvalidValueError
 
 #: A profile is not known better than this on the serving path (relative error of a profiled cell).
 PROFILE_ERROR_FLOOR = 0.05
@@ -82,7 +83,7 @@ class StepTimeModel:
         self.ks = tuple(int(k) for k in ks)
         self.profile = np.asarray(profile_ms, dtype=float)
         if self.profile.shape[0] != len(self.ks):
-            raise ValueError(f"profile has {self.profile.shape[0]} rows for {len(self.ks)} k values")
+            raise InvalidValueError(f"profile has {self.profile.shape[0]} rows for {len(self.ks)} k values")
         self.n = self.profile.shape[1]
         self.weight = float(prior_weight)
         self.min_weight = float(min_prior_weight)

@@ -21,7 +21,7 @@ Modules, one job each:
     cpu_plugin      vLLM general plugin: synthetic rejection on the CPU build
     launcher        python -m tabletune_pipelines.engine.launcher serve MODEL ... (CPU build)
     tiny_models     ensure_tiny_models(cache_dir, size, dtype) -> TinyModels
-    errors          EngineError and friends (all TableTuneError)
+Its errors (``EngineError`` and friends) are in ``tabletune_pipelines.errors``, the one hierarchy.
 The control-file protocol the server side, the step scheduler and the CPU plugin share is
 ``tabletune_pipelines.control_protocol``.
 """

@@ -38,8 +38,13 @@ from pathlib import Path
 from tabletune_pipelines.core.acceptance import rates_from_counts
 from tabletune_pipelines.documents import AcceptancePrior
 from tabletune_pipelines.engine.config import ServerConfig
-from tabletune_pipelines.engine.errors import EngineConfigError, EngineError, PromptFileError
-from tabletune_pipelines.errors import InvalidValueError, UnwritablePathError
+from tabletune_pipelines.errors import (
+    EngineConfigError,
+    EngineError,
+    InvalidValueError,
+    PromptFileError,
+    UnwritablePathError,
+)
 from tabletune_pipelines.engine.process import VLLMServer
 from tabletune_pipelines.prompts import load_prompts
 from tabletune_pipelines.strict_io import FileTooLargeError, NotRegularFileError, read_bounded

@@ -28,8 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tabletune_pipelines.core.steptime import LONG_MAX_TOKENS, SHORT_MAX_TOKENS, step_time_from_pair
-from tabletune_pipelines.engine.errors import EngineError
-from tabletune_pipelines.errors import TableTuneError
+from tabletune_pipelines.errors import EngineError, TableTuneError
 from tabletune_pipelines.vocab import TimingSource
 
 logger = logging.getLogger("tabletune.profiler")

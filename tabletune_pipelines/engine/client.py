@@ -14,14 +14,10 @@ import urllib.request
 from typing import Any
 
 from tabletune_pipelines.engine.config import SERVED_MODEL_NAME
-from tabletune_pipelines.engine.errors import EngineError
+from tabletune_pipelines.errors import EngineError, EngineUnreachable
 
 Prompt = str | list[int] | list[str] | list[list[int]]
 """One prompt (text or token ids) or a batch of them (a list of texts or of token-id lists)."""
-
-
-class EngineUnreachable(EngineError):
-    """The server did not answer at all (connection refused, reset or timed out)."""
 
 
 def http_request(url: str, *, data: bytes | None = None, timeout: float = 5.0) -> tuple[int, bytes]:

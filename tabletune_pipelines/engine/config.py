@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tabletune_pipelines.core.table import validate_vllm_schedule
-from tabletune_pipelines.engine.errors import EngineConfigError
-from tabletune_pipelines.errors import TableTuneError
+from tabletune_pipelines.errors import EngineConfigError, TableTuneError
 from tabletune_pipelines.vocab import (
     DEVICES,
     METHODS,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from tabletune_pipelines.engine.errors import EngineConfigError
+from tabletune_pipelines.errors import EngineConfigError
 
 GPU_DTYPE = "bfloat16"
 """Default dtype of a GPU launch."""

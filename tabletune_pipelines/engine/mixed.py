@@ -22,7 +22,7 @@ from typing import Any
 
 from tabletune_pipelines.core.stepcost import StepSample, attribute_mixed_steps, samples_from_step_log
 from tabletune_pipelines.engine.cell import TimingServer, run_batch, timing_prompts
-from tabletune_pipelines.engine.errors import EngineError
+from tabletune_pipelines.errors import EngineError
 
 logger = logging.getLogger("tabletune.mixed")
 

@@ -20,7 +20,7 @@ from tabletune_pipelines.core.goodput import validate_acceptance
 from tabletune_pipelines.core.remeasure import DEFAULT_MAX_REPETITIONS
 from tabletune_pipelines.core.steptime import batch_size_grid
 from tabletune_pipelines.engine.config import ServerConfig
-from tabletune_pipelines.engine.errors import EngineConfigError
+from tabletune_pipelines.errors import EngineConfigError
 from tabletune_pipelines.options import options_from_mapping
 from tabletune_pipelines.vocab import DEFAULT_REPETITIONS, PROFILE_MODES, ProfileMode
 

@@ -28,23 +28,25 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tabletune_pipelines.control_protocol import ControlProtocolError, ControlWriter
+from tabletune_pipelines.control_protocol import ControlWriter
 from tabletune_pipelines.core.table import validate_vllm_schedule
-from tabletune_pipelines.engine.client import EngineClient, EngineUnreachable, Prompt
+from tabletune_pipelines.engine.client import EngineClient, Prompt
 from tabletune_pipelines.engine.command import build_command, build_env
 from tabletune_pipelines.engine.config import MODEL_DRAFTERS, ServerConfig, looks_like_path
-from tabletune_pipelines.engine.errors import (
+from tabletune_pipelines.engine.installed import resolve_device, with_cpu_suffix
+from tabletune_pipelines.engine.tiny_models import read_vocab_size
+from tabletune_pipelines.errors import (
+    ControlProtocolError,
     EngineConfigError,
     EngineCrashedError,
     EngineError,
     EngineStartupError,
     EngineStartupTimeout,
+    EngineUnreachable,
     ModelNotFoundError,
     PortInUseError,
     VocabMismatchError,
 )
-from tabletune_pipelines.engine.installed import resolve_device, with_cpu_suffix
-from tabletune_pipelines.engine.tiny_models import read_vocab_size
 
 #: A one-request "nudge" that makes an idle engine take a step (the step scheduler reads its
 #: control file once per step). Token ids, so no tokenizer vocabulary is assumed.

@@ -55,7 +55,6 @@ from tabletune_pipelines.core.steptime import median_step_time
 from tabletune_pipelines.documents import EngineIdentity, StepTimeCell, StepTimeProfile
 from tabletune_pipelines.engine.cell import Measurement, measure_cell_once, warm_up
 from tabletune_pipelines.engine.config import ServerConfig
-from tabletune_pipelines.engine.errors import EngineConfigError
 from tabletune_pipelines.engine.identity import engine_identity
 from tabletune_pipelines.engine.installed import resolve_device
 from tabletune_pipelines.engine.mixed import default_mixed_batch_sizes, default_mixed_prefill_tokens, measure_mixed_steps
@@ -73,7 +72,7 @@ from tabletune_pipelines.engine.plan import (
 from tabletune_pipelines.engine.process import VLLMServer
 from tabletune_pipelines.engine.progress import ProfilerProgress
 from tabletune_pipelines.engine.tiny_models import read_vocab_size
-from tabletune_pipelines.errors import TableTuneError
+from tabletune_pipelines.errors import EngineConfigError, TableTuneError
 from tabletune_pipelines.vocab import AcceptanceMode
 
 __all__ = ["CellKey", "ProfileOptions", "ProfilePlan", "cell_key", "profile_step_times", "store_hooks",

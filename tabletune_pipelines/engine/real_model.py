@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tabletune_pipelines.engine.errors import EngineConfigError
+from tabletune_pipelines.errors import EngineConfigError
 
 REAL_PREFIX = "real:"
 """Fleet model names ``real:<name>`` are real models converted from a package, built on first use."""

@@ -27,7 +27,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tabletune_pipelines.engine.errors import EngineConfigError
+from tabletune_pipelines.errors import EngineConfigError
 
 #: Bump when the recipe changes: a cache built by another recipe is rebuilt.
 RECIPE_VERSION = 2

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from tabletune_pipelines.controller.step import StepOutcome, count_drafts
+from tabletune_pipelines.errors import EmptyProfileError, InvalidValueError, PublishedTableError
 
 
 def linear_step_model(step_ms: Mapping[int, Mapping[int, float]]) -> np.ndarray:
@@ -40,7 +41,7 @@ def linear_step_model(step_ms: Mapping[int, Mapping[int, float]]) -> np.ndarray:
             rows.append((1.0, float(b), float(k), float(b) * float(k)))
             y.append(float(ms))
     if len(rows) < 4:
-        raise ValueError(f"a linear step-time model needs at least 4 profile cells, got {len(rows)}")
+        raise EmptyProfileError(f"a linear step-time model needs at least 4 profile cells, got {len(rows)}")
     coef, *_ = np.linalg.lstsq(np.asarray(rows), np.asarray(y), rcond=None)
     return coef
 
@@ -188,7 +189,7 @@ def build_policy(name: str, start: Any, max_num_seqs: int,
     (default: the largest allowed k)."""
     s, ks = start.settings, tuple(start.allowed_k)
     if not ks:
-        raise ValueError("the published file allows no k")
+        raise PublishedTableError("the published file allows no k")
     if name == "turbospec":
         cells = {int(k): dict(start.published.step_ms.get(int(k)) or {}) for k in ks}
         alpha = float(start.prior[0]) if start.prior else 0.5
@@ -196,7 +197,7 @@ def build_policy(name: str, start: Any, max_num_seqs: int,
                                forget=float(s.turbospec_forget), max_k=max_k)
     if name == "nightjar":
         return NightjarPolicy(max_num_seqs, ks, c=float(s.nightjar_exploration), max_k=max_k)
-    raise ValueError(f"no baseline policy {name!r}")
+    raise InvalidValueError(f"no baseline policy {name!r}")
 
 
 class PolicyController(Controller):
@@ -258,7 +259,7 @@ class PolicyController(Controller):
         if pol is not None:
             try:
                 lookup = pol.next_lookup()
-                if len(lookup) != self._n + 1:
+                if len(lookup) != self._n + 1:  # a policy's bug, not an input: caught below, recorded as policy_failed
                     raise ValueError(f"lookup of length {len(lookup)}, not max_num_seqs + 1 = {self._n + 1}")
                 return lookup
             except Exception as exc:  # noqa: BLE001

@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from tabletune_pipelines.controller.settings import PUBLISHED_ENV
+from tabletune_pipelines.errors import LiveCountersError
 from tabletune_pipelines.evaluation.served import LoadGenerator
 from tabletune_pipelines.evaluation.synthetic import IDENTITY, LAUNCH, publish
-from tabletune_pipelines.live_counters import CounterWindow, LiveCountersError, read_live_counters
+from tabletune_pipelines.live_counters import CounterWindow, read_live_counters
 
 __all__ = ["SCHEDULER", "Rig", "closed_loop", "identity", "server_config", "tiny"]
 

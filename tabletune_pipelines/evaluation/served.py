@@ -349,7 +349,7 @@ def t_quantile(dof: int) -> float:
     """Student's one-sided 97.5% quantile for ``dof`` degrees of freedom (the next tabulated dof
     below, so never smaller than the exact value; 1.96 above 60)."""
     if dof < 1:
-        raise ValueError(f"dof = {dof} must be >= 1")
+        raise InvalidValueError(f"dof = {dof} must be >= 1")
     if dof > 60:
         return 1.96
     return _T975[max(d for d in _T975 if d <= dof)]

@@ -43,6 +43,7 @@ from tabletune_pipelines.controller.loader import EngineFacts
 from tabletune_pipelines.controller.logic import Controller
 from tabletune_pipelines.controller.step import StepOutcome
 from tabletune_pipelines.core.stepcost import GraphEnvelope, PrefillFit, StepCost
+from tabletune_pipelines.errors import InvalidValueError
 from tabletune_pipelines.evaluation.surfaces import Surface
 from tabletune_pipelines.published import published_document, write_published_table
 
@@ -149,7 +150,7 @@ def simulate(surface: Surface, policy: TablePolicy | EnginePolicy, load: int, st
     L = int(load)
     n, K = surface.max_num_seqs, surface.max_k
     if not 1 <= L <= n:
-        raise ValueError(f"load {L} is outside 1..{n} (the surface's max_num_seqs)")
+        raise InvalidValueError(f"load {L} is outside 1..{n} (the surface's max_num_seqs)")
     acc_rng = np.random.default_rng([seed, 1])
     len_rng = np.random.default_rng([seed, 2])
     lo, hi = workload.lengths

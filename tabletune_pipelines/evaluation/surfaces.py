@@ -22,15 +22,11 @@ import numpy as np
 
 from tabletune_pipelines.core.steptime import batch_size_grid, non_decreasing_fit
 from tabletune_pipelines.documents import EngineIdentity, StepTimeCell, StepTimeProfile
-from tabletune_pipelines.errors import TableTuneError
+from tabletune_pipelines.errors import SurfaceError
 from tabletune_pipelines.evaluation.costmodel import CostParams, dense_surface, step_ms
 
 OUTLIER_RATIO = 1.6
 """A profile cell above this multiple of the fastest k at its B is a hiccup (see the module docstring)."""
-
-
-class SurfaceError(TableTuneError, ValueError):
-    """A surface that cannot be built (profile without B = 1, uneven grid, ...)."""
 
 
 @dataclass(frozen=True)

@@ -76,7 +76,7 @@ class EngineResource(dg.ConfigurableResource):
         return p
 
     def current_identity(self, dep: Deployment) -> EngineIdentity:
-        """Raises ``deployments.EndpointUnreachable`` when a remote endpoint does not answer."""
+        """Raises ``errors.EndpointUnreachable`` when a remote endpoint does not answer."""
         return deployments.current_identity(dep, self.probe_timeout_s)
 
     def local_model_path(self, name: str | None, drafter: bool = False, dtype: str | None = None) -> str | None:

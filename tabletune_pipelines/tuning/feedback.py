@@ -35,8 +35,8 @@ import numpy as np
 
 from tabletune_pipelines.core.acceptance import AcceptanceEstimator, EstimatorConfig, rates_from_counts
 from tabletune_pipelines.documents import AcceptancePrior
-from tabletune_pipelines.errors import InvalidValueError, PipelineFailure, TableTuneError
-from tabletune_pipelines.live_counters import CounterWindow, LiveCountersError, read_live_counters
+from tabletune_pipelines.errors import InvalidValueError, LiveCountersError, PipelineFailure, TableTuneError
+from tabletune_pipelines.live_counters import CounterWindow, read_live_counters
 
 if TYPE_CHECKING:
     from tabletune_pipelines.deployments import Engine

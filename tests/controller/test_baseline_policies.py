@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from tabletune_pipelines.errors import SettingsError
 from tabletune_pipelines.evaluation import baselines
 from tabletune_pipelines.evaluation.baselines import PolicyController, TurboSpecPolicy
 from tabletune_pipelines.controller.loader import EngineFacts
-from tabletune_pipelines.controller.settings import ControllerSettings, SettingsError
+from tabletune_pipelines.controller.settings import ControllerSettings
 from tabletune_pipelines.controller.step import StepOutcome
 from tabletune_pipelines.live_counters import read_live_counters
 from tests.controller._fake import ENGINE, N, FakeEngine, publish

@@ -201,12 +201,13 @@ def test_the_vllm_here_is_compared_like_the_controller_compares_a_file(tmp_path,
     check of the vLLM installed here (``deployments.check_local_engine``) and the controller on a file
     made on BASE agree."""
     from tabletune_pipelines import deployments
+    from tabletune_pipelines.errors import EngineMismatchError
 
     monkeypatch.setattr(deployments, "installed_vllm_version", lambda: here)
     try:
         deployments.check_local_engine(BASE)
         library = True
-    except deployments.EngineMismatchError:
+    except EngineMismatchError:
         library = False
     n, k = BASE.max_num_seqs, BASE.max_k
     p = publish(tmp_path / "pub.json", ranges=[(1, n, k)], rates=RATES,

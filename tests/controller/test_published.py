@@ -10,9 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tabletune_pipelines.core.table import validate_table
-from tabletune_pipelines.errors import TableTuneError
+from tabletune_pipelines.errors import PublishedTableError, TableTuneError
 from tabletune_pipelines.published import (
-    PublishedTableError,
     load_published,
     published_document,
     read_published_table,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tabletune_pipelines.controller.settings import ControllerSettings, SettingsError
+from tabletune_pipelines.controller.settings import ControllerSettings
+from tabletune_pipelines.errors import SettingsError
 
 
 def test_defaults_are_the_methods():

@@ -32,13 +32,8 @@ from hypothesis import strategies as st
 from tabletune_pipelines.controller import logic
 from tabletune_pipelines.evaluation.baselines import PolicyController
 from tabletune_pipelines.controller.search import dense_from_ranges, vllm_lookup
-from tabletune_pipelines.controller.settings import (
-    BOUNDS,
-    CONTROLLER_POLICIES,
-    ControllerSettings,
-    SettingsError,
-)
-from tabletune_pipelines.errors import FleetError
+from tabletune_pipelines.controller.settings import BOUNDS, CONTROLLER_POLICIES, ControllerSettings
+from tabletune_pipelines.errors import FleetError, SettingsError
 from tabletune_pipelines.fleet import parse_fleet
 from tabletune_pipelines.vocab import CONTROLLER_MODES
 from tests.controller._fake import ENGINE, REBUILD_BUDGET_MS, FakeEngine, linear_profile, publish

@@ -292,3 +292,53 @@ def test_the_finders_see_the_shapes_they_look_for():
     old_published = ("def validate_ranges(where, ranges, n, k):\n    for prev, cur in zip(ranges, ranges[1:]):\n"
                      "        raise _fail(where, f'ranges {list(prev)} and {list(cur)} overlap')\n")
     assert any(table_validator(node, stack) for node, stack in _walk(ast.parse(old_published), []))
+
+
+# -- exception classes: home tabletune_pipelines/errors.py (the one error hierarchy) -----------------
+
+ERRORS_HOME = "tabletune_pipelines/errors.py"
+EXCEPTION_CLASSES_ELSEWHERE: dict[tuple[str, str], str] = {
+    # (file, class): why it is not a TableTuneError in errors.py
+    ("tabletune_pipelines/strict_io.py", "NotRegularFileError"): "strict_io's stdlib-shaped vocabulary (an OSError, "
+    "like the OS's own refusals): every reader turns it into its own TableTuneError naming the file",
+    ("tabletune_pipelines/strict_io.py", "FileTooLargeError"): "as NotRegularFileError (an OSError)",
+    ("tabletune_pipelines/strict_io.py", "LineTooLongError"): "as NotRegularFileError (a ValueError)",
+    ("tabletune_pipelines/strict_io.py", "StrictJSONError"): "as NotRegularFileError (a ValueError, like "
+    "json.JSONDecodeError)",
+    ("tabletune_pipelines/strict_io.py", "DuplicateKeyError"): "as StrictJSONError",
+    ("tabletune_pipelines/fleet.py", "_YAMLRefused"): "raised inside PyYAML's loader, so a yaml.YAMLError that the "
+    "fleet reader turns into a FleetError; errors.py is stdlib-only and cannot import yaml",
+}
+
+
+def exception_classes(modules: dict[str, ast.Module]) -> set[tuple[str, str]]:
+    """(file, class) of every class in ``modules`` that derives from an exception: a built-in one, one of
+    another package (``yaml.YAMLError``: by its name), or such a class of ``modules`` (to a fixed point)."""
+    import builtins
+    known = {n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException)}
+    classes = [(path, n) for path, tree in modules.items() for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
+
+    def derives(base: ast.expr) -> bool:
+        name = base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", "")
+        return name in known or (isinstance(base, ast.Attribute) and name.endswith(("Error", "Exception")))
+
+    found: set[tuple[str, str]] = set()
+    while True:
+        more = {(path, c.name) for path, c in classes if (path, c.name) not in found and any(map(derives, c.bases))}
+        if not more:
+            return found
+        found |= more
+        known |= {name for _, name in more}
+
+
+def test_one_home_for_exception_classes():
+    found = {c for c in exception_classes(trees()) if c[0] != ERRORS_HOME}
+    allowed = set(EXCEPTION_CLASSES_ELSEWHERE)
+    assert found - allowed == set(), f"define it in {ERRORS_HOME}, a TableTuneError: {sorted(found - allowed)}"
+    assert allowed - found == set(), f"gone, delete from EXCEPTION_CLASSES_ELSEWHERE: {sorted(allowed - found)}"
+
+
+def test_the_exception_class_finder_sees_subclasses_of_subclasses():
+    tree = ast.parse("import yaml\nclass B(A): ...\nclass A(ValueError): ...\nclass C(yaml.YAMLError): ...\n"
+                     "class D: ...\nclass E(D): ...\n")
+    assert exception_classes({"x.py": tree}) == {("x.py", "A"), ("x.py", "B"), ("x.py", "C")}

@@ -13,8 +13,7 @@ from tabletune_pipelines.engine.acceptance import (
     sample_prompts,
     write_default_prompt_file,
 )
-from tabletune_pipelines.engine.errors import EngineConfigError
-from tabletune_pipelines.errors import TableTuneError
+from tabletune_pipelines.errors import EngineConfigError, TableTuneError
 from tabletune_pipelines.vocab import DEFAULT_SAMPLE_SIZE
 
 METRICS = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.

@@ -14,7 +14,7 @@ from tabletune_pipelines.engine.cell import (
     warm_up,
 )
 from tabletune_pipelines.engine.config import ServerConfig
-from tabletune_pipelines.engine.errors import EngineError
+from tabletune_pipelines.errors import EngineError
 from tests.engine.fakes import FakeServer, step_ms
 
 CFG = ServerConfig(model="/m", drafter="/d", method="draft_model", num_speculative_tokens=3, table=((1, 8, 3),),

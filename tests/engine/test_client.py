@@ -8,10 +8,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tabletune_pipelines.engine.client import EngineClient, EngineUnreachable, version_from_answer
+from tabletune_pipelines.engine.client import EngineClient, version_from_answer
 from tabletune_pipelines.engine.config import SERVED_MODEL_NAME
-from tabletune_pipelines.engine.errors import EngineError
 from tabletune_pipelines.engine.process import free_port
+from tabletune_pipelines.errors import EngineError, EngineUnreachable
 
 
 @pytest.fixture
@@ -86,7 +86,7 @@ def test_nothing_listening():
 def test_an_error_answer_that_echoes_the_prompt_is_not_quoted(monkeypatch):
     # vLLM's 400 answers can repeat the request; acceptance runs send logged user prompts.
     from tabletune_pipelines.engine.client import EngineClient
-    from tabletune_pipelines.engine.errors import EngineError
+    from tabletune_pipelines.errors import EngineError
 
     secret = "my private prompt text"
     body = json.dumps({"error": {"type": "BadRequestError", "message": f"bad input: {secret}"}}).encode()

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tabletune_pipelines.engine.config import OWNED_SPECULATIVE_KEYS, ServerConfig
-from tabletune_pipelines.engine.errors import EngineConfigError
-from tabletune_pipelines.errors import TableTuneError
+from tabletune_pipelines.errors import EngineConfigError, TableTuneError
 
 SPEC = {"model": "/m", "drafter": "/d", "method": "draft_model", "num_speculative_tokens": 3}
 

@@ -8,17 +8,8 @@ import time
 
 import pytest
 
-from tabletune_pipelines.control_protocol import (
-    ControlProtocolError,
-    ControlReader,
-    ControlRejected,
-    ControlTimeout,
-    ControlWriter,
-    ack_path,
-    signature,
-    write_distinct,
-)
-from tabletune_pipelines.errors import TableTuneError
+from tabletune_pipelines.control_protocol import ControlReader, ControlWriter, ack_path, signature, write_distinct
+from tabletune_pipelines.errors import ControlProtocolError, ControlRejected, ControlTimeout, TableTuneError
 
 
 def test_command_round_trip(tmp_path):

@@ -9,8 +9,8 @@ import pytest
 
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.engine.dtype import OVERRIDE_ENV, choose_dtype, cpu_flags, default_dtype
-from tabletune_pipelines.engine.errors import EngineConfigError
 from tabletune_pipelines.engine.identity import deployment_identity, engine_identity
+from tabletune_pipelines.errors import EngineConfigError
 
 # /proc/cpuinfo of the two kinds of machine (abridged): an AMD EPYC with AVX2 only, a Sapphire Rapids.
 AVX2_EPYC = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse sse2 avx avx2 fma bmi2\n"

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 
 from tabletune_pipelines.engine.config import ServerConfig
-from tabletune_pipelines.engine.errors import EngineConfigError
 from tabletune_pipelines.engine.identity import accelerator_name, cudagraph_mode, deployment_identity, engine_identity
+from tabletune_pipelines.errors import EngineConfigError
 
 
 def test_graph_rule():

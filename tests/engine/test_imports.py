@@ -12,8 +12,7 @@ ENGINE_MODULES = ["tabletune_pipelines.engine", "tabletune_pipelines.engine.conf
                   "tabletune_pipelines.engine.identity", "tabletune_pipelines.engine.plan",
                   "tabletune_pipelines.engine.cell", "tabletune_pipelines.engine.progress",
                   "tabletune_pipelines.engine.profiler", "tabletune_pipelines.engine.acceptance",
-                  "tabletune_pipelines.engine.tiny_models", "tabletune_pipelines.engine.launcher",
-                  "tabletune_pipelines.engine.errors"]
+                  "tabletune_pipelines.engine.tiny_models", "tabletune_pipelines.engine.launcher"]
 
 
 def _loaded_after(code: str) -> set[str]:

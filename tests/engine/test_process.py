@@ -8,14 +8,14 @@ import socket
 import pytest
 
 from tabletune_pipelines.engine.config import ServerConfig
-from tabletune_pipelines.engine.errors import (
+from tabletune_pipelines.engine.process import VLLMServer, check_config, free_port, port_is_free
+from tabletune_pipelines.errors import (
     EngineConfigError,
     EngineError,
     ModelNotFoundError,
     PortInUseError,
     VocabMismatchError,
 )
-from tabletune_pipelines.engine.process import VLLMServer, check_config, free_port, port_is_free
 
 
 def _model_dir(tmp_path, name: str, vocab: int):

@@ -8,11 +8,11 @@ import pytest
 
 from tabletune_pipelines.documents import EngineIdentity
 from tabletune_pipelines.engine.config import ServerConfig
-from tabletune_pipelines.engine.errors import EngineConfigError
 from tabletune_pipelines.engine.plan import ProfileOptions, ProfilePlan
 from tabletune_pipelines.engine.profiler import profile_step_times
 from tabletune_pipelines.engine.progress import ProfilerProgress
 from tabletune_pipelines.documents import StepTimeCell
+from tabletune_pipelines.errors import EngineConfigError
 from tests.engine.fakes import FakeServer, step_ms
 
 CFG = ServerConfig(model="/m", drafter="/d", method="draft_model", num_speculative_tokens=3, max_num_seqs=8,

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from tabletune_pipelines.engine.errors import EngineConfigError
 from tabletune_pipelines.engine.tiny_models import MARKER, ensure_tiny_models, read_vocab_size
+from tabletune_pipelines.errors import EngineConfigError
 
 
 def test_read_vocab_size(tmp_path):

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tabletune_pipelines.errors import InvalidValueError
+from tabletune_pipelines.errors import InvalidValueError, PublishedTableError
 from tabletune_pipelines.evaluation import served
 from tabletune_pipelines.evaluation.served import (
     ServedVerificationOptions,
@@ -21,7 +21,7 @@ from tabletune_pipelines.evaluation.served import (
     plan_verification,
     t_quantile,
 )
-from tabletune_pipelines.published import PublishedTableError, parse_published
+from tabletune_pipelines.published import parse_published
 
 
 class FakeServer:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tabletune_pipelines.errors import PublishedTableError
 from tabletune_pipelines.evaluation.simulator import quartered
 from tabletune_pipelines.evaluation.synthetic import (
     IDENTITY,
@@ -19,7 +20,7 @@ from tabletune_pipelines.evaluation.synthetic import (
     publish,
     true_table,
 )
-from tabletune_pipelines.published import PublishedTableError, load_published
+from tabletune_pipelines.published import load_published
 
 RATES = (0.7, 0.5, 0.3)
 

@@ -15,15 +15,13 @@ import pytest
 
 from tabletune_pipelines.control_protocol import (
     MAX_COMMAND_BYTES,
-    ControlProtocolError,
     ControlReader,
     ControlWriter,
-    InvalidCommand,
     ack_path,
     check_k_command,
     check_rates_command,
 )
-from tabletune_pipelines.errors import TableTuneError
+from tabletune_pipelines.errors import ControlProtocolError, InvalidCommand, TableTuneError
 
 RATE_CASES = [
     ({"rates": [0.7, 1.5, 0.3]}, "rates[2] = 1.5 must be a finite number in [0, 1]"),
@@ -200,7 +198,7 @@ def test_the_step_scheduler_refuses_bad_k_commands(tmp_path, monkeypatch):
 
 @pytest.mark.engine
 def test_a_running_cpu_engine_refuses_bad_rates_and_keeps_serving(tmp_path):
-    from tabletune_pipelines.control_protocol import ControlRejected
+    from tabletune_pipelines.errors import ControlRejected
     from tabletune_pipelines.engine import ServerConfig, VLLMServer
     from tabletune_pipelines.engine.installed import is_cpu_build
     from tabletune_pipelines.engine.tiny_models import ensure_tiny_models

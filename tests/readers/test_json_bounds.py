@@ -16,11 +16,17 @@ import pytest
 
 from tabletune_pipelines.control_protocol import ControlReader, ControlWriter, ack_path
 from tabletune_pipelines.documents import DraftLengthTable, StepTimeProfile
-from tabletune_pipelines.errors import FleetError, PromptFileError, SchemaVersionError
+from tabletune_pipelines.errors import (
+    FleetError,
+    LiveCountersError,
+    PromptFileError,
+    PublishedTableError,
+    SchemaVersionError,
+)
 from tabletune_pipelines.fleet import load_fleet
-from tabletune_pipelines.live_counters import LiveCountersError, read_live_counters
+from tabletune_pipelines.live_counters import read_live_counters
 from tabletune_pipelines.prompts import count_prompts
-from tabletune_pipelines.published import PublishedTableError, load_published
+from tabletune_pipelines.published import load_published
 from tests.readers.conftest import assert_one_error, snapshot
 
 pytestmark = pytest.mark.timeout(120)

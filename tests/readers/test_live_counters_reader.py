@@ -11,13 +11,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from tabletune_pipelines.errors import InvalidValueError, TableTuneError
-from tabletune_pipelines.live_counters import (
-    MAX_LINE_BYTES,
-    LiveCountersError,
-    read_live_counters,
-    window_line,
-)
+from tabletune_pipelines.errors import InvalidValueError, LiveCountersError, TableTuneError
+from tabletune_pipelines.live_counters import MAX_LINE_BYTES, read_live_counters, window_line
 from tabletune_pipelines.tuning.feedback import live_prior, unique_windows
 from tests.readers.conftest import snapshot
 

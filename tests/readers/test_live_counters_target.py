@@ -23,11 +23,10 @@ import duckdb
 import pytest
 import yaml
 
-from tabletune_pipelines.errors import FleetError, TableTuneError
+from tabletune_pipelines.errors import FleetError, LiveCountersError, TableTuneError
 from tabletune_pipelines.fleet import load_fleet
 from tabletune_pipelines.live_counters import (
     MAX_LINE_BYTES,
-    LiveCountersError,
     append_line,
     check_live_counters_target,
     read_live_counters,

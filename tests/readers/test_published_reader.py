@@ -21,10 +21,9 @@ from hypothesis import strategies as st
 
 from tabletune_pipelines.core.table import validate_table
 from tabletune_pipelines.documents import DraftLengthTable, EngineIdentity
-from tabletune_pipelines.errors import TableTuneError
+from tabletune_pipelines.errors import PublishedTableError, TableTuneError
 from tabletune_pipelines.fleet import parse_fleet
 from tabletune_pipelines.published import (
-    PublishedTableError,
     published_document,
     read_published_table,
     speculative_config_path,

@@ -24,14 +24,16 @@ from tabletune_pipelines.errors import (
     DocumentError,
     FleetError,
     InvalidValueError,
+    LiveCountersError,
     PromptFileError,
+    PublishedTableError,
     StoreError,
     TableTuneError,
 )
 from tabletune_pipelines.fleet import load_fleet
-from tabletune_pipelines.live_counters import LiveCountersError, read_live_counters
+from tabletune_pipelines.live_counters import read_live_counters
 from tabletune_pipelines.prompts import count_prompts, load_prompts
-from tabletune_pipelines.published import PublishedTableError, read_published_table
+from tabletune_pipelines.published import read_published_table
 from tabletune_pipelines.store import TableTuneStore
 from tabletune_pipelines.store.export import import_profiles
 from tests.readers.conftest import assert_one_error, snapshot

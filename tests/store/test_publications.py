@@ -25,9 +25,8 @@ import pytest
 
 from tabletune_pipelines import published
 from tabletune_pipelines.documents import AcceptancePrior, DraftLengthTable, EngineIdentity
-from tabletune_pipelines.errors import StoreError, TableTuneError
+from tabletune_pipelines.errors import PublishedTableError, StoreError, TableTuneError
 from tabletune_pipelines.published import (
-    PublishedTableError,
     controller_fields,
     publication_lock,
     publication_lock_path,

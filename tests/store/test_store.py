@@ -14,12 +14,13 @@ import pytest
 from tabletune_pipelines.documents import AcceptancePrior, DraftLengthTable, EngineIdentity, StepTimeCell
 from tabletune_pipelines.errors import (
     NotFoundError,
+    PublishedTableError,
     StoreCorruptError,
     StoreError,
     StoreLockedError,
     TableTuneError,
 )
-from tabletune_pipelines.published import PublishedTableError, read_published_table
+from tabletune_pipelines.published import read_published_table
 from tabletune_pipelines.store import TableTuneStore
 
 IDENT = EngineIdentity(gpu="cpu", vllm_version="0.32.0+cpu", model="/m/target", drafter="/m/draft",

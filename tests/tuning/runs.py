@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tabletune_pipelines.deployments import EndpointUnreachable, identity_for
-from tabletune_pipelines.engine.errors import EngineCrashedError
+from tabletune_pipelines.deployments import identity_for
+from tabletune_pipelines.errors import EndpointUnreachable, EngineCrashedError
 from tabletune_pipelines.evaluation.served import ServedVerificationOptions
 from tabletune_pipelines.fleet import Fleet, parse_fleet
 from tabletune_pipelines.store import TableTuneStore

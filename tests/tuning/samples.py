@@ -99,7 +99,7 @@ def scripted_profile(identity: EngineIdentity, store, batch_sizes=(1, 2, 4, 8, 1
     """What a scripted engine's profiling writes: ``scripted_ms`` at every k in 0..K and no speculation,
     three repetitions, resuming from the cells the store has; ``fail_after_cells`` >= 0 crashes the
     "server" after that many new cells (those stay stored, as a real profile's do)."""
-    from tabletune_pipelines.engine.errors import EngineCrashedError
+    from tabletune_pipelines.errors import EngineCrashedError
 
     existing = {(c.k, c.batch_size, c.acceptance) for c in store.profile_cells(identity.key)}
     cells = []

@@ -12,7 +12,13 @@ import socket
 import pytest
 
 from tabletune_pipelines import deployments
-from tabletune_pipelines.errors import InvalidValueError, NotFoundError, TableTuneError
+from tabletune_pipelines.errors import (
+    EndpointUnreachable,
+    EngineMismatchError,
+    InvalidValueError,
+    NotFoundError,
+    TableTuneError,
+)
 from tabletune_pipelines.fleet import parse_fleet
 
 
@@ -67,7 +73,7 @@ def test_resolve_identity_in_order_config_store_fleet(tmp_path):
     assert deployments.resolve_identity(ident.key, identity_json="", known=never, **kw) == ident
 
     def unreachable(d):
-        raise deployments.EndpointUnreachable("http://x/version did not answer")
+        raise EndpointUnreachable("http://x/version did not answer")
 
     with pytest.raises(NotFoundError, match=r"not an engine identity TableTune knows.*unreachable: local-cpu"):
         deployments.resolve_identity(other.key, identity_json="", known=never, fleet=f, identity_of=unreachable)
@@ -79,7 +85,7 @@ def test_deployments_running_notes_the_unreachable(tmp_path):
 
     def identity_of(d):
         if d.name == "down":
-            raise deployments.EndpointUnreachable("no answer")
+            raise EndpointUnreachable("no answer")
         return ident
 
     running, notes = deployments.deployments_running(ident.key, f, identity_of)
@@ -90,7 +96,7 @@ def test_probe_of_a_closed_port_is_endpoint_unreachable():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with pytest.raises(deployments.EndpointUnreachable, match=f"127.0.0.1:{port}/version did not answer"):
+    with pytest.raises(EndpointUnreachable, match=f"127.0.0.1:{port}/version did not answer"):
         deployments.probe_vllm_version(f"http://127.0.0.1:{port}", timeout_s=2)
 
 
@@ -104,13 +110,13 @@ def test_probe_reads_version_by_the_clients_rule(version):
         if version:
             assert deployments.probe_vllm_version(srv.url, timeout_s=5) == version
         else:
-            with pytest.raises(deployments.EndpointUnreachable, match="not vLLM's"):
+            with pytest.raises(EndpointUnreachable, match="not vLLM's"):
                 deployments.probe_vllm_version(srv.url, timeout_s=5)
 
 
 def test_a_partition_of_another_vllm_is_refused_before_any_launch(tmp_path):
     ident = deployments.identity_for(fleet(tmp_path).deployments[0], "0.0.1-not-installed")
-    with pytest.raises(deployments.EngineMismatchError, match="needs vLLM 0.0.1-not-installed"):
+    with pytest.raises(EngineMismatchError, match="needs vLLM 0.0.1-not-installed"):
         deployments.check_local_engine(ident)
 
 

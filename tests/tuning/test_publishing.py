@@ -11,8 +11,8 @@ import pytest
 from tabletune_pipelines.core.evidence import DEFAULT_CONFIDENCE, DEFAULT_POLICY
 from tabletune_pipelines.core.table import DEFAULT_STICKINESS
 from tabletune_pipelines.deployments import identity_for
-from tabletune_pipelines.errors import PipelineFailure
-from tabletune_pipelines.published import PublishedTableError, read_published_table
+from tabletune_pipelines.errors import PipelineFailure, PublishedTableError
+from tabletune_pipelines.published import read_published_table
 from tabletune_pipelines.publishing import (
     publication_kwargs,
     publish_table,
