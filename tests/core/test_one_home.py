@@ -225,3 +225,32 @@ def test_the_finders_see_the_shapes_they_look_for():
     old_published = ("def validate_ranges(where, ranges, n, k):\n    for prev, cur in zip(ranges, ranges[1:]):\n"
                      "        raise _fail(where, f'ranges {list(prev)} and {list(cur)} overlap')\n")
     assert any(table_validator(node, stack) for node, stack in _walk(ast.parse(old_published), []))
+
+
+# -- the engine-identity partition and its profile run (home: orchestration/partitions.py) ----------
+
+def identity_registration(node: ast.AST, stack: list[ast.AST]) -> bool:
+    """``instance.add_dynamic_partitions(...)``: an engine identity registered by hand."""
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "add_dynamic_partitions")
+
+
+def profile_run_config(node: ast.AST, stack: list[ast.AST]) -> bool:
+    """A dict literal with an ``"identity_json"`` key: a profile run's config spelled out by hand."""
+    return isinstance(node, ast.Dict) and any(isinstance(k, ast.Constant) and k.value == "identity_json"
+                                              for k in node.keys)
+
+
+PARTITIONS_HOME = "tabletune_pipelines/orchestration/partitions.py"
+
+
+@pytest.mark.parametrize("finder", [identity_registration, profile_run_config])
+def test_the_identity_partition_and_its_profile_run_have_one_home(finder):
+    """The upgrade sensor and the main command register an identity and build its profile run's
+    config through ``partitions.register_identity`` / ``partitions.profile_run_config``."""
+    assert {c for c in copies(finder) if c[0] != PARTITIONS_HOME} == set()
+    sample = ("def f(instance, key, dep, ident):\n    instance.add_dynamic_partitions('engine_identity', [key])\n"
+              "    return {'ops': {'step_time_profile': {'config': {'identity_json': ident.to_json()}}}}\n")
+    assert any(finder(node, stack) for node, stack in _walk(ast.parse(sample), []))
+    assert any(c[0] == PARTITIONS_HOME for c in copies(finder))
+
