@@ -1,4 +1,4 @@
-"""Issue 19, item 5 (controller side): a published file is served only by the engine it was made for.
+"""A published file is served only by the engine it was made for (the controller's side).
 
 A file without an engine identity, with an incomplete one, one made on another GPU type or one
 published for another deployment than the engine was told to serve (``TABLETUNE_DEPLOYMENT``) is

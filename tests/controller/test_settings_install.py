@@ -1,5 +1,4 @@
-"""Controller settings at their extremes, and installing a published version all or nothing (issue 19,
-item 3).
+"""Controller settings at their extremes, and installing a published version all or nothing.
 
 Before: a huge but finite ``hysteresis`` passed the fleet loader and the publish gate, made the
 controller fail at start, or on a reload half-installed the new version (state and log said v2, vLLM

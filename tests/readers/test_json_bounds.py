@@ -1,4 +1,4 @@
-"""Deeply nested JSON and integers with thousands of digits, in every reader (issue 19, item 10).
+"""Deeply nested JSON and integers with thousands of digits, in every reader.
 
 Before: ``RecursionError`` (nesting past Python's recursion limit) or ``ValueError`` (an integer of
 more than 4300 digits) escaped as tracebacks, a control file like that made the engine's reader

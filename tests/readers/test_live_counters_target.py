@@ -1,4 +1,4 @@
-"""Where the controller appends its counters (issue 19, item 1).
+"""Where the controller appends its counters.
 
 The export path (the fleet's ``live_counters``, the published file's ``export_path``) is written by
 others, so it may name a file TableTune did not write. Before: the controller appended JSON lines to

@@ -1,4 +1,4 @@
-"""Paths that are not regular files, in every reader (issue 19, item 10): a named pipe blocked each
+"""Paths that are not regular files, in every reader: a named pipe blocked each
 reader forever (opening a FIFO for reading waits for a writer), and a device such as /dev/zero
 never ends. Every reader now stats the path first and opens only regular files, with O_NONBLOCK
 (``strict_io.open_regular``): each case is one TableTuneError naming the path and what it is, the
