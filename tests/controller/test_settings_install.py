@@ -29,7 +29,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tabletune_pipelines.controller import logic
-from tabletune_pipelines.evaluation.baselines import PolicyController
 from tabletune_pipelines.controller.search import dense_from_ranges, vllm_lookup
 from tabletune_pipelines.controller.settings import (
     BOUNDS,
@@ -38,9 +37,11 @@ from tabletune_pipelines.controller.settings import (
     SettingsError,
 )
 from tabletune_pipelines.errors import FleetError
+from tabletune_pipelines.evaluation.baselines import PolicyController
+from tabletune_pipelines.evaluation.simulator import FakeEngine
+from tabletune_pipelines.evaluation.synthetic import ENGINE, REBUILD_BUDGET_MS, linear_profile, publish
 from tabletune_pipelines.fleet import parse_fleet
 from tabletune_pipelines.vocab import CONTROLLER_MODES
-from tests.controller._fake import ENGINE, REBUILD_BUDGET_MS, FakeEngine, linear_profile, publish
 
 PROFILE = linear_profile()
 TRUE_T = lambda b, k: PROFILE[k][b]  # noqa: E731

@@ -254,3 +254,23 @@ def test_the_identity_partition_and_its_profile_run_have_one_home(finder):
     assert any(finder(node, stack) for node, stack in _walk(ast.parse(sample), []))
     assert any(c[0] == PARTITIONS_HOME for c in copies(finder))
 
+
+# -- the simulated engine (home: evaluation/simulator.py: simulate and the fake engine) --------------
+
+SIMULATOR_HOME = "tabletune_pipelines/evaluation/simulator.py"
+
+
+def simulated_engine_model(node: ast.AST, stack: list[ast.AST]) -> bool:
+    """A ``*FakeEngine*`` class, or a function drawing a request's kept drafts (``*kept*``): a
+    second model of the simulated engine."""
+    return ((isinstance(node, ast.ClassDef) and "FakeEngine" in node.name)
+            or (isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and "kept" in node.name))
+
+
+def test_the_simulated_engine_has_one_home():
+    """The replay simulator and the fake engine of the controller's tests share one engine model in
+    ``evaluation/simulator.py``; no other module of the library or the benchmarks has its own."""
+    assert {c for c in copies(simulated_engine_model) if c[0] != SIMULATOR_HOME} == set()
+    sample = "class FakeEngine:\n    def kept(self, k):\n        return 0\n"
+    assert sum(simulated_engine_model(n, s) for n, s in _walk(ast.parse(sample), [])) == 2
+    assert any(c[0] == SIMULATOR_HOME for c in copies(simulated_engine_model))
