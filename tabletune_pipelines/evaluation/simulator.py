@@ -51,6 +51,7 @@ from tabletune_pipelines.controller.loader import EngineFacts
 from tabletune_pipelines.controller.logic import Controller
 from tabletune_pipelines.controller.step import StepOutcome
 from tabletune_pipelines.core.stepcost import GraphEnvelope, PrefillFit, StepCost
+from tabletune_pipelines.core.table import dense_from_ranges
 from tabletune_pipelines.evaluation.surfaces import Surface
 from tabletune_pipelines.evaluation.synthetic import ENGINE
 from tabletune_pipelines.published import published_document, write_published_table
@@ -80,11 +81,9 @@ class TablePolicy:
 
     @classmethod
     def from_ranges(cls, name: str, ranges: Sequence[Sequence[int]], n: int, max_k: int) -> "TablePolicy":
-        ks = [0] * n
-        for s, e, k in ranges:
-            for b in range(int(s), min(int(e), n) + 1):
-                ks[b - 1] = min(int(k), max_k)
-        return cls(name, tuple(ks))
+        """The table ``ranges`` (covering 1..n) over B = 1..n, k capped at ``max_k``
+        (``core.table.dense_from_ranges``)."""
+        return cls(name, tuple(int(k) for k in dense_from_ranges(ranges, n, max_k)))
 
 
 @dataclass(frozen=True)

@@ -169,9 +169,7 @@ def prior_picker(node: ast.AST, stack: list[ast.AST]) -> bool:
 
 CONCEPTS: dict[str, tuple[Finder, set[str], set[tuple[str, str]]]] = {
     # concept: (finder, files allowed to hold it, known copies left elsewhere)
-    "range expansion": (range_expander, {"tabletune_pipelines/core/table.py"}, {
-        ("tabletune_pipelines/evaluation/simulator.py", "TablePolicy.from_ranges"),
-    }),
+    "range expansion": (range_expander, {"tabletune_pipelines/core/table.py"}, set()),
     "range compaction": (range_compactor, {"tabletune_pipelines/core/table.py"}, set()),
     "table validation": (table_validator, {"tabletune_pipelines/core/table.py"}, set()),
     "monotone rates": (monotone_rates, {"tabletune_pipelines/core/acceptance.py"}, {
