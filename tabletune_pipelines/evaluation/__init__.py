@@ -7,7 +7,8 @@ no vLLM), except ``scheduler`` (the evaluation's vLLM plugins, loaded inside the
 
 For the benchmarks and the engine tests: ``rig`` (a live engine running the controller, its
 closed-loop load, published versions and exported windows), ``synthetic`` (profiles, tables,
-priors and published files with no measurement behind them) and ``bench`` (the benchmark scripts'
+priors and published files with no measurement behind them), ``simulator.FakeEngine`` (the fast
+stand-in engine of the controller's pure-logic tests) and ``bench`` (the benchmark scripts'
 shared command-line helpers). The production controller imports none of this package, and the
 package imports nothing from ``tests/``.
 """

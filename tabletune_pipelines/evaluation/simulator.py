@@ -1,4 +1,11 @@
-"""Closed-loop replay simulator: L concurrent requests on a step-time surface (docs/evaluation.md).
+"""The simulated engine: the closed-loop replay simulator (``simulate``, docs/evaluation.md) and the
+fake engine of the controller's pure-logic tests (``FakeEngine``), two drivers of one engine model.
+
+The model: a step of B running requests with k drafts each keeps m drafts per request with
+P(m >= i) = a_i (the unconditional survival of docs/method.md, "Goodput") and gains m + 1 tokens;
+it takes T(B, k) ms (a ``Surface``, or any ``(B, k) -> ms``), more when it carries prefill; the
+policy's hooks are called as the vLLM adapter calls them (below). ``simulate`` draws a whole batch
+at once and ``FakeEngine`` one request at a time (its own section below).
 
 The load is closed-loop: L clients, each sending its next request the moment the last one ends,
 so L requests are running at every step (B = L). Request lengths are drawn uniformly from
@@ -11,11 +18,11 @@ mixed-step fits, ``served_step_cost``) a step that carries prefill takes ``StepC
 the price the tuner and the controller use, capture-ceiling cliff included.
 
 Acceptance is stochastic per request and step: with k drafts a request keeps its first m drafts
-with P(m >= i) = a_i (the unconditional survival of docs/method.md, "Goodput"), drawn with one
-uniform u per request and step as m = #{i <= k : u < a_i}; it then gains m + 1 tokens (capped at
-what the request has left). The uniforms come from their own seeded stream, one vector per step,
-so every policy sees the same draws (common random numbers: differences between policies are not
-sampling noise of separate runs). ``Workload.switch_at`` changes the true rates mid-run.
+with P(m >= i) = a_i, drawn with one uniform u per request and step as m = #{i <= k : u < a_i}
+(``_kept_together``); it then gains m + 1 tokens (capped at what the request has left). The
+uniforms come from their own seeded stream, one vector per step, so every policy sees the same
+draws (common random numbers: differences between policies are not sampling noise of separate
+runs). ``Workload.switch_at`` changes the true rates mid-run.
 
 Two kinds of policy:
 
@@ -32,7 +39,8 @@ Two kinds of policy:
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -44,7 +52,9 @@ from tabletune_pipelines.controller.logic import Controller
 from tabletune_pipelines.controller.step import StepOutcome
 from tabletune_pipelines.core.stepcost import GraphEnvelope, PrefillFit, StepCost
 from tabletune_pipelines.errors import InvalidValueError
+from tabletune_pipelines.core.table import dense_from_ranges
 from tabletune_pipelines.evaluation.surfaces import Surface
+from tabletune_pipelines.evaluation.synthetic import ENGINE
 from tabletune_pipelines.published import published_document, write_published_table
 
 PROMPT_TOKENS = 32
@@ -72,11 +82,9 @@ class TablePolicy:
 
     @classmethod
     def from_ranges(cls, name: str, ranges: Sequence[Sequence[int]], n: int, max_k: int) -> "TablePolicy":
-        ks = [0] * n
-        for s, e, k in ranges:
-            for b in range(int(s), min(int(e), n) + 1):
-                ks[b - 1] = min(int(k), max_k)
-        return cls(name, tuple(ks))
+        """The table ``ranges`` (covering 1..n) over B = 1..n, k capped at ``max_k``
+        (``core.table.dense_from_ranges``)."""
+        return cls(name, tuple(int(k) for k in dense_from_ranges(ranges, n, max_k)))
 
 
 @dataclass(frozen=True)
@@ -126,10 +134,43 @@ class SimResult:
 
 
 def _survival(rates: Sequence[float], k_max: int) -> np.ndarray:
+    """The true a_1..a_K as an array of ``k_max`` (0 past the rates given)."""
     a = np.zeros(k_max)
     r = np.asarray(rates, dtype=float)[:k_max]
     a[: r.size] = r
     return a
+
+
+def _kept_together(u: np.ndarray, a: np.ndarray, k: int) -> np.ndarray:
+    """Drafts each request keeps of ``k``, one uniform ``u`` per request: m = #{i <= k : u < a_i}."""
+    return (u[:, None] < a[None, :k]).sum(axis=1)
+
+
+def _kept_one_by_one(a: Sequence[float], k: int, uniform: Callable[[], float]) -> int:
+    """Drafts one request keeps of ``k``, drawn position by position: draft i is kept with
+    probability a_i / a_(i-1) once draft i - 1 was (a_0 = 1), one ``uniform()`` per position tried,
+    the first refusal ends the run. P(m >= i) = a_i, as ``_kept_together``'s draw."""
+    m, prev = 0, 1.0
+    while m < k:
+        p = a[m] / prev if prev > 0 else 0.0
+        if uniform() >= p:
+            break
+        prev = a[m]
+        m += 1
+    return m
+
+
+def _requests(n: int) -> tuple[list[str], dict[str, int], dict[str, int]]:
+    """``n`` running requests: their ids, their batch index (``req_id_to_index``) and one scheduled
+    token each (``num_scheduled_tokens`` of a decode step)."""
+    ids = [f"r{i}" for i in range(n)]
+    return ids, {r: i for i, r in enumerate(ids)}, {r: 1 for r in ids}
+
+
+def _step_k(lookup: Sequence[int] | None, batch: int, launch_k: int) -> int:
+    """The k a step of ``batch`` requests runs: the policy's ``lookup[batch]``, or the launch table's
+    ``launch_k`` when ``next_lookup()`` returned None."""
+    return int(lookup[batch]) if lookup is not None else int(launch_k)
 
 
 def served_step_cost(surface: Surface, envelope: GraphEnvelope, fits: dict[str, PrefillFit]) -> StepCost:
@@ -161,9 +202,7 @@ def simulate(surface: Surface, policy: TablePolicy | EnginePolicy, load: int, st
     a = _survival(workload.rates, K)
     table = isinstance(policy, TablePolicy)
     nospec = table and policy.ks is None
-    ids = [f"r{i}" for i in range(L)]
-    index = {r: i for i, r in enumerate(ids)}
-    scheduled = {r: 1 for r in ids}
+    ids, index, scheduled = _requests(L)
     launch = list(launch_k) if launch_k is not None else [K] * n
     ks_run = np.zeros(steps, dtype=np.int64)
     tok_run = np.zeros(steps, dtype=np.int64)
@@ -177,11 +216,10 @@ def simulate(surface: Surface, policy: TablePolicy | EnginePolicy, load: int, st
             lookup = None
         else:
             lookup = policy.next_lookup()
-            k = int(lookup[L]) if lookup is not None else int(launch[L - 1])
-            k = min(k, K)
+            k = min(_step_k(lookup, L, launch[L - 1]), K)
         u = acc_rng.random(L)
         if k:
-            m = (u[:, None] < a[None, :k]).sum(axis=1)
+            m = _kept_together(u, a, k)
             m[new] = 0
         else:
             m = np.zeros(L, dtype=np.int64)
@@ -296,3 +334,73 @@ class ControllerFactory:
         log.setLevel(logging.ERROR)
         return Controller(self.engine(), self.path, clock=lambda: self.clock[0],
                           wall=lambda: 1_764_000_000.0 + self.clock[0], log=log)
+
+
+# ---------------------------------------------------------------------------- the fake engine
+class FakeEngine:
+    """The fake engine: ``batch`` requests run step by step against ``controller``, the fast
+    stand-in engine of the controller's pure-logic tests (no vLLM).
+
+    Each step calls ``next_lookup()`` and ``on_step(StepOutcome(...))`` as the vLLM adapter does;
+    each request keeps ``_kept_one_by_one`` drafts of the step's k (true survival ``rates``) and
+    the step takes ``step_ms(B, k)`` ms of a simulated monotonic clock (``clock[0]``, seconds). All
+    draws come from one ``random.Random(seed)`` stream, in a fixed order (request lengths first,
+    then each step's requests in batch order): the seeded tests count on that stream.
+
+    After a run, ``ks_run`` holds the k of every step; ``tamper``, if set, may edit each step's
+    sampled tokens (one list per request) before the controller sees them.
+    """
+
+    def __init__(self, controller: Controller, rates: Sequence[float], step_ms: Callable[[int, int], float],
+                 *, seed: int = 0, clock: list[float] | None = None) -> None:
+        self.c = controller
+        self.rates = list(rates)
+        self.step_ms = step_ms
+        self.rng = random.Random(seed)
+        self.clock = clock if clock is not None else [0.0]
+        self.ks_run: list[int] = []
+        self.tamper: Callable[[list[list[int]]], None] | None = None
+
+    def kept(self, k: int) -> int:
+        """Drafts one request keeps of ``k`` (the next draw of the stream)."""
+        return _kept_one_by_one(self.rates, k, self.rng.random)
+
+    def run(self, steps: int, batch: int, default_k: int = ENGINE.max_k, *, output_tokens: int | None = None,
+            prompt_tokens: int = 0, extra_ms: Callable[[int, int, int], float] | None = None) -> float:
+        """``steps`` steps at ``batch`` requests; ``default_k`` runs when the controller's
+        ``next_lookup()`` is None. With ``output_tokens``, a closed loop: a request ends after that
+        many tokens and a new one takes its place the next step, bringing ``prompt_tokens`` of
+        prefill; such a step costs ``extra_ms(B, k, prefill tokens)`` more than the decode step.
+        Returns the tokens produced per second."""
+        c = self.c
+        ids, idx, nst = _requests(batch)
+        left = [self.rng.randint(1, output_tokens) for _ in ids] if output_tokens else []
+        new = 0
+        t0, made = self.clock[0], 0
+        for _ in range(steps):
+            k = _step_k(c.next_lookup(), batch, default_k)
+            spec = {r: [0] * k for r in ids} if k else {}
+            sampled = [[1] * (self.kept(k) + 1) for _ in ids]
+            if self.tamper is not None:
+                self.tamper(sampled)
+            prefill = new * prompt_tokens
+            ms = self.step_ms(batch, k) + (extra_ms(batch, k, prefill) if extra_ms is not None and prefill else 0.0)
+            self.clock[0] += ms / 1000.0
+            self.ks_run.append(k)
+            made += sum(len(x) for x in sampled)
+            c.on_step(StepOutcome(nst, spec, idx, sampled, k, new, batch + batch * k + prefill, self.clock[0]))
+            new = 0
+            if output_tokens:
+                for i, x in enumerate(sampled):
+                    left[i] -= len(x)
+                    if left[i] <= 0:
+                        left[i] = output_tokens
+                        new += 1
+        return made / max(self.clock[0] - t0, 1e-12)
+
+
+def fake_controller(path: Path | None, clock: list[float], engine: EngineFacts = ENGINE, **kw: Any) -> Controller:
+    """A production ``Controller`` of ``engine`` (default: the test engine of ``evaluation.synthetic``)
+    on the published file ``path``, reading the fake engine's clock ``clock[0]`` (``kw``: the
+    controller's other arguments)."""
+    return Controller(engine, path, clock=lambda: clock[0], wall=lambda: 1_764_000_000.0 + clock[0], **kw)

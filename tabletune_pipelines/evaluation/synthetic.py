@@ -1,8 +1,9 @@
 """Synthetic inputs with no measurement behind them, for the CPU test engine and the benchmarks.
 
-The engine they describe is the tiny CPU one of ``evaluation.rig`` (and the pure-logic fake engine
-of the tests): ``N`` = 16 sequences, ``K`` = 3, launch table ``LAUNCH`` (every k 0..3 listed), identity
-``IDENTITY``. What they give:
+The engine they describe is the tiny CPU one of ``evaluation.rig`` (and the fake engine of the
+controller's pure-logic tests, ``evaluation.simulator.FakeEngine``): ``N`` = 16 sequences, ``K`` = 3,
+launch table ``LAUNCH`` (every k 0..3 listed), identity ``IDENTITY``, the facts its controller knows
+``ENGINE``. What they give:
 
 * ``linear_profile``: a step-time profile T(B, k) = c0 + c1·k + B·(d0 + d1·k) ms;
 * ``true_table``: the table ``core.table``'s search builds from a profile and acceptance rates (the
@@ -22,13 +23,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tabletune_pipelines.controller.loader import EngineFacts
 from tabletune_pipelines.core.table import choose_draft_lengths, compact_ranges
 from tabletune_pipelines.published import published_document, write_published_table
 
 if TYPE_CHECKING:
     from tabletune_pipelines.documents import AcceptancePrior
 
-__all__ = ["IDENTITY", "K", "LAUNCH", "N", "REBUILD_BUDGET_MS", "dense", "fixed_prior", "linear_profile", "publish",
+__all__ = ["ENGINE", "IDENTITY", "K", "LAUNCH", "N", "REBUILD_BUDGET_MS", "dense", "fixed_prior", "linear_profile", "publish",
            "true_table"]
 
 N, K = 16, 3
@@ -38,6 +40,9 @@ LAUNCH = ((1, 1, 0), (2, 2, 1), (3, 3, 2), (4, N, 3))
 IDENTITY = {"gpu": "cpu", "vllm_version": "0.32.0+cpu", "model": "/m/target", "drafter": "/m/draft",
             "method": "draft_model", "max_k": K, "max_num_seqs": N, "dtype": "bfloat16", "cudagraph_mode": "none"}
 """The identity ``publish`` writes by default (``rig.identity`` fills in the tiny models' paths)."""
+ENGINE = EngineFacts(max_k=K, max_num_seqs=N, launch_ranges=LAUNCH, model="/m/target", method="draft_model",
+                     vllm_version="0.32.0")
+"""What a controller on the test engine is told about its engine (the fake engine's default)."""
 
 
 def linear_profile(n: int = N, k_max: int = K, c0=4.0, c1=0.6, d0=0.1, d1=0.1) -> dict[int, dict[int, float]]:

@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     from tabletune_pipelines.errors import TableTuneError
     from tabletune_pipelines.fleet import load_fleet
     from tabletune_pipelines.orchestration.definitions import ASSETS
-    from tabletune_pipelines.orchestration.partitions import ENGINE_IDENTITY_PARTITIONS_NAME, last_complete_week
+    from tabletune_pipelines.orchestration.jobs import PROFILE_AND_PUBLISH_ASSETS, WEEKLY_ACCEPTANCE_ASSETS
+    from tabletune_pipelines.orchestration.partitions import last_complete_week, profile_run_config, register_identity
     from tabletune_pipelines.orchestration.resources import EngineResource, default_resources
     from tabletune_pipelines.orchestration.tags import ENGINE_TAG, run_tags
     from tabletune_pipelines.published import read_published_table
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with dg.DagsterInstance.get() as instance:
         print(f"[tabletune] measuring acceptance for the week of {week} ...", flush=True)
-        weekly = dg.materialize(ASSETS, selection=["acceptance_prior", "live_acceptance_counters"],
+        weekly = dg.materialize(ASSETS, selection=list(WEEKLY_ACCEPTANCE_ASSETS),
                                 resources=resources, instance=instance, partition_key=week, raise_on_error=False,
                                 tags={ENGINE_TAG: next(iter(fleet.groups()))}, run_config=LOGGERS)
         if not weekly.success:
@@ -155,15 +156,13 @@ def main(argv: list[str] | None = None) -> int:
                 status = 1
                 continue
             key = identity.key
-            if not instance.has_dynamic_partition(ENGINE_IDENTITY_PARTITIONS_NAME, key):
-                instance.add_dynamic_partitions(ENGINE_IDENTITY_PARTITIONS_NAME, [key])
+            register_identity(instance, key)
             print(f"[tabletune] {dep.name}: profiling {key} (dtype {identity.dtype}"
                   + (", the fleet's choice" if dep.dtype else f": {_dtype_reason(dep)}")
                   + "), deriving and publishing its table ...", flush=True)
-            chain = dg.materialize(ASSETS, selection=["step_time_profile", "draft_length_table", "published_table"],
-                                   resources=resources, instance=instance, partition_key=key, raise_on_error=False,
-                                   tags=run_tags(dep), run_config={**LOGGERS, "ops": {"step_time_profile": {"config": {
-                                       "deployment": dep.name, "identity_json": identity.to_json()}}}})
+            chain = dg.materialize(ASSETS, selection=list(PROFILE_AND_PUBLISH_ASSETS), resources=resources,
+                                   instance=instance, partition_key=key, raise_on_error=False, tags=run_tags(dep),
+                                   run_config={**LOGGERS, **profile_run_config(dep.name, identity)})
             if not chain.success:
                 status = fail(chain, dep.name)
                 continue

@@ -22,15 +22,48 @@ RETUNE = "retune_and_publish"
 WEEKLY_ACCEPTANCE = "weekly_acceptance"
 ROLLBACK = "rollback_published_table"
 
+PROFILE_AND_PUBLISH_ASSETS = ("step_time_profile", "draft_length_table", "published_table")
+"""What profiling one engine identity materializes (also the main command's chain, ``embedded.py``)."""
+WEEKLY_ACCEPTANCE_ASSETS = ("acceptance_prior", "live_acceptance_counters")
+"""What a week's acceptance run materializes (also the main command's first run)."""
+
+
+@dataclass(frozen=True)
+class AssetJob:
+    """One asset job of the code location, as ``build_jobs`` defines it."""
+
+    name: str
+    """The job's name."""
+    assets: tuple[str, ...]
+    """The assets it materializes."""
+    description: str
+    """What the UI shows for it."""
+
+
+ASSET_JOBS = (
+    AssetJob(PROFILE_AND_PUBLISH, PROFILE_AND_PUBLISH_ASSETS,
+             "Profile one engine identity, derive its table from the latest prior, publish it (blocking checks "
+             "gate each step). Requested by engine_upgrade_sensor."),
+    AssetJob(RETUNE, ("draft_length_table", "published_table"),
+             "Re-derive and publish the table of an engine identity from its stored profile and the latest prior."),
+    AssetJob(WEEKLY_ACCEPTANCE, WEEKLY_ACCEPTANCE_ASSETS,
+             "Measure the week's acceptance priors from logged prompts and ingest the controller's live counters."),
+)
+"""Every asset job (the rollback is an op job: ``build_jobs``)."""
+
 
 @dataclass(frozen=True)
 class Jobs:
     """The code location's jobs, built with one set of default tags."""
 
     profile_and_publish: Any
+    """``PROFILE_AND_PUBLISH``: profile, derive and publish one engine identity."""
     retune: Any
+    """``RETUNE``: re-derive and publish one engine identity from its stored profile."""
     weekly_acceptance: Any
+    """``WEEKLY_ACCEPTANCE``: the week's acceptance priors and live counters."""
     rollback: dg.JobDefinition
+    """``ROLLBACK``: a deployment's published table back to its previous version."""
 
     def all(self) -> list[Any]:
         return [self.profile_and_publish, self.retune, self.weekly_acceptance, self.rollback]
@@ -39,27 +72,8 @@ class Jobs:
 def build_jobs(tags: Mapping[str, str]) -> Jobs:
     """Every job with ``tags`` as its default run tags (``tags.manual_run_tags`` of the fleet)."""
     tags = dict(tags)
-    profile_and_publish = dg.define_asset_job(
-        PROFILE_AND_PUBLISH,
-        selection=dg.AssetSelection.assets("step_time_profile", "draft_length_table", "published_table"),
-        tags=tags,
-        description="Profile one engine identity, derive its table from the latest prior, publish it (blocking checks "
-                    "gate each step). Requested by engine_upgrade_sensor.",
-    )
-    retune = dg.define_asset_job(
-        RETUNE,
-        selection=dg.AssetSelection.assets("draft_length_table", "published_table"),
-        tags=tags,
-        description="Re-derive and publish the table of an engine identity from its stored profile and the latest "
-                    "prior.",
-    )
-    weekly_acceptance = dg.define_asset_job(
-        WEEKLY_ACCEPTANCE,
-        selection=dg.AssetSelection.assets("acceptance_prior", "live_acceptance_counters"),
-        tags=tags,
-        description="Measure the week's acceptance priors from logged prompts and ingest the controller's live "
-                    "counters.",
-    )
+    built = {job.name: dg.define_asset_job(job.name, selection=dg.AssetSelection.assets(*job.assets), tags=tags,
+                                           description=job.description) for job in ASSET_JOBS}
 
     @dg.job(name=ROLLBACK, tags=tags,
             description="Roll a deployment's published table back to the previous version (as a new version), with "
@@ -68,4 +82,4 @@ def build_jobs(tags: Mapping[str, str]) -> Jobs:
     def rollback_published_table():
         rollback_published_table_op()
 
-    return Jobs(profile_and_publish, retune, weekly_acceptance, rollback_published_table)
+    return Jobs(built[PROFILE_AND_PUBLISH], built[RETUNE], built[WEEKLY_ACCEPTANCE], rollback_published_table)

@@ -20,7 +20,7 @@ import dagster as dg
 from tabletune_pipelines.errors import InvalidValueError, TableTuneError
 from tabletune_pipelines.fleet import FleetError
 from tabletune_pipelines.orchestration.jobs import Jobs
-from tabletune_pipelines.orchestration.partitions import engine_identity_partitions
+from tabletune_pipelines.orchestration.partitions import engine_identity_partitions, profile_run_config
 from tabletune_pipelines.orchestration.resources import EngineResource, FleetResource
 from tabletune_pipelines.orchestration.tags import IDENTITY_TAG, run_tags
 
@@ -82,8 +82,7 @@ def check_engine_upgrades(context: dg.SensorEvaluationContext, fleet: FleetResou
             run_key=f"profile:{key}",
             partition_key=key,
             tags={**run_tags(dep), IDENTITY_TAG: key},
-            run_config={"ops": {"step_time_profile": {"config": {"deployment": dep.name,
-                                                                  "identity_json": ident.to_json()}}}},
+            run_config=profile_run_config(dep.name, ident),
         ))
     cursor = json.dumps({"identities": seen}, sort_keys=True)
     if not run_requests:

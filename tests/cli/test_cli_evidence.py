@@ -1,4 +1,4 @@
-"""Issue 8, point 6 on the command line: ``tabletune table`` prints the predicted loss with its
+"""The evidence behind a table on the command line: ``tabletune table`` prints the predicted loss with its
 uncertainty, the k within noise of the chosen one per B, the number of ranges and the cells
 re-measured; ``tabletune show`` prints the published file with the same evidence; ``tabletune
 profile`` takes the re-measurement budget (``--remeasure-budget``) and says how many cells were

@@ -1,4 +1,4 @@
-"""Issue 19, item 6: `tabletune table` picks the profile of the engine the deployment runs — its
+"""`tabletune table` picks the profile of the engine the deployment runs — its
 full engine identity (GPU, vLLM, model, drafter, method, K, max_num_seqs, dtype, graphs) — never
 another engine's profile of the same model, and refuses with one `error:` line listing the
 identities the store holds when it has none of that engine.

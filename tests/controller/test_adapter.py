@@ -11,7 +11,7 @@ pytest.importorskip("vllm")
 
 from tabletune_pipelines.controller import scheduler as adapter  # noqa: E402
 from tabletune_pipelines.controller.settings import PUBLISHED_ENV  # noqa: E402
-from tests.controller._fake import publish  # noqa: E402
+from tabletune_pipelines.evaluation.synthetic import publish# noqa: E402
 
 
 class FakeBase:

@@ -7,7 +7,7 @@ published file named by ``TABLETUNE_PUBLISHED_TABLE``. Each test publishes the n
 the engine serves 8 closed-loop clients; what is asserted is read from the controller's export.
 
 Unless a test says otherwise the published step times are the synthetic linear profile of
-``_fake.linear_profile`` with the live step-time correction off, so "the true-rate table" is the
+``evaluation.synthetic.linear_profile`` with the live step-time correction off, so "the true-rate table" is the
 table ``core.table`` builds from that profile and the true rates. Tolerances (stated): â_1 within
 0.05 of the truth, â_2 and â_3 within 0.10 (past the table's k they are seen in exploration steps
 only); the table must be one the search picks for some rates in that box (``robust_choices``).
@@ -23,14 +23,9 @@ import pytest
 
 from tabletune_pipelines.engine import VLLMServer
 from tabletune_pipelines.evaluation.rig import Rig, closed_loop, server_config
-from tests.controller._fake import (
-    linear_profile,
-    on_robust_table,
-    quartered,
-    robust_choices,
-    table_dense,
-    true_table,
-)
+from tabletune_pipelines.evaluation.simulator import quartered
+from tabletune_pipelines.evaluation.synthetic import N, linear_profile, true_table
+from tests.controller.references import on_robust_table, robust_choices, table_dense
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
@@ -86,7 +81,7 @@ def test_known_truth_convergence(rig):
 def test_repair_from_the_table_shrunk_to_a_quarter(rig):
     rates = (0.7, 0.5, 0.3)
     tuned = true_table(PROFILE, rates)
-    wrong = quartered(tuned)
+    wrong = quartered(tuned, N)
     assert table_dense(wrong) != table_dense(tuned)
     rig.server.set_synthetic_rates(rates)
     v = rig.publish(ranges=wrong, rates=rates, controller={"step_time_correction": False})

@@ -22,7 +22,7 @@ import pytest
 
 from tabletune_pipelines.engine import VLLMServer
 from tabletune_pipelines.evaluation.rig import Rig, closed_loop, identity, server_config
-from tests.controller._fake import publish
+from tabletune_pipelines.evaluation.synthetic import publish
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 

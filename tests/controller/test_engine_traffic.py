@@ -24,10 +24,11 @@ from datetime import datetime, timezone
 
 import pytest
 
-from tabletune_pipelines.engine import ServerConfig, VLLMServer
 from tabletune_pipelines.controller.settings import PUBLISHED_ENV
+from tabletune_pipelines.engine import ServerConfig, VLLMServer
 from tabletune_pipelines.evaluation.rig import SCHEDULER, Rig, closed_loop
-from tests.controller._fake import IDENTITY, LAUNCH, linear_profile, on_robust_table, robust_choices, table_dense, true_table
+from tabletune_pipelines.evaluation.synthetic import IDENTITY, LAUNCH, linear_profile, true_table
+from tests.controller.references import on_robust_table, robust_choices, table_dense
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1500)]
 

@@ -128,12 +128,13 @@ def test_cost_observer_worked_numbers():
 
 
 def test_without_k_in_the_scheduler_output_the_longest_draft_counted_stands_for_it(tmp_path):
-    from tests.controller._fake import controller, publish
+    from tabletune_pipelines.evaluation.simulator import fake_controller
+    from tabletune_pipelines.evaluation.synthetic import publish
 
     clock = [1000.0]
     p = publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=(0.5, 0.5, 0.5),
                 controller={"rebuild_every_steps": 10_000})
-    given, missing = controller(p, clock), controller(p, clock)
+    given, missing = fake_controller(p, clock), fake_controller(p, clock)
     # a drafted 2 (kept 1), b drafted 3 but finished in the step (empty output): the k is a's 2
     spec, idx, sampled = {"a": [0, 0], "b": [0, 0, 0]}, {"a": 0, "b": 1}, [[1, 1], []]
     given.on_step(StepOutcome({"a": 1, "b": 1}, spec, idx, sampled, 2, 0, 7, clock[0]))

@@ -57,7 +57,8 @@ from tabletune_pipelines.controller import scheduler, logic
 from tabletune_pipelines.controller.loader import EngineFacts
 assert scheduler._ControllerMixin.controller_cls is logic.Controller
 assert not [m for m in sys.modules if m.startswith("tabletune_pipelines.evaluation")]
-from tests.controller._fake import FakeEngine, linear_profile, publish
+from tabletune_pipelines.evaluation.simulator import FakeEngine
+from tabletune_pipelines.evaluation.synthetic import linear_profile, publish
 # The harness's synthetic inputs come from evaluation.synthetic: forget every evaluation module the
 # harness loaded, so one the production code imports from here on is loaded again and shows below.
 for m in [m for m in sys.modules if m.startswith("tabletune_pipelines.evaluation")]:

@@ -1,4 +1,4 @@
-"""Issue 19, item 5 (controller side): a published file is served only by the engine it was made for.
+"""A published file is served only by the engine it was made for (the controller's side).
 
 A file without an engine identity, with an incomplete one, one made on another GPU type or one
 published for another deployment than the engine was told to serve (``TABLETUNE_DEPLOYMENT``) is
@@ -18,8 +18,9 @@ import pytest
 from tabletune_pipelines.controller.loader import DEPLOYMENT_ENV, EngineFacts, load_start
 from tabletune_pipelines.deployments import same_engine
 from tabletune_pipelines.documents import EngineIdentity
+from tabletune_pipelines.evaluation.simulator import FakeEngine, fake_controller
+from tabletune_pipelines.evaluation.synthetic import ENGINE, IDENTITY, LAUNCH, publish
 from tabletune_pipelines.identity_match import engine_gpu, identity_mismatches, nvidia_gpu_name, same_gpu
-from tests.controller._fake import ENGINE, IDENTITY, LAUNCH, FakeEngine, controller, publish
 from tests.readers.conftest import snapshot
 
 RATES = (0.7, 0.5, 0.3)
@@ -39,7 +40,7 @@ def refused_with_one_line(path, clock, caplog, engine, needle):
     and it keeps counting without errors."""
     before = snapshot(path.parent)
     with caplog.at_level(logging.INFO, logger="tabletune.controller"):
-        c = controller(path, clock, engine=engine)
+        c = fake_controller(path, clock, engine=engine)
     assert c.start is None and c.next_lookup() is None, "the engine's own table stays in force"
     assert needle in c.fallback_reason and str(path) in c.fallback_reason
     lines = [r.getMessage() for r in caplog.records]
@@ -67,7 +68,7 @@ def test_an_identity_lacking_a_field_every_identity_has_is_refused(tmp_path, clo
 
 def test_the_same_file_with_its_identity_is_served(tmp_path, clock):
     p = publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=RATES)
-    c = controller(p, clock, engine=facts(gpu="cpu", deployment="test"))
+    c = fake_controller(p, clock, engine=facts(gpu="cpu", deployment="test"))
     assert c.start is not None and c.controlling
 
 
@@ -87,14 +88,14 @@ def test_the_gpu_type_is_compared(tmp_path, clock, caplog, file_gpu, engine_gpu_
     p = publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=RATES, identity=dict(IDENTITY, gpu=file_gpu))
     engine = facts(gpu=engine_gpu_name)
     if ok:
-        assert controller(p, clock, engine=engine).start is not None
+        assert fake_controller(p, clock, engine=engine).start is not None
     else:
         refused_with_one_line(p, clock, caplog, engine, f"GPU {file_gpu!r} != this engine's {engine_gpu_name!r}")
 
 
 def test_an_engine_that_does_not_know_its_gpu_does_not_compare_it(tmp_path, clock):
     p = publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=RATES, identity=dict(IDENTITY, gpu="H200"))
-    assert controller(p, clock, engine=facts(gpu=None)).start is not None
+    assert fake_controller(p, clock, engine=facts(gpu=None)).start is not None
 
 
 def test_engine_gpu_reads_the_device_type_and_the_driver_files(tmp_path, monkeypatch):
@@ -122,14 +123,14 @@ def test_a_file_of_another_deployment_is_refused_when_the_engine_names_its_deplo
 
 def test_without_a_configured_deployment_the_name_is_not_checked(tmp_path, clock):
     p = publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=RATES)
-    assert controller(p, clock, engine=facts(deployment=None)).start is not None
+    assert fake_controller(p, clock, engine=facts(deployment=None)).start is not None
 
 
 # -- while serving -----------------------------------------------------------------------------------
 
 def test_a_newer_version_without_identity_is_ignored_while_serving(tmp_path, clock, caplog):
     p = publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=RATES)
-    c = controller(p, clock)
+    c = fake_controller(p, clock)
     eng = FakeEngine(c, RATES, lambda b, k: 10.0, clock=clock)
     eng.run(10, 4)
     publish(p, ranges=[(1, 16, 1)], rates=RATES, version=2, identity=None)

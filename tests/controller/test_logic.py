@@ -4,7 +4,7 @@ and the method's behaviour on a fake engine with known acceptance and step times
 Tolerances (stated): with B = 8 and the defaults (N = 100, w = 2000 halving, exploration every 50
 steps), after 3000 steps â_1 is within 0.05 of the truth and â_2, â_3 within 0.10 (positions past
 the table's k are seen only in exploration steps); the table must then be one the search picks for
-rates anywhere in that box (``_fake.robust_choices``). Over seeds 0-11 the simulation met these
+rates anywhere in that box (``references.robust_choices``). Over seeds 0-11 the simulation met these
 bounds from step 700-900 on.
 """
 
@@ -21,21 +21,11 @@ from tabletune_pipelines.controller.loader import EngineFacts
 from tabletune_pipelines.controller.search import compact, dense_from_ranges
 from tabletune_pipelines.controller.step import StepOutcome
 from tabletune_pipelines.core.table import compact_ranges
+from tabletune_pipelines.evaluation.simulator import FakeEngine, fake_controller, quartered
+from tabletune_pipelines.evaluation.synthetic import ENGINE, LAUNCH, N, linear_profile, publish, true_table
 from tabletune_pipelines.live_counters import read_live_counters
-from tests.controller._fake import (
-    ENGINE,
-    LAUNCH,
-    FakeEngine,
-    controller,
-    linear_profile,
-    near_best,
-    on_robust_table,
-    publish,
-    quartered,
-    table_dense,
-    true_table,
-)
-from tests.controller._fake import robust_choices as _robust
+from tests.controller.references import near_best, on_robust_table, table_dense
+from tests.controller.references import robust_choices as _robust
 
 PROFILE = linear_profile()
 TRUE_T = lambda b, k: PROFILE[k][b]  # noqa: E731
@@ -60,7 +50,7 @@ def test_per_position_counts_and_blend(tmp_path, clock):
     p = publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=(0.5, 0.5, 0.5),
                 controller={"rebuild_every_steps": 1, "export_every_steps": 1, "prior_decay": False,
                             "live_count_floor": 0.0})
-    c = controller(p, clock)
+    c = fake_controller(p, clock)
     ids = ["a", "b", "c"]
     # a drafted 3 kept 2, b drafted 3 kept 0, c drafted 1 kept 1 → drafted (3, 2, 2), accepted (2, 1, 0)
     clock[0] += 0.01
@@ -76,7 +66,7 @@ def test_per_position_counts_and_blend(tmp_path, clock):
 def test_halving_stops_at_the_floor(tmp_path, clock):
     p = publish(tmp_path / "pub.json", ranges=[(1, 16, 2)], rates=(0.5, 0.5, 0.5), allowed_k=[0, 1, 2, 3],
                 controller={"rebuild_every_steps": 10_000, "live_count_floor": 256.0})
-    c = controller(p, clock)
+    c = fake_controller(p, clock)
     ids = [f"r{i}" for i in range(1000)]
     # 1000 request-steps drafting 2 (kept 1 each); 100 of them also drafted a third position (kept 0)
     c.on_step(StepOutcome({r: 1 for r in ids}, {r: [0, 0, 0] if i < 100 else [0, 0] for i, r in enumerate(ids)},
@@ -91,7 +81,7 @@ def test_the_methods_example_a2_becomes_0_55(tmp_path, clock):
     """prior a_2 = 0.5, live drafted_2 = 2000, accepted_2 = 1200 → (1000 + 1200) / 4000 = 0.55."""
     p = publish(tmp_path / "pub.json", ranges=[(1, 16, 2)], rates=(0.5, 0.5, 0.5), allowed_k=[0, 1, 2, 3],
                 controller={"rebuild_every_steps": 10_000})
-    c = controller(p, clock)
+    c = fake_controller(p, clock)
     ids = [f"r{i}" for i in range(2000)]
     c.on_step(StepOutcome({r: 1 for r in ids}, {r: [0, 0] for r in ids}, {r: i for i, r in enumerate(ids)},
                           [[1, 1, 1] if i < 1200 else [1] for i in range(2000)], 2, 0, 6000, clock[0]))
@@ -133,7 +123,7 @@ def test_unusable_file_falls_back_with_one_line(tmp_path, clock, caplog, case, m
                "other vllm": EngineFacts(3, 16, LAUNCH, vllm_version="0.26.0"),
                "k not launched": EngineFacts(3, 16, ((1, 16, 1),))}[case]
     with caplog.at_level(logging.INFO, logger="tabletune.controller"):
-        c = controller(p, clock, engine=eng)
+        c = fake_controller(p, clock, engine=eng)
     assert c.start is None and c.next_lookup() is None and message in c.fallback_reason
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "using the engine's configured table" in lines[0] and message in lines[0]
@@ -145,21 +135,21 @@ def test_unusable_file_falls_back_with_one_line(tmp_path, clock, caplog, case, m
 def test_launch_without_a_table_only_observes(tmp_path, clock, caplog):
     p = publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=(0.7, 0.5, 0.3))
     with caplog.at_level(logging.WARNING, logger="tabletune.controller"):
-        c = controller(p, clock, engine=EngineFacts(3, 16, None))
+        c = fake_controller(p, clock, engine=EngineFacts(3, 16, None))
     assert c.start is not None and not c.controlling and c.next_lookup() is None
     assert any("k cannot change" in r.getMessage() for r in caplog.records)
 
 
 def test_file_without_profile_applies_its_table_and_observes(tmp_path, clock):
     p = publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=(0.7, 0.5, 0.3), profile={})
-    c = controller(p, clock)
+    c = fake_controller(p, clock)
     assert c.start is not None and not c.controlling and "no k = 3" in c.start.notes[0]
 
 
 # ---------------------------------------------------------------- newer versions while serving
 def test_newer_version_is_picked_up_at_most_once_a_second(tmp_path, clock, monkeypatch):
     p = publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=(0.7, 0.5, 0.3))
-    c = controller(p, clock)
+    c = fake_controller(p, clock)
     stats = []
     real_stat = c._stat
     monkeypatch.setattr(c, "_stat", lambda: stats.append(clock[0]) or real_stat())
@@ -193,7 +183,7 @@ def test_newer_version_is_picked_up_at_most_once_a_second(tmp_path, clock, monke
 def test_exploration_runs_three_steps_at_the_largest_k_every_50(tmp_path, clock):
     p = publish(tmp_path / "pub.json", ranges=[(1, 16, 1)], rates=(0.3, 0.1, 0.05), allowed_k=[0, 1, 3],
                 controller={"mode": "control", "rebuild_every_steps": 10_000, "step_time_correction": False})
-    c = controller(p, clock)
+    c = fake_controller(p, clock)
     eng = FakeEngine(c, (0.3, 0.1, 0.05), TRUE_T, clock=clock)
     eng.run(1000, 8)
     explored = [i for i, k in enumerate(eng.ks_run) if k == 3]
@@ -205,7 +195,7 @@ def test_with_step_time_correction_each_exploration_also_visits_the_next_other_k
     # Explorations at steps 50, 100, ...: 3 steps at K = 3, then 3 at k = 1, then 0, 1, 0, ... in turn.
     p = publish(tmp_path / "pub.json", ranges=[(1, 16, 1)], rates=(0.3, 0.1, 0.05), allowed_k=[0, 1, 3],
                 controller={"mode": "control", "rebuild_every_steps": 500, "stickiness": 10.0})
-    c = controller(p, clock)
+    c = fake_controller(p, clock)
     eng = FakeEngine(c, (0.3, 0.1, 0.05), TRUE_T, clock=clock)
     eng.run(1000, 8)
     starts = range(50, 1000, 50)
@@ -226,7 +216,7 @@ def test_the_explored_k_is_timed_only_from_a_run_of_two_steps(tmp_path, clock, r
                 controller={"mode": "control", "rebuild_every_steps": 500, "exploration_run_steps": run,
                             "stickiness": 10.0})  # no table change: k = 3 runs only in exploration
     # (each exploration: 3 steps at K = 3, then as many at the other allowed k, here k = 1)
-    c = controller(p, clock)
+    c = fake_controller(p, clock)
     FakeEngine(c, (0.3, 0.1, 0.05), TRUE_T, clock=clock).run(1000, 8)
     cells = {int(b): n for b, _, n, _ in c.state()["step_time"].get("3", [])}
     assert (cells.get(8, 0) > 0) is observed, cells
@@ -237,7 +227,7 @@ def test_the_explored_k_is_timed_only_from_a_run_of_two_steps(tmp_path, clock, r
 def test_hysteresis_keeps_k_near_a_boundary(tmp_path, clock):
     p = publish(tmp_path / "pub.json", ranges=[(1, 8, 3), (9, 16, 1)], rates=(0.7, 0.5, 0.3), allowed_k=[1, 3],
                 controller={"hysteresis": 2, "exploration_every_steps": 0, "rebuild_every_steps": 10_000})
-    c = controller(p, clock)
+    c = fake_controller(p, clock)
     c.on_step(StepOutcome({"a": 4}, {"a": [0, 0, 0]}, {"a": 0}, [[1]], 3, 0, 4, clock[0]))  # running k = 3
     lk = c.next_lookup()
     assert (lk[8], lk[9], lk[10], lk[11]) == (3, 3, 3, 1)
@@ -267,7 +257,7 @@ def test_hysteresis_holds_a_k_for_at_most_the_hold_then_serves_the_table(tmp_pat
     p = publish(tmp_path / "pub.json", ranges=[(1, 7, 2), (8, 11, 1), (12, 16, 2)], rates=(0.7, 0.5, 0.3),
                 allowed_k=[1, 2], controller={"hysteresis": 2, "hysteresis_hold_steps": hold,
                                               "exploration_every_steps": 0, "rebuild_every_steps": 10_000})
-    c = controller(p, clock)
+    c = fake_controller(p, clock)
     assert _serve(c, clock, [7] * 5) == [2] * 5
     # The load crosses the 7 | 8 boundary back and forth: k = 2 stays (that is what hysteresis is for).
     assert _serve(c, clock, [8, 7] * 100) == [2] * 200
@@ -282,7 +272,7 @@ def test_an_unlimited_hold_is_the_defect_the_limit_fixes(tmp_path, clock):
     p = publish(tmp_path / "pub.json", ranges=[(1, 7, 2), (8, 11, 1), (12, 16, 2)], rates=(0.7, 0.5, 0.3),
                 allowed_k=[1, 2], controller={"hysteresis": 2, "hysteresis_hold_steps": 1_000_000,
                                               "exploration_every_steps": 0, "rebuild_every_steps": 10_000})
-    c = controller(p, clock)
+    c = fake_controller(p, clock)
     _serve(c, clock, [7] * 5)
     assert set(_serve(c, clock, [8] * 500)) == {2}
 
@@ -292,7 +282,7 @@ def test_known_truth_convergence(tmp_path, clock):
     truth = (0.3, 0.1, 0.05)
     p = publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=(0.9, 0.8, 0.7), allowed_k=[0, 1, 2, 3],
                 controller={"step_time_correction": False})
-    c = controller(p, clock)
+    c = fake_controller(p, clock)
     FakeEngine(c, truth, TRUE_T, clock=clock, seed=1).run(3000, 8)
     est = c.estimate()
     for got, want, tol in zip(est, truth, TOL):
@@ -305,11 +295,11 @@ def test_known_truth_convergence(tmp_path, clock):
 def test_repair_from_a_table_shrunk_to_a_quarter(tmp_path, clock):
     rates = (0.7, 0.5, 0.3)
     tuned = true_table(PROFILE, rates)
-    wrong = quartered(tuned)  # every range shrunk to a quarter, no speculation above
+    wrong = quartered(tuned, N)  # every range shrunk to a quarter, no speculation above
     assert tuned != wrong and wrong[-1][2] == 0
     p = publish(tmp_path / "pub.json", ranges=wrong, rates=rates, allowed_k=[0, 1, 2, 3],
                 controller={"step_time_correction": False})
-    c = controller(p, clock)
+    c = fake_controller(p, clock)
     FakeEngine(c, rates, TRUE_T, clock=clock).run(150, 12)  # one rebuild is enough: the prior is right
     # Every batch size on a k within the stickiness of the best (the rebuild revises the wrong table
     # where the evidence says so: at B = 2 it may keep k = 2, which the tuned table's walk over B
@@ -324,7 +314,7 @@ def test_stuck_short_trap(tmp_path, clock, with_fix):
     start = true_table(PROFILE, low)
     p = publish(tmp_path / "pub.json", ranges=start, rates=low, allowed_k=[0, 1, 2, 3], controller={
         "step_time_correction": False, "prior_decay": with_fix, "exploration_every_steps": 50 if with_fix else 0})
-    c = controller(p, clock)
+    c = fake_controller(p, clock)
     FakeEngine(c, high, TRUE_T, clock=clock, seed=2).run(3000, 12)
     ok = robust_choices(PROFILE, high)
     on_truth = all(k in ok[b] for b, k in enumerate(table_k(c)))
@@ -341,7 +331,7 @@ def test_step_time_correction_with_a_profile_30_percent_low(tmp_path, clock, cor
     assert want_true != want_wrong
     p = publish(tmp_path / "pub.json", ranges=want_wrong, profile=wrong, rates=rates, allowed_k=[0, 1, 2, 3],
                 controller={"step_time_correction": correct})
-    c = controller(p, clock)
+    c = fake_controller(p, clock)
     FakeEngine(c, rates, TRUE_T, clock=clock, seed=3).run(3000, 8)
     assert [list(r) for r in c.ranges] == (want_true if correct else want_wrong)
 
@@ -349,7 +339,7 @@ def test_step_time_correction_with_a_profile_30_percent_low(tmp_path, clock, cor
 # ---------------------------------------------------------------- robustness
 def test_kept_above_drafted_is_counted_and_clamped(tmp_path, clock, caplog):
     p = publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=(0.7, 0.5, 0.3))
-    c = controller(p, clock)
+    c = fake_controller(p, clock)
     eng = FakeEngine(c, (0.5, 0.3, 0.1), TRUE_T, clock=clock)
     eng.tamper = lambda sampled: sampled[0].extend([9] * 5)  # request 0 "kept" 5 more than drafted
     with caplog.at_level(logging.WARNING, logger="tabletune.controller"):
@@ -362,7 +352,7 @@ def test_kept_above_drafted_is_counted_and_clamped(tmp_path, clock, caplog):
 def test_rebuild_over_budget_is_skipped_and_counted(tmp_path, clock, caplog):
     p = publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=(0.9, 0.8, 0.7),
                 controller={"rebuild_budget_ms": 1e-6})
-    c = controller(p, clock)
+    c = fake_controller(p, clock)
     with caplog.at_level(logging.WARNING, logger="tabletune.controller"):
         FakeEngine(c, (0.3, 0.1, 0.05), TRUE_T, clock=clock).run(1000, 8)
     assert c.skipped_rebuilds == 10 and c.rebuilds == 0 and c.ranges == ((1, 16, 3),)
@@ -375,7 +365,7 @@ def test_export_folder_not_writable(tmp_path, clock, caplog):
     p = publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=(0.9, 0.8, 0.7), allowed_k=[0, 1, 2, 3],
                 controller={"export_path": str(blocker / "live.jsonl"), "export_every_steps": 100,
                             "export_every_s": 1.0})
-    c = controller(p, clock)
+    c = fake_controller(p, clock)
     with caplog.at_level(logging.WARNING, logger="tabletune.controller"):
         FakeEngine(c, (0.3, 0.1, 0.05), TRUE_T, clock=clock).run(2000, 8)
     assert c.export_failures >= 3 and c.exports == 0 and c.errors == 0 and c.table_changes >= 1
@@ -385,7 +375,7 @@ def test_export_folder_not_writable(tmp_path, clock, caplog):
 def test_export_windows_sum_to_what_was_counted(tmp_path, clock):
     p = publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=(0.7, 0.5, 0.3),
                 controller={"export_every_steps": 250})
-    c = controller(p, clock)
+    c = fake_controller(p, clock)
     eng = FakeEngine(c, (0.5, 0.3, 0.1), TRUE_T, clock=clock)
     eng.run(1234, 8)
     c.close()
@@ -402,7 +392,7 @@ def test_export_windows_sum_to_what_was_counted(tmp_path, clock):
 def test_observe_mode_keeps_the_starting_table(tmp_path, clock):
     p = publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=(0.9, 0.8, 0.7), allowed_k=[0, 1, 2, 3],
                 controller={"mode": "observe"})
-    c = controller(p, clock)
+    c = fake_controller(p, clock)
     eng = FakeEngine(c, (0.3, 0.1, 0.05), TRUE_T, clock=clock)
     eng.run(1500, 8)
     assert set(eng.ks_run) == {3} and c.ranges == ((1, 16, 3),)
@@ -410,7 +400,7 @@ def test_observe_mode_keeps_the_starting_table(tmp_path, clock):
 
 
 def test_a_failure_is_counted_and_logged_once(tmp_path, clock, caplog):
-    c = controller(publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=(0.9, 0.8, 0.7)), clock)
+    c = fake_controller(publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=(0.9, 0.8, 0.7)), clock)
     with caplog.at_level(logging.WARNING, logger="tabletune.controller"):
         for _ in range(5):
             c.fail("counting a step", RuntimeError("boom"))
@@ -419,15 +409,15 @@ def test_a_failure_is_counted_and_logged_once(tmp_path, clock, caplog):
 
 def test_a_file_without_identity_is_refused_and_k_and_n_are_always_checked(tmp_path, clock):
     p = publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=(0.9, 0.8, 0.7), identity=None)
-    c = controller(p, clock)
+    c = fake_controller(p, clock)
     assert c.start is None and "records no engine identity" in c.fallback_reason
-    c = controller(p, clock, engine=EngineFacts(max_k=3, max_num_seqs=8, launch_ranges=((1, 8, 3),)))
+    c = fake_controller(p, clock, engine=EngineFacts(max_k=3, max_num_seqs=8, launch_ranges=((1, 8, 3),)))
     assert c.start is None and "max_num_seqs 16" in c.fallback_reason
 
 
 def test_prior_weight_is_capped_by_the_priors_draft_count(tmp_path, clock):
     p = publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=(0.9, 0.8, 0.7), prior_count=500)
-    assert controller(p, clock).estimator.prior_weight == 500.0
+    assert fake_controller(p, clock).estimator.prior_weight == 500.0
 
 
 def test_the_rebuild_runs_the_offline_search_on_its_inputs(tmp_path, clock, monkeypatch):
@@ -447,9 +437,9 @@ def test_the_rebuild_runs_the_offline_search_on_its_inputs(tmp_path, clock, monk
 
     monkeypatch.setattr(logic, "search_with_evidence", spy)
     rates = (0.7, 0.5, 0.3)
-    p = publish(tmp_path / "pub.json", ranges=quartered(true_table(PROFILE, rates)), rates=rates,
+    p = publish(tmp_path / "pub.json", ranges=quartered(true_table(PROFILE, rates), N), rates=rates,
                 allowed_k=[0, 1, 2, 3])
-    c = controller(p, clock)
+    c = fake_controller(p, clock)
     FakeEngine(c, rates, TRUE_T, clock=clock).run(450, 12)
     assert len(calls) == c.rebuilds >= 4
     for args, kw, out in calls:
@@ -468,7 +458,7 @@ def test_flapping_is_counted_and_a_flip_back_is_held(tmp_path, clock):
     rates = (0.7, 0.5, 0.3)
     p = publish(tmp_path / "pub.json", ranges=[(1, 16, 1)], rates=rates, allowed_k=[1, 2, 3],
                 controller={"step_time_correction": False})
-    c = controller(p, clock)
+    c = fake_controller(p, clock)
 
     def drive(wants):
         inst = []
@@ -499,7 +489,7 @@ def test_flapping_is_counted_and_a_flip_back_is_held(tmp_path, clock):
     k_now = int(dense_from_ranges(c.candidate_ranges, 16)[0])
     back = next(k for k in (1, 2, 3) if k != k_now and c.flaps.had[1] >> k & 1)
     assert drive([np.full(16, back)]) == [back] and c.flaps.level == 1
-    off = controller(publish(tmp_path / "off.json", ranges=[(1, 16, 1)], rates=rates, allowed_k=[1, 2],
+    off = fake_controller(publish(tmp_path / "off.json", ranges=[(1, 16, 1)], rates=rates, allowed_k=[1, 2],
                              controller={"flap_backoff_rebuilds": 0}), clock)
     off.flaps.count(np.full(16, 1), np.full(16, 2), off.rebuilds)
     off.flaps.count(np.full(16, 2), np.full(16, 1), off.rebuilds)
@@ -539,7 +529,7 @@ def _near_tie_switches(tmp_path, seed, policy, steps=80_000):
     p = publish(tmp_path / f"tie-{seed}-{len(policy)}.json", ranges=[(1, 16, 1)], rates=rates, allowed_k=[1, 2, 3],
                 controller={"evidence_confidence": 0.5, "rebuild_budget_ms": 60_000, **policy})
     clock = [1000.0]
-    c = controller(p, clock)
+    c = fake_controller(p, clock)
     rng = random.Random(seed)
     eng = FakeEngine(c, rates, lambda b, k: PROFILE[k][b] * (1 + 0.05 * rng.gauss(0, 1)), seed=seed, clock=clock)
     third = None
@@ -589,7 +579,7 @@ def served_goodput_of_fixed_k(tmp_path, clock, b: int) -> dict[int, float]:
     for k in (1, 2, 3):
         p = publish(tmp_path / f"fixed{k}.json", ranges=[(1, 16, k)], rates=HIGH, allowed_k=[k],
                     controller={"mode": "observe"})
-        out[k] = FakeEngine(controller(p, clock), HIGH, TRUE_T, clock=clock, seed=5).run(
+        out[k] = FakeEngine(fake_controller(p, clock), HIGH, TRUE_T, clock=clock, seed=5).run(
             3000, b, output_tokens=20, prompt_tokens=8, extra_ms=cliff_extra)
     return out
 
@@ -602,7 +592,7 @@ def test_every_served_step_is_observed_and_the_table_leaves_the_cliff(tmp_path, 
     best = max(fixed, key=fixed.get)
     assert best != 3 and fixed[3] < 0.8 * fixed[best]  # served: k = 3 falls off the graphs at every admission
     p = publish(tmp_path / "pub.json", ranges=decode_only, rates=HIGH, allowed_k=[1, 2, 3])
-    c = controller(p, clock)
+    c = fake_controller(p, clock)
     eng = FakeEngine(c, HIGH, TRUE_T, clock=clock, seed=3)
     eng.run(3000, b, output_tokens=20, prompt_tokens=8, extra_ms=cliff_extra)
     k_end = table_dense(c.ranges)[b - 1]
@@ -620,7 +610,7 @@ def test_the_first_step_at_a_new_k_is_not_a_served_observation(tmp_path, clock):
     """A step right after a change of k carries the switch; a k seen only in exploration runs would pay
     it on a third of its served steps and the k in force never (one CPU run: 0.47 ms of extra at the
     explored k against 0.15 at the k in force)."""
-    c = controller(publish(tmp_path / "pub.json", ranges=[(1, 16, 1)], rates=HIGH, allowed_k=[1, 2, 3],
+    c = fake_controller(publish(tmp_path / "pub.json", ranges=[(1, 16, 1)], rates=HIGH, allowed_k=[1, 2, 3],
                            controller={"mode": "observe"}), clock)  # observing: the rebuild drops no cell
     ids = [f"r{i}" for i in range(4)]
     idx = {r: i for i, r in enumerate(ids)}
@@ -646,7 +636,7 @@ def _slowdown_after_the_switch(tmp_path, clock) -> tuple[list[int], int]:
     assert table_dense(true_table(t_wrong, rates, ks))[7] == 2 and table_dense(true_table(t_true, rates, ks))[7] == 1
     p = publish(tmp_path / "pub.json", ranges=true_table(t_wrong, rates, ks), rates=rates, profile=t_wrong,
                 allowed_k=list(ks))
-    c = controller(p, clock)
+    c = fake_controller(p, clock)
     speed = [1.0]
     eng = FakeEngine(c, rates, lambda b, k: t_true[k][b] * speed[0], clock=clock, seed=3)
     rnd = random.Random(1)
@@ -682,7 +672,7 @@ def _cliff_with_wandering_batch(tmp_path, clock, seed: int = 1) -> list[int]:
     where B wanders below max_num_seqs); the table the controller ends on, dense."""
     decode_only = true_table(PROFILE, HIGH, ks=(1, 2, 3))
     p = publish(tmp_path / "pub.json", ranges=decode_only, rates=HIGH, allowed_k=[1, 2, 3])
-    c = controller(p, clock)
+    c = fake_controller(p, clock)
     eng = FakeEngine(c, HIGH, TRUE_T, clock=clock, seed=3)
     rnd = random.Random(seed)
     for _ in range(300):
@@ -719,7 +709,7 @@ def test_a_published_served_model_prices_the_cliff_before_any_step_is_seen(tmp_p
     decode_only = true_table(PROFILE, HIGH, ks=(1, 2, 3))
     p = publish(tmp_path / "pub.json", ranges=decode_only, rates=HIGH, allowed_k=[1, 2, 3],
                 served_cost=SERVED_COST, controller={"step_time_correction": False, "exploration_every_steps": 0})
-    c = controller(p, clock)
+    c = fake_controller(p, clock)
     assert c.served is not None and c.served.workload.prompt_tokens == 8.0
     FakeEngine(c, HIGH, TRUE_T, clock=clock).run(150, b)  # one rebuild; no prefill in these steps
     assert table_dense(c.ranges)[b - 1] != 3
@@ -737,7 +727,7 @@ def test_an_unreadable_served_model_is_logged_and_decode_pricing_goes_on(tmp_pat
     bad = {**SERVED_COST, "fits": {"full>none": {"transition": "full>none"}}}
     p = publish(tmp_path / "pub.json", ranges=[(1, 16, 1)], rates=HIGH, allowed_k=[1, 2, 3], served_cost=bad)
     with caplog.at_level(logging.WARNING, logger="tabletune.controller"):
-        c = controller(p, clock)
+        c = fake_controller(p, clock)
     assert c.start is not None and c.served is None
     assert "served-cost model is unreadable" in caplog.text
 
@@ -754,7 +744,7 @@ def test_exploration_visits_the_k_an_open_decision_turns_on(tmp_path, clock):
     for name, prof in (("open", tie), ("settled", far)):
         p = publish(tmp_path / f"{name}.json", ranges=[(1, 16, 2)], rates=rates, profile=prof, allowed_k=[1, 2, 3],
                     controller={"flap_backoff_rebuilds": 0})
-        c = controller(p, clock)
+        c = fake_controller(p, clock)
         eng = FakeEngine(c, rates, lambda b, k, prof=prof: prof[k][b], clock=clock, seed=4)
         eng.run(2000, 8)
         counts[name] = eng.ks_run[200:].count(1)

@@ -1,5 +1,5 @@
 """The strict published-file reader (the one the controller uses inside vLLM): every class of bad
-file is refused with one PublishedTableError naming the file and the key (issue 12, point 3)."""
+file is refused with one PublishedTableError naming the file and the key."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from tabletune_pipelines.published import (
     validate_ranges,
     write_published_table,
 )
-from tests.controller._fake import IDENTITY, REBUILD_BUDGET_MS, publish
+from tabletune_pipelines.evaluation.synthetic import IDENTITY, REBUILD_BUDGET_MS, publish
 
 
 @pytest.fixture

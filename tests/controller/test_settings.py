@@ -35,7 +35,7 @@ def test_json_numbers_are_accepted_when_exact():
     ({"min_prior_weight": 3000.0}, "must be <= prior_weight"),
     ({"step_time_outlier_ratio": 1.0}, "step_time_outlier_ratio = 1.0"),
     ({"export_path": ""}, "export_path = ''"),
-    # Finite but meaningless (issue 19, item 3): every number has an upper bound as well as a lower one.
+    # Finite but meaningless: every number has an upper bound as well as a lower one.
     ({"hysteresis": 10 ** 20}, "hysteresis = 100000000000000000000 must be an integer >= 0 and <= 4096"),
     ({"hysteresis": 1e20}, "hysteresis = 1e+20 must be an integer >= 0 and <= 4096"),
     ({"poll_every_s": 1e30}, "poll_every_s = 1e+30 must be a finite number >= 1 and <= 300"),

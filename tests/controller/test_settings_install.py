@@ -1,5 +1,4 @@
-"""Controller settings at their extremes, and installing a published version all or nothing (issue 19,
-item 3).
+"""Controller settings at their extremes, and installing a published version all or nothing.
 
 Before: a huge but finite ``hysteresis`` passed the fleet loader and the publish gate, made the
 controller fail at start, or on a reload half-installed the new version (state and log said v2, vLLM
@@ -30,13 +29,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tabletune_pipelines.controller import logic
-from tabletune_pipelines.evaluation.baselines import PolicyController
 from tabletune_pipelines.controller.search import dense_from_ranges, vllm_lookup
 from tabletune_pipelines.controller.settings import BOUNDS, CONTROLLER_POLICIES, ControllerSettings
 from tabletune_pipelines.errors import FleetError, SettingsError
+from tabletune_pipelines.evaluation.baselines import PolicyController
+from tabletune_pipelines.evaluation.simulator import FakeEngine
+from tabletune_pipelines.evaluation.synthetic import ENGINE, REBUILD_BUDGET_MS, linear_profile, publish
 from tabletune_pipelines.fleet import parse_fleet
 from tabletune_pipelines.vocab import CONTROLLER_MODES
-from tests.controller._fake import ENGINE, REBUILD_BUDGET_MS, FakeEngine, linear_profile, publish
 
 PROFILE = linear_profile()
 TRUE_T = lambda b, k: PROFILE[k][b]  # noqa: E731

@@ -227,9 +227,7 @@ def gate_threshold(node: ast.AST, stack: list[ast.AST]) -> bool:
 
 CONCEPTS: dict[str, tuple[Finder, set[str], set[tuple[str, str]]]] = {
     # concept: (finder, files allowed to hold it, known copies left elsewhere)
-    "range expansion": (range_expander, {"tabletune_pipelines/core/table.py"}, {
-        ("tabletune_pipelines/evaluation/simulator.py", "TablePolicy.from_ranges"),
-    }),
+    "range expansion": (range_expander, {"tabletune_pipelines/core/table.py"}, set()),
     "range compaction": (range_compactor, {"tabletune_pipelines/core/table.py"}, set()),
     "table validation": (table_validator, {"tabletune_pipelines/core/table.py"}, set()),
     "monotone rates": (monotone_rates, {"tabletune_pipelines/core/acceptance.py"}, {
@@ -342,3 +340,51 @@ def test_the_exception_class_finder_sees_subclasses_of_subclasses():
     tree = ast.parse("import yaml\nclass B(A): ...\nclass A(ValueError): ...\nclass C(yaml.YAMLError): ...\n"
                      "class D: ...\nclass E(D): ...\n")
     assert exception_classes({"x.py": tree}) == {("x.py", "A"), ("x.py", "B"), ("x.py", "C")}
+
+# -- the engine-identity partition and its profile run (home: orchestration/partitions.py) ----------
+
+def identity_registration(node: ast.AST, stack: list[ast.AST]) -> bool:
+    """``instance.add_dynamic_partitions(...)``: an engine identity registered by hand."""
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "add_dynamic_partitions")
+
+
+def profile_run_config(node: ast.AST, stack: list[ast.AST]) -> bool:
+    """A dict literal with an ``"identity_json"`` key: a profile run's config spelled out by hand."""
+    return isinstance(node, ast.Dict) and any(isinstance(k, ast.Constant) and k.value == "identity_json"
+                                              for k in node.keys)
+
+
+PARTITIONS_HOME = "tabletune_pipelines/orchestration/partitions.py"
+
+
+@pytest.mark.parametrize("finder", [identity_registration, profile_run_config])
+def test_the_identity_partition_and_its_profile_run_have_one_home(finder):
+    """The upgrade sensor and the main command register an identity and build its profile run's
+    config through ``partitions.register_identity`` / ``partitions.profile_run_config``."""
+    assert {c for c in copies(finder) if c[0] != PARTITIONS_HOME} == set()
+    sample = ("def f(instance, key, dep, ident):\n    instance.add_dynamic_partitions('engine_identity', [key])\n"
+              "    return {'ops': {'step_time_profile': {'config': {'identity_json': ident.to_json()}}}}\n")
+    assert any(finder(node, stack) for node, stack in _walk(ast.parse(sample), []))
+    assert any(c[0] == PARTITIONS_HOME for c in copies(finder))
+
+
+# -- the simulated engine (home: evaluation/simulator.py: simulate and the fake engine) --------------
+
+SIMULATOR_HOME = "tabletune_pipelines/evaluation/simulator.py"
+
+
+def simulated_engine_model(node: ast.AST, stack: list[ast.AST]) -> bool:
+    """A ``*FakeEngine*`` class, or a function drawing a request's kept drafts (``*kept*``): a
+    second model of the simulated engine."""
+    return ((isinstance(node, ast.ClassDef) and "FakeEngine" in node.name)
+            or (isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and "kept" in node.name))
+
+
+def test_the_simulated_engine_has_one_home():
+    """The replay simulator and the fake engine of the controller's tests share one engine model in
+    ``evaluation/simulator.py``; no other module of the library or the benchmarks has its own."""
+    assert {c for c in copies(simulated_engine_model) if c[0] != SIMULATOR_HOME} == set()
+    sample = "class FakeEngine:\n    def kept(self, k):\n        return 0\n"
+    assert sum(simulated_engine_model(n, s) for n, s in _walk(ast.parse(sample), [])) == 2
+    assert any(c[0] == SIMULATOR_HOME for c in copies(simulated_engine_model))

@@ -99,7 +99,7 @@ def test_interpolated_decisions_point_at_their_measured_neighbours():
 
 
 def test_which_it_is_the_same_table_sooner_and_a_better_table_in_the_same_time(capsys):
-    """Issue 8, point 3 ("better tables in the same time, or the same table sooner: show which"),
+    """Adaptive re-measurement gives better tables in the same time, or the same table sooner,
     over 24 seeded surfaces with 10 % noise and a boundary at B = 3..13:
 
     * sooner: where nine repetitions everywhere find the true table, the adaptive profiler (three

@@ -80,7 +80,7 @@ def test_options_defaults_and_mapping():
     ({"repetitions": 0}, "repetitions = 0"),
     ({"include_no_spec": "yes"}, "include_no_spec = 'yes' must be true or false"),
     ({"warmup": 1}, "warmup = 1"),
-    # Finite but meaningless (issue 19, item 4): every number has an upper bound too.
+    # Finite but meaningless: every number has an upper bound too.
     ({"repetitions": 10 ** 12}, r"repetitions = 1000000000000 must be an integer >= 1 and <= 100"),
     ({"max_repetitions": 101}, r"max_repetitions = 101 must be an integer >= 1 and <= 100"),
     ({"remeasure_budget_s": 1e300}, r"remeasure_budget_s = 1e\+300 must be a finite number >= 0 and <= 86400"),

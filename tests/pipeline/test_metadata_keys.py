@@ -11,8 +11,6 @@ from types import SimpleNamespace
 import dagster as dg
 import pytest
 
-from tabletune_pipelines.core.evidence import DEFAULT_CONFIDENCE, DEFAULT_POLICY
-from tabletune_pipelines.core.table import DEFAULT_STICKINESS
 from tabletune_pipelines.deployments import identity_for
 from tabletune_pipelines.errors import NotFoundError, PipelineFailure
 from tabletune_pipelines.orchestration.metadata import (
@@ -29,13 +27,9 @@ from tabletune_pipelines.orchestration.metadata import (
 from tabletune_pipelines.publishing import publish_table, rollback_table
 from tabletune_pipelines.tuning.build import build_table
 from tabletune_pipelines.tuning.feedback import ingest_live_counters
-from tabletune_pipelines.tuning.gates import GatePolicy
 from tabletune_pipelines.tuning.measure import measure_week, profile_identity
-from tests.tuning.runs import WEEK, FakeEngine, Log, fleet, store, write_prompts
+from tests.tuning.runs import POLICY, WEEK, FakeEngine, Log, fleet, store, write_prompts
 
-POLICY = SimpleNamespace(**vars(GatePolicy()), gates=GatePolicy,
-                         stickiness=DEFAULT_STICKINESS, search_policy=DEFAULT_POLICY,
-                         confidence=DEFAULT_CONFIDENCE)
 SHARED = {"table", "table_id", "identity_key", "prior_id", "predicted_worst_loss", "predicted_worst_loss_lcb",
           "predicted_worst_loss_ucb", "predicted_loss", "ranges", "boundaries", "k_within_noise", "cells_remeasured"}
 TABLE_KEYS = SHARED | {

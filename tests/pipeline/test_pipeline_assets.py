@@ -15,7 +15,8 @@ from tabletune_pipelines.deployments import identity_for
 from tabletune_pipelines.fleet import load_fleet
 from tabletune_pipelines.live_counters import window_line
 from tabletune_pipelines.orchestration.definitions import ASSETS
-from tabletune_pipelines.orchestration.jobs import build_jobs
+from tabletune_pipelines.orchestration.jobs import PROFILE_AND_PUBLISH_ASSETS, build_jobs
+from tabletune_pipelines.orchestration.partitions import register_identity
 from tabletune_pipelines.published import read_published_table
 from tests.pipeline.helpers import (
     RATES,
@@ -28,7 +29,7 @@ from tests.pipeline.helpers import (
     write_prompts,
 )
 
-IDENTITY_ASSETS = ["step_time_profile", "draft_length_table", "published_table"]
+IDENTITY_ASSETS = list(PROFILE_AND_PUBLISH_ASSETS)
 
 
 def identity_key(fleet_path, name="local-cpu", version="0.32.0+cpu"):
@@ -58,8 +59,7 @@ def run_week(home, fleet_path, resources, instance, n_prompts=24, raise_on_error
 
 
 def run_identity(resources, instance, key, run_config=None, raise_on_error=True):
-    if not instance.has_dynamic_partition("engine_identity", key):
-        instance.add_dynamic_partitions("engine_identity", [key])
+    register_identity(instance, key)
     return materialize(IDENTITY_ASSETS, resources, instance, key, run_config, raise_on_error)
 
 

@@ -1,6 +1,7 @@
-"""Issue 19, items 5, 7 and 8 through Dagster (in process, scripted engine): the rollback job
-re-publishes the old version with its engine identity and prior and carries the engine tag; the
-live counters of another engine in the deployment's file are left out of its live prior and reported."""
+"""Engine identities of publications, rollbacks and live counters through Dagster (in process,
+scripted engine): the rollback job re-publishes the old version with its engine identity and prior
+and carries the engine tag; the live counters of another engine in the deployment's file are left
+out of its live prior and reported."""
 
 from __future__ import annotations
 

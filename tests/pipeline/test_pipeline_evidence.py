@@ -1,4 +1,4 @@
-"""Issue 8, point 6 in the Dagster layer: the table and publishing assets report the predicted loss
+"""The evidence behind a table in the Dagster layer: the table and publishing assets report the predicted loss
 with its uncertainty, the k within noise of the chosen one, the number of ranges and the cells
 re-measured, in their metadata and in the published file; and a table whose boundary is not backed
 by evidence fails ``table_supported_by_evidence`` and does not publish (the previous table stays).

@@ -1,4 +1,4 @@
-"""Fixtures of the hostile-input tests (issue 12): an empty TABLETUNE_HOME, a snapshot of every file
+"""Fixtures of the hostile-input tests: an empty TABLETUNE_HOME, a snapshot of every file
 under a folder (bytes and mtime, to show nothing on disk changed), and the CLI as a subprocess."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Control files inside the engine under hostile input (issue 12, class 7): every command is
+"""Control files inside the engine under hostile input: every command is
 validated before it is applied and refused with an error in its ack (the state in force stays);
 the control file is parsed as strict JSON; the patched sampling path falls back to vLLM's stock
 kernel on any exception (counted, logged once). Unit tests without vLLM where possible; the one

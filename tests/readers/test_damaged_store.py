@@ -1,4 +1,4 @@
-"""A DuckDB store file that is truncated or damaged past its header (issue 19, item 11).
+"""A DuckDB store file that is truncated or damaged past its header.
 
 Before: a store cut to 20-70 % of its size opened fine and failed at the first query that reached a
 lost block, as a ``duckdb.IOException`` traceback; a writing command could even extend the damaged

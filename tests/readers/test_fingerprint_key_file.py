@@ -1,4 +1,4 @@
-"""The fingerprint key file, read with a bound (issue 19, item 11).
+"""The fingerprint key file, read with a bound.
 
 Before: the key (64 hex digits and a newline) was read whole, so a 1 GB file at that path took
 2 GB of memory before it was refused. Now it is read with ``strict_io.read_bounded`` (256 bytes

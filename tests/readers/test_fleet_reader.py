@@ -1,4 +1,4 @@
-"""The fleet reader under hostile input (issue 12, classes 2 and 5): YAML that means something else
+"""The fleet reader under hostile input: YAML that means something else
 than it says (duplicate keys, aliases, merge keys), values of the right type and a wrong meaning,
 files TableTune would write shared with something else, and bytes that are not UTF-8. Each case is
 one FleetError naming the file, the deployment or line, and the key; the file is never written."""

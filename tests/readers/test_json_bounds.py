@@ -1,4 +1,4 @@
-"""Deeply nested JSON and integers with thousands of digits, in every reader (issue 19, item 10).
+"""Deeply nested JSON and integers with thousands of digits, in every reader.
 
 Before: ``RecursionError`` (nesting past Python's recursion limit) or ``ValueError`` (an integer of
 more than 4300 digits) escaped as tracebacks, a control file like that made the engine's reader
@@ -48,7 +48,7 @@ IDS = [v[0] for v in VALUES]
 # -- the published table (the controller's reader) --------------------------------------------------
 
 def published_text(tmp_path, value: str) -> str:
-    from tests.controller._fake import publish
+    from tabletune_pipelines.evaluation.synthetic import publish
 
     p = publish(tmp_path / "good.json", ranges=[(1, 16, 3)], rates=(0.7, 0.5, 0.3))
     text = p.read_text()
@@ -71,7 +71,7 @@ def test_the_published_reader_names_the_file(tmp_path, name, value, message):
 def test_published_values_that_used_to_escape_as_other_exceptions(tmp_path):
     """Keys that are digits only to ``str.isdigit`` (a ValueError from ``int``), and speculative-config
     ranges of mixed types (a TypeError from sorting) are named like any other bad value."""
-    from tests.controller._fake import publish
+    from tabletune_pipelines.evaluation.synthetic import publish
 
     good = json.loads(publish(tmp_path / "g.json", ranges=[(1, 16, 3)], rates=(0.7, 0.5, 0.3)).read_text())
     for mutate, message in (
@@ -90,13 +90,14 @@ def test_published_values_that_used_to_escape_as_other_exceptions(tmp_path):
 
 @pytest.mark.parametrize("name,value,message", VALUES, ids=IDS)
 def test_the_controller_keeps_the_engines_table_and_logs_one_line(tmp_path, caplog, name, value, message):
-    from tests.controller._fake import FakeEngine, controller, linear_profile
+    from tabletune_pipelines.evaluation.simulator import FakeEngine, fake_controller
+    from tabletune_pipelines.evaluation.synthetic import linear_profile
 
     path = tmp_path / "pub.json"
     path.write_text(published_text(tmp_path, value))
     clock = [1000.0]
     with caplog.at_level(logging.INFO, logger="tabletune.controller"):
-        c = controller(path, clock)
+        c = fake_controller(path, clock)
     assert c.start is None and c.next_lookup() is None and message in c.fallback_reason
     (line,) = [r.getMessage() for r in caplog.records]
     assert "using the engine's configured table" in line and str(path) in line and message in line
@@ -108,7 +109,7 @@ def test_the_controller_keeps_the_engines_table_and_logs_one_line(tmp_path, capl
 def test_the_loader_never_raises_even_on_a_reader_bug(tmp_path, monkeypatch):
     """A hostile file that slipped past the reader as some other exception is still a fallback."""
     from tabletune_pipelines.controller import loader
-    from tests.controller._fake import ENGINE
+    from tabletune_pipelines.evaluation.synthetic import ENGINE
 
     def broken(path):
         raise RecursionError("maximum recursion depth exceeded")

@@ -1,4 +1,4 @@
-"""The live-counters reader under hostile input (issue 12, classes 4 and 5): the file read as a
+"""The live-counters reader under hostile input: the file read as a
 sequence (a window exported twice counts once, overlapping or out-of-order windows of one writer
 are refused), bounded sizes (line length, draft positions <= max_k), and bytes that are not UTF-8.
 Each refusal is one LiveCountersError naming the file and line; reading writes nothing."""

@@ -1,4 +1,4 @@
-"""Where the controller appends its counters (issue 19, item 1).
+"""Where the controller appends its counters.
 
 The export path (the fleet's ``live_counters``, the published file's ``export_path``) is written by
 others, so it may name a file TableTune did not write. Before: the controller appended JSON lines to
@@ -24,6 +24,8 @@ import pytest
 import yaml
 
 from tabletune_pipelines.errors import FleetError, LiveCountersError, TableTuneError
+from tabletune_pipelines.evaluation.simulator import FakeEngine, fake_controller
+from tabletune_pipelines.evaluation.synthetic import linear_profile, publish
 from tabletune_pipelines.fleet import load_fleet
 from tabletune_pipelines.live_counters import (
     MAX_LINE_BYTES,
@@ -33,7 +35,6 @@ from tabletune_pipelines.live_counters import (
     window_line,
 )
 from tabletune_pipelines.published import controller_fields
-from tests.controller._fake import FakeEngine, controller, linear_profile, publish
 from tests.readers.conftest import assert_one_error, snapshot
 
 T0 = datetime(2026, 11, 17, 10, tzinfo=timezone.utc)
@@ -154,7 +155,7 @@ def test_the_controller_serves_on_and_never_writes_there(tmp_path, caplog, name,
     pub = publish(tmp_path / "pub" / "p.json", ranges=((1, 8, 3), (9, 16, 1)), rates=(0.7, 0.5, 0.3),
                   controller={"export_path": str(target), "export_every_steps": 10, "rebuild_every_steps": 10})
     with caplog.at_level(logging.WARNING, logger="tabletune.controller"):
-        c = controller(pub, clock)
+        c = fake_controller(pub, clock)
         assert c.controlling
         FakeEngine(c, (0.7, 0.5, 0.3), lambda b, k: PROFILE[k][b], clock=clock).run(100, 8)
         c.close()

@@ -1,4 +1,4 @@
-"""``tabletune table --plot PATH`` under hostile input (issue 19, item 2).
+"""``tabletune table --plot PATH`` under hostile input.
 
 ``table`` is documented as read-only, yet ``--plot PATH`` replaced whatever PATH was with a PNG: the
 store, the fleet file, a published table. Now a plot goes only where nothing is, or over a plot

@@ -1,4 +1,4 @@
-"""The prompt reader under hostile input (issue 12, classes 5 and 6): every malformed line is one
+"""The prompt reader under hostile input: every malformed line is one
 PromptFileError naming the file and line and describing the line's shape (type, length), never
 its content; bytes that are not UTF-8 name the column; a huge line is refused without being held
 in memory. And the stored fingerprint is keyed, so a guessed prompt set cannot be confirmed."""

@@ -1,11 +1,11 @@
-"""The published table under hostile input (issue 12, classes 1, 3 and 5).
+"""The published table under hostile input: the publishing target, the reader, the bytes.
 
-Class 1: publishing replaces a file atomically, so it refuses a target that is not TableTune's own
+The target: publishing replaces a file atomically, so it refuses a target that is not TableTune's own
 published table (the DuckDB store, the fleet file, an unrelated file, a symlink, another
 deployment's table) and never writes a speculative-config companion over a file TableTune did not
 write; every refused file, and the store, is byte-identical afterwards.
-Class 3: ``read_published_table`` (the controller's reader) applies the publish gate's table rules
-to the whole file and parses JSON strictly. Class 5: bytes that are not UTF-8 name the byte.
+The reader: ``read_published_table`` (the controller's reader) applies the publish gate's table rules
+to the whole file and parses JSON strictly. The bytes: bytes that are not UTF-8 name the byte.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def publish_like_the_pipeline(store, dep):
     return doc
 
 
-# -- class 1: publishing never replaces what it does not own ---------------------------------------
+# -- the target: publishing never replaces what it does not own ------------------------------------
 
 TARGETS = [
     ("the DuckDB store", "tabletune_store.duckdb", "is not a JSON document"),
@@ -181,7 +181,7 @@ def test_the_published_table_asset_refuses_and_leaves_the_file(home):
     assert snapshot(home) == before
 
 
-# -- class 3: the reader applies the publish gate's rules to the whole file ---------------------------
+# -- the reader: it applies the publish gate's rules to the whole file --------------------------------
 
 def _file(tmp_path, **over):
     doc = published_document(deployment="a", version=1, table=TABLE.to_dict(),
@@ -259,7 +259,7 @@ def test_the_whole_file_is_accepted_exactly_when_the_gate_accepts_its_table(tmp_
     assert gate_ok == reader_ok, table
 
 
-# -- class 5: encoding --------------------------------------------------------------------------------
+# -- the bytes: encoding ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("raw,byte", [(b'{"schema": "tabletune.\xff"}', 22), (b"\xef\xbb\xbf{}", None),
                                       (b'{"a": "\xc3"}', 7)])

@@ -1,4 +1,4 @@
-"""Paths that are not regular files, in every reader (issue 19, item 10): a named pipe blocked each
+"""Paths that are not regular files, in every reader: a named pipe blocked each
 reader forever (opening a FIFO for reading waits for a writer), and a device such as /dev/zero
 never ends. Every reader now stats the path first and opens only regular files, with O_NONBLOCK
 (``strict_io.open_regular``): each case is one TableTuneError naming the path and what it is, the
@@ -127,12 +127,13 @@ def test_the_cli_names_a_pipe_given_as_any_input(run_cli, home):
 # -- the controller keeps serving on the engine's own table ----------------------------------------
 
 def test_the_controller_falls_back_with_one_line_when_the_published_file_is_a_pipe(tmp_path, caplog):
-    from tests.controller._fake import FakeEngine, controller, linear_profile
+    from tabletune_pipelines.evaluation.simulator import FakeEngine, fake_controller
+    from tabletune_pipelines.evaluation.synthetic import linear_profile
 
     clock = [1000.0]
     pub = make(tmp_path / "pub.json", "fifo")
     with caplog.at_level(logging.INFO, logger="tabletune.controller"):
-        c = controller(pub, clock)
+        c = fake_controller(pub, clock)
     assert c.start is None and c.next_lookup() is None  # the engine's configured table stays in force
     assert f"published table {pub} is a named pipe (FIFO)" in c.fallback_reason
     (line,) = [r.getMessage() for r in caplog.records]

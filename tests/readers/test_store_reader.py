@@ -1,4 +1,4 @@
-"""The DuckDB store under hostile input (issue 12, class 5): files that are not DuckDB databases,
+"""The DuckDB store under hostile input: files that are not DuckDB databases,
 DuckDB databases of something else or with other columns, and read-only commands, which must never
 create or alter the store. Each case is one StoreError (or NotFoundError) naming the path and what
 is wrong, and the file is byte-identical afterwards."""

@@ -1,4 +1,4 @@
-"""Stored step-time cells whose values cannot be measurements (issue 19, item 9).
+"""Stored step-time cells whose values cannot be measurements.
 
 Before: a cell whose repetitions held NaN, a negative or an infinite value was used as long as its
 median was valid (the noise model, the spread and the re-measurement read the repetitions), so the

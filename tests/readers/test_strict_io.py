@@ -1,5 +1,5 @@
-"""``tabletune_pipelines.strict_io``, the one home of the rules every reader follows (issue 19,
-items 10 and 11): regular files only, bounded sizes, strict JSON. Worked examples at each bound;
+"""``tabletune_pipelines.strict_io``, the one home of the rules every reader follows: regular
+files only, bounded sizes, strict JSON. Worked examples at each bound;
 the readers' own modules (test_special_files, test_json_bounds, ...) test what each reader makes of
 these errors."""
 

@@ -1,4 +1,4 @@
-"""Folders TableTune must write in that it cannot (issue 19, item 11).
+"""Folders TableTune must write in that it cannot.
 
 Before: an unwritable ``TABLETUNE_HOME`` gave a raw ``OSError`` from the fingerprint key and the
 store, and ``python -m tabletune_pipelines.store.export STORE OUTDIR`` with OUTDIR an existing file

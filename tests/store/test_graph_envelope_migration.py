@@ -1,4 +1,4 @@
-"""The graph envelope in the engine identity (issue 17): a change of the capture ceiling (or the
+"""The graph envelope in the engine identity: a change of the capture ceiling (or the
 token budget) is a new engine, identities recorded before the envelope keep their keys, and stores
 written before the mixed-step samples existed still load and migrate."""
 

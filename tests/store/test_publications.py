@@ -1,4 +1,4 @@
-"""Issue 19, items 5 and 8 (store side): what a publication records, what a rollback re-publishes,
+"""Publications in the store: what a publication records, what a rollback re-publishes,
 and publishing one deployment from two processes at once.
 
 * A publication row keeps the published file's engine identity and prior; rollback re-publishes an

@@ -1,4 +1,4 @@
-"""The standard-error column (issue 8): stored beside the median, and stores written before it
+"""The standard-error column of a step-time cell: stored beside the median, and stores written before it
 existed still load (opened for writing they are migrated; opened read-only they read NULL and the
 cells recompute their error from the repetitions)."""
 

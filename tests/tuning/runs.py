@@ -1,21 +1,30 @@
 """What the run-level library tests share (no Dagster): a plain scripted engine (``deployments.Engine``),
-a fleet, a store and a log that keeps what it was told."""
+a fleet, a store, a log that keeps what it was told, and the table policy at its defaults."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+from tabletune_pipelines.core.evidence import DEFAULT_CONFIDENCE, DEFAULT_POLICY
+from tabletune_pipelines.core.table import DEFAULT_STICKINESS
 from tabletune_pipelines.deployments import identity_for
 from tabletune_pipelines.errors import EndpointUnreachable, EngineCrashedError
 from tabletune_pipelines.evaluation.served import ServedVerificationOptions
 from tabletune_pipelines.fleet import Fleet, parse_fleet
 from tabletune_pipelines.store import TableTuneStore
+from tabletune_pipelines.tuning.gates import GatePolicy
 from tests.tuning.samples import RATES, scripted_prior, scripted_profile, scripted_verification
 
 WEEK = "2026-11-16"
+
+POLICY = SimpleNamespace(**vars(GatePolicy()), gates=GatePolicy, stickiness=DEFAULT_STICKINESS, search_policy=DEFAULT_POLICY,
+                         confidence=DEFAULT_CONFIDENCE)
+"""The knobs ``tuning.build.build_table`` takes (``TablePolicy``), at the defaults of the pipeline's
+``TuningPolicy`` resource: the gates' thresholds and the table search's settings."""
 
 
 @dataclass

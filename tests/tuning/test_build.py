@@ -3,21 +3,12 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
-from tabletune_pipelines.core.evidence import DEFAULT_CONFIDENCE, DEFAULT_POLICY
-from tabletune_pipelines.core.table import DEFAULT_STICKINESS
 from tabletune_pipelines.errors import PipelineFailure
 from tabletune_pipelines.tuning.build import build_table
-from tabletune_pipelines.tuning.gates import GatePolicy
-from tests.tuning.runs import Log, store
+from tests.tuning.runs import POLICY, Log, store
 from tests.tuning.samples import IDENT, noisy_profile, prior
-
-POLICY = SimpleNamespace(**vars(GatePolicy()), gates=GatePolicy,
-                         stickiness=DEFAULT_STICKINESS, search_policy=DEFAULT_POLICY,
-                         confidence=DEFAULT_CONFIDENCE)
 
 
 def seeded(tmp_path, *priors):

@@ -114,7 +114,7 @@ def test_the_published_file_carries_the_evidence(tmp_path):
 
 
 def test_wall_timed_cells_are_counted_and_reported():
-    """Issue 8, point 5: wall timing stays a fallback that is counted and reported (the table, its
+    """Wall timing stays a fallback that is counted and reported (the table, its
     warnings, the report, the profile check and the published file)."""
     prof = noisy_profile(0.05, seed=1)
     wall = {(1, 12), (3, 12), (3, 16)}

@@ -1,4 +1,4 @@
-"""Issue 19, item 7: live counters of two engines in one file are never pooled into one prior.
+"""Live counters of two engines in one file are never pooled into one prior.
 
 The choice (tuning/feedback.py): given the deployment's current engine identity, only that engine's
 windows count and the others are reported (``LivePrior.left_out``, ``EngineWindows``); without it,

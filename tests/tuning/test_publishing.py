@@ -4,12 +4,9 @@
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pytest
 
-from tabletune_pipelines.core.evidence import DEFAULT_CONFIDENCE, DEFAULT_POLICY
-from tabletune_pipelines.core.table import DEFAULT_STICKINESS
 from tabletune_pipelines.deployments import identity_for
 from tabletune_pipelines.errors import PipelineFailure, PublishedTableError
 from tabletune_pipelines.published import read_published_table
@@ -21,13 +18,9 @@ from tabletune_pipelines.publishing import (
     write_speculative_config,
 )
 from tabletune_pipelines.tuning.build import build_table
-from tabletune_pipelines.tuning.gates import GatePolicy
-from tests.tuning.runs import FakeEngine, Log, fleet, store
+from tests.tuning.runs import POLICY, FakeEngine, Log, fleet, store
 from tests.tuning.samples import prior, scripted_profile
 
-POLICY = SimpleNamespace(**vars(GatePolicy()), gates=GatePolicy,
-                         stickiness=DEFAULT_STICKINESS, search_policy=DEFAULT_POLICY,
-                         confidence=DEFAULT_CONFIDENCE)
 OFF = {"enabled": False}
 
 

@@ -1,4 +1,4 @@
-"""The pieces behind issue 20's numbers, without an engine: the real prompt mixes read from their
+"""The pieces behind the real-model numbers, without an engine: the real prompt mixes read from their
 packages, sample weeks in the logged-prompt format, which mix a measurement's sample came from,
 the intervals of a_i, and the docs' table comparison."""
 
