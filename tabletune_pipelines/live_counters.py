@@ -53,7 +53,6 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -79,7 +78,7 @@ class LiveCountersError(TableTuneError, ValueError):
 
 @dataclass(frozen=True)
 class CounterWindow:
-    """One exported window (one line of the file), typed."""
+    """One exported window (one line of the file), typed: ``parse_window`` reads it, ``window_line`` writes it."""
 
     deployment: str
     """Fleet deployment the counts belong to."""
@@ -307,28 +306,24 @@ def iso_utc(dt: datetime) -> str:
     return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
 
 
-def window_line(
-    *, deployment: str, window_start: datetime, window_end: datetime, num_drafts: int,
-    drafted_per_pos: Sequence[int], accepted_per_pos: Sequence[int], identity_key: str | None = None,
-    table_version: int | None = None, steps: int | None = None, tokens: int | None = None,
-    busy_s: float | None = None, estimate: Sequence[float] | None = None, source: str | None = None,
-    seq: int | None = None, controller: dict[str, Any] | None = None,
-) -> str:
+def window_line(window: CounterWindow) -> str:
     """One JSONL line in the format above (the controller's writer; validated before returning)."""
+    w = window
     obj: dict[str, Any] = {
-        "schema": LIVE_COUNTERS_SCHEMA, "schema_version": LIVE_COUNTERS_SCHEMA_VERSION, "deployment": deployment,
-        "window_start": iso_utc(window_start), "window_end": iso_utc(window_end), "num_drafts": int(num_drafts),
-        "drafted_per_pos": [int(x) for x in drafted_per_pos], "accepted_per_pos": [int(x) for x in accepted_per_pos],
+        "schema": LIVE_COUNTERS_SCHEMA, "schema_version": LIVE_COUNTERS_SCHEMA_VERSION, "deployment": w.deployment,
+        "window_start": iso_utc(w.window_start), "window_end": iso_utc(w.window_end), "num_drafts": int(w.num_drafts),
+        "drafted_per_pos": [int(x) for x in w.drafted_per_pos],
+        "accepted_per_pos": [int(x) for x in w.accepted_per_pos],
     }
-    for key, value, conv in (("identity_key", identity_key, str), ("table_version", table_version, int),
-                             ("steps", steps, int), ("tokens", tokens, int), ("busy_s", busy_s, float),
-                             ("source", source, str), ("seq", seq, int)):
+    for key, value, conv in (("identity_key", w.identity_key, str), ("table_version", w.table_version, int),
+                             ("steps", w.steps, int), ("tokens", w.tokens, int), ("busy_s", w.busy_s, float),
+                             ("source", w.source, str), ("seq", w.seq, int)):
         if value is not None:
             obj[key] = conv(value)
-    if estimate is not None:
-        obj["estimate"] = [round(float(x), 6) for x in estimate]
-    if controller is not None:
-        obj["controller"] = controller
+    if w.estimate is not None:
+        obj["estimate"] = [round(float(x), 6) for x in w.estimate]
+    if w.controller is not None:
+        obj["controller"] = w.controller
     text = json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
     if len(text.encode()) > MAX_LINE_BYTES:
         raise LiveCountersError(f"counters window of {len(text)} bytes exceeds {MAX_LINE_BYTES}; trim the state")

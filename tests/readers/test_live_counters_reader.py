@@ -14,6 +14,7 @@ import pytest
 from tabletune_pipelines.errors import InvalidValueError, TableTuneError
 from tabletune_pipelines.live_counters import (
     MAX_LINE_BYTES,
+    CounterWindow,
     LiveCountersError,
     read_live_counters,
     window_line,
@@ -30,7 +31,7 @@ def line(start=0, end=1, source="h:1:1", seq=None, drafts=100, **kw):
                 drafted_per_pos=[drafts, drafts // 2, drafts // 4], accepted_per_pos=[drafts // 2, drafts // 4, 1],
                 source=source, seq=seq)
     base.update(kw)
-    return window_line(**base)
+    return window_line(CounterWindow(**base))
 
 
 def write(tmp_path, *lines: str | bytes):
