@@ -45,6 +45,7 @@ from typing import Any
 from tabletune_pipelines.core.remeasure import (
     DEFAULT_DECISION_RATES,
     RemeasureReport,
+    RemeasureSettings,
     cells_behind,
     evidence_from_repetitions,
     geometric_rates,
@@ -253,8 +254,8 @@ class _Run:
         self.prog.say(f"[profile] re-measuring ambiguous decisions for up to {options.remeasure_budget_s:.0f} s "
                       f"(at most {options.max_repetitions} repetitions per cell)")
         try:
-            report = remeasure(reps, measure, rates_options, n, max_repetitions=options.max_repetitions,
-                               budget_s=options.remeasure_budget_s, on_update=update)
+            settings = RemeasureSettings(max_repetitions=options.max_repetitions, budget_s=options.remeasure_budget_s)
+            report = remeasure(reps, measure, rates_options, n, settings, on_update=update)
         except TableTuneError as exc:
             self.prog.say(f"[profile] re-measurement skipped: {exc}")
             return
