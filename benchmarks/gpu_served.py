@@ -124,9 +124,9 @@ def cmd_profile(args) -> int:
 
 def derive_both(prof: StepTimeProfile):
     """The decode-only table (what TableTune published before) and the served-priced one."""
-    from tabletune_pipelines.tuning.derive import derive_table
+    from tabletune_pipelines.tuning.derive import DeriveOptions, derive_table
 
-    return derive_table(prof, prior(workload=None)), derive_table(prof, prior(), workload=WORKLOAD)
+    return derive_table(prof, prior(workload=None)), derive_table(prof, prior(), DeriveOptions(workload=WORKLOAD))
 
 
 def report(args, prof, decode_only, served, seconds, out: Path) -> None:

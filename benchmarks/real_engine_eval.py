@@ -166,7 +166,7 @@ def profile_synthetic(srv, cfg, vocab: int, args) -> tuple[dict, dict, dict]:
     from tabletune_pipelines.engine import profile_step_times
     from tabletune_pipelines.engine.identity import engine_identity
     from tabletune_pipelines.engine.plan import ProfileOptions, default_plan
-    from tabletune_pipelines.tuning.derive import derive_table
+    from tabletune_pipelines.tuning.derive import DeriveOptions, derive_table
 
     bs = ints(args.profile_batch_sizes)
     plan = default_plan(cfg, batch_sizes=bs, ks=KS, repetitions=3, include_no_spec=False,
@@ -174,8 +174,8 @@ def profile_synthetic(srv, cfg, vocab: int, args) -> tuple[dict, dict, dict]:
     opts = ProfileOptions(remeasure_budget_s=args.profile_budget, decision_rates=RATES)
     t0 = time.monotonic()
     prof = profile_step_times(cfg, opts, plan=plan, identity=engine_identity(cfg), vocab_size=vocab, server=srv)
-    ev = derive_table(prof, fixed_prior(RATES), policy="evidence")
-    rule = derive_table(prof, fixed_prior(RATES), policy="stickiness")
+    ev = derive_table(prof, fixed_prior(RATES), DeriveOptions(policy="evidence"))
+    rule = derive_table(prof, fixed_prior(RATES), DeriveOptions(policy="stickiness"))
     dense = {int(k): {b: float(ev.step_ms_dense[i, b - 1]) for b in range(1, N + 1)}
              for i, k in enumerate(ev.choice.ks)}
     info = {"source": "engine.profile_step_times in the table launch (every draft rejected; accepted-work fit "

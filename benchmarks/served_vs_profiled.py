@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     from tabletune_pipelines.engine.identity import engine_identity
     from tabletune_pipelines.engine.plan import ProfileOptions, default_plan
     from tabletune_pipelines.engine.tiny_models import ensure_tiny_models, read_vocab_size
-    from tabletune_pipelines.tuning.derive import derive_table
+    from tabletune_pipelines.tuning.derive import DeriveOptions, derive_table
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             prof = profile_step_times(cfg, opts, plan=plan, identity=identity, vocab_size=vocab, server=srv,
                                       progress=lambda m: print(m, flush=True))
             profiles[setting] = prof
-            tuned[setting] = derive_table(prof, fixed_prior(rates), workload=workload)
+            tuned[setting] = derive_table(prof, fixed_prior(rates), DeriveOptions(workload=workload))
             (out / f"profile-{setting}.json").write_text(prof.to_json(indent=1))
             print(f"[{setting}] profile in {time.monotonic() - t0:.0f} s, load {loadavg()}; table "
                   f"{tuned[setting].table.as_vllm()}; correction {tuned[setting].table.accepted_work_fit}", flush=True)

@@ -109,11 +109,12 @@ def test_profile_one_launch_real(shared_server, shared_config, tmp_path):
     assert {s.prefill_tokens for s in mixed} <= {16, 64, 256} and len({s.prefill_tokens for s in mixed}) >= 2
     assert all(s.decode_tokens == s.batch * (1 + s.k) for s in prof.samples)
     assert len(store.step_samples(identity.key)) == len(prof.samples)
-    from tabletune_pipelines.tuning.derive import derive_table
+    from tabletune_pipelines.tuning.derive import DeriveOptions, derive_table
     from tabletune_pipelines.core.stepcost import Workload
 
     prof = store.load_profile(identity.key)
-    tuned = derive_table(prof, prior_of((0.7, 0.5, 0.3)), workload=Workload(prompt_tokens=64, output_tokens=32))
+    tuned = derive_table(prof, prior_of((0.7, 0.5, 0.3)),
+                         DeriveOptions(workload=Workload(prompt_tokens=64, output_tokens=32)))
     fit = tuned.table.served_cost["fits"]["none>none"]
     print(f"prefill fit: {fit}")
     assert fit["c_ms_per_prefill_token"] - 2 * fit["c_se"] > 0, fit  # a longer prompt costs more, beyond noise
