@@ -76,7 +76,7 @@ from tabletune_pipelines.engine.process import VLLMServer
 from tabletune_pipelines.engine.progress import ProfilerProgress
 from tabletune_pipelines.engine.tiny_models import read_vocab_size
 from tabletune_pipelines.errors import TableTuneError
-from tabletune_pipelines.vocab import AcceptanceMode, ProfileMode
+from tabletune_pipelines.vocab import AcceptanceMode
 
 __all__ = ["CellKey", "ProfileHooks", "ProfileOptions", "ProfilePlan", "ProfileServers", "cell_key",
            "profile_step_times", "store_hooks"]
@@ -489,7 +489,7 @@ def _one_launch(run: _Run, reject_ks: list[int], accept_ks: list[int]) -> list[i
     return accept_ks
 
 
-_LAUNCH_STRATEGIES: dict[ProfileMode, Callable[[_Run, list[int], list[int]], list[int]]] = {
+_LAUNCH_STRATEGIES: dict[str, Callable[[_Run, list[int], list[int]], list[int]]] = {
     "one_launch": _one_launch, "launch_per_k": _per_k_launches, "fixed_k": _fixed_k_launches}
 
 
