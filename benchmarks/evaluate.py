@@ -38,7 +38,7 @@ from tabletune_pipelines.core.table import compact_ranges, expand_table
 from tabletune_pipelines.evaluation import costmodel as cm
 from tabletune_pipelines.evaluation import simulator as sim
 from tabletune_pipelines.evaluation.surfaces import Surface, from_cost_model, from_profile
-from tabletune_pipelines.tuning.derive import derive_table
+from tabletune_pipelines.tuning.derive import DeriveOptions, derive_table
 
 HERE = Path(__file__).resolve().parent
 
@@ -116,8 +116,8 @@ def steps_for(load: int, quick: bool) -> int:
 
 def setup(surface: Surface, tmp: Path, loads) -> Setup:
     prof = surface.profile()
-    ts = derive_table(prof, prior(RATES), policy="stickiness")
-    te = derive_table(prof, prior(RATES), policy="evidence")
+    ts = derive_table(prof, prior(RATES), DeriveOptions(policy="stickiness"))
+    te = derive_table(prof, prior(RATES), DeriveOptions(policy="evidence"))
     pub = sim.published_for(tmp / f"{surface.name}.json", ranges=te.table.ranges, step_ms=te.table.step_ms,
                             prior=RATES, max_num_seqs=surface.max_num_seqs, max_k=surface.max_k,
                             deployment=surface.name)
@@ -283,7 +283,7 @@ def repair_experiment(st: Setup, docs, tmp: Path, quick: bool, seed: int) -> str
 
 def switch_experiment(st: Setup, quick: bool, seed: int) -> str:
     s, n, K = st.surface, st.surface.max_num_seqs, st.surface.max_k
-    new = derive_table(s.profile(), prior(SWITCH_RATES), policy="evidence")
+    new = derive_table(s.profile(), prior(SWITCH_RATES), DeriveOptions(policy="evidence"))
     new_table = [list(r) for r in new.table.ranges]
     fac = sim.ControllerFactory(st.published, n, K)
     pre, post = (500, 2500) if quick else (1000, 6000)
@@ -332,7 +332,8 @@ def calibration_notes() -> str:
 def switch_diagnosis(st: Setup, quick: bool, seed: int, tmp: Path) -> str:
     """The traffic switch again at a large and a small load with exploration or hysteresis off."""
     s, n, K = st.surface, st.surface.max_num_seqs, st.surface.max_k
-    new = [list(r) for r in derive_table(s.profile(), prior(SWITCH_RATES), policy="evidence").table.ranges]
+    new = [list(r) for r in derive_table(s.profile(), prior(SWITCH_RATES),
+                                         DeriveOptions(policy="evidence")).table.ranges]
     pre, post = (500, 2500) if quick else (1000, 6000)
     wl = sim.Workload(RATES, switch_at=pre, switch_rates=SWITCH_RATES)
     lines = ["| load | settings | controller tok/s | oracle tok/s | k run after the switch (steps at k = 0, 1, 2, 3) | "

@@ -79,7 +79,7 @@ def server_config(args, rates, work: Path):
 def cmd_profile(args) -> int:
     from tabletune_pipelines.engine import VLLMServer
     from tabletune_pipelines.engine.plan import ProfileOptions, ProfilePlan
-    from tabletune_pipelines.engine.profiler import profile_step_times
+    from tabletune_pipelines.engine.profiler import ProfileHooks, ProfileServers, profile_step_times
     from tabletune_pipelines.tuning.derive import derive_table
 
     out = Path(args.out)
@@ -104,8 +104,8 @@ def cmd_profile(args) -> int:
     with VLLMServer(cfg) as srv:
         t_up = time.monotonic() - t0
         print(f"[served] {args.engine} healthy after {t_up:.0f} s", flush=True)
-        prof = profile_step_times(cfg, opts, plan=plan, existing=existing, server=srv,
-                                  identity=None if base is None else base.identity,
+        prof = profile_step_times(cfg, opts, plan=plan, hooks=ProfileHooks(existing=existing),
+                                  servers=ProfileServers(server=srv), identity=None if base is None else base.identity,
                                   vocab_size=151000 if not args.cpu_smoke else None,
                                   progress=lambda m: print(m, flush=True))
     t_prof = time.monotonic() - t0
@@ -126,9 +126,9 @@ def cmd_profile(args) -> int:
 
 def derive_both(prof: StepTimeProfile):
     """The decode-only table (what TableTune published before) and the served-priced one."""
-    from tabletune_pipelines.tuning.derive import derive_table
+    from tabletune_pipelines.tuning.derive import DeriveOptions, derive_table
 
-    return derive_table(prof, prior(workload=None)), derive_table(prof, prior(), workload=WORKLOAD)
+    return derive_table(prof, prior(workload=None)), derive_table(prof, prior(), DeriveOptions(workload=WORKLOAD))
 
 
 def report(args, prof, decode_only, served, seconds, out: Path) -> None:

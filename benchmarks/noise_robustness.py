@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     from tabletune_pipelines.engine.plan import ProfileOptions
     from tabletune_pipelines.fleet import load_fleet
     from tabletune_pipelines.store import TableTuneStore
-    from tabletune_pipelines.tuning.derive import derive_table
+    from tabletune_pipelines.tuning.derive import DeriveOptions, derive_table
     from tabletune_pipelines.tuning.gates import evidence_gate
 
     dep = load_fleet(REPO / "fleet.yaml").deployment("local-cpu")
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name, prof in profiles.items():
         for policy in ("evidence", "stickiness"):
-            tuned = derive_table(prof, prior, policy=policy)
+            tuned = derive_table(prof, prior, DeriveOptions(policy=policy))
             t = tuned.table
             tables[(name, policy)] = t
             spreads = sorted(c.spread for c in prof.cells if c.k is not None)

@@ -7,7 +7,7 @@ Everything runs in ONE launch of the small tiny target + 1-layer draft model (``
 K = 3, a one-range table so k switches at runtime, synthetic rejection so the acceptance profile is
 known exactly and switches at runtime through ``server.set_synthetic_rates``):
 
-1. Profile T(B, k) on that server (``profile_step_times(server=...)``): every draft rejected
+1. Profile T(B, k) on that server (``profile_step_times(servers=ProfileServers(server=...))``): every draft rejected
    (rates 0) for k in {0, 1, 3}, plus the all-accepted cells (rates 1) for k in {1, 3} at the same
    batch sizes — the inputs of ``core.steptime.accepted_work_correction``.
 2. For each acceptance vector a (default (0.7, 0.5, 0.3) and a high-acceptance (0.9, 0.8, 0.7),
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     from tabletune_pipelines.core.goodput import tau_curve
     from tabletune_pipelines.core.steptime import accepted_work_correction
     from tabletune_pipelines.core.table import expand_table
-    from tabletune_pipelines.engine import ServerConfig, VLLMServer, profile_step_times
+    from tabletune_pipelines.engine import ProfileServers, ServerConfig, VLLMServer, profile_step_times
     from tabletune_pipelines.engine.identity import engine_identity
     from tabletune_pipelines.engine.plan import default_plan
     from tabletune_pipelines.engine.tiny_models import ensure_tiny_models, read_vocab_size
@@ -155,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"server up in {srv.startup_seconds:.1f} s (log {srv.log_path})", flush=True)
     try:
         t0 = time.monotonic()
-        before = profile_step_times(cfg, plan=plan, identity=identity, vocab_size=vocab, server=srv)
+        before = profile_step_times(cfg, plan=plan, servers=ProfileServers(server=srv), identity=identity,
+                                    vocab_size=vocab)
         t_profile = time.monotonic() - t0
         results["profile_before"] = before.to_dict()
         results["profile_seconds"] = t_profile
@@ -189,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"load {loadavg()})", flush=True)
         # Profile again after the goodput runs: the bracketing profile (median over the repetitions of
         # both) cancels slow drift of the machine between profiling and measuring.
-        after = profile_step_times(cfg, plan=plan, identity=identity, vocab_size=vocab, server=srv)
+        after = profile_step_times(cfg, plan=plan, servers=ProfileServers(server=srv), identity=identity,
+                                   vocab_size=vocab)
         results["profile_after"] = after.to_dict()
     finally:
         srv.stop()

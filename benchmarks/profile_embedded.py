@@ -12,6 +12,7 @@ written to the DuckDB store as it is measured and a rerun resumes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     from tabletune_pipelines.engine.config import ServerConfig
     from tabletune_pipelines.engine.identity import engine_identity
     from tabletune_pipelines.engine.plan import ProfileOptions, default_plan
-    from tabletune_pipelines.engine.profiler import profile_step_times, store_hooks
+    from tabletune_pipelines.engine.profiler import ProfileHooks, profile_step_times, store_hooks
     from tabletune_pipelines.engine.tiny_models import ensure_tiny_models
 
     out = Path(args.out)
@@ -53,13 +54,14 @@ def main(argv: list[str] | None = None) -> int:
     plan = default_plan(cfg, batch_sizes=ints(args.batch_sizes), ks=ints(args.ks), repetitions=args.repetitions,
                         include_no_spec=not args.no_nospec, accept_batch_sizes=ints(args.accept_batch_sizes))
     identity = engine_identity(cfg)
-    existing, on_cell = [], None
+    hooks = ProfileHooks()
     if args.store:
         from tabletune_pipelines.store import TableTuneStore
 
-        existing, on_cell = store_hooks(TableTuneStore(args.store), identity, args.mode)
-    prof = profile_step_times(cfg, ProfileOptions(mode=args.mode), plan=plan, existing=existing, on_cell=on_cell,
-                              identity=identity)
+        # the cells only, as this benchmark has always stored them (its mixed steps are measured each run)
+        hooks = dataclasses.replace(store_hooks(TableTuneStore(args.store), identity, args.mode), existing_samples=(),
+                                    on_samples=None)
+    prof = profile_step_times(cfg, ProfileOptions(mode=args.mode), plan=plan, hooks=hooks, identity=identity)
     (out / "profile.json").write_text(prof.to_json(indent=1))
     t_prof = time.monotonic() - t0
 

@@ -163,19 +163,20 @@ def start(cfg):
 # ----------------------------------------------------------------------------------- tuning
 def profile_synthetic(srv, cfg, vocab: int, args) -> tuple[dict, dict, dict]:
     """The tuner's profile in this launch and derive_table's tables under both rules."""
-    from tabletune_pipelines.engine import profile_step_times
+    from tabletune_pipelines.engine import ProfileServers, profile_step_times
     from tabletune_pipelines.engine.identity import engine_identity
     from tabletune_pipelines.engine.plan import ProfileOptions, default_plan
-    from tabletune_pipelines.tuning.derive import derive_table
+    from tabletune_pipelines.tuning.derive import DeriveOptions, derive_table
 
     bs = ints(args.profile_batch_sizes)
     plan = default_plan(cfg, batch_sizes=bs, ks=KS, repetitions=3, include_no_spec=False,
                         accept_batch_sizes=sorted({bs[0], bs[-1]}))
     opts = ProfileOptions(remeasure_budget_s=args.profile_budget, decision_rates=RATES)
     t0 = time.monotonic()
-    prof = profile_step_times(cfg, opts, plan=plan, identity=engine_identity(cfg), vocab_size=vocab, server=srv)
-    ev = derive_table(prof, fixed_prior(RATES), policy="evidence")
-    rule = derive_table(prof, fixed_prior(RATES), policy="stickiness")
+    prof = profile_step_times(cfg, opts, plan=plan, servers=ProfileServers(server=srv), identity=engine_identity(cfg),
+                              vocab_size=vocab)
+    ev = derive_table(prof, fixed_prior(RATES), DeriveOptions(policy="evidence"))
+    rule = derive_table(prof, fixed_prior(RATES), DeriveOptions(policy="stickiness"))
     dense = {int(k): {b: float(ev.step_ms_dense[i, b - 1]) for b in range(1, N + 1)}
              for i, k in enumerate(ev.choice.ks)}
     info = {"source": "engine.profile_step_times in the table launch (every draft rejected; accepted-work fit "

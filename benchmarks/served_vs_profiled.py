@@ -11,7 +11,7 @@ flag file exists: docs/engine-facts.md, "Noise on 2 cores"), so both settings ar
 same launch:
 
 1. For each busy-wait setting (off, then on): profile T(B, k) on the serving path
-   (``profile_step_times(server=...)``: every draft rejected, all-accepted cells for the
+   (``profile_step_times(servers=ProfileServers(server=...))``: every draft rejected, all-accepted cells for the
    accepted-work correction, adaptive re-measurement with ``--budget`` seconds). The tuner's T
    is ``tuning.derive_table`` of that profile under the known acceptance (corrected where the fit
    is significant).
@@ -114,12 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from tabletune_pipelines.core.goodput import tau_curve
-    from tabletune_pipelines.engine import ServerConfig, VLLMServer, profile_step_times
+    from tabletune_pipelines.engine import ProfileServers, ServerConfig, VLLMServer, profile_step_times
     from tabletune_pipelines.engine.command import PACKAGE_ROOT
     from tabletune_pipelines.engine.identity import engine_identity
     from tabletune_pipelines.engine.plan import ProfileOptions, default_plan
     from tabletune_pipelines.engine.tiny_models import ensure_tiny_models, read_vocab_size
-    from tabletune_pipelines.tuning.derive import derive_table
+    from tabletune_pipelines.tuning.derive import DeriveOptions, derive_table
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -164,10 +164,10 @@ def main(argv: list[str] | None = None) -> int:
                 flag.unlink(missing_ok=True)
             time.sleep(1.0)
             t0 = time.monotonic()
-            prof = profile_step_times(cfg, opts, plan=plan, identity=identity, vocab_size=vocab, server=srv,
-                                      progress=lambda m: print(m, flush=True))
+            prof = profile_step_times(cfg, opts, plan=plan, servers=ProfileServers(server=srv), identity=identity,
+                                      vocab_size=vocab, progress=lambda m: print(m, flush=True))
             profiles[setting] = prof
-            tuned[setting] = derive_table(prof, fixed_prior(rates), workload=workload)
+            tuned[setting] = derive_table(prof, fixed_prior(rates), DeriveOptions(workload=workload))
             (out / f"profile-{setting}.json").write_text(prof.to_json(indent=1))
             print(f"[{setting}] profile in {time.monotonic() - t0:.0f} s, load {loadavg()}; table "
                   f"{tuned[setting].table.as_vllm()}; correction {tuned[setting].table.accepted_work_fit}", flush=True)

@@ -272,7 +272,7 @@ def _plot_option() -> Iterator[None]:
 
 
 def cmd_table(args: argparse.Namespace) -> int:
-    from tabletune_pipelines.tuning.derive import derive_table
+    from tabletune_pipelines.tuning.derive import DeriveOptions, derive_table
     from tabletune_pipelines.tuning.report import (
         evidence_markdown,
         goodput_markdown,
@@ -301,7 +301,8 @@ def cmd_table(args: argparse.Namespace) -> int:
                                 prompt_count=0, source="synthetic", deployment=dep.name)
     else:
         prior = _prior(store, profile.identity, args.prior)
-    tuned = derive_table(profile, prior, correct_accepted_work=not args.no_correction, policy=args.policy)
+    tuned = derive_table(profile, prior, DeriveOptions(correct_accepted_work=not args.no_correction,
+                                                       policy=args.policy))
     if args.format == "vllm":
         print(json.dumps(tuned.table.as_vllm()))
         for w in tuned.warnings:

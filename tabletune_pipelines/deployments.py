@@ -245,7 +245,7 @@ def profile(identity: EngineIdentity, dep: Deployment | None, store: Any, *, log
     """
     check_local_engine(identity)
     from tabletune_pipelines.engine.plan import fixed_k_baseline_options, plan_from_options
-    from tabletune_pipelines.engine.profiler import profile_step_times, store_hooks, store_sample_hooks
+    from tabletune_pipelines.engine.profiler import profile_step_times, store_hooks
 
     opts = options or ProfileOptions()
     if opts.decision_rates is None:  # re-measure where decisions are close under the acceptance the store knows
@@ -253,14 +253,12 @@ def profile(identity: EngineIdentity, dep: Deployment | None, store: Any, *, log
         if priors:
             opts = dataclasses.replace(opts, decision_rates=tuple(priors[0].rates[:identity.max_k]))
     cfg = _server_config(identity, dep, cache_dir or default_cache_dir(), work_dir or default_work_dir("profile"), {})
-    existing, on_cell = store_hooks(store, identity, opts.mode)
-    samples, on_samples = store_sample_hooks(store, identity, opts.mode)
-    result = profile_step_times(cfg, opts, existing=existing, on_cell=on_cell, identity=identity, progress=log.info,
-                                existing_samples=samples, on_samples=on_samples)
+    result = profile_step_times(cfg, opts, hooks=store_hooks(store, identity, opts.mode), identity=identity,
+                                progress=log.info)
     if opts.fixed_k_baseline and opts.mode != "fixed_k":
         fixed = fixed_k_baseline_options(opts, plan_from_options(opts.apply_to(cfg), opts))
-        existing, on_cell = store_hooks(store, identity, "fixed_k")
-        profile_step_times(cfg, fixed, existing=existing, on_cell=on_cell, identity=identity, progress=log.info)
+        profile_step_times(cfg, fixed, hooks=store_hooks(store, identity, "fixed_k"), identity=identity,
+                           progress=log.info)
     return result
 
 

@@ -53,7 +53,6 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -75,7 +74,7 @@ MAX_FILE_BYTES = 1024 * 1024 * 1024
 
 @dataclass(frozen=True)
 class CounterWindow:
-    """One exported window (one line of the file), typed."""
+    """One exported window (one line of the file), typed: ``parse_window`` reads it, ``window_line`` writes it."""
 
     deployment: str
     """Fleet deployment the counts belong to."""
@@ -121,7 +120,38 @@ def _ts(value: Any, where: str, key: str) -> datetime:
     return dt.astimezone(timezone.utc)
 
 
+_WINDOW_KEYS = {"schema", "schema_version", "deployment", "identity_key", "table_version", "window_start",
+                "window_end", "steps", "num_drafts", "drafted_per_pos", "accepted_per_pos", "tokens", "busy_s",
+                "estimate", "source", "seq", "controller"}
+
+
 def parse_window(obj: Any, where: str) -> CounterWindow:
+    """One line's object, checked by the rules in the module docstring (errors name ``where``)."""
+    _check_line_keys(obj, where)
+    drafted, accepted = obj["drafted_per_pos"], obj["accepted_per_pos"]
+    _check_counts(drafted, accepted, where)
+    nd = obj["num_drafts"]
+    if not isinstance(nd, int) or isinstance(nd, bool) or nd < 0:
+        raise LiveCountersError(f"{where}: 'num_drafts' = {nd!r} must be a non-negative integer")
+    if nd < drafted[0]:
+        raise LiveCountersError(f"{where}: num_drafts = {nd} < drafted_per_pos[1] = {drafted[0]}; every request-step "
+                                "that drafted position 1 is a draft")
+    _check_optional_fields(obj, len(drafted), where)
+    start, end = _ts(obj["window_start"], where, "window_start"), _ts(obj["window_end"], where, "window_end")
+    if end < start:
+        raise LiveCountersError(f"{where}: window_end {obj['window_end']} is before window_start {obj['window_start']}")
+    busy, est = obj.get("busy_s"), obj.get("estimate")
+    return CounterWindow(
+        deployment=str(obj["deployment"]), window_start=start, window_end=end, num_drafts=nd,
+        drafted_per_pos=tuple(drafted), accepted_per_pos=tuple(accepted), identity_key=obj.get("identity_key"),
+        table_version=obj.get("table_version"), steps=obj.get("steps"), tokens=obj.get("tokens"),
+        busy_s=None if busy is None else float(busy), estimate=None if est is None else tuple(float(x) for x in est),
+        source=obj.get("source"), seq=obj.get("seq"), controller=obj.get("controller"),
+    )
+
+
+def _check_line_keys(obj: Any, where: str) -> None:
+    """A JSON object of this schema and version, no unknown key, every required key present."""
     if not isinstance(obj, dict):
         raise LiveCountersError(f"{where}: each line must be a JSON object")
     if obj.get("schema") != LIVE_COUNTERS_SCHEMA:
@@ -129,16 +159,16 @@ def parse_window(obj: Any, where: str) -> CounterWindow:
     if obj.get("schema_version") != LIVE_COUNTERS_SCHEMA_VERSION:
         raise LiveCountersError(f"{where}: schema_version {obj.get('schema_version')!r} is not "
                                 f"{LIVE_COUNTERS_SCHEMA_VERSION} (upgrade TableTune)")
-    allowed = {"schema", "schema_version", "deployment", "identity_key", "table_version", "window_start",
-               "window_end", "steps", "num_drafts", "drafted_per_pos", "accepted_per_pos", "tokens", "busy_s",
-               "estimate", "source", "seq", "controller"}
     for key in obj:
-        if key not in allowed:
+        if key not in _WINDOW_KEYS:
             raise LiveCountersError(f"{where}: unknown key {key!r}")
     for key in ("deployment", "window_start", "window_end", "num_drafts", "drafted_per_pos", "accepted_per_pos"):
         if key not in obj:
             raise LiveCountersError(f"{where}: missing key {key!r}")
-    drafted, accepted = obj["drafted_per_pos"], obj["accepted_per_pos"]
+
+
+def _check_counts(drafted: Any, accepted: Any, where: str) -> None:
+    """Per-position counts: equal non-zero lengths up to ``MAX_POSITIONS``, kept <= drafted, drafted non-increasing."""
     for key, seq in (("drafted_per_pos", drafted), ("accepted_per_pos", accepted)):
         if not isinstance(seq, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seq):
             raise LiveCountersError(f"{where}: {key!r} must be a list of non-negative integers, got {seq!r}")
@@ -154,12 +184,10 @@ def parse_window(obj: Any, where: str) -> CounterWindow:
         if drafted[i] > drafted[i - 1]:
             raise LiveCountersError(f"{where}: drafted_per_pos[{i + 1}] = {drafted[i]} > drafted_per_pos[{i}] = "
                                     f"{drafted[i - 1]}; a later position cannot be drafted more often")
-    nd = obj["num_drafts"]
-    if not isinstance(nd, int) or isinstance(nd, bool) or nd < 0:
-        raise LiveCountersError(f"{where}: 'num_drafts' = {nd!r} must be a non-negative integer")
-    if nd < drafted[0]:
-        raise LiveCountersError(f"{where}: num_drafts = {nd} < drafted_per_pos[1] = {drafted[0]}; every request-step "
-                                "that drafted position 1 is a draft")
+
+
+def _check_optional_fields(obj: dict[str, Any], positions: int, where: str) -> None:
+    """The optional counts, busy time, estimate (``positions`` rates), names and controller state."""
     for key in ("steps", "tokens", "seq", "table_version"):
         v = obj.get(key)
         if v is not None and (type(v) is not int or v < 0):
@@ -169,9 +197,9 @@ def parse_window(obj: Any, where: str) -> CounterWindow:
         raise LiveCountersError(f"{where}: 'busy_s' = {busy!r} must be a finite number >= 0")
     est = obj.get("estimate")
     if est is not None:
-        if not isinstance(est, list) or len(est) != len(drafted) or not all(
+        if not isinstance(est, list) or len(est) != positions or not all(
                 type(x) in (int, float) and math.isfinite(x) and 0.0 <= x <= 1.0 for x in est):
-            raise LiveCountersError(f"{where}: 'estimate' must be {len(drafted)} rates in [0, 1]")
+            raise LiveCountersError(f"{where}: 'estimate' must be {positions} rates in [0, 1]")
         if any(b > a + 1e-9 for a, b in zip(est, est[1:])):
             raise LiveCountersError(f"{where}: 'estimate' {est} must be non-increasing with position")
     for key in ("identity_key", "source", "deployment"):
@@ -180,16 +208,6 @@ def parse_window(obj: Any, where: str) -> CounterWindow:
             raise LiveCountersError(f"{where}: {key!r} = {v!r:.80} must be a non-empty one-line string")
     if obj.get("controller") is not None and not isinstance(obj["controller"], dict):
         raise LiveCountersError(f"{where}: 'controller' must be a JSON object")
-    start, end = _ts(obj["window_start"], where, "window_start"), _ts(obj["window_end"], where, "window_end")
-    if end < start:
-        raise LiveCountersError(f"{where}: window_end {obj['window_end']} is before window_start {obj['window_start']}")
-    return CounterWindow(
-        deployment=str(obj["deployment"]), window_start=start, window_end=end, num_drafts=nd,
-        drafted_per_pos=tuple(drafted), accepted_per_pos=tuple(accepted), identity_key=obj.get("identity_key"),
-        table_version=obj.get("table_version"), steps=obj.get("steps"), tokens=obj.get("tokens"),
-        busy_s=None if busy is None else float(busy), estimate=None if est is None else tuple(float(x) for x in est),
-        source=obj.get("source"), seq=obj.get("seq"), controller=obj.get("controller"),
-    )
 
 
 @dataclass(frozen=True)
@@ -303,28 +321,24 @@ def iso_utc(dt: datetime) -> str:
     return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
 
 
-def window_line(
-    *, deployment: str, window_start: datetime, window_end: datetime, num_drafts: int,
-    drafted_per_pos: Sequence[int], accepted_per_pos: Sequence[int], identity_key: str | None = None,
-    table_version: int | None = None, steps: int | None = None, tokens: int | None = None,
-    busy_s: float | None = None, estimate: Sequence[float] | None = None, source: str | None = None,
-    seq: int | None = None, controller: dict[str, Any] | None = None,
-) -> str:
+def window_line(window: CounterWindow) -> str:
     """One JSONL line in the format above (the controller's writer; validated before returning)."""
+    w = window
     obj: dict[str, Any] = {
-        "schema": LIVE_COUNTERS_SCHEMA, "schema_version": LIVE_COUNTERS_SCHEMA_VERSION, "deployment": deployment,
-        "window_start": iso_utc(window_start), "window_end": iso_utc(window_end), "num_drafts": int(num_drafts),
-        "drafted_per_pos": [int(x) for x in drafted_per_pos], "accepted_per_pos": [int(x) for x in accepted_per_pos],
+        "schema": LIVE_COUNTERS_SCHEMA, "schema_version": LIVE_COUNTERS_SCHEMA_VERSION, "deployment": w.deployment,
+        "window_start": iso_utc(w.window_start), "window_end": iso_utc(w.window_end), "num_drafts": int(w.num_drafts),
+        "drafted_per_pos": [int(x) for x in w.drafted_per_pos],
+        "accepted_per_pos": [int(x) for x in w.accepted_per_pos],
     }
-    for key, value, conv in (("identity_key", identity_key, str), ("table_version", table_version, int),
-                             ("steps", steps, int), ("tokens", tokens, int), ("busy_s", busy_s, float),
-                             ("source", source, str), ("seq", seq, int)):
+    for key, value, conv in (("identity_key", w.identity_key, str), ("table_version", w.table_version, int),
+                             ("steps", w.steps, int), ("tokens", w.tokens, int), ("busy_s", w.busy_s, float),
+                             ("source", w.source, str), ("seq", w.seq, int)):
         if value is not None:
             obj[key] = conv(value)
-    if estimate is not None:
-        obj["estimate"] = [round(float(x), 6) for x in estimate]
-    if controller is not None:
-        obj["controller"] = controller
+    if w.estimate is not None:
+        obj["estimate"] = [round(float(x), 6) for x in w.estimate]
+    if w.controller is not None:
+        obj["controller"] = w.controller
     text = json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
     if len(text.encode()) > MAX_LINE_BYTES:
         raise LiveCountersError(f"counters window of {len(text)} bytes exceeds {MAX_LINE_BYTES}; trim the state")

@@ -302,8 +302,199 @@ def _opt_num(where: str, key: str, v: Any, lo: float | None = None) -> float | N
     return x
 
 
-def _served_verification(where: str, v: Any, ranges: Sequence[Sequence[int]], max_num_seqs: int,
-                         max_k: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _TableFields:
+    """The ``table`` section's fields the other sections are checked against (``parse_published``)."""
+
+    ranges: tuple[tuple[int, int, int], ...]
+    """``table.ranges``, validated."""
+    max_num_seqs: int
+    """``table.max_num_seqs``."""
+    max_k: int
+    """``table.max_k``."""
+    identity_key: str
+    """``table.identity_key``."""
+    prior_id: str
+    """``table.prior_id``."""
+    rates: tuple[float, ...]
+    """``table.acceptance_rates`` (empty when absent)."""
+    step_ms: dict[int, dict[int, float]]
+    """``table.step_ms`` as ``{k: {B: ms}}``."""
+
+
+def parse_published(doc: Any, where: str = "<document>") -> PublishedTable:
+    """Validate a decoded published document strictly and return it typed (one parser per section,
+    in the order below: the first rule broken is the one reported)."""
+    _check_envelope(doc, where)
+    deployment = _str(where, "deployment", doc["deployment"])
+    version = _int(where, "version", doc["version"], 1)
+    published_at = _str(where, "published_at", doc.get("published_at", "unknown"))
+    table = _table_section(where, doc["table"])
+    _speculative_config_section(where, doc["speculative_config"], table)
+    identity = _identity_section(where, doc.get("identity"), table)
+    prior = _prior_section(where, doc.get("prior"), table)
+    allowed = _allowed_k_section(where, doc.get("allowed_k"), table)
+    if doc.get("evidence") is not None:  # the table search's evidence: reported, not used to serve
+        _obj(where, "evidence", doc["evidence"])
+    _serving_section(where, doc.get("serving"))
+    served = None
+    if doc.get("served_verification") is not None:  # the served verification: reported, not used to serve
+        served = _served_verification(where, doc["served_verification"], table)
+    controller = _controller_section(where, doc.get("controller"))
+    return PublishedTable(
+        deployment=deployment, version=version, published_at=published_at, ranges=table.ranges,
+        max_num_seqs=table.max_num_seqs, max_k=table.max_k, identity_key=table.identity_key, prior=prior,
+        step_ms=table.step_ms, allowed_k=tuple(allowed), identity=identity, controller=controller,
+        served_verification=served, document=doc)
+
+
+def _check_envelope(doc: Any, where: str) -> None:
+    """The schema and its version, no unknown top-level key, the required sections present."""
+    if not isinstance(doc, dict) or doc.get("schema") != PUBLISHED_SCHEMA:
+        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+        raise PublishedTableError(f"{where} is not a TableTune published table (schema {got!r})")
+    sv = doc.get("schema_version")
+    if type(sv) is not int or sv != PUBLISHED_SCHEMA_VERSION:
+        raise PublishedTableError(
+            f"{where} has schema_version {sv!r}; this reader understands {PUBLISHED_SCHEMA_VERSION} "
+            "(re-publish it with this TableTune, or upgrade the reader)")
+    _obj(where, "the document", doc, _TOP_KEYS)
+    for key in ("deployment", "version", "table", "speculative_config"):
+        if key not in doc:
+            raise PublishedTableError(f"published table {where} lacks the field {key!r}")
+
+
+def _table_section(where: str, v: Any) -> _TableFields:
+    """``table``: a DraftLengthTable document, which grows fields of its own (documents.py owns
+    them): the fields read here are checked strictly, the others only as JSON."""
+    t = _obj(where, "table", v)
+    for key in ("ranges", "max_num_seqs", "max_k", "identity_key", "prior_id"):
+        if key not in t:
+            raise _fail(where, f"table lacks the field {key!r}")
+    max_num_seqs = _int(where, "table.max_num_seqs", t["max_num_seqs"], 1)
+    max_k = _int(where, "table.max_k", t["max_k"], 1)
+    ranges = validate_ranges(where, t["ranges"], max_num_seqs, max_k)
+    identity_key = _str(where, "table.identity_key", t["identity_key"])
+    prior_id = _str(where, "table.prior_id", t["prior_id"])
+    rates = _rates(where, "table.acceptance_rates", t.get("acceptance_rates", []))
+    _num(where, "table.predicted_worst_loss", t.get("predicted_worst_loss", 0.0))
+    step_ms = _step_ms(where, t.get("step_ms", {}), max_k)
+    return _TableFields(ranges=ranges, max_num_seqs=max_num_seqs, max_k=max_k, identity_key=identity_key,
+                        prior_id=prior_id, rates=rates, step_ms=step_ms)
+
+
+def _speculative_config_section(where: str, v: Any, table: _TableFields) -> None:
+    """``speculative_config``: its K and its per-batch-size table are the table's."""
+    spec = _obj(where, "speculative_config", v)
+    if "num_speculative_tokens" in spec and spec["num_speculative_tokens"] != table.max_k:
+        raise _fail(where, f"speculative_config.num_speculative_tokens = {spec['num_speculative_tokens']!r} "
+                           f"differs from table.max_k = {table.max_k}")
+    if "num_speculative_tokens_per_batch_size" in spec:
+        spec_ranges = spec["num_speculative_tokens_per_batch_size"]
+        plain = isinstance(spec_ranges, list) and all(  # only then can they be sorted and compared
+            isinstance(r, list) and len(r) == 3 and all(type(x) is int for x in r) for r in spec_ranges)
+        if not plain or sorted(tuple(r) for r in spec_ranges) != list(table.ranges):
+            raise _fail(where, "speculative_config.num_speculative_tokens_per_batch_size differs from table.ranges")
+
+
+def _identity_section(where: str, v: Any, table: _TableFields) -> dict[str, Any] | None:
+    """``identity`` (optional). EngineIdentity grows fields over time (the controller compares only
+    the ones it knows), so other keys are allowed as long as they hold plain one-line values."""
+    if v is None:
+        return None
+    identity = dict(_obj(where, "identity", v))
+    if len(identity) > 64:
+        raise _fail(where, f"identity has {len(identity)} keys; not an engine identity")
+    for key, value in identity.items():
+        if value is not None and type(value) not in (str, int, bool) or (isinstance(value, str) and "\n" in value):
+            raise _fail(where, f"identity.{key} = {value!r:.80} must be a one-line string, an integer or null")
+    for key in ("gpu", "vllm_version", "model", "method"):
+        if key in identity:
+            _str(where, f"identity.{key}", identity[key])
+    if "drafter" in identity:
+        _str(where, "identity.drafter", identity["drafter"], allow_none=True)
+    for key, want in (("max_k", table.max_k), ("max_num_seqs", table.max_num_seqs)):
+        if key in identity and _int(where, f"identity.{key}", identity[key], 1) != want:
+            raise _fail(where, f"identity.{key} = {identity[key]} differs from table.{key} = {want}")
+    return identity
+
+
+def _prior_section(where: str, v: Any, table: _TableFields) -> PublishedPrior:
+    """``prior`` (optional; absent: the table's rates and prior id), with a rate for every k up to max_k."""
+    if v is not None:
+        prior = _measured_prior(where, v, table.rates)
+    else:
+        prior = PublishedPrior(rates=table.rates, prior_id=table.prior_id)
+    if prior.rates and len(prior.rates) < table.max_k:
+        raise _fail(where, f"the prior has {len(prior.rates)} rates; max_k = {table.max_k} needs {table.max_k}")
+    return prior
+
+
+def _measured_prior(where: str, v: Any, table_rates: tuple[float, ...]) -> PublishedPrior:
+    """A ``prior`` section: rates equal to the table's (when it has them) and consistent counts."""
+    p = _obj(where, "prior", v, _PRIOR_KEYS)
+    if "rates" not in p:
+        raise _fail(where, "prior lacks the field 'rates'")
+    rates = _rates(where, "prior.rates", p["rates"])
+    if table_rates and tuple(round(r, 9) for r in table_rates) != tuple(round(r, 9) for r in rates):
+        raise _fail(where, f"prior.rates {list(rates)} differ from table.acceptance_rates {list(table_rates)}")
+    drafted = _counts(where, "prior.drafted_per_pos", p.get("drafted_per_pos", []), len(rates))
+    accepted = _counts(where, "prior.accepted_per_pos", p.get("accepted_per_pos", []), len(rates))
+    if len(drafted) != len(accepted):
+        raise _fail(where, "prior.drafted_per_pos and prior.accepted_per_pos differ in length")
+    for i, (d, a) in enumerate(zip(drafted, accepted), 1):
+        if a > d:
+            raise _fail(where, f"prior position {i}: accepted {a} > drafted {d}")
+    return PublishedPrior(
+        rates=rates, num_drafts=_int(where, "prior.num_drafts", p.get("num_drafts", 0), 0),
+        drafted_per_pos=drafted, accepted_per_pos=accepted,
+        prior_id=_str(where, "prior.prior_id", p.get("prior_id"), allow_none=True),
+        source=_str(where, "prior.source", p.get("source"), allow_none=True))
+
+
+def _allowed_k_section(where: str, raw: Any, table: _TableFields) -> list[int]:
+    """``allowed_k`` (optional; absent: the table's k values), sorted, within max_k, listing every k the table uses."""
+    table_ks = sorted({k for _, _, k in table.ranges})
+    if raw is None:
+        return table_ks
+    if not isinstance(raw, list) or not raw:
+        raise _fail(where, f"allowed_k = {raw!r:.80} must be a non-empty list of k values")
+    allowed = sorted({_int(where, f"allowed_k[{i}]", k, 0) for i, k in enumerate(raw)})
+    if allowed[-1] > table.max_k:
+        raise _fail(where, f"allowed_k has k = {allowed[-1]} > max_k = {table.max_k}")
+    missing = sorted(set(table_ks) - set(allowed))
+    if missing:
+        raise _fail(where, f"the table uses k = {missing}, which allowed_k {allowed} does not list")
+    return allowed
+
+
+def _serving_section(where: str, v: Any) -> None:
+    """``serving`` (optional): the serving flags and environment the table assumes (reported)."""
+    if v is None:
+        return
+    serving = _obj(where, "serving", v)
+    flags, env = serving.get("flags"), serving.get("env")
+    if (set(serving) - {"flags", "env"} or not isinstance(flags, list) or not all(isinstance(f, str) for f in flags)
+            or not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+        raise PublishedTableError(f"published table {where}: 'serving' must be {{\"flags\": [strings], \"env\": "
+                                  "{name: string}}; republish it with this TableTune")
+
+
+def _controller_section(where: str, v: Any) -> dict[str, Any]:
+    """``controller`` (optional): keys of ControllerSettings, checked by its own reader."""
+    controller = dict(_obj(where, "controller", v or {}))
+    if controller:
+        # Lazy: controller.settings is stdlib-only and defines the vocabulary of this mapping.
+        from tabletune_pipelines.controller.settings import ControllerSettings
+
+        try:
+            ControllerSettings.from_mapping(controller, where=f"{where}: controller")
+        except SettingsError as exc:
+            raise PublishedTableError(str(exc)) from None
+    return controller
+
+
+def _served_verification(where: str, v: Any, table: _TableFields) -> dict[str, Any]:
     """The ``served_verification`` section, strictly (``SERVED_VERIFICATION_FORMAT``)."""
     key = "served_verification"
     sv = _obj(where, key, v, _SERVED_KEYS)
@@ -318,14 +509,30 @@ def _served_verification(where: str, v: Any, ranges: Sequence[Sequence[int]], ma
     tol = _num(where, f"{key}.tolerance", sv["tolerance"])
     if not 0.0 <= tol < 1.0:
         raise _fail(where, f"{key}.tolerance = {tol!r} must be in [0, 1)")
-    cand = validate_ranges(where, sv["candidate"], max_num_seqs, max_k)
-    if [list(r) for r in cand] != [list(r) for r in ranges]:
+    cand = validate_ranges(where, sv["candidate"], table.max_num_seqs, table.max_k)
+    if [list(r) for r in cand] != [list(r) for r in table.ranges]:
         raise _fail(where, f"{key}.candidate {[list(r) for r in cand]} is not the published table.ranges")
     for name in ("candidate_is", "device", "acceptance", "plot"):
         if sv.get(name) is not None:
             _str(where, f"{key}.{name}", sv[name])
     if sv.get("plot") is not None and ("/" in sv["plot"] or "\\" in sv["plot"] or not sv["plot"].endswith(".png")):
         raise _fail(where, f"{key}.plot = {sv['plot']!r:.80} must be the file name of a PNG beside the published table")
+    load_set = _served_loads(where, sv, table.max_num_seqs)
+    per = sv["per_load"]
+    if not isinstance(per, list):
+        raise _fail(where, f"{key}.per_load must be a list")
+    failed = False
+    for i, row in enumerate(per):
+        failed |= _served_load_row(where, f"{key}.per_load[{i}]", row, load_set, table.max_k) == "fail"
+    if passed == failed:
+        raise _fail(where, f"{key}.passed = {str(passed).lower()} contradicts per_load "
+                           f"({'a' if failed else 'no'} load failed)")
+    return sv
+
+
+def _served_loads(where: str, sv: dict[str, Any], max_num_seqs: int) -> set[int]:
+    """The served verification's plan: its loads (returned), rounds, window, budget and counts."""
+    key = "served_verification"
     loads = sv["loads"]
     if not isinstance(loads, list) or not loads:
         raise _fail(where, f"{key}.loads must be a non-empty list of loads")
@@ -341,163 +548,33 @@ def _served_verification(where: str, v: Any, ranges: Sequence[Sequence[int]], ma
     for name in ("excluded_windows", "client_errors"):
         if name in sv:
             _int(where, f"{key}.{name}", sv[name], 0)
-    per = sv["per_load"]
-    if not isinstance(per, list):
-        raise _fail(where, f"{key}.per_load must be a list")
-    failed = False
-    for i, row in enumerate(per):
-        at = f"{key}.per_load[{i}]"
-        r = _obj(where, at, row, _SERVED_LOAD_KEYS)
-        for name in ("load", "status", "goodput"):
-            if name not in r:
-                raise _fail(where, f"{at} lacks the field {name!r}")
-        if _int(where, f"{at}.load", r["load"], 1) not in load_set:
-            raise _fail(where, f"{at}.load = {r['load']} is not one of {key}.loads")
-        if r["status"] not in _SERVED_STATUS:
-            raise _fail(where, f"{at}.status = {r['status']!r:.40} must be one of {list(_SERVED_STATUS)}")
-        failed |= r["status"] == "fail"
-        if r.get("best_fixed_k") is not None and _int(where, f"{at}.best_fixed_k", r["best_fixed_k"], 0) > max_k:
-            raise _fail(where, f"{at}.best_fixed_k = {r['best_fixed_k']} > max_k = {max_k}")
-        _opt_num(where, f"{at}.ratio", r.get("ratio"), 0.0)
-        _opt_num(where, f"{at}.ratio_se", r.get("ratio_se"), 0.0)
-        _opt_num(where, f"{at}.t", r.get("t"), 0.0)
-        if "rounds" in r:
-            _int(where, f"{at}.rounds", r["rounds"], 0)
-        for pol, cell in _obj(where, f"{at}.goodput", r["goodput"]).items():
-            if not isinstance(cell, list) or len(cell) != 3:
-                raise _fail(where, f"{at}.goodput[{pol!r:.40}] must be [goodput, s.e., windows]")
-            _opt_num(where, f"{at}.goodput[{pol!r:.40}][0]", cell[0], 0.0)
-            _opt_num(where, f"{at}.goodput[{pol!r:.40}][1]", cell[1], 0.0)
-            _int(where, f"{at}.goodput[{pol!r:.40}][2]", cell[2], 0)
-    if passed == failed:
-        raise _fail(where, f"{key}.passed = {str(passed).lower()} contradicts per_load "
-                           f"({'a' if failed else 'no'} load failed)")
-    return sv
+    return load_set
 
 
-def parse_published(doc: Any, where: str = "<document>") -> PublishedTable:
-    """Validate a decoded published document strictly and return it typed."""
-    if not isinstance(doc, dict) or doc.get("schema") != PUBLISHED_SCHEMA:
-        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-        raise PublishedTableError(f"{where} is not a TableTune published table (schema {got!r})")
-    sv = doc.get("schema_version")
-    if type(sv) is not int or sv != PUBLISHED_SCHEMA_VERSION:
-        raise PublishedTableError(
-            f"{where} has schema_version {sv!r}; this reader understands {PUBLISHED_SCHEMA_VERSION} "
-            "(re-publish it with this TableTune, or upgrade the reader)")
-    _obj(where, "the document", doc, _TOP_KEYS)
-    for key in ("deployment", "version", "table", "speculative_config"):
-        if key not in doc:
-            raise PublishedTableError(f"published table {where} lacks the field {key!r}")
-    deployment = _str(where, "deployment", doc["deployment"])
-    version = _int(where, "version", doc["version"], 1)
-    published_at = _str(where, "published_at", doc.get("published_at", "unknown"))
-    # ``table`` is a DraftLengthTable document, which grows fields of its own (documents.py owns
-    # them): the fields read here are checked strictly, the others only as JSON.
-    t = _obj(where, "table", doc["table"])
-    for key in ("ranges", "max_num_seqs", "max_k", "identity_key", "prior_id"):
-        if key not in t:
-            raise _fail(where, f"table lacks the field {key!r}")
-    max_num_seqs = _int(where, "table.max_num_seqs", t["max_num_seqs"], 1)
-    max_k = _int(where, "table.max_k", t["max_k"], 1)
-    ranges = validate_ranges(where, t["ranges"], max_num_seqs, max_k)
-    identity_key = _str(where, "table.identity_key", t["identity_key"])
-    prior_id = _str(where, "table.prior_id", t["prior_id"])
-    table_rates = _rates(where, "table.acceptance_rates", t.get("acceptance_rates", []))
-    _num(where, "table.predicted_worst_loss", t.get("predicted_worst_loss", 0.0))
-    step_ms = _step_ms(where, t.get("step_ms", {}), max_k)
-
-    spec = _obj(where, "speculative_config", doc["speculative_config"])
-    if "num_speculative_tokens" in spec and spec["num_speculative_tokens"] != max_k:
-        raise _fail(where, f"speculative_config.num_speculative_tokens = {spec['num_speculative_tokens']!r} "
-                           f"differs from table.max_k = {max_k}")
-    if "num_speculative_tokens_per_batch_size" in spec:
-        spec_ranges = spec["num_speculative_tokens_per_batch_size"]
-        plain = isinstance(spec_ranges, list) and all(  # only then can they be sorted and compared
-            isinstance(r, list) and len(r) == 3 and all(type(x) is int for x in r) for r in spec_ranges)
-        if not plain or sorted(tuple(r) for r in spec_ranges) != list(ranges):
-            raise _fail(where, "speculative_config.num_speculative_tokens_per_batch_size differs from table.ranges")
-
-    identity = None
-    if doc.get("identity") is not None:
-        # EngineIdentity grows fields over time (the controller compares only the ones it knows),
-        # so other keys are allowed as long as they hold plain one-line values.
-        identity = dict(_obj(where, "identity", doc["identity"]))
-        if len(identity) > 64:
-            raise _fail(where, f"identity has {len(identity)} keys; not an engine identity")
-        for key, value in identity.items():
-            if value is not None and type(value) not in (str, int, bool) or (isinstance(value, str) and "\n" in value):
-                raise _fail(where, f"identity.{key} = {value!r:.80} must be a one-line string, an integer or null")
-        for key in ("gpu", "vllm_version", "model", "method"):
-            if key in identity:
-                _str(where, f"identity.{key}", identity[key])
-        if "drafter" in identity:
-            _str(where, "identity.drafter", identity["drafter"], allow_none=True)
-        for key, want in (("max_k", max_k), ("max_num_seqs", max_num_seqs)):
-            if key in identity and _int(where, f"identity.{key}", identity[key], 1) != want:
-                raise _fail(where, f"identity.{key} = {identity[key]} differs from table.{key} = {want}")
-
-    if doc.get("prior") is not None:
-        p = _obj(where, "prior", doc["prior"], _PRIOR_KEYS)
-        if "rates" not in p:
-            raise _fail(where, "prior lacks the field 'rates'")
-        rates = _rates(where, "prior.rates", p["rates"])
-        if table_rates and tuple(round(r, 9) for r in table_rates) != tuple(round(r, 9) for r in rates):
-            raise _fail(where, f"prior.rates {list(rates)} differ from table.acceptance_rates {list(table_rates)}")
-        drafted = _counts(where, "prior.drafted_per_pos", p.get("drafted_per_pos", []), len(rates))
-        accepted = _counts(where, "prior.accepted_per_pos", p.get("accepted_per_pos", []), len(rates))
-        if len(drafted) != len(accepted):
-            raise _fail(where, "prior.drafted_per_pos and prior.accepted_per_pos differ in length")
-        for i, (d, a) in enumerate(zip(drafted, accepted), 1):
-            if a > d:
-                raise _fail(where, f"prior position {i}: accepted {a} > drafted {d}")
-        prior = PublishedPrior(
-            rates=rates, num_drafts=_int(where, "prior.num_drafts", p.get("num_drafts", 0), 0),
-            drafted_per_pos=drafted, accepted_per_pos=accepted,
-            prior_id=_str(where, "prior.prior_id", p.get("prior_id"), allow_none=True),
-            source=_str(where, "prior.source", p.get("source"), allow_none=True))
-    else:
-        prior = PublishedPrior(rates=table_rates, prior_id=prior_id)
-    if prior.rates and len(prior.rates) < max_k:
-        raise _fail(where, f"the prior has {len(prior.rates)} rates; max_k = {max_k} needs {max_k}")
-
-    table_ks = sorted({k for _, _, k in ranges})
-    allowed = table_ks
-    if doc.get("allowed_k") is not None:
-        raw = doc["allowed_k"]
-        if not isinstance(raw, list) or not raw:
-            raise _fail(where, f"allowed_k = {raw!r:.80} must be a non-empty list of k values")
-        allowed = sorted({_int(where, f"allowed_k[{i}]", k, 0) for i, k in enumerate(raw)})
-        if allowed[-1] > max_k:
-            raise _fail(where, f"allowed_k has k = {allowed[-1]} > max_k = {max_k}")
-        missing = sorted(set(table_ks) - set(allowed))
-        if missing:
-            raise _fail(where, f"the table uses k = {missing}, which allowed_k {allowed} does not list")
-    if doc.get("evidence") is not None:  # the table search's evidence: reported, not used to serve
-        _obj(where, "evidence", doc["evidence"])
-    served = None
-    if doc.get("serving") is not None:  # the serving flags the table assumes (reported)
-        serving = _obj(where, "serving", doc["serving"])
-        flags, env = serving.get("flags"), serving.get("env")
-        if (set(serving) - {"flags", "env"} or not isinstance(flags, list) or not all(isinstance(f, str) for f in flags)
-                or not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
-            raise PublishedTableError(f"published table {where}: 'serving' must be {{\"flags\": [strings], \"env\": "
-                                      "{name: string}}; republish it with this TableTune")
-    if doc.get("served_verification") is not None:  # the served verification: reported, not used to serve
-        served = _served_verification(where, doc["served_verification"], ranges, max_num_seqs, max_k)
-    controller = dict(_obj(where, "controller", doc.get("controller") or {}))
-    if controller:
-        # Lazy: controller.settings is stdlib-only and defines the vocabulary of this mapping.
-        from tabletune_pipelines.controller.settings import ControllerSettings
-
-        try:
-            ControllerSettings.from_mapping(controller, where=f"{where}: controller")
-        except SettingsError as exc:
-            raise PublishedTableError(str(exc)) from None
-    return PublishedTable(
-        deployment=deployment, version=version, published_at=published_at, ranges=ranges,
-        max_num_seqs=max_num_seqs, max_k=max_k, identity_key=identity_key, prior=prior, step_ms=step_ms,
-        allowed_k=tuple(allowed), identity=identity, controller=controller, served_verification=served, document=doc)
+def _served_load_row(where: str, at: str, row: Any, load_set: set[int], max_k: int) -> str:
+    """One ``per_load`` row of the served verification; its status."""
+    r = _obj(where, at, row, _SERVED_LOAD_KEYS)
+    for name in ("load", "status", "goodput"):
+        if name not in r:
+            raise _fail(where, f"{at} lacks the field {name!r}")
+    if _int(where, f"{at}.load", r["load"], 1) not in load_set:
+        raise _fail(where, f"{at}.load = {r['load']} is not one of served_verification.loads")
+    if r["status"] not in _SERVED_STATUS:
+        raise _fail(where, f"{at}.status = {r['status']!r:.40} must be one of {list(_SERVED_STATUS)}")
+    if r.get("best_fixed_k") is not None and _int(where, f"{at}.best_fixed_k", r["best_fixed_k"], 0) > max_k:
+        raise _fail(where, f"{at}.best_fixed_k = {r['best_fixed_k']} > max_k = {max_k}")
+    _opt_num(where, f"{at}.ratio", r.get("ratio"), 0.0)
+    _opt_num(where, f"{at}.ratio_se", r.get("ratio_se"), 0.0)
+    _opt_num(where, f"{at}.t", r.get("t"), 0.0)
+    if "rounds" in r:
+        _int(where, f"{at}.rounds", r["rounds"], 0)
+    for pol, cell in _obj(where, f"{at}.goodput", r["goodput"]).items():
+        if not isinstance(cell, list) or len(cell) != 3:
+            raise _fail(where, f"{at}.goodput[{pol!r:.40}] must be [goodput, s.e., windows]")
+        _opt_num(where, f"{at}.goodput[{pol!r:.40}][0]", cell[0], 0.0)
+        _opt_num(where, f"{at}.goodput[{pol!r:.40}][1]", cell[1], 0.0)
+        _int(where, f"{at}.goodput[{pol!r:.40}][2]", cell[2], 0)
+    return r["status"]
 
 
 # -- building and writing ----------------------------------------------------------------------

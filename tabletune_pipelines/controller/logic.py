@@ -65,7 +65,7 @@ from tabletune_pipelines.core.evidence import search_with_evidence
 from tabletune_pipelines.core.noise import z_value
 from tabletune_pipelines.core.noise import rates_covariance
 from tabletune_pipelines.core.stepcost import StepCost, Workload
-from tabletune_pipelines.live_counters import append_line, window_line
+from tabletune_pipelines.live_counters import CounterWindow, append_line, window_line
 
 logger = logging.getLogger("tabletune.controller")
 
@@ -687,15 +687,15 @@ class Controller:
         w0 = max(self._win_wall0, self._last_wall_end)
         w1 = max(self._wall(), w0)
         try:
-            line = window_line(
+            line = window_line(CounterWindow(
                 deployment=start.published.deployment,
                 window_start=datetime.fromtimestamp(w0, timezone.utc),
                 window_end=datetime.fromtimestamp(w1, timezone.utc),
-                num_drafts=self._win_d[0] if self._K else 0, drafted_per_pos=self._win_d,
-                accepted_per_pos=self._win_a, identity_key=start.published.identity_key,
+                num_drafts=self._win_d[0] if self._K else 0, drafted_per_pos=tuple(self._win_d),
+                accepted_per_pos=tuple(self._win_a), identity_key=start.published.identity_key,
                 table_version=start.published.version, steps=self._win_steps, tokens=self._win_tokens,
                 busy_s=round(self._win_busy, 6), estimate=self.estimate(), source=self.source, seq=self.exports,
-                controller=self.state())
+                controller=self.state()))
             append_line(start.export_path, line)
         except (OSError, ValueError) as exc:
             # ValueError: LiveCountersError, a line the format refuses or a file at export_path that is

@@ -82,6 +82,40 @@ def cells_behind(ambiguities: Sequence[Ambiguity], batch_sizes: Sequence[int]) -
     return out
 
 
+@dataclass(frozen=True)
+class RemeasureSettings:
+    """How ``remeasure`` judges decisions and when it stops."""
+
+    threshold: float = DEFAULT_STICKINESS
+    """Gain (its lower bound) another k must show for the table to change k: the search's stickiness."""
+    confidence: float = DEFAULT_CONFIDENCE
+    """Level of the search's bounds."""
+    tolerance: float = DEFAULT_TOLERANCE
+    """A decision is ambiguous when another k could beat the chosen one by more than this."""
+    max_repetitions: int = DEFAULT_MAX_REPETITIONS
+    """No cell gets more repetitions than this (>= 1)."""
+    budget_s: float | None = None
+    """Seconds of the run's clock to spend (None: no limit of that kind; a round in progress finishes)."""
+    budget_measurements: int | None = None
+    """Repetitions to measure (None: no limit of that kind; a round in progress finishes)."""
+
+    def __post_init__(self) -> None:
+        if self.max_repetitions < 1:
+            raise InvalidValueError(f"max_repetitions = {self.max_repetitions!r} must be >= 1")
+
+    @property
+    def disabled(self) -> bool:
+        """A budget of zero (or less) turns the re-measurement off."""
+        return ((self.budget_s is not None and self.budget_s <= 0)
+                or (self.budget_measurements is not None and self.budget_measurements <= 0))
+
+    def budget_spent(self, elapsed: Callable[[], float], measurements: int) -> bool:
+        """Whether the seconds ``elapsed()`` says were spent (asked only under a budget in seconds) or
+        the ``measurements`` taken exhaust a budget."""
+        return ((self.budget_s is not None and elapsed() >= self.budget_s)
+                or (self.budget_measurements is not None and measurements >= self.budget_measurements))
+
+
 @dataclass
 class RemeasureReport:
     """What a re-measurement run did."""
@@ -105,62 +139,77 @@ def remeasure(
     measure: Callable[[int, int], float],
     rates_options: Sequence[Sequence[float]],
     max_num_seqs: int,
+    settings: RemeasureSettings = RemeasureSettings(),
     *,
-    threshold: float = DEFAULT_STICKINESS,
-    confidence: float = DEFAULT_CONFIDENCE,
-    tolerance: float = DEFAULT_TOLERANCE,
-    max_repetitions: int = DEFAULT_MAX_REPETITIONS,
-    budget_s: float | None = None,
-    budget_measurements: int | None = None,
     on_update: Callable[[int, int, list[float]], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> RemeasureReport:
     """Add repetitions to ``reps`` (in place) where a decision is ambiguous; see the module docstring.
 
     ``rates_options``: acceptance profiles to judge decisions under (a decision is ambiguous if it
-    is under any). ``measure(k, B)`` returns one repetition in ms. Budgets: ``budget_s`` seconds
-    of ``clock``, ``budget_measurements`` repetitions (None = no limit of that kind; a round in
-    progress finishes).
+    is under any). ``measure(k, B)`` returns one repetition in ms. ``settings``: the search's
+    threshold, confidence and tolerance, the repetition cap and the budgets (``budget_s`` counts
+    seconds of ``clock``).
     """
-    if max_repetitions < 1:
-        raise InvalidValueError(f"max_repetitions = {max_repetitions!r} must be >= 1")
     if not rates_options:
         raise InvalidValueError("rates_options is empty: give at least one acceptance profile to judge decisions")
     report = RemeasureReport()
     t0 = clock()
-    if (budget_s is not None and budget_s <= 0) or (budget_measurements is not None and budget_measurements <= 0):
+    if settings.disabled:
         report.stop_reason = "disabled"
         return report
     grid = sorted({b for _, b in reps})
     while True:
-        todo: dict[int, tuple[float, set[int]]] = {}
-        for rates in rates_options:
-            ev = evidence_from_repetitions(reps, rates, max_num_seqs, threshold=threshold, confidence=confidence)
-            for b, (prio, ks) in cells_behind(ev.ambiguous(tolerance), grid).items():
-                old = todo.get(b, (-np.inf, set()))
-                todo[b] = (max(old[0], prio), old[1] | ks)
+        todo = _ambiguous_cells(reps, rates_options, max_num_seqs, settings, grid)
         report.ambiguous_left = sorted(todo)
-        if not todo:
-            report.stop_reason = "resolved"
+        stop, pick = _next_round(reps, todo, settings, lambda: clock() - t0, report.measurements)
+        if pick is None:
+            report.stop_reason = stop
             break
-        candidates = [(prio, b, sorted(k for k in ks if len(reps[(k, b)]) < max_repetitions))
-                      for b, (prio, ks) in todo.items()]
-        candidates = [c for c in candidates if c[2]]
-        if not candidates:
-            report.stop_reason = "max repetitions"
-            break
-        if (budget_s is not None and clock() - t0 >= budget_s) or \
-                (budget_measurements is not None and report.measurements >= budget_measurements):
-            report.stop_reason = "budget"
-            break
-        _, b, ks = max(candidates, key=lambda c: (c[0], -c[1]))
-        r = report.rounds % len(ks)
-        for k in ks[r:] + ks[:r]:
-            reps[(k, b)].append(float(measure(k, b)))
-            report.measurements += 1
-            report.cells.add((k, b))
-            if on_update is not None:
-                on_update(k, b, reps[(k, b)])
-        report.rounds += 1
+        _measure_round(reps, measure, pick, report, on_update)
     report.seconds = clock() - t0
     return report
+
+
+def _ambiguous_cells(reps: Reps, rates_options: Sequence[Sequence[float]], max_num_seqs: int,
+                     settings: RemeasureSettings, grid: Sequence[int]) -> dict[int, tuple[float, set[int]]]:
+    """Measured B -> (priority, k values) of the cells behind decisions ambiguous under any acceptance profile."""
+    todo: dict[int, tuple[float, set[int]]] = {}
+    for rates in rates_options:
+        ev = evidence_from_repetitions(reps, rates, max_num_seqs, threshold=settings.threshold,
+                                       confidence=settings.confidence)
+        for b, (prio, ks) in cells_behind(ev.ambiguous(settings.tolerance), grid).items():
+            old = todo.get(b, (-np.inf, set()))
+            todo[b] = (max(old[0], prio), old[1] | ks)
+    return todo
+
+
+def _next_round(reps: Reps, todo: Mapping[int, tuple[float, set[int]]], settings: RemeasureSettings,
+                elapsed: Callable[[], float], measurements: int) -> tuple[str, tuple[int, list[int]] | None]:
+    """(why to stop, None) or ("", (B, k values)): the batch size of highest priority whose cells
+    may still get a repetition."""
+    if not todo:
+        return "resolved", None
+    candidates = [(prio, b, sorted(k for k in ks if len(reps[(k, b)]) < settings.max_repetitions))
+                  for b, (prio, ks) in todo.items()]
+    candidates = [c for c in candidates if c[2]]
+    if not candidates:
+        return "max repetitions", None
+    if settings.budget_spent(elapsed, measurements):
+        return "budget", None
+    _, b, ks = max(candidates, key=lambda c: (c[0], -c[1]))
+    return "", (b, ks)
+
+
+def _measure_round(reps: Reps, measure: Callable[[int, int], float], pick: tuple[int, list[int]],
+                   report: RemeasureReport, on_update: Callable[[int, int, list[float]], None] | None) -> None:
+    """One repetition of each cell of batch size B, the k order rotated by the round number."""
+    b, ks = pick
+    r = report.rounds % len(ks)
+    for k in ks[r:] + ks[:r]:
+        reps[(k, b)].append(float(measure(k, b)))
+        report.measurements += 1
+        report.cells.add((k, b))
+        if on_update is not None:
+            on_update(k, b, reps[(k, b)])
+    report.rounds += 1

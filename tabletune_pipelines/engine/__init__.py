@@ -15,7 +15,7 @@ Modules, one job each:
     plan            ProfileOptions, ProfilePlan, default_plan, the launches a plan needs
     cell            one measurement of one cell T(B, k)
     progress        ProfilerProgress: progress lines and ETA
-    profiler        profile_step_times (orchestration), store_hooks
+    profiler        profile_step_times (orchestration), ProfileHooks (store_hooks), ProfileServers
     acceptance      measure_acceptance(...) -> AcceptancePrior, prompt sampling, spec counters
     step_scheduler  --scheduler-cls: per-step records, runtime k switching, admission gate
     cpu_plugin      vLLM general plugin: synthetic rejection on the CPU build
@@ -36,13 +36,15 @@ if TYPE_CHECKING:
     from tabletune_pipelines.engine.config import ServerConfig
     from tabletune_pipelines.engine.plan import ProfileOptions
     from tabletune_pipelines.engine.process import VLLMServer
-    from tabletune_pipelines.engine.profiler import profile_step_times
+    from tabletune_pipelines.engine.profiler import ProfileHooks, ProfileServers, profile_step_times
 
 _EXPORTS = {
     "ServerConfig": "tabletune_pipelines.engine.config",
     "VLLMServer": "tabletune_pipelines.engine.process",
     "ProfileOptions": "tabletune_pipelines.engine.plan",
     "profile_step_times": "tabletune_pipelines.engine.profiler",
+    "ProfileHooks": "tabletune_pipelines.engine.profiler",
+    "ProfileServers": "tabletune_pipelines.engine.profiler",
     "measure_acceptance": "tabletune_pipelines.engine.acceptance",
 }
 

@@ -30,8 +30,8 @@ server per k >= 1 with ``num_speculative_tokens = k`` and NO table — what a de
 fixed k without Dynamic SD gets. Only reject cells of k >= 1; each has ``launch_k = k``. Store
 them under mode ``"fixed_k"`` with the production profile's identity.
 
-Every cell goes to ``on_cell`` the moment its last repetition is measured, and cells passed in
-``existing`` are skipped, so a rerun after a crash resumes where it stopped (``store_hooks``).
+Every cell goes to ``hooks.on_cell`` the moment its last repetition is measured, and cells passed in
+``hooks.existing`` are skipped, so a rerun after a crash resumes where it stopped (``store_hooks``).
 """
 
 from __future__ import annotations
@@ -39,12 +39,14 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from tabletune_pipelines.core.remeasure import (
     DEFAULT_DECISION_RATES,
     RemeasureReport,
+    RemeasureSettings,
     cells_behind,
     evidence_from_repetitions,
     geometric_rates,
@@ -75,8 +77,8 @@ from tabletune_pipelines.engine.tiny_models import read_vocab_size
 from tabletune_pipelines.errors import EngineConfigError, TableTuneError
 from tabletune_pipelines.vocab import AcceptanceMode
 
-__all__ = ["CellKey", "ProfileOptions", "ProfilePlan", "cell_key", "profile_step_times", "store_hooks",
-           "store_sample_hooks"]
+__all__ = ["CellKey", "ProfileHooks", "ProfileOptions", "ProfilePlan", "ProfileServers", "cell_key",
+           "profile_step_times", "store_hooks"]
 
 
 def cell_key(cell: StepTimeCell) -> CellKey:
@@ -88,22 +90,115 @@ def _seed(b: int, k: int | None, rep: int, acceptance: str) -> int:
     return b * 1000 + (0 if k is None else k + 1) * 10 + rep + (500_000 if acceptance == "accept" else 0)
 
 
+@dataclass(frozen=True)
+class ProfileHooks:
+    """Where a profile's measurements come from and go to: what a rerun keeps, and who gets each new
+    measurement the moment it exists (``store_hooks`` backs both with a ``TableTuneStore``)."""
+
+    existing: tuple[StepTimeCell, ...] = ()
+    """Cells measured before: kept, not measured again (a rerun after a crash resumes where it stopped)."""
+    on_cell: Callable[[StepTimeCell], None] | None = None
+    """Called with every new cell as soon as its last repetition is measured, and with every
+    re-measured cell (all its repetitions)."""
+    existing_samples: tuple[StepSample, ...] = ()
+    """Mixed-step samples measured before: kept, and the mixed steps are not measured again."""
+    on_samples: Callable[[list[StepSample]], None] | None = None
+    """Called once with all the mixed-step samples of the run."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "existing", tuple(self.existing))
+        object.__setattr__(self, "existing_samples", tuple(self.existing_samples))
+
+
+@dataclass(frozen=True)
+class ProfileServers:
+    """The servers a profile runs on: running ones to use instead of launching, and how to launch the others."""
+
+    server: VLLMServer | None = None
+    """A running launch of the profiled config with a table and synthetic rates (``one_launch``;
+    not stopped). On the CPU build its rates are switched to 0 / 1 at runtime and restored
+    afterwards; on a GPU its table must list every k of the plan and its rates must be 0."""
+    nospec_server: VLLMServer | None = None
+    """A running server without speculation for the baseline cells (not stopped)."""
+    factory: Callable[[ServerConfig], VLLMServer] = VLLMServer
+    """Makes the server of each launch (started and stopped by the profiler)."""
+
+
+@dataclass(frozen=True)
+class _Target:
+    """What one ``profile_step_times`` call measures."""
+
+    config: ServerConfig
+    """The launch config, the options' server overrides applied."""
+    options: ProfileOptions
+    """The profile's options (mode, warm-up, re-measurement, mixed steps)."""
+    plan: ProfilePlan
+    """The cells to measure and how often."""
+    identity: EngineIdentity
+    """The engine the cells belong to."""
+    vocab_size: int
+    """Token ids of the timing prompts are drawn below this."""
+
+    @property
+    def K(self) -> int:
+        """The launch K."""
+        return int(self.config.num_speculative_tokens or 0)
+
+
 class _Run:
     """State of one ``profile_step_times`` call."""
 
-    def __init__(self, plan: ProfilePlan, K: int, vocab_size: int, warmup: bool, prog: ProfilerProgress,
-                 have: dict[CellKey, StepTimeCell], on_cell: Callable[[StepTimeCell], None] | None,
-                 server_factory: Callable[[ServerConfig], VLLMServer]) -> None:
-        self.plan, self.K, self.vocab_size, self.warmup, self.prog = plan, K, vocab_size, warmup, prog
-        self.have, self.on_cell, self.server_factory = have, on_cell, server_factory
+    def __init__(self, target: _Target, hooks: ProfileHooks, servers: ProfileServers,
+                 progress: Callable[[str], None] | None) -> None:
+        self.target, self.hooks, self.servers = target, hooks, servers
+        self.plan, self.K, self.vocab_size = target.plan, target.K, target.vocab_size
+        self.config, self.work = target.config, target.config.work_dir
+        device = getattr(servers.server, "device", None) or resolve_device(target.config.device)
+        self.warmup = target.options.warmup_for(device)
+        self.have: dict[CellKey, StepTimeCell] = {cell_key(c): c for c in hooks.existing}
+        self.wanted = target.plan.cells(target.options.mode)
+        self.todo = [key for key in self.wanted if key not in self.have]
+        self.prog = ProfilerProgress(total=len(self.wanted), done=len(self.wanted) - len(self.todo),
+                                     printer=progress or (lambda m: print(m, file=sys.stderr, flush=True)))
+        self.on_cell = hooks.on_cell
+        self.samples: list[StepSample] = list(hooks.existing_samples)
         self.new_cells: list[StepTimeCell] = []
         self._warmed: dict[int, set[tuple[int | None, int]]] = {}
         self.fallbacks: dict[str, int] = {}
         """Repetitions that could not use the exact engine timing, by how they were timed instead."""
         self.remeasure_report: RemeasureReport | None = None
 
+    def announce(self) -> None:
+        """The opening progress line: how many cells, how many already measured, how."""
+        n, left, plan = len(self.wanted), len(self.todo), self.plan
+        self.prog.say(f"[profile] {self.target.identity.key}: {n} cells, {n - left} already measured, "
+                      f"{left} to measure (mode {self.target.options.mode}, {plan.repetitions} repetitions, "
+                      f"warm-up {'on' if self.warmup else 'off'})")
+
+    def pending_ks(self) -> tuple[list[int], list[int]]:
+        """(k values with all-rejected cells to measure, k >= 1 with all-accepted cells to measure)."""
+        plan = self.plan
+        reject = [k for k in plan.ks if any((k, b, "reject") in self.todo for b in plan.batch_sizes)]
+        accept = [k for k in plan.ks if k >= 1 and any((k, b, "accept") in self.todo for b in plan.accept_batch_sizes)]
+        return reject, accept
+
+    def measured(self) -> StepTimeProfile:
+        """The profile (every cell, in the plan's order) after the closing progress line."""
+        order = {key: i for i, key in enumerate(self.wanted)}
+        cells = sorted(self.have.values(), key=lambda c: order.get(cell_key(c), len(order)))
+        wall = [c for c in cells if c.timing == "wall"]
+        rr = self.remeasure_report
+        self.prog.say(
+            f"[profile] done: {len(self.new_cells)} cells measured in {time.monotonic() - self.prog.started:.0f} s"
+            + (f" (+{rr.measurements} repetitions of {len(rr.cells)} cells re-measured)" if rr else "") + "; "
+            f"repetitions timed by the draft-count fit: {self.fallbacks.get('fit', 0)}, by the wall clock: "
+            f"{self.fallbacks.get('wall', 0)}; wall-timed cells in the profile: {len(wall)}"
+            + (f" at B = {sorted({c.batch_size for c in wall})}" if wall else ""))
+        return StepTimeProfile(identity=self.target.identity, cells=tuple(cells), mode=self.target.options.mode,
+                               samples=tuple(self.samples))
+
     def launch(self, cfg: ServerConfig) -> VLLMServer:
-        srv = self.server_factory(cfg)
+        srv = self.servers.factory(cfg)
         srv.start()
         self.prog.say(f"[profile] server up in {srv.startup_seconds:.1f} s (log {srv.log_path})")
         return srv
@@ -252,8 +347,8 @@ class _Run:
         self.prog.say(f"[profile] re-measuring ambiguous decisions for up to {options.remeasure_budget_s:.0f} s "
                       f"(at most {options.max_repetitions} repetitions per cell)")
         try:
-            report = remeasure(reps, measure, rates_options, n, max_repetitions=options.max_repetitions,
-                               budget_s=options.remeasure_budget_s, on_update=update)
+            settings = RemeasureSettings(max_repetitions=options.max_repetitions, budget_s=options.remeasure_budget_s)
+            report = remeasure(reps, measure, rates_options, n, settings, on_update=update)
         except TableTuneError as exc:
             self.prog.say(f"[profile] re-measurement skipped: {exc}")
             return
@@ -288,146 +383,155 @@ def profile_step_times(
     options: ProfileOptions | None = None,
     *,
     plan: ProfilePlan | None = None,
-    existing: Iterable[StepTimeCell] = (),
-    on_cell: Callable[[StepTimeCell], None] | None = None,
+    hooks: ProfileHooks = ProfileHooks(),
+    servers: ProfileServers = ProfileServers(),
     identity: EngineIdentity | None = None,
     vocab_size: int | None = None,
     progress: Callable[[str], None] | None = None,
-    server_factory: Callable[[ServerConfig], VLLMServer] = VLLMServer,
-    server: VLLMServer | None = None,
-    nospec_server: VLLMServer | None = None,
-    existing_samples: Sequence[StepSample] = (),
-    on_samples: Callable[[list[StepSample]], None] | None = None,
 ) -> StepTimeProfile:
     """Measure T(B, k) for ``config`` (its model, drafter, method and launch K) and return the profile.
 
     ``options`` (default ``ProfileOptions()``) gives the mode, the warm-up, the server overrides
-    and the plan's knobs; ``plan`` replaces the plan built from them. ``existing`` cells are
-    kept and not re-measured; each new cell goes to ``on_cell`` as soon as it is measured.
-    Servers are started and stopped here (one per launch); a server that dies raises
-    ``EngineError`` after the cells measured so far were handed to ``on_cell``.
-
-    ``server`` / ``nospec_server``: already running servers to use instead of launching (they are
-    not stopped). ``server`` must be a launch of ``config`` with a table and synthetic rates (on
-    the CPU build they are switched to 0 / 1 at runtime and restored afterwards; on a GPU its
-    table must list every k of the plan and its rates must be 0).
+    and the plan's knobs; ``plan`` replaces the plan built from them. ``hooks``: the cells (and
+    mixed-step samples) of an earlier run, kept and not re-measured, and who gets each new one as
+    soon as it is measured. ``servers``: running servers to use instead of launching (not stopped),
+    and the factory of the launches, which are started and stopped here (one per launch); a server
+    that dies raises ``EngineError`` after the cells measured so far were handed to ``on_cell``.
+    ``identity`` and ``vocab_size`` default to the config's.
 
     Mixed steps (``options.mixed_steps``, ``one_launch`` mode): after the decode cells, in the same
     launch, decoding batches with prompts injected (``engine.mixed``); all their samples go to
-    ``on_samples`` at once. ``existing_samples`` (a rerun) are kept and not measured again.
+    ``hooks.on_samples`` at once. ``hooks.existing_samples`` (a rerun) are kept and not measured again.
     """
     options = options or ProfileOptions()
-    mode = options.mode
     config = options.apply_to(config)
     plan = plan or plan_from_options(config, options)
-    if mode == "fixed_k":
-        if server is not None or nospec_server is not None:
-            raise EngineConfigError("mode 'fixed_k' launches its own servers (K = k, no table); do not pass "
-                                    "server / nospec_server")
-        if not any(k >= 1 for k in plan.ks):
-            raise EngineConfigError(f"mode 'fixed_k' needs some k >= 1 in the plan (got ks = {plan.ks})")
-    identity = identity or engine_identity(config)
-    if vocab_size is None:
-        vocab_size = read_vocab_size(config.model) or 2048
-    K = int(config.num_speculative_tokens or 0)
-    if server is not None:
-        _check_given_server(server, plan, K)
-    device = getattr(server, "device", None) or resolve_device(config.device)
-    have: dict[CellKey, StepTimeCell] = {cell_key(c): c for c in existing}
-    wanted = plan.cells(mode)
-    todo = [key for key in wanted if key not in have]
-    prog = ProfilerProgress(total=len(wanted), done=len(wanted) - len(todo),
-                            printer=progress or (lambda m: print(m, file=sys.stderr, flush=True)))
-    prog.say(f"[profile] {identity.key}: {len(wanted)} cells, {len(wanted) - len(todo)} already measured, "
-             f"{len(todo)} to measure (mode {mode}, {plan.repetitions} repetitions, "
-             f"warm-up {'on' if options.warmup_for(device) else 'off'})")
-    run = _Run(plan, K, vocab_size, options.warmup_for(device), prog, have, on_cell, server_factory)
-
-    work = config.work_dir
-    reject_ks = [k for k in plan.ks if any((k, b, "reject") in todo for b in plan.batch_sizes)]
-    accept_ks = [k for k in plan.ks if k >= 1 and any((k, b, "accept") in todo for b in plan.accept_batch_sizes)]
-    zeros, ones = [0.0] * K, [1.0] * K
-    if mode == "fixed_k":
-        for k in reject_ks:  # plan.cells("fixed_k") holds k >= 1 only
-            srv = run.launch(fixed_k_config(config, k, work))
-            try:
-                run.group(srv, [k], plan.batch_sizes, "reject", False, launch_k=k)
-            finally:
-                srv.stop()
-        reject_ks, accept_ks = [], []
-    # A rerun of a complete first pass launches only if a decision is still ambiguous.
-    adaptive = mode == "one_launch" and options.remeasure_budget_s > 0 and (
-        bool(reject_ks) or run.remeasure_pending(options))
-    samples = list(existing_samples)
-    mixed = mode == "one_launch" and options.mixed_steps and not samples
-    if mode == "one_launch" and (reject_ks or adaptive or mixed
-                                   or (accept_ks and server is not None and server.can_switch_synthetic_rates)):
-        srv = server or run.launch(switching_config(config, plan.ks, 0.0, work))
-        original_rates = list(srv.config.synthetic_acceptance_rates or zeros)
-        try:
-            if reject_ks or adaptive:
-                if srv.can_switch_synthetic_rates and original_rates != zeros:
-                    srv.set_synthetic_rates(zeros)
-                if reject_ks:
-                    run.group(srv, reject_ks, plan.batch_sizes, "reject", True)
-                if adaptive:
-                    run.remeasure(srv, options)
-            if mixed:
-                if srv.can_switch_synthetic_rates and list(srv.config.synthetic_acceptance_rates or zeros) != zeros:
-                    srv.set_synthetic_rates(zeros)
-                samples = _mixed_phase(srv, run, config, identity, options, plan)
-                if on_samples is not None:
-                    on_samples(samples)
-            if accept_ks and srv.can_switch_synthetic_rates:
-                srv.set_synthetic_rates(ones)
-                run.group(srv, accept_ks, plan.accept_batch_sizes, "accept", True)
-                accept_ks = []
-        finally:
-            if srv is server:
-                if srv.can_switch_synthetic_rates and srv.is_alive():
-                    srv.set_synthetic_rates(original_rates)
-                    srv.set_k(K)
-            else:
-                srv.stop()
-    elif reject_ks:
-        for k in reject_ks:
-            srv = run.launch(per_k_config(config, k, work))
-            try:
-                run.group(srv, [k], plan.batch_sizes, "reject", False)
-            finally:
-                srv.stop()
-    if any(key[0] is None for key in todo):
-        srv = nospec_server or run.launch(no_spec_config(config, work))
-        try:
-            run.group(srv, [None], plan.batch_sizes, "reject", False)
-        finally:
-            if srv is not nospec_server:
-                srv.stop()
+    if options.mode == "fixed_k":
+        _check_fixed_k(plan, servers)
+    target = _Target(config=config, options=options, plan=plan, identity=identity or engine_identity(config),
+                     vocab_size=(read_vocab_size(config.model) or 2048) if vocab_size is None else vocab_size)
+    if servers.server is not None:
+        _check_given_server(servers.server, plan, target.K)
+    run = _Run(target, hooks, servers, progress)
+    run.announce()
+    reject_ks, accept_ks = run.pending_ks()
+    accept_ks = _LAUNCH_STRATEGIES[options.mode](run, reject_ks, accept_ks)
+    if any(key[0] is None for key in run.todo):
+        _no_spec_launch(run)
     if accept_ks:
-        srv = run.launch(switching_config(config, [k for k in plan.ks if k >= 1], 1.0, work))
+        _all_accepted_launch(run, accept_ks)
+    return run.measured()
+
+
+def _check_fixed_k(plan: ProfilePlan, servers: ProfileServers) -> None:
+    if servers.server is not None or servers.nospec_server is not None:
+        raise EngineConfigError("mode 'fixed_k' launches its own servers (K = k, no table); do not pass "
+                                "servers.server / servers.nospec_server")
+    if not any(k >= 1 for k in plan.ks):
+        raise EngineConfigError(f"mode 'fixed_k' needs some k >= 1 in the plan (got ks = {plan.ks})")
+
+
+# -- one function per launch strategy: each measures the all-rejected cells of ``reject_ks`` (and
+# whatever else its launch can) and returns the k values whose all-accepted cells are still to do.
+
+def _fixed_k_launches(run: _Run, reject_ks: list[int], accept_ks: list[int]) -> list[int]:
+    """``fixed_k``: a launch per k >= 1 with K = k and no table (plan.cells("fixed_k") holds k >= 1 only)."""
+    for k in reject_ks:
+        srv = run.launch(fixed_k_config(run.config, k, run.work))
         try:
-            run.group(srv, accept_ks, plan.accept_batch_sizes, "accept", True)
+            run.group(srv, [k], run.plan.batch_sizes, "reject", False, launch_k=k)
         finally:
             srv.stop()
-
-    order = {key: i for i, key in enumerate(wanted)}
-    cells = sorted(have.values(), key=lambda c: order.get(cell_key(c), len(order)))
-    wall = [c for c in cells if c.timing == "wall"]
-    rr = run.remeasure_report
-    prog.say(f"[profile] done: {len(run.new_cells)} cells measured in {time.monotonic() - prog.started:.0f} s"
-             + (f" (+{rr.measurements} repetitions of {len(rr.cells)} cells re-measured)" if rr else "") + "; "
-             f"repetitions timed by the draft-count fit: {run.fallbacks.get('fit', 0)}, by the wall clock: "
-             f"{run.fallbacks.get('wall', 0)}; wall-timed cells in the profile: {len(wall)}"
-             + (f" at B = {sorted({c.batch_size for c in wall})}" if wall else ""))
-    return StepTimeProfile(identity=identity, cells=tuple(cells), mode=mode, samples=tuple(samples))
+    return []
 
 
-def _mixed_phase(srv: Any, run: _Run, config: ServerConfig, identity: EngineIdentity, options: ProfileOptions,
-                 plan: ProfilePlan) -> list[StepSample]:
-    """Mixed steps at every k of the plan and the mixed batch sizes (``engine.mixed``)."""
+def _per_k_launches(run: _Run, reject_ks: list[int], accept_ks: list[int]) -> list[int]:
+    """``launch_per_k``: a launch per k, each with the launch K and the table ``[[1, N, k]]``."""
+    for k in reject_ks:
+        srv = run.launch(per_k_config(run.config, k, run.work))
+        try:
+            run.group(srv, [k], run.plan.batch_sizes, "reject", False)
+        finally:
+            srv.stop()
+    return accept_ks
+
+
+def _one_launch(run: _Run, reject_ks: list[int], accept_ks: list[int]) -> list[int]:
+    """``one_launch``: every k in one launch whose table lists them all, switched at runtime: the
+    all-rejected cells, the adaptive re-measurement, the mixed steps and, where the synthetic rates
+    switch at runtime (the CPU build), the all-accepted cells. A rerun of a complete first pass
+    launches only if a decision is still ambiguous."""
+    options, given = run.target.options, run.servers.server
+    adaptive = options.remeasure_budget_s > 0 and (bool(reject_ks) or run.remeasure_pending(options))
+    mixed = options.mixed_steps and not run.samples
+    if not (reject_ks or adaptive or mixed or (accept_ks and given is not None and given.can_switch_synthetic_rates)):
+        return accept_ks
+    srv = given or run.launch(switching_config(run.config, run.plan.ks, 0.0, run.work))
+    zeros = [0.0] * run.K
+    original_rates = list(srv.config.synthetic_acceptance_rates or zeros)
+    try:
+        if reject_ks or adaptive:
+            if srv.can_switch_synthetic_rates and original_rates != zeros:
+                srv.set_synthetic_rates(zeros)
+            if reject_ks:
+                run.group(srv, reject_ks, run.plan.batch_sizes, "reject", True)
+            if adaptive:
+                run.remeasure(srv, options)
+        if mixed:
+            _mixed_phase(run, srv)
+        if accept_ks and srv.can_switch_synthetic_rates:
+            srv.set_synthetic_rates([1.0] * run.K)
+            run.group(srv, accept_ks, run.plan.accept_batch_sizes, "accept", True)
+            accept_ks = []
+    finally:
+        _release(run, srv, original_rates)
+    return accept_ks
+
+
+_LAUNCH_STRATEGIES: dict[str, Callable[[_Run, list[int], list[int]], list[int]]] = {
+    "one_launch": _one_launch, "launch_per_k": _per_k_launches, "fixed_k": _fixed_k_launches}
+
+
+def _release(run: _Run, srv: Any, original_rates: list[float]) -> None:
+    """Stop a server launched here; leave a given one as it was found (its rates and K restored)."""
+    if srv is run.servers.server:
+        if srv.can_switch_synthetic_rates and srv.is_alive():
+            srv.set_synthetic_rates(original_rates)
+            srv.set_k(run.K)
+    else:
+        srv.stop()
+
+
+def _no_spec_launch(run: _Run) -> None:
+    """The baseline cells (``k=None``) on a server without speculation."""
+    given = run.servers.nospec_server
+    srv = given or run.launch(no_spec_config(run.config, run.work))
+    try:
+        run.group(srv, [None], run.plan.batch_sizes, "reject", False)
+    finally:
+        if srv is not given:
+            srv.stop()
+
+
+def _all_accepted_launch(run: _Run, accept_ks: list[int]) -> None:
+    """The all-accepted cells in a launch with synthetic rates 1 (where they could not be switched to 1 at runtime)."""
+    srv = run.launch(switching_config(run.config, [k for k in run.plan.ks if k >= 1], 1.0, run.work))
+    try:
+        run.group(srv, accept_ks, run.plan.accept_batch_sizes, "accept", True)
+    finally:
+        srv.stop()
+
+
+def _mixed_phase(run: _Run, srv: Any) -> None:
+    """Mixed steps at every k of the plan and the mixed batch sizes (``engine.mixed``), all handed
+    to ``on_samples`` at once."""
+    zeros = [0.0] * run.K
+    if srv.can_switch_synthetic_rates and list(srv.config.synthetic_acceptance_rates or zeros) != zeros:
+        srv.set_synthetic_rates(zeros)
+    config, options, plan = run.config, run.target.options, run.plan
     sizes = list(options.mixed_batch_sizes or default_mixed_batch_sizes(plan.batch_sizes, config.max_num_seqs))
     ps = list(options.mixed_prefill_tokens or default_mixed_prefill_tokens(
-        config.max_model_len, identity.capture_ceiling, plan.prompt_tokens))
+        config.max_model_len, run.target.identity.capture_ceiling, plan.prompt_tokens))
     ps = [p for p in ps if p + 1 <= config.max_model_len]
     ks = [k for k in plan.ks if k is not None]
     t0 = time.monotonic()
@@ -442,25 +546,20 @@ def _mixed_phase(srv: Any, run: _Run, config: ServerConfig, identity: EngineIden
             run.prog.say(f"[profile] mixed k={k} B={b}: {sum(1 for s in got if s.prefill_tokens)} mixed steps, "
                          f"{sum(1 for s in got if not s.prefill_tokens)} decode steps")
     run.prog.say(f"[profile] mixed steps done: {len(out)} samples in {time.monotonic() - t0:.0f} s")
-    return out
+    run.samples = out
+    if run.hooks.on_samples is not None:
+        run.hooks.on_samples(out)
 
 
-def store_hooks(store: Any, identity: EngineIdentity, mode: str) -> tuple[list[StepTimeCell], Callable[[StepTimeCell], None]]:
-    """``(existing, on_cell)`` for ``profile_step_times`` backed by a ``TableTuneStore``."""
-    existing = list(store.profile_cells(identity.key, mode))
+def store_hooks(store: Any, identity: EngineIdentity, mode: str) -> ProfileHooks:
+    """``hooks`` for ``profile_step_times`` backed by a ``TableTuneStore``: the cells and mixed-step
+    samples stored for ``identity`` in profile mode ``mode``, and writers of each new one."""
 
     def on_cell(cell: StepTimeCell) -> None:
         store.write_profile_cell(identity, cell, mode)
 
-    return existing, on_cell
-
-
-def store_sample_hooks(store: Any, identity: EngineIdentity,
-                       mode: str) -> tuple[list[StepSample], Callable[[list[StepSample]], None]]:
-    """``(existing_samples, on_samples)`` for ``profile_step_times`` backed by a ``TableTuneStore``."""
-    existing = list(store.step_samples(identity.key, mode))
-
     def on_samples(samples: list[StepSample]) -> None:
         store.write_step_samples(identity, samples, mode)
 
-    return existing, on_samples
+    return ProfileHooks(existing=tuple(store.profile_cells(identity.key, mode)), on_cell=on_cell,
+                        existing_samples=tuple(store.step_samples(identity.key, mode)), on_samples=on_samples)

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from tabletune_pipelines.documents import AcceptancePrior, DraftLengthTable, StepTimeProfile
 from tabletune_pipelines.errors import PipelineFailure, TableTuneError
-from tabletune_pipelines.tuning.derive import TunedTable, derive_table
+from tabletune_pipelines.tuning.derive import DeriveOptions, TunedTable, derive_table
 from tabletune_pipelines.tuning.gates import (
     Gate,
     GatePolicy,
@@ -81,8 +81,10 @@ def build_table(store: Any, key: str, policy: TablePolicy, *, allowed_ks: Iterab
             "materialize acceptance_prior for a week with logged prompts"
             + (f" (rejected: {'; '.join(skipped)})" if skipped else ""))
     try:
-        tuned = derive_table(profile, prior, allowed_ks=allowed_ks, stickiness=policy.stickiness,
-                             policy=policy.search_policy, confidence=policy.confidence)  # type: ignore[arg-type]
+        options = DeriveOptions(allowed_ks=None if allowed_ks is None else tuple(allowed_ks),
+                                stickiness=policy.stickiness, policy=policy.search_policy,  # type: ignore[arg-type]
+                                confidence=policy.confidence)
+        tuned = derive_table(profile, prior, options)
     except (TableTuneError, ValueError) as exc:
         raise PipelineFailure(f"cannot derive a table for {key}: {exc}") from exc
     table = tuned.table

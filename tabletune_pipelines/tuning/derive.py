@@ -24,7 +24,7 @@ confidence, the k within noise per B, the predicted worst loss with its bounds).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -88,103 +88,179 @@ class TunedTable:
     """What the table's reader should know (no error estimates, wall-timed cells, ...)."""
 
 
-def derive_table(
-    profile: StepTimeProfile,
-    prior: AcceptancePrior,
-    *,
-    allowed_ks: Iterable[int] | None = None,
-    stickiness: float = DEFAULT_STICKINESS,
-    correct_accepted_work: bool = True,
-    non_decreasing_in_batch: bool = True,
-    policy: SearchPolicy = DEFAULT_POLICY,
-    confidence: float = DEFAULT_CONFIDENCE,
-    prior_error: bool = True,
-    workload: Workload | None = None,
-) -> TunedTable:
-    """Goodput-best table for ``profile``'s engine under ``prior``'s acceptance (module docstring).
+@dataclass(frozen=True)
+class DeriveOptions:
+    """How ``derive_table`` turns a profile and a prior into a table (the defaults are the method's)."""
 
-    ``stickiness``: the threshold a gain (its lower bound, under ``policy="evidence"``) must exceed
-    for the table to change k. ``confidence``: level of every bound. ``prior_error``: include the
-    prior's count-based error in the bounds. With ``non_decreasing_in_batch``, measured dips of T
-    over B (noise) are pooled away first. ``workload``: what the traffic brings per request (default:
-    the prior's ``workload``; None there too: decode steps only).
-    """
-    ident = profile.identity
-    noisy = NoisySurface.from_cells(profile.estimates("reject"))
-    if non_decreasing_in_batch:
-        noisy = noisy.non_decreasing()
-    rates = prior.rates
-    if len(rates) < max(noisy.ks):
-        raise InvalidAcceptanceError(
-            f"prior {prior.prior_id} has {len(rates)} acceptance rates but the profile measured k up to "
-            f"{max(noisy.ks)}; measure acceptance at K = {ident.max_k}"
-        )
-    n = ident.max_num_seqs
-    ms, var = noisy.dense_cov(n)
-    fit = None
-    accept = {k: row for k, row in profile.estimates("accept").items() if k in noisy.ks}
-    if correct_accepted_work and accept:
-        flat = [(k, b, c) for k, row in accept.items() for b, c in row.items()]
-        variances = median_variances([c for _, _, c in flat])
-        accept_var: dict[int, dict[int, float | None]] = {}
-        for (k, b, _), v in zip(flat, variances):
-            accept_var.setdefault(k, {})[b] = v
-        fit = fit_accepted_work(noisy, accept, accept_var, confidence=confidence)
-    dense, cov = corrected_dense(ms, var, noisy.ks, rates, fit)
-    corrected = fit is not None and bool(fit.applied_at(n).any())
-    cost = step_cost(profile, dense, noisy.ks)
-    workload = workload if workload is not None else prior.workload_model()
-    served = cost.served(rates, workload) if workload is not None else None
-    decode_dense = dense
+    allowed_ks: tuple[int, ...] | None = None
+    """k values the table may use; None: every k the profile measured."""
+    stickiness: float = DEFAULT_STICKINESS
+    """The threshold a gain (its lower bound, under ``policy="evidence"``) must exceed for the table to change k."""
+    policy: SearchPolicy = DEFAULT_POLICY
+    """``evidence``: k changes only where the gain's lower confidence bound clears ``stickiness``;
+    ``stickiness``: the method's 0.5 % rule on point estimates."""
+    confidence: float = DEFAULT_CONFIDENCE
+    """Level of every bound."""
+    prior_error: bool = True
+    """Include the prior's count-based error in the bounds."""
+    correct_accepted_work: bool = True
+    """Fit the accepted-work correction from the all-accepted cells (applied where significant)."""
+    non_decreasing_in_batch: bool = True
+    """Pool measured dips of T over B (noise) away before anything else."""
+    workload: Workload | None = None
+    """What the traffic brings per request; None: the prior's ``workload`` (None there too: decode steps only)."""
+
+    def __post_init__(self) -> None:
+        if self.allowed_ks is not None:
+            object.__setattr__(self, "allowed_ks", tuple(self.allowed_ks))
+
+
+@dataclass(frozen=True)
+class _StepSurface:
+    """The step times the search judges, with what they were built from (one ``derive_table`` call)."""
+
+    noisy: NoisySurface
+    """The profile's all-rejected cells with their errors (non-decreasing in B when asked)."""
+    decode_ms: np.ndarray
+    """The decode surface after the accepted-work correction, (len(ks), max_num_seqs)."""
+    ms: np.ndarray
+    """What the search judges: E[T(B, k, P)] under the workload, else ``decode_ms``."""
+    cov: np.ndarray
+    """Covariance of ``ms`` (the served fits' variance added on the diagonal)."""
+    fit: AcceptedWorkFit | None
+    """The accepted-work fit (None: no all-accepted cells, or the correction was off)."""
+    cost: StepCost
+    """The step-cost model around ``decode_ms``."""
+    workload: Workload | None
+    """The workload the served cost is priced under."""
+    served: ServedCost | None
+    """E[T(B, k, P)] under ``workload`` (None without one)."""
+
+    @property
+    def sd(self) -> np.ndarray:
+        """Standard error of ``ms``, same shape."""
+        return np.sqrt(np.stack([self.cov[i, i] for i in range(len(self.noisy.ks))]))
+
+    def corrected(self, max_num_seqs: int) -> bool:
+        """Whether the accepted-work correction was applied at some batch size."""
+        return self.fit is not None and bool(self.fit.applied_at(max_num_seqs).any())
+
+
+def derive_table(profile: StepTimeProfile, prior: AcceptancePrior,
+                 options: DeriveOptions = DeriveOptions()) -> TunedTable:
+    """Goodput-best table for ``profile``'s engine under ``prior``'s acceptance (module docstring;
+    ``options``: the search's knobs, the corrections and the workload)."""
+    surface = _step_surface(profile, prior, options)
+    ev = _search(surface, prior, options)
+    return TunedTable(table=_table_document(profile, prior, options, surface, ev), choice=ev.choice,
+                      step_ms_dense=surface.ms, corrected=surface.corrected(profile.identity.max_num_seqs),
+                      evidence=ev, accepted_work_fit=surface.fit, step_ms_sd=surface.sd,
+                      warnings=_warnings(profile, surface), cost=surface.cost, served=surface.served)
+
+
+def _step_surface(profile: StepTimeProfile, prior: AcceptancePrior, options: DeriveOptions) -> _StepSurface:
+    """Steps 1, 2 and 2b of the module docstring: the surface the search judges, with its covariance."""
+    noisy = _decode_cells(profile, prior, options)
+    ms, var = noisy.dense_cov(profile.identity.max_num_seqs)
+    fit = _accepted_work_fit(profile, noisy, options)
+    decode, cov = corrected_dense(ms, var, noisy.ks, prior.rates, fit)
+    cost = step_cost(profile, decode, noisy.ks)
+    workload = options.workload if options.workload is not None else prior.workload_model()
+    served = cost.served(prior.rates, workload) if workload is not None else None
+    dense = decode
     if served is not None:
         dense = served.ms
         cov = cov.copy()
         for i in range(len(noisy.ks)):
             cov[i, i] = cov[i, i] + served.var[i]
-    rates_cov = (rates_covariance(rates, prior.drafted_per_pos, prior.num_drafts)
-                 if prior_error and noisy.has_errors else None)
-    ev = search_with_evidence(dense, cov if noisy.has_errors else None, noisy.ks, rates, rates_cov=rates_cov,
-                              allowed_ks=allowed_ks, threshold=stickiness, confidence=confidence, policy=policy)
-    warnings = []
-    if not noisy.has_errors:
-        warnings.append(NO_ERROR_WARNING)
-    wall = profile.wall_timed()
-    if wall:
-        bs = sorted({c.batch_size for c in wall})
-        warnings.append(f"{len(wall)} cell(s) fell back to wall timing (engine timing had too few steps) at B = {bs}")
-    if fit is not None and not fit.significant:
-        warnings.append("accepted-work correction " + "; ".join(fit.notes))
-    within = ev.within_noise()
-    table = DraftLengthTable(
+    return _StepSurface(noisy=noisy, decode_ms=decode, ms=dense, cov=cov, fit=fit, cost=cost, workload=workload,
+                        served=served)
+
+
+def _decode_cells(profile: StepTimeProfile, prior: AcceptancePrior, options: DeriveOptions) -> NoisySurface:
+    """The all-rejected cells with their errors; the prior must have a rate for every k measured."""
+    noisy = NoisySurface.from_cells(profile.estimates("reject"))
+    if options.non_decreasing_in_batch:
+        noisy = noisy.non_decreasing()
+    if len(prior.rates) < max(noisy.ks):
+        raise InvalidAcceptanceError(
+            f"prior {prior.prior_id} has {len(prior.rates)} acceptance rates but the profile measured k up to "
+            f"{max(noisy.ks)}; measure acceptance at K = {profile.identity.max_k}"
+        )
+    return noisy
+
+
+def _accepted_work_fit(profile: StepTimeProfile, noisy: NoisySurface,
+                       options: DeriveOptions) -> AcceptedWorkFit | None:
+    """The accepted-work correction's fit from the all-accepted cells (None: none, or the correction is off)."""
+    accept = {k: row for k, row in profile.estimates("accept").items() if k in noisy.ks}
+    if not (options.correct_accepted_work and accept):
+        return None
+    flat = [(k, b, c) for k, row in accept.items() for b, c in row.items()]
+    variances = median_variances([c for _, _, c in flat])
+    accept_var: dict[int, dict[int, float | None]] = {}
+    for (k, b, _), v in zip(flat, variances):
+        accept_var.setdefault(k, {})[b] = v
+    return fit_accepted_work(noisy, accept, accept_var, confidence=options.confidence)
+
+
+def _search(surface: _StepSurface, prior: AcceptancePrior, options: DeriveOptions) -> EvidenceTable:
+    """Step 3: the table search on the judged surface."""
+    noisy = surface.noisy
+    rates_cov = (rates_covariance(prior.rates, prior.drafted_per_pos, prior.num_drafts)
+                 if options.prior_error and noisy.has_errors else None)
+    return search_with_evidence(surface.ms, surface.cov if noisy.has_errors else None, noisy.ks, prior.rates,
+                                rates_cov=rates_cov, allowed_ks=options.allowed_ks, threshold=options.stickiness,
+                                confidence=options.confidence, policy=options.policy)
+
+
+def _table_document(profile: StepTimeProfile, prior: AcceptancePrior, options: DeriveOptions,
+                    surface: _StepSurface, ev: EvidenceTable) -> DraftLengthTable:
+    """The table as stored and published, with its evidence and provenance."""
+    ident, ks = profile.identity, surface.noisy.ks
+    n = ident.max_num_seqs
+    return DraftLengthTable(
         ranges=tuple(tuple(r) for r in ev.ranges),
         max_num_seqs=n,
         max_k=ident.max_k,
         identity_key=ident.key,
         prior_id=prior.prior_id,
-        acceptance_rates=tuple(float(a) for a in rates),
+        acceptance_rates=tuple(float(a) for a in prior.rates),
         predicted_worst_loss=ev.worst_loss,
         # The decode surface: what the controller's clean decode steps and the k = 0 check compare
         # with; the served extra the search added is in served_cost.
-        step_ms={str(k): {str(b): float(decode_dense[i, b - 1]) for b in range(1, n + 1)}
-                 for i, k in enumerate(noisy.ks)},
-        search_policy=policy,
-        confidence=float(confidence),
-        has_error_estimates=noisy.has_errors,
+        step_ms={str(k): {str(b): float(surface.decode_ms[i, b - 1]) for b in range(1, n + 1)}
+                 for i, k in enumerate(ks)},
+        search_policy=options.policy,
+        confidence=float(options.confidence),
+        has_error_estimates=surface.noisy.has_errors,
         predicted_worst_loss_lcb=ev.worst_loss_lcb,
         predicted_worst_loss_ucb=ev.worst_loss_ucb,
         boundaries=ev.boundaries,
-        within_noise={str(b): list(ks) for b, ks in enumerate(within, start=1)},
+        within_noise={str(b): list(k_ok) for b, k_ok in enumerate(ev.within_noise(), start=1)},
         cells_remeasured=len(profile.remeasured()),
-        wall_timed_cells=len(wall),
-        accepted_work_fit=_fit_summary(fit, n),
-        served_cost=_served_summary(cost, served, workload, noisy.ks, ev.ranges, n),
+        wall_timed_cells=len(profile.wall_timed()),
+        accepted_work_fit=_fit_summary(surface.fit, n),
+        served_cost=_served_summary(surface.cost, surface.served, surface.workload, ks, ev.ranges, n),
     )
-    sd = np.sqrt(np.stack([cov[i, i] for i in range(len(noisy.ks))]))
-    if served is not None and not cost.fits and cost.envelope.has_graphs:
+
+
+def _warnings(profile: StepTimeProfile, surface: _StepSurface) -> tuple[str, ...]:
+    """What the table's reader should know about the evidence behind it."""
+    warnings = []
+    if not surface.noisy.has_errors:
+        warnings.append(NO_ERROR_WARNING)
+    wall = profile.wall_timed()
+    if wall:
+        bs = sorted({c.batch_size for c in wall})
+        warnings.append(f"{len(wall)} cell(s) fell back to wall timing (engine timing had too few steps) at B = {bs}")
+    fit = surface.fit
+    if fit is not None and not fit.significant:
+        warnings.append("accepted-work correction " + "; ".join(fit.notes))
+    if surface.served is not None and not surface.cost.fits and surface.cost.envelope.has_graphs:
         warnings.append("the profile has no mixed steps: served steps with prefill are priced as pure decode steps; "
                         "profile again with mixed_steps on")
-    return TunedTable(table=table, choice=ev.choice, step_ms_dense=dense, corrected=corrected, evidence=ev,
-                      accepted_work_fit=fit, step_ms_sd=sd, warnings=tuple(warnings), cost=cost, served=served)
+    return tuple(warnings)
 
 
 def step_cost(profile: StepTimeProfile, decode_ms: np.ndarray, ks: Sequence[int]) -> StepCost:

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from tabletune_pipelines.errors import LiveCountersError
-from tabletune_pipelines.live_counters import append_line, parse_window, read_live_counters, window_line
+from tabletune_pipelines.live_counters import CounterWindow, append_line, parse_window, read_live_counters, window_line
 
 T0 = datetime(2026, 11, 23, 10, tzinfo=timezone.utc)
 
@@ -17,7 +17,7 @@ def line(**kw):
     base = dict(deployment="d", window_start=T0, window_end=T0 + timedelta(seconds=5), num_drafts=10,
                 drafted_per_pos=[10, 8, 8], accepted_per_pos=[7, 4, 2])
     base.update(kw)
-    return window_line(**base)
+    return window_line(CounterWindow(**base))
 
 
 def test_new_fields_round_trip(tmp_path):

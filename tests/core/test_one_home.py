@@ -388,3 +388,70 @@ def test_the_simulated_engine_has_one_home():
     sample = "class FakeEngine:\n    def kept(self, k):\n        return 0\n"
     assert sum(simulated_engine_model(n, s) for n, s in _walk(ast.parse(sample), [])) == 2
     assert any(c[0] == SIMULATOR_HOME for c in copies(simulated_engine_model))
+
+# -- a record's fields as loose parameters -------------------------------------------------------
+# Parameters that travel together live in one typed record; a signature that lists several of its
+# fields again is a second home for them (the long parameter lists these records replaced).
+
+RECORDS = {  # record: the file that defines it
+    "CounterWindow": "tabletune_pipelines/live_counters.py",
+    "DeriveOptions": "tabletune_pipelines/tuning/derive.py",
+    "RemeasureSettings": "tabletune_pipelines/core/remeasure.py",
+    "ProfileHooks": "tabletune_pipelines/engine/profiler.py",
+    "ProfileServers": "tabletune_pipelines/engine/profiler.py",
+}
+
+
+def record_fields(record: str) -> set[str]:
+    """The annotated fields of ``record``'s class body, read from its file."""
+    tree = trees()[RECORDS[record]]
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == record)
+    return {s.target.id for s in cls.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+
+
+def loose_fields(fields: set[str]) -> Finder:
+    """A function with at least min(4, half) of ``fields`` among its parameters."""
+    need = min(4, (len(fields) + 1) // 2)
+
+    def finder(node: ast.AST, stack: list[ast.AST]) -> bool:
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            return False
+        a = node.args
+        return len({p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)} & fields) >= need
+
+    return finder
+
+
+def store_writer(node: ast.AST, stack: list[ast.AST]) -> bool:
+    """A call writing profile cells or mixed-step samples one measurement at a time
+    (``engine.profiler.store_hooks`` is the one writer the profiler is handed)."""
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("write_profile_cell", "write_step_samples"))
+
+
+@pytest.mark.parametrize("record", list(RECORDS))
+def test_no_signature_restates_a_records_fields(record):
+    fields = record_fields(record)
+    assert len(fields) >= 3, (record, fields)
+    found = copies(loose_fields(fields))
+    assert found == set(), f"parameters restating {record}'s fields {sorted(fields)}: pass a {record}: {sorted(found)}"
+
+
+def test_profile_cells_and_samples_reach_the_store_through_store_hooks():
+    found = {c for c in copies(store_writer) if c[0] != "tabletune_pipelines/engine/profiler.py"}
+    assert found == set()
+
+
+def test_the_record_finders_see_the_shapes_they_look_for():
+    old_window_line = ("def window_line(*, deployment, window_start, window_end, num_drafts, drafted_per_pos,\n"
+                       "                accepted_per_pos, identity_key=None):\n    pass\n")
+    old_profiler = ("def profile_step_times(config, *, existing=(), on_cell=None, server=None, nospec_server=None):\n"
+                    "    pass\n")
+    old_remeasure = ("def remeasure(reps, measure, *, threshold=0.005, tolerance=0.0, max_repetitions=9,\n"
+                     "              budget_s=None):\n    pass\n")
+    for record, code in (("CounterWindow", old_window_line), ("ProfileHooks", old_profiler),
+                         ("ProfileServers", old_profiler), ("RemeasureSettings", old_remeasure)):
+        assert any(loose_fields(record_fields(record))(n, s) for n, s in _walk(ast.parse(code), [])), record
+    old_hooks = ("def store_sample_hooks(store, identity, mode):\n"
+                 "    return lambda s: store.write_step_samples(identity, s, mode)\n")
+    assert any(store_writer(n, s) for n, s in _walk(ast.parse(old_hooks), []))

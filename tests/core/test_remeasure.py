@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tabletune_pipelines.core.goodput import tau_curve
-from tabletune_pipelines.core.remeasure import cells_behind, evidence_from_repetitions, remeasure
+from tabletune_pipelines.core.remeasure import RemeasureSettings, cells_behind, evidence_from_repetitions, remeasure
 from tabletune_pipelines.core.evidence import Ambiguity
 from tabletune_pipelines.core.table import choose_draft_lengths, compact_ranges
 
@@ -60,7 +60,7 @@ def test_adaptive_reaches_the_table_of_three_times_the_repetitions_with_at_most_
     engine = Engine(t, 0.10, seed + 1)
     reps = engine.uniform(3)
     budget = uniform_engine.calls // 2 - engine.calls
-    report = remeasure(reps, engine, [RATES], N, budget_measurements=budget, max_repetitions=27)
+    report = remeasure(reps, engine, [RATES], N, RemeasureSettings(budget_measurements=budget, max_repetitions=27))
     assert evidence_from_repetitions(reps, RATES, N).ranges == uniform  # ... so does adaptive re-measurement
     assert engine.calls <= uniform_engine.calls // 2
     assert report.measurements == engine.calls - len(KS) * N * 3
@@ -71,7 +71,7 @@ def test_adaptive_reaches_the_table_of_three_times_the_repetitions_with_at_most_
 def test_it_stops_when_resolved_and_measures_nothing_when_already_clear():
     engine = Engine(surface(8, 0.6, 0.5), 0.02, 1)
     reps = engine.uniform(3)
-    report = remeasure(reps, engine, [RATES], N, budget_measurements=100)
+    report = remeasure(reps, engine, [RATES], N, RemeasureSettings(budget_measurements=100))
     assert report.stop_reason == "resolved" and report.measurements == 0 and report.ambiguous_left == []
 
 
@@ -81,14 +81,14 @@ def test_budget_and_max_repetitions_bound_it_and_updates_carry_every_repetition(
     engine = Engine(t, 0.10, 2)
     reps = engine.uniform(3)
     seen = {}
-    report = remeasure(reps, engine, [RATES], N, budget_measurements=10, on_update=lambda k, b, v: seen.update(
-        {(k, b): list(v)}))
+    report = remeasure(reps, engine, [RATES], N, RemeasureSettings(budget_measurements=10),
+                       on_update=lambda k, b, v: seen.update({(k, b): list(v)}))
     assert report.stop_reason == "budget" and 10 <= report.measurements < 10 + len(KS)
     assert all(seen[c] == reps[c] and len(seen[c]) > 3 for c in report.cells)
-    report = remeasure(reps, engine, [RATES], N, max_repetitions=4)
+    report = remeasure(reps, engine, [RATES], N, RemeasureSettings(max_repetitions=4))
     assert report.stop_reason == "max repetitions"
     assert max(len(v) for v in reps.values()) == 4
-    assert remeasure(reps, engine, [RATES], N, budget_s=0).stop_reason == "disabled"
+    assert remeasure(reps, engine, [RATES], N, RemeasureSettings(budget_s=0)).stop_reason == "disabled"
 
 
 def test_interpolated_decisions_point_at_their_measured_neighbours():
@@ -121,7 +121,7 @@ def test_which_it_is_the_same_table_sooner_and_a_better_table_in_the_same_time(c
             sooner_cases += 1
             engine = Engine(t, 0.10, seed + 1)
             reps = engine.uniform(3)
-            remeasure(reps, engine, [RATES], N, max_repetitions=27)
+            remeasure(reps, engine, [RATES], N, RemeasureSettings(max_repetitions=27))
             if evidence_from_repetitions(reps, RATES, N).ranges == truth:
                 same += 1
                 shares.append(engine.calls / nine.calls)
@@ -130,7 +130,8 @@ def test_which_it_is_the_same_table_sooner_and_a_better_table_in_the_same_time(c
         uniform_hits += evidence_from_repetitions(four.uniform(4), RATES, N).ranges == truth
         engine = Engine(t, 0.10, seed + 3)
         reps = engine.uniform(3)
-        remeasure(reps, engine, [RATES], N, budget_measurements=four.calls - engine.calls, max_repetitions=27)
+        remeasure(reps, engine, [RATES], N,
+                  RemeasureSettings(budget_measurements=four.calls - engine.calls, max_repetitions=27))
         assert engine.calls <= four.calls + len(KS)  # a round in progress may finish
         adaptive_hits += evidence_from_repetitions(reps, RATES, N).ranges == truth
     with capsys.disabled():

@@ -10,6 +10,7 @@ prompts is recovered within ±0.05 per position (a sampling tolerance: > 1000 dr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -28,7 +29,7 @@ from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.engine.identity import engine_identity
 from tabletune_pipelines.engine.plan import ProfileOptions, default_plan
 from tabletune_pipelines.engine.process import VLLMServer, group_alive
-from tabletune_pipelines.engine.profiler import profile_step_times, store_hooks, store_sample_hooks
+from tabletune_pipelines.engine.profiler import ProfileServers, profile_step_times, store_hooks
 from tabletune_pipelines.errors import EngineError, EngineStartupTimeout
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
@@ -65,15 +66,13 @@ def test_profile_one_launch_real(shared_server, shared_config, tmp_path):
 
     store = TableTuneStore(tmp_path / "tt.duckdb")
     identity = engine_identity(shared_config)
-    existing, on_cell = store_hooks(store, identity, "one_launch")
-    assert existing == []
+    hooks = store_hooks(store, identity, "one_launch")
+    assert hooks.existing == ()
     plan = default_plan(shared_config, batch_sizes=[1, 4, 8], ks=[0, 1, 3], accept_batch_sizes=[8])
     lines: list[str] = []
     t0 = time.monotonic()
-    samples, on_samples = store_sample_hooks(store, identity, "one_launch")
-    prof = profile_step_times(shared_config, plan=plan, server=shared_server, existing=existing, on_cell=on_cell,
-                              identity=identity, progress=lines.append, existing_samples=samples,
-                              on_samples=on_samples)
+    prof = profile_step_times(shared_config, plan=plan, hooks=hooks, servers=ProfileServers(server=shared_server),
+                              identity=identity, progress=lines.append)
     elapsed = time.monotonic() - t0
     print("\n".join(lines))
     print(f"profile took {elapsed:.0f} s")
@@ -109,11 +108,12 @@ def test_profile_one_launch_real(shared_server, shared_config, tmp_path):
     assert {s.prefill_tokens for s in mixed} <= {16, 64, 256} and len({s.prefill_tokens for s in mixed}) >= 2
     assert all(s.decode_tokens == s.batch * (1 + s.k) for s in prof.samples)
     assert len(store.step_samples(identity.key)) == len(prof.samples)
-    from tabletune_pipelines.tuning.derive import derive_table
+    from tabletune_pipelines.tuning.derive import DeriveOptions, derive_table
     from tabletune_pipelines.core.stepcost import Workload
 
     prof = store.load_profile(identity.key)
-    tuned = derive_table(prof, prior_of((0.7, 0.5, 0.3)), workload=Workload(prompt_tokens=64, output_tokens=32))
+    tuned = derive_table(prof, prior_of((0.7, 0.5, 0.3)),
+                         DeriveOptions(workload=Workload(prompt_tokens=64, output_tokens=32)))
     fit = tuned.table.served_cost["fits"]["none>none"]
     print(f"prefill fit: {fit}")
     assert fit["c_ms_per_prefill_token"] - 2 * fit["c_se"] > 0, fit  # a longer prompt costs more, beyond noise
@@ -161,30 +161,32 @@ def test_kill_mid_profile_then_resume(shared_server, shared_config, tmp_path):
         launched.append(srv)
         return srv
 
-    existing, write = store_hooks(store, identity, "one_launch")
+    hooks = store_hooks(store, identity, "one_launch")
 
     def on_cell(cell):
-        write(cell)
+        hooks.on_cell(cell)
         if len(store.profile_cells(identity.key, "one_launch")) == 2:
             launched[0].kill()  # the engine dies after the B = 1 cells
 
     with pytest.raises(EngineError):
-        profile_step_times(shared_config, ProfileOptions(mixed_steps=False), plan=plan, existing=existing,
-                           on_cell=on_cell, identity=identity, server_factory=factory, progress=lambda m: None)
+        profile_step_times(shared_config, ProfileOptions(mixed_steps=False), plan=plan,
+                           hooks=dataclasses.replace(hooks, on_cell=on_cell), servers=ProfileServers(factory=factory),
+                           identity=identity, progress=lambda m: None)
     assert not launched[0].is_alive()
     assert launched[0].last_pgid and not group_alive(launched[0].last_pgid)
     kept = store.profile_cells(identity.key, "one_launch")
     assert sorted((c.k, c.batch_size) for c in kept) == [(0, 1), (1, 1)]
 
     measured: list = []
-    existing, write = store_hooks(store, identity, "one_launch")
+    hooks = store_hooks(store, identity, "one_launch")
 
     def on_cell2(cell):
         measured.append(cell)
-        write(cell)
+        hooks.on_cell(cell)
 
-    prof = profile_step_times(shared_config, ProfileOptions(mixed_steps=False), plan=plan, existing=existing,
-                              on_cell=on_cell2, identity=identity, server=shared_server, progress=lambda m: None)
+    prof = profile_step_times(shared_config, ProfileOptions(mixed_steps=False), plan=plan,
+                              hooks=dataclasses.replace(hooks, on_cell=on_cell2),
+                              servers=ProfileServers(server=shared_server), identity=identity, progress=lambda m: None)
     assert sorted((c.k, c.batch_size) for c in measured) == [(0, 2), (1, 2)]
     assert len(prof.cells) == 4
     before = {(c.k, c.batch_size): c.median_ms for c in kept}

@@ -9,7 +9,7 @@ import pytest
 from tabletune_pipelines.documents import EngineIdentity
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.engine.plan import ProfileOptions, ProfilePlan
-from tabletune_pipelines.engine.profiler import profile_step_times
+from tabletune_pipelines.engine.profiler import ProfileHooks, ProfileServers, profile_step_times
 from tabletune_pipelines.engine.progress import ProfilerProgress
 from tabletune_pipelines.documents import StepTimeCell
 from tabletune_pipelines.errors import EngineConfigError
@@ -22,12 +22,13 @@ IDENT = EngineIdentity(gpu="cpu", vllm_version="0.32.0+cpu", model="m", drafter=
 PLAN = ProfilePlan(batch_sizes=(1, 8), ks=(0, 1, 3), repetitions=2, accept_batch_sizes=(1,))
 
 
-def _run(options=None, plan=PLAN, mixed=False, **kw):
+def _run(options=None, plan=PLAN, mixed=False, server=None, **hooks):
     # the mixed phase has its own test below
     options = dataclasses.replace(options or ProfileOptions(), mixed_steps=mixed)
     launched: list[FakeServer] = []
-    kw.setdefault("server_factory", lambda cfg: FakeServer(cfg, launched=launched))
-    prof = profile_step_times(CFG, options, plan=plan, identity=IDENT, vocab_size=100, progress=lambda m: None, **kw)
+    servers = ProfileServers(server=server, factory=lambda cfg: FakeServer(cfg, launched=launched))
+    prof = profile_step_times(CFG, options, plan=plan, hooks=ProfileHooks(**hooks), servers=servers, identity=IDENT,
+                              vocab_size=100, progress=lambda m: None)
     return prof, launched
 
 

@@ -11,7 +11,7 @@ import numpy as np
 from tabletune_pipelines.documents import EngineIdentity, StepTimeCell
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.engine.plan import ProfileOptions, ProfilePlan
-from tabletune_pipelines.engine.profiler import profile_step_times
+from tabletune_pipelines.engine.profiler import ProfileHooks, ProfileServers, profile_step_times
 from tests.engine.fakes import FakeServer
 
 CFG = ServerConfig(model="/m", drafter="/d", method="draft_model", num_speculative_tokens=3, max_num_seqs=8,
@@ -54,9 +54,9 @@ def _run(options, existing=()):
     options = dataclasses.replace(options, mixed_steps=False)  # re-measurement only
     launched: list[FakeServer] = []
     got: list[StepTimeCell] = []
-    prof = profile_step_times(CFG, options, plan=PLAN, identity=IDENT, vocab_size=100, progress=lambda m: None,
-                              existing=existing, on_cell=got.append,
-                              server_factory=lambda cfg: NoisyServer(cfg, launched=launched))
+    prof = profile_step_times(CFG, options, plan=PLAN, hooks=ProfileHooks(existing=existing, on_cell=got.append),
+                              servers=ProfileServers(factory=lambda cfg: NoisyServer(cfg, launched=launched)),
+                              identity=IDENT, vocab_size=100, progress=lambda m: None)
     return prof, launched, got
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from tabletune_pipelines.deployments import identity_for
 from tabletune_pipelines.fleet import load_fleet
-from tabletune_pipelines.live_counters import window_line
+from tabletune_pipelines.live_counters import CounterWindow, window_line
 from tabletune_pipelines.orchestration.definitions import ASSETS
 from tabletune_pipelines.orchestration.jobs import PROFILE_AND_PUBLISH_ASSETS, build_jobs
 from tabletune_pipelines.orchestration.partitions import register_identity
@@ -278,12 +278,14 @@ def test_live_counters_feed_the_next_prior(home, one_fleet, instance):
     t0 = datetime(2026, 11, 17, 10, tzinfo=timezone.utc)
     t1 = datetime(2026, 11, 17, 10, 5, tzinfo=timezone.utc)
     key = identity_key(one_fleet)  # the engine the deployment runs: the controller names it in every window
-    lines = [window_line(deployment="local-cpu", window_start=t0, window_end=t1, num_drafts=4000,
-                         drafted_per_pos=[4000, 4000, 2000], accepted_per_pos=[3600, 3000, 1000], identity_key=key),
-             window_line(deployment="local-cpu", window_start=datetime(2026, 11, 30, tzinfo=timezone.utc),
-                         window_end=datetime(2026, 11, 30, 0, 5, tzinfo=timezone.utc), num_drafts=10,
-                         drafted_per_pos=[10, 10, 10], accepted_per_pos=[0, 0, 0],
-                         identity_key=key)]  # another week: ignored
+    lines = [window_line(CounterWindow(
+                 deployment="local-cpu", window_start=t0, window_end=t1, num_drafts=4000,
+                 drafted_per_pos=[4000, 4000, 2000], accepted_per_pos=[3600, 3000, 1000], identity_key=key)),
+             window_line(CounterWindow(
+                 deployment="local-cpu", window_start=datetime(2026, 11, 30, tzinfo=timezone.utc),
+                 window_end=datetime(2026, 11, 30, 0, 5, tzinfo=timezone.utc), num_drafts=10,
+                 drafted_per_pos=[10, 10, 10], accepted_per_pos=[0, 0, 0],
+                 identity_key=key))]  # another week: ignored
     dep.live_counters.write_text("\n".join(lines) + '\n{"schema": "tabletune.live_co')  # torn last line
     res = materialize(["live_acceptance_counters"], resources, instance, WEEK)
     assert res.success

@@ -15,7 +15,7 @@ import pytest
 
 from tabletune_pipelines.deployments import identity_for
 from tabletune_pipelines.fleet import load_fleet
-from tabletune_pipelines.live_counters import window_line
+from tabletune_pipelines.live_counters import CounterWindow, window_line
 from tabletune_pipelines.orchestration.definitions import ASSETS, defs
 from tabletune_pipelines.orchestration.jobs import build_jobs
 from tabletune_pipelines.orchestration.tags import ENGINE_TAG, manual_run_tags, try_load_fleet
@@ -83,10 +83,10 @@ def test_counters_of_another_engine_in_the_file_are_left_out_and_reported(home, 
     dep.live_counters.parent.mkdir(parents=True, exist_ok=True)
 
     def line(hour, key, drafted, accepted):
-        return window_line(deployment="local-cpu", window_start=datetime(2026, 11, 17, hour, tzinfo=timezone.utc),
-                           window_end=datetime(2026, 11, 17, hour, 5, tzinfo=timezone.utc), num_drafts=drafted[0],
-                           drafted_per_pos=drafted, accepted_per_pos=accepted, identity_key=key,
-                           source=f"{key[:8]}:1:1", seq=hour)
+        return window_line(CounterWindow(
+            deployment="local-cpu", window_start=datetime(2026, 11, 17, hour, tzinfo=timezone.utc),
+            window_end=datetime(2026, 11, 17, hour, 5, tzinfo=timezone.utc), num_drafts=drafted[0],
+            drafted_per_pos=drafted, accepted_per_pos=accepted, identity_key=key, source=f"{key[:8]}:1:1", seq=hour))
 
     dep.live_counters.write_text("\n".join([
         line(1, before, [4000, 4000, 4000], [0, 0, 0]),

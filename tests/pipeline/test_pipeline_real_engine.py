@@ -23,7 +23,7 @@ from dagster_duckdb import DuckDBResource
 
 from tabletune_pipelines.deployments import current_identity
 from tabletune_pipelines.fleet import load_fleet
-from tabletune_pipelines.live_counters import window_line
+from tabletune_pipelines.live_counters import CounterWindow, window_line
 from tabletune_pipelines.orchestration.definitions import ASSETS
 from tabletune_pipelines.orchestration.resources import EngineResource, FleetResource, TuningPolicy
 from tabletune_pipelines.published import read_published_table
@@ -65,10 +65,10 @@ def real_run(tmp_path_factory):
                                 for i, r in enumerate(lines)))
         dep.live_counters.parent.mkdir(parents=True, exist_ok=True)
         key = current_identity(dep).key  # the controller names the engine that counted in every window
-        dep.live_counters.write_text(window_line(
+        dep.live_counters.write_text(window_line(CounterWindow(
             deployment=dep.name, window_start=datetime(2026, 11, 18, 9, tzinfo=timezone.utc),
             window_end=datetime(2026, 11, 18, 9, 5, tzinfo=timezone.utc), num_drafts=3000,
-            drafted_per_pos=[3000, 3000, 3000], accepted_per_pos=[2400, 1800, 1200], identity_key=key) + "\n")
+            drafted_per_pos=[3000, 3000, 3000], accepted_per_pos=[2400, 1800, 1200], identity_key=key)) + "\n")
         models = os.environ.get("TABLETUNE_TINY_MODELS") or str(Path(tempfile.gettempdir()) / "tabletune-tiny-models")
         resources = {
             "duckdb": DuckDBResource(database=str(home / "tabletune_store.duckdb")),

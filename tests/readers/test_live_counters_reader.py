@@ -12,7 +12,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from tabletune_pipelines.errors import InvalidValueError, LiveCountersError, TableTuneError
-from tabletune_pipelines.live_counters import MAX_LINE_BYTES, read_live_counters, window_line
+from tabletune_pipelines.live_counters import MAX_LINE_BYTES, CounterWindow, read_live_counters, window_line
 from tabletune_pipelines.tuning.feedback import live_prior, unique_windows
 from tests.readers.conftest import snapshot
 
@@ -25,7 +25,7 @@ def line(start=0, end=1, source="h:1:1", seq=None, drafts=100, **kw):
                 drafted_per_pos=[drafts, drafts // 2, drafts // 4], accepted_per_pos=[drafts // 2, drafts // 4, 1],
                 source=source, seq=seq)
     base.update(kw)
-    return window_line(**base)
+    return window_line(CounterWindow(**base))
 
 
 def write(tmp_path, *lines: str | bytes):

@@ -29,6 +29,7 @@ from tabletune_pipelines.evaluation.synthetic import linear_profile, publish
 from tabletune_pipelines.fleet import load_fleet
 from tabletune_pipelines.live_counters import (
     MAX_LINE_BYTES,
+    CounterWindow,
     append_line,
     check_live_counters_target,
     read_live_counters,
@@ -39,8 +40,8 @@ from tests.readers.conftest import assert_one_error, snapshot
 
 T0 = datetime(2026, 11, 17, 10, tzinfo=timezone.utc)
 T1 = datetime(2026, 11, 17, 10, 5, tzinfo=timezone.utc)
-LINE = window_line(deployment="local-cpu", window_start=T0, window_end=T1, num_drafts=10,
-                   drafted_per_pos=[10, 5, 2], accepted_per_pos=[6, 2, 1])
+LINE = window_line(CounterWindow(deployment="local-cpu", window_start=T0, window_end=T1, num_drafts=10,
+                                 drafted_per_pos=[10, 5, 2], accepted_per_pos=[6, 2, 1]))
 PROFILE = linear_profile()
 
 
@@ -114,17 +115,17 @@ def test_absent_and_its_own_files_are_appended_to(tmp_path):
     check_live_counters_target(target)  # nothing there: fine, and nothing created by the check
     assert not target.exists()
     append_line(target, LINE)
-    later = window_line(deployment="local-cpu", window_start=T1, window_end=T1.replace(minute=9), num_drafts=4,
-                        drafted_per_pos=[4, 2, 1], accepted_per_pos=[2, 1, 0])
+    later = window_line(CounterWindow(deployment="local-cpu", window_start=T1, window_end=T1.replace(minute=9),
+                                      num_drafts=4, drafted_per_pos=[4, 2, 1], accepted_per_pos=[2, 1, 0]))
     append_line(target, later)
     assert len(read_live_counters(target).windows) == 2
     # A torn last line (a writer killed mid-append) does not make it someone else's file.
     with open(target, "ab") as fh:
         fh.write(b'{"schema": "tabletune.live_co')
     check_live_counters_target(target)
-    append_line(target, window_line(deployment="local-cpu", window_start=T1.replace(minute=9),
-                                    window_end=T1.replace(minute=12), num_drafts=1, drafted_per_pos=[1, 0, 0],
-                                    accepted_per_pos=[1, 0, 0]))
+    append_line(target, window_line(CounterWindow(deployment="local-cpu", window_start=T1.replace(minute=9),
+                                                  window_end=T1.replace(minute=12), num_drafts=1,
+                                                  drafted_per_pos=[1, 0, 0], accepted_per_pos=[1, 0, 0])))
     read = read_live_counters(target)
     assert len(read.windows) == 3 and read.skipped_partial_last_line
 

@@ -11,13 +11,13 @@ import pytest
 
 from tabletune_pipelines.core.stepcost import StepSample, Workload, default_capture_ceiling
 from tabletune_pipelines.documents import DraftLengthTable
-from tabletune_pipelines.tuning.derive import derive_table
+from tabletune_pipelines.tuning.derive import DeriveOptions, derive_table
 from tabletune_pipelines.tuning.gates import BLOCKING_GATES, cuda_graph_headroom_gate
 from tests.tuning.test_h200_profiles import _prior, _profile
 
 
-def _h200_table(engine: str, **kw) -> DraftLengthTable:
-    return derive_table(_profile(engine), _prior((0.7, 0.5, 0.3)), **kw).table
+def _h200_table(engine: str) -> DraftLengthTable:
+    return derive_table(_profile(engine), _prior((0.7, 0.5, 0.3))).table
 
 
 def _with_ranges(table: DraftLengthTable, ranges) -> DraftLengthTable:
@@ -79,7 +79,7 @@ def _synthetic_mixed(profile, cliff_ms: float, rng):
 
 def test_with_a_workload_and_no_mixed_steps_the_cliff_blocks():
     prof = _with_ceiling(_profile("dense"))
-    table = derive_table(prof, _prior((0.7, 0.5, 0.3)), workload=Workload(32, 96)).table
+    table = derive_table(prof, _prior((0.7, 0.5, 0.3)), DeriveOptions(workload=Workload(32, 96))).table
     assert table.served_cost["unmeasured_cliff"], table.served_cost
     gate = cuda_graph_headroom_gate(table, "full_and_piecewise")
     assert not gate.passed and gate.blocking
@@ -90,7 +90,7 @@ def test_a_measured_cliff_is_priced_in_and_passes():
     rng = np.random.default_rng(3)
     prof = _with_ceiling(_profile("dense"))
     prof = dataclasses.replace(prof, samples=_synthetic_mixed(prof, cliff_ms=20.0, rng=rng))
-    tuned = derive_table(prof, _prior((0.7, 0.5, 0.3)), workload=Workload(32, 96))
+    tuned = derive_table(prof, _prior((0.7, 0.5, 0.3)), DeriveOptions(workload=Workload(32, 96)))
     table = tuned.table
     fits = table.served_cost["fits"]
     assert "full>none" in fits and fits["full>none"]["a_ms"] == pytest.approx(20.5, abs=0.5)

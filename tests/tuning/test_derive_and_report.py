@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tabletune_pipelines.errors import InvalidAcceptanceError
-from tabletune_pipelines.tuning.derive import derive_table, table_step_and_tau
+from tabletune_pipelines.tuning.derive import DeriveOptions, derive_table, table_step_and_tau
 from tabletune_pipelines.tuning.report import (
     goodput_markdown,
     goodput_plot,
@@ -28,7 +28,7 @@ def test_the_scripted_crossover_gives_k3_at_small_and_shorter_k_at_large_batch()
 
 
 def test_allowed_ks_restrict_the_table():
-    tuned = derive_table(profile(), prior(), allowed_ks=[1, 3])
+    tuned = derive_table(profile(), prior(), DeriveOptions(allowed_ks=(1, 3)))
     assert {k for _, _, k in tuned.table.ranges} <= {1, 3}
 
 

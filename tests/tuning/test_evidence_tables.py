@@ -9,7 +9,7 @@ import pytest
 from tabletune_pipelines.documents import DraftLengthTable
 from tabletune_pipelines.published import load_published
 from tabletune_pipelines.store import TableTuneStore
-from tabletune_pipelines.tuning.derive import NO_ERROR_WARNING, derive_table
+from tabletune_pipelines.tuning.derive import NO_ERROR_WARNING, DeriveOptions, derive_table
 from tabletune_pipelines.tuning.gates import blocking_table_gates, evidence_gate, loss_gate, profile_gate
 from tabletune_pipelines.tuning.report import evidence_markdown, goodput_markdown
 from tests.tuning.samples import IDENT, noisy_profile, prior, profile
@@ -31,7 +31,7 @@ def test_a_noisy_profile_gives_an_evidence_backed_table_with_its_bounds():
 
 def test_the_point_rule_on_the_same_noise_fragments_and_fails_the_evidence_gate():
     prof = noisy_profile(0.10, seed=3)
-    sticky = derive_table(prof, prior(), policy="stickiness").table
+    sticky = derive_table(prof, prior(), DeriveOptions(policy="stickiness")).table
     evidence = derive_table(prof, prior()).table
     assert len(sticky.ranges) > len(evidence.ranges)
     gate = evidence_gate(sticky)
@@ -73,7 +73,7 @@ def test_a_significant_accepted_work_fit_is_applied_and_shown():
     fit = tuned.table.accepted_work_fit
     assert tuned.corrected and fit["significant"] and fit["cells"] == 9
     assert fit["alpha_ms"] + 8 * fit["beta_ms"] == pytest.approx(1.5, abs=0.3)
-    plain = derive_table(prof, prior(), correct_accepted_work=False)
+    plain = derive_table(prof, prior(), DeriveOptions(correct_accepted_work=False))
     assert not plain.corrected and plain.table.accepted_work_fit == {}
     assert tuned.step_ms_dense[3, 7] > plain.step_ms_dense[3, 7]  # k = 3 pays for its kept drafts
     assert "applied" in evidence_markdown(tuned)
@@ -84,7 +84,7 @@ def test_noise_only_all_accepted_cells_add_no_correction():
     tuned = derive_table(prof, prior())
     assert not tuned.corrected and tuned.table.accepted_work_fit["significant"] is False
     assert any("not significant" in w for w in tuned.warnings)
-    plain = derive_table(prof, prior(), correct_accepted_work=False)
+    plain = derive_table(prof, prior(), DeriveOptions(correct_accepted_work=False))
     assert (tuned.step_ms_dense == plain.step_ms_dense).all()
 
 

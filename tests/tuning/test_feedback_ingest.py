@@ -9,7 +9,7 @@ import pytest
 
 from tabletune_pipelines.deployments import identity_for
 from tabletune_pipelines.errors import PipelineFailure
-from tabletune_pipelines.live_counters import window_line
+from tabletune_pipelines.live_counters import CounterWindow, window_line
 from tabletune_pipelines.tuning.feedback import ingest_live_counters
 from tests.tuning.runs import WEEK, FakeEngine, Log, fleet, store
 from tests.tuning.samples import prior
@@ -19,10 +19,11 @@ BOUNDS = (START, START + timedelta(days=7))
 
 
 def line(dep, hour, key, drafted, accepted, seq=None):
-    return window_line(deployment=dep, window_start=START + timedelta(days=1, hours=hour),
-                       window_end=START + timedelta(days=1, hours=hour, minutes=5), num_drafts=drafted[0],
-                       drafted_per_pos=drafted, accepted_per_pos=accepted, identity_key=key,
-                       source=f"{key[:8]}:1:1", seq=hour if seq is None else seq)
+    return window_line(CounterWindow(
+        deployment=dep, window_start=START + timedelta(days=1, hours=hour),
+        window_end=START + timedelta(days=1, hours=hour, minutes=5), num_drafts=drafted[0],
+        drafted_per_pos=drafted, accepted_per_pos=accepted, identity_key=key,
+        source=f"{key[:8]}:1:1", seq=hour if seq is None else seq))
 
 
 def test_the_current_engines_windows_become_a_stored_live_prior(tmp_path):

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tabletune_pipelines.documents import StepTimeCell, StepTimeProfile
-from tabletune_pipelines.tuning.derive import derive_table
+from tabletune_pipelines.tuning.derive import DeriveOptions, derive_table
 from tabletune_pipelines.tuning.gates import (
     BLOCKING_GATES,
     GATE_NAMES,
@@ -85,7 +85,7 @@ def test_table_gates_check_vllm_validity_and_the_loss_threshold():
 
 
 def test_only_k0_allowed_is_a_large_predicted_loss():
-    table = derive_table(profile(), prior(), allowed_ks=[0]).table
+    table = derive_table(profile(), prior(), DeriveOptions(allowed_ks=(0,))).table
     _, loss = table_gates(table, 0.03)
     assert not loss.passed and ">= threshold" in loss.description
 
