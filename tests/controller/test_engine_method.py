@@ -192,9 +192,11 @@ def test_step_time_correction_with_a_profile_30_percent_low(rig):
     # Up to 5000 steps: the table starts on k = 2 at B0, so k = 1's cost there is seen only in exploration
     # runs (3 steps at k = 1 every 100 steps, 2 of them clean, and only those at B0), and the evidence rule
     # moves once the lower bound of k = 1's gain clears the stickiness (one CI run: ~2900 steps on a busy
-    # machine; the point-estimate rule moved within 1500 steps, and flipped back).
+    # machine; the point-estimate rule moved within 1500 steps, and flipped back). Up to 10000: one loop
+    # run with a whole non-engine suite and two other pytest runs beside it (load 6-9 on 2 cores) did not
+    # move in 5000, the 8 clients lagging so B0 was served less often than in its calibration.
     hit, mine = rig.wait(lambda w: table_dense(w.controller["table"])[b0 - 1] == want_true, version=v,
-                         max_steps=5000)
+                         max_steps=10000)
     assert hit is not None, [w.controller["table"] for w in mine]
     at = report("step time, corrected", hit, mine)
     # ... and it stays there: every later window keeps the true k at B0 (the strict rule). Before
