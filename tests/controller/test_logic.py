@@ -541,11 +541,11 @@ def _near_tie_switches(tmp_path, seed, policy, steps=80_000):
     return total, total - third
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_the_backoff_stops_a_near_tie_flapping(tmp_path, clock, seed):
     """The table-wide backoff at a near tie where noise decides (800 rebuilds): in steady state it
-    switches at most a quarter as often as without (seed 0: 14 switches without, 0 with; seed 1:
-    20 against 1; the per-batch-size backoff it replaced: the same count as without)."""
+    switches at most a quarter as often as without (seeds 0-3: 14, 20, 11 and 16 switches without,
+    0, 1, 2 and 1 with; the per-batch-size backoff it replaced: the same count as without)."""
     off_total, off_steady = _near_tie_switches(tmp_path, seed, {"flap_backoff_rebuilds": 0})
     on_total, on_steady = _near_tie_switches(tmp_path, seed, {})
     assert off_steady >= 8, "the near tie should flap without the backoff"
