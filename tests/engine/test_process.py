@@ -1,9 +1,12 @@
-"""VLLMServer before a launch: up-front checks name the bad value; control needs a started server."""
+"""VLLMServer before a launch: up-front checks name the bad value; control needs a started server;
+process.py keeps one small class per job."""
 
 from __future__ import annotations
 
+import ast
 import json
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -84,12 +87,16 @@ def test_control_needs_a_started_server_with_a_table(tmp_path):
         gpu.set_synthetic_rates([0.0, 0.0, 0.0])
 
 
-def test_read_steps_filters_by_time_and_offset(tmp_path):
-    srv = VLLMServer(ServerConfig(model="/m", work_dir=str(tmp_path)))
-    srv.step_log_path = tmp_path / "steps.jsonl"
-    srv.step_log_path.write_text('{"t": 1.0, "b": 1}\n{"t": 2.0, "b": 2}\n{"t": 3.0, "b"')  # last line being written
-    assert [r["b"] for r in srv.read_steps()] == [1, 2]
-    assert [r["b"] for r in srv.read_steps(since=1.5)] == [2]
-    assert [r["b"] for r in srv.read_steps(until=1.5)] == [1]
-    offset = len('{"t": 1.0, "b": 1}\n')
-    assert [r["b"] for r in srv.read_steps(offset=offset)] == [2]
+MAX_CLASS_LINES = 150
+"""Longest class in engine/process.py (lines of its ``class`` statement and body)."""
+
+
+def test_no_class_in_process_py_grows_back_into_several_jobs():
+    """``VLLMServer`` composes its parts (lifecycle here, requests in ``engine/client.py``, control in
+    ``engine/runtime_control.py``, the step log in ``engine/step_log.py``); no class here above ~150 lines."""
+    path = Path(__file__).resolve().parents[2] / "tabletune_pipelines" / "engine" / "process.py"
+    classes = {n.name: n.end_lineno - n.lineno + 1 for n in ast.parse(path.read_text()).body
+               if isinstance(n, ast.ClassDef)}
+    assert {"ServerProcess", "VLLMServer"} <= set(classes)
+    too_long = {name: lines for name, lines in classes.items() if lines > MAX_CLASS_LINES}
+    assert not too_long, f"engine/process.py classes over {MAX_CLASS_LINES} lines: {too_long}; move a job out"
