@@ -100,3 +100,62 @@ def test_no_class_in_process_py_grows_back_into_several_jobs():
     assert {"ServerProcess", "VLLMServer"} <= set(classes)
     too_long = {name: lines for name, lines in classes.items() if lines > MAX_CLASS_LINES}
     assert not too_long, f"engine/process.py classes over {MAX_CLASS_LINES} lines: {too_long}; move a job out"
+
+
+STANDIN = """
+import json, os, sys, time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from tabletune_pipelines.control_protocol import K_CONTROL_ENV, STEP_LOG_ENV, ControlReader
+
+reader = ControlReader.from_env(K_CONTROL_ENV)
+
+
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def _send(self, body):
+        raw = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def do_GET(self):  # noqa: N802
+        self._send({"version": "0.0.1"} if self.path == "/version" else {})
+
+    def do_POST(self):  # noqa: N802 - one engine step per request: poll the channel, log the step
+        self.rfile.read(int(self.headers["Content-Length"]))
+        cmd = reader.poll()
+        if cmd is not None:
+            reader.ack(cmd.seq)
+        with open(os.environ[STEP_LOG_ENV], "a") as fh:
+            fh.write(json.dumps({"t": time.monotonic(), "b": 1, "k": (cmd.body if cmd else {}).get("k")}) + "\\n")
+        self._send({"choices": [{"text": ""}]})
+
+
+print("stand-in up", flush=True)
+HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_the_composed_parts_work_together_on_a_stand_in_process(tmp_path, monkeypatch):
+    """Start, requests, runtime k, the step log and the stop of the process group, with a stdlib HTTP
+    server in place of ``vllm serve`` (no engine): the parts ``VLLMServer`` composes see one launch."""
+    import sys
+
+    from tabletune_pipelines.engine import process
+    from tabletune_pipelines.engine.process import group_alive
+
+    monkeypatch.setattr(process, "build_command", lambda cfg, port, device: [sys.executable, "-c", STANDIN, str(port)])
+    cfg = ServerConfig(model="org/name", drafter="org/draft", method="draft_model", num_speculative_tokens=3,
+                       table=((1, 8, 3),), device="gpu", startup_timeout=60.0, work_dir=str(tmp_path))
+    with VLLMServer(cfg) as srv:
+        assert srv.is_alive() and srv.startup_seconds is not None and "stand-in up" in srv.log_tail()
+        assert srv.version() == "0.0.1" and srv.complete([[1, 2]], max_tokens=1)["choices"]
+        offset = srv.step_log_offset()
+        srv.set_k(1, timeout=30.0)  # acknowledged after a nudge, which the stand-in logs as a step
+        assert [s["k"] for s in srv.read_steps(offset=offset)][-1] == 1
+        srv.check_alive()
+    assert not srv.is_alive() and srv.process.proc is None
+    assert srv.last_pgid and not group_alive(srv.last_pgid)
