@@ -7,8 +7,12 @@ torch and transformers are imported only by the code that runs inside vLLM (``cp
 Modules, one job each:
     config          ServerConfig: everything one launch needs, validated on construction
     command         build_command / build_env: the argv and environment of a launch
-    process         VLLMServer: lifecycle (start, health, stop, kill, log tail) and control
-    client          EngineClient: HTTP (completions, /metrics, /version, /health)
+    process         VLLMServer (composes the next three) and ServerProcess: lifecycle (start,
+                    health, stop, kill, log tail)
+    client          EngineClient: HTTP (completions, /metrics, /version, /health); ServerClient:
+                    the same for a launched server, its log tail on failures
+    runtime_control RuntimeControl: runtime k, table, admission gate, synthetic rates (control files)
+    step_log        StepLog: reading a launch's per-step records
     installed       which vLLM is installed, is it the CPU build, resolve_device
     dtype           the default model dtype: bfloat16 on a GPU and a CPU with native bf16, else float32
     identity        EngineIdentity of a launch config or a fleet deployment (one graph rule)

@@ -2,8 +2,9 @@
 (``version_from_answer`` is the one reading of ``GET /version``, for remote deployments too).
 
 Stdlib only (``urllib``). Errors are ``EngineError``s; ``EngineUnreachable`` when nothing
-answered (the process owner, ``VLLMServer``, then checks whether the server died and adds the
-log tail).
+answered. ``ServerClient`` makes the same requests to a server this process launched
+(``VLLMServer``'s requests): on ``EngineUnreachable`` it checks whether the server died, and every
+failure quotes the server log's tail.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import Any, Protocol
 
 from tabletune_pipelines.engine.config import SERVED_MODEL_NAME
+from tabletune_pipelines.engine.installed import with_cpu_suffix
 from tabletune_pipelines.errors import EngineError, EngineUnreachable
 
 Prompt = str | list[int] | list[str] | list[list[int]]
@@ -88,6 +90,50 @@ class EngineClient:
         if status != 200:
             raise EngineError(f"{url} answered {status}")
         return version_from_answer(raw, url)
+
+
+class LaunchedServer(Protocol):
+    """What ``ServerClient`` needs of the server process it talks to (``engine.process.ServerProcess``)."""
+
+    device: str
+    """``cpu`` or ``gpu``: the CPU build's version carries ``+cpu``."""
+
+    @property
+    def client(self) -> EngineClient: ...
+    def check_alive(self) -> None: ...
+    def log_tail(self, lines: int = 40) -> str: ...
+
+
+class ServerClient:
+    """Requests to a server this process launched: ``EngineClient``'s, with the server's log on failures."""
+
+    def __init__(self, server: LaunchedServer) -> None:
+        self.server = server
+        """The server process (its address is known once it has started)."""
+
+    def complete(self, prompt: Prompt, *, max_tokens: int, ignore_eos: bool = False,
+                 temperature: float = 0.0, seed: int | None = None, timeout: float = 300.0) -> dict[str, Any]:
+        """One ``/v1/completions`` request (a list of prompts = one batch); returns the decoded JSON answer."""
+        try:
+            return self.server.client.complete(prompt, max_tokens=max_tokens, ignore_eos=ignore_eos,
+                                               temperature=temperature, seed=seed, timeout=timeout)
+        except EngineUnreachable as exc:
+            self.server.check_alive()
+            raise EngineError(f"completion request failed: {exc}", self.server.log_tail()) from None
+        except EngineError as exc:
+            raise EngineError(str(exc), self.server.log_tail(10)) from None
+
+    def metrics_text(self) -> str:
+        """``/metrics`` (Prometheus text exposition)."""
+        try:
+            return self.server.client.metrics_text()
+        except EngineError as exc:
+            raise EngineError(str(exc), self.server.log_tail(10)) from None
+
+    def version(self) -> str:
+        """``/version``; the CPU build's answer carries ``+cpu`` like ``installed_vllm_version``."""
+        v = self.server.client.version()
+        return with_cpu_suffix(v) if self.server.device == "cpu" else v
 
 
 def version_from_answer(raw: bytes, url: str = "/version") -> str:

@@ -7,16 +7,22 @@ SIGKILL). A server that exits or never becomes healthy raises an ``EngineError``
 log's tail.
 
 Every server runs TableTune's step scheduler (``engine/step_scheduler.py``) unless
-``step_timing=False``: per-step records go to ``server.step_log_path`` (JSONL),
+``step_timing=False``: per-step records go to the launch's step log (``read_steps``),
 ``set_k(...)`` switches the draft length at runtime and ``arm_gate(n)`` admits the next n
 requests in one step, all through the control-file protocol (``control_protocol.py``). On the
 CPU build ``set_synthetic_rates(...)`` changes the synthetic acceptance at runtime.
+
+``VLLMServer`` composes one part per job and keeps their methods as its own:
+
+    process    ServerProcess (here): launch, health wait, stop of the process group, log tail
+    requests   engine.client.ServerClient: completions, /metrics, /version with the log on failures
+    control    engine.runtime_control.RuntimeControl: k, table, admission gate, synthetic rates
+    step_log   engine.step_log.StepLog: the step scheduler's records of this launch
 """
 
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import signal
 import socket
@@ -28,16 +34,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tabletune_pipelines.control_protocol import ControlWriter
-from tabletune_pipelines.core.table import validate_vllm_schedule
-from tabletune_pipelines.engine.client import EngineClient, Prompt
+from tabletune_pipelines.engine.client import EngineClient, Prompt, ServerClient
 from tabletune_pipelines.engine.command import build_command, build_env
 from tabletune_pipelines.engine.config import MODEL_DRAFTERS, ServerConfig, looks_like_path
-from tabletune_pipelines.engine.installed import resolve_device, with_cpu_suffix
+from tabletune_pipelines.engine.installed import resolve_device
+from tabletune_pipelines.engine.runtime_control import RuntimeControl
+from tabletune_pipelines.engine.step_log import StepLog
 from tabletune_pipelines.engine.tiny_models import read_vocab_size
 from tabletune_pipelines.errors import (
-    ControlProtocolError,
-    EngineConfigError,
     EngineCrashedError,
     EngineError,
     EngineStartupError,
@@ -47,10 +51,6 @@ from tabletune_pipelines.errors import (
     PortInUseError,
     VocabMismatchError,
 )
-
-#: A one-request "nudge" that makes an idle engine take a step (the step scheduler reads its
-#: control file once per step). Token ids, so no tokenizer vocabulary is assumed.
-NUDGE_PROMPT: list[int] = [10, 11, 12, 13]
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -92,7 +92,7 @@ def check_config(config: ServerConfig) -> None:
         raise PortInUseError(f"port = {config.port} on 127.0.0.1 is already in use; pick another or use port=None")
 
 
-_LIVE: "weakref.WeakSet[VLLMServer]" = weakref.WeakSet()
+_LIVE: "weakref.WeakSet[ServerProcess]" = weakref.WeakSet()
 
 
 def install_termination_handler() -> bool:
@@ -155,8 +155,8 @@ def group_alive(pgid: int) -> bool:
         return True
 
 
-class VLLMServer:
-    """One vLLM server subprocess. Use as ``with VLLMServer(cfg) as srv: ...``."""
+class ServerProcess:
+    """The lifecycle of one vLLM server subprocess: launch, health wait, stop, log."""
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
@@ -182,11 +182,8 @@ class VLLMServer:
         """Seconds from launch to a healthy ``/health``."""
         self.last_pgid: int | None = None
         """Process group of the last server started (kept after stop, for checks)."""
-        self._k_channel: ControlWriter | None = None
-        self._rates_channel: ControlWriter | None = None
         self._log_fh: Any = None
 
-    # ------------------------------------------------------------------ lifecycle
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
@@ -200,7 +197,7 @@ class VLLMServer:
     def command(self) -> list[str]:
         return build_command(self.config, self.port or 0, self.device)
 
-    def start(self) -> "VLLMServer":
+    def start(self) -> "ServerProcess":
         if self.proc is not None:
             raise EngineError("server already started")
         check_config(self.config)
@@ -210,8 +207,6 @@ class VLLMServer:
         self.step_log_path = self.work_dir / f"{stem}.steps.jsonl"
         self.control_path = self.work_dir / f"{stem}.kctl.json"
         self.synthetic_control_path = self.work_dir / f"{stem}.synthetic.json"
-        self._k_channel = ControlWriter(self.control_path)
-        self._rates_channel = ControlWriter(self.synthetic_control_path)
         env = build_env(self.config, self.device, self.work_dir, self.step_log_path, self.control_path,
                         self.synthetic_control_path)
         cmd = build_command(self.config, self.port, self.device)
@@ -257,25 +252,7 @@ class VLLMServer:
         # start_new_session=True: the server's pid is its process group id.
         pgid = proc.pid
         self.last_pgid = pgid
-        try:
-            os.killpg(pgid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            rc: int | None = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            rc = None
-        # Children (engine core, workers) may outlive the API server; kill what is left.
-        deadline = time.monotonic() + (5.0 if rc is not None else 0.0)
-        while time.monotonic() < deadline and group_alive(pgid):
-            time.sleep(0.2)
-        if group_alive(pgid):
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if rc is None:
-            rc = proc.wait(timeout=10)
+        rc = stop_group(proc, timeout)
         if self._log_fh:
             self._log_fh.close()
             self._log_fh = None
@@ -291,13 +268,6 @@ class VLLMServer:
             except ProcessLookupError:
                 pass
 
-    def __enter__(self) -> "VLLMServer":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    # ------------------------------------------------------------------ state
     def is_alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
@@ -326,118 +296,137 @@ class VLLMServer:
             text = fh.read().decode("utf-8", "replace")
         return "\n".join(text.splitlines()[-lines:])
 
-    # ------------------------------------------------------------------ control
+
+def stop_group(proc: subprocess.Popen[bytes], timeout: float) -> int | None:
+    """SIGTERM process group ``proc.pid``, SIGKILL what is left after ``timeout`` s; ``proc``'s exit code."""
+    pgid = proc.pid
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        rc: int | None = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        rc = None
+    # Children (engine core, workers) may outlive the API server; kill what is left.
+    deadline = time.monotonic() + (5.0 if rc is not None else 0.0)
+    while time.monotonic() < deadline and group_alive(pgid):
+        time.sleep(0.2)
+    if group_alive(pgid):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if rc is None:
+        rc = proc.wait(timeout=10)
+    return rc
+
+
+class VLLMServer:
+    """One vLLM server subprocess. Use as ``with VLLMServer(cfg) as srv: ...``."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        """The configuration it was built from."""
+        self.process = ServerProcess(config)
+        """Launch, health, stop and log of the subprocess."""
+        self.device = self.process.device
+        """``cpu`` or ``gpu`` (``auto`` resolved)."""
+        self.requests = ServerClient(self.process)
+        """HTTP requests, with the server log on failures."""
+        self.control = RuntimeControl(config, self.device, complete=self.complete, log_tail=self.process.log_tail)
+        """Runtime k / table / gate / synthetic rates (channels open once started)."""
+        self.step_log = StepLog(None)
+        """The step scheduler's records of the current launch."""
+
+    # ------------------------------------------------------------------ lifecycle (ServerProcess)
+    def start(self) -> "VLLMServer":
+        self.process.start()
+        self.control.open(self.process.control_path, self.process.synthetic_control_path)
+        self.step_log = StepLog(self.process.step_log_path)
+        return self
+
+    def stop(self, timeout: float = 20.0) -> int | None:
+        """Stop the whole process group: SIGTERM, then SIGKILL after ``timeout`` s. Returns the exit code."""
+        return self.process.stop(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL the whole group at once (simulates a crash)."""
+        self.process.kill()
+
+    def __enter__(self) -> "VLLMServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def is_alive(self) -> bool:
+        return self.process.is_alive()
+
+    def check_alive(self) -> None:
+        """Raise ``EngineCrashedError`` (with the log tail) if the server is gone or unhealthy."""
+        self.process.check_alive()
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last ``lines`` lines of the server log ("" before the first start)."""
+        return self.process.log_tail(lines)
+
+    @property
+    def log_path(self) -> Path | None:
+        """The server's stdout+stderr (first line: the command)."""
+        return self.process.log_path
+
+    @property
+    def startup_seconds(self) -> float | None:
+        """Seconds from launch to a healthy ``/health``."""
+        return self.process.startup_seconds
+
+    @property
+    def last_pgid(self) -> int | None:
+        """Process group of the last server started (kept after stop, for checks)."""
+        return self.process.last_pgid
+
+    # ------------------------------------------------------------------ control (RuntimeControl)
     def set_k(self, k: int | None = None, *, table: Sequence[Sequence[int]] | None = None,
               timeout: float = 30.0) -> None:
-        """Switch the draft length at runtime: every batch size uses ``k`` (or the given ``table``).
-
-        The engine applies it after its next step: call this while it is idle or busy, it waits
-        for the acknowledgement (the engine core polls the control file once per step; when idle
-        a tiny request nudges it).
-        """
-        if not self.config.step_timing:
-            raise EngineConfigError("runtime k switching needs step_timing=True (TableTune's step scheduler)")
-        if self.config.table is None:
-            raise EngineConfigError("runtime k switching needs a launch table (ServerConfig.table)")
-        if (k is None) == (table is None):
-            raise EngineConfigError("give exactly one of k or table")
-        cmd: dict[str, Any] = {}
-        if k is not None:
-            if not 0 <= k <= (self.config.num_speculative_tokens or 0):
-                raise EngineConfigError(
-                    f"k = {k!r} is outside 0..num_speculative_tokens = {self.config.num_speculative_tokens}")
-            cmd["k"] = int(k)
-        else:
-            cmd["table"] = [list(map(int, r)) for r in validate_vllm_schedule([list(r) for r in table])]
-        if self._k_channel is None:
-            raise EngineError("the server is not started: start() it before switching k")
-        self._request(self._k_channel, cmd, timeout, f"k control {cmd}",
-                      poke=lambda: self.complete(NUDGE_PROMPT, max_tokens=1), pause=0.05)
+        """Switch the draft length at runtime (``RuntimeControl.set_k``)."""
+        self.control.set_k(k, table=table, timeout=timeout)
 
     @property
     def can_switch_synthetic_rates(self) -> bool:
         """True when synthetic rates can change at runtime (CPU build + synthetic launch)."""
-        return self.device == "cpu" and self.config.synthetic_acceptance_rates is not None
+        return self.control.can_switch_synthetic_rates
 
     def set_synthetic_rates(self, rates: Sequence[float], timeout: float = 30.0) -> None:
         """Replace the synthetic acceptance rates at runtime (CPU build, synthetic launch only)."""
-        if not self.can_switch_synthetic_rates or self._rates_channel is None:
-            raise EngineConfigError("synthetic rates can be switched only on the CPU build in a launch with "
-                                    "synthetic_acceptance_rates set")
-        K = int(self.config.num_speculative_tokens or 0)
-        rates = [float(r) for r in rates]
-        if len(rates) != K or any(not 0.0 <= r <= 1.0 for r in rates) or any(
-                b > a for a, b in zip(rates, rates[1:])):
-            raise EngineConfigError(f"synthetic rates {rates!r} must be {K} non-increasing values in [0, 1]")
-        # The rates are read when drafts are verified: a short request makes that happen.
-        self._request(self._rates_channel, {"rates": rates}, timeout, f"synthetic rates {rates}",
-                      poke=lambda: self.complete(NUDGE_PROMPT, max_tokens=4, ignore_eos=True), pause=0.02)
+        self.control.set_synthetic_rates(rates, timeout)
 
     def arm_gate(self, n: int, timeout: float = 10.0) -> None:
-        """Hold the next ``n`` arriving requests in the engine and admit them in one step.
+        """Admit the next ``n`` arriving requests in one step (``RuntimeControl.arm_gate``)."""
+        self.control.arm_gate(n, timeout)
 
-        Used by the profiler right before sending a timed batch of n requests (on 2 cores the
-        API server otherwise hands them over across several steps: docs/engine-facts.md, "Noise
-        on 2 cores"). Does not wait for an acknowledgement; no-op without the step scheduler.
-        """
-        if not self.config.step_timing or self._k_channel is None or n <= 1:
-            return
-        self._k_channel.send({"gate": int(n), "gate_timeout": float(timeout)})
-
-    def _request(self, channel: ControlWriter, cmd: dict[str, Any], timeout: float, what: str, *,
-                 poke: Any, pause: float) -> None:
-        try:
-            channel.request(cmd, timeout=timeout, poke=poke, pause=pause, what=what)
-        except ControlProtocolError as exc:
-            raise EngineError(str(exc), self.log_tail(10)) from None
-
-    # ------------------------------------------------------------------ requests
+    # ------------------------------------------------------------------ requests (ServerClient)
     def complete(self, prompt: Prompt, *, max_tokens: int, ignore_eos: bool = False,
                  temperature: float = 0.0, seed: int | None = None, timeout: float = 300.0) -> dict[str, Any]:
         """One ``/v1/completions`` request (a list of prompts = one batch); returns the decoded JSON answer."""
-        try:
-            return self.client.complete(prompt, max_tokens=max_tokens, ignore_eos=ignore_eos,
-                                        temperature=temperature, seed=seed, timeout=timeout)
-        except EngineUnreachable as exc:
-            self.check_alive()
-            raise EngineError(f"completion request failed: {exc}", self.log_tail()) from None
-        except EngineError as exc:
-            raise EngineError(str(exc), self.log_tail(10)) from None
+        return self.requests.complete(prompt, max_tokens=max_tokens, ignore_eos=ignore_eos,
+                                      temperature=temperature, seed=seed, timeout=timeout)
 
     def metrics_text(self) -> str:
         """``/metrics`` (Prometheus text exposition)."""
-        try:
-            return self.client.metrics_text()
-        except EngineError as exc:
-            raise EngineError(str(exc), self.log_tail(10)) from None
+        return self.requests.metrics_text()
 
     def version(self) -> str:
         """``/version``; the CPU build's answer carries ``+cpu`` like ``installed_vllm_version``."""
-        v = self.client.version()
-        return with_cpu_suffix(v) if self.device == "cpu" else v
+        return self.requests.version()
 
+    # ------------------------------------------------------------------ step log (StepLog)
     def step_log_offset(self) -> int:
         """Current size of the step log: pass as ``offset`` to ``read_steps`` to read only newer records."""
-        try:
-            return self.step_log_path.stat().st_size if self.step_log_path else 0
-        except OSError:
-            return 0
+        return self.step_log.offset()
 
     def read_steps(self, since: float | None = None, until: float | None = None,
                    offset: int = 0) -> list[dict[str, Any]]:
         """Step records (see ``engine/step_scheduler.py``) with ``since <= t <= until``
         (time.monotonic()), read from byte ``offset`` of the step log on."""
-        if not self.step_log_path or not self.step_log_path.exists():
-            return []
-        out = []
-        with open(self.step_log_path) as fh:
-            fh.seek(offset)
-            for line in fh:
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue  # a line being written
-                t = rec.get("t", 0.0)
-                if (since is None or t >= since) and (until is None or t <= until):
-                    out.append(rec)
-        return out
+        return self.step_log.read(since, until, offset)

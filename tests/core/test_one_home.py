@@ -455,3 +455,27 @@ def test_the_record_finders_see_the_shapes_they_look_for():
     old_hooks = ("def store_sample_hooks(store, identity, mode):\n"
                  "    return lambda s: store.write_step_samples(identity, s, mode)\n")
     assert any(store_writer(n, s) for n, s in _walk(ast.parse(old_hooks), []))
+
+# -- a launched server's parts (homes: engine/runtime_control.py, engine/step_log.py) --------------
+
+def control_writer(node: ast.AST, stack: list[ast.AST]) -> bool:
+    """``ControlWriter(...)``: an engine's control channel written outside ``RuntimeControl``."""
+    return isinstance(node, ast.Call) and (node.func.attr if isinstance(node.func, ast.Attribute)
+                                           else getattr(node.func, "id", None)) == "ControlWriter"
+
+
+def offset_jsonl_reader(node: ast.AST, stack: list[ast.AST]) -> bool:
+    """A function that seeks into a file and parses its lines as JSON: a step-log reader of its own."""
+    return isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and _calls(node, {"seek"}) and _calls(node, {"loads"})
+
+
+@pytest.mark.parametrize(("finder", "home"), [(control_writer, "tabletune_pipelines/engine/runtime_control.py"),
+                                               (offset_jsonl_reader, "tabletune_pipelines/engine/step_log.py")])
+def test_a_launched_servers_control_and_step_log_have_one_home(finder, home):
+    """``VLLMServer`` composes ``RuntimeControl`` (the writer side of the control channels) and
+    ``StepLog`` (reading the step log); no other module opens a channel or reads the log itself."""
+    assert {c for c in copies(finder) if c[0] != home} == set()
+    assert any(c[0] == home for c in copies(finder))
+    sample = ("def f(path, offset):\n    w = ControlWriter(path)\n    with open(path) as fh:\n"
+              "        fh.seek(offset)\n        return [json.loads(line) for line in fh]\n")
+    assert any(finder(n, s) for n, s in _walk(ast.parse(sample), []))

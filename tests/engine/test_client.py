@@ -106,3 +106,45 @@ def test_a_version_answer_without_a_version_is_refused(raw):
         version_from_answer(raw, "http://x/version")
     assert version_from_answer(b'{"version": "0.32.0+cpu"}') == "0.32.0+cpu"
     assert version_from_answer(b'{"version": " 0.32.0\\n"}') == "0.32.0"
+
+
+class _Launched:
+    """A stand-in for ``ServerProcess``: a client, a crash check and a log tail."""
+
+    def __init__(self, client, device="gpu", crashed=False):
+        self.client, self.device, self.crashed, self.checked = client, device, crashed, 0
+
+    def check_alive(self):
+        self.checked += 1
+        if self.crashed:
+            from tabletune_pipelines.errors import EngineCrashedError
+            raise EngineCrashedError("vLLM server is not running", self.log_tail())
+
+    def log_tail(self, lines=40):
+        return f"tail {lines}"
+
+
+def test_server_client_answers_like_the_client_and_marks_the_cpu_build(fake_vllm):
+    from tabletune_pipelines.engine.client import ServerClient
+
+    client, _ = fake_vllm
+    assert ServerClient(_Launched(client)).version() == "0.26.0"
+    assert ServerClient(_Launched(client, device="cpu")).version() == "0.26.0+cpu"
+    assert "num_requests_running" in ServerClient(_Launched(client)).metrics_text()
+    assert len(ServerClient(_Launched(client)).complete([[1, 2]], max_tokens=1)["choices"]) == 1
+    with pytest.raises(EngineError, match="answered 400") as err:
+        ServerClient(_Launched(client)).complete([[1]], max_tokens=1000)
+    assert "tail 10" in str(err.value)
+
+
+def test_server_client_checks_for_a_crash_when_nothing_answers():
+    from tabletune_pipelines.engine.client import ServerClient
+    from tabletune_pipelines.errors import EngineCrashedError
+
+    nobody = EngineClient(f"http://127.0.0.1:{free_port()}")
+    alive = _Launched(nobody)
+    with pytest.raises(EngineError, match="completion request failed") as err:
+        ServerClient(alive).complete("x", max_tokens=1, timeout=1.0)
+    assert alive.checked == 1 and "tail 40" in str(err.value)
+    with pytest.raises(EngineCrashedError, match="not running"):
+        ServerClient(_Launched(nobody, crashed=True)).complete("x", max_tokens=1, timeout=1.0)

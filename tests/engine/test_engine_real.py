@@ -217,7 +217,7 @@ def test_never_healthy_times_out_with_log_tail(tiny_models, tmp_path):
     msg = str(err.value)
     assert "startup_timeout = 4.0" in msg and "last lines of the server log" in msg
     assert "$ " in msg or "vllm" in msg.lower()
-    assert srv.proc is None  # stopped and reaped
+    assert srv.process.proc is None  # stopped and reaped
     assert srv.last_pgid and not group_alive(srv.last_pgid)  # the whole process group is gone
 
 

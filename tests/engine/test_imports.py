@@ -12,7 +12,8 @@ ENGINE_MODULES = ["tabletune_pipelines.engine", "tabletune_pipelines.engine.conf
                   "tabletune_pipelines.engine.identity", "tabletune_pipelines.engine.plan",
                   "tabletune_pipelines.engine.cell", "tabletune_pipelines.engine.progress",
                   "tabletune_pipelines.engine.profiler", "tabletune_pipelines.engine.acceptance",
-                  "tabletune_pipelines.engine.tiny_models", "tabletune_pipelines.engine.launcher"]
+                  "tabletune_pipelines.engine.tiny_models", "tabletune_pipelines.engine.launcher",
+                  "tabletune_pipelines.engine.runtime_control", "tabletune_pipelines.engine.step_log"]
 
 
 def _loaded_after(code: str) -> set[str]:

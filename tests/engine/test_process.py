@@ -1,9 +1,12 @@
-"""VLLMServer before a launch: up-front checks name the bad value; control needs a started server."""
+"""VLLMServer before a launch: up-front checks name the bad value; control needs a started server;
+process.py keeps one small class per job."""
 
 from __future__ import annotations
 
+import ast
 import json
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -84,12 +87,75 @@ def test_control_needs_a_started_server_with_a_table(tmp_path):
         gpu.set_synthetic_rates([0.0, 0.0, 0.0])
 
 
-def test_read_steps_filters_by_time_and_offset(tmp_path):
-    srv = VLLMServer(ServerConfig(model="/m", work_dir=str(tmp_path)))
-    srv.step_log_path = tmp_path / "steps.jsonl"
-    srv.step_log_path.write_text('{"t": 1.0, "b": 1}\n{"t": 2.0, "b": 2}\n{"t": 3.0, "b"')  # last line being written
-    assert [r["b"] for r in srv.read_steps()] == [1, 2]
-    assert [r["b"] for r in srv.read_steps(since=1.5)] == [2]
-    assert [r["b"] for r in srv.read_steps(until=1.5)] == [1]
-    offset = len('{"t": 1.0, "b": 1}\n')
-    assert [r["b"] for r in srv.read_steps(offset=offset)] == [2]
+MAX_CLASS_LINES = 150
+"""Longest class in engine/process.py (lines of its ``class`` statement and body)."""
+
+
+def test_no_class_in_process_py_grows_back_into_several_jobs():
+    """``VLLMServer`` composes its parts (lifecycle here, requests in ``engine/client.py``, control in
+    ``engine/runtime_control.py``, the step log in ``engine/step_log.py``); no class here above ~150 lines."""
+    path = Path(__file__).resolve().parents[2] / "tabletune_pipelines" / "engine" / "process.py"
+    classes = {n.name: n.end_lineno - n.lineno + 1 for n in ast.parse(path.read_text()).body
+               if isinstance(n, ast.ClassDef)}
+    assert {"ServerProcess", "VLLMServer"} <= set(classes)
+    too_long = {name: lines for name, lines in classes.items() if lines > MAX_CLASS_LINES}
+    assert not too_long, f"engine/process.py classes over {MAX_CLASS_LINES} lines: {too_long}; move a job out"
+
+
+STANDIN = """
+import json, os, sys, time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from tabletune_pipelines.control_protocol import K_CONTROL_ENV, STEP_LOG_ENV, ControlReader
+
+reader = ControlReader.from_env(K_CONTROL_ENV)
+
+
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def _send(self, body):
+        raw = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def do_GET(self):  # noqa: N802
+        self._send({"version": "0.0.1"} if self.path == "/version" else {})
+
+    def do_POST(self):  # noqa: N802 - one engine step per request: poll the channel, log the step
+        self.rfile.read(int(self.headers["Content-Length"]))
+        cmd = reader.poll()
+        if cmd is not None:
+            reader.ack(cmd.seq)
+        with open(os.environ[STEP_LOG_ENV], "a") as fh:
+            fh.write(json.dumps({"t": time.monotonic(), "b": 1, "k": (cmd.body if cmd else {}).get("k")}) + "\\n")
+        self._send({"choices": [{"text": ""}]})
+
+
+print("stand-in up", flush=True)
+HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_the_composed_parts_work_together_on_a_stand_in_process(tmp_path, monkeypatch):
+    """Start, requests, runtime k, the step log and the stop of the process group, with a stdlib HTTP
+    server in place of ``vllm serve`` (no engine): the parts ``VLLMServer`` composes see one launch."""
+    import sys
+
+    from tabletune_pipelines.engine import process
+    from tabletune_pipelines.engine.process import group_alive
+
+    monkeypatch.setattr(process, "build_command", lambda cfg, port, device: [sys.executable, "-c", STANDIN, str(port)])
+    cfg = ServerConfig(model="org/name", drafter="org/draft", method="draft_model", num_speculative_tokens=3,
+                       table=((1, 8, 3),), device="gpu", startup_timeout=60.0, work_dir=str(tmp_path))
+    with VLLMServer(cfg) as srv:
+        assert srv.is_alive() and srv.startup_seconds is not None and "stand-in up" in srv.log_tail()
+        assert srv.version() == "0.0.1" and srv.complete([[1, 2]], max_tokens=1)["choices"]
+        offset = srv.step_log_offset()
+        srv.set_k(1, timeout=30.0)  # acknowledged after a nudge, which the stand-in logs as a step
+        assert [s["k"] for s in srv.read_steps(offset=offset)][-1] == 1
+        srv.check_alive()
+    assert not srv.is_alive() and srv.process.proc is None
+    assert srv.last_pgid and not group_alive(srv.last_pgid)

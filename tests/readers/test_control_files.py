@@ -214,7 +214,7 @@ def test_a_running_cpu_engine_refuses_bad_rates_and_keeps_serving(tmp_path):
                        num_speculative_tokens=3, max_num_seqs=4, synthetic_acceptance_rates=(0.7, 0.5, 0.3),
                        work_dir=str(tmp_path))
     with VLLMServer(cfg) as server:
-        writer = server._rates_channel
+        writer = server.control.rates_channel
         for body, message in (({"rates": [0.5, 0.9, 0.1]}, "> rates[1]"), ({"rates": [0.5, 0.4]}, "has 2 values"),
                               ({"rates": [1.5, 0.4, 0.1]}, "in [0, 1]")):
             with pytest.raises(ControlRejected, match=message.replace("[", r"\[")):

@@ -1,0 +1,112 @@
+"""``RuntimeControl``: changing a running server's draft length, admission gate and synthetic rates.
+
+The writer side of a launch's two control channels (``control_protocol.ControlWriter``; the
+protocol, its files and its acknowledgements are all there): ``set_k`` switches the draft length
+or the table and ``arm_gate`` admits the next n requests in one step (the k channel, read by the
+step scheduler once per step); ``set_synthetic_rates`` changes the synthetic acceptance on the CPU
+build (read by the CPU plugin when drafts are verified). A command is checked against the launch
+configuration before it is sent. ``VLLMServer`` opens the channels when its server has started
+and hands over its ``complete`` (a tiny request makes an idle engine take a step) and its log tail
+(quoted when the engine refuses or does not answer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tabletune_pipelines.control_protocol import ControlWriter
+from tabletune_pipelines.core.table import validate_vllm_schedule
+from tabletune_pipelines.engine.config import ServerConfig
+from tabletune_pipelines.errors import ControlProtocolError, EngineConfigError, EngineError
+
+#: A one-request "nudge" that makes an idle engine take a step (the step scheduler reads its
+#: control file once per step). Token ids, so no tokenizer vocabulary is assumed.
+NUDGE_PROMPT: list[int] = [10, 11, 12, 13]
+
+
+class RuntimeControl:
+    """The k / table / gate and synthetic-rates channels of one launch (no channel before ``open``)."""
+
+    def __init__(self, config: ServerConfig, device: str, *, complete: Callable[..., Any],
+                 log_tail: Callable[[int], str]) -> None:
+        self.config = config
+        """The launch configuration commands are checked against."""
+        self.device = device
+        """``cpu`` or ``gpu``: synthetic rates switch on the CPU build only."""
+        self.k_channel: ControlWriter | None = None
+        """The k / table / gate channel (``control_protocol.K_CONTROL_ENV``); None before ``open``."""
+        self.rates_channel: ControlWriter | None = None
+        """The synthetic-rates channel (``control_protocol.SYNTHETIC_CONTROL_ENV``); None before ``open``."""
+        self._complete = complete
+        self._log_tail = log_tail
+
+    def open(self, k_control: Path, synthetic_control: Path) -> None:
+        """Write to the channel files of a started launch from now on."""
+        self.k_channel = ControlWriter(k_control)
+        self.rates_channel = ControlWriter(synthetic_control)
+
+    def set_k(self, k: int | None = None, *, table: Sequence[Sequence[int]] | None = None,
+              timeout: float = 30.0) -> None:
+        """Switch the draft length at runtime: every batch size uses ``k`` (or the given ``table``).
+
+        The engine applies it after its next step: call this while it is idle or busy, it waits
+        for the acknowledgement (the engine core polls the control file once per step; when idle
+        a tiny request nudges it).
+        """
+        if not self.config.step_timing:
+            raise EngineConfigError("runtime k switching needs step_timing=True (TableTune's step scheduler)")
+        if self.config.table is None:
+            raise EngineConfigError("runtime k switching needs a launch table (ServerConfig.table)")
+        if (k is None) == (table is None):
+            raise EngineConfigError("give exactly one of k or table")
+        cmd: dict[str, Any] = {}
+        if k is not None:
+            if not 0 <= k <= (self.config.num_speculative_tokens or 0):
+                raise EngineConfigError(
+                    f"k = {k!r} is outside 0..num_speculative_tokens = {self.config.num_speculative_tokens}")
+            cmd["k"] = int(k)
+        else:
+            cmd["table"] = [list(map(int, r)) for r in validate_vllm_schedule([list(r) for r in table])]
+        if self.k_channel is None:
+            raise EngineError("the server is not started: start() it before switching k")
+        self._request(self.k_channel, cmd, timeout, f"k control {cmd}",
+                      poke=lambda: self._complete(NUDGE_PROMPT, max_tokens=1), pause=0.05)
+
+    @property
+    def can_switch_synthetic_rates(self) -> bool:
+        """True when synthetic rates can change at runtime (CPU build + synthetic launch)."""
+        return self.device == "cpu" and self.config.synthetic_acceptance_rates is not None
+
+    def set_synthetic_rates(self, rates: Sequence[float], timeout: float = 30.0) -> None:
+        """Replace the synthetic acceptance rates at runtime (CPU build, synthetic launch only)."""
+        if not self.can_switch_synthetic_rates or self.rates_channel is None:
+            raise EngineConfigError("synthetic rates can be switched only on the CPU build in a launch with "
+                                    "synthetic_acceptance_rates set")
+        K = int(self.config.num_speculative_tokens or 0)
+        rates = [float(r) for r in rates]
+        if len(rates) != K or any(not 0.0 <= r <= 1.0 for r in rates) or any(
+                b > a for a, b in zip(rates, rates[1:])):
+            raise EngineConfigError(f"synthetic rates {rates!r} must be {K} non-increasing values in [0, 1]")
+        # The rates are read when drafts are verified: a short request makes that happen.
+        self._request(self.rates_channel, {"rates": rates}, timeout, f"synthetic rates {rates}",
+                      poke=lambda: self._complete(NUDGE_PROMPT, max_tokens=4, ignore_eos=True), pause=0.02)
+
+    def arm_gate(self, n: int, timeout: float = 10.0) -> None:
+        """Hold the next ``n`` arriving requests in the engine and admit them in one step.
+
+        Used by the profiler right before sending a timed batch of n requests (on 2 cores the
+        API server otherwise hands them over across several steps: docs/engine-facts.md, "Noise
+        on 2 cores"). Does not wait for an acknowledgement; no-op without the step scheduler.
+        """
+        if not self.config.step_timing or self.k_channel is None or n <= 1:
+            return
+        self.k_channel.send({"gate": int(n), "gate_timeout": float(timeout)})
+
+    def _request(self, channel: ControlWriter, cmd: dict[str, Any], timeout: float, what: str, *,
+                 poke: Any, pause: float) -> None:
+        try:
+            channel.request(cmd, timeout=timeout, poke=poke, pause=pause, what=what)
+        except ControlProtocolError as exc:
+            raise EngineError(str(exc), self._log_tail(10)) from None

@@ -1,0 +1,84 @@
+"""The writer side of a launch's control channels, against an in-process reader standing in for the engine."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tabletune_pipelines.control_protocol import ControlReader
+from tabletune_pipelines.engine.config import ServerConfig
+from tabletune_pipelines.engine.runtime_control import NUDGE_PROMPT, RuntimeControl
+from tabletune_pipelines.errors import EngineConfigError, EngineError
+
+CFG = ServerConfig(model="/m", drafter="/d", method="draft_model", num_speculative_tokens=3, table=((1, 8, 3),),
+                   synthetic_acceptance_rates=(0.5, 0.5, 0.5), device="cpu")
+
+
+class Engine:
+    """Acts on each nudge like the step scheduler / CPU plugin: reads the channels, acks or rejects."""
+
+    def __init__(self, tmp_path, refuse: str | None = None) -> None:
+        self.k_path, self.rates_path = tmp_path / "k.json", tmp_path / "rates.json"
+        self.readers = [ControlReader(str(self.k_path)), ControlReader(str(self.rates_path))]
+        self.refuse = refuse
+        self.seen: list[dict] = []
+        self.nudges: list[tuple] = []
+
+    def complete(self, prompt, **kw):
+        self.nudges.append((prompt, kw))
+        for r in self.readers:
+            cmd = r.poll()
+            if cmd is not None:
+                self.seen.append(cmd.body)
+                r.reject(cmd.seq, self.refuse) if self.refuse else r.ack(cmd.seq)
+        return {"choices": []}
+
+
+def control(engine: Engine, config: ServerConfig = CFG) -> RuntimeControl:
+    ctl = RuntimeControl(config, "cpu", complete=engine.complete, log_tail=lambda n: f"last {n} lines")
+    ctl.open(engine.k_path, engine.rates_path)
+    return ctl
+
+
+def test_set_k_and_a_table_are_acknowledged_after_a_nudge(tmp_path):
+    engine = Engine(tmp_path)
+    ctl = control(engine)
+    ctl.set_k(2, timeout=5.0)
+    ctl.set_k(table=[[1, 4, 3], [5, 8, 0]], timeout=5.0)
+    assert engine.seen == [{"k": 2}, {"table": [[1, 4, 3], [5, 8, 0]]}]
+    assert engine.nudges[0] == (NUDGE_PROMPT, {"max_tokens": 1})
+
+
+def test_synthetic_rates_are_checked_then_sent(tmp_path):
+    engine = Engine(tmp_path)
+    ctl = control(engine)
+    with pytest.raises(EngineConfigError, match=r"must be 3 non-increasing values in \[0, 1\]"):
+        ctl.set_synthetic_rates([0.5, 0.9, 0.1])
+    assert engine.seen == []
+    ctl.set_synthetic_rates([0.7, 0.5, 0.3], timeout=5.0)
+    assert engine.seen == [{"rates": [0.7, 0.5, 0.3]}]
+    assert engine.nudges[-1] == (NUDGE_PROMPT, {"max_tokens": 4, "ignore_eos": True})
+    assert not RuntimeControl(CFG, "gpu", complete=engine.complete, log_tail=str).can_switch_synthetic_rates
+
+
+def test_a_refused_command_is_an_engine_error_with_the_log_tail(tmp_path):
+    ctl = control(Engine(tmp_path, refuse="no such k"))
+    with pytest.raises(EngineError, match="no such k") as err:
+        ctl.set_k(1, timeout=5.0)
+    assert "last 10 lines" in str(err.value)
+
+
+def test_arm_gate_sends_without_waiting_and_only_for_a_batch(tmp_path):
+    engine = Engine(tmp_path)
+    ctl = RuntimeControl(CFG, "cpu", complete=engine.complete, log_tail=str)
+    ctl.arm_gate(4)  # no channel yet: nothing to arm
+    with pytest.raises(EngineError, match="not started"):
+        ctl.set_k(1)
+    ctl.open(engine.k_path, engine.rates_path)
+    ctl.arm_gate(1)
+    assert not engine.k_path.exists()
+    ctl.arm_gate(4, timeout=2.5)
+    assert {k: v for k, v in json.loads(engine.k_path.read_text()).items() if k != "seq"} == {
+        "gate": 4, "gate_timeout": 2.5}
+    assert engine.nudges == []
