@@ -194,7 +194,7 @@ def profile_served(srv, prompt, args) -> tuple[dict, dict, dict, tuple[float, ..
     per-position acceptance from the same steps; the search with both rules."""
     import numpy as np
 
-    from tabletune_pipelines.core.acceptance import rates_from_counts
+    from tabletune_pipelines.core.acceptance_estimate import rates_from_counts
     from tabletune_pipelines.core.evidence import search_with_evidence
     from tabletune_pipelines.core.noise import rates_covariance
 

@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from tabletune_pipelines.core.acceptance import rates_from_counts
+from tabletune_pipelines.core.acceptance_estimate import rates_from_counts
 from tabletune_pipelines.documents import AcceptancePrior
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.errors import (

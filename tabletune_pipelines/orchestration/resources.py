@@ -22,7 +22,7 @@ from dagster_duckdb import DuckDBResource
 from pydantic import Field
 
 from tabletune_pipelines import deployments
-from tabletune_pipelines.core.acceptance import DEFAULT_PRIOR_WEIGHT
+from tabletune_pipelines.core.acceptance_estimate import DEFAULT_PRIOR_WEIGHT
 from tabletune_pipelines.core.evidence import DEFAULT_CONFIDENCE, DEFAULT_POLICY
 from tabletune_pipelines.core.table import DEFAULT_STICKINESS
 from tabletune_pipelines.documents import AcceptancePrior, DraftLengthTable, EngineIdentity, StepTimeProfile

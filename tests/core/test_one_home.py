@@ -9,7 +9,7 @@ can only shrink (delete its entry when the copy goes).
     validating a table's ranges              core.table.validate_table / validate_vllm_schedule
     ranges -> k per batch size (expanding)   core.table.dense_from_ranges / expand_table
     k per batch size -> ranges (compacting)  core.table.compact_ranges
-    counts -> monotone acceptance rates      core.acceptance.rates_from_counts / monotone_rates
+    counts -> monotone acceptance rates      core.acceptance_estimate.rates_from_counts / monotone_rates
     reading GET /version                     engine.client.version_from_answer
     comparing vLLM versions of identities    identity_match.identity_mismatches
     the batch-size grid                      core.steptime.batch_size_grid
@@ -230,7 +230,7 @@ CONCEPTS: dict[str, tuple[Finder, set[str], set[tuple[str, str]]]] = {
     "range expansion": (range_expander, {"tabletune_pipelines/core/table.py"}, set()),
     "range compaction": (range_compactor, {"tabletune_pipelines/core/table.py"}, set()),
     "table validation": (table_validator, {"tabletune_pipelines/core/table.py"}, set()),
-    "monotone rates": (monotone_rates, {"tabletune_pipelines/core/acceptance.py"}, {
+    "monotone rates": (monotone_rates, {"tabletune_pipelines/core/acceptance_estimate.py"}, {
         ("tabletune_pipelines/controller/logic.py", "Controller._win_a_rate"),
     }),
     "reading /version": (version_reader, {"tabletune_pipelines/engine/client.py"}, set()),
