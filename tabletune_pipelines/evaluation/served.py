@@ -474,7 +474,10 @@ SWAP_OVERHEAD_S = 0.2
 """What a table swap costs beyond settle + window (the k-control acknowledgement), for planning."""
 MIN_WINDOW_S = 1.0
 
-AcceptanceMode = Literal["auto", "real", "prior"]
+AcceptanceSource = Literal["auto", "real", "prior"]
+"""Where served verification's acceptance comes from (``ServedVerificationOptions.acceptance``):
+drafts verified for real, synthetic acceptance at the prior's rates, or ``auto`` (chosen by the
+deployment's weights)."""
 
 
 @dataclass(frozen=True)
@@ -504,7 +507,7 @@ class ServedVerificationOptions:
     """A loss vs the best fixed k up to this passes whatever the noise."""
     output_tokens: tuple[int, int] = (32, 128)
     """max_tokens of each request, uniform in this range."""
-    acceptance: AcceptanceMode = "auto"
+    acceptance: AcceptanceSource = "auto"
     """``real``: the launch verifies drafts for real on the workload's prompts; ``prior``: synthetic
     acceptance at the table's prior rates (needed with dummy weights); ``auto``: ``prior`` when the
     deployment loads dummy weights, else ``real``."""
