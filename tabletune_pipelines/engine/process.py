@@ -6,7 +6,7 @@ group on 127.0.0.1, waits for ``/health``, and on exit stops the whole group (SI
 SIGKILL). A server that exits or never becomes healthy raises an ``EngineError`` quoting the
 log's tail.
 
-Every server runs TableTune's step scheduler (``engine/step_scheduler.py``) unless
+Every server runs TableTune's timing scheduler (``engine/timing_scheduler.py``) unless
 ``step_timing=False``: per-step records go to ``server.step_log_path`` (JSONL),
 ``set_k(...)`` switches the draft length at runtime and ``arm_gate(n)`` admits the next n
 requests in one step, all through the control-file protocol (``control_protocol.py``). On the
@@ -173,7 +173,7 @@ class VLLMServer:
         self.log_path: Path | None = None
         """The server's stdout+stderr (first line: the command)."""
         self.step_log_path: Path | None = None
-        """The step scheduler's JSONL records (see ``engine/step_scheduler.py``)."""
+        """The timing scheduler's JSONL records (see ``engine/timing_scheduler.py``)."""
         self.control_path: Path | None = None
         """The k / table / gate channel (``control_protocol.K_CONTROL_ENV``)."""
         self.synthetic_control_path: Path | None = None
@@ -425,7 +425,7 @@ class VLLMServer:
 
     def read_steps(self, since: float | None = None, until: float | None = None,
                    offset: int = 0) -> list[dict[str, Any]]:
-        """Step records (see ``engine/step_scheduler.py``) with ``since <= t <= until``
+        """Step records (see ``engine/timing_scheduler.py``) with ``since <= t <= until``
         (time.monotonic()), read from byte ``offset`` of the step log on."""
         if not self.step_log_path or not self.step_log_path.exists():
             return []
