@@ -47,8 +47,8 @@ from tabletune_pipelines.vocab import (
     Method,
     PriorSource,
     ProfileMode,
-    SEARCH_POLICIES,
-    SearchPolicy,
+    SEARCH_RULES,
+    SearchRule,
     TimingSource,
 )
 
@@ -443,8 +443,8 @@ class DraftLengthTable(_Document):
     step_ms: dict[str, dict[str, float]] = field(default_factory=dict)
     """The decode surface T(B, k) the table was derived from, ``{k: {B: ms}}`` (string keys for
     JSON); when the search priced served steps, the expected extra per step is in ``served_cost``."""
-    search_policy: SearchPolicy = "stickiness"
-    """The search's rule (``vocab.SearchPolicy``); tables stored before the evidence rule used the
+    search_policy: SearchRule = "stickiness"
+    """The search's rule (``vocab.SearchRule``); tables stored before the evidence rule used the
     method's ``stickiness``."""
     confidence: float | None = None
     """Confidence level of the bounds below (None: a table stored before they were computed)."""
@@ -472,9 +472,9 @@ class DraftLengthTable(_Document):
 
     def __post_init__(self) -> None:
         validate_table([list(r) for r in self.ranges], self.max_num_seqs, self.max_k)
-        if self.search_policy not in SEARCH_POLICIES:
+        if self.search_policy not in SEARCH_RULES:
             raise DocumentError(f"draft-length table: search_policy = {self.search_policy!r} must be one of "
-                                f"{SEARCH_POLICIES}")
+                                f"{SEARCH_RULES}")
 
     @property
     def evidence_supported(self) -> bool:

@@ -45,7 +45,7 @@ ControllerMode = Literal["control", "observe"]
 """The online controller's mode: ``control`` rebuilds the table and rewrites vLLM's lookup;
 ``observe`` serves the published table as it is and only counts, estimates and exports."""
 
-SearchPolicy = Literal["evidence", "stickiness"]
+SearchRule = Literal["evidence", "stickiness"]
 """How the table search moves between k values: ``evidence`` (only where the goodput gain's lower
 confidence bound exceeds the stickiness threshold) or ``stickiness`` (the method's rule: where the
 point estimate does; docs/method.md, "Table search")."""
@@ -56,7 +56,7 @@ GraphMode = Literal["full", "piecewise", "none"]
 
 PROFILE_MODES: tuple[str, ...] = get_args(ProfileMode)
 GRAPH_MODES: tuple[str, ...] = get_args(GraphMode)
-SEARCH_POLICIES: tuple[str, ...] = get_args(SearchPolicy)
+SEARCH_RULES: tuple[str, ...] = get_args(SearchRule)
 DRAFT_VERDICTS: tuple[str, ...] = get_args(DraftVerdict)
 TIMING_SOURCES: tuple[str, ...] = get_args(TimingSource)
 PRIOR_SOURCES: tuple[str, ...] = get_args(PriorSource)

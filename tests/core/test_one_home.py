@@ -16,7 +16,7 @@ can only shrink (delete its entry when the copy goes).
     which prior builds a table               tuning.gates.prior_for_table
     options from a mapping                   options.options_from_mapping
     a measurement's launch overrides         engine.plan.LaunchOverrides
-    the gate thresholds and their defaults   tuning.gates.GatePolicy
+    the gate thresholds and their defaults   tuning.gates.GateThresholds
 """
 
 from __future__ import annotations
@@ -217,7 +217,7 @@ def _number(node: ast.AST | None) -> bool:
 
 def gate_threshold(node: ast.AST, stack: list[ast.AST]) -> bool:
     """A class field named like a gate threshold with a number of its own as default (``= 0.03`` or
-    ``Field(default=0.03)``), not ``GatePolicy``'s."""
+    ``Field(default=0.03)``), not ``GateThresholds``'."""
     if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
             and node.target.id in GATE_THRESHOLDS and stack and isinstance(stack[-1], ast.ClassDef)):
         return False
