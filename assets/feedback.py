@@ -6,7 +6,7 @@ from dagster_duckdb import DuckDBResource
 from assets import OWNERS
 from tabletune_pipelines.orchestration.metadata import describe_live_priors, failures
 from tabletune_pipelines.orchestration.partitions import week_bounds, weekly_partitions
-from tabletune_pipelines.orchestration.resources import EngineResource, FleetResource, TuningPolicy, store_from
+from tabletune_pipelines.orchestration.resources import EngineResource, FleetResource, TuningSettings, store_from
 from tabletune_pipelines.tuning.feedback import ingest_live_counters
 
 controller_live_counters = dg.AssetSpec(
@@ -43,7 +43,7 @@ class FeedbackConfig(dg.Config):
     ),
 )
 def live_acceptance_counters(context: dg.AssetExecutionContext, config: FeedbackConfig, duckdb: DuckDBResource,
-                             fleet: FleetResource, engine: EngineResource, policy: TuningPolicy):
+                             fleet: FleetResource, engine: EngineResource, policy: TuningSettings):
     week = context.partition_key
     with failures():
         live = ingest_live_counters(store_from(duckdb), fleet.load(), week, week_bounds(week), engine,

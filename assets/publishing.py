@@ -12,7 +12,7 @@ from tabletune_pipelines.orchestration.metadata import (
     served_check,
 )
 from tabletune_pipelines.orchestration.partitions import engine_identity_partitions
-from tabletune_pipelines.orchestration.resources import EngineResource, FleetResource, TuningPolicy, store_from
+from tabletune_pipelines.orchestration.resources import EngineResource, FleetResource, TuningSettings, store_from
 from tabletune_pipelines.orchestration.tags import engine_tag_warning
 from tabletune_pipelines.publishing import publish_table, rollback_table
 
@@ -50,7 +50,7 @@ class PublishConfig(dg.Config):
     ],
 )
 def published_table(context: dg.AssetExecutionContext, config: PublishConfig, duckdb: DuckDBResource,
-                    fleet: FleetResource, engine: EngineResource, policy: TuningPolicy):
+                    fleet: FleetResource, engine: EngineResource, policy: TuningSettings):
     with failures():
         publication = publish_table(store_from(duckdb), fleet.load(), context.partition_key, engine,
                                     deployments=config.deployments, force=config.force,

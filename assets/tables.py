@@ -8,7 +8,7 @@ from dagster_duckdb import DuckDBResource
 from assets import OWNERS
 from tabletune_pipelines.orchestration.metadata import describe_table, failures
 from tabletune_pipelines.orchestration.partitions import engine_identity_partitions
-from tabletune_pipelines.orchestration.resources import TuningPolicy, store_from
+from tabletune_pipelines.orchestration.resources import TuningSettings, store_from
 from tabletune_pipelines.tuning.build import build_table
 
 
@@ -57,7 +57,7 @@ class TableConfig(dg.Config):
     ],
 )
 def draft_length_table(context: dg.AssetExecutionContext, config: TableConfig, duckdb: DuckDBResource,
-                       policy: TuningPolicy):
+                       policy: TuningSettings):
     with failures():
         built = build_table(store_from(duckdb), context.partition_key, policy, allowed_ks=config.allowed_ks,
                             log=context.log)

@@ -15,7 +15,7 @@ known exactly and switches at runtime through ``server.set_synthetic_rates``):
    (``tuning.derive_table``, with the correction). Then, per repetition, for every vector (switched
    at runtime), batch size B and policy (fixed k = 1, fixed k = 3, the tuned table) send B concurrent
    requests (~32-token prompts, ``ignore_eos``, ``--output-tokens`` each), admitted in one engine step
-   by the step scheduler's admission gate. The order of vectors and policies rotates per repetition
+   by the timing scheduler's admission gate. The order of vectors and policies rotates per repetition
    so drift hits all of them alike.
 3. Profile again (same plan, same launch). The "bracketed" profile takes each cell's median over
    the repetitions before AND after the goodput runs, which cancels slow drift of the shared 2-core

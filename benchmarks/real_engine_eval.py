@@ -20,7 +20,7 @@ Load: ``L`` closed-loop clients, each sending one request at a time, ``max_token
 
 Per scenario:
 
-1. **Table launch** (TableTune's step scheduler): first the profile IN THIS LAUNCH — synthetic:
+1. **Table launch** (TableTune's timing scheduler): first the profile IN THIS LAUNCH — synthetic:
    the tuner's own profiler (``engine.profile_step_times``: every draft rejected, all-accepted
    cells for the accepted-work correction, adaptive re-measurement) and ``tuning.derive_table``
    under the known rates, once with the paper's 0.5% rule (``policy="stickiness"``) and once with
@@ -194,7 +194,7 @@ def profile_served(srv, prompt, args) -> tuple[dict, dict, dict, tuple[float, ..
     per-position acceptance from the same steps; the search with both rules."""
     import numpy as np
 
-    from tabletune_pipelines.core.acceptance import rates_from_counts
+    from tabletune_pipelines.core.acceptance_estimate import rates_from_counts
     from tabletune_pipelines.core.evidence import search_with_evidence
     from tabletune_pipelines.core.noise import rates_covariance
 

@@ -6,7 +6,7 @@ acknowledgement file ``<file>.ack``:
 * The **writer** (the side that starts the server, or the controller) replaces the file
   atomically with ``{"seq": n, ...command}``, ``n`` increasing, and waits until ``<file>.ack``
   holds ``{"ack": n, ...}``. An ack carrying ``"error"`` means the engine refused the command.
-* The **reader** (inside the engine: the step scheduler once per step, the CPU plugin when drafts
+* The **reader** (inside the engine: the timing scheduler once per step, the CPU plugin when drafts
   are verified) detects a new command with one ``os.stat`` per poll — the file's (inode, mtime,
   size) changed — parses it, acts, and writes the ack atomically. A file it cannot parse (not
   strict JSON: NaN, Infinity, a duplicate key, nesting past 64 levels, an integer of more than 32
@@ -25,7 +25,7 @@ Channels used by TableTune (the environment variable names the file for the engi
 
 * ``TABLETUNE_K_CONTROL``: ``{"k": 2}`` (every batch size drafts k), ``{"table": [[1, 8, 3],
   [9, 16, 1]]}`` (a draft-length table) or ``{"gate": 8, "gate_timeout": 10.0}`` (admit the next
-  8 arriving requests together); read by ``engine/step_scheduler.py``.
+  8 arriving requests together); read by ``engine/timing_scheduler.py``.
 * ``TABLETUNE_SYNTHETIC_CONTROL``: ``{"rates": [a_1, ..., a_K]}`` (synthetic acceptance, CPU build);
   read by ``engine/cpu_plugin.py``.
 
@@ -63,7 +63,7 @@ K_CONTROL_ENV = "TABLETUNE_K_CONTROL"
 SYNTHETIC_CONTROL_ENV = "TABLETUNE_SYNTHETIC_CONTROL"
 """Environment variable naming the synthetic-acceptance-rates channel (CPU build)."""
 STEP_LOG_ENV = "TABLETUNE_STEP_LOG"
-"""Environment variable naming the step scheduler's JSONL step log (not a channel: append-only)."""
+"""Environment variable naming the timing scheduler's JSONL step log (not a channel: append-only)."""
 
 Signature = tuple[int, int, int]
 """(inode, mtime_ns, size) of a control file: what the reader compares between polls."""
@@ -231,7 +231,7 @@ class ControlWriter:
                  pause: float = 0.05, what: str | None = None) -> dict[str, Any]:
         """Wait until the engine acknowledges command ``seq``; return the ack.
 
-        ``poke`` is called between polls to make the engine act (the step scheduler reads its
+        ``poke`` is called between polls to make the engine act (the timing scheduler reads its
         channel once per step, so an idle engine needs a tiny request). Raises
         ``ControlRejected`` when the ack for ``seq`` (or the ack of an unreadable file, written
         after ``send``) carries an error, ``ControlTimeout`` after ``timeout`` seconds.

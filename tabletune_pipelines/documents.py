@@ -32,7 +32,7 @@ from tabletune_pipelines.errors import (
     TableTuneError,
 )
 from tabletune_pipelines.vocab import (
-    ACCEPTANCE_MODES,
+    DRAFT_VERDICTS,
     DEFAULT_CUDAGRAPH_MODE,
     DEFAULT_MODEL_RUNNER,
     ModelRunner,
@@ -43,12 +43,12 @@ from tabletune_pipelines.vocab import (
     PRIOR_SOURCES,
     PROFILE_MODES,
     TIMING_SOURCES,
-    AcceptanceMode,
+    DraftVerdict,
     Method,
     PriorSource,
     ProfileMode,
-    SEARCH_POLICIES,
-    SearchPolicy,
+    SEARCH_RULES,
+    SearchRule,
     TimingSource,
 )
 
@@ -211,7 +211,7 @@ class StepTimeCell:
     """Median step time over repetitions, milliseconds."""
     repetitions_ms: tuple[float, ...]
     """Each repetition's step time, milliseconds."""
-    acceptance: AcceptanceMode = "reject"
+    acceptance: DraftVerdict = "reject"
     """``"reject"``: every draft rejected (synthetic 0); ``"accept"``: every draft accepted."""
     launch_k: int | None = None
     """``num_speculative_tokens`` of the launch the cell was timed under."""
@@ -246,8 +246,8 @@ class StepTimeCell:
             raise DocumentError(f"step-time cell: batch_size = {self.batch_size!r} must be an integer >= 1")
         if self.k is not None and (not _is_int(self.k) or self.k < 0):
             raise DocumentError(f"step-time cell: k = {self.k!r} must be an integer >= 0 or None (no speculation)")
-        if self.acceptance not in ACCEPTANCE_MODES:
-            raise DocumentError(f"step-time cell: acceptance = {self.acceptance!r} must be one of {ACCEPTANCE_MODES}")
+        if self.acceptance not in DRAFT_VERDICTS:
+            raise DocumentError(f"step-time cell: acceptance = {self.acceptance!r} must be one of {DRAFT_VERDICTS}")
         if self.timing not in TIMING_SOURCES:
             raise DocumentError(f"step-time cell: timing = {self.timing!r} must be one of {TIMING_SOURCES}")
 
@@ -299,7 +299,7 @@ class StepTimeProfile(_Document):
     def no_spec_ms(self) -> dict[int, float]:
         return {c.batch_size: c.median_ms for c in self.cells if c.k is None}
 
-    def estimates(self, acceptance: AcceptanceMode = "reject") -> dict[int, dict[int, CellEstimate]]:
+    def estimates(self, acceptance: DraftVerdict = "reject") -> dict[int, dict[int, CellEstimate]]:
         """``{k: {B: CellEstimate}}`` of the speculative cells of one acceptance mode."""
         out: dict[int, dict[int, CellEstimate]] = {}
         for c in self.cells:
@@ -443,8 +443,8 @@ class DraftLengthTable(_Document):
     step_ms: dict[str, dict[str, float]] = field(default_factory=dict)
     """The decode surface T(B, k) the table was derived from, ``{k: {B: ms}}`` (string keys for
     JSON); when the search priced served steps, the expected extra per step is in ``served_cost``."""
-    search_policy: SearchPolicy = "stickiness"
-    """The search's rule (``vocab.SearchPolicy``); tables stored before the evidence rule used the
+    search_policy: SearchRule = "stickiness"
+    """The search's rule (``vocab.SearchRule``); tables stored before the evidence rule used the
     method's ``stickiness``."""
     confidence: float | None = None
     """Confidence level of the bounds below (None: a table stored before they were computed)."""
@@ -472,9 +472,9 @@ class DraftLengthTable(_Document):
 
     def __post_init__(self) -> None:
         validate_table([list(r) for r in self.ranges], self.max_num_seqs, self.max_k)
-        if self.search_policy not in SEARCH_POLICIES:
+        if self.search_policy not in SEARCH_RULES:
             raise DocumentError(f"draft-length table: search_policy = {self.search_policy!r} must be one of "
-                                f"{SEARCH_POLICIES}")
+                                f"{SEARCH_RULES}")
 
     @property
     def evidence_supported(self) -> bool:

@@ -219,7 +219,7 @@ class ControlRejected(ControlProtocolError):
 
 class InvalidCommand(ControlProtocolError, ValueError):
     """A command the reader refuses before applying it (the ack carries this message). Raised by
-    ``control_protocol``'s checks in the engine (step scheduler, CPU plugin); the writer sees it as
+    ``control_protocol``'s checks in the engine (timing scheduler, CPU plugin); the writer sees it as
     ``ControlRejected`` and fixes the named key."""
 
 

@@ -15,9 +15,10 @@ runtime), ``launch_per_k`` (a launch at K per k with a one-range table), ``fixed
 k >= 1 with K = k and no table: the baseline of the engine-dependence check, docs/method.md,
 "Limitations" 1)."""
 
-AcceptanceMode = Literal["reject", "accept"]
-"""Synthetic acceptance of a timed cell: every draft rejected (the method's timing protocol) or
-every draft accepted (the accepted-token work check, docs/method.md, "Limitations" 2)."""
+DraftVerdict = Literal["reject", "accept"]
+"""The verdict a timed cell forces on every draft (synthetic acceptance): every draft rejected (the
+method's timing protocol) or every draft accepted (the accepted-token work check, docs/method.md,
+"Limitations" 2). Stored as a cell's ``acceptance`` field."""
 
 TimingSource = Literal["engine", "wall"]
 """``engine``: intervals between the scheduler's step updates; ``wall``: (t65 - t1) / 64 from the
@@ -44,7 +45,7 @@ ControllerMode = Literal["control", "observe"]
 """The online controller's mode: ``control`` rebuilds the table and rewrites vLLM's lookup;
 ``observe`` serves the published table as it is and only counts, estimates and exports."""
 
-SearchPolicy = Literal["evidence", "stickiness"]
+SearchRule = Literal["evidence", "stickiness"]
 """How the table search moves between k values: ``evidence`` (only where the goodput gain's lower
 confidence bound exceeds the stickiness threshold) or ``stickiness`` (the method's rule: where the
 point estimate does; docs/method.md, "Table search")."""
@@ -55,8 +56,8 @@ GraphMode = Literal["full", "piecewise", "none"]
 
 PROFILE_MODES: tuple[str, ...] = get_args(ProfileMode)
 GRAPH_MODES: tuple[str, ...] = get_args(GraphMode)
-SEARCH_POLICIES: tuple[str, ...] = get_args(SearchPolicy)
-ACCEPTANCE_MODES: tuple[str, ...] = get_args(AcceptanceMode)
+SEARCH_RULES: tuple[str, ...] = get_args(SearchRule)
+DRAFT_VERDICTS: tuple[str, ...] = get_args(DraftVerdict)
 TIMING_SOURCES: tuple[str, ...] = get_args(TimingSource)
 PRIOR_SOURCES: tuple[str, ...] = get_args(PriorSource)
 METHODS: tuple[str, ...] = get_args(Method)

@@ -11,7 +11,7 @@ driven without an engine (tests, a simulator):
     loader     published file -> StartPoint (or the reason to fall back); the engine-identity check
     search     vLLM-layout lookups (the table's dense/range forms are core.table's; the search
                itself is core.evidence, the offline tuner's)
-    steptime   live step-time correction of the profiled T(B, k), with its error
+    step_correction  live step-time correction of the profiled T(B, k), with its error
     step       StepOutcome (one engine step, as the hooks see it) and count_drafts (the one
                per-request count of drafted and kept tokens); stdlib only
     flapping   FlapCounter: switches of k per batch size, reversals, the flap backoff's holds

@@ -15,8 +15,8 @@ The vLLM adapter (``controller/scheduler.py``) calls three methods; a simulator 
 
   1. per-position counts from the histograms (drafted_i = request-steps that drafted >= i; a
      variable k then does not bias later positions), added to the live counters;
-  2. â_i = (w·a_i + accepted_i) / (w + drafted_i) (``core.acceptance.AcceptanceEstimator``);
-  3. step times: the profile blended with observed step durations (``controller/steptime.py``);
+  2. â_i = (w·a_i + accepted_i) / (w + drafted_i) (``core.acceptance_estimate.AcceptanceEstimator``);
+  3. step times: the profile blended with observed step durations (``controller/step_correction.py``);
   4. the table search over the allowed k: the offline tuner's evidence rule
      (``core.evidence.search_with_evidence``, one implementation) revising the table in force, so
      a k changes at a batch size only when the lower confidence bound of its gain (acceptance
@@ -59,8 +59,8 @@ from tabletune_pipelines.controller.search import (
 )
 from tabletune_pipelines.controller.settings import ControllerSettings
 from tabletune_pipelines.controller.step import StepOutcome, count_drafts, fold, longest
-from tabletune_pipelines.controller.steptime import ServedPrior, StepTimeModel, served_prior
-from tabletune_pipelines.core.acceptance import AcceptanceEstimator, EstimatorConfig
+from tabletune_pipelines.controller.step_correction import ServedPrior, StepTimeModel, served_prior
+from tabletune_pipelines.core.acceptance_estimate import AcceptanceEstimator, EstimatorConfig
 from tabletune_pipelines.core.evidence import search_with_evidence
 from tabletune_pipelines.core.noise import z_value
 from tabletune_pipelines.core.noise import rates_covariance

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tabletune_pipelines.controller.steptime import StepTimeModel
+from tabletune_pipelines.controller.step_correction import StepTimeModel
 
 
 def _observe(cells: dict[int, list[float]], key: int, ms: float) -> None:

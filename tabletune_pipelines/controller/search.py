@@ -35,7 +35,7 @@ def vllm_lookup(dense: np.ndarray) -> list[int]:
 
 def hysteresis_lookups(dense: np.ndarray, ks: Sequence[int], h: int) -> dict[int, list[int]]:
     """For each current k: the lookup that keeps it while B is within ``h`` of a batch size that
-    uses it (``core.acceptance.BoundaryHysteresis.select`` for every B at once). Empty for h = 0."""
+    uses it (``core.acceptance_estimate.BoundaryHysteresis.select`` for every B at once). Empty for h = 0."""
     if h <= 0:
         return {}
     out: dict[int, list[int]] = {}

@@ -1,5 +1,5 @@
 """One engine step as the controller's hooks see it, and the one per-request count of drafted and
-kept tokens. Stdlib only: ``engine.step_scheduler`` imports it inside vLLM's engine core too.
+kept tokens. Stdlib only: ``engine.timing_scheduler`` imports it inside vLLM's engine core too.
 
 ``StepOutcome`` is built once per step by the vLLM adapter (``controller/scheduler.py``) from
 ``update_from_output``'s arguments and handed to every ``on_step`` (``logic.Controller``, the

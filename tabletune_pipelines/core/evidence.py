@@ -40,14 +40,14 @@ from tabletune_pipelines.core.goodput import tau_curve
 from tabletune_pipelines.core.noise import z_value
 from tabletune_pipelines.core.table import DEFAULT_STICKINESS, TableChoice, choose_draft_lengths, goodput_matrix
 from tabletune_pipelines.errors import EmptyProfileError, InvalidStepTimeError, InvalidValueError
-from tabletune_pipelines.vocab import SEARCH_POLICIES, SearchPolicy
+from tabletune_pipelines.vocab import SEARCH_RULES, SearchRule
 
 #: Confidence of the evidence rule (per batch size, over all candidate k together).
 DEFAULT_CONFIDENCE = 0.95
 #: A decision is settled once no other k can be better than the chosen one by more than this.
 DEFAULT_TOLERANCE = 0.02
-#: Default policy of the search.
-DEFAULT_POLICY: SearchPolicy = "evidence"
+#: Default rule of the search (``vocab.SearchRule``).
+DEFAULT_SEARCH_RULE: SearchRule = "evidence"
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class EvidenceTable:
 
     choice: TableChoice
     """Chosen k per batch size and the predicted goodput of every k."""
-    policy: SearchPolicy
+    policy: SearchRule
     """The rule that chose: ``evidence`` or ``stickiness``."""
     threshold: float
     """Stickiness threshold (relative gain)."""
@@ -297,7 +297,7 @@ def search_with_evidence(
     allowed_ks: Iterable[int] | None = None,
     threshold: float = DEFAULT_STICKINESS,
     confidence: float = DEFAULT_CONFIDENCE,
-    policy: SearchPolicy = DEFAULT_POLICY,
+    policy: SearchRule = DEFAULT_SEARCH_RULE,
     incumbent: Sequence[int] | None = None,
 ) -> EvidenceTable:
     """The table search of the module docstring on dense T (K, N) and its (co)variances.
@@ -317,8 +317,8 @@ def search_with_evidence(
     Only the evidence policy takes an incumbent.
     """
     ks = tuple(int(k) for k in ks)
-    if policy not in SEARCH_POLICIES:
-        raise InvalidValueError(f"policy = {policy!r} must be one of {SEARCH_POLICIES}")
+    if policy not in SEARCH_RULES:
+        raise InvalidValueError(f"policy = {policy!r} must be one of {SEARCH_RULES}")
     if threshold < 0:
         raise InvalidValueError(f"stickiness threshold = {threshold!r} must be >= 0")
     t = np.asarray(step_ms_dense, dtype=float)

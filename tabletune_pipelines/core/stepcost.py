@@ -173,7 +173,7 @@ class StepSample:
 
 def samples_from_step_log(steps: Iterable[Mapping[str, Any]], *, max_batch: int | None = None,
                           full_drafts: bool = True) -> list[StepSample]:
-    """Step-log records (``engine.step_scheduler``) as samples.
+    """Step-log records (``engine.timing_scheduler``) as samples.
 
     A record counts when the step before it was busy too (its ``dt`` is one step, not an idle
     gap), it says its k, and, with ``full_drafts``, every decoding request verified all k drafts

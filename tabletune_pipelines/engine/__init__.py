@@ -2,7 +2,7 @@
 
 Importing this package is cheap: the names below load their module on first use, and vLLM,
 torch and transformers are imported only by the code that runs inside vLLM (``cpu_plugin``,
-``step_scheduler``, ``launcher``) or builds models (``tiny_models``). Nothing here imports Dagster.
+``timing_scheduler``, ``launcher``) or builds models (``tiny_models``). Nothing here imports Dagster.
 
 Modules, one job each:
     config          ServerConfig: everything one launch needs, validated on construction
@@ -21,12 +21,12 @@ Modules, one job each:
     progress        ProfilerProgress: progress lines and ETA
     profiler        profile_step_times (orchestration), ProfileHooks (store_hooks), ProfileServers
     acceptance      measure_acceptance(...) -> AcceptancePrior, prompt sampling, spec counters
-    step_scheduler  --scheduler-cls: per-step records, runtime k switching, admission gate
+    timing_scheduler  --scheduler-cls: per-step records, runtime k switching, admission gate
     cpu_plugin      vLLM general plugin: synthetic rejection on the CPU build
     launcher        python -m tabletune_pipelines.engine.launcher serve MODEL ... (CPU build)
     tiny_models     ensure_tiny_models(cache_dir, size, dtype) -> TinyModels
 Its errors (``EngineError`` and friends) are in ``tabletune_pipelines.errors``, the one hierarchy.
-The control-file protocol the server side, the step scheduler and the CPU plugin share is
+The control-file protocol the server side, the timing scheduler and the CPU plugin share is
 ``tabletune_pipelines.control_protocol``.
 """
 

@@ -9,7 +9,7 @@ them at the launch K with the production temperature, and reads vLLM's Prometheu
 ``vllm:spec_decode_num_accepted_tokens_total`` and
 ``vllm:spec_decode_num_accepted_tokens_per_pos_total{position="i"}`` (0-based). Then
 ``a_i = kept_i / drafted_i`` where drafted_i is how often position i was drafted (from
-TableTune's step records when the step scheduler runs, else ``num_drafts`` for every position,
+TableTune's step records when the timing scheduler runs, else ``num_drafts`` for every position,
 exact under a fixed K). The result stores the sampled prompts' fingerprint and count, never the
 prompts. The fingerprint is an HMAC-SHA256 keyed with this installation's secret
 (``$TABLETUNE_HOME/fingerprint.key``, 32 random bytes, created with mode 0600 on first use): it
@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from tabletune_pipelines.core.acceptance import rates_from_counts
+from tabletune_pipelines.core.acceptance_estimate import rates_from_counts
 from tabletune_pipelines.documents import AcceptancePrior
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.errors import (

@@ -24,7 +24,7 @@ from tabletune_pipelines.engine.config import SERVED_MODEL_NAME, ServerConfig
 
 LAUNCHER_MODULE = "tabletune_pipelines.engine.launcher"
 """Module that runs vLLM's CLI on the CPU build (``python -m``)."""
-SCHEDULER_MODULE = "tabletune_pipelines.engine.step_scheduler"
+SCHEDULER_MODULE = "tabletune_pipelines.engine.timing_scheduler"
 """Module of the ``--scheduler-cls`` classes."""
 V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 """vLLM's switch between Model Runner V1 (``0``) and V2 (``1``)."""

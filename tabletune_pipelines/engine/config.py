@@ -116,7 +116,7 @@ class ServerConfig:
     kv_cache_space_gib: int = 1
     """``VLLM_CPU_KVCACHE_SPACE`` on the CPU build (GiB; vLLM's default asks 0.9 x RAM)."""
     step_timing: bool = True
-    """Run TableTune's step scheduler (step records + runtime k switching + admission gate)."""
+    """Run TableTune's timing scheduler (step records + runtime k switching + admission gate)."""
     enable_prefix_caching: bool = False
     """Prefix caching; off so repeated timing prompts are not served from cache."""
     seed: int = 0

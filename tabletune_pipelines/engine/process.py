@@ -6,7 +6,7 @@ group on 127.0.0.1, waits for ``/health``, and on exit stops the whole group (SI
 SIGKILL). A server that exits or never becomes healthy raises an ``EngineError`` quoting the
 log's tail.
 
-Every server runs TableTune's step scheduler (``engine/step_scheduler.py``) unless
+Every server runs TableTune's timing scheduler (``engine/timing_scheduler.py``) unless
 ``step_timing=False``: per-step records go to the launch's step log (``read_steps``),
 ``set_k(...)`` switches the draft length at runtime and ``arm_gate(n)`` admits the next n
 requests in one step, all through the control-file protocol (``control_protocol.py``). On the
@@ -17,7 +17,7 @@ CPU build ``set_synthetic_rates(...)`` changes the synthetic acceptance at runti
     process    ServerProcess (here): launch, health wait, stop of the process group, log tail
     requests   engine.client.ServerClient: completions, /metrics, /version with the log on failures
     control    engine.runtime_control.RuntimeControl: k, table, admission gate, synthetic rates
-    step_log   engine.step_log.StepLog: the step scheduler's records of this launch
+    step_log   engine.step_log.StepLog: the timing scheduler's records of this launch
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ class ServerProcess:
         self.log_path: Path | None = None
         """The server's stdout+stderr (first line: the command)."""
         self.step_log_path: Path | None = None
-        """The step scheduler's JSONL records (see ``engine/step_scheduler.py``)."""
+        """The timing scheduler's JSONL records (see ``engine/timing_scheduler.py``)."""
         self.control_path: Path | None = None
         """The k / table / gate channel (``control_protocol.K_CONTROL_ENV``)."""
         self.synthetic_control_path: Path | None = None
@@ -337,7 +337,7 @@ class VLLMServer:
         self.control = RuntimeControl(config, self.device, complete=self.complete, log_tail=self.process.log_tail)
         """Runtime k / table / gate / synthetic rates (channels open once started)."""
         self.step_log = StepLog(None)
-        """The step scheduler's records of the current launch."""
+        """The timing scheduler's records of the current launch."""
 
     # ------------------------------------------------------------------ lifecycle (ServerProcess)
     def start(self) -> "VLLMServer":
@@ -427,6 +427,6 @@ class VLLMServer:
 
     def read_steps(self, since: float | None = None, until: float | None = None,
                    offset: int = 0) -> list[dict[str, Any]]:
-        """Step records (see ``engine/step_scheduler.py``) with ``since <= t <= until``
+        """Step records (see ``engine/timing_scheduler.py``) with ``since <= t <= until``
         (time.monotonic()), read from byte ``offset`` of the step log on."""
         return self.step_log.read(since, until, offset)

@@ -75,7 +75,7 @@ from tabletune_pipelines.engine.process import VLLMServer
 from tabletune_pipelines.engine.progress import ProfilerProgress
 from tabletune_pipelines.engine.tiny_models import read_vocab_size
 from tabletune_pipelines.errors import EngineConfigError, TableTuneError
-from tabletune_pipelines.vocab import AcceptanceMode
+from tabletune_pipelines.vocab import DraftVerdict
 
 __all__ = ["CellKey", "ProfileHooks", "ProfileOptions", "ProfilePlan", "ProfileServers", "cell_key",
            "profile_step_times", "store_hooks"]
@@ -217,7 +217,7 @@ class _Run:
         warm_up(server, b, prompt_tokens=self.plan.prompt_tokens, vocab_size=self.vocab_size)
         warmed.add((k, b))
 
-    def group(self, server: Any, ks: Sequence[int | None], batch_sizes: Sequence[int], acceptance: AcceptanceMode,
+    def group(self, server: Any, ks: Sequence[int | None], batch_sizes: Sequence[int], acceptance: DraftVerdict,
               switch: bool, launch_k: int | None = None) -> None:
         """Measure every missing (k, B) of ``ks`` x ``batch_sizes`` on ``server``."""
         current: list[Any] = [object()]
@@ -238,7 +238,7 @@ class _Run:
             for k in pending:
                 self.emit(*self._cell(reps[k], k, b, acceptance, launch_k))
 
-    def _cell(self, ms: list[Measurement], k: int | None, b: int, acceptance: AcceptanceMode,
+    def _cell(self, ms: list[Measurement], k: int | None, b: int, acceptance: DraftVerdict,
               launch_k: int | None) -> tuple[StepTimeCell, str]:
         vals = tuple(round(m.step_ms, 4) for m in ms)
         late = sum(1 for m in ms if not m.admitted_together)

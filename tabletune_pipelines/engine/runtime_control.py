@@ -3,7 +3,7 @@
 The writer side of a launch's two control channels (``control_protocol.ControlWriter``; the
 protocol, its files and its acknowledgements are all there): ``set_k`` switches the draft length
 or the table and ``arm_gate`` admits the next n requests in one step (the k channel, read by the
-step scheduler once per step); ``set_synthetic_rates`` changes the synthetic acceptance on the CPU
+timing scheduler once per step); ``set_synthetic_rates`` changes the synthetic acceptance on the CPU
 build (read by the CPU plugin when drafts are verified). A command is checked against the launch
 configuration before it is sent. ``VLLMServer`` opens the channels when its server has started
 and hands over its ``complete`` (a tiny request makes an idle engine take a step) and its log tail
@@ -21,7 +21,7 @@ from tabletune_pipelines.core.table import validate_vllm_schedule
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.errors import ControlProtocolError, EngineConfigError, EngineError
 
-#: A one-request "nudge" that makes an idle engine take a step (the step scheduler reads its
+#: A one-request "nudge" that makes an idle engine take a step (the timing scheduler reads its
 #: control file once per step). Token ids, so no tokenizer vocabulary is assumed.
 NUDGE_PROMPT: list[int] = [10, 11, 12, 13]
 
@@ -56,7 +56,7 @@ class RuntimeControl:
         a tiny request nudges it).
         """
         if not self.config.step_timing:
-            raise EngineConfigError("runtime k switching needs step_timing=True (TableTune's step scheduler)")
+            raise EngineConfigError("runtime k switching needs step_timing=True (TableTune's timing scheduler)")
         if self.config.table is None:
             raise EngineConfigError("runtime k switching needs a launch table (ServerConfig.table)")
         if (k is None) == (table is None):
@@ -98,7 +98,7 @@ class RuntimeControl:
 
         Used by the profiler right before sending a timed batch of n requests (on 2 cores the
         API server otherwise hands them over across several steps: docs/engine-facts.md, "Noise
-        on 2 cores"). Does not wait for an acknowledgement; no-op without the step scheduler.
+        on 2 cores"). Does not wait for an acknowledgement; no-op without the timing scheduler.
         """
         if not self.config.step_timing or self.k_channel is None or n <= 1:
             return

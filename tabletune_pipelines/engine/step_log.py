@@ -1,6 +1,6 @@
-"""``StepLog``: reading a launch's step log, the JSONL records the step scheduler appends per step.
+"""``StepLog``: reading a launch's step log, the JSONL records the timing scheduler appends per step.
 
-The step scheduler (``engine/step_scheduler.py``) appends one JSON object per engine step to the
+The timing scheduler (``engine/timing_scheduler.py``) appends one JSON object per engine step to the
 file named by ``control_protocol.STEP_LOG_ENV`` while the server runs; ``VLLMServer`` names that
 file at launch. Readers take the records of a time window, from a byte offset on (the log's size
 before a measurement), so a long launch is not re-read from its start. The last line may be
@@ -31,7 +31,7 @@ class StepLog:
 
     def read(self, since: float | None = None, until: float | None = None,
              offset: int = 0) -> list[dict[str, Any]]:
-        """Step records (see ``engine/step_scheduler.py``) with ``since <= t <= until``
+        """Step records (see ``engine/timing_scheduler.py``) with ``since <= t <= until``
         (time.monotonic()), read from byte ``offset`` of the step log on."""
         if not self.path or not self.path.exists():
             return []

@@ -9,7 +9,7 @@ tabletune_pipelines.controller.scheduler.<class>`` plus the env var ``TABLETUNE_
 live-counters format the pipeline ingests) and the server log.
 
 ``server_config`` defaults to the tiny CPU models (``engine.tiny_models``) with synthetic acceptance
-and no step scheduler (``step_timing=False``); the synthetic inputs it publishes come from
+and no timing scheduler (``step_timing=False``); the synthetic inputs it publishes come from
 ``evaluation.synthetic``. The load is ``served.LoadGenerator`` with the rig's settings
 (``closed_loop``). No vLLM import here: the engine package is imported when a config is built.
 """

@@ -8,11 +8,11 @@ or ``policy: nightjar`` chooses k inside the engine. Evaluation only: the produc
 (``controller.scheduler.ControllerScheduler``) never imports this package.
 
 ``AnchoredEvaluationScheduler`` (benchmarks/real_engine_eval.py's adaptive launches, sync scheduling:
-the CPU build) runs the same controller under TableTune's step scheduler
-(``engine.step_scheduler``: one step-log record per step, so kept tokens are counted from the
+the CPU build) runs the same controller under TableTune's timing scheduler
+(``engine.timing_scheduler``: one step-log record per step, so kept tokens are counted from the
 engine side as in the table launches, and runtime tables), with anchor windows: while the file
 named by ``TABLETUNE_EVAL_ANCHOR_FLAG`` exists, the controller is bypassed — no ``next_lookup``, no
-``on_step`` — and the step scheduler's table (``set_k``) is in force, so the same launch measures a
+``on_step`` — and the timing scheduler's table (``set_k``) is in force, so the same launch measures a
 reference table between the adaptive policy's windows (a paired comparison without a new published
 version, which would restart the policy). When the flag goes, the controller resumes where it was;
 its step clock restarts so no interval spans the anchor window.
@@ -26,7 +26,7 @@ from typing import Any
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from tabletune_pipelines.controller.scheduler import AsyncControllerScheduler, SyncControllerScheduler, _ControllerMixin
-from tabletune_pipelines.engine.step_scheduler import _TimingMixin
+from tabletune_pipelines.engine.timing_scheduler import _TimingMixin
 from tabletune_pipelines.evaluation.baselines import PolicyController
 
 ANCHOR_ENV = "TABLETUNE_EVAL_ANCHOR_FLAG"

@@ -3,12 +3,12 @@ verification of each window, and the served verification of a candidate table be
 
 The one copy of the closed-loop machinery (the benchmarks import it from here). No Dagster, no vLLM
 import: ``server`` is anything with ``set_k(table=...)``, ``step_log_offset()``, ``read_steps(...)``
-and ``complete(...)``, i.e. ``engine.process.VLLMServer`` launched with TableTune's step scheduler
-(``engine/step_scheduler.py``) and a launch table (runtime k switching).
+and ``complete(...)``, i.e. ``engine.process.VLLMServer`` launched with TableTune's timing scheduler
+(``engine/timing_scheduler.py``) and a launch table (runtime k switching).
 
 **Protocol** (docs/evaluation.md, "Served verification"). Launch-to-launch drift is larger than the
 differences between good tables, so every policy is measured in the same server: a policy's table
-is hot-swapped between windows through the step scheduler's k control, the order of the policies
+is hot-swapped between windows through the timing scheduler's k control, the order of the policies
 rotates from round to round (so slow drift hits every policy alike), and kept tokens are counted on
 the engine side from the step log (one record per ``update_from_output``; a step keeps ``b + a``
 tokens, every request its target token plus its accepted drafts): goodput of a window =
@@ -474,7 +474,10 @@ SWAP_OVERHEAD_S = 0.2
 """What a table swap costs beyond settle + window (the k-control acknowledgement), for planning."""
 MIN_WINDOW_S = 1.0
 
-AcceptanceMode = Literal["auto", "real", "prior"]
+AcceptanceSource = Literal["auto", "real", "prior"]
+"""Where served verification's acceptance comes from (``ServedVerificationOptions.acceptance``):
+drafts verified for real, synthetic acceptance at the prior's rates, or ``auto`` (chosen by the
+deployment's weights)."""
 
 
 @dataclass(frozen=True)
@@ -504,7 +507,7 @@ class ServedVerificationOptions:
     """A loss vs the best fixed k up to this passes whatever the noise."""
     output_tokens: tuple[int, int] = (32, 128)
     """max_tokens of each request, uniform in this range."""
-    acceptance: AcceptanceMode = "auto"
+    acceptance: AcceptanceSource = "auto"
     """``real``: the launch verifies drafts for real on the workload's prompts; ``prior``: synthetic
     acceptance at the table's prior rates (needed with dummy weights); ``auto``: ``prior`` when the
     deployment loads dummy weights, else ``real``."""

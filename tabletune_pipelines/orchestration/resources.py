@@ -1,4 +1,4 @@
-"""Dagster resources: the DuckDB store, the fleet file, the engine, the tuning policy.
+"""Dagster resources: the DuckDB store, the fleet file, the engine, the tuning settings.
 
 Thin wrappers: each resource holds configuration and calls the library (``store``, ``fleet``,
 ``deployments``, ``tuning.gates``). Paths default from the environment so the same definitions
@@ -22,15 +22,15 @@ from dagster_duckdb import DuckDBResource
 from pydantic import Field
 
 from tabletune_pipelines import deployments
-from tabletune_pipelines.core.acceptance import DEFAULT_PRIOR_WEIGHT
-from tabletune_pipelines.core.evidence import DEFAULT_CONFIDENCE, DEFAULT_POLICY
+from tabletune_pipelines.core.acceptance_estimate import DEFAULT_PRIOR_WEIGHT
+from tabletune_pipelines.core.evidence import DEFAULT_CONFIDENCE, DEFAULT_SEARCH_RULE
 from tabletune_pipelines.core.table import DEFAULT_STICKINESS
 from tabletune_pipelines.documents import AcceptancePrior, DraftLengthTable, EngineIdentity, StepTimeProfile
 from tabletune_pipelines.evaluation.served import ServedVerification, ServedVerificationOptions
 from tabletune_pipelines.fleet import Deployment, Fleet, default_store_path, load_fleet
 from tabletune_pipelines.options import field_docs
 from tabletune_pipelines.store import TableTuneStore
-from tabletune_pipelines.tuning.gates import GatePolicy
+from tabletune_pipelines.tuning.gates import GateThresholds
 
 
 def store_from(duckdb: DuckDBResource) -> TableTuneStore:
@@ -108,21 +108,25 @@ class EngineResource(dg.ConfigurableResource):
                                               cache_dir=self._cache(), work_dir=self._work("acceptance"))
 
 
-_GATE_DOCS = field_docs(GatePolicy)
+_GATE_DOCS = field_docs(GateThresholds)
 
 
 def _gate_threshold(name: str) -> Any:
-    """The config field of ``GatePolicy.<name>``: its default and its meaning are GatePolicy's."""
-    return Field(default=getattr(GatePolicy, name), description=_GATE_DOCS.get(name, f"GatePolicy.{name}"))
+    """The config field of ``GateThresholds.<name>``: its default and its meaning are GateThresholds'."""
+    return Field(default=getattr(GateThresholds, name), description=_GATE_DOCS.get(name, f"GateThresholds.{name}"))
 
 
-class TuningPolicy(dg.ConfigurableResource):
+class TuningSettings(dg.ConfigurableResource):
     """Thresholds of the asset checks and knobs of the table search.
 
-    The thresholds are ``tuning.gates.GatePolicy``'s fields, declared again here only because a
-    Dagster config schema needs them as fields: default and description come from GatePolicy, and
-    ``gates()`` is the GatePolicy they make (tests/pipeline/test_resources.py checks that every
-    GatePolicy field is here with its default)."""
+    Its resource key in the code location's ``Definitions`` is ``policy`` (``default_resources``; the
+    assets' ``policy`` parameter), unchanged when the class was renamed, so users' run configs
+    (``resources: policy: config: ...``) keep working; its config fields keep their names too.
+
+    The thresholds are ``tuning.gates.GateThresholds``'s fields, declared again here only because a
+    Dagster config schema needs them as fields: default and description come from GateThresholds, and
+    ``gates()`` is the GateThresholds they make (tests/pipeline/test_resources.py checks that every
+    GateThresholds field is here with its default)."""
 
     max_predicted_loss: float = _gate_threshold("max_predicted_loss")
     min_prior_drafts: int = _gate_threshold("min_prior_drafts")
@@ -130,7 +134,7 @@ class TuningPolicy(dg.ConfigurableResource):
     k0_margin: float = _gate_threshold("k0_margin")
     stickiness: float = Field(default=DEFAULT_STICKINESS,
                               description="Keep the previous B's k unless another is this much better.")
-    search_policy: str = Field(default=DEFAULT_POLICY, description=(
+    search_policy: str = Field(default=DEFAULT_SEARCH_RULE, description=(
         "Table search rule: 'evidence' (switch k only where the gain's lower confidence bound exceeds the "
         "stickiness) or 'stickiness' (the method's rule on point estimates)."))
     confidence: float = Field(default=DEFAULT_CONFIDENCE, description=(
@@ -139,9 +143,9 @@ class TuningPolicy(dg.ConfigurableResource):
         "Observations the measured prior counts as when live counters are blended in (docs/method.md, "
         "\"Online controller\")."))
 
-    def gates(self) -> GatePolicy:
+    def gates(self) -> GateThresholds:
         """The gate thresholds this resource is configured with."""
-        return GatePolicy(**{f.name: getattr(self, f.name) for f in dataclasses.fields(GatePolicy)})
+        return GateThresholds(**{f.name: getattr(self, f.name) for f in dataclasses.fields(GateThresholds)})
 
 
 def default_resources() -> dict[str, Any]:
@@ -150,5 +154,5 @@ def default_resources() -> dict[str, Any]:
         "duckdb": DuckDBResource(database=str(default_store_path())),
         "fleet": FleetResource(),
         "engine": EngineResource(),
-        "policy": TuningPolicy(),
+        "policy": TuningSettings(),
     }

@@ -18,7 +18,7 @@ from tabletune_pipelines.errors import PipelineFailure, TableTuneError
 from tabletune_pipelines.tuning.derive import DeriveOptions, TunedTable, derive_table
 from tabletune_pipelines.tuning.gates import (
     Gate,
-    GatePolicy,
+    GateThresholds,
     blocking_table_gates,
     cuda_graph_headroom_gate,
     engine_dependence_gate,
@@ -29,11 +29,11 @@ from tabletune_pipelines.tuning.gates import (
 from tabletune_pipelines.tuning.report import goodput_plot
 
 
-class TablePolicy(Protocol):
-    """The knobs a table is built with (the pipeline's ``TuningPolicy`` resource has them all): the
+class BuildSettings(Protocol):
+    """The knobs a table is built with (the pipeline's ``TuningSettings`` resource has them all): the
     gate thresholds (``gates()``) and the table search's."""
 
-    def gates(self) -> GatePolicy: ...
+    def gates(self) -> GateThresholds: ...
 
     stickiness: float
     search_policy: str
@@ -61,9 +61,9 @@ class BuiltTable:
         return self.tuned.table
 
 
-def build_table(store: Any, key: str, policy: TablePolicy, *, allowed_ks: Iterable[int] | None = None,
+def build_table(store: Any, key: str, settings: BuildSettings, *, allowed_ks: Iterable[int] | None = None,
                 log: logging.Logger) -> BuiltTable:
-    """Derive, store and judge the table of engine identity ``key`` under ``policy``."""
+    """Derive, store and judge the table of engine identity ``key`` under ``settings``."""
     if not store.has_identity(key):
         raise PipelineFailure(f"engine identity {key} has no step_time_profile yet; materialize it first")
     try:
@@ -71,7 +71,7 @@ def build_table(store: Any, key: str, policy: TablePolicy, *, allowed_ks: Iterab
     except TableTuneError as exc:
         raise PipelineFailure(f"{exc}; materialize step_time_profile for this partition first") from exc
     ident = profile.identity
-    thresholds = policy.gates()
+    thresholds = settings.gates()
     prior, skipped = prior_for_table(store, ident, thresholds.min_prior_drafts)
     for s in skipped:
         log.warning(f"skipping prior: {s}")
@@ -82,8 +82,8 @@ def build_table(store: Any, key: str, policy: TablePolicy, *, allowed_ks: Iterab
             + (f" (rejected: {'; '.join(skipped)})" if skipped else ""))
     try:
         options = DeriveOptions(allowed_ks=None if allowed_ks is None else tuple(allowed_ks),
-                                stickiness=policy.stickiness, policy=policy.search_policy,  # type: ignore[arg-type]
-                                confidence=policy.confidence)
+                                stickiness=settings.stickiness, policy=settings.search_policy,  # type: ignore[arg-type]
+                                confidence=settings.confidence)
         tuned = derive_table(profile, prior, options)
     except (TableTuneError, ValueError) as exc:
         raise PipelineFailure(f"cannot derive a table for {key}: {exc}") from exc

@@ -31,7 +31,7 @@ import numpy as np
 
 from tabletune_pipelines.core.evidence import (
     DEFAULT_CONFIDENCE,
-    DEFAULT_POLICY,
+    DEFAULT_SEARCH_RULE,
     EvidenceTable,
     search_with_evidence,
 )
@@ -54,7 +54,7 @@ from tabletune_pipelines.core.noise import (
 from tabletune_pipelines.core.table import DEFAULT_STICKINESS, TableChoice, expand_table
 from tabletune_pipelines.documents import AcceptancePrior, DraftLengthTable, StepTimeProfile
 from tabletune_pipelines.errors import InvalidAcceptanceError
-from tabletune_pipelines.vocab import SearchPolicy
+from tabletune_pipelines.vocab import SearchRule
 
 NO_ERROR_WARNING = ("the profile has no error estimates (no cell has two repetitions to compare): the table "
                     "rests on point estimates and its boundaries are not backed by evidence; profile with "
@@ -96,7 +96,7 @@ class DeriveOptions:
     """k values the table may use; None: every k the profile measured."""
     stickiness: float = DEFAULT_STICKINESS
     """The threshold a gain (its lower bound, under ``policy="evidence"``) must exceed for the table to change k."""
-    policy: SearchPolicy = DEFAULT_POLICY
+    policy: SearchRule = DEFAULT_SEARCH_RULE
     """``evidence``: k changes only where the gain's lower confidence bound clears ``stickiness``;
     ``stickiness``: the method's 0.5 % rule on point estimates."""
     confidence: float = DEFAULT_CONFIDENCE

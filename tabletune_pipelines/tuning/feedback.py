@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tabletune_pipelines.core.acceptance import AcceptanceEstimator, EstimatorConfig, rates_from_counts
+from tabletune_pipelines.core.acceptance_estimate import AcceptanceEstimator, EstimatorConfig, rates_from_counts
 from tabletune_pipelines.documents import AcceptancePrior
 from tabletune_pipelines.errors import InvalidValueError, LiveCountersError, PipelineFailure, TableTuneError
 from tabletune_pipelines.live_counters import CounterWindow, read_live_counters

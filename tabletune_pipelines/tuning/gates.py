@@ -71,8 +71,8 @@ class Gate:
 
 
 @dataclass(frozen=True)
-class GatePolicy:
-    """Thresholds of the gates (the defaults of the pipeline's TuningPolicy resource)."""
+class GateThresholds:
+    """Thresholds of the gates (the defaults of the pipeline's TuningSettings resource)."""
 
     max_predicted_loss: float = 0.03
     """Blocking: a table's predicted worst loss vs the best fixed k at any B must be below this."""
@@ -153,7 +153,7 @@ class PriorSource(Protocol):
     def applicable_priors(self, identity: EngineIdentity) -> list[AcceptancePrior]: ...
 
 
-def prior_for_table(store: PriorSource, identity: EngineIdentity, min_drafts: int = GatePolicy.min_prior_drafts
+def prior_for_table(store: PriorSource, identity: EngineIdentity, min_drafts: int = GateThresholds.min_prior_drafts
                     ) -> tuple[AcceptancePrior | None, list[str]]:
     """The prior a table of ``identity`` is derived from, the one rule (the ``draft_length_table`` asset
     and ``tabletune table``): of the priors that apply to it (``applicable_priors``: its own and those of

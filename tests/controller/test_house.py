@@ -47,7 +47,7 @@ def test_count_drafts_worked_example():
 
 
 def test_the_step_module_needs_only_the_stdlib():
-    """``engine.step_scheduler`` imports it inside vLLM's engine core, next to nothing but the stdlib."""
+    """``engine.timing_scheduler`` imports it inside vLLM's engine core, next to nothing but the stdlib."""
     code = ("import sys; import tabletune_pipelines.controller.step; "
             "print(','.join(m for m in ('numpy', 'vllm', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()

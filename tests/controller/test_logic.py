@@ -657,7 +657,7 @@ def _slowdown_after_the_switch(tmp_path, clock) -> tuple[list[int], int]:
 def test_a_slowdown_after_a_switch_does_not_send_it_back_on_stale_evidence(tmp_path, clock, monkeypatch):
     """The k a batch size left loses its observations there (``StepTimeModel.forget_left``): going back
     needs evidence gathered since the switch, under the machine's speed of now."""
-    from tabletune_pipelines.controller.steptime import StepTimeModel
+    from tabletune_pipelines.controller.step_correction import StepTimeModel
 
     after, reversals = _slowdown_after_the_switch(tmp_path / "forget", clock)
     assert len(after) == 40 and set(after) == {1} and reversals == 0, (after, reversals)
@@ -685,7 +685,7 @@ def test_the_table_leaves_the_cliff_while_the_batch_size_wanders(tmp_path, clock
     neighbouring B (``StepTimeModel.pool_halfwidth``) they make evidence where one or two per cell did
     not. On the H200 at load 128 (B over 112-128) the unpooled controller kept k = 3 on the cliff for
     46 s; this is the same mechanism on the fake engine."""
-    from tabletune_pipelines.controller.steptime import StepTimeModel
+    from tabletune_pipelines.controller.step_correction import StepTimeModel
 
     assert set(table_dense(true_table(PROFILE, HIGH, ks=(1, 2, 3)))[9:]) == {3}
     ended = _cliff_with_wandering_batch(tmp_path / "pooled", clock)
@@ -701,7 +701,7 @@ def test_a_published_served_model_prices_the_cliff_before_any_step_is_seen(tmp_p
     """The tuner's served pricing (core.stepcost, the one step-cost model) is the controller's prior:
     with no live correction at all, its first rebuild already prices the cliff, and its table is the
     evidence search on exactly ``StepCost.served`` of the published model."""
-    from tabletune_pipelines.controller.steptime import served_prior
+    from tabletune_pipelines.controller.step_correction import served_prior
     from tabletune_pipelines.core.evidence import search_with_evidence
     from tabletune_pipelines.core.stepcost import StepCost
 

@@ -12,7 +12,7 @@ from tabletune_pipelines.controller.search import (
     hysteresis_lookups,
     vllm_lookup,
 )
-from tabletune_pipelines.core.acceptance import BoundaryHysteresis
+from tabletune_pipelines.core.acceptance_estimate import BoundaryHysteresis
 from tabletune_pipelines.core.table import compact_ranges
 
 

@@ -26,7 +26,7 @@ SERVING_SIDE = [
     "tabletune_pipelines.core",
     "tabletune_pipelines.core.goodput",
     "tabletune_pipelines.core.table",
-    "tabletune_pipelines.core.acceptance",
+    "tabletune_pipelines.core.acceptance_estimate",
     "tabletune_pipelines.core.steptime",
     "tabletune_pipelines.errors",
     "tabletune_pipelines.vocab",

@@ -9,14 +9,14 @@ can only shrink (delete its entry when the copy goes).
     validating a table's ranges              core.table.validate_table / validate_vllm_schedule
     ranges -> k per batch size (expanding)   core.table.dense_from_ranges / expand_table
     k per batch size -> ranges (compacting)  core.table.compact_ranges
-    counts -> monotone acceptance rates      core.acceptance.rates_from_counts / monotone_rates
+    counts -> monotone acceptance rates      core.acceptance_estimate.rates_from_counts / monotone_rates
     reading GET /version                     engine.client.version_from_answer
     comparing vLLM versions of identities    identity_match.identity_mismatches
     the batch-size grid                      core.steptime.batch_size_grid
     which prior builds a table               tuning.gates.prior_for_table
     options from a mapping                   options.options_from_mapping
     a measurement's launch overrides         engine.plan.LaunchOverrides
-    the gate thresholds and their defaults   tuning.gates.GatePolicy
+    the gate thresholds and their defaults   tuning.gates.GateThresholds
 """
 
 from __future__ import annotations
@@ -217,7 +217,7 @@ def _number(node: ast.AST | None) -> bool:
 
 def gate_threshold(node: ast.AST, stack: list[ast.AST]) -> bool:
     """A class field named like a gate threshold with a number of its own as default (``= 0.03`` or
-    ``Field(default=0.03)``), not ``GatePolicy``'s."""
+    ``Field(default=0.03)``), not ``GateThresholds``'."""
     if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
             and node.target.id in GATE_THRESHOLDS and stack and isinstance(stack[-1], ast.ClassDef)):
         return False
@@ -230,7 +230,7 @@ CONCEPTS: dict[str, tuple[Finder, set[str], set[tuple[str, str]]]] = {
     "range expansion": (range_expander, {"tabletune_pipelines/core/table.py"}, set()),
     "range compaction": (range_compactor, {"tabletune_pipelines/core/table.py"}, set()),
     "table validation": (table_validator, {"tabletune_pipelines/core/table.py"}, set()),
-    "monotone rates": (monotone_rates, {"tabletune_pipelines/core/acceptance.py"}, {
+    "monotone rates": (monotone_rates, {"tabletune_pipelines/core/acceptance_estimate.py"}, {
         ("tabletune_pipelines/controller/logic.py", "Controller._win_a_rate"),
     }),
     "reading /version": (version_reader, {"tabletune_pipelines/engine/client.py"}, set()),
@@ -479,3 +479,93 @@ def test_a_launched_servers_control_and_step_log_have_one_home(finder, home):
     sample = ("def f(path, offset):\n    w = ControlWriter(path)\n    with open(path) as fh:\n"
               "        fh.seek(offset)\n        return [json.loads(line) for line in fh]\n")
     assert any(finder(n, s) for n, s in _walk(ast.parse(sample), []))
+
+# -- one name, one thing: names retired when two concepts shared them ----------------------------
+# Each concept below got a name of its own; the old name must not come back, as a module, a class,
+# an alias, an import or a dotted path in a string (a ``--scheduler-cls`` value).
+
+RETIRED_MODULES = {  # old module: its new home
+    "tabletune_pipelines.core.acceptance": "core.acceptance_estimate (the controller's online estimator)",
+    "tabletune_pipelines.controller.steptime": "controller.step_correction (live step-time correction)",
+    "tabletune_pipelines.engine.step_scheduler": "engine.timing_scheduler (the profiler's timing plugin)",
+}
+RETIRED_NAMES = {  # old name, anywhere: the names it became
+    "AcceptanceMode": "vocab.DraftVerdict / evaluation.served.AcceptanceSource",
+    "ACCEPTANCE_MODES": "vocab.DRAFT_VERDICTS",
+    "GatePolicy": "tuning.gates.GateThresholds",
+    "TuningPolicy": "orchestration.resources.TuningSettings",
+    "SearchPolicy": "vocab.SearchRule",
+    "SEARCH_POLICIES": "vocab.SEARCH_RULES",
+}
+RETIRED_IN_MODULE = {  # (module, old name): the new name (the name itself lives on elsewhere)
+    ("tabletune_pipelines.tuning.build", "TablePolicy"): "tuning.build.BuildSettings",
+}
+RETIRED_PATH = re.compile("|".join(rf"{re.escape(m)}(?![\w])" for m in RETIRED_MODULES))
+"""A retired module's dotted path in a string (not the prefix of a longer name: ``core.acceptance_estimate``)."""
+
+
+def _module_of(path: str) -> str:
+    return path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+
+
+def retired_names(path: str) -> Finder:
+    """A node of the file at ``path`` that brings back a retired name: defines, binds, imports or
+    reads it, imports a retired module, or names one in a string."""
+    here = _module_of(path)
+
+    def finder(node: ast.AST, stack: list[ast.AST]) -> bool:
+        names: set[str] = set()
+        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Name | ast.Attribute):
+            names.add(node.id if isinstance(node, ast.Name) else node.attr)
+        elif isinstance(node, ast.alias):
+            names |= {node.name.rsplit(".", 1)[-1], node.asname or ""}
+        elif isinstance(node, ast.ImportFrom | ast.Import):
+            mods = {node.module or ""} if isinstance(node, ast.ImportFrom) else {a.name for a in node.names}
+            if isinstance(node, ast.ImportFrom):
+                mods |= {f"{node.module}.{a.name}" for a in node.names}
+                if any((node.module, a.name) in RETIRED_IN_MODULE for a in node.names):
+                    return True
+            return bool(mods & set(RETIRED_MODULES))
+        text = _text(node, stack)
+        if text is not None and RETIRED_PATH.search(text):
+            return True
+        return bool(names & set(RETIRED_NAMES)) or any((here, n) in RETIRED_IN_MODULE for n in names
+                                                       if isinstance(node, ast.ClassDef | ast.Name))
+
+    return finder
+
+
+def test_retired_modules_are_gone():
+    left = {m for m in RETIRED_MODULES if (ROOT / (m.replace(".", "/") + ".py")).exists()}
+    assert left == set(), f"renamed: {[f'{m} -> {RETIRED_MODULES[m]}' for m in sorted(left)]}"
+
+
+def test_retired_names_do_not_come_back():
+    found = set()
+    for path, tree in trees().items():
+        finder = retired_names(path)
+        found |= {(path, _where(stack)) for node, stack in _walk(tree, []) if finder(node, stack)}
+    assert found == set(), (f"a retired name is back ({RETIRED_NAMES}, {RETIRED_IN_MODULE}, modules "
+                            f"{RETIRED_MODULES}): {sorted(found)}")
+
+
+def test_the_retired_name_finder_sees_the_shapes_it_looks_for():
+    samples = {
+        "x.py": ("class GatePolicy:\n    pass\n", "TuningPolicy = object\n", "from v import SearchPolicy as S\n",
+                 "import v\nx = v.AcceptanceMode\n", "from tabletune_pipelines.core.acceptance import f\n",
+                 "from tabletune_pipelines.controller import steptime\n",
+                 "cmd = ['--scheduler-cls', 'tabletune_pipelines.engine.step_scheduler.TimingScheduler']\n",
+                 "from tabletune_pipelines.tuning.build import TablePolicy\n"),
+        "tabletune_pipelines/tuning/build.py": ("class TablePolicy:\n    pass\n",),
+    }
+    for path, codes in samples.items():
+        for code in codes:
+            assert any(retired_names(path)(n, s) for n, s in _walk(ast.parse(code), [])), code
+    # The simulator's TablePolicy (a k-choosing rule) keeps its name; the new module paths are not retired ones.
+    keep = ("class TablePolicy:\n    pass\n\nfrom tabletune_pipelines.evaluation.simulator import TablePolicy\n"
+            "from tabletune_pipelines.core.acceptance_estimate import f\n"
+            "m = 'tabletune_pipelines.engine.timing_scheduler.TimingScheduler'\n")
+    assert not any(retired_names("tabletune_pipelines/evaluation/simulator.py")(n, s)
+                   for n, s in _walk(ast.parse(keep), []))

@@ -1,4 +1,4 @@
-"""A stand-in for ``VLLMServer`` that answers like the step scheduler would, with fixed step times.
+"""A stand-in for ``VLLMServer`` that answers like the timing scheduler would, with fixed step times.
 
 It fakes nothing about vLLM or a GPU: it only lets the profiler's bookkeeping (launches, k
 switching, warm-up, resume, cell assembly) run without an engine. Its step time for (k, B) is

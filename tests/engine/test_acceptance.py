@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tabletune_pipelines import prompts
-from tabletune_pipelines.core.acceptance import rates_from_counts
+from tabletune_pipelines.core.acceptance_estimate import rates_from_counts
 from tabletune_pipelines.engine import acceptance
 from tabletune_pipelines.engine.acceptance import (
     parse_spec_counters,

@@ -12,7 +12,7 @@ from tabletune_pipelines.control_protocol import K_CONTROL_ENV, STEP_LOG_ENV, SY
 from tabletune_pipelines.engine.command import PACKAGE_ROOT, V2_RUNNER_ENV, build_command, build_env, vllm_cli
 from tabletune_pipelines.engine.config import ServerConfig
 
-SCHED = "tabletune_pipelines.engine.step_scheduler"
+SCHED = "tabletune_pipelines.engine.timing_scheduler"
 
 
 def _cfg(**kw):

@@ -16,7 +16,7 @@ CFG = ServerConfig(model="/m", drafter="/d", method="draft_model", num_speculati
 
 
 class Engine:
-    """Acts on each nudge like the step scheduler / CPU plugin: reads the channels, acks or rejects."""
+    """Acts on each nudge like the timing scheduler / CPU plugin: reads the channels, acks or rejects."""
 
     def __init__(self, tmp_path, refuse: str | None = None) -> None:
         self.k_path, self.rates_path = tmp_path / "k.json", tmp_path / "rates.json"

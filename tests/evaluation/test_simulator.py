@@ -136,7 +136,7 @@ def test_the_simulator_prices_served_steps_with_the_one_step_cost_model():
     import json
 
     from tabletune_pipelines.controller import logic
-    from tabletune_pipelines.controller.steptime import served_prior
+    from tabletune_pipelines.controller.step_correction import served_prior
     from tabletune_pipelines.core import stepcost
     from tabletune_pipelines.tuning import derive
 

@@ -14,7 +14,7 @@ from pydantic import PrivateAttr
 
 from tabletune_pipelines.deployments import identity_for
 from tabletune_pipelines.errors import EngineCrashedError
-from tabletune_pipelines.orchestration.resources import EngineResource, FleetResource, TuningPolicy
+from tabletune_pipelines.orchestration.resources import EngineResource, FleetResource, TuningSettings
 from tests.tuning.samples import RATES, scripted_ms, scripted_prior, scripted_profile, scripted_verification
 
 __all__ = ["RATES", "ScriptedEngine", "VersionServer", "WEEK", "deployment_dict", "make_resources", "scripted_ms",
@@ -57,7 +57,7 @@ def make_resources(home: Path, fleet_path: Path, engine=None, **policy):
         "duckdb": DuckDBResource(database=str(home / "tabletune_store.duckdb")),
         "fleet": FleetResource(path=str(fleet_path)),
         "engine": engine if engine is not None else ScriptedEngine(),
-        "policy": TuningPolicy(**policy),
+        "policy": TuningSettings(**policy),
     }
 
 

@@ -28,7 +28,7 @@ from tabletune_pipelines.publishing import publish_table, rollback_table
 from tabletune_pipelines.tuning.build import build_table
 from tabletune_pipelines.tuning.feedback import ingest_live_counters
 from tabletune_pipelines.tuning.measure import measure_week, profile_identity
-from tests.tuning.runs import POLICY, WEEK, FakeEngine, Log, fleet, store, write_prompts
+from tests.tuning.runs import SETTINGS, WEEK, FakeEngine, Log, fleet, store, write_prompts
 
 SHARED = {"table", "table_id", "identity_key", "prior_id", "predicted_worst_loss", "predicted_worst_loss_lcb",
           "predicted_worst_loss_ucb", "predicted_loss", "ranges", "boundaries", "k_within_noise", "cells_remeasured"}
@@ -80,12 +80,12 @@ def test_live_priors_keep_their_keys(world, home):
 
 
 def test_table_and_publication_keep_their_keys_and_share_one_description_of_the_table(world, home):
-    built = build_table(world.store, world.key, POLICY, log=Log())
+    built = build_table(world.store, world.key, SETTINGS, log=Log())
     table_md = describe_table(built)
     assert set(table_md.metadata) == TABLE_KEYS
     assert [c.check_name for c in table_md.check_results] == [g.name for g in built.gates]
     pub = publish_table(world.store, world.fleet, world.key, world.engine,
-                        max_predicted_loss=POLICY.max_predicted_loss, log=Log())
+                        max_predicted_loss=SETTINGS.max_predicted_loss, log=Log())
     pub_md = describe_publication(pub)
     assert set(pub_md.metadata) == PUBLISHED_KEYS
     assert set(table_metadata(built.table)) == SHARED
@@ -99,15 +99,15 @@ def test_table_and_publication_keep_their_keys_and_share_one_description_of_the_
     assert (home / "plots").is_dir()
 
     again = describe_publication(publish_table(world.store, world.fleet, world.key, world.engine,
-                                               max_predicted_loss=POLICY.max_predicted_loss, log=Log()))
+                                               max_predicted_loss=SETTINGS.max_predicted_loss, log=Log()))
     assert again.metadata["unchanged"].value == ["local-cpu"] and again.metadata["dagster/row_count"] == 0
     assert "served_goodput_plot" not in again.metadata and "(unchanged)" in again.metadata["publications"].value
 
 
 def test_a_refused_publication_still_describes_its_check(world, home):
-    build_table(world.store, world.key, POLICY, log=Log())
+    build_table(world.store, world.key, SETTINGS, log=Log())
     pub = publish_table(world.store, world.fleet, world.key, FakeEngine(verification_crashes=True),
-                        max_predicted_loss=POLICY.max_predicted_loss, log=Log())
+                        max_predicted_loss=SETTINGS.max_predicted_loss, log=Log())
     check = served_check(pub)
     assert pub.refusal and not check.passed and check.severity == dg.AssetCheckSeverity.ERROR
     assert "could not run" in check.description and "served_goodput_plot" not in check.metadata
@@ -115,9 +115,9 @@ def test_a_refused_publication_still_describes_its_check(world, home):
 
 def test_a_rollback_is_a_materialization_of_the_published_table(world, home):
     engine = FakeEngine(served_verification={"enabled": False})
-    build_table(world.store, world.key, POLICY, log=Log())
+    build_table(world.store, world.key, SETTINGS, log=Log())
     publish_table(world.store, world.fleet, world.key, engine, max_predicted_loss=0.5, log=Log())
-    build_table(world.store, world.key, POLICY, allowed_ks=[1, 3], log=Log())
+    build_table(world.store, world.key, SETTINGS, allowed_ks=[1, 3], log=Log())
     publish_table(world.store, world.fleet, world.key, engine, max_predicted_loss=0.5, log=Log())
     done = rollback_table(world.store, lambda: world.fleet, "local-cpu", engine, log=Log())
     mat = describe_rollback(done, [world.key])

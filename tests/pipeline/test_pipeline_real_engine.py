@@ -25,7 +25,7 @@ from tabletune_pipelines.deployments import current_identity
 from tabletune_pipelines.fleet import load_fleet
 from tabletune_pipelines.live_counters import CounterWindow, window_line
 from tabletune_pipelines.orchestration.definitions import ASSETS
-from tabletune_pipelines.orchestration.resources import EngineResource, FleetResource, TuningPolicy
+from tabletune_pipelines.orchestration.resources import EngineResource, FleetResource, TuningSettings
 from tabletune_pipelines.published import read_published_table
 from tests.pipeline.helpers import WEEK
 
@@ -74,7 +74,7 @@ def real_run(tmp_path_factory):
             "duckdb": DuckDBResource(database=str(home / "tabletune_store.duckdb")),
             "fleet": FleetResource(),
             "engine": EngineResource(cache_dir=models, profile_options=PROFILE_OPTIONS),
-            "policy": TuningPolicy(),
+            "policy": TuningSettings(),
         }
         with dg.DagsterInstance.ephemeral() as instance:
             weekly = dg.materialize(ASSETS, selection=["acceptance_prior", "live_acceptance_counters"],
@@ -159,7 +159,7 @@ def test_metadata_people_look_at(real_run):
     lcb, ucb = table["predicted_worst_loss_lcb"].value, table["predicted_worst_loss_ucb"].value
     # (Bounds of 0.0 mean the profile had no error estimates; then the point estimate is what is judged.)
     assert 0.0 <= lcb <= loss and (loss <= ucb or lcb == ucb == 0.0), (lcb, loss, ucb)
-    assert (lcb if ucb else loss) < TuningPolicy().max_predicted_loss, (lcb, loss, ucb)
+    assert (lcb if ucb else loss) < TuningSettings().max_predicted_loss, (lcb, loss, ucb)
     assert table["prior_source"].value == "live"  # the controller's counters of the week were blended in
 
 

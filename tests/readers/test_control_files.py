@@ -168,11 +168,11 @@ def test_without_synthetic_mode_the_stock_kernel_runs_unchanged(channel):
     assert calls == [("o", "cu", "d", "t", "b", "g", 3, None, None, False)] and cpu_plugin.fallback_count() == 0
 
 
-# -- the step scheduler refuses a bad k command before changing its lookup -------------------------
+# -- the timing scheduler refuses a bad k command before changing its lookup -----------------------
 
-def test_the_step_scheduler_refuses_bad_k_commands(tmp_path, monkeypatch):
+def test_the_timing_scheduler_refuses_bad_k_commands(tmp_path, monkeypatch):
     pytest.importorskip("vllm")
-    from tabletune_pipelines.engine import step_scheduler as ss
+    from tabletune_pipelines.engine import timing_scheduler as ss
 
     monkeypatch.setenv(ss.K_CONTROL_ENV, str(tmp_path / "ctl.json"))
     monkeypatch.delenv(ss.STEP_LOG_ENV, raising=False)

@@ -18,7 +18,7 @@ from tabletune_pipelines.publishing import (
     write_speculative_config,
 )
 from tabletune_pipelines.tuning.build import build_table
-from tests.tuning.runs import POLICY, FakeEngine, Log, fleet, store
+from tests.tuning.runs import SETTINGS, FakeEngine, Log, fleet, store
 from tests.tuning.samples import prior, scripted_profile
 
 OFF = {"enabled": False}
@@ -32,12 +32,12 @@ def setup(tmp_path, *names, engine=None, allowed_ks=None):
     s.upsert_identity(ident)
     scripted_profile(ident, s)  # k = 3 at small B, a shorter k at B = 16: verified by served goodput
     s.write_acceptance_prior(prior(), ident.key)
-    build_table(s, ident.key, POLICY, allowed_ks=allowed_ks, log=Log())
+    build_table(s, ident.key, SETTINGS, allowed_ks=allowed_ks, log=Log())
     return f, s, engine, ident.key
 
 
 def publish(s, f, key, engine, **kw):
-    kw.setdefault("max_predicted_loss", POLICY.max_predicted_loss)
+    kw.setdefault("max_predicted_loss", SETTINGS.max_predicted_loss)
     return publish_table(s, f, key, engine, log=kw.pop("log", Log()), **kw)
 
 
@@ -139,7 +139,7 @@ def test_rollback_republishes_the_previous_version_and_says_when_the_engine_move
     first = publish(s, f, key, engine)
     with pytest.raises(PipelineFailure, match="cannot roll back local-cpu: .*rollback needs a previous version"):
         rollback_table(s, lambda: f, "local-cpu", engine, log=Log())
-    build_table(s, key, POLICY, allowed_ks=[1, 3], log=Log())
+    build_table(s, key, SETTINGS, allowed_ks=[1, 3], log=Log())
     publish(s, f, key, engine, max_predicted_loss=0.5)
     log = Log()
     upgraded = FakeEngine(vllm_version="0.33.0+cpu")

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tabletune_pipelines.core.acceptance import (
+from tabletune_pipelines.core.acceptance_estimate import (
     AcceptanceEstimator,
     BoundaryHysteresis,
     EstimatorConfig,

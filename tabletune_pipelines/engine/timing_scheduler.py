@@ -1,6 +1,6 @@
 """Engine-side step timing and runtime k switching: a vLLM scheduler subclass.
 
-Passed to vLLM with ``--scheduler-cls tabletune_pipelines.engine.step_scheduler.TimingScheduler``
+Passed to vLLM with ``--scheduler-cls tabletune_pipelines.engine.timing_scheduler.TimingScheduler``
 on the CPU build, ``AutoTimingScheduler`` on a GPU (it builds ``TimingAsyncScheduler`` when the
 engine runs async scheduling, vLLM 0.26's default there). It runs inside the engine core process
 and imports only vLLM, the stdlib, ``control_protocol`` and ``controller.step`` (stdlib only; the
@@ -61,7 +61,7 @@ except Exception:  # pragma: no cover - vLLM absent
     Scheduler = object  # type: ignore[assignment,misc]
     AsyncScheduler = object  # type: ignore[assignment,misc]
 
-logger = logging.getLogger("tabletune.step_scheduler")
+logger = logging.getLogger("tabletune.timing_scheduler")
 
 __all__ = ["K_CONTROL_ENV", "STEP_LOG_ENV", "AutoTimingScheduler", "TimingAsyncScheduler", "TimingScheduler",
            "build_lookup"]
@@ -95,7 +95,7 @@ class _TimingMixin:
         except Exception as exc:  # noqa: BLE001
             self._tt_log = None
             self._tt_ctl = ControlReader(None)
-            logger.warning("TableTune step scheduler disabled: %r", exc)
+            logger.warning("TableTune timing scheduler disabled: %r", exc)
 
     def update_from_output(self, scheduler_output, model_runner_output):  # type: ignore[no-untyped-def]
         out = super().update_from_output(scheduler_output, model_runner_output)
@@ -126,12 +126,12 @@ class _TimingMixin:
                 self._tt_log = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the engine
             except OSError as exc:
                 self._tt_fail("open step log", exc)
-        logger.info("TableTune step scheduler: step log %s, k control %s", path, self._tt_ctl.path)
+        logger.info("TableTune timing scheduler: step log %s, k control %s", path, self._tt_ctl.path)
 
     def _tt_fail(self, what: str, exc: BaseException) -> None:
         if what not in self._tt_errors:
             self._tt_errors.add(what)
-            logger.warning("TableTune step scheduler: %s failed (%r); continuing without it", what, exc)
+            logger.warning("TableTune timing scheduler: %s failed (%r); continuing without it", what, exc)
 
     def _tt_poll_control(self) -> None:
         """Apply a new command from the control channel, if any, and acknowledge it."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tabletune_pipelines.controller.steptime import StepTimeModel
+from tabletune_pipelines.controller.step_correction import StepTimeModel
 
 
 def model(**kw):

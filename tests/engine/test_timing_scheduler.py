@@ -11,7 +11,7 @@ from tabletune_pipelines.control_protocol import ControlWriter, ack_path
 
 pytest.importorskip("vllm")
 
-from tabletune_pipelines.engine import step_scheduler as ss  # noqa: E402
+from tabletune_pipelines.engine import timing_scheduler as ss  # noqa: E402
 
 
 @pytest.fixture
