@@ -16,10 +16,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tabletune_pipelines.control_protocol import ControlWriter
+from tabletune_pipelines.control_protocol import ControlWriter, check_rates_command
 from tabletune_pipelines.core.table import validate_vllm_schedule
 from tabletune_pipelines.engine.config import ServerConfig
-from tabletune_pipelines.errors import ControlProtocolError, EngineConfigError, EngineError
+from tabletune_pipelines.errors import ControlProtocolError, EngineConfigError, EngineError, InvalidCommand
 
 #: A one-request "nudge" that makes an idle engine take a step (the timing scheduler reads its
 #: control file once per step). Token ids, so no tokenizer vocabulary is assumed.
@@ -85,10 +85,10 @@ class RuntimeControl:
             raise EngineConfigError("synthetic rates can be switched only on the CPU build in a launch with "
                                     "synthetic_acceptance_rates set")
         K = int(self.config.num_speculative_tokens or 0)
-        rates = [float(r) for r in rates]
-        if len(rates) != K or any(not 0.0 <= r <= 1.0 for r in rates) or any(
-                b > a for a, b in zip(rates, rates[1:])):
-            raise EngineConfigError(f"synthetic rates {rates!r} must be {K} non-increasing values in [0, 1]")
+        try:  # the engine's own check of the command, before anything is sent
+            rates = list(check_rates_command({"rates": [float(r) for r in rates]}, K))
+        except (InvalidCommand, TypeError, ValueError) as exc:
+            raise EngineConfigError(f"synthetic rates {list(rates)!r:.200} refused: {exc}") from None
         # The rates are read when drafts are verified: a short request makes that happen.
         self._request(self.rates_channel, {"rates": rates}, timeout, f"synthetic rates {rates}",
                       poke=lambda: self._complete(NUDGE_PROMPT, max_tokens=4, ignore_eos=True), pause=0.02)

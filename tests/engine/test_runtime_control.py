@@ -53,8 +53,13 @@ def test_set_k_and_a_table_are_acknowledged_after_a_nudge(tmp_path):
 def test_synthetic_rates_are_checked_then_sent(tmp_path):
     engine = Engine(tmp_path)
     ctl = control(engine)
-    with pytest.raises(EngineConfigError, match=r"must be 3 non-increasing values in \[0, 1\]"):
+    # One check of a rates command, control_protocol's, on both sides of the channel.
+    with pytest.raises(EngineConfigError, match=r"rates\[2\] = 0.9 > rates\[1\] = 0.5: a_i is the chance"):
         ctl.set_synthetic_rates([0.5, 0.9, 0.1])
+    with pytest.raises(EngineConfigError, match=r"'rates' has 2 values; the launch drafts 3 positions"):
+        ctl.set_synthetic_rates([0.5, 0.4])
+    with pytest.raises(EngineConfigError, match=r"rates\[1\] = 1.5 must be a finite number in \[0, 1\]"):
+        ctl.set_synthetic_rates([1.5, 0.4, 0.1])
     assert engine.seen == []
     ctl.set_synthetic_rates([0.7, 0.5, 0.3], timeout=5.0)
     assert engine.seen == [{"rates": [0.7, 0.5, 0.3]}]
