@@ -88,7 +88,7 @@ class RuntimeControl:
         try:  # the engine's own check of the command, before anything is sent
             rates = list(check_rates_command({"rates": [float(r) for r in rates]}, K))
         except (InvalidCommand, TypeError, ValueError) as exc:
-            raise EngineConfigError(f"synthetic rates {list(rates)!r:.200} refused: {exc}") from None
+            raise EngineConfigError(f"synthetic rates {rates!r:.200} refused: {exc}") from None
         # The rates are read when drafts are verified: a short request makes that happen.
         self._request(self.rates_channel, {"rates": rates}, timeout, f"synthetic rates {rates}",
                       poke=lambda: self._complete(NUDGE_PROMPT, max_tokens=4, ignore_eos=True), pause=0.02)
