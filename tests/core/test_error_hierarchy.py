@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import ast
 import sys
-from functools import cache
 from pathlib import Path
 
 import tabletune_pipelines.errors as errors
+from tests.core.test_one_home import trees as scanned_trees
 
 ROOT = Path(__file__).resolve().parents[2]
+
 PRODUCT = ("tabletune_pipelines", "assets")
 BARE = frozenset({"ValueError", "RuntimeError", "TypeError", "KeyError"})
 """Built-in exceptions product code may not raise itself: a user would get a traceback, not ``error: ...``."""
@@ -41,14 +42,9 @@ STILL_VALUE_ERRORS = ("SurfaceError", "InvalidCommand", "EngineConfigError", "Mo
                       "PublishedTableError", "SettingsError")
 
 
-@cache
 def trees() -> dict[str, ast.Module]:
-    out = {}
-    for d in PRODUCT:
-        for p in sorted((ROOT / d).rglob("*.py")):
-            if "__pycache__" not in p.parts:
-                out[p.relative_to(ROOT).as_posix()] = ast.parse(p.read_text(), filename=str(p))
-    return out
+    """The product's parsed modules: ``test_one_home``'s parse of the scanned tree, benchmarks left out."""
+    return {path: tree for path, tree in scanned_trees().items() if path.split("/")[0] in PRODUCT}
 
 
 def bare_raises(tree: ast.Module) -> set[tuple[str, str]]:
