@@ -14,10 +14,9 @@ pytest.importorskip("vllm")
 from tabletune_pipelines.engine import timing_scheduler as ss  # noqa: E402
 
 
-@pytest.fixture
-def sched(tmp_path, monkeypatch):
-    monkeypatch.setenv(ss.K_CONTROL_ENV, str(tmp_path / "ctl.json"))
-    monkeypatch.setenv(ss.STEP_LOG_ENV, str(tmp_path / "steps.jsonl"))
+def stand_in_scheduler():
+    """The timing mixin on a stand-in scheduler (K = 3, max_num_seqs 8), initialised from the
+    environment the caller set (``ss.K_CONTROL_ENV``, ``ss.STEP_LOG_ENV``)."""
 
     class Fake(ss._TimingMixin):
         num_spec_tokens = 3
@@ -26,7 +25,14 @@ def sched(tmp_path, monkeypatch):
 
     f = Fake()
     f._tt_init()
-    return f, ControlWriter(tmp_path / "ctl.json"), tmp_path
+    return f
+
+
+@pytest.fixture
+def sched(tmp_path, monkeypatch):
+    monkeypatch.setenv(ss.K_CONTROL_ENV, str(tmp_path / "ctl.json"))
+    monkeypatch.setenv(ss.STEP_LOG_ENV, str(tmp_path / "steps.jsonl"))
+    return stand_in_scheduler(), ControlWriter(tmp_path / "ctl.json"), tmp_path
 
 
 def test_k_and_table_commands_rewrite_the_lookup(sched):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-from types import SimpleNamespace
 
 import pytest
 
@@ -173,17 +172,11 @@ def test_without_synthetic_mode_the_stock_kernel_runs_unchanged(channel):
 def test_the_timing_scheduler_refuses_bad_k_commands(tmp_path, monkeypatch):
     pytest.importorskip("vllm")
     from tabletune_pipelines.engine import timing_scheduler as ss
+    from tests.engine.test_timing_scheduler import stand_in_scheduler
 
     monkeypatch.setenv(ss.K_CONTROL_ENV, str(tmp_path / "ctl.json"))
     monkeypatch.delenv(ss.STEP_LOG_ENV, raising=False)
-
-    class Fake(ss._TimingMixin):
-        num_spec_tokens = 3
-        scheduler_config = SimpleNamespace(max_num_seqs=8)
-        dynamic_sd_lookup = [0] + [3] * 8
-
-    f = Fake()
-    f._tt_init()
+    f = stand_in_scheduler()
     w = ControlWriter(tmp_path / "ctl.json")
     for body, message in (({"k": 7}, "must be an integer in 0..3"), ({"k": 1.9}, "must be an integer"),
                           ({"gate": 2, "gate_timeout": 1e12}, "'gate_timeout'"), ({"table": [[1, 8, 9]]}, "k > 3")):
