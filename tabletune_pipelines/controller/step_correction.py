@@ -106,12 +106,7 @@ class StepTimeModel:
         if sq_ms is None:
             sq_ms = np.where(count > 0, sum_ms * sum_ms / np.maximum(count, 1e-12), 0.0)
         self.sq_ms += sq_ms
-        over = self.count > self.max_count
-        if over.any():
-            scale = np.where(over, self.max_count / np.maximum(self.count, 1e-12), 1.0)
-            self.sum_ms *= scale
-            self.sq_ms *= scale
-            self.count *= scale
+        _cap(self.sum_ms, self.sq_ms, self.count, self.max_count)
 
     def add_served(self, sum_ms: np.ndarray, count: np.ndarray, sq_ms: np.ndarray) -> None:
         """Add every served step's interval per cell (prefill and graph changes included), capped
@@ -119,12 +114,7 @@ class StepTimeModel:
         self.all_sum += sum_ms
         self.all_count += count
         self.all_sq += sq_ms
-        over = self.all_count > self.max_count
-        if over.any():
-            scale = np.where(over, self.max_count / np.maximum(self.all_count, 1e-12), 1.0)
-            self.all_sum *= scale
-            self.all_sq *= scale
-            self.all_count *= scale
+        _cap(self.all_sum, self.all_sq, self.all_count, self.max_count)
 
     def served_extra(self, prior_extra: np.ndarray | None = None,
                      prior_var: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -289,3 +279,14 @@ def served_prior(document: Mapping[str, Any]) -> ServedPrior | str | None:
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         return (f"its served-cost model is unreadable ({type(exc).__name__}: {str(exc)[:120]}); served steps are "
                 "priced from live observations only")
+
+
+def _cap(sums: np.ndarray, squares: np.ndarray, counts: np.ndarray, max_count: float) -> None:
+    """Scale, in place, every cell whose count passed ``max_count`` back to it (sums, squares and
+    count alike, so its mean and spread stay): old observations fade instead of growing without bound."""
+    over = counts > max_count
+    if over.any():
+        scale = np.where(over, max_count / np.maximum(counts, 1e-12), 1.0)
+        sums *= scale
+        squares *= scale
+        counts *= scale
