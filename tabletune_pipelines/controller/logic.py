@@ -527,11 +527,11 @@ class Controller:
             if self.served is not None:
                 e0, v0 = self._served_extra_prior(times, rates, start)
             if s.step_time_correction:
-                extra, xvar = model.served_extra(e0, v0)
+                extra, xcov = model.served_extra_cov(e0, v0)
             else:
-                extra, xvar = e0, v0
+                extra, xcov = e0, v0
             times = np.maximum(times + extra, 1e-6)
-            var = var + xvar
+            var = _plus_covariance(var, xcov)
         n_eff = est.prior_weight + est.drafted  # the prior counts as w drafts at every position
         cov = rates_covariance(rates, drafted_per_pos=n_eff.tolist())
         incumbent = dense_from_ranges(self.candidate_ranges, self._n)
@@ -736,6 +736,18 @@ class Controller:
     def close(self) -> None:
         """At shutdown: write the last window."""
         self.export(self._clock(), force=True)
+
+
+def _plus_covariance(var: np.ndarray, cov: np.ndarray) -> np.ndarray:
+    """Step-time variances (K, N) plus a served extra's variances (K, N) or covariances (K, K, N):
+    the sum in the shape ``core.evidence.log_ratio_sd`` takes."""
+    var, cov = np.asarray(var, float), np.asarray(cov, float)
+    if cov.ndim == 2:
+        return var + cov
+    out = cov.copy()
+    for i in range(var.shape[0]):
+        out[i, i] += var[i]
+    return out
 
 
 def _gain_lcb(ev: Any, incumbent: np.ndarray, chosen: np.ndarray) -> np.ndarray:

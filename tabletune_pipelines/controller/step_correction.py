@@ -54,6 +54,14 @@ The prior's error is its fits'
 variance plus half the larger of E_prior and the largest extra observed anywhere, so a k never
 observed borrows no saving it was not shown. The search then prices T̂ + Ê: the cost serving pays,
 with its variance.
+
+**Unvisited batch sizes.** Where no served step of either of two ks fell near B, the wide part of
+their priors is one unknown (what serving adds at that B), not two: it is counted as perfectly
+correlated between them, so it cannot hold a k in place there and the decode surface, with its
+own error, and the published served model decide, as they do offline. Counted as two independent
+unknowns (before), it held every k the start table had at batch sizes the load never visited: on
+the H200 the controller started from the quartered table at load 128 kept k = 0 at B = 33-82 and
+ended on 16 ranges. Where either k was served near B the prior's error stays its own.
 """
 
 from __future__ import annotations
@@ -123,6 +131,26 @@ class StepTimeModel:
         every served step minus the corrected decode time, the prior counting as w_T steps (module
         docstring, "Served"). The prior's error: its fits' variance plus half the larger of its
         value and the largest extra observed anywhere (a k never observed may pay as much)."""
+        extra, var, _ = self._served(prior_extra, prior_var)
+        return extra, var
+
+    def served_extra_cov(self, prior_extra: np.ndarray | None = None,
+                         prior_var: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(extra ms (K, N), covariance (K, K, N)) of the served extra: ``served_extra`` with the
+        unknown part shared. Where no served step of either k fell near B, the wide part of both
+        priors (half the largest extra seen anywhere) is one unknown, the extra that serving adds at
+        that B, so it is counted as perfectly correlated between those ks: it cannot favour one of
+        them, and the decode surface (and the published served model) decide there (module
+        docstring, "Unvisited batch sizes")."""
+        extra, var, shared = self._served(prior_extra, prior_var)
+        cov = shared[:, None, :] * shared[None, :, :]
+        for i in range(var.shape[0]):
+            cov[i, i] = var[i]
+        return extra, cov
+
+    def _served(self, prior_extra: np.ndarray | None,
+                prior_var: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(extra, variance, the shared part's sd: the wide prior error where no step fell, else 0)."""
         shape = self.profile.shape
         e0 = np.zeros(shape) if prior_extra is None else np.asarray(prior_extra, float)
         v0 = np.zeros(shape) if prior_var is None else np.asarray(prior_var, float)
@@ -131,7 +159,8 @@ class StepTimeModel:
         e_obs = mean - t
         well = n >= PROFILE_ERROR_MIN_COUNT
         e_ref = max(0.0, float(e_obs[well].max())) if well.any() else 0.0
-        v0 = v0 + (0.5 * np.maximum(e0, e_ref)) ** 2
+        wide = 0.5 * np.maximum(e0, e_ref)
+        v0 = v0 + wide ** 2
         # Residuals over the decode surface (x - T̂), pooled over the batch sizes within
         # ``pool_halfwidth()`` of each B: under load B wanders over a range, and an explored k's
         # few served steps there would otherwise sit one or two per cell, each too uncertain to count.
@@ -145,7 +174,7 @@ class StepTimeModel:
         seen = N > 0
         out_e = np.where(seen, (w * e0 + N * e_p) / np.maximum(w + N, 1e-12), e0)
         out_v = np.where(seen, (w * w * v0 + N * s2) / np.maximum(w + N, 1e-12) ** 2, v0)
-        return out_e, out_v
+        return out_e, out_v, np.where(seen, 0.0, wide)
 
     def pool_halfwidth(self) -> int:
         """Batch sizes on each side that the served extra pools: ``SERVED_POOL_FRACTION`` of

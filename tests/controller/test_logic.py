@@ -752,3 +752,50 @@ def test_exploration_visits_the_k_an_open_decision_turns_on(tmp_path, clock):
     # the focus (81 steps). While the table runs k = 1 the count grows further; "settled" never does.
     print(f"\nsteps at k = 1 after the first 200: {counts}")
     assert counts["settled"] <= 60 and counts["open"] >= 75, counts
+
+
+H200_RATES = (0.7, 0.5, 0.3)  # the acceptance of the H200 controller runs
+
+
+def _quartered_with_wandering_batch(tmp_path, clock, seed: int = 1) -> list[int]:
+    """The quartered decode-step table (k = 0 above a quarter of max_num_seqs) on the cliff, the load
+    wandering over B = 10..16 as in ``_cliff_with_wandering_batch``; the table the controller ends on."""
+    start = quartered(true_table(PROFILE, H200_RATES, ks=(0, 1, 2, 3)), n=N)
+    p = publish(tmp_path / "pub.json", ranges=start, rates=H200_RATES, allowed_k=[0, 1, 2, 3])
+    c = fake_controller(p, clock)
+    eng = FakeEngine(c, H200_RATES, TRUE_T, clock=clock, seed=3)
+    rnd = random.Random(seed)
+    for _ in range(300):
+        eng.run(10, rnd.randint(10, 16), output_tokens=20, prompt_tokens=8, extra_ms=cliff_extra)
+    return table_dense(c.ranges)
+
+
+def test_unvisited_batch_sizes_follow_the_decode_surface_not_the_start_table(tmp_path, clock, monkeypatch):
+    """Where the load never goes, no k was served, and what serving adds there is one unknown shared
+    by every k (``StepTimeModel.served_extra_cov``): it cannot hold the start table's k = 0 in place,
+    so the decode surface decides, as offline. Counted as independent unknowns per k, it held k = 0
+    at the unvisited batch sizes (on the H200, from the quartered table at load 128: k = 0 at
+    B = 33-82, 16 ranges)."""
+    from tabletune_pipelines.controller.step_correction import StepTimeModel
+
+    start = table_dense(quartered(true_table(PROFILE, H200_RATES, ks=(0, 1, 2, 3)), n=N))
+    surface = table_dense(true_table(PROFILE, H200_RATES, ks=(0, 1, 2, 3)))
+    unvisited = [b for b in range(2, 10) if start[b - 1] == 0]
+    assert unvisited and all(surface[b - 1] != 0 for b in unvisited)
+    ended = _quartered_with_wandering_batch(tmp_path / "shared", clock)
+    # Beside the visited B = 10..16 the served steps pooled near them price the cliff (k = 1 there);
+    # further below, only the decode surface speaks.
+    far = [b for b in unvisited if b < 10 - 3]  # pool_halfwidth() is 3 at max_num_seqs 16
+    assert far, unvisited
+    assert [ended[b - 1] for b in far] == [surface[b - 1] for b in far], ended
+    assert 0 not in ended[1:], ended
+    assert ended[10:] == [1] * 6, ended  # the visited range leaves the cliff
+    assert len(compact(ended)) <= 3, compact(ended)
+
+    def independent(self, prior_extra=None, prior_var=None):
+        extra, var = self.served_extra(prior_extra, prior_var)
+        return extra, var
+
+    monkeypatch.setattr(StepTimeModel, "served_extra_cov", independent)
+    held = _quartered_with_wandering_batch(tmp_path / "independent", clock)
+    assert [held[b - 1] for b in far] == [0] * len(far), held

@@ -110,6 +110,28 @@ def test_served_extra_pools_neighbouring_batch_sizes_and_keeps_the_prior_elsewhe
     assert wide.pool_halfwidth() == 3 and wide.served_extra()[0][1, 0] > 0.0  # B = 1 pools B = 1..4
 
 
+def test_the_unknown_served_extra_is_shared_where_neither_k_was_served():
+    """Worked numbers on the case above: the prior's wide error (3 ms sd: half the 6 ms seen) is one
+    unknown at a B where neither k was served near (covariance 9 ms² between them), and each k's own
+    where either was (covariance 0)."""
+    m = model()
+    s, c = obs(m.profile.shape, {(1, 4): (14.0, 10), (1, 5): (16.0, 10)})
+    m.add_served(s, c, np.where(c > 0, s * s / np.maximum(c, 1), 0.0))
+    e, v = m.served_extra()
+    e2, cov = m.served_extra_cov()
+    assert np.array_equal(e, e2) and cov.shape == (v.shape[0], v.shape[0], v.shape[1])
+    assert all(np.array_equal(cov[i, i], v[i]) for i in range(v.shape[0]))
+    # B = 2: k = 1 and k = 3 unserved near it: one unknown, sd 3 ms each, correlation 1.
+    assert cov[0, 1, 1] == pytest.approx(9.0) and cov[1, 0, 1] == pytest.approx(9.0)
+    # B = 4: k = 3 served there (pooled), so its prior error is not shared with k = 1's.
+    assert cov[0, 1, 3] == 0.0 and cov[1, 0, 3] == 0.0
+    # Equal shared errors cancel in the log-ratio of goodput where the step times are equal.
+    from tabletune_pipelines.core.evidence import log_ratio_sd
+    t = np.full_like(v, 10.0)
+    sd = log_ratio_sd(t, cov, ks=(1, 3), rates=(0.7, 0.5, 0.3))
+    assert sd[0, 1, 1] == pytest.approx(0.0, abs=1e-9) and sd[0, 1, 3] > 0.3
+
+
 def test_the_k_a_batch_size_left_loses_its_observations_there():
     m = model()
     s, c = obs(m.profile.shape, {(0, 3): (6.0, 40), (1, 3): (12.0, 40), (1, 4): (12.0, 40)})
