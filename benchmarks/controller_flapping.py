@@ -110,11 +110,15 @@ def main() -> int:
                 busy = sum(w.busy_s or 0.0 for w in ws)
                 g = sum(w.tokens or 0 for w in ws) / busy if busy else float("nan")
                 res = {"switches_per_hour": sw, "steady_switches_per_hour": sw2, "reversals_per_hour": rev,
-                       "ranges": len(last["table"]), "goodput": g, "rebuilds": last["rebuilds"] - first["rebuilds"]}
+                       "ranges": len(last["table"]), "goodput": g, "rebuilds": last["rebuilds"] - first["rebuilds"],
+                       # What let switches through: overrides of the hold, its level, where the table moved.
+                       "overrides": last.get("flap_overrides", 0) - first.get("flap_overrides", 0),
+                       "level": last.get("flap_level"), "by_batch_size": last.get("switches_by_batch_size")}
                 results[name].append(res)
                 print(f"round {r} {name:<16} {sw:8.0f} switches/h ({sw2:.0f} in the last two thirds), {rev:7.0f} "
                       f"reversals/h over {hours * 60:.1f} min "
-                      f"({res['rebuilds']} rebuilds); table {last['table']}; {g:7.1f} tok/s; "
+                      f"({res['rebuilds']} rebuilds); hold overrides {res['overrides']}, level {res['level']}, "
+                      f"switches by B {res['by_batch_size']}; table {last['table']}; {g:7.1f} tok/s; "
                       f"{time.monotonic() - t1:.0f} s; load average {loadavg()}", flush=True)
     finally:
         srv.stop()
