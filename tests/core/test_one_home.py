@@ -17,6 +17,7 @@ can only shrink (delete its entry when the copy goes).
     options from a mapping                   options.options_from_mapping
     a measurement's launch overrides         engine.plan.LaunchOverrides
     the gate thresholds and their defaults   tuning.gates.GateThresholds
+    building an engine identity              engine.identity.engine_identity / deployment_identity
 """
 
 from __future__ import annotations
@@ -225,6 +226,13 @@ def gate_threshold(node: ast.AST, stack: list[ast.AST]) -> bool:
     return _number(v) or (isinstance(v, ast.Call) and any(k.arg == "default" and _number(k.value) for k in v.keywords))
 
 
+def identity_builder(node: ast.AST, stack: list[ast.AST]) -> bool:
+    """``EngineIdentity(...)``: an engine identity built field by field outside ``engine.identity``
+    (loading a stored one, ``EngineIdentity.from_dict``/``from_json``, is no copy)."""
+    return isinstance(node, ast.Call) and (node.func.attr if isinstance(node.func, ast.Attribute)
+                                           else getattr(node.func, "id", None)) == "EngineIdentity"
+
+
 CONCEPTS: dict[str, tuple[Finder, set[str], set[tuple[str, str]]]] = {
     # concept: (finder, files allowed to hold it, known copies left elsewhere)
     "range expansion": (range_expander, {"tabletune_pipelines/core/table.py"}, set()),
@@ -239,6 +247,7 @@ CONCEPTS: dict[str, tuple[Finder, set[str], set[tuple[str, str]]]] = {
     "options from a mapping": (mapping_reader, {"tabletune_pipelines/options.py"}, set()),
     "launch overrides": (launch_overrides, {"tabletune_pipelines/engine/plan.py"}, set()),
     "gate thresholds": (gate_threshold, {"tabletune_pipelines/tuning/gates.py"}, set()),
+    "engine identity": (identity_builder, {"tabletune_pipelines/engine/identity.py"}, set()),
 }
 
 
@@ -275,6 +284,8 @@ def test_the_finders_see_the_shapes_they_look_for():
                         "    if unknown:\n        raise ValueError(f'unknown key(s) {unknown}')\n",
         launch_overrides: "class O:\n    startup_timeout: float | None = None\n    max_model_len: int | None = None\n",
         gate_threshold: "class P:\n    trap_margin: float = Field(default=0.03)\n",
+        identity_builder: "def f(name, n):\n    return EngineIdentity(gpu='H200', vllm_version='0.26.0', model=name,\n"
+                          "                          drafter=None, method='ngram', max_k=3, max_num_seqs=n)\n",
     }
     for finder, code in samples.items():
         tree = ast.parse(code)
@@ -283,7 +294,8 @@ def test_the_finders_see_the_shapes_they_look_for():
             table_validator: "def f(a):\n    raise ValueError(f'gap between ranges {a} and {a}')\n",
             version_reader: "def f(endpoint):\n    return f'{endpoint}/version'\n",
             launch_overrides: "names = ('startup_timeout', 'kv_cache_space_gib', 'max_model_len')\n",
-            gate_threshold: "class P:\n    max_predicted_loss: float = 0.03\n"}
+            gate_threshold: "class P:\n    max_predicted_loss: float = 0.03\n",
+            identity_builder: "from tabletune_pipelines import documents\nx = documents.EngineIdentity(**fields)\n"}
     for finder, code in more.items():
         assert any(finder(node, stack) for node, stack in _walk(ast.parse(code), [])), finder.__name__
     # The copies this suite replaced would be found.
