@@ -24,6 +24,7 @@ from tabletune_pipelines.documents import DraftLengthTable, EngineIdentity
 from tabletune_pipelines.errors import PublishedTableError, TableTuneError
 from tabletune_pipelines.fleet import parse_fleet
 from tabletune_pipelines.published import (
+    PublishedVersion,
     published_document,
     read_published_table,
     speculative_config_path,
@@ -184,9 +185,9 @@ def test_the_published_table_asset_refuses_and_leaves_the_file(home):
 # -- the reader: it applies the publish gate's rules to the whole file --------------------------------
 
 def _file(tmp_path, **over):
-    doc = published_document(deployment="a", version=1, table=TABLE.to_dict(),
-                             speculative_config=TABLE.speculative_config({"method": "ngram"}),
-                             published_at="2026-11-23T10:00:00Z")
+    doc = published_document(PublishedVersion(deployment="a", version=1, table=TABLE.to_dict(),
+                                              speculative_config=TABLE.speculative_config({"method": "ngram"}),
+                                              published_at="2026-11-23T10:00:00Z"))
     for key, value in over.items():
         target = doc["table"] if key in ("ranges", "max_k", "max_num_seqs") else doc
         target[key] = value
