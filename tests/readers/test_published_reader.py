@@ -23,6 +23,7 @@ from tabletune_pipelines.core.table import validate_table
 from tabletune_pipelines.documents import DraftLengthTable, EngineIdentity
 from tabletune_pipelines.errors import PublishedTableError, TableTuneError
 from tabletune_pipelines.fleet import parse_fleet
+from tabletune_pipelines.orchestration.partitions import register_identity
 from tabletune_pipelines.published import (
     PublishedVersion,
     published_document,
@@ -173,7 +174,7 @@ def test_the_published_table_asset_refuses_and_leaves_the_file(home):
                                        prior_id="prior-x"))
     before = snapshot(home)
     with dg.DagsterInstance.ephemeral() as instance:
-        instance.add_dynamic_partitions("engine_identity", [ident.key])
+        register_identity(instance, ident.key)
         res = dg.materialize(ASSETS, selection=["published_table"], resources=resources, instance=instance,
                              partition_key=ident.key, raise_on_error=False)
     assert not res.success
