@@ -579,13 +579,28 @@ def _served_load_row(where: str, at: str, row: Any, load_set: set[int], max_k: i
 
 # -- building and writing ----------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class PublishedVersion:
+    """What every published file states: which version of whose table, when, and how vLLM launches it."""
+
+    deployment: str
+    """The fleet deployment the table is published for."""
+    version: int
+    """The publication's version (the controller loads a file only when its version is newer)."""
+    table: dict[str, Any]
+    """The table: a DraftLengthTable's ``to_dict()`` (or its ``published_parts()`` table fields)."""
+    speculative_config: dict[str, Any]
+    """vLLM's ``--speculative-config`` that serves the table."""
+    published_at: str
+    """When, ISO 8601 UTC (``...Z``)."""
+
+
 def published_document(
-    *, deployment: str, version: int, table: dict[str, Any], speculative_config: dict[str, Any], published_at: str,
-    identity: Mapping[str, Any] | None = None, prior: Mapping[str, Any] | None = None,
+    publication: PublishedVersion, *, identity: Mapping[str, Any] | None = None, prior: Mapping[str, Any] | None = None,
     allowed_k: Sequence[int] | None = None, controller: Mapping[str, Any] | None = None,
     evidence: Mapping[str, Any] | None = None, served_verification: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The JSON body of a published table (``table`` is a DraftLengthTable's ``to_dict()``).
+    """The JSON body of the file that publishes ``publication``.
 
     ``identity``: ``EngineIdentity.to_dict()`` (the controller compares model, method, K,
     max_num_seqs and vLLM version with the engine it runs in). ``prior``: the AcceptancePrior's
@@ -596,14 +611,15 @@ def published_document(
     (``SERVED_VERIFICATION_FORMAT``). The document is validated with ``parse_published`` before it
     is returned.
     """
+    deployment, table = publication.deployment, publication.table
     doc: dict[str, Any] = {
         "schema": PUBLISHED_SCHEMA,
         "schema_version": PUBLISHED_SCHEMA_VERSION,
         "deployment": deployment,
-        "version": int(version),
-        "published_at": published_at,
+        "version": int(publication.version),
+        "published_at": publication.published_at,
         "table": table,
-        "speculative_config": speculative_config,
+        "speculative_config": publication.speculative_config,
     }
     if identity is not None:
         doc["identity"] = {k: v for k, v in dict(identity).items() if k not in ("schema", "schema_version")}

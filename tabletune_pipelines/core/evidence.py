@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
@@ -287,6 +287,50 @@ def _revise(incumbent: Sequence[int], g: np.ndarray, log_ratio: np.ndarray, sd: 
     return tuple(int(ks[i]) for i in pick)
 
 
+def _walk_up(g: np.ndarray, log_ratio: np.ndarray, sd: np.ndarray, z: float, lim: float,
+             ks: tuple[int, ...], rows: list[int]) -> tuple[int, ...]:
+    """The evidence rule from scratch: up the batch sizes, the previous batch size's k is kept
+    unless another allowed k beats it beyond the evidence threshold (the best point estimate at B = 1)."""
+    picks: list[int] = []
+    prev: int | None = None
+    for c in range(g.shape[1]):
+        if prev is None:
+            pick = max(rows, key=lambda i: g[i, c])
+        else:
+            ok = [i for i in rows if i != prev and log_ratio[i, prev, c] - z * sd[i, prev, c] > lim]
+            pick = max(ok, key=lambda i: g[i, c]) if ok else prev
+        picks.append(ks[pick])
+        prev = pick
+    return tuple(picks)
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """How ``search_with_evidence`` decides (the defaults are the method's). Built once by whoever
+    searches repeatedly (the controller: once per published version, not per rebuild)."""
+
+    allowed_ks: tuple[int, ...] | None = None
+    """k values the table may use; None: every profiled k."""
+    threshold: float = DEFAULT_STICKINESS
+    """The gain (its lower bound, under the evidence rule) another k must show for the table to change k."""
+    confidence: float = DEFAULT_CONFIDENCE
+    """Level of every bound (Bonferroni-corrected over the other candidate k)."""
+    policy: SearchRule = DEFAULT_SEARCH_RULE
+    """``evidence``: k changes only on evidence; ``stickiness``: the method's 0.5 % rule on point estimates."""
+
+    def __post_init__(self) -> None:
+        if self.policy not in SEARCH_RULES:
+            raise InvalidValueError(f"policy = {self.policy!r} must be one of {SEARCH_RULES}")
+        if self.threshold < 0:
+            raise InvalidValueError(f"stickiness threshold = {self.threshold!r} must be >= 0")
+        if self.allowed_ks is not None:
+            object.__setattr__(self, "allowed_ks", tuple(self.allowed_ks))
+
+
+DEFAULT_SEARCH_SETTINGS = SearchSettings()
+"""The method's search: every profiled k, the default stickiness, confidence and rule."""
+
+
 def search_with_evidence(
     step_ms_dense: np.ndarray,
     step_cov_dense: np.ndarray | None,
@@ -294,13 +338,11 @@ def search_with_evidence(
     rates: Sequence[float],
     *,
     rates_cov: np.ndarray | None = None,
-    allowed_ks: Iterable[int] | None = None,
-    threshold: float = DEFAULT_STICKINESS,
-    confidence: float = DEFAULT_CONFIDENCE,
-    policy: SearchRule = DEFAULT_SEARCH_RULE,
+    settings: SearchSettings = DEFAULT_SEARCH_SETTINGS,
     incumbent: Sequence[int] | None = None,
 ) -> EvidenceTable:
-    """The table search of the module docstring on dense T (K, N) and its (co)variances.
+    """The table search of the module docstring on dense T (K, N) and its (co)variances, decided
+    by ``settings`` (the allowed k, the threshold, the confidence and the rule).
 
     ``step_cov_dense`` None (or all zero) means no error estimates: the evidence rule then
     decides on point estimates, which is the stickiness rule. ``policy="stickiness"`` runs the
@@ -317,12 +359,9 @@ def search_with_evidence(
     Only the evidence policy takes an incumbent.
     """
     ks = tuple(int(k) for k in ks)
-    if policy not in SEARCH_RULES:
-        raise InvalidValueError(f"policy = {policy!r} must be one of {SEARCH_RULES}")
-    if threshold < 0:
-        raise InvalidValueError(f"stickiness threshold = {threshold!r} must be >= 0")
+    threshold, confidence, policy = settings.threshold, settings.confidence, settings.policy
     t = np.asarray(step_ms_dense, dtype=float)
-    allowed = tuple(sorted(set(ks) if allowed_ks is None else {int(k) for k in allowed_ks}))
+    allowed = tuple(sorted(set(ks) if settings.allowed_ks is None else {int(k) for k in settings.allowed_ks}))
     rows = [i for i, k in enumerate(ks) if k in allowed]
     if not rows:
         raise EmptyProfileError(f"none of the allowed k values {list(allowed)} was profiled (profiled: {list(ks)})")
@@ -341,18 +380,7 @@ def search_with_evidence(
     elif incumbent is not None:
         chosen = _revise(incumbent, g, log_ratio, sd, z, math.log1p(threshold), ks, rows)
     else:
-        lim = math.log1p(threshold)
-        picks: list[int] = []
-        prev: int | None = None
-        for c in range(t.shape[1]):
-            if prev is None:
-                pick = max(rows, key=lambda i: g[i, c])
-            else:
-                ok = [i for i in rows if i != prev and log_ratio[i, prev, c] - z * sd[i, prev, c] > lim]
-                pick = max(ok, key=lambda i: g[i, c]) if ok else prev
-            picks.append(ks[pick])
-            prev = pick
-        chosen = tuple(picks)
+        chosen = _walk_up(g, log_ratio, sd, z, math.log1p(threshold), ks, rows)
     choice = TableChoice(ks=ks, chosen=tuple(chosen), goodput=g)
     return EvidenceTable(choice=choice, policy=policy, threshold=float(threshold), confidence=float(confidence),
                          z=float(z), log_ratio=log_ratio, log_sd=sd, allowed=allowed, has_errors=has_errors,

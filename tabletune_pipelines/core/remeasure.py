@@ -28,6 +28,7 @@ from tabletune_pipelines.core.evidence import (
     DEFAULT_TOLERANCE,
     Ambiguity,
     EvidenceTable,
+    SearchSettings,
     search_with_evidence,
 )
 from tabletune_pipelines.core.noise import CellEstimate, NoisySurface
@@ -62,7 +63,8 @@ def evidence_from_repetitions(reps: Mapping[tuple[int, int], Sequence[float]], r
     if non_decreasing:
         surface = surface.non_decreasing()
     ms, cov = surface.dense_cov(max_num_seqs)
-    return search_with_evidence(ms, cov, surface.ks, rates, threshold=threshold, confidence=confidence)
+    return search_with_evidence(ms, cov, surface.ks, rates,
+                                settings=SearchSettings(threshold=threshold, confidence=confidence))
 
 
 def cells_behind(ambiguities: Sequence[Ambiguity], batch_sizes: Sequence[int]) -> dict[int, tuple[float, set[int]]]:

@@ -55,7 +55,7 @@ from tabletune_pipelines.errors import InvalidValueError
 from tabletune_pipelines.core.table import dense_from_ranges
 from tabletune_pipelines.evaluation.surfaces import Surface
 from tabletune_pipelines.evaluation.synthetic import ENGINE
-from tabletune_pipelines.published import published_document, write_published_table
+from tabletune_pipelines.published import PublishedVersion, published_document, write_published_table
 
 PROMPT_TOKENS = 32
 """Prompt length of every request (only enters the scheduled-token count of its first step)."""
@@ -296,10 +296,10 @@ def published_for(path: str | os.PathLike[str], *, ranges: Sequence[Sequence[int
              "prior_id": "prior-sim", "acceptance_rates": [float(x) for x in prior], "predicted_worst_loss": 0.0,
              "step_ms": step_ms}
     doc = published_document(
-        deployment=deployment, version=version, table=table,
-        speculative_config={"method": "eagle3", "num_speculative_tokens": int(max_k),
-                            "num_speculative_tokens_per_batch_size": rng},
-        published_at="2026-12-01T00:00:00Z",
+        PublishedVersion(deployment=deployment, version=version, table=table,
+                         speculative_config={"method": "eagle3", "num_speculative_tokens": int(max_k),
+                                             "num_speculative_tokens_per_batch_size": rng},
+                         published_at="2026-12-01T00:00:00Z"),
         # The simulated engine's identity (a published file must carry one; the controller compares
         # the fields its engine knows: here K and max_num_seqs).
         identity={"gpu": "simulated", "vllm_version": "simulated", "model": "simulated-target", "drafter": None,

@@ -3,7 +3,8 @@
 Two sources:
 
 * ``from_cost_model``: the documented cost model (``evaluation.costmodel``), with the no-speculation
-  baseline. Its ``profile()`` is what the tuner would have measured on that engine: the method's
+  baseline. Its ``profile()`` is what the tuner would have measured on that engine (its identity
+  built by ``engine.identity.engine_identity``, like any other launch's): the method's
   grid (``core.steptime.batch_size_grid``: every B to 16, then every 8, ending at max_num_seqs),
   three repetitions per cell at ±0.5% (deterministic), so the evidence rule has an error to work with.
 * ``from_profile``: a stored ``StepTimeProfile`` (e.g. ``benchmarks/data/h200/*.one_launch.json``).
@@ -21,7 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from tabletune_pipelines.core.steptime import batch_size_grid, non_decreasing_fit
-from tabletune_pipelines.documents import EngineIdentity, StepTimeCell, StepTimeProfile
+from tabletune_pipelines.documents import StepTimeCell, StepTimeProfile
+from tabletune_pipelines.engine.config import ServerConfig
+from tabletune_pipelines.engine.identity import engine_identity
 from tabletune_pipelines.errors import SurfaceError
 from tabletune_pipelines.evaluation.costmodel import CostParams, dense_surface, step_ms
 
@@ -69,9 +72,10 @@ class Surface:
         if self.source_profile is not None:
             return self.source_profile
         n, K = self.max_num_seqs, self.max_k
-        ident = EngineIdentity(gpu=self.name.split("-")[0].upper(), vllm_version="0.26.0", model=self.name,
-                               drafter=self.name + "-drafter", method="eagle3", max_k=K, max_num_seqs=n,
-                               cudagraph_mode="FULL_AND_PIECEWISE")
+        config = ServerConfig(model=self.name, drafter=self.name + "-drafter", method="eagle3",
+                              num_speculative_tokens=K, max_num_seqs=n, device="gpu")
+        ident = engine_identity(config, vllm_version="0.26.0", gpu=self.name.split("-")[0].upper(),
+                                declared_cudagraph_mode="FULL_AND_PIECEWISE")
         cells = []
         for k in range(K + 1):
             for b in batch_size_grid(n):

@@ -25,7 +25,7 @@ import numpy as np
 
 from tabletune_pipelines.controller.loader import EngineFacts
 from tabletune_pipelines.core.table import choose_draft_lengths, compact_ranges
-from tabletune_pipelines.published import published_document, write_published_table
+from tabletune_pipelines.published import PublishedVersion, published_document, write_published_table
 
 if TYPE_CHECKING:
     from tabletune_pipelines.documents import AcceptancePrior
@@ -91,10 +91,11 @@ def publish(path: Path, *, ranges, rates, profile=None, version: int = 1, contro
     if served_cost:
         table["served_cost"] = served_cost
     doc = published_document(
-        deployment="test", version=version, table=table,
-        speculative_config={"method": "draft_model", "num_speculative_tokens": k_max,
-                            "num_speculative_tokens_per_batch_size": [list(r) for r in ranges]},
-        published_at="2026-11-23T10:00:00Z", identity=identity,
+        PublishedVersion(deployment="test", version=version, table=table,
+                         speculative_config={"method": "draft_model", "num_speculative_tokens": k_max,
+                                             "num_speculative_tokens_per_batch_size": [list(r) for r in ranges]},
+                         published_at="2026-11-23T10:00:00Z"),
+        identity=identity,
         prior={"rates": list(rates), "num_drafts": prior_count, "prior_id": "prior-test", "source": "synthetic"},
         allowed_k=allowed_k, controller={"rebuild_budget_ms": REBUILD_BUDGET_MS, **(controller or {})})
     return write_published_table(path, doc)

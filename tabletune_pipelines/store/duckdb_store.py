@@ -54,6 +54,7 @@ from tabletune_pipelines.errors import (
     UnwritablePathError,
 )
 from tabletune_pipelines.published import (
+    PublishedVersion,
     check_publish_targets,
     controller_fields,
     publication_lock,
@@ -772,9 +773,10 @@ class TableTuneStore:
                 version = max(self.latest_publication_version(deployment), on_disk) + 1
                 published_at = _now()
                 doc = published_document(
-                    deployment=deployment, version=version, table=table_fields,
-                    speculative_config=table.speculative_config(base_speculative_config),
-                    published_at=published_at.isoformat() + "Z", **fields,
+                    PublishedVersion(deployment=deployment, version=version, table=table_fields,
+                                     speculative_config=table.speculative_config(base_speculative_config),
+                                     published_at=published_at.isoformat() + "Z"),
+                    **fields,
                 )
                 path = write_published_table(export_path, doc)
                 if companion:

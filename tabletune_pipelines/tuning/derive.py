@@ -33,6 +33,7 @@ from tabletune_pipelines.core.evidence import (
     DEFAULT_CONFIDENCE,
     DEFAULT_SEARCH_RULE,
     EvidenceTable,
+    SearchSettings,
     search_with_evidence,
 )
 from tabletune_pipelines.core.goodput import tau_curve
@@ -209,9 +210,10 @@ def _search(surface: _StepSurface, prior: AcceptancePrior, options: DeriveOption
     noisy = surface.noisy
     rates_cov = (rates_covariance(prior.rates, prior.drafted_per_pos, prior.num_drafts)
                  if options.prior_error and noisy.has_errors else None)
+    settings = SearchSettings(allowed_ks=options.allowed_ks, threshold=options.stickiness,
+                              confidence=options.confidence, policy=options.policy)
     return search_with_evidence(surface.ms, surface.cov if noisy.has_errors else None, noisy.ks, prior.rates,
-                                rates_cov=rates_cov, allowed_ks=options.allowed_ks, threshold=options.stickiness,
-                                confidence=options.confidence, policy=options.policy)
+                                rates_cov=rates_cov, settings=settings)
 
 
 def _table_document(profile: StepTimeProfile, prior: AcceptancePrior, options: DeriveOptions,

@@ -54,14 +54,14 @@ def test_table_without_profile_is_a_clear_error(home, tmp_path, capsys):
 def test_show_prints_the_published_document(home, capsys):
     from tabletune_pipelines.documents import DraftLengthTable
     from tabletune_pipelines.fleet import load_fleet
-    from tabletune_pipelines.published import published_document, write_published_table
+    from tabletune_pipelines.published import PublishedVersion, published_document, write_published_table
 
     dep = load_fleet().deployments[0]
     table = DraftLengthTable(ranges=((1, 8, 3), (9, 16, 1)), max_num_seqs=16, max_k=3, identity_key="id",
                              prior_id="prior-adhoc-0", acceptance_rates=(0.7, 0.5, 0.3))
-    doc = published_document(deployment=dep.name, version=3, table=table.to_dict(),
-                             speculative_config=table.speculative_config({"method": "ngram"}),
-                             published_at="2026-11-23T03:00:00Z")
+    doc = published_document(PublishedVersion(deployment=dep.name, version=3, table=table.to_dict(),
+                                              speculative_config=table.speculative_config({"method": "ngram"}),
+                                              published_at="2026-11-23T03:00:00Z"))
     write_published_table(dep.published_table, doc)
     assert main(["show"]) == 0
     shown = json.loads(capsys.readouterr().out)

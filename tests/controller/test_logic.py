@@ -443,7 +443,7 @@ def test_the_rebuild_runs_the_offline_search_on_its_inputs(tmp_path, clock, monk
     FakeEngine(c, rates, TRUE_T, clock=clock).run(450, 12)
     assert len(calls) == c.rebuilds >= 4
     for args, kw, out in calls:
-        assert kw["incumbent"] is not None and kw["confidence"] == 0.95 and kw["threshold"] == 0.005
+        assert kw["incumbent"] is not None and kw["settings"].confidence == 0.95 and kw["settings"].threshold == 0.005
         assert kw["rates_cov"] is not None and np.any(kw["rates_cov"])  # acceptance counts carry their error
         again = evidence.search_with_evidence(*args, **kw)  # the same function on the same inputs
         assert again.choice.chosen == out.choice.chosen
@@ -702,7 +702,7 @@ def test_a_published_served_model_prices_the_cliff_before_any_step_is_seen(tmp_p
     with no live correction at all, its first rebuild already prices the cliff, and its table is the
     evidence search on exactly ``StepCost.served`` of the published model."""
     from tabletune_pipelines.controller.step_correction import served_prior
-    from tabletune_pipelines.core.evidence import search_with_evidence
+    from tabletune_pipelines.core.evidence import SearchSettings, search_with_evidence
     from tabletune_pipelines.core.stepcost import StepCost
 
     b = 12
@@ -719,7 +719,7 @@ def test_a_published_served_model_prices_the_cliff_before_any_step_is_seen(tmp_p
         c.estimate(), c.workload())
     assert cost.extra_ms[2, b - 1] > 10.0  # k = 3 at B = 12: most served steps fall off the graphs
     ref = search_with_evidence(cost.ms, None, (1, 2, 3), c.estimate(), incumbent=table_dense(decode_only),
-                               confidence=0.95)
+                               settings=SearchSettings(confidence=0.95))
     assert table_dense(c.ranges)[b - 1] == ref.choice.chosen[b - 1]
 
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from tabletune_pipelines.core.table import validate_table
 from tabletune_pipelines.errors import PublishedTableError, TableTuneError
 from tabletune_pipelines.published import (
+    PublishedVersion,
     load_published,
     published_document,
     read_published_table,
@@ -138,9 +139,9 @@ def test_the_writer_refuses_what_the_reader_would(good, tmp_path):
         write_published_table(tmp_path / "out.json", doc)
     assert not (tmp_path / "out.json").exists()
     with pytest.raises(PublishedTableError, match="gap"):
-        published_document(deployment="d", version=1, speculative_config={}, published_at="t",
-                           table={"ranges": [[1, 4, 3], [9, 16, 1]], "max_num_seqs": 16, "max_k": 3,
-                                  "identity_key": "k", "prior_id": "p"})
+        published_document(PublishedVersion(deployment="d", version=1, speculative_config={}, published_at="t",
+                                            table={"ranges": [[1, 4, 3], [9, 16, 1]], "max_num_seqs": 16, "max_k": 3,
+                                                   "identity_key": "k", "prior_id": "p"}))
 
 
 ranges_st = st.lists(st.tuples(st.integers(-1, 20), st.integers(-1, 20), st.integers(-1, 5)), min_size=1, max_size=5)

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tabletune_pipelines.core.evidence import DEFAULT_CONFIDENCE, search_with_evidence
+from tabletune_pipelines.core.evidence import DEFAULT_CONFIDENCE, SearchSettings, search_with_evidence
 from tabletune_pipelines.core.goodput import tau_curve
 from tabletune_pipelines.core.noise import z_value
 from tabletune_pipelines.core.remeasure import evidence_from_repetitions
@@ -132,7 +132,7 @@ def test_finds_every_true_switch_whose_gain_exceeds_three_times_the_noise(s, slo
 def test_boundaries_report_gain_bound_and_confidence():
     t = np.array([[10.0] * 8, [20.0] * 4 + [5.0] * 4])  # k = 3 slow up to B = 4, fast from B = 5 on
     var = np.full_like(t, 0.01)
-    ev = search_with_evidence(t, var, (1, 3), RATES, threshold=0.005)
+    ev = search_with_evidence(t, var, (1, 3), RATES, settings=SearchSettings(threshold=0.005))
     assert ev.ranges == [[1, 4, 1], [5, 8, 3]]
     (b,) = ev.boundaries
     assert (b.batch_size, b.from_k, b.to_k) == (5, 1, 3)
@@ -160,7 +160,7 @@ def test_the_stickiness_policy_reports_its_unsupported_boundaries():
     t3 = np.where(np.arange(8) < 4, 20.0, TAUS[3] / TAUS[1] * 10.0 / 1.02)
     t = np.vstack([t1, t3])
     var = (0.1 * t) ** 2
-    sticky = search_with_evidence(t, var, (1, 3), RATES, policy="stickiness")
+    sticky = search_with_evidence(t, var, (1, 3), RATES, settings=SearchSettings(policy="stickiness"))
     assert sticky.ranges == [[1, 4, 1], [5, 8, 3]] and not sticky.supported
     assert sticky.boundaries[0].gain == pytest.approx(0.02) and sticky.boundaries[0].gain_lcb < 0
     evidence = search_with_evidence(t, var, (1, 3), RATES)
@@ -186,7 +186,7 @@ def test_bonferroni_z_and_bad_inputs():
     with pytest.raises(InvalidValueError, match="confidence = 1.5"):
         z_value(1.5)
     with pytest.raises(InvalidValueError, match="policy = 'greedy'"):
-        search_with_evidence(np.ones((2, 4)), None, (1, 3), RATES, policy="greedy")  # type: ignore[arg-type]
+        SearchSettings(policy="greedy")  # type: ignore[arg-type]
 
 
 # -- revising a table in force (the online controller's rebuild) --------------------------------
@@ -210,7 +210,8 @@ def test_revising_a_table_worked_example():
     # in force, its k kept at B = 2 is B = 1's pick.
     assert search_with_evidence(t, var, ks, rates).choice.chosen[0] == 2
     # An incumbent k that is not allowed has no claim: the best point estimate is taken there.
-    assert search_with_evidence(t, var, ks, rates, allowed_ks=(0, 2), incumbent=[1, 1]).choice.chosen == (2, 2)
+    only_0_2 = SearchSettings(allowed_ks=(0, 2))
+    assert search_with_evidence(t, var, ks, rates, settings=only_0_2, incumbent=[1, 1]).choice.chosen == (2, 2)
 
 
 @st.composite
@@ -232,8 +233,8 @@ def revisions(draw):
 @given(revisions())
 def test_revising_changes_k_only_on_evidence_and_is_stable(p):
     t, ks, rates, var, inc, stick = p
-    exact = search_with_evidence(t, None, ks, rates, threshold=stick, incumbent=inc)
-    noisy = search_with_evidence(t, var, ks, rates, threshold=stick, incumbent=inc)
+    exact = search_with_evidence(t, None, ks, rates, settings=SearchSettings(threshold=stick), incumbent=inc)
+    noisy = search_with_evidence(t, var, ks, rates, settings=SearchSettings(threshold=stick), incumbent=inc)
     g = exact.choice.goodput
     for b, (k0, k1, kn) in enumerate(zip(inc, exact.choice.chosen, noisy.choice.chosen)):
         i0, best = ks.index(k0), g[:, b].max()
@@ -254,7 +255,8 @@ def test_revising_changes_k_only_on_evidence_and_is_stable(p):
     # Revising the revised table with the same evidence changes nothing (no flapping on unchanged data).
     # (A property here because every cell has the same relative error: a k not clear of the old k is
     # then not clear of the new one either, which beats the old one.)
-    again = search_with_evidence(t, var, ks, rates, threshold=stick, incumbent=noisy.choice.chosen)
+    again = search_with_evidence(t, var, ks, rates, settings=SearchSettings(threshold=stick),
+                                 incumbent=noisy.choice.chosen)
     assert again.choice.chosen == noisy.choice.chosen
 
 
@@ -263,4 +265,5 @@ def test_revising_refuses_a_wrong_shape_and_the_stickiness_policy():
     with pytest.raises(InvalidValueError, match="incumbent has 3 batch sizes"):
         search_with_evidence(t, None, (1, 3), RATES, incumbent=[1, 1, 1])
     with pytest.raises(InvalidValueError, match="evidence policy only"):
-        search_with_evidence(t, None, (1, 3), RATES, policy="stickiness", incumbent=[1, 1, 1, 1])
+        search_with_evidence(t, None, (1, 3), RATES, settings=SearchSettings(policy="stickiness"),
+                             incumbent=[1, 1, 1, 1])

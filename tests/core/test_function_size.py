@@ -24,6 +24,8 @@ WATCHED = (  # (file, top-level function)
     ("tabletune_pipelines/live_counters.py", "window_line"),
     ("tabletune_pipelines/tuning/derive.py", "derive_table"),
     ("tabletune_pipelines/core/remeasure.py", "remeasure"),
+    ("tabletune_pipelines/core/evidence.py", "search_with_evidence"),
+    ("tabletune_pipelines/published.py", "published_document"),
 )
 
 

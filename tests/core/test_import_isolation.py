@@ -117,7 +117,7 @@ def test_cli_tuner_paths_run_without_dagster(tmp_path):
         from tabletune_pipelines import cli, deployments
         from tabletune_pipelines.documents import AcceptancePrior, DraftLengthTable, EngineIdentity, StepTimeCell
         from tabletune_pipelines.fleet import default_store_path, load_fleet
-        from tabletune_pipelines.published import published_document, write_published_table
+        from tabletune_pipelines.published import PublishedVersion, published_document, write_published_table
         from tabletune_pipelines.store import TableTuneStore
 
         dep = load_fleet().deployments[0]
@@ -150,10 +150,10 @@ def test_cli_tuner_paths_run_without_dagster(tmp_path):
         table = DraftLengthTable(ranges=((1, dep.max_num_seqs, 1),), max_num_seqs=dep.max_num_seqs,
                                  max_k=dep.max_k, identity_key=ident.key, prior_id=prior.prior_id,
                                  acceptance_rates=prior.rates)
-        write_published_table(dep.published_table, published_document(
+        write_published_table(dep.published_table, published_document(PublishedVersion(
             deployment=dep.name, version=1, table=table.to_dict(),
             speculative_config=table.speculative_config(dep.base_speculative_config()),
-            published_at="2026-11-23T03:00:00Z"))
+            published_at="2026-11-23T03:00:00Z")))
         assert cli.main(["show"]) == 0
 
         import sys

@@ -17,6 +17,7 @@ can only shrink (delete its entry when the copy goes).
     options from a mapping                   options.options_from_mapping
     a measurement's launch overrides         engine.plan.LaunchOverrides
     the gate thresholds and their defaults   tuning.gates.GateThresholds
+    building an engine identity              engine.identity.engine_identity / deployment_identity
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ Finder = Callable[[ast.AST, list[ast.AST]], bool]
 
 
 @cache
-def trees() -> dict[str, ast.Module]:
+def trees(dirs: tuple[str, ...] = SCANNED) -> dict[str, ast.Module]:
     out = {}
-    for d in SCANNED:
+    for d in dirs:
         for p in sorted((ROOT / d).rglob("*.py")):
             if "__pycache__" not in p.parts:
                 out[p.relative_to(ROOT).as_posix()] = ast.parse(p.read_text(), filename=str(p))
@@ -57,10 +58,10 @@ def _where(stack: list[ast.AST]) -> str:
     return ".".join(names) or "<module>"
 
 
-def copies(finder: Finder) -> set[tuple[str, str]]:
-    """(file, enclosing class/function) of every node ``finder`` flags."""
+def copies(finder: Finder, dirs: tuple[str, ...] = SCANNED) -> set[tuple[str, str]]:
+    """(file, enclosing class/function) of every node ``finder`` flags in the files under ``dirs``."""
     found = set()
-    for path, tree in trees().items():
+    for path, tree in trees(dirs).items():
         docstrings = {id(n.body[0].value) for n, _ in _walk(tree, [])
                       if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
                       and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
@@ -225,6 +226,13 @@ def gate_threshold(node: ast.AST, stack: list[ast.AST]) -> bool:
     return _number(v) or (isinstance(v, ast.Call) and any(k.arg == "default" and _number(k.value) for k in v.keywords))
 
 
+def identity_builder(node: ast.AST, stack: list[ast.AST]) -> bool:
+    """``EngineIdentity(...)``: an engine identity built field by field outside ``engine.identity``
+    (loading a stored one, ``EngineIdentity.from_dict``/``from_json``, is no copy)."""
+    return isinstance(node, ast.Call) and (node.func.attr if isinstance(node.func, ast.Attribute)
+                                           else getattr(node.func, "id", None)) == "EngineIdentity"
+
+
 CONCEPTS: dict[str, tuple[Finder, set[str], set[tuple[str, str]]]] = {
     # concept: (finder, files allowed to hold it, known copies left elsewhere)
     "range expansion": (range_expander, {"tabletune_pipelines/core/table.py"}, set()),
@@ -239,6 +247,7 @@ CONCEPTS: dict[str, tuple[Finder, set[str], set[tuple[str, str]]]] = {
     "options from a mapping": (mapping_reader, {"tabletune_pipelines/options.py"}, set()),
     "launch overrides": (launch_overrides, {"tabletune_pipelines/engine/plan.py"}, set()),
     "gate thresholds": (gate_threshold, {"tabletune_pipelines/tuning/gates.py"}, set()),
+    "engine identity": (identity_builder, {"tabletune_pipelines/engine/identity.py"}, set()),
 }
 
 
@@ -275,6 +284,8 @@ def test_the_finders_see_the_shapes_they_look_for():
                         "    if unknown:\n        raise ValueError(f'unknown key(s) {unknown}')\n",
         launch_overrides: "class O:\n    startup_timeout: float | None = None\n    max_model_len: int | None = None\n",
         gate_threshold: "class P:\n    trap_margin: float = Field(default=0.03)\n",
+        identity_builder: "def f(name, n):\n    return EngineIdentity(gpu='H200', vllm_version='0.26.0', model=name,\n"
+                          "                          drafter=None, method='ngram', max_k=3, max_num_seqs=n)\n",
     }
     for finder, code in samples.items():
         tree = ast.parse(code)
@@ -283,7 +294,8 @@ def test_the_finders_see_the_shapes_they_look_for():
             table_validator: "def f(a):\n    raise ValueError(f'gap between ranges {a} and {a}')\n",
             version_reader: "def f(endpoint):\n    return f'{endpoint}/version'\n",
             launch_overrides: "names = ('startup_timeout', 'kv_cache_space_gib', 'max_model_len')\n",
-            gate_threshold: "class P:\n    max_predicted_loss: float = 0.03\n"}
+            gate_threshold: "class P:\n    max_predicted_loss: float = 0.03\n",
+            identity_builder: "from tabletune_pipelines import documents\nx = documents.EngineIdentity(**fields)\n"}
     for finder, code in more.items():
         assert any(finder(node, stack) for node, stack in _walk(ast.parse(code), [])), finder.__name__
     # The copies this suite replaced would be found.
@@ -356,13 +368,23 @@ def profile_run_config(node: ast.AST, stack: list[ast.AST]) -> bool:
 
 
 PARTITIONS_HOME = "tabletune_pipelines/orchestration/partitions.py"
+PARTITIONS_SCANNED = (*SCANNED, "tests")
+"""The tests too: a test registers an identity the way the pipeline does."""
+NOT_A_REGISTRATION = {
+    # (file, function): why its add_dynamic_partitions is another concept
+    ("tests/pipeline/test_pipeline_automation.py", "tick"): "applies a sensor result's dynamic-partition requests "
+    "as the Dagster daemon does (whatever partitions they name): Dagster's part, not TableTune's registration",
+}
 
 
 @pytest.mark.parametrize("finder", [identity_registration, profile_run_config])
 def test_the_identity_partition_and_its_profile_run_have_one_home(finder):
-    """The upgrade sensor and the main command register an identity and build its profile run's
-    config through ``partitions.register_identity`` / ``partitions.profile_run_config``."""
-    assert {c for c in copies(finder) if c[0] != PARTITIONS_HOME} == set()
+    """The upgrade sensor, the main command and the tests register an identity and build its profile
+    run's config through ``partitions.register_identity`` / ``partitions.profile_run_config``."""
+    found = {c for c in copies(finder, PARTITIONS_SCANNED) if c[0] != PARTITIONS_HOME}
+    allowed = set(NOT_A_REGISTRATION) if finder is identity_registration else set()
+    assert found - allowed == set()
+    assert allowed - found == set(), f"gone, delete from NOT_A_REGISTRATION: {sorted(allowed - found)}"
     sample = ("def f(instance, key, dep, ident):\n    instance.add_dynamic_partitions('engine_identity', [key])\n"
               "    return {'ops': {'step_time_profile': {'config': {'identity_json': ident.to_json()}}}}\n")
     assert any(finder(node, stack) for node, stack in _walk(ast.parse(sample), []))

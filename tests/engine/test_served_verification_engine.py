@@ -23,6 +23,7 @@ import pytest
 from tabletune_pipelines.deployments import identity_for
 from tabletune_pipelines.fleet import load_fleet
 from tabletune_pipelines.orchestration.definitions import ASSETS
+from tabletune_pipelines.orchestration.partitions import register_identity
 from tabletune_pipelines.published import read_published_table
 from tabletune_pipelines.store import TableTuneStore
 from tests.pipeline.helpers import ScriptedEngine, deployment_dict, make_resources, write_fleet
@@ -74,7 +75,7 @@ def test_failed_served_verification_keeps_the_previous_table(shared_server, tmp_
     _SHARED["server"] = shared_server
 
     with dg.DagsterInstance.ephemeral() as instance:
-        instance.add_dynamic_partitions("engine_identity", [key])
+        register_identity(instance, key)
         # v1: the table of a = (0.7, 0.5, 0.3), published without served verification.
         first = make_resources(home, fleet, engine=ScriptedEngine(served_verification={"enabled": False}))
         assert _materialize(first, instance, key).success

@@ -278,13 +278,14 @@ def test_verify_served_fails_a_table_that_loses_and_passes_one_that_does_not(mon
 
 
 def _published(result, ranges=None):
-    from tabletune_pipelines.published import published_document
+    from tabletune_pipelines.published import PublishedVersion, published_document
 
     ranges = ranges or [list(r) for r in result.candidate]
     table = {"ranges": ranges, "max_num_seqs": 8, "max_k": 3, "identity_key": "id", "prior_id": "p",
              "acceptance_rates": [0.7, 0.5, 0.3]}
-    return published_document(deployment="d", version=1, table=table, speculative_config={"method": "x"},
-                               published_at="2026-11-23T10:00:00Z", served_verification=result.to_dict())
+    head = PublishedVersion(deployment="d", version=1, table=table, speculative_config={"method": "x"},
+                            published_at="2026-11-23T10:00:00Z")
+    return published_document(head, served_verification=result.to_dict())
 
 
 def _section():

@@ -14,6 +14,7 @@ import pytest
 from tabletune_pipelines.deployments import identity_for
 from tabletune_pipelines.documents import EngineIdentity
 from tabletune_pipelines.fleet import load_fleet
+from tabletune_pipelines.orchestration.partitions import register_identity
 from tabletune_pipelines.orchestration.resources import FleetResource
 from tabletune_pipelines.orchestration.schedules import WEEKLY_CRON, weekly_acceptance_schedule
 from tests.pipeline.helpers import (
@@ -227,7 +228,7 @@ def test_retune_after_weekly_acceptance_requests_one_run_per_running_identity(ho
     write_prompts(load_fleet(fleet).deployment("a").prompts_file(WEEK))
     engine = ScriptedEngine()
     key = identity_for(load_fleet(fleet).deployment("a"), engine.vllm_version).key
-    instance.add_dynamic_partitions("engine_identity", [key])
+    register_identity(instance, key)
     res = dg.materialize(ASSETS, selection=["acceptance_prior"], partition_key=WEEK, instance=instance,
                          resources=make_resources(home, fleet, engine=engine))
     (success,) = instance.all_logs(res.run_id, of_type=dg.DagsterEventType.RUN_SUCCESS)

@@ -126,6 +126,7 @@ def seed_local_deployment(dagster_home: Path, tt_home: Path, fleet: Path) -> str
     from tabletune_pipelines.engine.installed import installed_vllm_version
     from tabletune_pipelines.fleet import load_fleet
     from tabletune_pipelines.orchestration.definitions import ASSETS
+    from tabletune_pipelines.orchestration.partitions import register_identity
 
     version = installed_vllm_version()
     dep = load_fleet(fleet).deployment("local-cpu")
@@ -136,7 +137,7 @@ def seed_local_deployment(dagster_home: Path, tt_home: Path, fleet: Path) -> str
     os.environ["DAGSTER_HOME"] = str(dagster_home)
     try:
         with dg.DagsterInstance.get() as inst:
-            inst.add_dynamic_partitions("engine_identity", [key])
+            register_identity(inst, key)
             assert dg.materialize(ASSETS, selection=["acceptance_prior", "live_acceptance_counters"],
                                   resources=resources, instance=inst, partition_key=WEEK).success
             assert dg.materialize(ASSETS, selection=["step_time_profile", "draft_length_table", "published_table"],

@@ -18,6 +18,7 @@ from tabletune_pipelines.fleet import load_fleet
 from tabletune_pipelines.live_counters import CounterWindow, window_line
 from tabletune_pipelines.orchestration.definitions import ASSETS, defs
 from tabletune_pipelines.orchestration.jobs import build_jobs
+from tabletune_pipelines.orchestration.partitions import register_identity
 from tabletune_pipelines.orchestration.tags import ENGINE_TAG, manual_run_tags, try_load_fleet
 from tabletune_pipelines.published import read_published_table
 from tests.pipeline.helpers import WEEK, make_resources, write_prompts
@@ -48,7 +49,7 @@ def test_rollback_republishes_the_old_version_with_its_identity_and_prior(home, 
     write_prompts(dep.prompts_file(WEEK), 24)
     assert dg.materialize(ASSETS, selection=["acceptance_prior"], resources=resources, instance=instance,
                           partition_key=WEEK).success
-    instance.add_dynamic_partitions("engine_identity", [key])
+    register_identity(instance, key)
     assert dg.materialize(ASSETS, selection=IDENTITY_ASSETS, resources=resources, instance=instance,
                           partition_key=key).success
     v1 = read_published_table(dep.published_table)

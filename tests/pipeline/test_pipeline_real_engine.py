@@ -25,6 +25,7 @@ from tabletune_pipelines.deployments import current_identity
 from tabletune_pipelines.fleet import load_fleet
 from tabletune_pipelines.live_counters import CounterWindow, window_line
 from tabletune_pipelines.orchestration.definitions import ASSETS
+from tabletune_pipelines.orchestration.partitions import register_identity
 from tabletune_pipelines.orchestration.resources import EngineResource, FleetResource, TuningSettings
 from tabletune_pipelines.published import read_published_table
 from tests.pipeline.helpers import WEEK
@@ -79,7 +80,7 @@ def real_run(tmp_path_factory):
         with dg.DagsterInstance.ephemeral() as instance:
             weekly = dg.materialize(ASSETS, selection=["acceptance_prior", "live_acceptance_counters"],
                                     resources=resources, instance=instance, partition_key=WEEK)
-            instance.add_dynamic_partitions("engine_identity", [key])
+            register_identity(instance, key)
             chain = dg.materialize(ASSETS, selection=["step_time_profile", "draft_length_table", "published_table"],
                                    resources=resources, instance=instance, partition_key=key)
         yield {"home": home, "dep": dep, "key": key, "weekly": weekly, "chain": chain}

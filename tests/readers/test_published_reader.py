@@ -23,7 +23,9 @@ from tabletune_pipelines.core.table import validate_table
 from tabletune_pipelines.documents import DraftLengthTable, EngineIdentity
 from tabletune_pipelines.errors import PublishedTableError, TableTuneError
 from tabletune_pipelines.fleet import parse_fleet
+from tabletune_pipelines.orchestration.partitions import register_identity
 from tabletune_pipelines.published import (
+    PublishedVersion,
     published_document,
     read_published_table,
     speculative_config_path,
@@ -172,7 +174,7 @@ def test_the_published_table_asset_refuses_and_leaves_the_file(home):
                                        prior_id="prior-x"))
     before = snapshot(home)
     with dg.DagsterInstance.ephemeral() as instance:
-        instance.add_dynamic_partitions("engine_identity", [ident.key])
+        register_identity(instance, ident.key)
         res = dg.materialize(ASSETS, selection=["published_table"], resources=resources, instance=instance,
                              partition_key=ident.key, raise_on_error=False)
     assert not res.success
@@ -184,9 +186,9 @@ def test_the_published_table_asset_refuses_and_leaves_the_file(home):
 # -- the reader: it applies the publish gate's rules to the whole file --------------------------------
 
 def _file(tmp_path, **over):
-    doc = published_document(deployment="a", version=1, table=TABLE.to_dict(),
-                             speculative_config=TABLE.speculative_config({"method": "ngram"}),
-                             published_at="2026-11-23T10:00:00Z")
+    doc = published_document(PublishedVersion(deployment="a", version=1, table=TABLE.to_dict(),
+                                              speculative_config=TABLE.speculative_config({"method": "ngram"}),
+                                              published_at="2026-11-23T10:00:00Z"))
     for key, value in over.items():
         target = doc["table"] if key in ("ranges", "max_k", "max_num_seqs") else doc
         target[key] = value

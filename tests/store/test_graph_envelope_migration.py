@@ -115,15 +115,15 @@ def test_a_stored_sample_no_measurement_writes_is_refused(tmp_path):
 
 def test_the_published_file_carries_the_serving_envelope_the_table_assumes():
     from tabletune_pipelines.errors import PublishedTableError
-    from tabletune_pipelines.published import parse_published, published_document
+    from tabletune_pipelines.published import PublishedVersion, parse_published, published_document
 
     ident = dataclasses.replace(_gpu(max_cudagraph_capture_size=1024), model_runner="v2")
     table = {"ranges": [[1, 128, 3]], "max_num_seqs": 128, "max_k": 3, "identity_key": ident.key, "prior_id": "p",
              "acceptance_rates": [0.7, 0.5, 0.3], "predicted_worst_loss": 0.0, "step_ms": {},
              "schema": "tabletune.draft_length_table", "schema_version": 1}
-    doc = published_document(deployment="d", version=1, table=table, published_at="2026-12-01T00:00:00Z",
-                             speculative_config={"num_speculative_tokens": 3,
-                                                 "num_speculative_tokens_per_batch_size": [[1, 128, 3]]},
+    spec = {"num_speculative_tokens": 3, "num_speculative_tokens_per_batch_size": [[1, 128, 3]]}
+    doc = published_document(PublishedVersion(deployment="d", version=1, table=table,
+                                              published_at="2026-12-01T00:00:00Z", speculative_config=spec),
                              identity=ident.to_dict())
     assert doc["serving"] == {"flags": ["--max-num-seqs", "128", "--compilation-config",
                                         '{"max_cudagraph_capture_size":1024}'],
