@@ -27,7 +27,7 @@ Modules, one job each:
     tiny_models     ensure_tiny_models(cache_dir, size, dtype) -> TinyModels
 Its errors (``EngineError`` and friends) are in ``tabletune_pipelines.errors``, the one hierarchy.
 The control-file protocol the server side, the timing scheduler and the CPU plugin share is
-``tabletune_pipelines.control_protocol``.
+``tabletune_pipelines.formats.control_protocol``.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tabletune_pipelines.core.steptime import batch_size_grid, non_decreasing_fit
-from tabletune_pipelines.documents import EngineIdentity, StepTimeCell, StepTimeProfile
+from tabletune_pipelines.formats.documents import EngineIdentity, StepTimeCell, StepTimeProfile
 from tabletune_pipelines.errors import SurfaceError
 from tabletune_pipelines.evaluation.costmodel import CostParams, dense_surface, step_ms
 

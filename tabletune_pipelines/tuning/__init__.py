@@ -6,5 +6,5 @@ week's ingest of a fleet's counter files), ``report`` (markdown and the goodput 
 pipeline's assets call: ``measure`` (profile an engine identity; a week's acceptance priors) and
 ``build`` (the table of one engine identity from the store, with its gates and plot). Those take the
 store, the fleet and the engine as arguments and return plain results; publishing is
-``tabletune_pipelines.publishing``.
+``tabletune_pipelines.tuning.publishing``.
 """

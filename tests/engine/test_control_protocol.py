@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tabletune_pipelines.control_protocol import ControlReader, ControlWriter, ack_path, signature, write_distinct
+from tabletune_pipelines.formats.control_protocol import ControlReader, ControlWriter, ack_path, signature, write_distinct
 from tabletune_pipelines.errors import ControlProtocolError, ControlRejected, ControlTimeout, TableTuneError
 
 
