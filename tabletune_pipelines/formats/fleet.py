@@ -225,7 +225,8 @@ class Deployment(_Schema):
         description="File the controller loads (atomic writes); the paste-able --speculative-config JSON is "
                     "written beside it as <stem>.speculative-config.json.")
     live_counters: Path | None = Field(
-        default=None, description="JSONL file the controller exports (format: tabletune_pipelines/formats/live_counters.py).")
+        default=None,
+        description="JSONL file the controller exports (format: tabletune_pipelines/formats/live_counters.py).")
     dtype: str | None = Field(
         default=None, min_length=1, description="Model dtype; null: bfloat16 on a GPU and on a CPU with native bf16 "
         "(avx512_bf16 or AMX), else float32 (tabletune_pipelines/engine/dtype.py). Part of the engine identity.")

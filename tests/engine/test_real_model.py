@@ -17,7 +17,13 @@ import json
 
 import pytest
 
-from tabletune_pipelines.core.acceptance_ci import difference_intervals, differ, format_intervals, group_intervals, prior_intervals
+from tabletune_pipelines.core.acceptance_ci import (
+    difference_intervals,
+    differ,
+    format_intervals,
+    group_intervals,
+    prior_intervals,
+)
 from tabletune_pipelines.formats.documents import AcceptancePrior
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
