@@ -16,8 +16,8 @@ logged_prompts = dg.AssetSpec(
     owners=OWNERS,
     description=("Each deployment's logged real prompts, one JSONL file per week: "
                  "`<logged_prompts>/<Monday YYYY-MM-DD>.jsonl`, one `{\"prompt\": ...}` object per line "
-                 "(fleet file, `logged_prompts`; format: tabletune_pipelines/prompts.py). Written by the serving "
-                 "side, not by this pipeline."),
+                 "(fleet file, `logged_prompts`; format: tabletune_pipelines/formats/prompts.py). Written by "
+                 "the serving side, not by this pipeline."),
 )
 
 

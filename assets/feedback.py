@@ -16,7 +16,7 @@ controller_live_counters = dg.AssetSpec(
     owners=OWNERS,
     description=("Per-position drafted/accepted counters exported by the TableTune controller inside vLLM "
                  "(which loads published_table as its prior). JSONL, format documented in "
-                 "tabletune_pipelines/live_counters.py; path: the fleet's `live_counters`."),
+                 "tabletune_pipelines/formats/live_counters.py; path: the fleet's `live_counters`."),
 )
 
 

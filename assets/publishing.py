@@ -1,5 +1,5 @@
 """``published_table``: the versioned, atomic export the controller loads; the rollback op.
-Both call ``tabletune_pipelines.publishing`` (``publish_table``, ``rollback_table``)."""
+Both call ``tabletune_pipelines.tuning.publishing`` (``publish_table``, ``rollback_table``)."""
 
 import dagster as dg
 from dagster_duckdb import DuckDBResource
@@ -14,7 +14,7 @@ from tabletune_pipelines.orchestration.metadata import (
 from tabletune_pipelines.orchestration.partitions import engine_identity_partitions
 from tabletune_pipelines.orchestration.resources import EngineResource, FleetResource, TuningSettings, store_from
 from tabletune_pipelines.orchestration.tags import engine_tag_warning
-from tabletune_pipelines.publishing import publish_table, rollback_table
+from tabletune_pipelines.tuning.publishing import publish_table, rollback_table
 
 
 class PublishConfig(dg.Config):
@@ -33,7 +33,7 @@ class PublishConfig(dg.Config):
     owners=OWNERS,
     description=(
         "The table each deployment running this engine identity loads: an atomic JSON file "
-        "(tabletune_pipelines.published, schema tabletune.published_table) at the fleet's `published_table`, "
+        "(tabletune_pipelines.formats.published, schema tabletune.published_table) at the fleet's `published_table`, "
         "plus `<stem>.speculative-config.json` to paste into `--speculative-config` without the controller. "
         "Versioned in DuckDB `publications`; the job `rollback_published_table` re-publishes the previous version. "
         "Refuses a table that fails a blocking gate, so the last published table stays in place. Before it "

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from tabletune_pipelines.evaluation.baselines import NightjarPolicy, TurboSpecPolicy
-from tabletune_pipelines.documents import AcceptancePrior, StepTimeProfile
+from tabletune_pipelines.formats.documents import AcceptancePrior, StepTimeProfile
 from tabletune_pipelines.core.table import compact_ranges, expand_table
 from tabletune_pipelines.evaluation import costmodel as cm
 from tabletune_pipelines.evaluation import simulator as sim

@@ -58,7 +58,7 @@ def profile_ms(engine: str, n: int) -> dict[int, dict[int, float]]:
     """The engine's H200 profile (all-rejected cells), interpolated to every B in 1..n."""
     import numpy as np
 
-    from tabletune_pipelines.documents import StepTimeProfile
+    from tabletune_pipelines.formats.documents import StepTimeProfile
 
     [path] = [p for p in (ROOT / "benchmarks" / "data" / "h200").glob("*.one_launch.json")
               if f"__{ENGINES[engine][0]}__" in p.name]

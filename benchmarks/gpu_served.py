@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from tabletune_pipelines.core.stepcost import Workload
-from tabletune_pipelines.documents import AcceptancePrior, StepTimeProfile
+from tabletune_pipelines.formats.documents import AcceptancePrior, StepTimeProfile
 from tabletune_pipelines.evaluation.served import loss_table, paired_ratio, run_closed_loop, summarize
 
 HERE = Path(__file__).resolve().parent

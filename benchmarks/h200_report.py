@@ -34,7 +34,7 @@ DOCS_DENSE = [[1, 64, 3], [65, 128, 1]]  # the docs' EAGLE example cut to max_nu
 
 
 def load_profiles() -> dict[str, "object"]:
-    from tabletune_pipelines.documents import StepTimeProfile
+    from tabletune_pipelines.formats.documents import StepTimeProfile
 
     out = {}
     for p in sorted(DATA.glob("*.one_launch.json")):

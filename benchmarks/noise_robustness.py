@@ -100,11 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     log = logging.getLogger("noise_robustness")
 
-    from tabletune_pipelines import deployments
+    from tabletune_pipelines.tuning import deployments
     from tabletune_pipelines.engine.acceptance import write_default_prompt_file
     from tabletune_pipelines.engine.installed import installed_vllm_version
     from tabletune_pipelines.engine.plan import ProfileOptions
-    from tabletune_pipelines.fleet import load_fleet
+    from tabletune_pipelines.formats.fleet import load_fleet
     from tabletune_pipelines.store import TableTuneStore
     from tabletune_pipelines.tuning.derive import DeriveOptions, derive_table
     from tabletune_pipelines.tuning.gates import evidence_gate

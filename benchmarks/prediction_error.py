@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     results["load_end"] = load_end
     results["total_seconds"] = time.monotonic() - t_start
 
-    from tabletune_pipelines.documents import StepTimeCell, StepTimeProfile
+    from tabletune_pipelines.formats.documents import StepTimeCell, StepTimeProfile
 
     after_by = {(c.k, c.batch_size, c.acceptance): c for c in after.cells}
     pooled_cells = []

@@ -338,7 +338,7 @@ def adaptive_launch(models, work: Path, scenario: str, name: str, prompt, base: 
         srv.stop()
     state = {}
     try:
-        from tabletune_pipelines.live_counters import read_live_counters
+        from tabletune_pipelines.formats.live_counters import read_live_counters
 
         ws = [w for w in read_live_counters(wd / "local.live.jsonl").windows if w.controller]
         st = ws[-1].controller if ws else {}
@@ -516,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("tabletune").setLevel(logging.WARNING)
     from tabletune_pipelines.engine.acceptance import write_default_prompt_file
     from tabletune_pipelines.engine.tiny_models import ensure_tiny_models, read_vocab_size
-    from tabletune_pipelines.prompts import iter_prompts
+    from tabletune_pipelines.formats.prompts import iter_prompts
 
     t_start = time.monotonic()
     la0 = loadavg()

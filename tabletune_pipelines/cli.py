@@ -28,8 +28,8 @@ from tabletune_pipelines.errors import EndpointUnreachable, NotFoundError, Store
 from tabletune_pipelines.vocab import DEFAULT_PROFILE_MODE, DEFAULT_REPETITIONS, PROFILE_MODES
 
 if TYPE_CHECKING:
-    from tabletune_pipelines.documents import AcceptancePrior, EngineIdentity
-    from tabletune_pipelines.fleet import Deployment
+    from tabletune_pipelines.formats.documents import AcceptancePrior, EngineIdentity
+    from tabletune_pipelines.formats.fleet import Deployment
     from tabletune_pipelines.store import TableTuneStore
 
 EXIT_ERROR = 2
@@ -107,14 +107,14 @@ def _log() -> logging.Logger:
 
 
 def _deployment(args: argparse.Namespace) -> Deployment:
-    from tabletune_pipelines.fleet import load_fleet
+    from tabletune_pipelines.formats.fleet import load_fleet
 
     fleet = load_fleet(args.fleet)
     return fleet.deployment(args.deployment) if args.deployment else fleet.deployments[0]
 
 
 def _store_path(args: argparse.Namespace) -> Path:
-    from tabletune_pipelines.fleet import default_store_path
+    from tabletune_pipelines.formats.fleet import default_store_path
 
     return Path(args.db).expanduser() if args.db else default_store_path()
 
@@ -161,7 +161,7 @@ def _rates(text: str) -> tuple[float, ...]:
 # -- subcommands ---------------------------------------------------------------------------------
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from tabletune_pipelines import deployments
+    from tabletune_pipelines.tuning import deployments
 
     dep = _deployment(args)
     options = deployments.ProfileOptions(mode=args.mode, repetitions=args.repetitions,
@@ -188,8 +188,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_acceptance(args: argparse.Namespace) -> int:
-    from tabletune_pipelines import deployments
-    from tabletune_pipelines.prompts import count_prompts
+    from tabletune_pipelines.tuning import deployments
+    from tabletune_pipelines.formats.prompts import count_prompts
 
     dep = _deployment(args)
     prompts = Path(args.prompts).expanduser()
@@ -206,7 +206,7 @@ def cmd_acceptance(args: argparse.Namespace) -> int:
 def _deployment_profile_key(store: TableTuneStore, dep: Deployment) -> str:
     """The identity key of the engine ``dep`` runs now (the fleet's fields + its vLLM version), which
     the store must hold a profile of: never another GPU's, K's or max_num_seqs' profile of the same model."""
-    from tabletune_pipelines import deployments
+    from tabletune_pipelines.tuning import deployments
 
     stored = store.identity_keys()
     listed = ", ".join(stored[:10]) + (", ..." if len(stored) > 10 else "")
@@ -248,7 +248,7 @@ def _plot_guard(args: argparse.Namespace) -> dict[Path, str]:
     """The files ``--plot`` may never replace, whether they exist yet or not (the store, the fleet
     file, every deployment's published table, companion and live counters); the target is checked
     now against them and against what is there (``tuning.report.check_plot_target``)."""
-    from tabletune_pipelines.fleet import load_fleet
+    from tabletune_pipelines.formats.fleet import load_fleet
     from tabletune_pipelines.tuning.report import check_plot_target
 
     fleet = load_fleet(args.fleet)
@@ -292,7 +292,7 @@ def cmd_table(args: argparse.Namespace) -> int:
     if args.rates is not None and args.prior:
         raise UsageError("give --prior or --rates, not both")
     if args.rates is not None:
-        from tabletune_pipelines.documents import AcceptancePrior
+        from tabletune_pipelines.formats.documents import AcceptancePrior
 
         if len(args.rates) != dep.max_k:
             raise UsageError(f"--rates has {len(args.rates)} values; deployment {dep.name!r} has max_k {dep.max_k}")
@@ -326,7 +326,7 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from tabletune_pipelines.published import read_published_table
+    from tabletune_pipelines.formats.published import read_published_table
 
     dep = _deployment(args)
     print(json.dumps(read_published_table(dep.published_table), indent=2))
@@ -352,7 +352,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         os.environ["TABLETUNE_DUCKDB"] = args.db
     if args.mix is not None:
         from tabletune_pipelines.errors import NotFoundError
-        from tabletune_pipelines.prompt_mixes import parse_weights
+        from tabletune_pipelines.formats.prompt_mixes import parse_weights
 
         try:
             parse_weights(args.mix)  # a bad mix fails here, before Dagster starts

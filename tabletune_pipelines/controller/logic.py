@@ -65,7 +65,7 @@ from tabletune_pipelines.core.evidence import DEFAULT_SEARCH_SETTINGS, SearchSet
 from tabletune_pipelines.core.noise import z_value
 from tabletune_pipelines.core.noise import rates_covariance
 from tabletune_pipelines.core.stepcost import StepCost, Workload
-from tabletune_pipelines.live_counters import CounterWindow, append_line, window_line
+from tabletune_pipelines.formats.live_counters import CounterWindow, append_line, window_line
 
 logger = logging.getLogger("tabletune.controller")
 

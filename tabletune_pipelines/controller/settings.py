@@ -208,7 +208,7 @@ class ControllerSettings:
     rebuild_budget_ms: float = 20.0
     """A rebuild that takes longer is abandoned (counted): the last good table stays."""
     export_path: str | None = None
-    """Live-counters file (JSONL, ``tabletune_pipelines.live_counters``); relative paths are taken
+    """Live-counters file (JSONL, ``tabletune_pipelines.formats.live_counters``); relative paths are taken
     from the published file's folder; None = ``<published stem>.live.jsonl`` beside it. The pipeline
     writes the fleet's ``live_counters`` path here so what is exported is what is ingested."""
     export_every_steps: int = 5000

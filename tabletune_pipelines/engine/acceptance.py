@@ -1,6 +1,6 @@
 """Acceptance measurement a_1..a_K on a real engine (docs/method.md, "Acceptance").
 
-Prompt files are read by ``tabletune_pipelines.prompts.load_prompts`` (JSONL, one
+Prompt files are read by ``tabletune_pipelines.formats.prompts.load_prompts`` (JSONL, one
 ``{"prompt": "..."}`` per line; errors name the file and line, never quote a prompt).
 
 A measurement samples ``n`` (``vocab.DEFAULT_SAMPLE_SIZE``, 160) prompts with a fixed seed, runs
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tabletune_pipelines.core.acceptance_estimate import rates_from_counts
-from tabletune_pipelines.documents import AcceptancePrior
+from tabletune_pipelines.formats.documents import AcceptancePrior
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.errors import (
     EngineConfigError,
@@ -46,8 +46,8 @@ from tabletune_pipelines.errors import (
     UnwritablePathError,
 )
 from tabletune_pipelines.engine.process import VLLMServer
-from tabletune_pipelines.prompts import load_prompts
-from tabletune_pipelines.strict_io import FileTooLargeError, NotRegularFileError, read_bounded
+from tabletune_pipelines.formats.prompts import load_prompts
+from tabletune_pipelines.formats.strict_io import FileTooLargeError, NotRegularFileError, read_bounded
 
 __all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_SAMPLE_SIZE", "SpecCounters", "load_prompts", "measure_acceptance",
            "fingerprint_key", "measure_acceptance_from_file", "parse_spec_counters", "prompt_fingerprint",
@@ -121,7 +121,7 @@ def fingerprint_key(home: str | Path | None = None) -> bytes:
     made on first use: 32 random bytes as hex, mode 0600, created atomically so that concurrent
     first uses agree on one key."""
     if home is None:
-        from tabletune_pipelines.fleet import tabletune_home
+        from tabletune_pipelines.formats.fleet import tabletune_home
 
         home = tabletune_home()
     path = Path(home) / FINGERPRINT_KEY_FILE

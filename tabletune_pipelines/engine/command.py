@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 
 import tabletune_pipelines
-from tabletune_pipelines.control_protocol import K_CONTROL_ENV, STEP_LOG_ENV, SYNTHETIC_CONTROL_ENV
+from tabletune_pipelines.formats.control_protocol import K_CONTROL_ENV, STEP_LOG_ENV, SYNTHETIC_CONTROL_ENV
 from tabletune_pipelines.engine.config import SERVED_MODEL_NAME, ServerConfig
 
 LAUNCHER_MODULE = "tabletune_pipelines.engine.launcher"

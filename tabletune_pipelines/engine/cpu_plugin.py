@@ -33,8 +33,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from tabletune_pipelines.control_protocol import SYNTHETIC_CONTROL_ENV, ControlReader
-from tabletune_pipelines.control_protocol import check_rates_command
+from tabletune_pipelines.formats.control_protocol import SYNTHETIC_CONTROL_ENV, ControlReader
+from tabletune_pipelines.formats.control_protocol import check_rates_command
 from tabletune_pipelines.engine.installed import is_cpu_build
 from tabletune_pipelines.errors import InvalidCommand
 

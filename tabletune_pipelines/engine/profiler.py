@@ -54,7 +54,7 @@ from tabletune_pipelines.core.remeasure import (
 )
 from tabletune_pipelines.core.stepcost import StepSample
 from tabletune_pipelines.core.steptime import median_step_time
-from tabletune_pipelines.documents import EngineIdentity, StepTimeCell, StepTimeProfile
+from tabletune_pipelines.formats.documents import EngineIdentity, StepTimeCell, StepTimeProfile
 from tabletune_pipelines.engine.cell import Measurement, measure_cell_once, warm_up
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.engine.identity import engine_identity

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tabletune_pipelines.documents import StepTimeCell
+from tabletune_pipelines.formats.documents import StepTimeCell
 
 logger = logging.getLogger("tabletune.profiler")
 

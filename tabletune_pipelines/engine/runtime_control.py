@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tabletune_pipelines.control_protocol import ControlWriter, check_rates_command
+from tabletune_pipelines.formats.control_protocol import ControlWriter, check_rates_command
 from tabletune_pipelines.core.table import validate_vllm_schedule
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.errors import ControlProtocolError, EngineConfigError, EngineError, InvalidCommand

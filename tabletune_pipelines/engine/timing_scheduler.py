@@ -49,8 +49,8 @@ import os
 import time
 from typing import Any
 
-from tabletune_pipelines.control_protocol import K_CONTROL_ENV, STEP_LOG_ENV, Command, ControlReader
-from tabletune_pipelines.control_protocol import check_k_command
+from tabletune_pipelines.formats.control_protocol import K_CONTROL_ENV, STEP_LOG_ENV, Command, ControlReader
+from tabletune_pipelines.formats.control_protocol import check_k_command
 from tabletune_pipelines.controller.step import count_drafts, fold, longest
 from tabletune_pipelines.errors import InvalidCommand
 

@@ -28,7 +28,7 @@ from tabletune_pipelines.controller.settings import PUBLISHED_ENV
 from tabletune_pipelines.errors import LiveCountersError
 from tabletune_pipelines.evaluation.served import LoadGenerator
 from tabletune_pipelines.evaluation.synthetic import IDENTITY, LAUNCH, publish
-from tabletune_pipelines.live_counters import CounterWindow, read_live_counters
+from tabletune_pipelines.formats.live_counters import CounterWindow, read_live_counters
 
 __all__ = ["SCHEDULER", "Rig", "closed_loop", "identity", "server_config", "tiny"]
 

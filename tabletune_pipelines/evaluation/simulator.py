@@ -55,7 +55,7 @@ from tabletune_pipelines.errors import InvalidValueError
 from tabletune_pipelines.core.table import dense_from_ranges
 from tabletune_pipelines.evaluation.surfaces import Surface
 from tabletune_pipelines.evaluation.synthetic import ENGINE
-from tabletune_pipelines.published import PublishedVersion, published_document, write_published_table
+from tabletune_pipelines.formats.published import PublishedVersion, published_document, write_published_table
 
 PROMPT_TOKENS = 32
 """Prompt length of every request (only enters the scheduled-token count of its first step)."""
@@ -286,7 +286,7 @@ def published_for(path: str | os.PathLike[str], *, ranges: Sequence[Sequence[int
                   step_ms: dict[str, dict[str, float]], prior: Sequence[float], max_num_seqs: int, max_k: int, prior_drafts: int = 4800,
                   version: int = 1, controller: dict[str, Any] | None = None,
                   deployment: str = "simulated") -> Path:
-    """Write a real published file (``tabletune_pipelines.published``) for the simulated engine.
+    """Write a real published file (``tabletune_pipelines.formats.published``) for the simulated engine.
 
     ``step_ms``: the tuner's T(B, k), ``{k: {B: ms}}`` with string keys (``DraftLengthTable.step_ms``).
     """

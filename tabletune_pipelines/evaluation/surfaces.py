@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tabletune_pipelines.core.steptime import batch_size_grid, non_decreasing_fit
-from tabletune_pipelines.documents import StepTimeCell, StepTimeProfile
+from tabletune_pipelines.formats.documents import StepTimeCell, StepTimeProfile
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.engine.identity import engine_identity
 from tabletune_pipelines.errors import SurfaceError

@@ -9,7 +9,7 @@ launch table ``LAUNCH`` (every k 0..3 listed), identity ``IDENTITY``, the facts 
 * ``true_table``: the table ``core.table``'s search builds from a profile and acceptance rates (the
   reference a controller is compared with);
 * ``fixed_prior``: an ``AcceptancePrior`` with given rates and no drafts counted;
-* ``publish``: a published-table file (``tabletune_pipelines.published``) for that engine.
+* ``publish``: a published-table file (``tabletune_pipelines.formats.published``) for that engine.
 
 Stdlib, numpy and the serving-side modules only (no vLLM, no Dagster). The replay simulator's
 published file for its simulated engine is ``evaluation.simulator.published_for``.
@@ -25,10 +25,10 @@ import numpy as np
 
 from tabletune_pipelines.controller.loader import EngineFacts
 from tabletune_pipelines.core.table import choose_draft_lengths, compact_ranges
-from tabletune_pipelines.published import PublishedVersion, published_document, write_published_table
+from tabletune_pipelines.formats.published import PublishedVersion, published_document, write_published_table
 
 if TYPE_CHECKING:
-    from tabletune_pipelines.documents import AcceptancePrior
+    from tabletune_pipelines.formats.documents import AcceptancePrior
 
 __all__ = ["ENGINE", "IDENTITY", "K", "LAUNCH", "N", "REBUILD_BUDGET_MS", "dense", "fixed_prior", "linear_profile", "publish",
            "true_table"]
@@ -62,7 +62,7 @@ def true_table(profile, rates, ks=(0, 1, 2, 3), n: int = N, stickiness: float = 
 
 def fixed_prior(rates: Sequence[float]) -> "AcceptancePrior":
     """An AcceptancePrior with known rates (no measurement behind it)."""
-    from tabletune_pipelines.documents import AcceptancePrior
+    from tabletune_pipelines.formats.documents import AcceptancePrior
 
     n = len(rates)
     return AcceptancePrior(rates=tuple(rates), num_drafts=0, drafted_per_pos=(0,) * n, accepted_per_pos=(0,) * n,

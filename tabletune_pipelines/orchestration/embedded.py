@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _dagster_home() -> Path:
-    from tabletune_pipelines.fleet import tabletune_home
+    from tabletune_pipelines.formats.fleet import tabletune_home
 
     home = Path(os.environ.get("DAGSTER_HOME") or tabletune_home() / "dagster").expanduser()
     home.mkdir(parents=True, exist_ok=True)
@@ -62,9 +62,9 @@ SAMPLE_WEEK_PROMPTS = 400
 
 def _numbers(database: str, key: str, doc: dict, dep, engine) -> list[str]:
     """Acceptance with intervals, the sample's mix, and the goodput ratio against the docs' table."""
-    from tabletune_pipelines.acceptance_ci import prior_intervals
-    from tabletune_pipelines.prompt_mixes import describe_mix, sample_mix
-    from tabletune_pipelines.run_report import compare_to_docs, comparison_lines
+    from tabletune_pipelines.core.acceptance_ci import prior_intervals
+    from tabletune_pipelines.formats.prompt_mixes import describe_mix, sample_mix
+    from tabletune_pipelines.tuning.run_report import compare_to_docs, comparison_lines
     from tabletune_pipelines.store.duckdb_store import TableTuneStore
     from tabletune_pipelines.tuning.derive import derive_table
 
@@ -102,15 +102,15 @@ def main(argv: list[str] | None = None) -> int:
 
     import dagster as dg
 
-    from tabletune_pipelines import prompt_mixes
+    from tabletune_pipelines.formats import prompt_mixes
     from tabletune_pipelines.errors import TableTuneError
-    from tabletune_pipelines.fleet import load_fleet
+    from tabletune_pipelines.formats.fleet import load_fleet
     from tabletune_pipelines.orchestration.definitions import ASSETS
     from tabletune_pipelines.orchestration.jobs import PROFILE_AND_PUBLISH_ASSETS, WEEKLY_ACCEPTANCE_ASSETS
     from tabletune_pipelines.orchestration.partitions import last_complete_week, profile_run_config, register_identity
     from tabletune_pipelines.orchestration.resources import EngineResource, default_resources
     from tabletune_pipelines.orchestration.tags import ENGINE_TAG, run_tags
-    from tabletune_pipelines.published import read_published_table
+    from tabletune_pipelines.formats.published import read_published_table
 
     dagster_home = _dagster_home()
     fleet = load_fleet()

@@ -19,10 +19,10 @@ from typing import Any
 import dagster as dg
 import numpy as np
 
-from tabletune_pipelines.documents import DraftLengthTable
+from tabletune_pipelines.formats.documents import DraftLengthTable
 from tabletune_pipelines.errors import PipelineFailure
-from tabletune_pipelines.fleet import tabletune_home
-from tabletune_pipelines.publishing import Publication, Rollback
+from tabletune_pipelines.formats.fleet import tabletune_home
+from tabletune_pipelines.tuning.publishing import Publication, Rollback
 from tabletune_pipelines.tuning.build import BuiltTable
 from tabletune_pipelines.tuning.feedback import LiveWeek
 from tabletune_pipelines.tuning.gates import Gate

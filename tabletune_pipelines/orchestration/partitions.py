@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import dagster as dg
 
 if TYPE_CHECKING:
-    from tabletune_pipelines.documents import EngineIdentity
+    from tabletune_pipelines.formats.documents import EngineIdentity
 
 ENGINE_IDENTITY_PARTITIONS_NAME = "engine_identity"
 """Name of the dynamic partitions (one per engine identity key)."""

@@ -21,13 +21,13 @@ import dagster as dg
 from dagster_duckdb import DuckDBResource
 from pydantic import Field
 
-from tabletune_pipelines import deployments
+from tabletune_pipelines.tuning import deployments
 from tabletune_pipelines.core.acceptance_estimate import DEFAULT_PRIOR_WEIGHT
 from tabletune_pipelines.core.evidence import DEFAULT_CONFIDENCE, DEFAULT_SEARCH_RULE
 from tabletune_pipelines.core.table import DEFAULT_STICKINESS
-from tabletune_pipelines.documents import AcceptancePrior, DraftLengthTable, EngineIdentity, StepTimeProfile
+from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, EngineIdentity, StepTimeProfile
 from tabletune_pipelines.evaluation.served import ServedVerification, ServedVerificationOptions
-from tabletune_pipelines.fleet import Deployment, Fleet, default_store_path, load_fleet
+from tabletune_pipelines.formats.fleet import Deployment, Fleet, default_store_path, load_fleet
 from tabletune_pipelines.options import field_docs
 from tabletune_pipelines.store import TableTuneStore
 from tabletune_pipelines.tuning.gates import GateThresholds
@@ -49,7 +49,7 @@ class FleetResource(dg.ConfigurableResource):
 
 
 class EngineResource(dg.ConfigurableResource):
-    """How runs reach vLLM: ``tabletune_pipelines.deployments`` with this configuration; tests override it."""
+    """How runs reach vLLM: ``tabletune_pipelines.tuning.deployments`` with this configuration; tests override it."""
 
     cache_dir: str | None = Field(default=None, description="Tiny models cache; default $TABLETUNE_HOME/models.")
     work_dir: str | None = Field(default=None, description="Server logs and scratch; default $TABLETUNE_HOME/work.")

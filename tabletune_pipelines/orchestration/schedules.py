@@ -11,7 +11,7 @@ carries that group's ``tabletune/engine`` tag and Kubernetes placement). When th
 
 import dagster as dg
 
-from tabletune_pipelines.fleet import FleetError
+from tabletune_pipelines.formats.fleet import FleetError
 from tabletune_pipelines.orchestration.jobs import WEEKLY_ACCEPTANCE
 from tabletune_pipelines.orchestration.partitions import last_complete_week
 from tabletune_pipelines.orchestration.resources import FleetResource

@@ -18,7 +18,7 @@ import os
 import dagster as dg
 
 from tabletune_pipelines.errors import InvalidValueError, TableTuneError
-from tabletune_pipelines.fleet import FleetError
+from tabletune_pipelines.formats.fleet import FleetError
 from tabletune_pipelines.orchestration.jobs import Jobs
 from tabletune_pipelines.orchestration.partitions import engine_identity_partitions, profile_run_config
 from tabletune_pipelines.orchestration.resources import EngineResource, FleetResource

@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from tabletune_pipelines.fleet import Deployment, Fleet, FleetError, load_fleet
+from tabletune_pipelines.formats.fleet import Deployment, Fleet, FleetError, load_fleet
 
 ENGINE_TAG = "tabletune/engine"
 """Concurrency key: runs with the same value never overlap (dagster.yaml, run_queue)."""

@@ -35,7 +35,7 @@ from typing import Any
 
 import duckdb
 
-from tabletune_pipelines.documents import (
+from tabletune_pipelines.formats.documents import (
     AcceptancePrior,
     DraftLengthTable,
     EngineIdentity,
@@ -53,7 +53,7 @@ from tabletune_pipelines.errors import (
     TableTuneError,
     UnwritablePathError,
 )
-from tabletune_pipelines.published import (
+from tabletune_pipelines.formats.published import (
     PublishedVersion,
     check_publish_targets,
     controller_fields,
@@ -62,7 +62,7 @@ from tabletune_pipelines.published import (
     write_published_table,
     write_speculative_config_companion,
 )
-from tabletune_pipelines.strict_io import NotRegularFileError, open_regular
+from tabletune_pipelines.formats.strict_io import NotRegularFileError, open_regular
 from tabletune_pipelines.vocab import DEFAULT_PROFILE_MODE
 
 #: How many existing ids a NotFoundError lists.

@@ -5,6 +5,9 @@ may be used; plain verdicts), ``feedback`` (the controller's live counters → a
 week's ingest of a fleet's counter files), ``report`` (markdown and the goodput plot), and what the
 pipeline's assets call: ``measure`` (profile an engine identity; a week's acceptance priors) and
 ``build`` (the table of one engine identity from the store, with its gates and plot). Those take the
-store, the fleet and the engine as arguments and return plain results; publishing is
-``tabletune_pipelines.publishing``.
+store, the fleet and the engine as arguments and return plain results. ``deployments`` is that
+engine: a fleet deployment → its engine identity, profile, acceptance measurement and served
+verification (``Engine``, what the pipeline's ``EngineResource`` and the CLI call); ``publishing``
+publishes a table to the deployments running its engine (and rolls back); ``run_report`` is what
+``tabletune run`` prints after publishing.
 """

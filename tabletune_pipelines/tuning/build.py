@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tabletune_pipelines.documents import AcceptancePrior, DraftLengthTable, StepTimeProfile
+from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, StepTimeProfile
 from tabletune_pipelines.errors import PipelineFailure, TableTuneError
 from tabletune_pipelines.tuning.derive import DeriveOptions, TunedTable, derive_table
 from tabletune_pipelines.tuning.gates import (

@@ -53,7 +53,7 @@ from tabletune_pipelines.core.noise import (
     rates_covariance,
 )
 from tabletune_pipelines.core.table import DEFAULT_STICKINESS, TableChoice, expand_table
-from tabletune_pipelines.documents import AcceptancePrior, DraftLengthTable, StepTimeProfile
+from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, StepTimeProfile
 from tabletune_pipelines.errors import InvalidAcceptanceError
 from tabletune_pipelines.vocab import SearchRule
 

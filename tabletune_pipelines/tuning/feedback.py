@@ -4,7 +4,7 @@ Everything but ``ingest_live_counters`` is pure (no I/O); that one runs the week
 reads each deployment's counters file, makes its live prior and stores it.
 
 The controller inside vLLM exports drafted/accepted counts per draft position in windows
-(``tabletune_pipelines.live_counters``). A week's windows are summed and blended with the latest
+(``tabletune_pipelines.formats.live_counters``). A week's windows are summed and blended with the latest
 measured prior as ``w`` observations: â_i = (w·a_i + accepted_i) / (w + drafted_i)
 (docs/method.md, "Online controller"). Without a usable measured prior the live rates stand alone.
 
@@ -34,13 +34,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tabletune_pipelines.core.acceptance_estimate import AcceptanceEstimator, EstimatorConfig, rates_from_counts
-from tabletune_pipelines.documents import AcceptancePrior
+from tabletune_pipelines.formats.documents import AcceptancePrior
 from tabletune_pipelines.errors import InvalidValueError, LiveCountersError, PipelineFailure, TableTuneError
-from tabletune_pipelines.live_counters import CounterWindow, read_live_counters
+from tabletune_pipelines.formats.live_counters import CounterWindow, read_live_counters
 
 if TYPE_CHECKING:
-    from tabletune_pipelines.deployments import Engine
-    from tabletune_pipelines.fleet import Fleet
+    from tabletune_pipelines.tuning.deployments import Engine
+    from tabletune_pipelines.formats.fleet import Fleet
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 from tabletune_pipelines.core.goodput import tau_curve, validate_acceptance
 from tabletune_pipelines.core.stepcost import default_capture_ceiling
 from tabletune_pipelines.core.table import expand_table, validate_table, validate_vllm_schedule
-from tabletune_pipelines.documents import (
+from tabletune_pipelines.formats.documents import (
     AcceptancePrior,
     DraftLengthTable,
     EngineIdentity,

@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tabletune_pipelines.deployments import Engine, deployment_for_identity, resolve_identity
-from tabletune_pipelines.documents import AcceptancePrior, EngineIdentity, StepTimeProfile
+from tabletune_pipelines.tuning.deployments import Engine, deployment_for_identity, resolve_identity
+from tabletune_pipelines.formats.documents import AcceptancePrior, EngineIdentity, StepTimeProfile
 from tabletune_pipelines.errors import PipelineFailure, TableTuneError
-from tabletune_pipelines.fleet import Deployment, Fleet
-from tabletune_pipelines.prompts import count_prompts
+from tabletune_pipelines.formats.fleet import Deployment, Fleet
+from tabletune_pipelines.formats.prompts import count_prompts
 from tabletune_pipelines.tuning.gates import Gate, prior_gate, profile_gate
 
 
@@ -106,8 +106,8 @@ class WeekPriors:
 def sample_summary(dep: Deployment, prior: AcceptancePrior, week: str, seed: int = 0) -> dict[str, Any]:
     """The sample behind a prior: mix (``prompt_mixes.sample_mix``; logs without ``mix`` labels count as
     unlabelled), size, and a_i with its 95 % Wilson interval."""
-    from tabletune_pipelines.acceptance_ci import prior_intervals
-    from tabletune_pipelines.prompt_mixes import sample_mix
+    from tabletune_pipelines.core.acceptance_ci import prior_intervals
+    from tabletune_pipelines.formats.prompt_mixes import sample_mix
 
     ivs = prior_intervals(prior)
     return {"mix": sample_mix(dep.prompts_file(week), dep.max_prompts, seed), "prompt_count": prior.prompt_count,

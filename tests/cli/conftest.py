@@ -30,15 +30,15 @@ def home(tmp_path, monkeypatch):
 def embedded_identity():
     """The identity of the engine the embedded default deployment runs on this machine (the fleet's
     fields, the installed vLLM, this CPU's dtype): the profile `tabletune table` picks by default."""
-    from tabletune_pipelines.deployments import current_identity
-    from tabletune_pipelines.fleet import DEFAULT_FLEET_PATH, load_fleet
+    from tabletune_pipelines.tuning.deployments import current_identity
+    from tabletune_pipelines.formats.fleet import DEFAULT_FLEET_PATH, load_fleet
 
     return current_identity(load_fleet(DEFAULT_FLEET_PATH).deployments[0])
 
 
 def seed_store(db: Path) -> str:
     """A store with the MEDIUM profile of the embedded default's identity and one prior; the identity key."""
-    from tabletune_pipelines.documents import AcceptancePrior, StepTimeCell
+    from tabletune_pipelines.formats.documents import AcceptancePrior, StepTimeCell
     from tabletune_pipelines.store import TableTuneStore
     from tabletune_pipelines.vocab import DEFAULT_SAMPLE_SIZE
 
@@ -58,7 +58,7 @@ def seed_store(db: Path) -> str:
 @pytest.fixture
 def seeded(home):
     """The seeded store at the default path ($TABLETUNE_HOME/tabletune_store.duckdb)."""
-    from tabletune_pipelines.fleet import default_store_path
+    from tabletune_pipelines.formats.fleet import default_store_path
 
     db = default_store_path()
     seed_store(db)

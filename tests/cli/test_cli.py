@@ -1,5 +1,5 @@
 """The ``tabletune`` CLI on a seeded store (the engine-facing subcommands are covered by the
-real-engine tests through the same ``tabletune_pipelines.deployments`` functions)."""
+real-engine tests through the same ``tabletune_pipelines.tuning.deployments`` functions)."""
 
 import json
 
@@ -52,9 +52,9 @@ def test_table_without_profile_is_a_clear_error(home, tmp_path, capsys):
 
 
 def test_show_prints_the_published_document(home, capsys):
-    from tabletune_pipelines.documents import DraftLengthTable
-    from tabletune_pipelines.fleet import load_fleet
-    from tabletune_pipelines.published import PublishedVersion, published_document, write_published_table
+    from tabletune_pipelines.formats.documents import DraftLengthTable
+    from tabletune_pipelines.formats.fleet import load_fleet
+    from tabletune_pipelines.formats.published import PublishedVersion, published_document, write_published_table
 
     dep = load_fleet().deployments[0]
     table = DraftLengthTable(ranges=((1, 8, 3), (9, 16, 1)), max_num_seqs=16, max_k=3, identity_key="id",
@@ -82,7 +82,7 @@ def test_table_takes_the_prior_the_pipeline_takes(seeded, capsys):
     """One rule for which prior builds a table (``tuning.gates.prior_for_table``): ``tabletune table``
     skips a newer prior that fails the prior gate, as the ``draft_length_table`` asset does (through
     ``tuning.build.build_table``)."""
-    from tabletune_pipelines.documents import AcceptancePrior
+    from tabletune_pipelines.formats.documents import AcceptancePrior
     from tabletune_pipelines.tuning import build, gates
 
     assert build.prior_for_table is gates.prior_for_table

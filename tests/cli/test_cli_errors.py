@@ -97,7 +97,7 @@ SEEDED = [
 
 
 def _files(home):
-    from tabletune_pipelines.fleet import DEFAULT_FLEET_PATH
+    from tabletune_pipelines.formats.fleet import DEFAULT_FLEET_PATH
 
     (home / "good.jsonl").write_text(json.dumps({"prompt": "hello"}) + "\n")
     (home / "empty.jsonl").write_text("\n\n")

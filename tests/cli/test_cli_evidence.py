@@ -12,7 +12,7 @@ import json
 import numpy as np
 
 from tabletune_pipelines.cli import build_parser, main
-from tabletune_pipelines.documents import AcceptancePrior, EngineIdentity
+from tabletune_pipelines.formats.documents import AcceptancePrior, EngineIdentity
 from tabletune_pipelines.store import TableTuneStore
 from tests.cli.conftest import embedded_identity
 from tests.tuning.samples import noisy_profile
@@ -62,7 +62,7 @@ def test_table_prints_the_loss_with_its_bounds_the_k_within_noise_the_ranges_and
 
 
 def test_show_prints_the_published_evidence(home, capsys):
-    from tabletune_pipelines.fleet import default_store_path, load_fleet
+    from tabletune_pipelines.formats.fleet import default_store_path, load_fleet
     from tabletune_pipelines.tuning.derive import derive_table
 
     store = noisy_store(default_store_path())
@@ -80,7 +80,7 @@ def test_show_prints_the_published_evidence(home, capsys):
 
 
 def test_profile_takes_the_remeasurement_budget_and_reports_re_measured_cells(home, monkeypatch, capsys):
-    from tabletune_pipelines import deployments
+    from tabletune_pipelines.tuning import deployments
 
     seen = {}
 

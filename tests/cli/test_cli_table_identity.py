@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 from tabletune_pipelines.cli import main
-from tabletune_pipelines.documents import EngineIdentity, StepTimeCell
+from tabletune_pipelines.formats.documents import EngineIdentity, StepTimeCell
 from tabletune_pipelines.store import TableTuneStore
 from tests.cli.conftest import embedded_identity
 from tests.readers.conftest import assert_one_error, snapshot

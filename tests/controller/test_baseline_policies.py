@@ -13,7 +13,7 @@ from tabletune_pipelines.evaluation import baselines
 from tabletune_pipelines.evaluation.baselines import PolicyController, TurboSpecPolicy
 from tabletune_pipelines.evaluation.simulator import FakeEngine
 from tabletune_pipelines.evaluation.synthetic import ENGINE, N, publish
-from tabletune_pipelines.live_counters import read_live_counters
+from tabletune_pipelines.formats.live_counters import read_live_counters
 
 # T(B, k) = 10 + 0.2·B + (0.2 + 1.0·B)·k ms: exactly linear in TurboSpec's basis, so its fit is the profile.
 PROFILE = {k: {b: 10 + 0.2 * b + (0.2 + 1.0 * b) * k for b in range(1, N + 1)} for k in range(4)}

@@ -61,7 +61,7 @@ def real_server(tmp_path, published):
 
 
 def mix_prompt(name):
-    from tabletune_pipelines.prompt_mixes import load_mix
+    from tabletune_pipelines.formats.prompt_mixes import load_mix
 
     prompts = load_mix(name)
     return lambda rng: rng.choice(prompts)

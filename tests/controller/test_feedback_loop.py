@@ -20,12 +20,12 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from tabletune_pipelines.documents import AcceptancePrior, EngineIdentity, StepTimeCell, StepTimeProfile
+from tabletune_pipelines.formats.documents import AcceptancePrior, EngineIdentity, StepTimeCell, StepTimeProfile
 from tabletune_pipelines.engine import VLLMServer
 from tabletune_pipelines.evaluation.rig import closed_loop, server_config, tiny
 from tabletune_pipelines.evaluation.synthetic import linear_profile
-from tabletune_pipelines.live_counters import read_live_counters
-from tabletune_pipelines.published import controller_fields, load_published
+from tabletune_pipelines.formats.live_counters import read_live_counters
+from tabletune_pipelines.formats.published import controller_fields, load_published
 from tabletune_pipelines.store import TableTuneStore
 from tabletune_pipelines.tuning.derive import derive_table
 from tabletune_pipelines.tuning.feedback import live_prior, windows_in_week

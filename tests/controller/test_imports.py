@@ -13,9 +13,10 @@ import pytest
 import tabletune_pipelines.controller as pkg
 
 ROOT = Path(pkg.__file__).parent
-ALLOWED_TT = ("tabletune_pipelines.core", "tabletune_pipelines.published", "tabletune_pipelines.live_counters",
-              "tabletune_pipelines.control_protocol", "tabletune_pipelines.errors", "tabletune_pipelines.vocab",
-              "tabletune_pipelines.identity_match", "tabletune_pipelines.options",
+ALLOWED_TT = ("tabletune_pipelines.core", "tabletune_pipelines.formats.published",
+              "tabletune_pipelines.formats.live_counters", "tabletune_pipelines.formats.control_protocol",
+              "tabletune_pipelines.errors", "tabletune_pipelines.vocab",
+              "tabletune_pipelines.engine.identity_match", "tabletune_pipelines.options",
               "tabletune_pipelines.controller")
 MODULES = sorted(p.stem for p in ROOT.glob("*.py") if p.stem != "__init__")
 

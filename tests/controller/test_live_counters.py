@@ -8,7 +8,13 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from tabletune_pipelines.errors import LiveCountersError
-from tabletune_pipelines.live_counters import CounterWindow, append_line, parse_window, read_live_counters, window_line
+from tabletune_pipelines.formats.live_counters import (
+    CounterWindow,
+    append_line,
+    parse_window,
+    read_live_counters,
+    window_line,
+)
 
 T0 = datetime(2026, 11, 23, 10, tzinfo=timezone.utc)
 

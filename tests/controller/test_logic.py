@@ -23,7 +23,7 @@ from tabletune_pipelines.controller.step import StepOutcome
 from tabletune_pipelines.core.table import compact_ranges
 from tabletune_pipelines.evaluation.simulator import FakeEngine, fake_controller, quartered
 from tabletune_pipelines.evaluation.synthetic import ENGINE, LAUNCH, N, linear_profile, publish, true_table
-from tabletune_pipelines.live_counters import read_live_counters
+from tabletune_pipelines.formats.live_counters import read_live_counters
 from tests.controller.references import near_best, on_robust_table, table_dense
 from tests.controller.references import robust_choices as _robust
 

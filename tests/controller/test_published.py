@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from tabletune_pipelines.core.table import validate_table
 from tabletune_pipelines.errors import PublishedTableError, TableTuneError
-from tabletune_pipelines.published import (
+from tabletune_pipelines.formats.published import (
     PublishedVersion,
     load_published,
     published_document,

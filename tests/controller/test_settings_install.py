@@ -35,7 +35,7 @@ from tabletune_pipelines.errors import FleetError, SettingsError
 from tabletune_pipelines.evaluation.baselines import PolicyController
 from tabletune_pipelines.evaluation.simulator import FakeEngine
 from tabletune_pipelines.evaluation.synthetic import ENGINE, REBUILD_BUDGET_MS, linear_profile, publish
-from tabletune_pipelines.fleet import parse_fleet
+from tabletune_pipelines.formats.fleet import parse_fleet
 from tabletune_pipelines.vocab import CONTROLLER_MODES
 
 PROFILE = linear_profile()

@@ -20,12 +20,12 @@ MAX_PARAMETERS = 8
 
 WATCHED = (  # (file, top-level function)
     ("tabletune_pipelines/engine/profiler.py", "profile_step_times"),
-    ("tabletune_pipelines/published.py", "parse_published"),
-    ("tabletune_pipelines/live_counters.py", "window_line"),
+    ("tabletune_pipelines/formats/published.py", "parse_published"),
+    ("tabletune_pipelines/formats/live_counters.py", "window_line"),
     ("tabletune_pipelines/tuning/derive.py", "derive_table"),
     ("tabletune_pipelines/core/remeasure.py", "remeasure"),
     ("tabletune_pipelines/core/evidence.py", "search_with_evidence"),
-    ("tabletune_pipelines/published.py", "published_document"),
+    ("tabletune_pipelines/formats/published.py", "published_document"),
 )
 
 

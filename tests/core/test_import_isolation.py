@@ -30,11 +30,11 @@ SERVING_SIDE = [
     "tabletune_pipelines.core.steptime",
     "tabletune_pipelines.errors",
     "tabletune_pipelines.vocab",
-    "tabletune_pipelines.documents",
+    "tabletune_pipelines.formats.documents",
     "tabletune_pipelines.options",
-    "tabletune_pipelines.published",
-    "tabletune_pipelines.live_counters",
-    "tabletune_pipelines.control_protocol",
+    "tabletune_pipelines.formats.published",
+    "tabletune_pipelines.formats.live_counters",
+    "tabletune_pipelines.formats.control_protocol",
     "tabletune_pipelines.controller",
 ]
 HEAVY = ("dagster", "pandas", "duckdb")
@@ -68,9 +68,9 @@ def library_modules() -> list[str]:
 
 def test_the_walk_sees_every_layer():
     mods = library_modules()
-    for expected in ("tabletune_pipelines.cli", "tabletune_pipelines.fleet", "tabletune_pipelines.store",
-                     "tabletune_pipelines.deployments", "tabletune_pipelines.engine.profiler",
-                     "tabletune_pipelines.tuning.derive", "tabletune_pipelines.prompts"):
+    for expected in ("tabletune_pipelines.cli", "tabletune_pipelines.formats.fleet", "tabletune_pipelines.store",
+                     "tabletune_pipelines.tuning.deployments", "tabletune_pipelines.engine.profiler",
+                     "tabletune_pipelines.tuning.derive", "tabletune_pipelines.formats.prompts"):
         assert expected in mods
     assert not any(m.startswith(DAGSTER_LAYER) for m in mods)
 
@@ -114,10 +114,11 @@ def test_cli_tuner_paths_run_without_dagster(tmp_path):
         os.environ.pop("TABLETUNE_FLEET", None)
         os.environ.pop("TABLETUNE_DUCKDB", None)
 
-        from tabletune_pipelines import cli, deployments
-        from tabletune_pipelines.documents import AcceptancePrior, DraftLengthTable, EngineIdentity, StepTimeCell
-        from tabletune_pipelines.fleet import default_store_path, load_fleet
-        from tabletune_pipelines.published import PublishedVersion, published_document, write_published_table
+        from tabletune_pipelines import cli
+        from tabletune_pipelines.tuning import deployments
+        from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, EngineIdentity, StepTimeCell
+        from tabletune_pipelines.formats.fleet import default_store_path, load_fleet
+        from tabletune_pipelines.formats.published import PublishedVersion, published_document, write_published_table
         from tabletune_pipelines.store import TableTuneStore
 
         dep = load_fleet().deployments[0]

@@ -242,7 +242,7 @@ CONCEPTS: dict[str, tuple[Finder, set[str], set[tuple[str, str]]]] = {
         ("tabletune_pipelines/controller/logic.py", "Controller._win_a_rate"),
     }),
     "reading /version": (version_reader, {"tabletune_pipelines/engine/client.py"}, set()),
-    "vLLM version comparison": (version_comparison, {"tabletune_pipelines/identity_match.py"}, set()),
+    "vLLM version comparison": (version_comparison, {"tabletune_pipelines/engine/identity_match.py"}, set()),
     "batch-size grid": (batch_size_grid, {"tabletune_pipelines/core/steptime.py"}, set()),
     "options from a mapping": (mapping_reader, {"tabletune_pipelines/options.py"}, set()),
     "launch overrides": (launch_overrides, {"tabletune_pipelines/engine/plan.py"}, set()),
@@ -309,14 +309,14 @@ def test_the_finders_see_the_shapes_they_look_for():
 ERRORS_HOME = "tabletune_pipelines/errors.py"
 EXCEPTION_CLASSES_ELSEWHERE: dict[tuple[str, str], str] = {
     # (file, class): why it is not a TableTuneError in errors.py
-    ("tabletune_pipelines/strict_io.py", "NotRegularFileError"): "strict_io's stdlib-shaped vocabulary (an OSError, "
+    ("tabletune_pipelines/formats/strict_io.py", "NotRegularFileError"): "strict_io's stdlib-shaped vocabulary (an OSError, "
     "like the OS's own refusals): every reader turns it into its own TableTuneError naming the file",
-    ("tabletune_pipelines/strict_io.py", "FileTooLargeError"): "as NotRegularFileError (an OSError)",
-    ("tabletune_pipelines/strict_io.py", "LineTooLongError"): "as NotRegularFileError (a ValueError)",
-    ("tabletune_pipelines/strict_io.py", "StrictJSONError"): "as NotRegularFileError (a ValueError, like "
+    ("tabletune_pipelines/formats/strict_io.py", "FileTooLargeError"): "as NotRegularFileError (an OSError)",
+    ("tabletune_pipelines/formats/strict_io.py", "LineTooLongError"): "as NotRegularFileError (a ValueError)",
+    ("tabletune_pipelines/formats/strict_io.py", "StrictJSONError"): "as NotRegularFileError (a ValueError, like "
     "json.JSONDecodeError)",
-    ("tabletune_pipelines/strict_io.py", "DuplicateKeyError"): "as StrictJSONError",
-    ("tabletune_pipelines/fleet.py", "_YAMLRefused"): "raised inside PyYAML's loader, so a yaml.YAMLError that the "
+    ("tabletune_pipelines/formats/strict_io.py", "DuplicateKeyError"): "as StrictJSONError",
+    ("tabletune_pipelines/formats/fleet.py", "_YAMLRefused"): "raised inside PyYAML's loader, so a yaml.YAMLError that the "
     "fleet reader turns into a FleetError; errors.py is stdlib-only and cannot import yaml",
 }
 
@@ -416,7 +416,7 @@ def test_the_simulated_engine_has_one_home():
 # fields again is a second home for them (the long parameter lists these records replaced).
 
 RECORDS = {  # record: the file that defines it
-    "CounterWindow": "tabletune_pipelines/live_counters.py",
+    "CounterWindow": "tabletune_pipelines/formats/live_counters.py",
     "DeriveOptions": "tabletune_pipelines/tuning/derive.py",
     "RemeasureSettings": "tabletune_pipelines/core/remeasure.py",
     "ProfileHooks": "tabletune_pipelines/engine/profiler.py",

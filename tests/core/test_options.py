@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 from tabletune_pipelines.controller.settings import ControllerSettings
-from tabletune_pipelines.deployments import AcceptanceOptions
+from tabletune_pipelines.tuning.deployments import AcceptanceOptions
 from tabletune_pipelines.errors import EngineConfigError, SettingsError
 from tabletune_pipelines.engine.plan import ProfileOptions
 from tabletune_pipelines.errors import InvalidValueError, TableTuneError

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tabletune_pipelines.documents import AcceptancePrior, DraftLengthTable, EngineIdentity, StepTimeCell
+from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, EngineIdentity, StepTimeCell
 from tabletune_pipelines.errors import DocumentError, InvalidTableError, SchemaVersionError, TableTuneError
 
 IDENT = EngineIdentity(gpu="cpu", vllm_version="0.32.0+cpu", model="m", drafter=None, method="ngram", max_k=3,

@@ -10,8 +10,8 @@ import pydantic
 import pytest
 import yaml
 
-from tabletune_pipelines.fleet import Deployment, Fleet, FleetError, K8sPlacement, fleet_json_schema, load_fleet
-from tabletune_pipelines.fleet import parse_fleet
+from tabletune_pipelines.formats.fleet import Deployment, Fleet, FleetError, K8sPlacement, fleet_json_schema, load_fleet
+from tabletune_pipelines.formats.fleet import parse_fleet
 from tabletune_pipelines.vocab import DEFAULT_SAMPLE_SIZE, METHODS, MODEL_RUNNERS
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tabletune_pipelines.errors import PromptFileError, TableTuneError
-from tabletune_pipelines.prompts import count_prompts, load_prompts
+from tabletune_pipelines.formats.prompts import count_prompts, load_prompts
 
 SECRET = "the secret customer prompt"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tabletune_pipelines import prompts
+from tabletune_pipelines.formats import prompts
 from tabletune_pipelines.core.acceptance_estimate import rates_from_counts
 from tabletune_pipelines.engine import acceptance
 from tabletune_pipelines.engine.acceptance import (

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tabletune_pipelines.control_protocol import K_CONTROL_ENV, STEP_LOG_ENV, SYNTHETIC_CONTROL_ENV
+from tabletune_pipelines.formats.control_protocol import K_CONTROL_ENV, STEP_LOG_ENV, SYNTHETIC_CONTROL_ENV
 from tabletune_pipelines.engine.command import PACKAGE_ROOT, V2_RUNNER_ENV, build_command, build_env, vllm_cli
 from tabletune_pipelines.engine.config import ServerConfig
 

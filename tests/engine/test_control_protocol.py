@@ -8,8 +8,14 @@ import time
 
 import pytest
 
-from tabletune_pipelines.control_protocol import ControlReader, ControlWriter, ack_path, signature, write_distinct
 from tabletune_pipelines.errors import ControlProtocolError, ControlRejected, ControlTimeout, TableTuneError
+from tabletune_pipelines.formats.control_protocol import (
+    ControlReader,
+    ControlWriter,
+    ack_path,
+    signature,
+    write_distinct,
+)
 
 
 def test_command_round_trip(tmp_path):

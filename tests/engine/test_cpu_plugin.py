@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tabletune_pipelines.control_protocol import SYNTHETIC_CONTROL_ENV, ControlWriter
+from tabletune_pipelines.formats.control_protocol import SYNTHETIC_CONTROL_ENV, ControlWriter
 
 torch = pytest.importorskip("torch")
 

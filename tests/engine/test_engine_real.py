@@ -128,7 +128,7 @@ def test_profile_one_launch_real(shared_server, shared_config, tmp_path):
 
 
 def prior_of(rates):
-    from tabletune_pipelines.documents import AcceptancePrior
+    from tabletune_pipelines.formats.documents import AcceptancePrior
 
     return AcceptancePrior(rates=tuple(rates), num_drafts=10_000, drafted_per_pos=(10_000,) * len(rates),
                            accepted_per_pos=tuple(int(10_000 * a) for a in rates), prompt_fingerprint="x",

@@ -34,6 +34,6 @@ def test_engine_package_import_is_cheap():
 
 
 def test_control_protocol_is_stdlib_only():
-    loaded = _loaded_after("import tabletune_pipelines.control_protocol")
+    loaded = _loaded_after("import tabletune_pipelines.formats.control_protocol")
     assert not loaded & {"numpy", "dagster", "pandas", "duckdb", "vllm", "torch"}
     assert "tabletune_pipelines" in loaded

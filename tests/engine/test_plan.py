@@ -156,7 +156,7 @@ def test_plan_and_options_fields_are_declared_once():
     ``ProfileOptions`` and ``AcceptanceOptions`` share; no class redeclares one (each has one docstring)."""
     import dataclasses
 
-    from tabletune_pipelines.deployments import AcceptanceOptions
+    from tabletune_pipelines.tuning.deployments import AcceptanceOptions
     from tabletune_pipelines.engine.plan import LaunchOverrides, PlanFields
     from tabletune_pipelines.options import field_docs
 
@@ -183,7 +183,7 @@ def test_a_plan_resolves_the_accept_default_as_the_options_do():
 
 
 def test_launch_overrides_are_one_rule_for_profile_and_acceptance_options():
-    from tabletune_pipelines.deployments import AcceptanceOptions
+    from tabletune_pipelines.tuning.deployments import AcceptanceOptions
 
     for cls in (ProfileOptions, AcceptanceOptions):
         opts = cls(startup_timeout=60, max_model_len=1024)

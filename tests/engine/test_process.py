@@ -105,7 +105,7 @@ def test_no_class_in_process_py_grows_back_into_several_jobs():
 STANDIN = """
 import json, os, sys, time
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from tabletune_pipelines.control_protocol import K_CONTROL_ENV, STEP_LOG_ENV, ControlReader
+from tabletune_pipelines.formats.control_protocol import K_CONTROL_ENV, STEP_LOG_ENV, ControlReader
 
 reader = ControlReader.from_env(K_CONTROL_ENV)
 

@@ -8,7 +8,7 @@ import dataclasses
 
 import numpy as np
 
-from tabletune_pipelines.documents import EngineIdentity, StepTimeCell
+from tabletune_pipelines.formats.documents import EngineIdentity, StepTimeCell
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.engine.plan import ProfileOptions, ProfilePlan
 from tabletune_pipelines.engine.profiler import ProfileHooks, ProfileServers, profile_step_times

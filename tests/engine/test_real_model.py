@@ -17,8 +17,14 @@ import json
 
 import pytest
 
-from tabletune_pipelines.acceptance_ci import difference_intervals, differ, format_intervals, group_intervals, prior_intervals
-from tabletune_pipelines.documents import AcceptancePrior
+from tabletune_pipelines.core.acceptance_ci import (
+    difference_intervals,
+    differ,
+    format_intervals,
+    group_intervals,
+    prior_intervals,
+)
+from tabletune_pipelines.formats.documents import AcceptancePrior
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
 
@@ -66,7 +72,7 @@ def test_it_answers_like_an_instruct_model(real_server):
 
 def _measure(server, mix: str):
     from tabletune_pipelines.engine.acceptance import measure_acceptance, sample_prompts
-    from tabletune_pipelines.prompt_mixes import load_mix
+    from tabletune_pipelines.formats.prompt_mixes import load_mix
 
     prompts = sample_prompts(list(load_mix(mix)), N_PER_MIX, seed=0)
     size = len(prompts) // GROUPS

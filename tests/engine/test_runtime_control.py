@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tabletune_pipelines.control_protocol import ControlReader
+from tabletune_pipelines.formats.control_protocol import ControlReader
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.engine.runtime_control import NUDGE_PROMPT, RuntimeControl
 from tabletune_pipelines.errors import EngineConfigError, EngineError

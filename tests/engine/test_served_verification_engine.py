@@ -20,11 +20,11 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from tabletune_pipelines.deployments import identity_for
-from tabletune_pipelines.fleet import load_fleet
+from tabletune_pipelines.tuning.deployments import identity_for
+from tabletune_pipelines.formats.fleet import load_fleet
 from tabletune_pipelines.orchestration.definitions import ASSETS
 from tabletune_pipelines.orchestration.partitions import register_identity
-from tabletune_pipelines.published import read_published_table
+from tabletune_pipelines.formats.published import read_published_table
 from tabletune_pipelines.store import TableTuneStore
 from tests.pipeline.helpers import ScriptedEngine, deployment_dict, make_resources, write_fleet
 from tests.tuning.samples import prior, profile

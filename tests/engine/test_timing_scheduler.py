@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tabletune_pipelines.control_protocol import ControlWriter, ack_path
+from tabletune_pipelines.formats.control_protocol import ControlWriter, ack_path
 
 pytest.importorskip("vllm")
 

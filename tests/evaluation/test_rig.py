@@ -14,7 +14,7 @@ from tabletune_pipelines.evaluation.rig import SCHEDULER, Rig, closed_loop
 from tabletune_pipelines.evaluation.served import LoadGenerator
 from tabletune_pipelines.evaluation.simulator import FakeEngine, fake_controller
 from tabletune_pipelines.evaluation.synthetic import IDENTITY, linear_profile
-from tabletune_pipelines.published import load_published
+from tabletune_pipelines.formats.published import load_published
 
 RATES = (0.7, 0.5, 0.3)
 

@@ -21,7 +21,7 @@ from tabletune_pipelines.evaluation.served import (
     plan_verification,
     t_quantile,
 )
-from tabletune_pipelines.published import parse_published
+from tabletune_pipelines.formats.published import parse_published
 
 
 class FakeServer:
@@ -278,7 +278,7 @@ def test_verify_served_fails_a_table_that_loses_and_passes_one_that_does_not(mon
 
 
 def _published(result, ranges=None):
-    from tabletune_pipelines.published import PublishedVersion, published_document
+    from tabletune_pipelines.formats.published import PublishedVersion, published_document
 
     ranges = ranges or [list(r) for r in result.candidate]
     table = {"ranges": ranges, "max_num_seqs": 8, "max_k": 3, "identity_key": "id", "prior_id": "p",

@@ -10,7 +10,7 @@ import pytest
 
 from tabletune_pipelines.controller.search import dense_from_ranges
 from tabletune_pipelines.controller.step import StepOutcome
-from tabletune_pipelines.documents import StepTimeProfile
+from tabletune_pipelines.formats.documents import StepTimeProfile
 from tabletune_pipelines.evaluation import costmodel as cm
 from tabletune_pipelines.evaluation import simulator as sim
 from tabletune_pipelines.evaluation.surfaces import from_cost_model, from_profile

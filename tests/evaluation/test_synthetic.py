@@ -20,7 +20,7 @@ from tabletune_pipelines.evaluation.synthetic import (
     publish,
     true_table,
 )
-from tabletune_pipelines.published import load_published
+from tabletune_pipelines.formats.published import load_published
 
 RATES = (0.7, 0.5, 0.3)
 

@@ -12,7 +12,7 @@ import yaml
 from dagster_duckdb import DuckDBResource
 from pydantic import PrivateAttr
 
-from tabletune_pipelines.deployments import identity_for
+from tabletune_pipelines.tuning.deployments import identity_for
 from tabletune_pipelines.errors import EngineCrashedError
 from tabletune_pipelines.orchestration.resources import EngineResource, FleetResource, TuningSettings
 from tests.tuning.samples import RATES, scripted_ms, scripted_prior, scripted_profile, scripted_verification

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import dagster as dg
 import pytest
 
-from tabletune_pipelines.deployments import identity_for
+from tabletune_pipelines.tuning.deployments import identity_for
 from tabletune_pipelines.errors import NotFoundError, PipelineFailure
 from tabletune_pipelines.orchestration.metadata import (
     describe_acceptance,
@@ -24,7 +24,7 @@ from tabletune_pipelines.orchestration.metadata import (
     served_check,
     table_metadata,
 )
-from tabletune_pipelines.publishing import publish_table, rollback_table
+from tabletune_pipelines.tuning.publishing import publish_table, rollback_table
 from tabletune_pipelines.tuning.build import build_table
 from tabletune_pipelines.tuning.feedback import ingest_live_counters
 from tabletune_pipelines.tuning.measure import measure_week, profile_identity

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import dagster as dg
 
-from tabletune_pipelines.deployments import identity_for
-from tabletune_pipelines.documents import EngineIdentity
-from tabletune_pipelines.fleet import load_fleet
+from tabletune_pipelines.tuning.deployments import identity_for
+from tabletune_pipelines.formats.documents import EngineIdentity
+from tabletune_pipelines.formats.fleet import load_fleet
 from tabletune_pipelines.orchestration.jobs import (
     ASSET_JOBS,
     PROFILE_AND_PUBLISH,

@@ -11,13 +11,13 @@ import dagster as dg
 import duckdb
 import pytest
 
-from tabletune_pipelines.deployments import identity_for
-from tabletune_pipelines.fleet import load_fleet
-from tabletune_pipelines.live_counters import CounterWindow, window_line
+from tabletune_pipelines.tuning.deployments import identity_for
+from tabletune_pipelines.formats.fleet import load_fleet
+from tabletune_pipelines.formats.live_counters import CounterWindow, window_line
 from tabletune_pipelines.orchestration.definitions import ASSETS
 from tabletune_pipelines.orchestration.jobs import PROFILE_AND_PUBLISH_ASSETS, build_jobs
 from tabletune_pipelines.orchestration.partitions import register_identity
-from tabletune_pipelines.published import read_published_table
+from tabletune_pipelines.formats.published import read_published_table
 from tests.pipeline.helpers import (
     RATES,
     WEEK,
@@ -242,7 +242,7 @@ def test_insane_prior_is_blocked_and_skipped(home, one_fleet, instance):
 
 def test_k0_warning_and_trap_with_fixed_k_cells(home, one_fleet, instance):
     """Warn checks with figures: k = 0 much slower than no-spec, and fixed-K launches faster than the table."""
-    from tabletune_pipelines.documents import StepTimeCell
+    from tabletune_pipelines.formats.documents import StepTimeCell
     from tabletune_pipelines.store import TableTuneStore
 
     # Low acceptance: the table runs k = 0 at large B, where k = 0 costs 12% more than no speculation.

@@ -11,9 +11,9 @@ from datetime import datetime, timezone
 import dagster as dg
 import pytest
 
-from tabletune_pipelines.deployments import identity_for
-from tabletune_pipelines.documents import EngineIdentity
-from tabletune_pipelines.fleet import load_fleet
+from tabletune_pipelines.tuning.deployments import identity_for
+from tabletune_pipelines.formats.documents import EngineIdentity
+from tabletune_pipelines.formats.fleet import load_fleet
 from tabletune_pipelines.orchestration.partitions import register_identity
 from tabletune_pipelines.orchestration.resources import FleetResource
 from tabletune_pipelines.orchestration.schedules import WEEKLY_CRON, weekly_acceptance_schedule
@@ -170,7 +170,7 @@ def test_definitions_load_and_instance_config(home, tmp_path, monkeypatch):
 
 IMPORT_DEFINITIONS = """
 import os, sys
-import tabletune_pipelines.fleet as fleet
+import tabletune_pipelines.formats.fleet as fleet
 calls = []
 real = fleet.load_fleet
 fleet.load_fleet = lambda *a, **kw: calls.append(a) or real(*a, **kw)

@@ -122,9 +122,9 @@ def seed_local_deployment(dagster_home: Path, tt_home: Path, fleet: Path) -> str
     UI shows materialized assets and the sensor finds the local identity already profiled."""
     import dagster as dg
 
-    from tabletune_pipelines.deployments import identity_for
+    from tabletune_pipelines.tuning.deployments import identity_for
     from tabletune_pipelines.engine.installed import installed_vllm_version
-    from tabletune_pipelines.fleet import load_fleet
+    from tabletune_pipelines.formats.fleet import load_fleet
     from tabletune_pipelines.orchestration.definitions import ASSETS
     from tabletune_pipelines.orchestration.partitions import register_identity
 

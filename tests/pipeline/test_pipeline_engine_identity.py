@@ -13,14 +13,14 @@ import dagster as dg
 import duckdb
 import pytest
 
-from tabletune_pipelines.deployments import identity_for
-from tabletune_pipelines.fleet import load_fleet
-from tabletune_pipelines.live_counters import CounterWindow, window_line
+from tabletune_pipelines.tuning.deployments import identity_for
+from tabletune_pipelines.formats.fleet import load_fleet
+from tabletune_pipelines.formats.live_counters import CounterWindow, window_line
 from tabletune_pipelines.orchestration.definitions import ASSETS, defs
 from tabletune_pipelines.orchestration.jobs import build_jobs
 from tabletune_pipelines.orchestration.partitions import register_identity
 from tabletune_pipelines.orchestration.tags import ENGINE_TAG, manual_run_tags, try_load_fleet
-from tabletune_pipelines.published import read_published_table
+from tabletune_pipelines.formats.published import read_published_table
 from tests.pipeline.helpers import WEEK, make_resources, write_prompts
 
 IDENTITY_ASSETS = ["step_time_profile", "draft_length_table", "published_table"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from tabletune_pipelines.fleet import DEFAULT_FLEET_PATH, FleetError, load_fleet, parse_fleet
+from tabletune_pipelines.formats.fleet import DEFAULT_FLEET_PATH, FleetError, load_fleet, parse_fleet
 from tabletune_pipelines.orchestration.tags import default_engine_tag, run_tags
 from tests.pipeline.helpers import deployment_dict, write_fleet
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tabletune_pipelines.fleet import FleetError, load_fleet
+from tabletune_pipelines.formats.fleet import FleetError, load_fleet
 from tabletune_pipelines.orchestration.tags import K8S_CONFIG_TAG, run_tags
 from tests.pipeline.helpers import ScriptedEngine, VersionServer, deployment_dict, write_fleet
 

@@ -21,13 +21,13 @@ import duckdb
 import pytest
 from dagster_duckdb import DuckDBResource
 
-from tabletune_pipelines.deployments import current_identity
-from tabletune_pipelines.fleet import load_fleet
-from tabletune_pipelines.live_counters import CounterWindow, window_line
+from tabletune_pipelines.tuning.deployments import current_identity
+from tabletune_pipelines.formats.fleet import load_fleet
+from tabletune_pipelines.formats.live_counters import CounterWindow, window_line
 from tabletune_pipelines.orchestration.definitions import ASSETS
 from tabletune_pipelines.orchestration.partitions import register_identity
 from tabletune_pipelines.orchestration.resources import EngineResource, FleetResource, TuningSettings
-from tabletune_pipelines.published import read_published_table
+from tabletune_pipelines.formats.published import read_published_table
 from tests.pipeline.helpers import WEEK
 
 pytestmark = pytest.mark.engine

@@ -7,8 +7,8 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from tabletune_pipelines.fleet import load_fleet
-from tabletune_pipelines.published import read_published_table
+from tabletune_pipelines.formats.fleet import load_fleet
+from tabletune_pipelines.formats.published import read_published_table
 from tests.pipeline.helpers import ScriptedEngine, make_resources
 from tests.pipeline.test_pipeline_assets import identity_key, run_identity, run_week, sql
 

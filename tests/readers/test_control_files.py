@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from tabletune_pipelines.control_protocol import (
+from tabletune_pipelines.formats.control_protocol import (
     MAX_COMMAND_BYTES,
     ControlReader,
     ControlWriter,

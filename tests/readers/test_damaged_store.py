@@ -11,7 +11,7 @@ from __future__ import annotations
 import duckdb
 import pytest
 
-from tabletune_pipelines.documents import StepTimeCell
+from tabletune_pipelines.formats.documents import StepTimeCell
 from tabletune_pipelines.errors import StoreCorruptError, TableTuneError
 from tabletune_pipelines.store import TableTuneStore
 from tests.cli.conftest import seed_store

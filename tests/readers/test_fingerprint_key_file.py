@@ -27,7 +27,8 @@ def test_a_1_gb_key_file_is_refused_without_being_read(home):
         os.pwrite(fd, b"0" * 64 + b"\n", 0)
     finally:
         os.close(fd)
-    importlib.import_module("tabletune_pipelines.fleet")  # the call below imports it; its memory is not the file's
+    # the call below imports it; its memory is not the file's
+    importlib.import_module("tabletune_pipelines.formats.fleet")
 
     tracemalloc.start()
     try:

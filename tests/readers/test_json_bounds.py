@@ -14,8 +14,8 @@ import logging
 
 import pytest
 
-from tabletune_pipelines.control_protocol import ControlReader, ControlWriter, ack_path
-from tabletune_pipelines.documents import DraftLengthTable, StepTimeProfile
+from tabletune_pipelines.formats.control_protocol import ControlReader, ControlWriter, ack_path
+from tabletune_pipelines.formats.documents import DraftLengthTable, StepTimeProfile
 from tabletune_pipelines.errors import (
     FleetError,
     LiveCountersError,
@@ -23,10 +23,10 @@ from tabletune_pipelines.errors import (
     PublishedTableError,
     SchemaVersionError,
 )
-from tabletune_pipelines.fleet import load_fleet
-from tabletune_pipelines.live_counters import read_live_counters
-from tabletune_pipelines.prompts import count_prompts
-from tabletune_pipelines.published import load_published
+from tabletune_pipelines.formats.fleet import load_fleet
+from tabletune_pipelines.formats.live_counters import read_live_counters
+from tabletune_pipelines.formats.prompts import count_prompts
+from tabletune_pipelines.formats.published import load_published
 from tests.readers.conftest import assert_one_error, snapshot
 
 pytestmark = pytest.mark.timeout(120)

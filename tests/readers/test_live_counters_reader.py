@@ -12,7 +12,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from tabletune_pipelines.errors import InvalidValueError, LiveCountersError, TableTuneError
-from tabletune_pipelines.live_counters import MAX_LINE_BYTES, CounterWindow, read_live_counters, window_line
+from tabletune_pipelines.formats.live_counters import MAX_LINE_BYTES, CounterWindow, read_live_counters, window_line
 from tabletune_pipelines.tuning.feedback import live_prior, unique_windows
 from tests.readers.conftest import snapshot
 
@@ -59,7 +59,7 @@ def test_a_window_exported_twice_is_counted_once(tmp_path):
 
 
 def test_live_prior_counts_a_duplicated_window_once_even_from_a_list():
-    from tabletune_pipelines.live_counters import parse_window
+    from tabletune_pipelines.formats.live_counters import parse_window
 
     w = parse_window(json.loads(line(0, 1)), "x")
     assert unique_windows([w, w]) == [w]
@@ -168,11 +168,11 @@ def test_the_feedback_asset_counts_a_twice_exported_window_once(home):
     import dagster as dg
     import duckdb
 
-    from tabletune_pipelines.fleet import load_fleet
+    from tabletune_pipelines.formats.fleet import load_fleet
     from tabletune_pipelines.orchestration.definitions import ASSETS
     from tests.pipeline.helpers import deployment_dict, make_resources, write_fleet
 
-    from tabletune_pipelines.deployments import identity_for
+    from tabletune_pipelines.tuning.deployments import identity_for
 
     fleet_path = write_fleet(home, [deployment_dict("local-cpu")])
     dep = load_fleet(fleet_path).deployment("local-cpu")
@@ -195,7 +195,7 @@ def test_the_feedback_asset_counts_a_twice_exported_window_once(home):
 def test_the_feedback_asset_fails_on_overlapping_windows_naming_the_line(home):
     import dagster as dg
 
-    from tabletune_pipelines.fleet import load_fleet
+    from tabletune_pipelines.formats.fleet import load_fleet
     from tabletune_pipelines.orchestration.definitions import ASSETS
     from tests.pipeline.helpers import deployment_dict, make_resources, write_fleet
 

@@ -26,8 +26,8 @@ import yaml
 from tabletune_pipelines.errors import FleetError, LiveCountersError, TableTuneError
 from tabletune_pipelines.evaluation.simulator import FakeEngine, fake_controller
 from tabletune_pipelines.evaluation.synthetic import linear_profile, publish
-from tabletune_pipelines.fleet import load_fleet
-from tabletune_pipelines.live_counters import (
+from tabletune_pipelines.formats.fleet import load_fleet
+from tabletune_pipelines.formats.live_counters import (
     MAX_LINE_BYTES,
     CounterWindow,
     append_line,
@@ -35,7 +35,7 @@ from tabletune_pipelines.live_counters import (
     read_live_counters,
     window_line,
 )
-from tabletune_pipelines.published import controller_fields
+from tabletune_pipelines.formats.published import controller_fields
 from tests.readers.conftest import assert_one_error, snapshot
 
 T0 = datetime(2026, 11, 17, 10, tzinfo=timezone.utc)

@@ -19,7 +19,7 @@ import pytest
 
 from tabletune_pipelines.cli import main
 from tabletune_pipelines.errors import PlotTargetError
-from tabletune_pipelines.fleet import DEFAULT_FLEET_PATH, default_store_path
+from tabletune_pipelines.formats.fleet import DEFAULT_FLEET_PATH, default_store_path
 from tabletune_pipelines.tuning.report import PLOT_SOFTWARE, PNG_SIGNATURE, check_plot_target, write_plot
 from tests.cli.conftest import seed_store
 from tests.readers.conftest import assert_one_error, snapshot

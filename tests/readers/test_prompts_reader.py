@@ -14,7 +14,7 @@ import pytest
 
 from tabletune_pipelines.engine.acceptance import FINGERPRINT_KEY_FILE, fingerprint_key, prompt_fingerprint
 from tabletune_pipelines.errors import InvalidValueError, PromptFileError, TableTuneError
-from tabletune_pipelines.prompts import MAX_LINE_BYTES, count_prompts, load_prompts
+from tabletune_pipelines.formats.prompts import MAX_LINE_BYTES, count_prompts, load_prompts
 from tests.readers.conftest import assert_one_error, snapshot
 
 SECRET = "Patient 4711 diabetes mellitus"

@@ -20,18 +20,18 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tabletune_pipelines.core.table import validate_table
-from tabletune_pipelines.documents import DraftLengthTable, EngineIdentity
+from tabletune_pipelines.formats.documents import DraftLengthTable, EngineIdentity
 from tabletune_pipelines.errors import PublishedTableError, TableTuneError
-from tabletune_pipelines.fleet import parse_fleet
+from tabletune_pipelines.formats.fleet import parse_fleet
 from tabletune_pipelines.orchestration.partitions import register_identity
-from tabletune_pipelines.published import (
+from tabletune_pipelines.formats.published import (
     PublishedVersion,
     published_document,
     read_published_table,
     speculative_config_path,
     write_published_table,
 )
-from tabletune_pipelines.publishing import write_speculative_config
+from tabletune_pipelines.tuning.publishing import write_speculative_config
 from tabletune_pipelines.store import TableTuneStore
 from tests.readers.conftest import assert_one_error, snapshot
 
@@ -165,7 +165,7 @@ def test_the_published_table_asset_refuses_and_leaves_the_file(home):
     fleet_path = write_fleet(home, [deployment_dict("local-cpu", published_table=str(victim))])
     resources = make_resources(home, fleet_path)
     dep = parse_fleet(yaml.safe_load(fleet_path.read_text()), base_dir=home).deployments[0]
-    from tabletune_pipelines.deployments import identity_for
+    from tabletune_pipelines.tuning.deployments import identity_for
 
     ident = identity_for(dep, "0.32.0+cpu")
     store = TableTuneStore(home / "tabletune_store.duckdb")

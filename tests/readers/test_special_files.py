@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tabletune_pipelines.control_protocol import ControlReader, ControlWriter, ack_path
+from tabletune_pipelines.formats.control_protocol import ControlReader, ControlWriter, ack_path
 from tabletune_pipelines.engine.acceptance import FINGERPRINT_KEY_FILE, fingerprint_key
 from tabletune_pipelines.errors import (
     DocumentError,
@@ -30,10 +30,10 @@ from tabletune_pipelines.errors import (
     StoreError,
     TableTuneError,
 )
-from tabletune_pipelines.fleet import load_fleet
-from tabletune_pipelines.live_counters import read_live_counters
-from tabletune_pipelines.prompts import count_prompts, load_prompts
-from tabletune_pipelines.published import read_published_table
+from tabletune_pipelines.formats.fleet import load_fleet
+from tabletune_pipelines.formats.live_counters import read_live_counters
+from tabletune_pipelines.formats.prompts import count_prompts, load_prompts
+from tabletune_pipelines.formats.published import read_published_table
 from tabletune_pipelines.store import TableTuneStore
 from tabletune_pipelines.store.export import import_profiles
 from tests.readers.conftest import assert_one_error, snapshot

@@ -10,7 +10,7 @@ import sqlite3
 import duckdb
 import pytest
 
-from tabletune_pipelines.documents import EngineIdentity, StepTimeCell
+from tabletune_pipelines.formats.documents import EngineIdentity, StepTimeCell
 from tabletune_pipelines.errors import NotFoundError, StoreCorruptError, StoreError, TableTuneError
 from tabletune_pipelines.store import TableTuneStore
 from tests.cli.conftest import seed_store

@@ -16,7 +16,7 @@ import math
 import duckdb
 import pytest
 
-from tabletune_pipelines.documents import StepTimeCell, StepTimeProfile
+from tabletune_pipelines.formats.documents import StepTimeCell, StepTimeProfile
 from tabletune_pipelines.errors import InvalidStepTimeError, StoreCorruptError, StoredDataError, TableTuneError
 from tabletune_pipelines.store import TableTuneStore
 from tabletune_pipelines.store.export import import_profiles

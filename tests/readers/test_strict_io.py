@@ -1,4 +1,4 @@
-"""``tabletune_pipelines.strict_io``, the one home of the rules every reader follows: regular
+"""``tabletune_pipelines.formats.strict_io``, the one home of the rules every reader follows: regular
 files only, bounded sizes, strict JSON. Worked examples at each bound;
 the readers' own modules (test_special_files, test_json_bounds, ...) test what each reader makes of
 these errors."""
@@ -12,8 +12,8 @@ import tracemalloc
 
 import pytest
 
-from tabletune_pipelines import strict_io
-from tabletune_pipelines.strict_io import (
+from tabletune_pipelines.formats import strict_io
+from tabletune_pipelines.formats.strict_io import (
     MAX_DEPTH,
     MAX_INT_DIGITS,
     DuplicateKeyError,

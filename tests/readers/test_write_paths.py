@@ -15,7 +15,7 @@ import pytest
 
 from tabletune_pipelines.engine.acceptance import fingerprint_key
 from tabletune_pipelines.errors import TableTuneError, UnwritablePathError
-from tabletune_pipelines.fleet import default_store_path
+from tabletune_pipelines.formats.fleet import default_store_path
 from tabletune_pipelines.store import TableTuneStore
 from tabletune_pipelines.store.export import export_profiles
 from tests.cli.conftest import seed_store

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tabletune_pipelines.errors import InvalidAcceptanceError, InvalidTableError, SchemaVersionError
-from tabletune_pipelines.documents import (
+from tabletune_pipelines.formats.documents import (
     AcceptancePrior,
     DraftLengthTable,
     EngineIdentity,

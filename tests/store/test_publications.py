@@ -23,10 +23,10 @@ import time
 import duckdb
 import pytest
 
-from tabletune_pipelines import published
-from tabletune_pipelines.documents import AcceptancePrior, DraftLengthTable, EngineIdentity
+from tabletune_pipelines.formats import published
+from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, EngineIdentity
 from tabletune_pipelines.errors import PublishedTableError, StoreError, TableTuneError
-from tabletune_pipelines.published import (
+from tabletune_pipelines.formats.published import (
     controller_fields,
     publication_lock,
     publication_lock_path,
@@ -161,8 +161,8 @@ def test_a_rollback_to_a_version_whose_identity_nobody_knows_is_refused_and_chan
 PUBLISHER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from tabletune_pipelines.documents import DraftLengthTable, EngineIdentity
-    from tabletune_pipelines.published import controller_fields
+    from tabletune_pipelines.formats.documents import DraftLengthTable, EngineIdentity
+    from tabletune_pipelines.formats.published import controller_fields
     from tabletune_pipelines.store import TableTuneStore
     db, export, ident_json, who, n, go = sys.argv[1:7]
     ident = EngineIdentity.from_json(ident_json)

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tabletune_pipelines.documents import AcceptancePrior, DraftLengthTable, EngineIdentity, StepTimeCell
+from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, EngineIdentity, StepTimeCell
 from tabletune_pipelines.errors import (
     NotFoundError,
     PublishedTableError,
@@ -20,7 +20,7 @@ from tabletune_pipelines.errors import (
     StoreLockedError,
     TableTuneError,
 )
-from tabletune_pipelines.published import read_published_table
+from tabletune_pipelines.formats.published import read_published_table
 from tabletune_pipelines.store import TableTuneStore
 
 IDENT = EngineIdentity(gpu="cpu", vllm_version="0.32.0+cpu", model="/m/target", drafter="/m/draft",
@@ -102,7 +102,7 @@ def test_locked_file_is_reported_and_nothing_is_lost(tmp_path):
 
 WRITER = textwrap.dedent("""
     import sys
-    from tabletune_pipelines.documents import DraftLengthTable, EngineIdentity, StepTimeCell
+    from tabletune_pipelines.formats.documents import DraftLengthTable, EngineIdentity, StepTimeCell
     from tabletune_pipelines.store import TableTuneStore
     ident = EngineIdentity.from_json(sys.argv[3])
     s = TableTuneStore(sys.argv[1])
@@ -166,7 +166,7 @@ def test_export_reader_errors(tmp_path):
 
 READER = textwrap.dedent("""
     import sys, time
-    from tabletune_pipelines.published import read_published_table
+    from tabletune_pipelines.formats.published import read_published_table
     path, final = sys.argv[1], int(sys.argv[2])
     seen = []
     deadline = time.monotonic() + 120

@@ -10,7 +10,7 @@ import duckdb
 import pytest
 
 from tabletune_pipelines.core.steptime import median_standard_error
-from tabletune_pipelines.documents import EngineIdentity, StepTimeCell, StepTimeProfile
+from tabletune_pipelines.formats.documents import EngineIdentity, StepTimeCell, StepTimeProfile
 from tabletune_pipelines.store import TableTuneStore
 from tabletune_pipelines.store.duckdb_store import SCHEMA_SQL
 

@@ -11,10 +11,10 @@ from typing import Any
 
 from tabletune_pipelines.core.evidence import DEFAULT_CONFIDENCE, DEFAULT_SEARCH_RULE
 from tabletune_pipelines.core.table import DEFAULT_STICKINESS
-from tabletune_pipelines.deployments import identity_for
+from tabletune_pipelines.tuning.deployments import identity_for
 from tabletune_pipelines.errors import EndpointUnreachable, EngineCrashedError
 from tabletune_pipelines.evaluation.served import ServedVerificationOptions
-from tabletune_pipelines.fleet import Fleet, parse_fleet
+from tabletune_pipelines.formats.fleet import Fleet, parse_fleet
 from tabletune_pipelines.store import TableTuneStore
 from tabletune_pipelines.tuning.gates import GateThresholds
 from tests.tuning.samples import RATES, scripted_prior, scripted_profile, scripted_verification

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tabletune_pipelines.documents import AcceptancePrior, EngineIdentity, StepTimeCell, StepTimeProfile
+from tabletune_pipelines.formats.documents import AcceptancePrior, EngineIdentity, StepTimeCell, StepTimeProfile
 
 RATES = (0.7, 0.5, 0.3)
 IDENT = EngineIdentity(gpu="cpu", vllm_version="0.32.0+cpu", model="tiny:small", drafter="tiny:small",
@@ -124,7 +124,7 @@ def scripted_prior(identity: EngineIdentity, dep, prompts_file, week: str, rates
     """What a scripted engine's acceptance measurement returns: ``rates`` from 100 drafts per logged prompt."""
     import hashlib
 
-    from tabletune_pipelines.prompts import count_prompts
+    from tabletune_pipelines.formats.prompts import count_prompts
 
     n = count_prompts(prompts_file)
     drafts = 100 * n

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tabletune_pipelines.core.stepcost import StepSample, Workload, default_capture_ceiling
-from tabletune_pipelines.documents import DraftLengthTable
+from tabletune_pipelines.formats.documents import DraftLengthTable
 from tabletune_pipelines.tuning.derive import DeriveOptions, derive_table
 from tabletune_pipelines.tuning.gates import BLOCKING_GATES, cuda_graph_headroom_gate
 from tests.tuning.test_h200_profiles import _prior, _profile

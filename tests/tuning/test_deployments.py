@@ -11,7 +11,7 @@ import socket
 
 import pytest
 
-from tabletune_pipelines import deployments
+from tabletune_pipelines.tuning import deployments
 from tabletune_pipelines.errors import (
     EndpointUnreachable,
     EngineMismatchError,
@@ -19,7 +19,7 @@ from tabletune_pipelines.errors import (
     NotFoundError,
     TableTuneError,
 )
-from tabletune_pipelines.fleet import parse_fleet
+from tabletune_pipelines.formats.fleet import parse_fleet
 
 
 def fleet(tmp_path, *deps):

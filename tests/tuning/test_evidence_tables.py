@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from tabletune_pipelines.documents import DraftLengthTable
-from tabletune_pipelines.published import load_published
+from tabletune_pipelines.formats.documents import DraftLengthTable
+from tabletune_pipelines.formats.published import load_published
 from tabletune_pipelines.store import TableTuneStore
 from tabletune_pipelines.tuning.derive import NO_ERROR_WARNING, DeriveOptions, derive_table
 from tabletune_pipelines.tuning.gates import blocking_table_gates, evidence_gate, loss_gate, profile_gate

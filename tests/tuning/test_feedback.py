@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from tabletune_pipelines.live_counters import CounterWindow
+from tabletune_pipelines.formats.live_counters import CounterWindow
 from tabletune_pipelines.tuning.feedback import live_prior, windows_in_week
 from tests.tuning.samples import prior
 

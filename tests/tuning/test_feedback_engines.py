@@ -14,7 +14,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from tabletune_pipelines.errors import InvalidValueError
-from tabletune_pipelines.live_counters import CounterWindow
+from tabletune_pipelines.formats.live_counters import CounterWindow
 from tabletune_pipelines.tuning.feedback import live_prior, windows_of_engine
 
 A = "cpu__vllm-0.32.0-cpu__m__d__draft_model__k3__n16__aaaa"

@@ -7,9 +7,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from tabletune_pipelines.deployments import identity_for
+from tabletune_pipelines.tuning.deployments import identity_for
 from tabletune_pipelines.errors import PipelineFailure
-from tabletune_pipelines.live_counters import CounterWindow, window_line
+from tabletune_pipelines.formats.live_counters import CounterWindow, window_line
 from tabletune_pipelines.tuning.feedback import ingest_live_counters
 from tests.tuning.runs import WEEK, FakeEngine, Log, fleet, store
 from tests.tuning.samples import prior

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tabletune_pipelines.documents import StepTimeCell, StepTimeProfile
+from tabletune_pipelines.formats.documents import StepTimeCell, StepTimeProfile
 from tabletune_pipelines.tuning.derive import DeriveOptions, derive_table
 from tabletune_pipelines.tuning.gates import (
     BLOCKING_GATES,
@@ -28,7 +28,7 @@ from tests.tuning.samples import IDENT, prior, profile, scripted_ms
 @pytest.mark.parametrize("module", ["tabletune_pipelines.tuning.derive", "tabletune_pipelines.tuning.gates",
                                     "tabletune_pipelines.tuning.feedback", "tabletune_pipelines.tuning.report",
                                     "tabletune_pipelines.tuning.measure", "tabletune_pipelines.tuning.build",
-                                    "tabletune_pipelines.deployments", "tabletune_pipelines.publishing"])
+                                    "tabletune_pipelines.tuning.deployments", "tabletune_pipelines.tuning.publishing"])
 def test_library_modules_import_without_dagster_duckdb_pandas(module):
     code = (f"import sys, {module}\n"
             "print(','.join(m for m in ('dagster', 'duckdb', 'pandas', 'matplotlib') if m in sys.modules))")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tabletune_pipelines.core.table import validate_table
-from tabletune_pipelines.documents import AcceptancePrior, StepTimeProfile
+from tabletune_pipelines.formats.documents import AcceptancePrior, StepTimeProfile
 from tabletune_pipelines.tuning.derive import derive_table
 
 DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "h200"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tabletune_pipelines.deployments import identity_for
+from tabletune_pipelines.tuning.deployments import identity_for
 from tabletune_pipelines.errors import PipelineFailure
 from tabletune_pipelines.tuning.measure import measure_week, profile_identity
 from tests.tuning.runs import WEEK, FakeEngine, Log, fleet, store, write_prompts

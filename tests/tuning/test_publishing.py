@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from tabletune_pipelines.deployments import identity_for
+from tabletune_pipelines.tuning.deployments import identity_for
 from tabletune_pipelines.errors import PipelineFailure, PublishedTableError
-from tabletune_pipelines.published import read_published_table
-from tabletune_pipelines.publishing import (
+from tabletune_pipelines.formats.published import read_published_table
+from tabletune_pipelines.tuning.publishing import (
     publication_kwargs,
     publish_table,
     rollback_table,

@@ -10,12 +10,12 @@ import random
 import numpy as np
 import pytest
 
-from tabletune_pipelines import prompt_mixes as pm
-from tabletune_pipelines.acceptance_ci import Interval, differ, group_intervals, prior_intervals, wilson
-from tabletune_pipelines.documents import AcceptancePrior
+from tabletune_pipelines.formats import prompt_mixes as pm
+from tabletune_pipelines.core.acceptance_ci import Interval, differ, group_intervals, prior_intervals, wilson
+from tabletune_pipelines.formats.documents import AcceptancePrior
 from tabletune_pipelines.engine.acceptance import sample_prompts
-from tabletune_pipelines.prompts import load_prompts
-from tabletune_pipelines.run_report import compare_to_docs, docs_table
+from tabletune_pipelines.formats.prompts import load_prompts
+from tabletune_pipelines.tuning.run_report import compare_to_docs, docs_table
 
 
 def prior(acc, drafted):

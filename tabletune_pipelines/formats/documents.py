@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
-from tabletune_pipelines import strict_io
+from tabletune_pipelines.formats import strict_io
 from tabletune_pipelines.core.goodput import validate_acceptance, validate_step_time
 from tabletune_pipelines.core.evidence import Boundary
 from tabletune_pipelines.core.noise import CellEstimate

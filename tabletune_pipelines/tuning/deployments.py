@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from tabletune_pipelines.documents import AcceptancePrior, EngineIdentity, StepTimeProfile
+from tabletune_pipelines.formats.documents import AcceptancePrior, EngineIdentity, StepTimeProfile
 from tabletune_pipelines.engine.client import EngineClient
 from tabletune_pipelines.engine.identity import deployment_identity
 from tabletune_pipelines.engine.installed import installed_vllm_version
@@ -27,8 +27,8 @@ from tabletune_pipelines.errors import (
     InvalidValueError,
     NotFoundError,
 )
-from tabletune_pipelines.fleet import Deployment, Fleet, tabletune_home
-from tabletune_pipelines.identity_match import COMPARED_FIELDS, identity_mismatches
+from tabletune_pipelines.formats.fleet import Deployment, Fleet, tabletune_home
+from tabletune_pipelines.engine.identity_match import COMPARED_FIELDS, identity_mismatches
 from tabletune_pipelines.options import options_from_mapping
 
 __all__ = [
@@ -308,7 +308,7 @@ def verify_served(identity: EngineIdentity, dep: Deployment | None, table: Any, 
     from tabletune_pipelines.engine.process import VLLMServer
     from tabletune_pipelines.evaluation.served import ServedVerificationOptions
     from tabletune_pipelines.evaluation.served import verify_served as run_verification
-    from tabletune_pipelines.prompts import load_prompts
+    from tabletune_pipelines.formats.prompts import load_prompts
 
     opts = options or ServedVerificationOptions()
     work = Path(work_dir or default_work_dir("verify"))

@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tabletune_pipelines import strict_io
+from tabletune_pipelines.formats import strict_io
 from tabletune_pipelines.errors import ControlProtocolError, ControlRejected, ControlTimeout, InvalidCommand
 
 K_CONTROL_ENV = "TABLETUNE_K_CONTROL"

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tabletune_pipelines import strict_io
+from tabletune_pipelines.formats import strict_io
 from tabletune_pipelines.core.table import validate_table
 from tabletune_pipelines.errors import InvalidTableError, PublishedTableError, SettingsError
 from tabletune_pipelines.vocab import MAX_STEP_MS
@@ -704,7 +704,7 @@ def controller_fields(
     export = ctl.get("export_path")
     if isinstance(export, str) and os.path.isabs(export):  # a relative one is the published file's folder's
         # The controller will append there: refused before anything is published.
-        from tabletune_pipelines.live_counters import check_live_counters_target
+        from tabletune_pipelines.formats.live_counters import check_live_counters_target
 
         check_live_counters_target(export)  # LiveCountersError naming the file and what it is
     out["controller"] = ctl

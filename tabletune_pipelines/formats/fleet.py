@@ -52,8 +52,8 @@ from pydantic import field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from tabletune_pipelines.errors import FleetError, LiveCountersError, SettingsError
-from tabletune_pipelines.published import speculative_config_path as _companion_of
-from tabletune_pipelines.strict_io import MAX_INT_DIGITS, FileTooLargeError, NotRegularFileError, read_bounded
+from tabletune_pipelines.formats.published import speculative_config_path as _companion_of
+from tabletune_pipelines.formats.strict_io import MAX_INT_DIGITS, FileTooLargeError, NotRegularFileError, read_bounded
 from tabletune_pipelines.vocab import (
     DEFAULT_CUDAGRAPH_MODE,
     DEFAULT_MODEL_RUNNER,
@@ -72,7 +72,7 @@ __all__ = [
 FLEET_SCHEMA_VERSION = 1
 EMBEDDED = "embedded"
 #: Repository root fleet file, used when TABLETUNE_FLEET is not set.
-DEFAULT_FLEET_PATH = Path(__file__).resolve().parents[1] / "fleet.yaml"
+DEFAULT_FLEET_PATH = Path(__file__).resolve().parents[2] / "fleet.yaml"
 #: Deployment and engine-group names: they become run tags, Kubernetes label values (63 characters
 #: at most), partition keys and file names, so they start with a letter or digit.
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
@@ -220,12 +220,13 @@ class Deployment(_Schema):
     max_num_seqs: int = Field(ge=1, le=4096, description="Largest batch size the table covers.")
     logged_prompts: Path = Field(
         description="Folder of weekly prompt logs <logged_prompts>/<YYYY-MM-DD>.jsonl (the Monday, UTC, the week "
-                    'starts), one {"prompt": "..."} per line (tabletune_pipelines/prompts.py).')
+                    'starts), one {"prompt": "..."} per line (tabletune_pipelines/formats/prompts.py).')
     published_table: Path = Field(
         description="File the controller loads (atomic writes); the paste-able --speculative-config JSON is "
                     "written beside it as <stem>.speculative-config.json.")
     live_counters: Path | None = Field(
-        default=None, description="JSONL file the controller exports (format: tabletune_pipelines/live_counters.py).")
+        default=None,
+        description="JSONL file the controller exports (format: tabletune_pipelines/formats/live_counters.py).")
     dtype: str | None = Field(
         default=None, min_length=1, description="Model dtype; null: bfloat16 on a GPU and on a CPU with native bf16 "
         "(avx512_bf16 or AMX), else float32 (tabletune_pipelines/engine/dtype.py). Part of the engine identity.")
@@ -339,7 +340,7 @@ class Deployment(_Schema):
     def _counters_target(cls, v: Path | None) -> Path | None:
         # The controller appends to this file: refused up front unless it is absent or a live counters
         # file (the controller checks again before every append; one rule, in live_counters).
-        from tabletune_pipelines.live_counters import check_live_counters_target
+        from tabletune_pipelines.formats.live_counters import check_live_counters_target
 
         if v is not None:
             try:
@@ -625,7 +626,7 @@ def load_fleet(path: str | os.PathLike[str] | None = None) -> Fleet:
 
 
 
-if __name__ == "__main__":  # python -m tabletune_pipelines.fleet: the schema, for editors and reviewers
+if __name__ == "__main__":  # python -m tabletune_pipelines.formats.fleet: the schema, for editors and reviewers
     import json
 
     print(json.dumps(fleet_json_schema(), indent=2))

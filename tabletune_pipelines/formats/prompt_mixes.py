@@ -187,7 +187,7 @@ def write_week(path: str | os.PathLike[str], mix: str | Mapping[str, float], n: 
 def mix_labels(path: str | os.PathLike[str]) -> list[str | None]:
     """The ``mix`` label of every prompt line of a prompt file, in order (None where a line has none).
     The file is read by ``prompts.iter_records``, under the same rules as the measurement."""
-    from tabletune_pipelines.prompts import iter_records
+    from tabletune_pipelines.formats.prompts import iter_records
 
     out: list[str | None] = []
     for obj in iter_records(path):

@@ -58,9 +58,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tabletune_pipelines import strict_io
+from tabletune_pipelines.formats import strict_io
 from tabletune_pipelines.errors import LiveCountersError
-from tabletune_pipelines.strict_io import LineTooLongError, NotRegularFileError, bounded_lines, open_regular
+from tabletune_pipelines.formats.strict_io import LineTooLongError, NotRegularFileError, bounded_lines, open_regular
 
 LIVE_COUNTERS_SCHEMA = "tabletune.live_counters"
 LIVE_COUNTERS_SCHEMA_VERSION = 1

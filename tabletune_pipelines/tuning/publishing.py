@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tabletune_pipelines.deployments import Engine, deployments_running
-from tabletune_pipelines.documents import AcceptancePrior, DraftLengthTable, EngineIdentity
+from tabletune_pipelines.tuning.deployments import Engine, deployments_running
+from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, EngineIdentity
 from tabletune_pipelines.errors import PipelineFailure, TableTuneError
-from tabletune_pipelines.fleet import Deployment, Fleet
-from tabletune_pipelines.identity_match import identity_mismatches
-from tabletune_pipelines.published import (
+from tabletune_pipelines.formats.fleet import Deployment, Fleet
+from tabletune_pipelines.engine.identity_match import identity_mismatches
+from tabletune_pipelines.formats.published import (
     check_publish_targets,
     controller_fields,
     served_plot_path,

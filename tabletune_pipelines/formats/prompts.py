@@ -24,9 +24,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from tabletune_pipelines import strict_io
+from tabletune_pipelines.formats import strict_io
 from tabletune_pipelines.errors import PromptFileError
-from tabletune_pipelines.strict_io import LineTooLongError, NotRegularFileError, bounded_lines, open_regular
+from tabletune_pipelines.formats.strict_io import LineTooLongError, NotRegularFileError, bounded_lines, open_regular
 
 EXPECTED = '{"prompt": "..."}'
 #: A prompt line is at most this long (a 1M-token prompt is ~4 MB of UTF-8).

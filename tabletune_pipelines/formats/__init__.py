@@ -1,0 +1,16 @@
+"""File formats: what TableTune reads and writes, each format's one home (no Dagster, no DuckDB).
+
+Importing this package imports nothing; each module below is imported on its own.
+
+    strict_io         the one strict reader every format uses: regular files only, bounded sizes,
+                      strict JSON (stdlib only)
+    documents         the JSON documents (identity, profile, prior, table), typed dataclasses with
+                      schema versions (numpy + stdlib)
+    fleet             the fleet file (YAML): its schema (pydantic) and loader
+    prompts           the prompt-file reader (JSONL, one {"prompt": ...} per line; stdlib only)
+    prompt_mixes      the real prompt mixes read from installed packages' data files, and the
+                      sample weeks written from them (prompt files with a "mix" label)
+    published         the published-table file the controller loads (stdlib + core.table)
+    live_counters     the controller's exported live counters (JSONL; stdlib only)
+    control_protocol  the control files between the engine and its plugins (JSON + ack; stdlib only)
+"""
