@@ -69,7 +69,7 @@ def fixed_prior(rates: Sequence[float]) -> "AcceptancePrior":
                            prompt_fingerprint="synthetic", prompt_count=0, source="synthetic")
 
 
-#: ``publish`` writes a rebuild budget no busy machine reaches: a rebuild the 20 ms default would abandon
+#: ``publish`` (and the simulator's ``published_for``) writes a rebuild budget no busy machine reaches: a rebuild the 20 ms default would abandon
 #: on a preempted core would leave the table a test expects unchanged. The budget itself is tested on its
 #: own (test_logic: ``rebuild_budget_ms: 1e-6``); its cost is a benchmark's (controller_overhead.py).
 REBUILD_BUDGET_MS = 60_000.0

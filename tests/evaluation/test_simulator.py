@@ -115,6 +115,28 @@ def test_simulator_drives_the_production_controller_unchanged(tmp_path, surface)
     assert dense_from_ranges(direct.ranges, 64)[11] == 3
 
 
+def test_simulated_figures_do_not_depend_on_how_busy_the_machine_is(tmp_path, surface, monkeypatch):
+    """The simulator runs on simulated time, so the production rebuild budget (wall clock) must not
+    decide: with every rebuild taking a wall-clock second the run is the same, step for step. (Before,
+    ``published_for`` left the 20-ms default in force and two runs of ``benchmarks/evaluate.py`` on one
+    commit differed in a repair table when the machine was busy.)"""
+    import itertools
+
+    from tabletune_pipelines.controller import logic
+
+    path = _published(tmp_path, surface, [[1, 4, 3], [5, 8, 1], [9, 64, 0]],
+                      controller={"rebuild_every_steps": 20, "exploration_every_steps": 10})
+    wl = sim.Workload((0.9, 0.8, 0.7), lengths=(8, 40))
+    quiet = sim.simulate(surface, sim.ControllerFactory(path, surface.max_num_seqs, surface.max_k)(), 12, 400, wl,
+                         seed=5)
+    ticks = itertools.count()
+    monkeypatch.setattr(logic.time, "perf_counter", lambda: float(next(ticks)))  # a second per call
+    slow_controller = sim.ControllerFactory(path, surface.max_num_seqs, surface.max_k)()
+    slow = sim.simulate(surface, slow_controller, 12, 400, wl, seed=5)
+    assert slow_controller.rebuilds >= 10 and slow_controller.skipped_rebuilds == 0
+    assert slow.ks.tolist() == quiet.ks.tolist() and slow.goodput == quiet.goodput
+
+
 def test_controller_repairs_a_wrong_table(tmp_path, surface):
     wl = sim.Workload(RATES, lengths=(64, 256))
     best = max(sim.simulate(surface, sim.TablePolicy.fixed(k, 64), 16, 1500, wl, seed=2, warmup=300).goodput
