@@ -43,12 +43,13 @@ class FlapCounter:
     The first one after a quiet spell starts a hold of ``HOLD_GROWTH`` rebuilds; each repeat
     (within ``cap`` rebuilds of the last hold's end, at least ``FLAP_WINDOW_REBUILDS``) one
     ``HOLD_GROWTH`` times longer, up to ``cap`` rebuilds (``flap_backoff_rebuilds``; 0 = no
-    backoff). While held, no batch size goes back to a k it had had unless the gain clears
-    ``OVERRIDE_GAIN`` at the lower confidence bound (``allow``); a change to a k it never had (a
-    change of traffic) is never held. (Counting only flips back to the k a batch size had just
-    before let a cycle round three ks through: on the CPU build, 162 switches/h with the backoff and
-    0 reversals, against 48/h without it.) Rebuilds are numbered by the caller
-    (``Controller.rebuilds``)."""
+    backoff). While held, no batch size changes k unless the gain clears ``OVERRIDE_GAIN`` at the
+    lower confidence bound (``allow``): a change of traffic that matters gets through that way.
+    (Counting only flips back to the k a batch size had just before let a cycle round three ks
+    through: on the CPU build, 162 switches/h with the backoff and 0 reversals, against 48/h without
+    it. Holding only returns let every batch size's first change to a new k through: a boundary
+    wandering at a near tie reaches new batch sizes, each switching once, up to ``n`` switches per
+    hold that no hold stopped.) Rebuilds are numbered by the caller (``Controller.rebuilds``)."""
 
     FLAP_WINDOW_REBUILDS = FLAP_WINDOW_REBUILDS
 
@@ -76,12 +77,12 @@ class FlapCounter:
     def allow(self, old: np.ndarray, want: np.ndarray, rebuild: int,
               gain_lcb: np.ndarray | None = None) -> np.ndarray:
         """The table to install: ``want`` (k per B, index B - 1), or, while the table is held at
-        rebuild number ``rebuild``, ``old`` wherever ``want`` returns a batch size to a k it had had
-        without clearing the override (``gain_lcb``: per B, the lower confidence bound of
+        rebuild number ``rebuild``, ``old`` wherever ``want`` changes a batch size's k without
+        clearing the override (``gain_lcb``: per B, the lower confidence bound of
         log(G(want) / G(old)); None: no batch size clears it)."""
         if not self.holding(rebuild):
             return want
-        moving = (want != old) & (self._bit(self.had[1:], want) > 0)  # returns only: a new k moves at once
+        moving = want != old  # every change, a first change to a new k too (class docstring)
         if gain_lcb is not None:
             strong = moving & (np.asarray(gain_lcb) > math.log1p(OVERRIDE_GAIN))
             self.overrides += int(strong.sum())
@@ -112,9 +113,9 @@ class FlapCounter:
         return rebuild < self.held_until
 
     def held(self, rebuild: int) -> np.ndarray:
-        """Whether each batch size is kept from going back at rebuild number ``rebuild`` (bool,
-        index B - 1): while the hold runs, those that have a k to go back to."""
-        return (self.had[1:] > 0) & self.holding(rebuild)
+        """Whether each batch size is kept from changing k at rebuild number ``rebuild`` (bool,
+        index B - 1): every one while the hold runs (unless a change clears the override)."""
+        return np.full(self.n, self.holding(rebuild))
 
     @staticmethod
     def _bit(had: np.ndarray, k: np.ndarray) -> np.ndarray:

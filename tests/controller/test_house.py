@@ -62,12 +62,13 @@ def test_flap_counter_worked_numbers():
     assert f.switches.tolist() == [0, 1, 1, 0, 0] and f.reversals == 0 and not f.holding(0)
     f.count(tab(2, 2, 1, 1), tab(2, 1, 1, 1), rebuild=50)  # B = 2 back to 1: a reversal event, held 8
     assert f.reversals == 1 and f.level == 1 and f.held_until == 50 + 1 + 8
-    assert f.held(51).tolist() == [True, True, False, False]  # only batch sizes with a k to go back to
+    assert f.held(51).tolist() == [True] * 4 and f.held(59).tolist() == [False] * 4  # the whole table
     assert [f.holding(r) for r in (51, 58, 59)] == [True, True, False]
-    # While held: flipping back is refused unless the gain's lower bound clears 10 %; a new k is not held.
-    want = tab(1, 2, 1, 2)  # B = 1 back to 1 (refused), B = 2 back to 2 (clears: +20 %), B = 4 new
+    # While held: no change unless the gain's lower bound clears 10 %, a first change to a new k neither.
+    want = tab(1, 2, 1, 2)  # B = 1 back to 1 (refused), B = 2 back to 2 (clears: +20 %), B = 4 new (refused)
     got = f.allow(tab(2, 1, 1, 1), want, 55, gain_lcb=np.log([1.05, 1.20, 1.0, 1.01]))
-    assert got.tolist() == [2, 2, 1, 2] and f.overrides == 1
+    assert got.tolist() == [2, 2, 1, 1] and f.overrides == 1
+    assert f.allow(tab(2, 1, 1, 1), want, 55, gain_lcb=np.log([1.0, 1.0, 1.0, 1.12])).tolist() == [2, 1, 1, 2]
     assert f.allow(tab(2, 1, 1, 1), want, 59).tolist() == want.tolist()  # the hold is over
     # Repeats within cap (100) rebuilds of the hold's end: holds 8 x 8 = 64, then the cap.
     f.count(tab(2, 1, 1, 1), tab(2, 2, 1, 1), rebuild=150)  # 150 - 59 = 91 <= 100: a repeat
@@ -85,10 +86,10 @@ def test_flap_counter_worked_numbers():
     assert g.reversals == 0 and not g.holding(2)
     g.count(tab(2, 1, 1, 1), tab(1, 1, 1, 1), rebuild=2)  # back to 1, which B = 1 had two changes ago
     assert g.reversals == 1 and g.holding(3)
-    assert g.allow(tab(1, 1, 1, 1), tab(3, 2, 1, 1), 3).tolist() == [1, 2, 1, 1]  # 3 was had: held; 2 at B = 2 is new
+    assert g.allow(tab(1, 1, 1, 1), tab(3, 2, 1, 1), 3).tolist() == [1, 1, 1, 1]  # held, the new k at B = 2 too
     assert f.summary(418, hours=0.5) == {"switches": 6, "switches_per_hour": 12.0, "reversals": 4,
-                                         "switches_by_batch_size": {"1": 1, "2": 5}, "held_batch_sizes": 2,
-                                         "flap_level": 1, "flap_overrides": 1}
+                                         "switches_by_batch_size": {"1": 1, "2": 5}, "held_batch_sizes": 4,
+                                         "flap_level": 1, "flap_overrides": 2}
     # a new published version: its own flap history, the cumulative counts carried over
     h = f.restarted(cap=0)
     assert h.switches.tolist() == f.switches.tolist() and h.switches is not f.switches and h.reversals == 4
