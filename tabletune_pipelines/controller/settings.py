@@ -187,11 +187,10 @@ class ControllerSettings:
     bound of its gain (Bonferroni over the other k) clears ``stickiness``. 0.5 decides on point
     estimates (z = 0)."""
     flap_backoff_rebuilds: int = 1024
-    """The longest hold of the flap backoff (0 turns it off): after a table change that flips some
-    batch size back to its previous k, no batch size flips back for 8 rebuilds, then 64, 512, ...
-    as the flips repeat, up to this many (about 17 minutes at 100 steps of 10 ms per rebuild),
-    unless its gain clears 10 % at the lower confidence bound; a change to a new k is never held
-    (docs/controller.md, "Flapping")."""
+    """The longest hold of the flap backoff (0 turns it off): after a table change that returns some
+    batch size to a k it had had, no batch size changes k for 8 rebuilds, then 64, 512, ... as the
+    returns repeat, up to this many (about 17 minutes at 100 steps of 10 ms per rebuild), unless the
+    change's gain clears 10 % at the lower confidence bound (docs/controller.md, "Flapping")."""
     step_time_correction: bool = True
     """Blend observed step durations per (B, k) into the profiled T(B, k) (docs/method.md,
     "Limitations" 2: the profile cannot see work that grows with accepted tokens)."""
