@@ -5,7 +5,7 @@ checks that it was made for *this* engine: the file must record its engine ident
 one could be any engine's table), and that identity must match the engine on every field the engine
 reports — GPU type, vLLM version (its public part: ``0.32.0+cpu`` matches ``0.32.0``), model,
 drafter, method, K (``num_speculative_tokens``) and max_num_seqs — by the one comparison
-``tabletune_pipelines.engine.identity_match.identity_mismatches`` (the library's ``deployments.same_engine``
+``tabletune_pipelines.formats.identity_match.identity_mismatches`` (the library's ``deployments.same_engine``
 uses it too). When the engine was told which deployment it serves (``TABLETUNE_DEPLOYMENT``), the
 file must be that deployment's; without that setting the deployment name is not checked (the fleet
 gives every deployment its own published file, so the path names it). Every k of the table must be
@@ -25,8 +25,8 @@ import numpy as np
 
 from tabletune_pipelines.controller.settings import ControllerSettings
 from tabletune_pipelines.errors import PublishedTableError, SettingsError
-from tabletune_pipelines.engine.identity_match import identity_mismatches as _mismatches
-from tabletune_pipelines.engine.identity_match import missing_fields
+from tabletune_pipelines.formats.identity_match import identity_mismatches as _mismatches
+from tabletune_pipelines.formats.identity_match import missing_fields
 from tabletune_pipelines.formats.published import PublishedTable, load_published
 
 DEPLOYMENT_ENV = "TABLETUNE_DEPLOYMENT"

@@ -47,7 +47,7 @@ from tabletune_pipelines.controller.loader import DEPLOYMENT_ENV, EngineFacts
 from tabletune_pipelines.controller.logic import Controller
 from tabletune_pipelines.controller.settings import PUBLISHED_ENV
 from tabletune_pipelines.controller.step import StepOutcome
-from tabletune_pipelines.engine.identity_match import engine_gpu
+from tabletune_pipelines.formats.identity_match import engine_gpu
 
 logger = logging.getLogger("tabletune.controller")
 if not logger.handlers and not logging.getLogger("tabletune").handlers:

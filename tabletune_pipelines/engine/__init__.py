@@ -16,7 +16,6 @@ Modules, one job each:
     installed       which vLLM is installed, is it the CPU build, resolve_device
     dtype           the default model dtype: bfloat16 on a GPU and a CPU with native bf16, else float32
     identity        EngineIdentity of a launch config or a fleet deployment (one graph rule)
-    identity_match  the one comparison of engine identities (stdlib only: the controller uses it too)
     plan            ProfileOptions, ProfilePlan, default_plan, the launches a plan needs
     cell            one measurement of one cell T(B, k)
     progress        ProfilerProgress: progress lines and ETA

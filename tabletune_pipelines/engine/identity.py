@@ -17,7 +17,7 @@ from tabletune_pipelines.engine.dtype import default_dtype
 from tabletune_pipelines.core.stepcost import default_capture_ceiling
 from tabletune_pipelines.engine.installed import installed_vllm_version, resolve_device
 from tabletune_pipelines.errors import EngineConfigError
-from tabletune_pipelines.engine.identity_match import nvidia_gpu_name
+from tabletune_pipelines.formats.identity_match import nvidia_gpu_name
 
 DEFAULT_GRAPH_MODE = "default"
 """Recorded when graphs are on and nobody declared a mode: whatever vLLM picks for the launch."""

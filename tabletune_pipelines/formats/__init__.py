@@ -13,4 +13,6 @@ Importing this package imports nothing; each module below is imported on its own
     published         the published-table file the controller loads (stdlib + core.table)
     live_counters     the controller's exported live counters (JSONL; stdlib only)
     control_protocol  the control files between the engine and its plugins (JSON + ack; stdlib only)
+    identity_match    the one comparison of engine identities (a published file's or a fleet's against
+                      an engine's; stdlib only: the controller uses it too)
 """

@@ -28,7 +28,7 @@ from tabletune_pipelines.errors import (
     NotFoundError,
 )
 from tabletune_pipelines.formats.fleet import Deployment, Fleet, tabletune_home
-from tabletune_pipelines.engine.identity_match import COMPARED_FIELDS, identity_mismatches
+from tabletune_pipelines.formats.identity_match import COMPARED_FIELDS, identity_mismatches
 from tabletune_pipelines.options import options_from_mapping
 
 __all__ = [

@@ -24,7 +24,7 @@ from tabletune_pipelines.tuning.deployments import Engine, deployments_running
 from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, EngineIdentity
 from tabletune_pipelines.errors import PipelineFailure, TableTuneError
 from tabletune_pipelines.formats.fleet import Deployment, Fleet
-from tabletune_pipelines.engine.identity_match import identity_mismatches
+from tabletune_pipelines.formats.identity_match import identity_mismatches
 from tabletune_pipelines.formats.published import (
     check_publish_targets,
     controller_fields,

@@ -16,7 +16,7 @@ ROOT = Path(pkg.__file__).parent
 ALLOWED_TT = ("tabletune_pipelines.core", "tabletune_pipelines.formats.published",
               "tabletune_pipelines.formats.live_counters", "tabletune_pipelines.formats.control_protocol",
               "tabletune_pipelines.errors", "tabletune_pipelines.vocab",
-              "tabletune_pipelines.engine.identity_match", "tabletune_pipelines.options",
+              "tabletune_pipelines.formats.identity_match", "tabletune_pipelines.options",
               "tabletune_pipelines.controller")
 MODULES = sorted(p.stem for p in ROOT.glob("*.py") if p.stem != "__init__")
 

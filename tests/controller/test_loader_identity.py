@@ -20,7 +20,7 @@ from tabletune_pipelines.tuning.deployments import same_engine
 from tabletune_pipelines.formats.documents import EngineIdentity
 from tabletune_pipelines.evaluation.simulator import FakeEngine, fake_controller
 from tabletune_pipelines.evaluation.synthetic import ENGINE, IDENTITY, LAUNCH, publish
-from tabletune_pipelines.engine.identity_match import engine_gpu, identity_mismatches, nvidia_gpu_name, same_gpu
+from tabletune_pipelines.formats.identity_match import engine_gpu, identity_mismatches, nvidia_gpu_name, same_gpu
 from tests.readers.conftest import snapshot
 
 RATES = (0.7, 0.5, 0.3)
@@ -105,7 +105,7 @@ def test_engine_gpu_reads_the_device_type_and_the_driver_files(tmp_path, monkeyp
     (proc / "0000:01:00.0" / "information").write_text("Model: \t\t NVIDIA H200\nIRQ: 10\n")
     assert nvidia_gpu_name(proc) == "NVIDIA H200"
     assert nvidia_gpu_name(tmp_path / "none") is None
-    import tabletune_pipelines.engine.identity_match as im
+    import tabletune_pipelines.formats.identity_match as im
 
     monkeypatch.setattr(im, "nvidia_gpu_name", lambda: nvidia_gpu_name(proc))
     assert engine_gpu("cuda") == "NVIDIA H200"

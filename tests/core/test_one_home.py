@@ -242,7 +242,7 @@ CONCEPTS: dict[str, tuple[Finder, set[str], set[tuple[str, str]]]] = {
         ("tabletune_pipelines/controller/logic.py", "Controller._win_a_rate"),
     }),
     "reading /version": (version_reader, {"tabletune_pipelines/engine/client.py"}, set()),
-    "vLLM version comparison": (version_comparison, {"tabletune_pipelines/engine/identity_match.py"}, set()),
+    "vLLM version comparison": (version_comparison, {"tabletune_pipelines/formats/identity_match.py"}, set()),
     "batch-size grid": (batch_size_grid, {"tabletune_pipelines/core/steptime.py"}, set()),
     "options from a mapping": (mapping_reader, {"tabletune_pipelines/options.py"}, set()),
     "launch overrides": (launch_overrides, {"tabletune_pipelines/engine/plan.py"}, set()),
