@@ -61,7 +61,7 @@ from tabletune_pipelines.controller.settings import ControllerSettings
 from tabletune_pipelines.controller.step import StepOutcome, count_drafts, fold, longest
 from tabletune_pipelines.controller.step_correction import ServedPrior, StepTimeModel, served_prior
 from tabletune_pipelines.core.acceptance_estimate import AcceptanceEstimator, EstimatorConfig
-from tabletune_pipelines.core.evidence import DEFAULT_SEARCH_SETTINGS, SearchSettings, search_with_evidence
+from tabletune_pipelines.core.evidence import SearchSettings, as_covariance, search_with_evidence
 from tabletune_pipelines.core.noise import z_value
 from tabletune_pipelines.core.noise import rates_covariance
 from tabletune_pipelines.core.stepcost import StepCost, Workload
@@ -147,7 +147,6 @@ class Controller:
         self.candidate_ranges = self.launch_ranges
         self.estimator: AcceptanceEstimator | None = None
         self.model: StepTimeModel | None = None
-        self._search_settings = DEFAULT_SEARCH_SETTINGS  # the rebuilds' search: built once per published version
         self._lookup: list[int] | None = None
         self._hyst: dict[int, list[int]] = {}
         self._explore: list[int] | None = None
@@ -246,8 +245,6 @@ class Controller:
         return {
             "start": start, "settings": s, "fallback_reason": None, "_last_estimate": (),
             "estimator": estimator, "model": model, "costs": costs,
-            "_search_settings": SearchSettings(allowed_ks=ks, threshold=float(s.stickiness),
-                                               confidence=float(s.evidence_confidence)),
             "served": served, "_wl": [0.0, 0.0, 0.0], "_served_cache": None,
             "_hist_d": [0] * (K + 1), "_hist_a": [0] * (K + 1),
             "_N": N, "_next_rebuild": self.steps + N, "_explore_every": every,
@@ -534,11 +531,13 @@ class Controller:
             else:
                 extra, xcov = e0, v0
             times = np.maximum(times + extra, 1e-6)
-            var = _plus_covariance(var, xcov)
+            var = as_covariance(var) + as_covariance(xcov)
         n_eff = est.prior_weight + est.drafted  # the prior counts as w drafts at every position
         cov = rates_covariance(rates, drafted_per_pos=n_eff.tolist())
         incumbent = dense_from_ranges(self.candidate_ranges, self._n)
-        ev = search_with_evidence(times, var, start.allowed_k, rates, rates_cov=cov, settings=self._search_settings,
+        search = SearchSettings(allowed_ks=start.allowed_k, threshold=float(s.stickiness),
+                                confidence=float(s.evidence_confidence))
+        ev = search_with_evidence(times, var, start.allowed_k, rates, rates_cov=cov, settings=search,
                                   incumbent=incumbent)
         chosen = np.asarray(ev.choice.chosen, dtype=np.int64)
         self._explore_focus = self._focus(ev, chosen, start)
@@ -738,18 +737,6 @@ class Controller:
     def close(self) -> None:
         """At shutdown: write the last window."""
         self.export(self._clock(), force=True)
-
-
-def _plus_covariance(var: np.ndarray, cov: np.ndarray) -> np.ndarray:
-    """Step-time variances (K, N) plus a served extra's variances (K, N) or covariances (K, K, N):
-    the sum in the shape ``core.evidence.log_ratio_sd`` takes."""
-    var, cov = np.asarray(var, float), np.asarray(cov, float)
-    if cov.ndim == 2:
-        return var + cov
-    out = cov.copy()
-    for i in range(var.shape[0]):
-        out[i, i] += var[i]
-    return out
 
 
 def _gain_lcb(ev: Any, incumbent: np.ndarray, chosen: np.ndarray) -> np.ndarray:

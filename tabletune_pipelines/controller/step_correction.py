@@ -144,8 +144,8 @@ class StepTimeModel:
         docstring, "Unvisited batch sizes")."""
         extra, var, shared = self._served(prior_extra, prior_var)
         cov = shared[:, None, :] * shared[None, :, :]
-        for i in range(var.shape[0]):
-            cov[i, i] = var[i]
+        k = np.arange(var.shape[0])
+        cov[k, k] = var
         return extra, cov
 
     def _served(self, prior_extra: np.ndarray | None,

@@ -205,6 +205,18 @@ class EvidenceTable:
         }
 
 
+def as_covariance(step_cov: np.ndarray) -> np.ndarray:
+    """Step-time (co)variances as covariances between k at each B, shape (K, K, N): variances
+    (K, N) go on the diagonal; a (K, K, N) array is returned as it is."""
+    cov = np.asarray(step_cov, dtype=float)
+    if cov.ndim != 2:
+        return cov
+    K, n = cov.shape
+    full = np.zeros((K, K, n))
+    full[np.arange(K), np.arange(K)] = cov
+    return full
+
+
 def log_ratio_sd(step_ms: np.ndarray, step_cov: np.ndarray, ks: Sequence[int], rates: Sequence[float],
                  rates_cov: np.ndarray | None = None) -> np.ndarray:
     """Standard deviation of log G(B, k_i) - log G(B, k_j), shape (K, K, N).
@@ -214,12 +226,7 @@ def log_ratio_sd(step_ms: np.ndarray, step_cov: np.ndarray, ks: Sequence[int], r
     """
     t = np.asarray(step_ms, dtype=float)
     K, n = t.shape
-    cov = np.asarray(step_cov, dtype=float)
-    if cov.shape == (K, n):
-        full = np.zeros((K, K, n))
-        for i in range(K):
-            full[i, i] = cov[i]
-        cov = full
+    cov = as_covariance(step_cov)
     if cov.shape != (K, K, n):
         raise InvalidStepTimeError(f"step-time covariance has shape {cov.shape}; expected {(K, n)} or {(K, K, n)}")
     diag = np.stack([cov[i, i] for i in range(K)]) / t ** 2  # (K, N) relative variances

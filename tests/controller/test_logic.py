@@ -668,13 +668,15 @@ def test_a_slowdown_after_a_switch_does_not_send_it_back_on_stale_evidence(tmp_p
     assert 2 in after and reversals > 0, (after, reversals)
 
 
-def _cliff_with_wandering_batch(tmp_path, clock, seed: int = 1) -> list[int]:
+def _cliff_with_wandering_batch(tmp_path, clock, seed: int = 1, *, start=None, rates=HIGH,
+                                allowed_k=(1, 2, 3)) -> list[int]:
     """3000 steps on the cliff with B drawn anew every 10 steps from 10..16 (as under real load,
-    where B wanders below max_num_seqs); the table the controller ends on, dense."""
-    decode_only = true_table(PROFILE, HIGH, ks=(1, 2, 3))
-    p = publish(tmp_path / "pub.json", ranges=decode_only, rates=HIGH, allowed_k=[1, 2, 3])
+    where B wanders below max_num_seqs), from ``start`` (default: the decode-step table); the table
+    the controller ends on, dense."""
+    start = true_table(PROFILE, rates, ks=allowed_k) if start is None else start
+    p = publish(tmp_path / "pub.json", ranges=start, rates=rates, allowed_k=list(allowed_k))
     c = fake_controller(p, clock)
-    eng = FakeEngine(c, HIGH, TRUE_T, clock=clock, seed=3)
+    eng = FakeEngine(c, rates, TRUE_T, clock=clock, seed=3)
     rnd = random.Random(seed)
     for _ in range(300):
         eng.run(10, rnd.randint(10, 16), output_tokens=20, prompt_tokens=8, extra_ms=cliff_extra)
@@ -758,17 +760,12 @@ def test_exploration_visits_the_k_an_open_decision_turns_on(tmp_path, clock):
 H200_RATES = (0.7, 0.5, 0.3)  # the acceptance of the H200 controller runs
 
 
-def _quartered_with_wandering_batch(tmp_path, clock, seed: int = 1) -> list[int]:
-    """The quartered decode-step table (k = 0 above a quarter of max_num_seqs) on the cliff, the load
-    wandering over B = 10..16 as in ``_cliff_with_wandering_batch``; the table the controller ends on."""
-    start = quartered(true_table(PROFILE, H200_RATES, ks=(0, 1, 2, 3)), n=N)
-    p = publish(tmp_path / "pub.json", ranges=start, rates=H200_RATES, allowed_k=[0, 1, 2, 3])
-    c = fake_controller(p, clock)
-    eng = FakeEngine(c, H200_RATES, TRUE_T, clock=clock, seed=3)
-    rnd = random.Random(seed)
-    for _ in range(300):
-        eng.run(10, rnd.randint(10, 16), output_tokens=20, prompt_tokens=8, extra_ms=cliff_extra)
-    return table_dense(c.ranges)
+def _quartered_with_wandering_batch(tmp_path, clock) -> list[int]:
+    """``_cliff_with_wandering_batch`` from the quartered decode-step table (k = 0 above a quarter of
+    max_num_seqs) at the H200 runs' acceptance."""
+    ks = (0, 1, 2, 3)
+    start = quartered(true_table(PROFILE, H200_RATES, ks=ks), n=N)
+    return _cliff_with_wandering_batch(tmp_path, clock, start=start, rates=H200_RATES, allowed_k=ks)
 
 
 def test_unvisited_batch_sizes_follow_the_decode_surface_not_the_start_table(tmp_path, clock, monkeypatch):
@@ -786,7 +783,7 @@ def test_unvisited_batch_sizes_follow_the_decode_surface_not_the_start_table(tmp
     ended = _quartered_with_wandering_batch(tmp_path / "shared", clock)
     # Beside the visited B = 10..16 the served steps pooled near them price the cliff (k = 1 there);
     # further below, only the decode surface speaks.
-    far = [b for b in unvisited if b < 10 - 3]  # pool_halfwidth() is 3 at max_num_seqs 16
+    far = [b for b in unvisited if b < 10 - 3]  # the served pool: B ± 3 at max_num_seqs 16 (pool_halfwidth)
     assert far, unvisited
     assert [ended[b - 1] for b in far] == [surface[b - 1] for b in far], ended
     assert 0 not in ended[1:], ended
