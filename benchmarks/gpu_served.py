@@ -3,6 +3,8 @@ profile mixed steps, derive, judge served.
 
     python benchmarks/gpu_served.py profile --engine dense --out $OUT      # launch 1 (every draft rejected)
     python benchmarks/gpu_served.py judge --engine dense --tables $OUT/dense-served.json --out $OUT  # launch 2
+    python benchmarks/gpu_served.py steps --tables $OUT/dense-judge.json \
+        --step-log $OUT/dense-judge.steps.jsonl.gz --ceiling 512           # what the judged steps carried
     python benchmarks/gpu_served.py profile --cpu-smoke --out /tmp/x        # this script on the CPU build
 
 ``profile``: ONE launch of the engine with every draft rejected and a launch table listing every k.
@@ -18,7 +20,13 @@ workload: 32-token prompts, 32-128 output tokens, mean 80). Wall time of profile
 (``evaluation.served``) at each load, rounds in rotating order, every window checked against the
 step log: fixed k = 1, 2, 3, the docs' table, the decode-only table and the served-priced table.
 Printed per load: goodput ± s.e. across rounds, loss against the best fixed k, and the served
-table's paired ratio to the best fixed k (by round) ± s.e.
+table's paired ratio to the best fixed k (by round) ± s.e. The launch's step log is kept beside the
+figures (gzipped).
+
+``steps``: from a judge's figures and kept step log, no engine: per policy and load, arrivals per step
+(mean and variance / mean, which the served pricing takes as Poisson), the fraction of steps above the
+capture ceiling against what Poisson arrivals with the same mean give, and the step time above and
+under the ceiling (``evaluation.served.step_mix``).
 """
 
 from __future__ import annotations
@@ -202,6 +210,7 @@ def cmd_judge(args) -> int:
                                        warmup_s=args.first_warmup_s if i == 0 else 3.0)
             (out / f"{args.engine}-judge.json").write_text(json.dumps({"windows": [w.__dict__ for w in windows],
                                                                           "policies": policies}, default=float))
+        keep_step_log(srv, out / f"{args.engine}-judge.steps.jsonl.gz")
     summary = summarize(windows)
     fixed = [p for p in policies if p.startswith("fixed_k")]
     loads = sorted({w.load for w in windows})
@@ -228,9 +237,59 @@ def cmd_judge(args) -> int:
     return 0
 
 
+def cmd_steps(args) -> int:
+    """What the judged windows' steps carried, per policy and load, from a judge's JSON and its kept step
+    log: arrivals per step (mean, variance / mean: 1 for Poisson), the fraction of steps above the capture
+    ceiling against what Poisson arrivals with the same mean would give, and the step time above and
+    under the ceiling."""
+    import gzip
+    import math
+
+    from tabletune_pipelines.evaluation.served import Window, step_mix
+
+    d = json.loads(Path(args.tables).read_text())
+    windows = [Window(**w) for w in d["windows"]]
+    opener = gzip.open if str(args.step_log).endswith(".gz") else open
+    with opener(args.step_log, "rt") as fh:
+        records = [json.loads(line) for line in fh if line.strip().startswith("{")]
+    if not any(w.t_end for w in windows):
+        raise SystemExit("error: these windows carry no start and end times (judged before they were recorded)")
+    c = args.ceiling
+    print(f"policy@load: steps, arrivals/step (var/mean), over {c} tokens: measured vs Poisson, ms over | under")
+    for key in sorted({(w.policy, w.load) for w in windows}, key=lambda x: (x[1], x[0])):
+        steps = [r for w in windows if (w.policy, w.load) == key
+                 for r in records if w.t_start <= r["t"] <= w.t_end and r.get("b", 0) > 0]
+        m = step_mix(steps, c)
+        lam = m.arrivals_mean
+
+        def p_over(r):  # P(Poisson(lam) arrivals of --prompt-tokens push the step over the ceiling)
+            room = c - int(r["b"]) * (1 + int(r.get("k") or 0))
+            need = max(0, math.floor(room / args.prompt_tokens) + 1)
+            return 1.0 - sum(math.exp(-lam) * lam ** i / math.factorial(i) for i in range(need))
+        pred = sum(p_over(r) for r in steps) / len(steps) if steps else float("nan")
+        print(f"  {key[0]:<12}@{key[1]:<4} {m.steps:6d}  {lam:5.2f} ({m.arrivals_dispersion:4.2f})  "
+              f"{100 * m.over_ceiling:5.1f}% vs {100 * pred:5.1f}%  {m.ms_over:6.1f} | {m.ms_under:6.1f}")
+    return 0
+
+
+def keep_step_log(srv, dest: Path) -> None:
+    """The launch's step log (tokens, arrivals and time of every step), gzipped beside the figures: what
+    a served step carried is read from it afterwards (arrivals per step, steps over the capture ceiling)."""
+    import gzip
+    import shutil
+
+    src = srv.step_log.path
+    if src is None or not Path(src).exists():
+        print(f"[judge] no step log to keep ({src})", flush=True)
+        return
+    with open(src, "rb") as fin, gzip.open(dest, "wb") as fout:
+        shutil.copyfileobj(fin, fout)
+    print(f"[judge] step log kept: {dest} ({dest.stat().st_size} bytes)", flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("phase", choices=["profile", "judge", "rederive"])
+    ap.add_argument("phase", choices=["profile", "judge", "rederive", "steps"])
     ap.add_argument("--attribute", action="store_true", help="rederive: attribute raw mixed-step samples first")
     ap.add_argument("--engine", choices=sorted(ENGINES), default="dense")
     ap.add_argument("--models", default=os.environ.get("TT_GPU_MODELS", "/tmp/gv/models"))
@@ -244,13 +303,18 @@ def main(argv=None) -> int:
     ap.add_argument("--first-warmup-s", type=float, default=3.0,
                     help="judge: load before the first group's first window (the MoE compiles kernels at a new size)")
     ap.add_argument("--fixed-ks", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 3])
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--step-log", help="steps: the judge's kept step log (<engine>-judge.steps.jsonl.gz)")
+    ap.add_argument("--ceiling", type=int, default=512, help="steps: the capture ceiling in tokens")
+    ap.add_argument("--prompt-tokens", type=int, default=32, help="steps: the closed loop's prompt length")
+    ap.add_argument("--out", default=None, help="profile, judge, rederive: where the figures go")
     ap.add_argument("--work-dir", default="/tmp/tt-served")
     ap.add_argument("--cpu-smoke", action="store_true", help="run on vLLM's CPU build (tiny models; figures mean nothing)")
     args = ap.parse_args(argv)
     if args.cpu_smoke:
         args.prefill = "16,64,200"
-    return {"profile": cmd_profile, "judge": cmd_judge, "rederive": cmd_rederive}[args.phase](args)
+    if args.phase != "steps" and not args.out:
+        ap.error(f"{args.phase} needs --out")
+    return {"profile": cmd_profile, "judge": cmd_judge, "rederive": cmd_rederive, "steps": cmd_steps}[args.phase](args)
 
 
 if __name__ == "__main__":

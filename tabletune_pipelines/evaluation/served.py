@@ -81,6 +81,10 @@ class Window:
     mismatched_steps: int
     mismatch_examples: list = field(default_factory=list)
     """Up to five mismatched steps as [b, k run, k the table gives, new requests in the step]."""
+    t_start: float = 0.0
+    """time.monotonic() at the window's start, the step log's clock (0: not recorded)."""
+    t_end: float = 0.0
+    """time.monotonic() at the window's end: the steps of ``[t_start, t_end]`` in a kept step log are this window's."""
 
     @property
     def goodput(self) -> float:
@@ -212,7 +216,7 @@ def counted_window(server: Any, policy: str, *, load: int, round_: int, window_s
     kept = sum(int(s["b"]) + int(s.get("a", 0)) for s in steps)
     seconds = sum(float(s.get("dt") or 0.0) for s in steps) / 1000.0
     mean_b = statistics.fmean(int(s["b"]) for s in steps) if steps else 0.0
-    return steps, Window(policy, load, round_, kept, seconds, len(steps), mean_b, 0)
+    return steps, Window(policy, load, round_, kept, seconds, len(steps), mean_b, 0, t_start=t0, t_end=t1)
 
 
 def table_mismatches(steps: Sequence[Mapping[str, Any]], table: Sequence[Sequence[int]], max_num_seqs: int,
@@ -227,6 +231,40 @@ def table_mismatches(steps: Sequence[Mapping[str, Any]], table: Sequence[Sequenc
         if int(s.get("k", -1)) != want:
             bad.append([b, s.get("k"), want, int(s.get("new", 0))])
     return bad
+
+
+@dataclass(frozen=True)
+class StepMix:
+    """What the served steps of a window carried (from the step log): the arrivals per step that the
+    served pricing takes as Poisson (``core.stepcost``), and the steps above a capture ceiling."""
+
+    steps: int
+    arrivals_mean: float
+    """Mean new requests scheduled per step."""
+    arrivals_dispersion: float
+    """Variance / mean of the arrivals per step: 1 for Poisson, below 1 for arrivals more regular than that."""
+    over_ceiling: float
+    """Fraction of steps whose scheduled tokens exceed the ceiling (runs without CUDA graphs)."""
+    ms_over: float
+    """Mean step interval (ms) of those steps; nan if none."""
+    ms_under: float
+    """Mean step interval (ms) of the others; nan if none."""
+
+
+def step_mix(steps: Sequence[Mapping[str, Any]], ceiling: int) -> StepMix:
+    """``StepMix`` of step-log records (``engine/timing_scheduler.py``: ``new``, ``tok``, ``dt``)
+    against a capture ceiling of ``ceiling`` tokens."""
+    if ceiling < 1:
+        raise InvalidValueError(f"step_mix: ceiling = {ceiling!r} must be >= 1 token")
+    steps = [s for s in steps if s.get("b", 0) > 0]
+    new = [int(s.get("new", 0)) for s in steps]
+    mean = statistics.fmean(new) if new else float("nan")
+    disp = statistics.pvariance(new) / mean if len(new) > 1 and mean > 0 else float("nan")
+    over = [float(s["dt"]) for s in steps if s.get("dt") is not None and int(s.get("tok", 0)) > ceiling]
+    under = [float(s["dt"]) for s in steps if s.get("dt") is not None and int(s.get("tok", 0)) <= ceiling]
+    n_over = sum(1 for s in steps if int(s.get("tok", 0)) > ceiling)
+    return StepMix(len(steps), mean, disp, n_over / len(steps) if steps else float("nan"),
+                   statistics.fmean(over) if over else float("nan"), statistics.fmean(under) if under else float("nan"))
 
 
 def measure_window(server: Any, policy: str, table: Sequence[Sequence[int]], *, load: int, round_: int,

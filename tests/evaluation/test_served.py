@@ -85,6 +85,7 @@ def test_a_window_of_a_slow_engine_waits_for_min_steps_up_to_its_limit():
 
     steps, w = served.counted_window(Growing(), "k1", load=4, round_=0, window_s=0.01, min_steps=20)
     assert len(steps) == 25 and w.steps == 25 and w.kept_tokens == 25 * 5 and abs(w.seconds - 1.25) < 1e-12
+    assert 0.0 < w.t_start < w.t_end  # the span the window read, on the step log's clock
     steps, w = served.counted_window(Growing(), "k1", load=4, round_=0, window_s=0.01, min_steps=20,
                                      max_window_s=0.0)
     assert w.steps == 3  # the limit is reached: the window keeps what it has
@@ -351,3 +352,26 @@ def test_served_module_imports_without_dagster_duckdb_pandas_matplotlib():
             "print(','.join(m for m in ('dagster', 'duckdb', 'pandas', 'matplotlib', 'vllm') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == ""
+
+
+def test_step_mix_counts_arrivals_and_the_steps_above_the_ceiling():
+    """Worked numbers: arrivals 0, 2, 4, 2 (mean 2, variance 2: dispersion 1); two of four steps above
+    a 512-token ceiling (513 and 600 tokens), at 30 and 50 ms, the others at 10 and 20 ms. A step
+    that ran no request is not a served step; a bad ceiling is refused by name."""
+    steps = [{"b": 100, "new": 0, "tok": 400, "dt": 10.0}, {"b": 100, "new": 2, "tok": 513, "dt": 30.0},
+             {"b": 100, "new": 4, "tok": 600, "dt": 50.0}, {"b": 100, "new": 2, "tok": 512, "dt": 20.0},
+             {"b": 0, "new": 9, "tok": 9999, "dt": 1.0}]
+    m = served.step_mix(steps, 512)
+    assert m.steps == 4 and m.arrivals_mean == 2.0 and m.arrivals_dispersion == pytest.approx(1.0)
+    assert m.over_ceiling == 0.5 and m.ms_over == 40.0 and m.ms_under == 15.0
+    # Regular arrivals (always 2) are under-dispersed; with no step above the ceiling its mean is nan.
+    even = served.step_mix([{"b": 8, "new": 2, "tok": 100, "dt": 5.0}] * 3, 512)
+    assert even.arrivals_dispersion == 0.0 and even.over_ceiling == 0.0 and math.isnan(even.ms_over)
+    with pytest.raises(InvalidValueError, match="ceiling = 0"):
+        served.step_mix(steps, 0)
+
+
+def test_a_window_records_its_time_span_so_a_kept_step_log_can_be_cut_by_window():
+    w = Window("fixed_k1", 8, 0, 100, 1.0, 10, 8.0, 0)
+    assert (w.t_start, w.t_end) == (0.0, 0.0)  # windows judged before the span was recorded still load
+    assert Window(**{**w.__dict__, "t_start": 5.0, "t_end": 9.0}).t_end == 9.0
