@@ -246,7 +246,9 @@ class StepMix:
     over_ceiling: float
     """Fraction of steps whose scheduled tokens exceed the ceiling (runs without CUDA graphs)."""
     ms_over: float
-    """Mean step interval (ms) of those steps; nan if none."""
+    """Mean step interval (ms) of those steps; nan if none. With async scheduling (the GPU default) the
+    step log puts much of a mixed step's cost on the step before it (docs/engine-facts.md, "Mixed steps
+    on the H200"), so read this beside ``ms_under``, not as the crossing's cost."""
     ms_under: float
     """Mean step interval (ms) of the others; nan if none."""
 
