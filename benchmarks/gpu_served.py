@@ -262,6 +262,8 @@ def cmd_steps(args) -> int:
         m = step_mix(steps, c)
         lam = m.arrivals_mean
 
+        # A check on core.stepcost's assumption, not a second pricing: the tuner's served expectation
+        # (StepCost.served) sums over the same Poisson arrivals; here only their crossing is counted.
         def p_over(r):  # P(Poisson(lam) arrivals of --prompt-tokens push the step over the ceiling)
             room = c - int(r["b"]) * (1 + int(r.get("k") or 0))
             need = max(0, math.floor(room / args.prompt_tokens) + 1)
