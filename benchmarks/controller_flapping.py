@@ -8,7 +8,8 @@ One launch of the small tiny target + 1-layer draft (``draft_model``, K = 3, lau
 every k, max_num_seqs 16) with the production controller plugin. First, in the same launch, T(B, k)
 at B = ``--load`` for k = 1, 2, 3 (observe mode, the controller's own mean of clean steps). Then the
 synthetic acceptance is set to a **near tie** between k = 1 and k = 2 at that batch size
-(a_1 = 0.6, a_2 chosen so that the goodputs are equal, a_3 = 0.01): the case where noise decides
+(a_1 = 0.6, raised up to 0.95 where T2/T1 needs it; a_2 chosen so that the goodputs are equal; a_3 = 0.01;
+the printed G2/G1 says how near the tie is): the case where noise decides
 and a controller flaps if it can. The published profile is that measurement shaped over B
 (``T(B) = T(L)·(0.5 + 0.5·B/L)``), step-time correction on (the defaults).
 
@@ -81,13 +82,18 @@ def main() -> int:
             if not at:
                 raise SystemExit(f"no clean steps at k = {k}: {cells}")
             t_at[k] = float(at[0][1])
-        a1 = 0.6
-        a2 = min(a1, max(0.0, (1 + a1) * (t_at[2] / t_at[1] - 1.0)))
+        # tau(k) = 1 + a_1 + ... + a_k, so G1 = G2 at B = L when a_2 = (1 + a_1)(T2/T1 - 1). The rates must
+        # not increase (a_2 <= a_1): where T2/T1 is large, a_1 rises from 0.6 until the tie is reachable.
+        r = t_at[2] / t_at[1]
+        a1 = min(0.95, max(0.6, (r - 1.0) / (2.0 - r) if r < 2.0 else 1.0))
+        a2 = min(a1, max(0.0, (1 + a1) * (r - 1.0)))
         rates = (a1, a2, min(a2, 0.01))
+        tie = (1 + a1 + a2) / (1 + a1) / r
         profile = {k: {b: t_at.get(k, t_at[1]) * (0.5 + 0.5 * b / L) for b in range(1, n + 1)} for k in (0, *ks)}
         srv.set_synthetic_rates(rates)
-        print(f"T(B = {L}) = " + ", ".join(f"k{k} {t_at[k]:.2f} ms" for k in ks) + f"; near-tie rates {rates} "
-              f"(G1 = G2 at B = {L})", flush=True)
+        print(f"T(B = {L}) = " + ", ".join(f"k{k} {t_at[k]:.2f} ms" for k in ks) + f"; near-tie rates "
+              f"({a1:.3f}, {a2:.3f}, {rates[2]:.3f}): G2/G1 = {tie:.3f} at B = {L}"
+              + ("" if abs(tie - 1.0) < 0.01 else " (NOT a tie: T2/T1 too large for rates <= 0.95)"), flush=True)
         for r in range(args.rounds):
             order = names[r % len(names):] + names[:r % len(names)]
             for name in order:
