@@ -191,6 +191,11 @@ def cmd_judge(args) -> int:
     policies["docs"] = [[s, min(e, n), k] for s, e, k in DOCS if s <= n]
     policies["decode_only"] = tables["decode_only"]
     policies["served"] = tables["served"]
+    for name in ("decode_only",):  # a table equal to a fixed k's is that policy: measured once, not twice
+        same = [p for p in policies if p.startswith("fixed_k") and policies[p] == policies[name]]
+        if same:
+            print(f"[judge] {name} {policies[name]} is {same[0]}: not measured twice", flush=True)
+            del policies[name]
     groups = [([int(x) for x in g.split(":")[0].split(",")], float(g.split(":")[1])) for g in args.loads.split(";")]
     windows = []
     t0 = time.monotonic()
@@ -210,7 +215,7 @@ def cmd_judge(args) -> int:
                                        warmup_s=args.first_warmup_s if i == 0 else 3.0)
             (out / f"{args.engine}-judge.json").write_text(json.dumps({"windows": [w.__dict__ for w in windows],
                                                                           "policies": policies}, default=float))
-        keep_step_log(srv, out / f"{args.engine}-judge.steps.jsonl.gz")
+            keep_step_log(srv, out / f"{args.engine}-judge.steps.jsonl.gz")  # after each group: a timeout keeps it
     summary = summarize(windows)
     fixed = [p for p in policies if p.startswith("fixed_k")]
     loads = sorted({w.load for w in windows})
