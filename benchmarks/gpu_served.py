@@ -132,11 +132,36 @@ def cmd_profile(args) -> int:
     return 0
 
 
-def derive_both(prof: StepTimeProfile):
-    """The decode-only table (what TableTune published before) and the served-priced one."""
+def derive_both(prof: StepTimeProfile, calibration=None):
+    """The decode-only table (what TableTune published before) and the served-priced one
+    (``calibration``: corrected by served measurements, ``core.stepcost.ServedCalibration``)."""
     from tabletune_pipelines.tuning.derive import DeriveOptions, derive_table
 
-    return derive_table(prof, prior(workload=None)), derive_table(prof, prior(), DeriveOptions(workload=WORKLOAD))
+    return derive_table(prof, prior(workload=None)), derive_table(
+        prof, prior(), DeriveOptions(workload=WORKLOAD, served_calibration=calibration))
+
+
+def calibration_from_judges(paths: list[str]):
+    """One ``ServedCalibration`` from judge JSONs: the fixed-k windows of every launch, pooled per k
+    and load (launch-to-launch drift then counts as round-to-round spread only within a launch)."""
+    from tabletune_pipelines.core.stepcost import ServedCalibration
+    from tabletune_pipelines.evaluation.served import Window, fixed_k_of, served_points
+
+    windows, fixed, launch = [], {}, {}
+    for n, path in enumerate(paths):
+        d = json.loads(Path(path).read_text())
+        for name, table in d["policies"].items():
+            k = fixed_k_of(table)
+            if k is not None:
+                fixed[f"fixed_k{k}"] = table
+        for w in d["windows"]:
+            k = fixed_k_of(d["policies"][w["policy"]])
+            if k is not None:
+                windows.append(dataclasses.replace(Window(**w), policy=f"fixed_k{k}"))
+                launch[id(windows[-1])] = f"L{n}"
+    points = served_points(windows, fixed, launch=lambda w: launch[id(w)])
+    return ServedCalibration(points=tuple(points), source="served wall time per step of fixed k, closed loop: "
+                             + ", ".join(Path(p).name for p in paths))
 
 
 def report(args, prof, decode_only, served, seconds, out: Path) -> None:
@@ -172,9 +197,18 @@ def cmd_rederive(args) -> int:
         for s in prof.samples:
             by.setdefault((s.batch, s.k), []).append(s)
         prof = dataclasses.replace(prof, samples=tuple(x for key in by for x in attribute_mixed_steps(by[key])))
+    cal = calibration_from_judges(args.calibrate.split(",")) if args.calibrate else None
     t1 = time.monotonic()
-    decode_only, served = derive_both(prof)
+    decode_only, served = derive_both(prof, cal)
     seconds = dict(d.get("seconds", {}), derive=time.monotonic() - t1)
+    if cal is not None:
+        priced = derive_both(prof)[1]
+        print(f"[served] calibrated by {len(cal.points)} served points ({cal.source}); the price alone gives "
+              f"{priced.table.as_vllm()}")
+        for p in cal.points:
+            print(f"  k = {p.k} at B = {p.batch:5.1f}: {p.ms:6.2f} ± {p.se_ms:4.2f} ms/step served ({p.rounds} windows)")
+        for k, row in served.table.served_cost["calibration"]["offset_ms"].items():
+            print(f"  offset k = {k}: " + ", ".join(f"B {b}: {v:+.2f} ms" for b, v in row.items()))
     report(args, prof, decode_only, served, seconds, Path(args.out))
     return 0
 
@@ -208,11 +242,13 @@ def cmd_judge(args) -> int:
 
     with VLLMServer(cfg) as srv:
         say(f"[judge] {args.engine} healthy after {time.monotonic() - t0:.0f} s; policies {policies}")
+        if args.calibrate_first:
+            policies["served"] = calibrate_in_launch(srv, args, tables, policies, n, K, say, out)
         for i, (loads, window) in enumerate(groups):
             loads = [min(load, n) for load in loads]
             windows += run_closed_loop(srv, policies, loads, vocab_size=151000 if not args.cpu_smoke else 2000,
                                        max_num_seqs=n, max_k=K, rounds=args.rounds, window_s=window, progress=say,
-                                       warmup_s=args.first_warmup_s if i == 0 else 3.0)
+                                       warmup_s=args.first_warmup_s if i == 0 and not args.calibrate_first else 3.0)
             (out / f"{args.engine}-judge.json").write_text(json.dumps({"windows": [w.__dict__ for w in windows],
                                                                           "policies": policies}, default=float))
             keep_step_log(srv, out / f"{args.engine}-judge.steps.jsonl.gz")  # after each group: a timeout keeps it
@@ -240,6 +276,36 @@ def cmd_judge(args) -> int:
         "windows": [w.__dict__ for w in windows], "policies": policies, "loss": losses, "verdict": verdict,
         "summary": {f"{p}@{l}": s.__dict__ for (p, l), s in summary.items()}}, indent=1, default=float))
     return 0
+
+
+def calibrate_in_launch(srv, args, tables: dict, policies: dict, n: int, K: int, say, out: Path) -> list:
+    """Served verification's repair inside the launch: the fixed ks at ``--calibrate-first`` loads
+    (with the windows of ``--calibrate`` judges of earlier launches) correct the served price, and the
+    table derived from it is the one judged (``core.stepcost.ServedCalibration``)."""
+    fixed = {p: t for p, t in policies.items() if p.startswith("fixed_k")}
+    windows = []
+    for i, g in enumerate(args.calibrate_first.split(";")):
+        loads, window, rounds = g.split(":")
+        windows += run_closed_loop(srv, fixed, [min(int(x), n) for x in loads.split(",")],
+                                   vocab_size=151000 if not args.cpu_smoke else 2000,
+                                   max_num_seqs=n, max_k=K, rounds=int(rounds), window_s=float(window), progress=say,
+                                   warmup_s=args.first_warmup_s if i == 0 else 3.0)
+    here = out / f"{args.engine}-calibration.json"
+    here.write_text(json.dumps({"windows": [w.__dict__ for w in windows], "policies": fixed}, default=float))
+    cal = calibration_from_judges(([p for p in args.calibrate.split(",") if p] if args.calibrate else []) + [str(here)])
+    prof = StepTimeProfile.from_dict(tables["profile"])
+    t1 = time.monotonic()
+    _, served = derive_both(prof, cal)
+    table = served.table.as_vllm()
+    say(f"[judge] calibrated by {len(cal.points)} served points in {time.monotonic() - t1:.1f} s: {table} "
+        f"(the price alone: {tables['served']})")
+    for p in cal.points:
+        say(f"  k = {p.k} at load {p.load} (B = {p.batch:5.1f}): {p.ms:6.2f} ± {p.se_ms:4.2f} ms/step ({p.rounds} rounds)")
+    tables["served_priced"] = tables["served"]
+    tables["served"] = table
+    (out / f"{args.engine}-calibrated.json").write_text(json.dumps({"served": table, "served_cost":
+                                                                     served.table.served_cost}, default=float))
+    return table
 
 
 def cmd_steps(args) -> int:
@@ -298,6 +364,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("phase", choices=["profile", "judge", "rederive", "steps"])
     ap.add_argument("--attribute", action="store_true", help="rederive: attribute raw mixed-step samples first")
+    ap.add_argument("--calibrate", default=None,
+                    help="rederive, judge: judge JSONs (comma-separated) whose fixed-k windows correct the served price")
+    ap.add_argument("--calibrate-first", default=None,
+                    help="judge: 'L,L:window_s:rounds;...' of fixed k measured first in the launch; with --calibrate's "
+                         "files they correct the served price, and the table derived from it is judged as 'served'")
     ap.add_argument("--engine", choices=sorted(ENGINES), default="dense")
     ap.add_argument("--models", default=os.environ.get("TT_GPU_MODELS", "/tmp/gv/models"))
     ap.add_argument("--max-num-seqs", type=int, default=128)

@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from tabletune_pipelines.core.stepcost import ServedPoint
 from tabletune_pipelines.core.table import expand_table
 from tabletune_pipelines.errors import InvalidValueError
 from tabletune_pipelines.options import options_from_mapping
@@ -335,6 +336,40 @@ def summarize(windows: Sequence[Window]) -> dict[tuple[str, int], PolicySummary]
         vals = [w.goodput for w in ws]
         se = statistics.stdev(vals) / math.sqrt(len(vals)) if len(vals) > 1 else float("nan")
         out[key] = PolicySummary(key[0], key[1], g, se, len(ws))
+    return out
+
+
+def fixed_k_of(table: Sequence[Sequence[int]]) -> int | None:
+    """The k of a table that runs one k at every batch size it covers from 1 (None otherwise)."""
+    ks = {int(r[2]) for r in table}
+    return ks.pop() if len(ks) == 1 and table and int(table[0][0]) == 1 else None
+
+
+def served_points(windows: Sequence[Window], policies: Mapping[str, Sequence[Sequence[int]]],
+                  min_rounds: int = 2, launch: Callable[[Window], str] | None = None) -> list[ServedPoint]:
+    """The wall time per step that serving measured for each fixed-k policy at each load: the mean
+    over verified windows of ``1000·seconds / steps`` (every step counted, stalls included), its s.e.
+    across rounds, and the windows' mean batch. Input to ``core.stepcost.ServedCalibration``.
+    ``launch`` names the launch a window came from (pooling several): a round is (launch, round)."""
+    groups: dict[tuple[int, int], list[tuple[str, Window]]] = {}
+    for w in windows:
+        k = fixed_k_of(policies.get(w.policy, ()))
+        if k is not None and w.table_verified and w.seconds > 0:
+            groups.setdefault((k, w.load), []).append((f"{launch(w) if launch else ''}r{w.round}", w))
+    out = []
+    for (k, load), ws in sorted(groups.items()):
+        if len(ws) < min_rounds:
+            continue
+        per = {}
+        for key, w in ws:  # two windows of one k in one round (a duplicate policy) count as one
+            per.setdefault(key, []).append(1000.0 * w.seconds / w.steps)
+        vals = [statistics.fmean(v) for v in per.values()]
+        if len(vals) < min_rounds:
+            continue
+        ms, se = mean_se(vals)
+        out.append(ServedPoint(k=k, batch=max(1.0, statistics.fmean(w.mean_batch for _, w in ws)), ms=ms, se_ms=se,
+                               rounds=len(vals), load=load,
+                               per_round=tuple((key, statistics.fmean(v)) for key, v in sorted(per.items()))))
     return out
 
 

@@ -38,6 +38,7 @@ from tabletune_pipelines.core.evidence import (
 )
 from tabletune_pipelines.core.goodput import tau_curve
 from tabletune_pipelines.core.stepcost import (
+    ServedCalibration,
     ServedCost,
     StepCost,
     Workload,
@@ -54,7 +55,7 @@ from tabletune_pipelines.core.noise import (
 )
 from tabletune_pipelines.core.table import DEFAULT_STICKINESS, TableChoice, expand_table
 from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, StepTimeProfile
-from tabletune_pipelines.errors import InvalidAcceptanceError
+from tabletune_pipelines.errors import InvalidAcceptanceError, InvalidValueError
 from tabletune_pipelines.vocab import SearchRule
 
 NO_ERROR_WARNING = ("the profile has no error estimates (no cell has two repetitions to compare): the table "
@@ -110,6 +111,9 @@ class DeriveOptions:
     """Pool measured dips of T over B (noise) away before anything else."""
     workload: Workload | None = None
     """What the traffic brings per request; None: the prior's ``workload`` (None there too: decode steps only)."""
+    served_calibration: ServedCalibration | None = None
+    """Served wall time per step measured for fixed k at a few loads, which corrects the priced
+    E[T(B, k, P)] (``core.stepcost.ServedCalibration``); None: the price alone. Needs a workload."""
 
     def __post_init__(self) -> None:
         if self.allowed_ks is not None:
@@ -167,13 +171,18 @@ def _step_surface(profile: StepTimeProfile, prior: AcceptancePrior, options: Der
     decode, cov = corrected_dense(ms, var, noisy.ks, prior.rates, fit)
     cost = step_cost(profile, decode, noisy.ks)
     workload = options.workload if options.workload is not None else prior.workload_model()
-    served = cost.served(prior.rates, workload) if workload is not None else None
+    if options.served_calibration is not None and workload is None:
+        raise InvalidValueError("a served calibration corrects the served price, which needs a workload: give "
+                                "DeriveOptions(workload=...) or a prior that carries one")
+    served = cost.served(prior.rates, workload, options.served_calibration) if workload is not None else None
     dense = decode
     if served is not None:
         dense = served.ms
         cov = cov.copy()
         for i in range(len(noisy.ks)):
             cov[i, i] = cov[i, i] + served.var[i]
+        if served.cross_cov is not None:
+            cov = cov + served.cross_cov
     return _StepSurface(noisy=noisy, decode_ms=decode, ms=dense, cov=cov, fit=fit, cost=cost, workload=workload,
                         served=served)
 
@@ -295,6 +304,10 @@ def _served_summary(cost: StepCost, served: ServedCost | None, workload: Workloa
                               for i, k in enumerate(ks)},
         "unmeasured": [[b, k, round(p, 4)] for b, k, p in unmeasured_cells(served, ks, dense_k)],
         "unmeasured_cliff": [[b, k, round(p, 4)] for b, k, p in unmeasured_cells(served, ks, dense_k, cliff_only=True)],
+        **({} if served.calibration is None or served.offset_ms is None else {"calibration": {
+            **served.calibration.to_dict(),
+            "offset_ms": {str(k): {str(b): round(float(served.offset_ms[i, b - 1]), 4) for b in bs}
+                          for i, k in enumerate(ks)}}}),
     }
 
 
