@@ -23,6 +23,11 @@ Printed per load: goodput ± s.e. across rounds, loss against the best fixed k, 
 table's paired ratio to the best fixed k (by round) ± s.e. The launch's step log is kept beside the
 figures (gzipped).
 
+``--calibrate-first 'L:window_s:rounds'`` (judge): the fixed ks run first at those loads; with the
+fixed-k windows of ``--calibrate``'s earlier judges they correct the served price
+(``core.stepcost.ServedCalibration``), and the table derived from it is judged as ``served``.
+``rederive --calibrate A.json,B.json`` derives that table offline from judges' windows.
+
 ``steps``: from a judge's figures and kept step log, no engine: per policy and load, arrivals per step
 (mean and variance / mean, which the served pricing takes as Poisson), the fraction of steps above the
 capture ceiling against what Poisson arrivals with the same mean give, and the step time above and

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 from tabletune_pipelines.core.stepcost import (
     GraphEnvelope,
     PrefillFit,
+    ServedCalibration,
+    ServedPoint,
     StepCost,
     StepSample,
     Workload,
@@ -161,3 +163,62 @@ def test_served_cost_never_below_decode_and_grows_with_prompts(l_in, l_out, a, c
     hi = cost.served([a], Workload(l_in * 2, l_out)).ms
     assert np.all(lo >= dec - 1e-9)
     assert np.all(hi >= lo - 1e-9)
+
+
+# ----------------------------------------------------------------------------- served calibration
+def test_calibration_offsets_worked_numbers():
+    priced = np.array([[10.0] * 10, [12.0] * 10])          # ks (1, 2), B = 1..10
+    cal = ServedCalibration(points=(ServedPoint(k=1, batch=4, ms=12.0, se_ms=0.5, rounds=3),
+                                    ServedPoint(k=1, batch=8, ms=16.0, se_ms=1.0, rounds=3)))
+    off, var, cross = cal.offsets(priced, np.zeros_like(priced), (1, 2))
+    # k = 1: +2 at B = 4, +6 at B = 8, linear between, flat above, proportional to B below.
+    assert off[0].tolist() == pytest.approx([0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 6.0, 6.0])
+    assert var[0, 3] == pytest.approx(0.25) and var[0, 7] == pytest.approx(1.0) and var[0, 5] == pytest.approx(0.625)
+    # k = 2 has no point: it borrows k = 1's offset (the mean of one), with k = 1's variance (spread 0).
+    assert off[1].tolist() == pytest.approx(off[0].tolist()) and var[1].tolist() == pytest.approx(var[0].tolist())
+    assert not cross.any()  # no load recorded: nothing paired
+
+
+def test_calibration_pairs_ks_measured_in_the_same_rounds():
+    rounds_a = (("r0", 10.0), ("r1", 12.0), ("r2", 14.0))
+    rounds_b = (("r0", 20.0), ("r1", 23.0), ("r2", 26.0))
+    a = ServedPoint(k=1, batch=5, ms=12.0, se_ms=2 / math.sqrt(3), rounds=3, load=6, per_round=rounds_a)
+    b = ServedPoint(k=2, batch=5, ms=23.0, se_ms=3 / math.sqrt(3), rounds=3, load=6, per_round=rounds_b)
+    priced = np.array([[10.0] * 8, [20.0] * 8])
+    off, var, cross = ServedCalibration(points=(a, b)).offsets(priced, np.zeros_like(priced), (1, 2))
+    # per-window covariance 6 over 3 shared rounds, for means of 3 each: 6·3 / 9 = 2 = sd_a·sd_b (correlation 1)
+    assert cross[0, 1, 4] == pytest.approx(2.0) and cross[1, 0, 4] == pytest.approx(2.0)
+    assert cross[0, 0].tolist() == [0.0] * 8
+    assert var[0, 4] == pytest.approx(4 / 3) and var[1, 4] == pytest.approx(3.0)
+    assert off[:, 4].tolist() == pytest.approx([2.0, 3.0])
+
+
+def test_calibrated_served_cost_is_the_measurement_at_its_point():
+    cost = StepCost(ks=(0, 1), decode_ms=np.array([[5.0] * 8, [6.0] * 8]), envelope=CPU)
+    wl = Workload(prompt_tokens=16, output_tokens=40)
+    cal = ServedCalibration(points=(ServedPoint(k=1, batch=6, ms=9.0, se_ms=0.2, rounds=4),))
+    priced = cost.served((0.6,), wl)
+    served = cost.served((0.6,), wl, cal)
+    assert served.ms[1, 5] == pytest.approx(9.0)
+    assert served.offset_ms is not None and served.offset_ms[1, 5] == pytest.approx(9.0 - priced.ms[1, 5])
+    assert served.calibration is cal and priced.calibration is None
+    assert ServedCalibration.from_dict(cal.to_dict()) == cal
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(k=-1), "k = -1"), (dict(ms=0.0), "ms = 0.0"), (dict(rounds=1), "at least 2"),
+    (dict(se_ms=float("nan")), "se_ms"), (dict(batch=0.5), "batch = 0.5"),
+])
+def test_served_point_names_the_bad_value(bad, match):
+    with pytest.raises(InvalidValueError, match=match):
+        ServedPoint(**{**dict(k=1, batch=4.0, ms=10.0, se_ms=0.1, rounds=3), **bad})
+
+
+def test_calibration_rejects_a_k_the_model_does_not_price_and_duplicates():
+    p = ServedPoint(k=3, batch=4, ms=10.0, se_ms=0.1, rounds=2)
+    with pytest.raises(InvalidValueError, match="k = \\[3\\]"):
+        ServedCalibration(points=(p,)).offsets(np.ones((2, 8)), np.zeros((2, 8)), (0, 1))
+    with pytest.raises(InvalidValueError, match="two points"):
+        ServedCalibration(points=(p, p))
+    with pytest.raises(InvalidValueError, match="at least one point"):
+        ServedCalibration(points=())

@@ -91,8 +91,29 @@ def test_a_window_of_a_slow_engine_waits_for_min_steps_up_to_its_limit():
     assert w.steps == 3  # the limit is reached: the window keeps what it has
 
 
-def test_rotation_and_paired_ratio():
-    assert served.rotated(["a", "b", "c"], 1) == ["b", "c", "a"]
+def test_round_orders_are_balanced_for_position_and_predecessor():
+    # Worked example, 4 policies: 0, 1, 3, 2 shifted by the round.
+    assert served.rotated(["a", "b", "c", "d"], 0) == ["a", "b", "d", "c"]
+    assert served.rotated(["a", "b", "c", "d"], 1) == ["b", "c", "a", "d"]
+    assert served.rotated(["a", "b", "c"], 3) == ["c", "b", "a"]  # odd n: the second n rounds run backwards
+    assert served.rotated(["a"], 5) == ["a"] and served.rotated([], 2) == []
+    for n in range(2, 9):
+        names = list(range(n))
+        period = n if n % 2 == 0 else 2 * n
+        rounds = [served.rotated(names, r) for r in range(period)]
+        assert all(sorted(o) == names for o in rounds)
+        for pos in range(n):  # each policy in each position equally often
+            assert sorted(o[pos] for o in rounds) == sorted(names * (period // n))
+        follows = {}
+        for o in rounds:
+            for a, b in zip(o, o[1:]):
+                follows[(a, b)] = follows.get((a, b), 0) + 1
+        # every ordered pair once (even n) or twice (odd n): no policy always follows the same one
+        assert set(follows.values()) == {period // n} and len(follows) == n * (n - 1)
+        assert served.rotated(names, period + 1) == served.rotated(names, 1)
+
+
+def test_paired_ratio():
     ws = [Window("a", 1, r, kept, 1.0, 10, 1.0, 0) for r, kept in ((0, 110), (1, 90))] + \
          [Window("b", 1, r, 100, 1.0, 10, 1.0, 0) for r in (0, 1)]
     ratio, se, n = paired_ratio(ws, "a", "b", 1)
@@ -375,3 +396,20 @@ def test_a_window_records_its_time_span_so_a_kept_step_log_can_be_cut_by_window(
     w = Window("fixed_k1", 8, 0, 100, 1.0, 10, 8.0, 0)
     assert (w.t_start, w.t_end) == (0.0, 0.0)  # windows judged before the span was recorded still load
     assert Window(**{**w.__dict__, "t_start": 5.0, "t_end": 9.0}).t_end == 9.0
+
+
+def test_served_points_are_wall_ms_per_step_of_fixed_k_paired_by_round():
+    policies = {"k1": [[1, 8, 1]], "k3": [[1, 8, 3]], "mixed": [[1, 4, 3], [5, 8, 1]]}
+    ws = [Window("k1", 6, r, 100, s, 100, 5.0 + r, 0) for r, s in ((0, 2.0), (1, 2.2), (2, 2.4))] + \
+         [Window("k3", 6, r, 100, s, 100, 5.0, 0) for r, s in ((0, 1.0), (1, 1.1))] + \
+         [Window("mixed", 6, r, 100, 1.0, 100, 5.0, 0) for r in (0, 1)] + \
+         [Window("k3", 6, 2, 100, 1.0, 100, 5.0, 9)]           # unverified (9 mismatched steps): left out
+    pts = {p.k: p for p in served.served_points(ws, policies)}
+    assert set(pts) == {1, 3}                                   # the two-range table is not a fixed k
+    assert pts[1].ms == pytest.approx(22.0) and pts[1].se_ms == pytest.approx(2.0 / 3 ** 0.5)
+    assert pts[1].batch == pytest.approx(6.0) and pts[1].rounds == 3 and pts[1].load == 6
+    assert dict(pts[3].per_round) == pytest.approx({"r0": 10.0, "r1": 11.0})
+    named = served.served_points(ws, policies, launch=lambda w: "A")
+    assert [key for key, _ in named[0].per_round] == ["Ar0", "Ar1", "Ar2"]
+    assert served.served_points(ws, policies, min_rounds=3)[0].k == 1 and len(served.served_points(ws, policies, min_rounds=3)) == 1
+    assert served.fixed_k_of([[1, 8, 2]]) == 2 and served.fixed_k_of([[2, 8, 2]]) is None

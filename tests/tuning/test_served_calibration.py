@@ -1,0 +1,60 @@
+"""Served calibration on the H200 MoE data (benchmarks/data/h200): the fixed-k windows the judges
+measured correct the served price, and the table follows what serving measured."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from tabletune_pipelines.core.stepcost import ServedCalibration, Workload
+from tabletune_pipelines.errors import InvalidValueError
+from tabletune_pipelines.evaluation.served import Window, fixed_k_of, served_points
+from tabletune_pipelines.formats.documents import StepTimeProfile
+from tabletune_pipelines.tuning.derive import DeriveOptions, derive_table
+from tests.tuning.test_h200_profiles import DATA, _prior
+
+WORKLOAD = Workload(prompt_tokens=32, output_tokens=80)
+JUDGES = ("moe-judge-session11.json", "moe-judge-session12.json", "moe-calibration-session12.json")
+
+
+def _profile() -> StepTimeProfile:
+    return StepTimeProfile.from_dict(json.loads((DATA / "moe-served.json").read_text())["profile"])
+
+
+def _calibration(names=JUDGES) -> ServedCalibration:
+    windows, launch = [], {}
+    for n, name in enumerate(names):
+        d = json.loads((DATA / name).read_text())
+        for w in d["windows"]:
+            k = fixed_k_of(d["policies"][w["policy"]])
+            if k is not None:
+                windows.append(dataclasses.replace(Window(**w), policy=f"k{k}"))
+                launch[id(windows[-1])] = str(n)
+    fixed = {f"k{k}": [[1, 128, k]] for k in (1, 2, 3)}
+    return ServedCalibration(points=tuple(served_points(windows, fixed, launch=lambda w: launch[id(w)])))
+
+
+def _k_at(table, b):
+    return next(k for s, e, k in table.as_vllm() if s <= b <= e)
+
+
+def test_served_measurements_move_load_96_to_the_k_serving_measured_best():
+    prior = _prior((0.7, 0.5, 0.3))
+    priced = derive_table(_profile(), prior, DeriveOptions(workload=WORKLOAD)).table
+    cal = _calibration()
+    assert {(p.k, p.load) for p in cal.points} == {(k, load) for k in (1, 2, 3) for load in (64, 96, 128)}
+    tuned = derive_table(_profile(), prior, DeriveOptions(workload=WORKLOAD, served_calibration=cal)).table
+    # The price alone runs k = 2 at B = 89..117: fixed k = 3 served 1.09-1.17x fixed k = 2 at load 96 (B ~ 92).
+    assert _k_at(priced, 92) == 2 and _k_at(tuned, 92) == 3
+    # At load 128 (B ~ 123) every launch measured k = 1 best; the calibrated table runs it there.
+    assert _k_at(tuned, 123) == 1 and _k_at(tuned, 128) == 1
+    prov = tuned.served_cost["calibration"]
+    assert len(prov["points"]) == 9 and set(prov["offset_ms"]) == {"0", "1", "2", "3"}
+
+
+def test_a_calibration_needs_a_workload():
+    prior = dataclasses.replace(_prior((0.7, 0.5, 0.3)), workload=None)
+    with pytest.raises(InvalidValueError, match="needs a workload"):
+        derive_table(_profile(), prior, DeriveOptions(served_calibration=_calibration(JUDGES[:1])))
