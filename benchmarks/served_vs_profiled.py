@@ -22,10 +22,12 @@ same launch:
    tokens/s = sum(b + a) / sum(dt) (every request keeps its token plus its accepted drafts).
    Predicted from the same window's steps with the setting's own profile and its step-cost model
    (``core.stepcost``: the decode surface plus the prefill fit of the profile's mixed steps), in
-   three ways (``MODES``): decode steps only, priced by the decode surface (what T(B, k) is defined
+   four ways (``MODES``): decode steps only, priced by the decode surface (what T(B, k) is defined
    on); every served step, priced by its own decode and prefill tokens (``StepCost.step_ms``); and
    every served step priced by the workload's expectation (``StepCost.served``: 32-token prompts,
-   the mean output length), which is what the tuner optimises. Kept tokens predicted:
+   the mean output length), which is what the tuner optimises; and that expectation corrected by a
+   served calibration from the fixed-k windows at every *other* load (``core.stepcost.ServedCalibration``,
+   leave one load out: does what serving measured at some loads carry to the others?). Kept tokens predicted:
    sum((b - new)·tau(k) + new) (an admitted request keeps its first token), or sum(b·tau(k)) under
    the expectation.
 
@@ -66,7 +68,28 @@ def window(server, k: int, load: int, seconds: float, settle: float) -> dict:
 #: How a window's steps are priced (``score``): the decode surface alone on decode steps (what T(B, k)
 #: is defined on); every served step by its own tokens (``StepCost.step_ms`` with the step's prefill);
 #: every served step by the workload's expectation (``StepCost.served``, what the tuner optimises).
-MODES = ("decode steps, decode surface", "every step, priced by its tokens", "every step, workload expectation")
+MODES = ("decode steps, decode surface", "every step, priced by its tokens", "every step, workload expectation",
+         "every step, expectation calibrated at the other loads")
+
+
+def calibrated_ms(windows: list[dict], setting: str, load: int, cost, rates, workload, M: int):
+    """The workload expectation corrected by a served calibration (``core.stepcost.ServedCalibration``)
+    from this setting's fixed-k windows at every load but ``load``: what the tuner would price ``load``
+    at had a served verification measured only the other loads (None: too few windows)."""
+    from tabletune_pipelines.core.stepcost import ServedCalibration
+    from tabletune_pipelines.evaluation.served import Window, served_points
+
+    ws = []
+    for w in windows:
+        steps = [s for s in w["steps"] if s[4] == w["k"]]
+        if w["setting"] != setting or w["load"] == load or not steps:
+            continue
+        ws.append(Window(f"k{w['k']}", w["load"], w["round"], sum(b + a for b, a, *_ in steps),
+                         sum(s[3] for s in steps) / 1000.0, len(steps), statistics.fmean(s[0] for s in steps), 0))
+    points = served_points(ws, {f"k{k}": [[1, M, k]] for k in cost.ks})
+    if not points:
+        return None
+    return cost.served(rates, workload, ServedCalibration(points=tuple(points))).ms
 
 
 def score(w: dict, cost, served_ms, taus, mode: str) -> dict | None:
@@ -85,7 +108,7 @@ def score(w: dict, cost, served_ms, taus, mode: str) -> dict | None:
     if mode == MODES[1]:
         prefill = [max(0, tok - (b - new) - d) if tok else 0 for b, _, new, _, _, tok, d in steps]
         pred_secs = float(sum(cost.step_ms(dec, k, prefill))) / 1000.0
-    elif mode == MODES[2]:
+    elif mode in (MODES[2], MODES[3]):
         pred_kept = sum(d * taus[k] for d in dec)  # arrivals are inside the expectation
         pred_secs = sum(served_ms[i, d - 1] for d in dec) / 1000.0
     else:
@@ -225,9 +248,14 @@ def main(argv: list[str] | None = None) -> int:
             best: dict[int, tuple[dict, dict]] = {}
             for load in loads:
                 meas_by_k, pred_by_k = {}, {}
+                served_ms = tt.step_ms_dense
+                if mode == MODES[3]:
+                    served_ms = calibrated_ms(windows, setting, load, tt.cost, rates, workload, M)
+                    if served_ms is None:
+                        continue
                 for k in ks:
                     ws = [w for w in windows if w["setting"] == setting and w["k"] == k and w["load"] == load]
-                    sc = [score(w, tt.cost, tt.step_ms_dense, taus, mode) for w in ws]
+                    sc = [score(w, tt.cost, served_ms, taus, mode) for w in ws]
                     sc = [s for s in sc if s]
                     if not sc:
                         continue

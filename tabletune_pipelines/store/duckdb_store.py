@@ -43,7 +43,7 @@ from tabletune_pipelines.formats.documents import (
     StepTimeProfile,
 )
 from tabletune_pipelines.core.goodput import validate_step_time
-from tabletune_pipelines.core.stepcost import StepSample
+from tabletune_pipelines.core.stepcost import ServedCalibration, StepSample
 from tabletune_pipelines.errors import (
     NotFoundError,
     StoreCorruptError,
@@ -134,6 +134,13 @@ CREATE TABLE IF NOT EXISTS draft_length_tables (
     table_json           VARCHAR NOT NULL,
     created_at           TIMESTAMP NOT NULL
 );
+-- Served wall time per step of fixed k from a served verification (core/stepcost.py, ServedCalibration):
+-- the next derive of the identity corrects its served price with the newest row.
+CREATE TABLE IF NOT EXISTS served_calibrations (
+    identity_key     VARCHAR NOT NULL,
+    measured_at      TIMESTAMP NOT NULL,
+    calibration_json VARCHAR NOT NULL
+);
 CREATE TABLE IF NOT EXISTS publications (
     deployment    VARCHAR NOT NULL,
     version       INTEGER NOT NULL,
@@ -177,7 +184,7 @@ def _quiet(conn: duckdb.DuckDBPyConnection) -> None:
 #: writing adds them (NULL in old rows); a read-only open of an older store reads NULL for them.
 #: Tables added after the first stores were written: a writing open creates them (``SCHEMA_SQL``), a
 #: read-only open of an older store finds them absent and reads nothing from them.
-MIGRATED_TABLES: frozenset[str] = frozenset({"step_samples"})
+MIGRATED_TABLES: frozenset[str] = frozenset({"step_samples", "served_calibrations"})
 MIGRATED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("step_time_cells", "stderr_ms", "DOUBLE"),
     ("publications", "identity_json", "VARCHAR"),
@@ -706,6 +713,27 @@ class TableTuneStore:
     def table_ids(self) -> list[str]:
         """Every stored table id, newest first."""
         return [r[0] for r in self.query("SELECT table_id FROM draft_length_tables ORDER BY created_at DESC, table_id")]
+
+    def write_served_calibration(self, identity_key: str, calibration: ServedCalibration) -> None:
+        """Keep a served verification's fixed-k measurements as the identity's newest calibration."""
+        with self._transaction() as conn:
+            conn.execute("INSERT INTO served_calibrations (identity_key, measured_at, calibration_json) VALUES (?, ?, ?)",
+                         [identity_key, _now(), json.dumps(calibration.to_dict())])
+
+    def latest_served_calibration(self, identity_key: str) -> ServedCalibration | None:
+        """The identity's newest served calibration (None: none yet, or an older store opened read-only)."""
+        if not self.query("SELECT 1 FROM duckdb_tables() WHERE database_name = current_database() AND "
+                          "schema_name = 'main' AND table_name = 'served_calibrations'"):
+            return None
+        rows = self.query("SELECT calibration_json FROM served_calibrations WHERE identity_key = ? "
+                          "ORDER BY measured_at DESC LIMIT 1", [identity_key])
+        if not rows:
+            return None
+        try:
+            return ServedCalibration.from_dict(json.loads(rows[0][0]))
+        except (TableTuneError, ValueError, TypeError) as exc:
+            raise StoredDataError(f"{self.path}: the stored served calibration of {identity_key!r} cannot be read: "
+                                  f"{exc} (run the served verification again to replace it)") from None
 
     def latest_table(self, identity_key: str) -> DraftLengthTable | None:
         """The table derived last for this identity, or None."""

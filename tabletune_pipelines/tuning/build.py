@@ -8,6 +8,8 @@ be derived it raises ``PipelineFailure`` saying what to materialize first.
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -61,6 +63,24 @@ class BuiltTable:
         return self.tuned.table
 
 
+def _served_calibration(store: Any, key: str, profile: Any, prior: Any, log: logging.Logger) -> Any:
+    """The identity's newest served calibration (kept by a served verification), restricted to the ks
+    the profile measured; None when there is none or the prior carries no workload to correct."""
+    cal = store.latest_served_calibration(key)
+    if cal is None:
+        return None
+    if prior.workload_model() is None:
+        log.info(f"a served calibration of {key} is stored but not used: prior {prior.prior_id} carries no workload, "
+                 "so the table is searched on decode steps")
+        return None
+    ks = {c.k for c in profile.cells if c.k is not None}
+    points = tuple(p for p in cal.points if p.k in ks)
+    if not points:
+        return None
+    log.info(f"served price corrected by {len(points)} served points ({cal.source})")
+    return dataclasses.replace(cal, points=points)
+
+
 def build_table(store: Any, key: str, settings: BuildSettings, *, allowed_ks: Iterable[int] | None = None,
                 log: logging.Logger) -> BuiltTable:
     """Derive, store and judge the table of engine identity ``key`` under ``settings``."""
@@ -80,10 +100,11 @@ def build_table(store: Any, key: str, settings: BuildSettings, *, allowed_ks: It
             f"no sane acceptance prior for {ident.model} / {ident.drafter} / {ident.method} at K = {ident.max_k}; "
             "materialize acceptance_prior for a week with logged prompts"
             + (f" (rejected: {'; '.join(skipped)})" if skipped else ""))
+    calibration = _served_calibration(store, key, profile, prior, log)
     try:
         options = DeriveOptions(allowed_ks=None if allowed_ks is None else tuple(allowed_ks),
                                 stickiness=settings.stickiness, policy=settings.search_policy,  # type: ignore[arg-type]
-                                confidence=settings.confidence)
+                                confidence=settings.confidence, served_calibration=calibration)
         tuned = derive_table(profile, prior, options)
     except (TableTuneError, ValueError) as exc:
         raise PipelineFailure(f"cannot derive a table for {key}: {exc}") from exc

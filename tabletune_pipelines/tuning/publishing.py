@@ -207,8 +207,29 @@ def _served_verification(store: Any, engine: Engine, table: DraftLengthTable, ke
         return _Served(Gate("served_goodput_verified", False,
                             f"the served verification could not run ({exc}); set EngineResource served_verification "
                             "{enabled: false} to publish without it", {"status": "error"}))
+    _keep_calibration(store, key, table, result, log)
     plot = served_goodput_plot(result, f"{key}\ntable {[list(r) for r in table.ranges]}")
     return _Served(served_gate(result), result.to_dict(), plot)
+
+
+def _keep_calibration(store: Any, key: str, table: DraftLengthTable, result: Any, log: logging.Logger) -> None:
+    """The verification's fixed-k windows, kept as the identity's served calibration: the next derive
+    prices served steps with what serving measured (``core.stepcost.ServedCalibration``). A pass or a
+    fail alike: both measured every fixed k."""
+    from tabletune_pipelines.core.stepcost import ServedCalibration
+    from tabletune_pipelines.evaluation.served import fixed_name, served_points
+
+    policies = {fixed_name(k): [[1, result.max_num_seqs, k]] for k in range(result.max_k + 1)}
+    points = served_points(result.windows, policies)
+    if not points:
+        log.info(f"served verification of {table.table_id}: too few rounds of fixed k for a served calibration")
+        return
+    cal = ServedCalibration(points=tuple(points), source=f"served verification of table {table.table_id} "
+                                                         f"({result.device or 'device?'}, acceptance "
+                                                         f"{result.acceptance or '?'})")
+    store.write_served_calibration(key, cal)
+    log.info(f"kept a served calibration of {key} ({len(points)} fixed-k points at loads "
+             f"{sorted({p.load for p in points})}): the next derive prices served steps with it")
 
 
 def _publish_one(store: Any, engine: Engine, table: DraftLengthTable, key: str, dep: Deployment, served: _Served,

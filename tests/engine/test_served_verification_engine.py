@@ -117,6 +117,10 @@ def test_failed_served_verification_keeps_the_previous_table(shared_server, tmp_
     assert not res.success
     assert dep.published_table.read_bytes() == before and dep.speculative_config_path.read_bytes() == before_spec
     assert [p["version"] for p in store.publications("local-cpu")] == [1]
+    # What serving measured is kept: every fixed k at both loads, from the real step log, for the next derive.
+    cal = store.latest_served_calibration(key)
+    assert cal is not None and {(p.k, p.load) for p in cal.points} == {(k, load) for k in range(4) for load in (4, 8)}
+    assert all(p.ms > 0 and p.rounds >= 2 and 1 <= p.batch <= p.load for p in cal.points)
     failure = [e for e in res.all_events if e.event_type_value == "STEP_FAILURE"][0]
     assert failure.step_key == "published_table"
     assert "local-cpu v1" in failure.step_failure_data.user_failure_data.description

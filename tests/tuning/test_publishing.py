@@ -75,7 +75,8 @@ def test_publish_verifies_publishes_and_then_leaves_an_unchanged_table_alone(tmp
     assert doc["version"] == 1 and doc["served_verification"]["passed"]
     assert (dep.published_table.parent / doc["served_verification"]["plot"]).read_bytes()[:4] == b"\x89PNG"
     assert doc["identity"]["model"] == "tiny:small" and doc["controller"]["export_path"] == str(dep.live_counters)
-    assert log.of("info") == [f"published {pub.table.table_id} to local-cpu as v1: {dep.published_table}"]
+    assert log.of("info")[-1] == f"published {pub.table.table_id} to local-cpu as v1: {dep.published_table}"
+    assert len(log.of("info")) == 2 and log.of("info")[0].startswith(f"kept a served calibration of {key} (12 ")
 
     again = publish(s, f, key, engine)
     assert [(t.version, t.unchanged) for t in again.targets] == [(1, True)] and again.published == ()
@@ -153,3 +154,28 @@ def test_rollback_republishes_the_previous_version_and_says_when_the_engine_move
     assert warning.startswith(f"local-cpu: v3 was made for engine {key}, not the one it runs now")
     with pytest.raises(PipelineFailure, match="cannot roll back nobody: "):
         rollback_table(s, lambda: f, "nobody", engine, log=Log())
+
+
+def test_a_verification_keeps_a_served_calibration_that_the_next_derive_uses(tmp_path):
+    import dataclasses
+
+    from tabletune_pipelines.core.stepcost import Workload
+
+    f, s, engine, key = setup(tmp_path)
+    log = Log()
+    pub = publish(s, f, key, engine, log=log)
+    cal = s.latest_served_calibration(key)
+    assert cal is not None and {p.k for p in cal.points} == {0, 1, 2, 3}
+    assert {p.load for p in cal.points} == {1, 8, 16} and len(cal.points) == 12  # every fixed k at every load
+    assert all(p.ms == pytest.approx(20.0) for p in cal.points)  # scripted windows: 100 steps in 2 s
+    assert any("kept a served calibration" in m for m in log.of("info"))
+    # The prior of setup carries no workload: the next derive says the calibration is not used.
+    log2 = Log()
+    build_table(s, key, SETTINGS, log=log2)
+    assert any("not used" in m for m in log2.of("info"))
+    # With a workload the next derive prices served steps with it, and the table says so.
+    s.write_acceptance_prior(dataclasses.replace(prior(), workload=Workload(24, 60, "logged").to_dict()), key)
+    log3 = Log()
+    built = build_table(s, key, SETTINGS, log=log3)
+    assert built.table.served_cost["calibration"]["source"].startswith("served verification of table")
+    assert any("served price corrected by" in m for m in log3.of("info"))
