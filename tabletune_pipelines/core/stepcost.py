@@ -24,6 +24,11 @@ is taken as Poisson with that mean, each bringing L_in prompt tokens (capped by 
 expectation over that distribution, so a step that crosses the ceiling with one arrival is priced
 at its real probability; goodput is B·τ(k) / E[T(B, k, P)] (``core.goodput``).
 
+What the price cannot see (stalls between steps, arrivals that bunch unlike Poisson) shows in the
+wall time per step that a closed loop measures for each fixed k. ``ServedCalibration`` takes those
+measurements and corrects the price with them (``StepCost.served(..., calibration=...)``): at a
+measured point the corrected price is the measurement, between points the price's shape carries it.
+
 Pure numpy, no I/O: the tuner, the controller and the simulator all price steps here.
 """
 
