@@ -25,7 +25,7 @@ figures (gzipped).
 
 ``--calibrate-first 'L:window_s:rounds'`` (judge): the fixed ks run first at those loads; with the
 fixed-k windows of ``--calibrate``'s earlier judges they correct the served price
-(``core.stepcost.ServedCalibration``), and the table derived from it is judged as ``served``.
+(``core.served_calibration.ServedCalibration``), and the table derived from it is judged as ``served``.
 ``rederive --calibrate A.json,B.json`` derives that table offline from judges' windows.
 
 ``steps``: from a judge's figures and kept step log, no engine: per policy and load, arrivals per step
@@ -139,7 +139,7 @@ def cmd_profile(args) -> int:
 
 def derive_both(prof: StepTimeProfile, calibration=None):
     """The decode-only table (what TableTune published before) and the served-priced one
-    (``calibration``: corrected by served measurements, ``core.stepcost.ServedCalibration``)."""
+    (``calibration``: corrected by served measurements, ``core.served_calibration.ServedCalibration``)."""
     from tabletune_pipelines.tuning.derive import DeriveOptions, derive_table
 
     return derive_table(prof, prior(workload=None)), derive_table(
@@ -149,7 +149,7 @@ def derive_both(prof: StepTimeProfile, calibration=None):
 def calibration_from_judges(paths: list[str]):
     """One ``ServedCalibration`` from judge JSONs: the fixed-k windows of every launch, pooled per k
     and load (launch-to-launch drift then counts as round-to-round spread only within a launch)."""
-    from tabletune_pipelines.core.stepcost import ServedCalibration
+    from tabletune_pipelines.core.served_calibration import ServedCalibration
     from tabletune_pipelines.evaluation.served import Window, fixed_k_of, served_points
 
     windows, fixed, launch = [], {}, {}
@@ -286,7 +286,7 @@ def cmd_judge(args) -> int:
 def calibrate_in_launch(srv, args, tables: dict, policies: dict, n: int, K: int, say, out: Path) -> list:
     """Served verification's repair inside the launch: the fixed ks at ``--calibrate-first`` loads
     (with the windows of ``--calibrate`` judges of earlier launches) correct the served price, and the
-    table derived from it is the one judged (``core.stepcost.ServedCalibration``)."""
+    table derived from it is the one judged (``core.served_calibration.ServedCalibration``)."""
     fixed = {p: t for p, t in policies.items() if p.startswith("fixed_k")}
     windows = []
     for i, g in enumerate(args.calibrate_first.split(";")):

@@ -26,7 +26,7 @@ same launch:
    on); every served step, priced by its own decode and prefill tokens (``StepCost.step_ms``); and
    every served step priced by the workload's expectation (``StepCost.served``: 32-token prompts,
    the mean output length), which is what the tuner optimises; and that expectation corrected by a
-   served calibration from the fixed-k windows at every *other* load (``core.stepcost.ServedCalibration``,
+   served calibration from the fixed-k windows at every *other* load (``core.served_calibration.ServedCalibration``,
    leave one load out: does what serving measured at some loads carry to the others?). Kept tokens predicted:
    sum((b - new)·tau(k) + new) (an admitted request keeps its first token), or sum(b·tau(k)) under
    the expectation.
@@ -73,10 +73,10 @@ MODES = ("decode steps, decode surface", "every step, priced by its tokens", "ev
 
 
 def calibrated_ms(windows: list[dict], setting: str, load: int, cost, rates, workload, M: int):
-    """The workload expectation corrected by a served calibration (``core.stepcost.ServedCalibration``)
+    """The workload expectation corrected by a served calibration (``core.served_calibration.ServedCalibration``)
     from this setting's fixed-k windows at every load but ``load``: what the tuner would price ``load``
     at had a served verification measured only the other loads (None: too few windows)."""
-    from tabletune_pipelines.core.stepcost import ServedCalibration
+    from tabletune_pipelines.core.served_calibration import ServedCalibration
     from tabletune_pipelines.evaluation.served import Window, served_points
 
     ws = []

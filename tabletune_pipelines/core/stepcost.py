@@ -25,9 +25,8 @@ expectation over that distribution, so a step that crosses the ceiling with one 
 at its real probability; goodput is B·τ(k) / E[T(B, k, P)] (``core.goodput``).
 
 What the price cannot see (stalls between steps, arrivals that bunch unlike Poisson) shows in the
-wall time per step that a closed loop measures for each fixed k. ``ServedCalibration`` takes those
-measurements and corrects the price with them (``StepCost.served(..., calibration=...)``): at a
-measured point the corrected price is the measurement, between points the price's shape carries it.
+wall time per step that a closed loop measures for each fixed k: ``StepCost.served(...,
+calibration=...)`` corrects the price with it (``core.served_calibration``).
 
 Pure numpy, no I/O: the tuner, the controller and the simulator all price steps here.
 """
@@ -43,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from tabletune_pipelines.core.goodput import tau_curve
+from tabletune_pipelines.core.served_calibration import ServedCalibration
 from tabletune_pipelines.errors import InvalidValueError
 from tabletune_pipelines.vocab import GRAPH_MODES
 
@@ -379,165 +379,8 @@ class ServedCost:
     cross_cov: np.ndarray | None = None
     """Covariance of ``ms`` between ks at each B, (K, K, N), zero diagonal: ks measured in the same
     rounds (None: independent)."""
-    calibration: "ServedCalibration | None" = None
+    calibration: ServedCalibration | None = None
     """The served measurements ``ms`` was corrected by (None: priced only)."""
-
-
-@dataclass(frozen=True)
-class ServedPoint:
-    """What serving measured for one fixed k at one load: the wall time per step, every step counted."""
-
-    k: int
-    """The draft length every step ran."""
-    batch: float
-    """Mean requests per step over the windows (arrivals included)."""
-    ms: float
-    """Mean wall milliseconds per step (window seconds / steps), averaged over rounds."""
-    se_ms: float
-    """Standard error of ``ms`` across rounds."""
-    rounds: int
-    """Windows (rounds) behind the figure."""
-    load: int = 0
-    """The closed loop's concurrency (0: not recorded); points of one load share their rounds."""
-    per_round: tuple[tuple[str, float], ...] = ()
-    """``(round key, ms)`` per window: the key names the launch and round, so that two ks measured
-    in the same rounds are compared paired (``ServedCalibration.offsets``)."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "per_round", tuple((str(key), float(v)) for key, v in self.per_round))
-        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 0:
-            raise InvalidValueError(f"served point: k = {self.k!r} must be an integer >= 0")
-        for name in ("batch", "ms", "se_ms"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise InvalidValueError(f"served point k = {self.k}: {name} = {v!r} must be a finite number >= 0")
-        if self.batch < 1 or self.ms <= 0:
-            raise InvalidValueError(f"served point k = {self.k}: batch = {self.batch!r} must be >= 1 and "
-                                    f"ms = {self.ms!r} > 0")
-        if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 2:
-            raise InvalidValueError(f"served point k = {self.k}: rounds = {self.rounds!r}; a standard error "
-                                    "across rounds needs at least 2")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"k": self.k, "batch": round(float(self.batch), 3), "ms": round(float(self.ms), 4),
-                "se_ms": round(float(self.se_ms), 4), "rounds": self.rounds, "load": self.load,
-                "per_round": [[key, round(v, 4)] for key, v in self.per_round]}
-
-
-def _paired_cov(a: ServedPoint, b: ServedPoint) -> float:
-    """Covariance of two points' means from the rounds they share (0 with fewer than 2)."""
-    ra, rb = dict(a.per_round), dict(b.per_round)
-    common = sorted(set(ra) & set(rb))
-    if len(common) < 2:
-        return 0.0
-    x = np.array([ra[c] for c in common])
-    y = np.array([rb[c] for c in common])
-    c = float(np.cov(x, y)[0, 1])  # per-window covariance; the means average len(ra) and len(rb) windows
-    return c * len(common) / (len(ra) * len(rb))
-
-
-@dataclass(frozen=True)
-class ServedCalibration:
-    """Served step times measured at a few loads, which correct the priced E[T(B, k, P)].
-
-    What the mixed-step fits cannot see (stalls between steps, requests finishing, arrivals that
-    bunch or spread unlike Poisson) shows in the wall time per step that serving measures. For
-    each k with points, the offset ``measured − priced`` at each point's batch size is linear in B
-    between points, flat above the highest and proportional to B below the lowest (what serving
-    adds comes with the requests admitted per step, B·τ(k)/L_out); its variance: ``offsets``. A k
-    with no point takes, at each B, the mean offset of the ks that have one, its variance
-    widened by their spread: it borrows what serving adds to every step, not a figure of its own.
-    """
-
-    points: tuple[ServedPoint, ...]
-    """Fixed-k measurements (``evaluation.served.served_points``)."""
-    source: str = ""
-    """Where the points come from, in words (shown in the table's provenance)."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "points", tuple(self.points))
-        if not self.points:
-            raise InvalidValueError("a served calibration needs at least one point")
-        seen = set()
-        for p in self.points:
-            key = (p.k, round(float(p.batch), 6))
-            if key in seen:
-                raise InvalidValueError(f"served calibration: two points for k = {p.k} at batch {p.batch:g}; "
-                                        "pool their rounds into one")
-            seen.add(key)
-
-    def offsets(self, priced_ms: np.ndarray, priced_var: np.ndarray,
-                ks: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(offset, variance of the corrected price, covariance between ks), the first two shaped
-        like ``priced_ms`` (len(ks), N) for B = 1..N, the last (len(ks), len(ks), N) with a zero
-        diagonal. At a point the corrected price is the measurement, so its variance is the point's
-        s.e.²; away from the points the price's own variance counts by how far it differs from its
-        value at the points (linear between them, flat beyond), which the measurement replaced.
-        Two ks measured in the same rounds at one load covary (the round's conditions are shared):
-        that covariance, interpolated the same way and bounded by the variances, lets a paired
-        comparison count as paired."""
-        priced = np.asarray(priced_ms, float)
-        pvar = np.asarray(priced_var, float)
-        unknown = sorted({p.k for p in self.points if p.k not in ks})
-        if unknown:
-            raise InvalidValueError(f"served calibration has points at k = {unknown}, which this cost model does "
-                                    f"not price (ks: {list(ks)})")
-        n = priced.shape[1]
-        b = np.arange(1, n + 1, dtype=float)
-        off = np.zeros(priced.shape)
-        var = pvar.copy()
-        have = np.zeros(len(ks), bool)
-        for i, k in enumerate(ks):
-            pts = sorted((p for p in self.points if p.k == k), key=lambda p: p.batch)
-            if not pts:
-                continue
-            have[i] = True
-            xb = np.array([min(float(p.batch), n) for p in pts])
-            o = np.array([p.ms - float(np.interp(x, b, priced[i])) for p, x in zip(pts, xb)])
-            at = np.array([float(np.interp(x, b, pvar[i])) for x in xb])
-            off[i] = np.interp(b, xb, o)
-            below = b < xb[0]  # what serving adds grows with the requests admitted per step, B·τ/L_out
-            off[i, below] = o[0] * b[below] / xb[0]
-            var[i] = np.interp(b, xb, [p.se_ms ** 2 for p in pts]) + np.abs(pvar[i] - np.interp(b, xb, at))
-        if have.any() and not have.all():
-            mean = off[have].mean(axis=0)
-            spread = off[have].var(axis=0)
-            extra = (var[have] - pvar[have]).mean(axis=0)
-            for i in np.flatnonzero(~have):
-                off[i] = mean
-                var[i] = pvar[i] + np.maximum(extra, 0.0) + spread
-        return off, var, self._cross(ks, b, var)
-
-    def _cross(self, ks: Sequence[int], b: np.ndarray, var: np.ndarray) -> np.ndarray:
-        n = len(b)
-        cross = np.zeros((len(ks), len(ks), n))
-        for i, ki in enumerate(ks):
-            for j, kj in enumerate(ks):
-                if j <= i:
-                    continue
-                pairs = sorted(((0.5 * (p.batch + q.batch), _paired_cov(p, q))
-                                for p in self.points if p.k == ki and p.load
-                                for q in self.points if q.k == kj and q.load == p.load), key=lambda t: t[0])
-                if not pairs:
-                    continue
-                c = np.interp(b, [min(x, n) for x, _ in pairs], [v for _, v in pairs])
-                c = np.clip(c, -np.sqrt(var[i] * var[j]), np.sqrt(var[i] * var[j]))
-                cross[i, j] = cross[j, i] = c
-        return cross
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"points": [p.to_dict() for p in self.points], "source": self.source}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "ServedCalibration":
-        try:
-            pts = tuple(ServedPoint(k=p["k"], batch=p["batch"], ms=p["ms"], se_ms=p["se_ms"], rounds=p["rounds"],
-                                    load=p.get("load", 0), per_round=tuple(tuple(x) for x in p.get("per_round", ())))
-                        for p in d["points"])
-        except (KeyError, TypeError) as e:
-            raise InvalidValueError(f"served calibration: malformed point ({e!r}); each needs k, batch, ms, "
-                                    "se_ms and rounds") from None
-        return cls(points=pts, source=str(d.get("source", "")))
 
 
 @dataclass(frozen=True)

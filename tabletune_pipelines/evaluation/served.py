@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from tabletune_pipelines.core.stepcost import ServedPoint
+from tabletune_pipelines.core.served_calibration import ServedPoint
 from tabletune_pipelines.core.table import expand_table
 from tabletune_pipelines.errors import InvalidValueError
 from tabletune_pipelines.options import options_from_mapping
@@ -368,7 +368,7 @@ def served_points(windows: Sequence[Window], policies: Mapping[str, Sequence[Seq
                   min_rounds: int = 2, launch: Callable[[Window], str] | None = None) -> list[ServedPoint]:
     """The wall time per step that serving measured for each fixed-k policy at each load: the mean
     over verified windows of ``1000·seconds / steps`` (every step counted, stalls included), its s.e.
-    across rounds, and the windows' mean batch. Input to ``core.stepcost.ServedCalibration``.
+    across rounds, and the windows' mean batch. Input to ``core.served_calibration.ServedCalibration``.
     ``launch`` names the launch a window came from (pooling several): a round is (launch, round)."""
     groups: dict[tuple[int, int], list[tuple[str, Window]]] = {}
     for w in windows:

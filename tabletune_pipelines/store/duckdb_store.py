@@ -43,7 +43,8 @@ from tabletune_pipelines.formats.documents import (
     StepTimeProfile,
 )
 from tabletune_pipelines.core.goodput import validate_step_time
-from tabletune_pipelines.core.stepcost import ServedCalibration, StepSample
+from tabletune_pipelines.core.served_calibration import ServedCalibration
+from tabletune_pipelines.core.stepcost import StepSample
 from tabletune_pipelines.errors import (
     NotFoundError,
     StoreCorruptError,

@@ -9,7 +9,6 @@ be derived it raises ``PipelineFailure`` saying what to materialize first.
 from __future__ import annotations
 
 import dataclasses
-
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass

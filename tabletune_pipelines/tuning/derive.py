@@ -37,8 +37,8 @@ from tabletune_pipelines.core.evidence import (
     search_with_evidence,
 )
 from tabletune_pipelines.core.goodput import tau_curve
+from tabletune_pipelines.core.served_calibration import ServedCalibration
 from tabletune_pipelines.core.stepcost import (
-    ServedCalibration,
     ServedCost,
     StepCost,
     Workload,
@@ -113,7 +113,7 @@ class DeriveOptions:
     """What the traffic brings per request; None: the prior's ``workload`` (None there too: decode steps only)."""
     served_calibration: ServedCalibration | None = None
     """Served wall time per step measured for fixed k at a few loads, which corrects the priced
-    E[T(B, k, P)] (``core.stepcost.ServedCalibration``); None: the price alone. Needs a workload."""
+    E[T(B, k, P)] (``core.served_calibration.ServedCalibration``); None: the price alone. Needs a workload."""
 
     def __post_init__(self) -> None:
         if self.allowed_ks is not None:

@@ -214,9 +214,9 @@ def _served_verification(store: Any, engine: Engine, table: DraftLengthTable, ke
 
 def _keep_calibration(store: Any, key: str, table: DraftLengthTable, result: Any, log: logging.Logger) -> None:
     """The verification's fixed-k windows, kept as the identity's served calibration: the next derive
-    prices served steps with what serving measured (``core.stepcost.ServedCalibration``). A pass or a
+    prices served steps with what serving measured (``core.served_calibration.ServedCalibration``). A pass or a
     fail alike: both measured every fixed k."""
-    from tabletune_pipelines.core.stepcost import ServedCalibration
+    from tabletune_pipelines.core.served_calibration import ServedCalibration
     from tabletune_pipelines.evaluation.served import fixed_name, served_points
 
     policies = {fixed_name(k): [[1, result.max_num_seqs, k]] for k in range(result.max_k + 1)}

@@ -12,8 +12,6 @@ from hypothesis import strategies as st
 from tabletune_pipelines.core.stepcost import (
     GraphEnvelope,
     PrefillFit,
-    ServedCalibration,
-    ServedPoint,
     StepCost,
     StepSample,
     Workload,
@@ -21,6 +19,7 @@ from tabletune_pipelines.core.stepcost import (
     samples_from_step_log,
     unmeasured_cells,
 )
+from tabletune_pipelines.core.served_calibration import ServedCalibration, ServedPoint
 from tabletune_pipelines.errors import InvalidValueError
 
 H200 = GraphEnvelope("full_and_piecewise", capture_ceiling=512, max_num_batched_tokens=8192)

@@ -8,7 +8,7 @@ import re
 import duckdb
 import pytest
 
-from tabletune_pipelines.core.stepcost import ServedCalibration, ServedPoint
+from tabletune_pipelines.core.served_calibration import ServedCalibration, ServedPoint
 from tabletune_pipelines.errors import StoredDataError
 from tabletune_pipelines.store import TableTuneStore
 from tabletune_pipelines.store.duckdb_store import SCHEMA_SQL

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from tabletune_pipelines.core.stepcost import ServedCalibration, Workload
+from tabletune_pipelines.core.served_calibration import ServedCalibration
+from tabletune_pipelines.core.stepcost import Workload
 from tabletune_pipelines.errors import InvalidValueError
 from tabletune_pipelines.evaluation.served import Window, fixed_k_of, served_points
 from tabletune_pipelines.formats.documents import StepTimeProfile
