@@ -7,9 +7,9 @@ in ONE launch (the flap bound: docs/controller.md, "Flapping").
 One launch of the small tiny target + 1-layer draft (``draft_model``, K = 3, launch table listing
 every k, max_num_seqs 16) with the production controller plugin. First, in the same launch, T(B, k)
 at B = ``--load`` for k = 1, 2, 3 (observe mode, the controller's own mean of clean steps). Then the
-synthetic acceptance is set to a **near tie** between k = 1 and k = 2 at that batch size
-(a_1 = 0.6, raised up to 0.95 where T2/T1 needs it; a_2 chosen so that the goodputs are equal; a_3 = 0.01;
-the printed G2/G1 says how near the tie is): the case where noise decides
+synthetic acceptance is set to a **near tie** between k = 1 and k = 2 at that batch size, or between
+k = 2 and k = 3 where T2/T1 is too large for any rates <= 0.95 to tie k = 1 and 2 (``near_tie_rates``;
+the start table runs the pair's lower k; the printed G_{j+1}/G_j says how near the tie is): the case where noise decides
 and a controller flaps if it can. The published profile is that measurement shaped over B
 (``T(B) = T(L)·(0.5 + 0.5·B/L)``), step-time correction on (the defaults).
 
@@ -43,6 +43,30 @@ POLICIES = {
     "point estimates": {"flap_backoff_rebuilds": 0, "evidence_confidence": 0.5},
     "point estimates + backoff": {"evidence_confidence": 0.5},
 }
+
+
+def near_tie_rates(t_at: dict[int, float]) -> tuple[tuple[float, float, float], int, float]:
+    """Synthetic rates (non-increasing, at most 0.95) that make k = j and j + 1 tie at the measured
+    T(L, k), for the pair j = 1 or 2 whose tie is reachable (G_{j+1}/G_j nearest 1): tau(k) = 1 + a_1 +
+    ... + a_k, so G_j = G_{j+1} when a_{j+1} = tau(j)·(T_{j+1}/T_j − 1). The rates below the pair start
+    at 0.6 and rise (to 0.95) until a_{j+1} fits under them; the rate above the pair is 0.01.
+    Returns (rates, j, G_{j+1}/G_j)."""
+    best = None
+    for j in (1, 2):
+        r = t_at[j + 1] / t_at[j]
+        for base in [0.6 + 0.05 * i for i in range(8)]:
+            lower = (base,) * j
+            nxt = min(base, max(0.0, (1.0 + sum(lower)) * (r - 1.0)))
+            rates = (*lower, nxt, 0.01)[:3]
+            tau = [1.0 + sum(rates[:k]) for k in range(4)]
+            tie = tau[j + 1] / tau[j] / r
+            if best is None or abs(tie - 1.0) < abs(best[2] - 1.0) - 1e-9:
+                best = (tuple(min(a, rates[i - 1]) if i else a for i, a in enumerate(rates)), j, tie)
+            if abs(tie - 1.0) < 1e-6:
+                break
+        if best is not None and abs(best[2] - 1.0) < 1e-6:
+            break
+    return best  # type: ignore[return-value]
 
 
 def main() -> int:
@@ -82,22 +106,17 @@ def main() -> int:
             if not at:
                 raise SystemExit(f"no clean steps at k = {k}: {cells}")
             t_at[k] = float(at[0][1])
-        # tau(k) = 1 + a_1 + ... + a_k, so G1 = G2 at B = L when a_2 = (1 + a_1)(T2/T1 - 1). The rates must
-        # not increase (a_2 <= a_1): where T2/T1 is large, a_1 rises from 0.6 until the tie is reachable.
-        r = t_at[2] / t_at[1]
-        a1 = min(0.95, max(0.6, (r - 1.0) / (2.0 - r) if r < 2.0 else 1.0))
-        a2 = min(a1, max(0.0, (1 + a1) * (r - 1.0)))
-        rates = (a1, a2, min(a2, 0.01))
-        tie = (1 + a1 + a2) / (1 + a1) / r
+        rates, j, tie = near_tie_rates(t_at)
         profile = {k: {b: t_at.get(k, t_at[1]) * (0.5 + 0.5 * b / L) for b in range(1, n + 1)} for k in (0, *ks)}
         srv.set_synthetic_rates(rates)
         print(f"T(B = {L}) = " + ", ".join(f"k{k} {t_at[k]:.2f} ms" for k in ks) + f"; near-tie rates "
-              f"({a1:.3f}, {a2:.3f}, {rates[2]:.3f}): G2/G1 = {tie:.3f} at B = {L}"
-              + ("" if abs(tie - 1.0) < 0.01 else " (NOT a tie: T2/T1 too large for rates <= 0.95)"), flush=True)
+              f"({', '.join(f'{a:.3f}' for a in rates)}) between k = {j} and {j + 1}: G{j + 1}/G{j} = {tie:.3f} at "
+              f"B = {L}" + ("" if abs(tie - 1.0) < 0.01 else " (NOT a tie: no pair of k can tie with rates <= 0.95)"),
+              flush=True)
         for r in range(args.rounds):
             order = names[r % len(names):] + names[:r % len(names)]
             for name in order:
-                rig.publish(ranges=[(1, n, 1)], rates=rates, profile=profile, allowed_k=list(ks),
+                rig.publish(ranges=[(1, n, j)], rates=rates, profile=profile, allowed_k=list(ks),
                             controller=dict(POLICIES[name]))
                 t1 = time.monotonic()
                 ws, gen = rig.serve(L, args.minutes * 60.0, 3.0, max_tokens=(96, 160))
