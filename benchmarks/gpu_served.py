@@ -28,6 +28,9 @@ fixed-k windows of ``--calibrate``'s earlier judges they correct the served pric
 (``core.served_calibration.ServedCalibration``), and the table derived from it is judged as ``served``.
 ``rederive --calibrate A.json,B.json`` derives that table offline from judges' windows.
 
+``--control-ks 3`` (judge): an A/A control, a second copy of fixed k = 3 measured as its own policy
+(``control_k3``); its paired ratio to ``fixed_k3`` is the noise and carry-over between identical policies.
+
 ``steps``: from a judge's figures and kept step log, no engine: per policy and load, arrivals per step
 (mean and variance / mean, which the served pricing takes as Poisson), the fraction of steps above the
 capture ceiling against what Poisson arrivals with the same mean give, and the step time above and
@@ -230,6 +233,8 @@ def cmd_judge(args) -> int:
     policies["docs"] = [[s, min(e, n), k] for s, e, k in DOCS if s <= n]
     policies["decode_only"] = tables["decode_only"]
     policies["served"] = tables["served"]
+    for k in args.control_ks:  # A/A: a second copy of fixed k, measured as its own policy (carry-over and noise)
+        policies[f"control_k{k}"] = [[1, n, k]]
     for name in ("decode_only",):  # a table equal to a fixed k's is that policy: measured once, not twice
         same = [p for p in policies if p.startswith("fixed_k") and policies[p] == policies[name]]
         if same:
@@ -277,6 +282,10 @@ def cmd_judge(args) -> int:
         rd, sed, _ = paired_ratio(windows, "served", "docs", load)
         verdict[load] = {"best": best, "ratio": r, "se": se, "rounds": m, "vs_docs": rd, "vs_docs_se": sed}
         say(f"    L{load}: vs {best} {r:.3f}±{se:.3f} ({m} rounds); vs docs {rd:.3f}±{sed:.3f}")
+        for k in args.control_ks:
+            ra, sea, ma = paired_ratio(windows, f"control_k{k}", f"fixed_k{k}", load)
+            verdict[load][f"control_k{k}"] = {"ratio": ra, "se": sea, "rounds": ma}
+            say(f"    L{load}: A/A control_k{k} vs fixed_k{k} {ra:.3f}±{sea:.3f} ({ma} rounds): identical policies")
     (out / f"{args.engine}-judge.json").write_text(json.dumps({
         "windows": [w.__dict__ for w in windows], "policies": policies, "loss": losses, "verdict": verdict,
         "summary": {f"{p}@{l}": s.__dict__ for (p, l), s in summary.items()}}, indent=1, default=float))
@@ -386,6 +395,8 @@ def main(argv=None) -> int:
     ap.add_argument("--first-warmup-s", type=float, default=3.0,
                     help="judge: load before the first group's first window (the MoE compiles kernels at a new size)")
     ap.add_argument("--fixed-ks", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 3])
+    ap.add_argument("--control-ks", type=lambda s: [int(x) for x in s.split(",") if x], default=[],
+                    help="judge: an A/A control per k, a second copy of fixed k measured as its own policy")
     ap.add_argument("--step-log", help="steps: the judge's kept step log (<engine>-judge.steps.jsonl.gz)")
     ap.add_argument("--ceiling", type=int, default=512, help="steps: the capture ceiling in tokens")
     ap.add_argument("--prompt-tokens", type=int, default=32, help="steps: the closed loop's prompt length")
