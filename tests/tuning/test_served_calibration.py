@@ -59,3 +59,24 @@ def test_a_calibration_needs_a_workload():
     prior = dataclasses.replace(_prior((0.7, 0.5, 0.3)), workload=None)
     with pytest.raises(InvalidValueError, match="needs a workload"):
         derive_table(_profile(), prior, DeriveOptions(served_calibration=_calibration(JUDGES[:1])))
+
+
+ALL = (*JUDGES, "moe-judge-calibrated-session12.json", "moe-judge-session13-L96.json", "moe-judge-session13-L128.json")
+
+
+def test_within_the_noise_the_table_keeps_its_neighbour_k_until_a_launch_resolves_it():
+    """Four launches leave k = 1 and 2 within the noise at B = 107..128, so the evidence rule keeps
+    k = 2 there (no boundary it cannot support); judged at load 128 under the balanced order, that
+    table served 0.899 ± 0.026 of fixed k = 1 (session 13, ten rounds). With that launch's fixed-k
+    windows added, k = 1 is supported from B = 119 on; load 96 stays on k = 3."""
+    prior = _prior((0.7, 0.5, 0.3))
+    four = derive_table(_profile(), prior, DeriveOptions(workload=WORKLOAD, served_calibration=_calibration(ALL[:4])))
+    six = _calibration(ALL)
+    tuned = derive_table(_profile(), prior, DeriveOptions(workload=WORKLOAD, served_calibration=six))
+    assert _k_at(four.table, 92) == 3 and _k_at(four.table, 123) == 2
+    assert {1, 2} <= set(four.evidence.summary()["within_noise"]["123"])
+    assert _k_at(tuned.table, 92) == 3 and _k_at(tuned.table, 123) == 1 and _k_at(tuned.table, 128) == 1
+    # Ten more rounds at load 128 narrowed the k = 1 and k = 2 points there.
+    se = {(p.k, p.load): p.se_ms for p in six.points}
+    se4 = {(p.k, p.load): p.se_ms for p in _calibration(ALL[:4]).points}
+    assert se[(2, 128)] < se4[(2, 128)]
