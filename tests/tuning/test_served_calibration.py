@@ -76,7 +76,7 @@ def test_within_the_noise_the_table_keeps_its_neighbour_k_until_a_launch_resolve
     assert _k_at(four.table, 92) == 3 and _k_at(four.table, 123) == 2
     assert {1, 2} <= set(four.evidence.summary()["within_noise"]["123"])
     assert _k_at(tuned.table, 92) == 3 and _k_at(tuned.table, 123) == 1 and _k_at(tuned.table, 128) == 1
-    # Ten more rounds at load 128 narrowed the k = 1 and k = 2 points there.
+    # Ten more rounds at load 128 narrowed the k = 2 point there (the one that was wide).
     se = {(p.k, p.load): p.se_ms for p in six.points}
     se4 = {(p.k, p.load): p.se_ms for p in _calibration(ALL[:4]).points}
     assert se[(2, 128)] < se4[(2, 128)]
