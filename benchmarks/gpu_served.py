@@ -96,7 +96,6 @@ def cmd_profile(args) -> int:
     from tabletune_pipelines.engine import VLLMServer
     from tabletune_pipelines.engine.plan import ProfileOptions, ProfilePlan
     from tabletune_pipelines.engine.profiler import ProfileHooks, ProfileServers, profile_step_times
-    from tabletune_pipelines.tuning.derive import derive_table
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -150,26 +149,10 @@ def derive_both(prof: StepTimeProfile, calibration=None):
 
 
 def calibration_from_judges(paths: list[str]):
-    """One ``ServedCalibration`` from judge JSONs: the fixed-k windows of every launch, pooled per k
-    and load (launch-to-launch drift then counts as round-to-round spread only within a launch)."""
-    from tabletune_pipelines.core.served_calibration import ServedCalibration
-    from tabletune_pipelines.evaluation.served import Window, fixed_k_of, served_points
+    """One ``ServedCalibration`` from judge JSONs (``evaluation.served.calibration_from_judges``)."""
+    from tabletune_pipelines.evaluation.served import calibration_from_judges as pooled
 
-    windows, fixed, launch = [], {}, {}
-    for n, path in enumerate(paths):
-        d = json.loads(Path(path).read_text())
-        for name, table in d["policies"].items():
-            k = fixed_k_of(table)
-            if k is not None:
-                fixed[f"fixed_k{k}"] = table
-        for w in d["windows"]:
-            k = fixed_k_of(d["policies"][w["policy"]])
-            if k is not None:
-                windows.append(dataclasses.replace(Window(**w), policy=f"fixed_k{k}"))
-                launch[id(windows[-1])] = f"L{n}"
-    points = served_points(windows, fixed, launch=lambda w: launch[id(w)])
-    return ServedCalibration(points=tuple(points), source="served wall time per step of fixed k, closed loop: "
-                             + ", ".join(Path(p).name for p in paths))
+    return pooled([(Path(p).name, json.loads(Path(p).read_text())) for p in paths])
 
 
 def report(args, prof, decode_only, served, seconds, out: Path) -> None:

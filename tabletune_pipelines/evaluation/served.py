@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from tabletune_pipelines.core.served_calibration import ServedPoint
+from tabletune_pipelines.core.served_calibration import ServedCalibration, ServedPoint
 from tabletune_pipelines.core.table import expand_table
 from tabletune_pipelines.errors import InvalidValueError
 from tabletune_pipelines.options import options_from_mapping
@@ -390,6 +390,29 @@ def served_points(windows: Sequence[Window], policies: Mapping[str, Sequence[Seq
                                rounds=len(vals), load=load,
                                per_round=tuple((key, statistics.fmean(v)) for key, v in sorted(per.items()))))
     return out
+
+
+def calibration_from_judges(judges: Sequence[tuple[str, Mapping[str, Any]]]) -> ServedCalibration:
+    """One ``ServedCalibration`` from judged launches, ``(name, document)`` each with the document's
+    ``policies`` and ``windows`` (``benchmarks/gpu_served.py judge``): the fixed-k windows of every
+    launch, pooled per k and load, a round being (launch, round) (launch-to-launch drift then counts
+    as round-to-round spread only within a launch)."""
+    windows: list[Window] = []
+    fixed: dict[str, Sequence[Sequence[int]]] = {}
+    launch: dict[int, str] = {}
+    for n, (_, doc) in enumerate(judges):
+        for table in doc["policies"].values():
+            k = fixed_k_of(table)
+            if k is not None:
+                fixed[f"fixed_k{k}"] = table
+        for w in doc["windows"]:
+            k = fixed_k_of(doc["policies"][w["policy"]])
+            if k is not None:
+                windows.append(dataclasses.replace(Window(**w), policy=f"fixed_k{k}"))
+                launch[id(windows[-1])] = f"L{n}"
+    points = served_points(windows, fixed, launch=lambda w: launch[id(w)])
+    return ServedCalibration(points=tuple(points), source="served wall time per step of fixed k, closed loop: "
+                             + ", ".join(name for name, _ in judges))
 
 
 def _by_round(windows: Sequence[Window], load: int) -> dict[str, dict[int, float]]:

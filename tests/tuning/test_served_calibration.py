@@ -11,7 +11,7 @@ import pytest
 from tabletune_pipelines.core.served_calibration import ServedCalibration
 from tabletune_pipelines.core.stepcost import Workload
 from tabletune_pipelines.errors import InvalidValueError
-from tabletune_pipelines.evaluation.served import Window, fixed_k_of, served_points
+from tabletune_pipelines.evaluation.served import calibration_from_judges
 from tabletune_pipelines.formats.documents import StepTimeProfile
 from tabletune_pipelines.tuning.derive import DeriveOptions, derive_table
 from tests.tuning.test_h200_profiles import DATA, _prior
@@ -25,16 +25,7 @@ def _profile() -> StepTimeProfile:
 
 
 def _calibration(names=JUDGES) -> ServedCalibration:
-    windows, launch = [], {}
-    for n, name in enumerate(names):
-        d = json.loads((DATA / name).read_text())
-        for w in d["windows"]:
-            k = fixed_k_of(d["policies"][w["policy"]])
-            if k is not None:
-                windows.append(dataclasses.replace(Window(**w), policy=f"k{k}"))
-                launch[id(windows[-1])] = str(n)
-    fixed = {f"k{k}": [[1, 128, k]] for k in (1, 2, 3)}
-    return ServedCalibration(points=tuple(served_points(windows, fixed, launch=lambda w: launch[id(w)])))
+    return calibration_from_judges([(name, json.loads((DATA / name).read_text())) for name in names])
 
 
 def _k_at(table, b):
