@@ -47,6 +47,7 @@ import time
 from pathlib import Path
 
 from tabletune_pipelines.core.stepcost import Workload
+from tabletune_pipelines.core.table import expand_table
 from tabletune_pipelines.formats.documents import AcceptancePrior, StepTimeProfile
 from tabletune_pipelines.evaluation.served import loss_table, paired_ratio, run_closed_loop, summarize
 
@@ -239,9 +240,15 @@ def cmd_judge(args) -> int:
             policies["served"] = calibrate_in_launch(srv, args, tables, policies, n, K, say, out)
         for i, (loads, window) in enumerate(groups):
             loads = [min(load, n) for load in loads]
-            windows += run_closed_loop(srv, policies, loads, vocab_size=151000 if not args.cpu_smoke else 2000,
-                                       max_num_seqs=n, max_k=K, rounds=args.rounds, window_s=window, progress=say,
-                                       warmup_s=args.first_warmup_s if i == 0 and not args.calibrate_first else 3.0)
+            here, alias = policies_at(policies, max(loads), n, K)
+            for name, same in alias.items():
+                say(f"[judge] loads {loads}: {name} runs the same k as {same} at every B <= {max(loads)}: "
+                    f"measured once, its windows are {same}'s")
+            got = run_closed_loop(srv, here, loads, vocab_size=151000 if not args.cpu_smoke else 2000,
+                                  max_num_seqs=n, max_k=K, rounds=args.rounds, window_s=window, progress=say,
+                                  warmup_s=args.first_warmup_s if i == 0 and not args.calibrate_first else 3.0)
+            windows += got + [dataclasses.replace(w, policy=name) for name, same in alias.items()
+                              for w in got if w.policy == same]
             (out / f"{args.engine}-judge.json").write_text(json.dumps({"windows": [w.__dict__ for w in windows],
                                                                           "policies": policies}, default=float))
             keep_step_log(srv, out / f"{args.engine}-judge.steps.jsonl.gz")  # after each group: a timeout keeps it
@@ -273,6 +280,15 @@ def cmd_judge(args) -> int:
         "windows": [w.__dict__ for w in windows], "policies": policies, "loss": losses, "verdict": verdict,
         "summary": {f"{p}@{l}": s.__dict__ for (p, l), s in summary.items()}}, indent=1, default=float))
     return 0
+
+
+def policies_at(policies: dict, load: int, n: int, K: int) -> tuple[dict, dict]:
+    """The policies a closed loop of ``load`` clients tells apart: it never runs more than ``load``
+    requests, so the docs' table, where it runs the served table's k at every B <= load, is that
+    policy there (measured once; its windows are the served table's). Returns (measured, alias -> same)."""
+    upto = {p: expand_table(t, n, K)[:load] for p, t in policies.items()}
+    alias = {p: "served" for p in ("docs",) if p in policies and "served" in policies and upto[p] == upto["served"]}
+    return {p: t for p, t in policies.items() if p not in alias}, alias
 
 
 def calibrate_in_launch(srv, args, tables: dict, policies: dict, n: int, K: int, say, out: Path) -> list:
