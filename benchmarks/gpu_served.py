@@ -31,6 +31,11 @@ fixed-k windows of ``--calibrate``'s earlier judges they correct the served pric
 ``--control-ks 3`` (judge): an A/A control, a second copy of fixed k = 3 measured as its own policy
 (``control_k3``); its paired ratio to ``fixed_k3`` is the noise and carry-over between identical policies.
 
+``envelopes --envelopes 'ceiling 512=A.json;ceiling 1024=B.json'``: raise the ceiling or lower k, from
+judge launches one per envelope (``evaluation.served.compare_envelopes``): per load, the best fixed k of
+each and the best against the default's (the first), unpaired, with the default's k measured in both
+launches as the drift check.
+
 ``steps``: from a judge's figures and kept step log, no engine: per policy and load, arrivals per step
 (mean and variance / mean, which the served pricing takes as Poisson), the fraction of steps above the
 capture ceiling against what Poisson arrivals with the same mean give, and the step time above and
@@ -179,11 +184,14 @@ def report(args, prof, decode_only, served, seconds, out: Path) -> None:
 
 def cmd_rederive(args) -> int:
     """Derive again from a profile phase's output; ``--attribute`` first applies
-    ``core.stepcost.attribute_mixed_steps`` to raw samples (the first dense run logged raw ones)."""
+    ``core.stepcost.attribute_mixed_steps`` to raw samples (the first dense run logged raw ones);
+    ``--capture-size`` prices the same samples in another envelope (a raised ceiling)."""
     from tabletune_pipelines.core.stepcost import attribute_mixed_steps
 
     d = json.loads(Path(args.tables).read_text())
     prof = StepTimeProfile.from_dict(d["profile"])
+    if args.capture_size:  # the envelope of a second launch (the mixed-step samples stay those measured)
+        prof = dataclasses.replace(prof, identity=dataclasses.replace(prof.identity, capture_ceiling=args.capture_size))
     if args.attribute:
         by: dict = {}
         for s in prof.samples:
@@ -373,9 +381,27 @@ def keep_step_log(srv, dest: Path) -> None:
     print(f"[judge] step log kept: {dest} ({dest.stat().st_size} bytes)", flush=True)
 
 
+def cmd_envelopes(args) -> int:
+    """Raise the ceiling or lower k: the best fixed k of each envelope's judge launch, per load, against
+    the default envelope's (``evaluation.served.compare_envelopes``; the first label is the default)."""
+    from tabletune_pipelines.evaluation.served import compare_envelopes
+
+    if not args.envelopes:
+        raise SystemExit("envelopes needs --envelopes 'label=judge.json;label=judge.json' (the default first)")
+    launches = []
+    for part in args.envelopes.split(";"):
+        label, _, path = part.partition("=")
+        if not path:
+            raise SystemExit(f"--envelopes: {part!r} is not 'label=judge.json'")
+        launches.append((label.strip(), json.loads(Path(path.strip()).read_text())))
+    for answer in compare_envelopes(launches, default=launches[0][0]):
+        print(answer.sentence(launches[0][0]))
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("phase", choices=["profile", "judge", "rederive", "steps"])
+    ap.add_argument("phase", choices=["profile", "judge", "rederive", "steps", "envelopes"])
     ap.add_argument("--attribute", action="store_true", help="rederive: attribute raw mixed-step samples first")
     ap.add_argument("--calibrate", default=None,
                     help="rederive, judge: judge JSONs (comma-separated) whose fixed-k windows correct the served price")
@@ -399,15 +425,18 @@ def main(argv=None) -> int:
     ap.add_argument("--step-log", help="steps: the judge's kept step log (<engine>-judge.steps.jsonl.gz)")
     ap.add_argument("--ceiling", type=int, default=512, help="steps: the capture ceiling in tokens")
     ap.add_argument("--prompt-tokens", type=int, default=32, help="steps: the closed loop's prompt length")
+    ap.add_argument("--envelopes", default=None,
+                    help="envelopes: 'label=judge.json;label=judge.json', one judge launch per envelope, the default first")
     ap.add_argument("--out", default=None, help="profile, judge, rederive: where the figures go")
     ap.add_argument("--work-dir", default="/tmp/tt-served")
     ap.add_argument("--cpu-smoke", action="store_true", help="run on vLLM's CPU build (tiny models; figures mean nothing)")
     args = ap.parse_args(argv)
     if args.cpu_smoke:
         args.prefill = "16,64,200"
-    if args.phase != "steps" and not args.out:
+    if args.phase not in ("steps", "envelopes") and not args.out:
         ap.error(f"{args.phase} needs --out")
-    return {"profile": cmd_profile, "judge": cmd_judge, "rederive": cmd_rederive, "steps": cmd_steps}[args.phase](args)
+    return {"profile": cmd_profile, "judge": cmd_judge, "rederive": cmd_rederive, "steps": cmd_steps,
+            "envelopes": cmd_envelopes}[args.phase](args)
 
 
 if __name__ == "__main__":

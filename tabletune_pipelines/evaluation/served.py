@@ -52,8 +52,8 @@ from tabletune_pipelines.options import options_from_mapping
 logger = logging.getLogger("tabletune.served")
 
 __all__ = [
-    "DEFAULTS", "LoadGenerator", "LoadVerdict", "PolicyGoodput", "PolicySummary", "ServedVerification",
-    "ServedVerificationOptions", "VerificationPlan", "Window", "counted_window", "default_loads", "fixed_name",
+    "DEFAULTS", "EnvelopeAnswer", "LoadGenerator", "LoadVerdict", "PolicyGoodput", "PolicySummary", "ServedVerification",
+    "ServedVerificationOptions", "VerificationPlan", "Window", "compare_envelopes", "counted_window", "default_loads", "fixed_name",
     "judge", "judge_load", "loss_table", "mean_se", "measure_window", "paired_ratio", "plan_verification", "rotated",
     "run_closed_loop", "summarize", "t_quantile", "table_mismatches", "verify_served",
 ]
@@ -413,6 +413,77 @@ def calibration_from_judges(judges: Sequence[tuple[str, Mapping[str, Any]]]) -> 
     points = served_points(windows, fixed, launch=lambda w: launch[id(w)])
     return ServedCalibration(points=tuple(points), source="served wall time per step of fixed k, closed loop: "
                              + ", ".join(name for name, _ in judges))
+
+
+@dataclass(frozen=True)
+class EnvelopeAnswer:
+    """Whether raising the CUDA-graph capture ceiling beats lowering k at one load
+    (``compare_envelopes``): the best fixed k in each envelope's launch, and the best over all
+    against the best in the default envelope."""
+
+    load: int
+    best: Mapping[str, tuple[int, float, float]]
+    """Envelope label -> (best fixed k, its goodput, s.e. across rounds) in that envelope's launch."""
+    winner: str
+    """The envelope whose best fixed k served most."""
+    ratio: float
+    """Goodput of the winner's best fixed k / the default envelope's best fixed k."""
+    ratio_se: float
+    """Its standard error, unpaired (two launches): the relative s.e.s added in quadrature."""
+    anchor: tuple[int, float, float] | None
+    """The default's best k measured in the winner's launch too: (k, its goodput there / in the
+    default's launch, s.e.); launch-to-launch drift plus what the envelope did to that k."""
+
+    @property
+    def finding(self) -> bool:
+        """The winner beats the default by more than two unpaired standard errors."""
+        return self.ratio - 2.0 * self.ratio_se > 1.0
+
+    def sentence(self, default: str) -> str:
+        ks = "; ".join(f"{e}: k = {k} at {g:.0f} ± {se:.0f} tok/s" for e, (k, g, se) in self.best.items())
+        if self.winner == default:
+            return f"load {self.load}: keep {default} ({ks})"
+        verdict = "raise the ceiling" if self.finding else "within the launch-to-launch noise: not a finding"
+        extra = "" if self.anchor is None else (f"; k = {self.anchor[0]} in both launches: "
+                                                f"{self.anchor[1]:.3f} ± {self.anchor[2]:.3f}")
+        return (f"load {self.load}: {self.winner} / {default} = {self.ratio:.3f} ± {self.ratio_se:.3f} "
+                f"(unpaired): {verdict} ({ks}{extra})")
+
+
+def compare_envelopes(launches: Sequence[tuple[str, Mapping[str, Any]]], default: str) -> list[EnvelopeAnswer]:
+    """Raise the ceiling or lower k (docs/method.md, "The graph envelope"): ``launches`` are
+    ``(envelope label, judge document)`` pairs, one launch per envelope (``benchmarks/gpu_served.py
+    judge``: ``policies`` and ``windows``), ``default`` the label of the default envelope. At every
+    load all launches measured, the best fixed k of each (``summarize``: pooled goodput, s.e. across
+    rounds), and the best of all against the default's. Two launches cannot be paired by round, so
+    the ratio's s.e. is unpaired; launch-to-launch drift enters it only through ``anchor``."""
+    labels = [label for label, _ in launches]
+    if default not in labels:
+        raise InvalidValueError(f"default envelope {default!r} is not one of the launches {labels}")
+    per: dict[str, dict[tuple[int, int], PolicySummary]] = {}
+    for label, doc in launches:
+        ks = {name: fixed_k_of(t) for name, t in doc["policies"].items()}
+        wins = [Window(**w) for w in doc["windows"] if ks.get(w["policy"]) is not None]
+        per[label] = {(int(ks[key[0]]), key[1]): v for key, v in summarize(wins).items()}
+    loads = sorted(set.intersection(*({load for _, load in p} for p in per.values())))
+    out = []
+    for load in loads:
+        best = {}
+        for label in labels:
+            k, v = max(((k, v) for (k, l), v in per[label].items() if l == load), key=lambda kv: kv[1].goodput)
+            best[label] = (k, v.goodput, v.stderr)
+        winner = max(labels, key=lambda e: best[e][1])
+        (_, g0, s0), (_, g1, s1) = best[default], best[winner]
+        ratio = g1 / g0
+        se = ratio * math.hypot(s0 / g0, s1 / g1)
+        anchor = None
+        k0 = best[default][0]
+        there = per[winner].get((k0, load))
+        if winner != default and there is not None:
+            a = there.goodput / g0
+            anchor = (k0, a, a * math.hypot(s0 / g0, there.stderr / there.goodput))
+        out.append(EnvelopeAnswer(load, best, winner, ratio, se, anchor))
+    return out
 
 
 def _by_round(windows: Sequence[Window], load: int) -> dict[str, dict[int, float]]:

@@ -413,3 +413,37 @@ def test_served_points_are_wall_ms_per_step_of_fixed_k_paired_by_round():
     assert [key for key, _ in named[0].per_round] == ["Ar0", "Ar1", "Ar2"]
     assert served.served_points(ws, policies, min_rounds=3)[0].k == 1 and len(served.served_points(ws, policies, min_rounds=3)) == 1
     assert served.fixed_k_of([[1, 8, 2]]) == 2 and served.fixed_k_of([[2, 8, 2]]) is None
+
+
+def _judge_doc(goodputs: dict[str, list[int]], load: int = 128) -> dict:
+    """A judge document: fixed_k<k> policies (and a docs' table), windows of 1 s keeping the given tokens."""
+    pols = {"fixed_k1": [[1, 128, 1]], "fixed_k2": [[1, 128, 2]], "fixed_k3": [[1, 128, 3]],
+            "docs": [[1, 64, 3], [65, 128, 1]]}
+    wins = [dict(policy=p, load=load, round=r, kept_tokens=g, seconds=1.0, steps=100, mean_batch=120.0,
+                 mismatched_steps=0) for p, gs in goodputs.items() for r, g in enumerate(gs)]
+    return {"policies": {p: pols[p] for p in goodputs}, "windows": wins}
+
+
+def test_compare_envelopes_worked_numbers():
+    # default ceiling: k1 best (100, 110 -> 105 ± 5); raised: k3 best (160, 180 -> 170 ± 10), k1 there 100
+    low = _judge_doc({"fixed_k1": [100, 110], "fixed_k3": [40, 50], "docs": [500, 500]})
+    high = _judge_doc({"fixed_k1": [95, 105], "fixed_k3": [160, 180]})
+    (a,) = served.compare_envelopes([("512", low), ("1024", high)], default="512")
+    assert a.load == 128 and a.winner == "1024"
+    assert a.best == {"512": (1, 105.0, 5.0), "1024": (3, 170.0, 10.0)}  # the docs' table is not a fixed k
+    assert a.ratio == pytest.approx(170 / 105)
+    assert a.ratio_se == pytest.approx(170 / 105 * math.hypot(5 / 105, 10 / 170))
+    assert a.anchor[0] == 1 and a.anchor[1] == pytest.approx(100 / 105)
+    assert a.finding and "raise the ceiling" in a.sentence("512")
+
+
+def test_compare_envelopes_keeps_the_default_or_calls_noise_no_finding():
+    low = _judge_doc({"fixed_k1": [100, 120], "fixed_k2": [90, 90]})
+    same = _judge_doc({"fixed_k1": [90, 130], "fixed_k2": [100, 130]})  # 115 ± 15 vs 110 ± 10
+    (a,) = served.compare_envelopes([("512", low), ("1024", same)], default="512")
+    assert a.winner == "1024" and not a.finding and "not a finding" in a.sentence("512")
+    worse = _judge_doc({"fixed_k1": [50, 60]})
+    (b,) = served.compare_envelopes([("512", low), ("1024", worse)], default="512")
+    assert b.winner == "512" and b.ratio == 1.0 and b.anchor is None and b.sentence("512").startswith("load 128: keep 512")
+    with pytest.raises(InvalidValueError, match="'2048'"):
+        served.compare_envelopes([("512", low)], default="2048")

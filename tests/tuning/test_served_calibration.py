@@ -71,3 +71,19 @@ def test_within_the_noise_the_table_keeps_its_neighbour_k_until_a_launch_resolve
     se = {(p.k, p.load): p.se_ms for p in six.points}
     se4 = {(p.k, p.load): p.se_ms for p in _calibration(ALL[:4]).points}
     assert se[(2, 128)] < se4[(2, 128)]
+
+
+def test_the_judged_launch_keeps_the_table_and_a_raised_ceiling_prices_k3_everywhere():
+    """Session 14 judged the six-launch table at load 128 (0.990 ± 0.029 of fixed k = 1); its fixed-k
+    windows, pooled as a seventh launch, keep k = 1 at load 128 and k = 3 at load 96. The same profile
+    priced at a 1024-token capture ceiling (no served step crosses it) gives k = 3 at every batch size:
+    the policy that served best in the launch at that ceiling (11209 ± 196 tok/s against 7205 ± 307 for
+    k = 1, data/h200/moe-judge-capture1024-session14.json)."""
+    prior = _prior((0.7, 0.5, 0.3))
+    seven = derive_table(_profile(), prior, DeriveOptions(
+        workload=WORKLOAD, served_calibration=_calibration((*ALL, "moe-judge-session14-L128.json"))))
+    assert _k_at(seven.table, 92) == 3 and _k_at(seven.table, 123) == 1 and _k_at(seven.table, 128) == 1
+    prof = _profile()
+    raised = dataclasses.replace(prof, identity=dataclasses.replace(prof.identity, capture_ceiling=1024))
+    assert derive_table(raised, prior, DeriveOptions(workload=WORKLOAD)).table.as_vllm() == [[1, 128, 3]]
+    assert _k_at(derive_table(prof, prior, DeriveOptions(workload=WORKLOAD)).table, 128) == 1
