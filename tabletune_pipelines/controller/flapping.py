@@ -33,6 +33,12 @@ OVERRIDE_GAIN = 0.10
 #: set to decide on point estimates (0.5) let 22 flips back through its holds in 10 minutes on a
 #: loaded CPU, where single rebuilds' point estimates differ by more than 10 %.
 OVERRIDE_CONFIDENCE = 0.95
+#: ... in this many rebuilds in a row, wanting the same k: a change of traffic persists, a spurious
+#: bound does not. On the CPU build at an exact tie between k = 1 and 2 (no true gain anywhere) the
+#: 95 % bound still cleared 10 % now and then: 4 and 7 overrides in two 10-minute phases, each a
+#: reversal that raised the hold's level (6 and 3). The machine's speed drifts, and the k in force is
+#: the one whose step times are fresh. A real change waits this many rebuilds (~10 s on the CPU build).
+OVERRIDE_PERSIST = 8
 
 
 class FlapCounter:
@@ -45,7 +51,8 @@ class FlapCounter:
     (within ``cap`` rebuilds of the last hold's end, at least ``FLAP_WINDOW_REBUILDS``) one
     ``HOLD_GROWTH`` times longer, up to ``cap`` rebuilds (``flap_backoff_rebuilds``; 0 = no
     backoff). While held, no batch size changes k unless the gain clears ``OVERRIDE_GAIN`` at the
-    lower confidence bound (``allow``): a change of traffic that matters gets through that way.
+    lower confidence bound in ``OVERRIDE_PERSIST`` rebuilds in a row (``allow``): a change of traffic
+    that matters gets through that way.
     (Counting only flips back to the k a batch size had just before let a cycle round three ks
     through: on the CPU build, 162 switches/h with the backoff and 0 reversals, against 48/h without
     it. Holding only returns let every batch size's first change to a new k through: a boundary
@@ -70,6 +77,13 @@ class FlapCounter:
         """The rebuild until which the table is held (held while > the rebuild number)."""
         self.overrides = 0
         """Changes let through a hold because their gain cleared OVERRIDE_GAIN."""
+        self._strong_k = np.zeros(n, dtype=np.int64)
+        """Per batch size (index B - 1), the k a change that clears the override wanted at the last
+        held rebuild (0: none)."""
+        self._strong_run = np.zeros(n, dtype=np.int64)
+        """... and in how many held rebuilds in a row it has (``OVERRIDE_PERSIST``)."""
+        self._strong_at = -(1 << 40)
+        """The rebuild number of the last held ``allow``."""
 
     def restarted(self, cap: int) -> FlapCounter:
         """A new flap history (a new published version), with this one's switch counts (copied)."""
@@ -80,15 +94,23 @@ class FlapCounter:
         """The table to install: ``want`` (k per B, index B - 1), or, while the table is held at
         rebuild number ``rebuild``, ``old`` wherever ``want`` changes a batch size's k without
         clearing the override (``gain_lcb``: per B, the lower confidence bound of
-        log(G(want) / G(old)); None: no batch size clears it)."""
+        log(G(want) / G(old)); None: no batch size clears it). A change clears it when its bound is
+        above ``OVERRIDE_GAIN`` in ``OVERRIDE_PERSIST`` held rebuilds in a row (called once per
+        rebuild, numbered consecutively), wanting the same k."""
         if not self.holding(rebuild):
             return want
         moving = want != old  # every change, a first change to a new k too (class docstring)
+        strong = np.zeros_like(moving)
         if gain_lcb is not None:
             strong = moving & (np.asarray(gain_lcb) > math.log1p(OVERRIDE_GAIN))
-            self.overrides += int(strong.sum())
-            moving &= ~strong
-        return np.where(moving, old, want)
+        # The override needs the same strong change in OVERRIDE_PERSIST held rebuilds in a row.
+        again = strong & (want == self._strong_k) & (rebuild == self._strong_at + 1)
+        self._strong_run = np.where(strong, np.where(again, self._strong_run + 1, 1), 0)
+        self._strong_k = np.where(strong, want, 0)
+        self._strong_at = rebuild
+        through = strong & (self._strong_run >= OVERRIDE_PERSIST)
+        self.overrides += int(through.sum())
+        return np.where(moving & ~through, old, want)
 
     def count(self, old: np.ndarray, new: np.ndarray, rebuild: int) -> None:
         """Count each batch size whose k changes from ``old`` to ``new`` (k per B, index B - 1) at

@@ -64,11 +64,13 @@ def test_flap_counter_worked_numbers():
     assert f.reversals == 1 and f.level == 1 and f.held_until == 50 + 1 + 8
     assert f.held(51).tolist() == [True] * 4 and f.held(59).tolist() == [False] * 4  # the whole table
     assert [f.holding(r) for r in (51, 58, 59)] == [True, True, False]
-    # While held: no change unless the gain's lower bound clears 10 %, a first change to a new k neither.
+    # While held: no change unless the gain's lower bound clears 10 % in 8 held rebuilds in a row
+    # (OVERRIDE_PERSIST), wanting the same k; a first change to a new k is held like any other.
     want = tab(1, 2, 1, 2)  # B = 1 back to 1 (refused), B = 2 back to 2 (clears: +20 %), B = 4 new (refused)
-    got = f.allow(tab(2, 1, 1, 1), want, 55, gain_lcb=np.log([1.05, 1.20, 1.0, 1.01]))
-    assert got.tolist() == [2, 2, 1, 1] and f.overrides == 1
-    assert f.allow(tab(2, 1, 1, 1), want, 55, gain_lcb=np.log([1.0, 1.0, 1.0, 1.12])).tolist() == [2, 1, 1, 2]
+    lcb = np.log([1.05, 1.20, 1.0, 1.01])
+    for r in range(51, 58):  # seven in a row: not yet
+        assert f.allow(tab(2, 1, 1, 1), want, r, gain_lcb=lcb).tolist() == [2, 1, 1, 1] and f.overrides == 0
+    assert f.allow(tab(2, 1, 1, 1), want, 58, gain_lcb=lcb).tolist() == [2, 2, 1, 1] and f.overrides == 1
     assert f.allow(tab(2, 1, 1, 1), want, 59).tolist() == want.tolist()  # the hold is over
     # Repeats within cap (100) rebuilds of the hold's end: holds 8 x 8 = 64, then the cap.
     f.count(tab(2, 1, 1, 1), tab(2, 2, 1, 1), rebuild=150)  # 150 - 59 = 91 <= 100: a repeat
@@ -89,7 +91,22 @@ def test_flap_counter_worked_numbers():
     assert g.allow(tab(1, 1, 1, 1), tab(3, 2, 1, 1), 3).tolist() == [1, 1, 1, 1]  # held, the new k at B = 2 too
     assert f.summary(418, hours=0.5) == {"switches": 6, "switches_per_hour": 12.0, "reversals": 4,
                                          "switches_by_batch_size": {"1": 1, "2": 5}, "held_batch_sizes": 4,
-                                         "flap_level": 1, "flap_overrides": 2}
+                                         "flap_level": 1, "flap_overrides": 1}
+    # The run of strong rebuilds breaks on a gap, on a weak rebuild, or when the wanted k changes.
+    q = FlapCounter(2, cap=100)
+    q.count(tab(1, 1), tab(2, 1), rebuild=0)
+    q.count(tab(2, 1), tab(1, 1), rebuild=1)  # held 8
+    q.count(tab(1, 1), tab(2, 1), rebuild=10)  # a repeat: held 64, rebuilds 11..74
+    strong, weak = np.log([0.8, 1.0]), np.log([1.0, 1.0])  # back to k = 1 at B = 1: +25 %
+    for r in (11, 12, 13, 14, 16, 17, 18, 19, 20, 21, 22):  # 15 missing: 4, then 7 in a row
+        assert q.allow(tab(2, 1), tab(1, 1), r, gain_lcb=-strong).tolist() == [2, 1]
+    for r in range(23, 30):  # 23 weak: the run starts again at 24
+        q.allow(tab(2, 1), tab(1, 1), r, gain_lcb=-(weak if r == 23 else strong))
+    for r in range(30, 37):  # wanting 1, then 3, ...: no run
+        q.allow(tab(2, 1), tab(1 if r % 2 else 3, 1), r, gain_lcb=-strong)
+    assert q.overrides == 0
+    got = [q.allow(tab(2, 1), tab(3, 1), r, gain_lcb=-strong).tolist() for r in range(37, 44)]
+    assert got == [[2, 1]] * 6 + [[3, 1]] and q.overrides == 1  # 3 wanted since 36: the 8th in a row is 43
     # a new published version: its own flap history, the cumulative counts carried over
     h = f.restarted(cap=0)
     assert h.switches.tolist() == f.switches.tolist() and h.switches is not f.switches and h.reversals == 4
