@@ -26,8 +26,9 @@ FLAP_WINDOW_REBUILDS = 16
 #: at a near tie, last two thirds of 800 rebuilds: 0-2 switches with growth 8, 1-3 with 4, 11-20 without).
 HOLD_GROWTH = 8
 #: While held, a batch size still changes k when the lower confidence bound of the gain is above
-#: this (10 % more goodput): a change of traffic that matters is never held back by the backoff
-#: (a first change to a new k is held like any other: ``FlapCounter``).
+#: this (10 % more goodput) in ``OVERRIDE_PERSIST`` rebuilds in a row: a change of traffic that
+#: matters is not held back long by the backoff (a first change to a new k is held like any other:
+#: ``FlapCounter``).
 OVERRIDE_GAIN = 0.10
 #: ... at this confidence at least, whatever ``evidence_confidence`` the search runs at: a controller
 #: set to decide on point estimates (0.5) let 22 flips back through its holds in 10 minutes on a

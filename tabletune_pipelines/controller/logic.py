@@ -23,7 +23,7 @@ The vLLM adapter (``controller/scheduler.py``) calls three methods; a simulator 
      counts and step-time spread) clears ``stickiness``; while the flap backoff holds the table
      (``flapping.FlapCounter``: after a change that flips some batch size back, for 8, 64, 512, ...
      rebuilds as the flips repeat, up to ``flap_backoff_rebuilds``) a batch size goes back to its
-     previous k only on a gain above 10 % at the lower confidence bound;
+     previous k only on a gain above 10 % at the lower confidence bound, 8 rebuilds in a row;
   5. within the time budget: install it (only if it changed), halve the live counters, decay w;
      else skip (counted). Every change of k at a batch size is counted (``switches``, exported
      per batch size and per hour).

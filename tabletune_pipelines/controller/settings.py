@@ -190,7 +190,8 @@ class ControllerSettings:
     """The longest hold of the flap backoff (0 turns it off): after a table change that returns some
     batch size to a k it had had, no batch size changes k for 8 rebuilds, then 64, 512, ... as the
     returns repeat, up to this many (about 17 minutes at 100 steps of 10 ms per rebuild), unless the
-    change's gain clears 10 % at the lower confidence bound (docs/controller.md, "Flapping")."""
+    change's gain clears 10 % at the lower confidence bound in 8 held rebuilds in a row
+    (docs/controller.md, "Flapping")."""
     step_time_correction: bool = True
     """Blend observed step durations per (B, k) into the profiled T(B, k) (docs/method.md,
     "Limitations" 2: the profile cannot see work that grows with accepted tokens)."""
