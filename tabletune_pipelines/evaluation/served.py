@@ -52,8 +52,9 @@ from tabletune_pipelines.options import options_from_mapping
 logger = logging.getLogger("tabletune.served")
 
 __all__ = [
-    "DEFAULTS", "EnvelopeAnswer", "LoadGenerator", "LoadVerdict", "PolicyGoodput", "PolicySummary", "ServedVerification",
-    "ServedVerificationOptions", "VerificationPlan", "Window", "compare_envelopes", "counted_window", "default_loads", "fixed_name",
+    "DEFAULTS", "EnvelopeAnswer", "LoadGenerator", "LoadVerdict", "PolicyGoodput", "PolicySummary",
+    "ServedVerification", "ServedVerificationOptions", "VerificationPlan", "Window", "compare_envelopes",
+    "counted_window", "default_loads", "fixed_name",
     "judge", "judge_load", "loss_table", "mean_se", "measure_window", "paired_ratio", "plan_verification", "rotated",
     "run_closed_loop", "summarize", "t_quantile", "table_mismatches", "verify_served",
 ]
@@ -470,7 +471,7 @@ def compare_envelopes(launches: Sequence[tuple[str, Mapping[str, Any]]], default
     for load in loads:
         best = {}
         for label in labels:
-            k, v = max(((k, v) for (k, l), v in per[label].items() if l == load), key=lambda kv: kv[1].goodput)
+            k, v = max(((k, v) for (k, at), v in per[label].items() if at == load), key=lambda kv: kv[1].goodput)
             best[label] = (k, v.goodput, v.stderr)
         winner = max(labels, key=lambda e: best[e][1])
         (_, g0, s0), (_, g1, s1) = best[default], best[winner]
