@@ -395,7 +395,7 @@ def cmd_envelopes(args) -> int:
             raise SystemExit(f"--envelopes: {part!r} is not 'label=judge.json'")
         launches.append((label.strip(), json.loads(Path(path.strip()).read_text())))
     for answer in compare_envelopes(launches, default=launches[0][0]):
-        print(answer.sentence(launches[0][0]))
+        print(answer.sentence())
     return 0
 
 

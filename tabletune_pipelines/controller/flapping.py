@@ -37,8 +37,9 @@ OVERRIDE_CONFIDENCE = 0.95
 #: ... in this many rebuilds in a row, wanting the same k: a change of traffic persists, a spurious
 #: bound does not. On the CPU build at an exact tie between k = 1 and 2 (no true gain anywhere) the
 #: 95 % bound still cleared 10 % now and then: 4 and 7 overrides in two 10-minute phases, each a
-#: reversal that raised the hold's level (6 and 3). The machine's speed drifts, and the k in force is
-#: the one whose step times are fresh. A real change waits this many rebuilds (~10 s on the CPU build).
+#: reversal that raised the hold's level (6 and 3); why the bound cleared there was not established
+#: (a likely cause: the machine's speed drifts, and only the k in force has fresh step times). With
+#: it, 0 overrides in two phases. A real change waits this many rebuilds (~10 s on the CPU build).
 OVERRIDE_PERSIST = 8
 
 

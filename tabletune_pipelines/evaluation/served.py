@@ -393,11 +393,23 @@ def served_points(windows: Sequence[Window], policies: Mapping[str, Sequence[Seq
     return out
 
 
+def fixed_k_windows(doc: Mapping[str, Any]) -> list[Window]:
+    """The windows of a judge document (``policies`` and ``windows``: ``benchmarks/gpu_served.py
+    judge``) whose policy runs one k everywhere, named ``fixed_k<k>`` whatever the document called
+    the policy (a copy such as ``control_k3`` is the same policy)."""
+    out = []
+    for w in doc["windows"]:
+        k = fixed_k_of(doc["policies"][w["policy"]])
+        if k is not None:
+            out.append(dataclasses.replace(Window(**w), policy=f"fixed_k{k}"))
+    return out
+
+
 def calibration_from_judges(judges: Sequence[tuple[str, Mapping[str, Any]]]) -> ServedCalibration:
     """One ``ServedCalibration`` from judged launches, ``(name, document)`` each with the document's
     ``policies`` and ``windows`` (``benchmarks/gpu_served.py judge``): the fixed-k windows of every
-    launch, pooled per k and load, a round being (launch, round) (launch-to-launch drift then counts
-    as round-to-round spread only within a launch)."""
+    launch (``fixed_k_windows``), pooled per k and load, a round being (launch, round)
+    (launch-to-launch drift then counts as round-to-round spread only within a launch)."""
     windows: list[Window] = []
     fixed: dict[str, Sequence[Sequence[int]]] = {}
     launch: dict[int, str] = {}
@@ -406,11 +418,9 @@ def calibration_from_judges(judges: Sequence[tuple[str, Mapping[str, Any]]]) -> 
             k = fixed_k_of(table)
             if k is not None:
                 fixed[f"fixed_k{k}"] = table
-        for w in doc["windows"]:
-            k = fixed_k_of(doc["policies"][w["policy"]])
-            if k is not None:
-                windows.append(dataclasses.replace(Window(**w), policy=f"fixed_k{k}"))
-                launch[id(windows[-1])] = f"L{n}"
+        for w in fixed_k_windows(doc):
+            windows.append(w)
+            launch[id(w)] = f"L{n}"
     points = served_points(windows, fixed, launch=lambda w: launch[id(w)])
     return ServedCalibration(points=tuple(points), source="served wall time per step of fixed k, closed loop: "
                              + ", ".join(name for name, _ in judges))
@@ -423,8 +433,10 @@ class EnvelopeAnswer:
     against the best in the default envelope."""
 
     load: int
-    best: Mapping[str, tuple[int, float, float]]
-    """Envelope label -> (best fixed k, its goodput, s.e. across rounds) in that envelope's launch."""
+    default: str
+    """The label of the default envelope."""
+    best: Mapping[str, tuple[int, float, float, int]]
+    """Envelope label -> (best fixed k, its goodput, s.e. across rounds, rounds) in that envelope's launch."""
     winner: str
     """The envelope whose best fixed k served most."""
     ratio: float
@@ -437,11 +449,15 @@ class EnvelopeAnswer:
 
     @property
     def finding(self) -> bool:
-        """The winner beats the default by more than two unpaired standard errors."""
-        return self.ratio - 2.0 * self.ratio_se > 1.0
+        """The winner beats the default beyond the noise: ratio − t·s.e. > 1, t Student's quantile
+        (``t_quantile``) at the fewer rounds of the two launches less one."""
+        rounds = min(self.best[self.default][3], self.best[self.winner][3])
+        return rounds >= 2 and self.ratio - t_quantile(rounds - 1) * self.ratio_se > 1.0
 
-    def sentence(self, default: str) -> str:
-        ks = "; ".join(f"{e}: k = {k} at {g:.0f} ± {se:.0f} tok/s" for e, (k, g, se) in self.best.items())
+    def sentence(self) -> str:
+        default = self.default
+        ks = "; ".join(f"{e}: k = {k} at {g:.0f} ± {se:.0f} tok/s ({n} rounds)"
+                       for e, (k, g, se, n) in self.best.items())
         if self.winner == default:
             return f"load {self.load}: keep {default} ({ks})"
         verdict = "raise the ceiling" if self.finding else "within the launch-to-launch noise: not a finding"
@@ -461,29 +477,25 @@ def compare_envelopes(launches: Sequence[tuple[str, Mapping[str, Any]]], default
     labels = [label for label, _ in launches]
     if default not in labels:
         raise InvalidValueError(f"default envelope {default!r} is not one of the launches {labels}")
-    per: dict[str, dict[tuple[int, int], PolicySummary]] = {}
-    for label, doc in launches:
-        ks = {name: fixed_k_of(t) for name, t in doc["policies"].items()}
-        wins = [Window(**w) for w in doc["windows"] if ks.get(w["policy"]) is not None]
-        per[label] = {(int(ks[key[0]]), key[1]): v for key, v in summarize(wins).items()}
+    per = {label: summarize(fixed_k_windows(doc)) for label, doc in launches}  # (fixed_k<k>, load) -> summary
     loads = sorted(set.intersection(*({load for _, load in p} for p in per.values())))
     out = []
     for load in loads:
         best = {}
         for label in labels:
-            k, v = max(((k, v) for (k, at), v in per[label].items() if at == load), key=lambda kv: kv[1].goodput)
-            best[label] = (k, v.goodput, v.stderr)
+            v = max((v for (_, at), v in per[label].items() if at == load), key=lambda v: v.goodput)
+            best[label] = (int(v.policy.removeprefix("fixed_k")), v.goodput, v.stderr, v.rounds)
         winner = max(labels, key=lambda e: best[e][1])
-        (_, g0, s0), (_, g1, s1) = best[default], best[winner]
+        (_, g0, s0, _), (_, g1, s1, _) = best[default], best[winner]
         ratio = g1 / g0
         se = ratio * math.hypot(s0 / g0, s1 / g1)
         anchor = None
         k0 = best[default][0]
-        there = per[winner].get((k0, load))
+        there = per[winner].get((f"fixed_k{k0}", load))
         if winner != default and there is not None:
             a = there.goodput / g0
             anchor = (k0, a, a * math.hypot(s0 / g0, there.stderr / there.goodput))
-        out.append(EnvelopeAnswer(load, best, winner, ratio, se, anchor))
+        out.append(EnvelopeAnswer(load, default, best, winner, ratio, se, anchor))
     return out
 
 

@@ -3,6 +3,7 @@ with worked numbers, the budget plan, the result's published section. Pure logic
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import subprocess
 import sys
@@ -430,20 +431,24 @@ def test_compare_envelopes_worked_numbers():
     high = _judge_doc({"fixed_k1": [95, 105], "fixed_k3": [160, 180]})
     (a,) = served.compare_envelopes([("512", low), ("1024", high)], default="512")
     assert a.load == 128 and a.winner == "1024"
-    assert a.best == {"512": (1, 105.0, 5.0), "1024": (3, 170.0, 10.0)}  # the docs' table is not a fixed k
+    assert a.best == {"512": (1, 105.0, 5.0, 2), "1024": (3, 170.0, 10.0, 2)}  # the docs' table is not a fixed k
     assert a.ratio == pytest.approx(170 / 105)
     assert a.ratio_se == pytest.approx(170 / 105 * math.hypot(5 / 105, 10 / 170))
     assert a.anchor[0] == 1 and a.anchor[1] == pytest.approx(100 / 105)
-    assert a.finding and "raise the ceiling" in a.sentence("512")
+    # 1.619 ± 0.120: two rounds each, t(1) = 12.71, so not beyond the noise; with 6 rounds each (same
+    # means and s.e.s) t(5) = 2.57 and it is
+    assert not a.finding and "not a finding" in a.sentence()
+    six = dataclasses.replace(a, best={"512": (1, 105.0, 5.0, 6), "1024": (3, 170.0, 10.0, 6)})
+    assert six.finding and "raise the ceiling" in six.sentence()
 
 
 def test_compare_envelopes_keeps_the_default_or_calls_noise_no_finding():
     low = _judge_doc({"fixed_k1": [100, 120], "fixed_k2": [90, 90]})
     same = _judge_doc({"fixed_k1": [90, 130], "fixed_k2": [100, 130]})  # 115 ± 15 vs 110 ± 10
     (a,) = served.compare_envelopes([("512", low), ("1024", same)], default="512")
-    assert a.winner == "1024" and not a.finding and "not a finding" in a.sentence("512")
+    assert a.winner == "1024" and not a.finding and "not a finding" in a.sentence()
     worse = _judge_doc({"fixed_k1": [50, 60]})
     (b,) = served.compare_envelopes([("512", low), ("1024", worse)], default="512")
-    assert b.winner == "512" and b.ratio == 1.0 and b.anchor is None and b.sentence("512").startswith("load 128: keep 512")
+    assert b.winner == "512" and b.ratio == 1.0 and b.anchor is None and b.sentence().startswith("load 128: keep 512")
     with pytest.raises(InvalidValueError, match="'2048'"):
         served.compare_envelopes([("512", low)], default="2048")
