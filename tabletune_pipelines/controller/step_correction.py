@@ -26,6 +26,17 @@ reads it: a k changes at a batch size only where the gain's lower confidence bou
 stickiness. Consecutive steps share noise, so the live part is a lower bound of the truth; the
 Bonferroni-corrected 95 % bound and the backoff on repeated flips (``logic``) cover the rest.
 
+**Reach.** Spreading the ratio over B is a guess where nothing was observed: a correction seen at
+B = 112-128 says little about B = 46 unless the profile is off by the same factor everywhere. So the
+relative variance spread over B grows, away from the observed cells, by the square of the ratio's
+own spread over B (``shape_error``: its relative sd over the well-observed cells of that k, never
+below the 5 % floor), linearly over ``evidence_reach()`` batch sizes (twice the served pool's
+half-width: 12 at max_num_seqs 128) and then held. A profile uniformly 30 % low is still corrected
+everywhere; a difference between two ks seen at one load no longer moves k, on its own, at batch
+sizes the load never visited. Spread without that error, it did: in the simulator, from the
+quartered table at load 128 on the H200 profile, the controller cut B = 1-84 into five ranges that
+the offline search, on the same profile, keeps as one.
+
 **Stale evidence.** When the table in force changes k at a batch size, the observations of the k
 it left are dropped there: the machine's speed drifts (other processes, clocks, the load itself),
 and a cell measured before the switch compared with one measured after it can favour going back on
@@ -228,11 +239,36 @@ class StepTimeModel:
         var = (w * w * (sp[:, None] * self.profile) ** 2 + n * s2) / (w + n) ** 2
         rel = var / self.blended() ** 2
         out = np.repeat((sp * sp)[:, None], self.n, axis=1)
+        reach, shape = self.evidence_reach(), self.shape_error()
         for i in range(len(self.ks)):
             seen = np.flatnonzero(n[i] > 0)
             if seen.size:
-                out[i] = np.interp(self._b, self._b[seen], rel[i, seen])
+                # Away from the observed cells the spread correction is a guess: its error grows by the
+                # ratio's own spread over B within ``evidence_reach()`` batch sizes (module docstring, "Reach").
+                far = np.minimum(1.0, _distance(seen, self.n) / reach)
+                out[i] = np.interp(self._b, self._b[seen], rel[i, seen]) + far * shape[i] ** 2
         return out * self.corrected() ** 2
+
+    def shape_error(self) -> np.ndarray:
+        """Per k, how much the correction ratio T̂ / T_prof varies over B: the relative spread (sd over
+        mean) of the live mean / profile over that k's cells observed at least
+        ``PROFILE_ERROR_MIN_COUNT`` times, never below ``PROFILE_ERROR_FLOOR`` (the floor with fewer
+        than two such cells: the profile's shape is not known better than that)."""
+        seen = self.count >= PROFILE_ERROR_MIN_COUNT
+        out = np.full(len(self.ks), PROFILE_ERROR_FLOOR)
+        for i in range(len(self.ks)):
+            if int(seen[i].sum()) >= 2:
+                r = self.sum_ms[i, seen[i]] / self.count[i, seen[i]] / self.profile[i, seen[i]]
+                out[i] = max(PROFILE_ERROR_FLOOR, float(r.std(ddof=1) / r.mean()))
+        return out
+
+    def evidence_reach(self) -> int:
+        """Batch sizes over which a cell's observations stop counting as evidence about its
+        neighbours' step times (module docstring, "Reach"): twice ``pool_halfwidth()``, 12 at
+        max_num_seqs 128, and at least 1."""
+        return max(1, 2 * self.pool_halfwidth())
+
+
 
     def corrected(self) -> np.ndarray:
         """Step times for the table search: the profile times the spread correction."""
@@ -308,6 +344,15 @@ def served_prior(document: Mapping[str, Any]) -> ServedPrior | str | None:
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         return (f"its served-cost model is unreadable ({type(exc).__name__}: {str(exc)[:120]}); served steps are "
                 "priced from live observations only")
+
+
+def _distance(seen: np.ndarray, n: int) -> np.ndarray:
+    """Per batch size (index B - 1, n of them): how many batch sizes away the nearest index in
+    ``seen`` (sorted, not empty) is."""
+    idx = np.arange(n)
+    j = np.clip(np.searchsorted(seen, idx), 1, max(seen.size - 1, 1))
+    lo, hi = seen[np.clip(j - 1, 0, seen.size - 1)], seen[np.clip(j, 0, seen.size - 1)]
+    return np.minimum(np.abs(idx - lo), np.abs(idx - hi)).astype(float)
 
 
 def _cap(sums: np.ndarray, squares: np.ndarray, counts: np.ndarray, max_count: float) -> None:

@@ -285,11 +285,12 @@ def _revise(incumbent: Sequence[int], g: np.ndarray, log_ratio: np.ndarray, sd: 
     moving = ok.any(axis=0)
     pick = np.where(moving, best, c_row)
     # Where the evidence moves a batch size, it moves to the k of the batch size below when that k is
-    # one of the supported ones and within the stickiness of the best of them (the walk over B's rule),
-    # so a revision does not cut a range the evidence treats alike into pieces.
+    # one of the supported ones and the best of them does not beat it beyond the evidence threshold
+    # (the walk over B's rule: on point estimates, within the stickiness of the best), so a revision
+    # does not cut a range the evidence treats alike into pieces, in one rebuild or over several.
     for c in np.flatnonzero(moving[1:]) + 1:
-        r = pick[c - 1]
-        if ok[r, c] and g[r, c] * math.expm1(lim) + g[r, c] >= g[best[c], c]:
+        r, b = pick[c - 1], best[c]
+        if ok[r, c] and (r == b or log_ratio[b, r, c] - z * sd[b, r, c] <= lim):
             pick[c] = r
     return tuple(int(ks[i]) for i in pick)
 
@@ -361,7 +362,8 @@ def search_with_evidence(
     threshold is then the incumbent's k at the same B instead of the previous batch size's pick, so a
     k changes at a batch size only on evidence and a range is never narrower than the evidence that
     moved it. Where the evidence moves a batch size, it moves to the best supported k, or to the k
-    of the batch size below when that one is supported too and within the stickiness of the best.
+    of the batch size below when that one is supported too and the best does not beat it beyond the
+    evidence threshold (on point estimates: within the stickiness of the best).
     An incumbent k that is not allowed has no claim: the best point estimate is taken there.
     Only the evidence policy takes an incumbent.
     """

@@ -75,8 +75,16 @@ def test_variance_carries_the_profile_error_and_the_live_spread():
     # var T̂ = (50² (0.3 · 10)² + 50 · 50/49) / 100² = 2.2551 ms² at T̂ = 11.5 ms.
     want = (50 ** 2 * 3.0 ** 2 + 50 * 50 / 49) / 100 ** 2
     assert m.variance()[1, 3] == pytest.approx(want)
-    # Spread over B as a relative variance (held beyond the observed cell); k = 1, never observed: σ_p.
-    assert m.variance()[1, 7] == pytest.approx(want / 11.5 ** 2 * m.corrected()[1, 7] ** 2)
+    # Spread over B as a relative variance, plus the shape error (one well-observed cell: the 5 % floor)
+    # growing over the evidence reach, 2 batch sizes here (twice the pool's half-width of 1): half of
+    # it at B = 3 and 5, all of it from B = 6 on and at B = 1; k = 1, never observed: σ_p.
+    assert m.evidence_reach() == 2
+    assert m.shape_error().tolist() == [0.05, 0.05]
+    rel = want / 11.5 ** 2
+    assert m.variance()[1, 4] == pytest.approx((rel + 0.5 * 0.0025) * m.corrected()[1, 4] ** 2)
+    assert m.variance()[1, 2] == pytest.approx((rel + 0.5 * 0.0025) * m.corrected()[1, 2] ** 2)
+    assert m.variance()[1, 7] == pytest.approx((rel + 0.0025) * m.corrected()[1, 7] ** 2)
+    assert m.variance()[1, 0] == pytest.approx((rel + 0.0025) * m.corrected()[1, 0] ** 2)
     assert m.variance()[0, 0] == pytest.approx((0.3 * 5.0) ** 2)
     # k = 1 observed right on its profile (20 steps of 5 ms at B = 2): its own error, the floor.
     m.add(*obs(m.profile.shape, {(0, 2): (5.0, 20)}))
