@@ -117,12 +117,17 @@ class Rig:
 
     def wait_steps(self, n: int, timeout: float = 300.0) -> int:
         """Block until the export shows ``n`` more controller steps than now: phases measured in engine
-        steps, so a slower machine runs them longer instead of fewer steps. Returns the count reached."""
+        steps, so a slower machine runs them longer instead of fewer steps. ``timeout`` is a stall
+        guard: the longest wait with no new step exported (an AVX2-only machine on the float32 path
+        runs 2-4 steps/s where a native-bf16 one runs ~9, so a limit on the whole phase would fail
+        there). Returns the count reached."""
         target = self.steps() + n
-        deadline = time.monotonic() + timeout
+        seen, since = self.steps(), time.monotonic()
         while (now := self.steps()) < target:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{now} of {target} controller steps after {timeout} s; log:\n"
+            if now != seen:
+                seen, since = now, time.monotonic()
+            elif time.monotonic() - since > timeout:
+                raise AssertionError(f"{now} of {target} controller steps, none new for {timeout} s; log:\n"
                                      f"{self.server.log_tail(30)}")
             time.sleep(0.25)
         return now
