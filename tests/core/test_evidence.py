@@ -267,3 +267,29 @@ def test_revising_refuses_a_wrong_shape_and_the_stickiness_policy():
     with pytest.raises(InvalidValueError, match="evidence policy only"):
         search_with_evidence(t, None, (1, 3), RATES, settings=SearchSettings(policy="stickiness"),
                              incumbent=[1, 1, 1, 1])
+
+
+def test_a_revision_moves_to_the_k_below_unless_the_best_beats_it_beyond_the_evidence():
+    """Worked numbers: at B = 2 the incumbent k = 0 is beaten by k = 1 and k = 3 beyond any noise (G0 = 0.1,
+    G1 = 0.17 per ms). k = 3 beats k = 1, the k in force at B = 1, by 3.0 % on point estimates: over the
+    0.5 % stickiness, so without errors B = 2 moves to k = 3. With 3 % relative errors on both cells the
+    log ratio's sd is sqrt(2) * 0.03 = 0.042 and its 95 % lower bound (z = 2.24, two other k) is
+    log(1.03) - 0.095 < log(1.005): the evidence does not say k = 3 beats k = 1, so B = 2 takes k = 1
+    and the revision does not cut the range in two (the walk over B's rule, applied to a revision)."""
+    ks, rates = (0, 1, 3), (0.7, 0.5, 0.3)
+    e1, e3 = 1.7, 2.5  # tau(1), tau(3): 1 + the rates up to k
+    assert tau_curve(rates).tolist() == pytest.approx([1.0, 1.7, 2.2, 2.5])
+    t = np.array([[10.0, 10.0], [10.0, 10.0], [20.0, e3 / e1 * 10.0 / 1.03]])
+    exact = search_with_evidence(t, None, ks, rates, incumbent=[1, 0])
+    assert exact.choice.goodput[2, 1] / exact.choice.goodput[1, 1] == pytest.approx(1.03)
+    assert exact.choice.chosen == (1, 3)
+    var = np.zeros_like(t)
+    var[1, 1], var[2, 1] = (0.03 * t[1, 1]) ** 2, (0.03 * t[2, 1]) ** 2
+    noisy = search_with_evidence(t, var, ks, rates, incumbent=[1, 0])
+    assert noisy.choice.chosen == (1, 1)
+    # Where the best clears the k below beyond the evidence (a 30 % gain), it is taken.
+    t2 = t.copy()
+    t2[2, 1] = e3 / e1 * 10.0 / 1.30
+    var2 = var.copy()
+    var2[2, 1] = (0.03 * t2[2, 1]) ** 2
+    assert search_with_evidence(t2, var2, ks, rates, incumbent=[1, 0]).choice.chosen == (1, 3)
