@@ -268,8 +268,6 @@ class StepTimeModel:
         max_num_seqs 128, and at least 1."""
         return max(1, 2 * self.pool_halfwidth())
 
-
-
     def corrected(self) -> np.ndarray:
         """Step times for the table search: the profile times the spread correction."""
         return self.profile * self.ratios()
