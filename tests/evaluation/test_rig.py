@@ -163,3 +163,36 @@ def test_server_config_turns_the_controller_on_as_an_operator_would(tmp_path, mo
     assert other.drafter is None and other.synthetic_acceptance_rates is None
     assert rig.identity() == dict(IDENTITY, model=str(tmp_path / "t"), drafter=str(tmp_path / "d"))
     assert rig.identity("ngram")["drafter"] is None
+
+
+class _Clock:
+    """A fake ``time`` for ``Rig.wait_steps``: ``sleep`` advances ``monotonic``."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def monotonic(self) -> float:
+        return self.t
+
+    def sleep(self, dt: float) -> None:
+        self.t += dt
+
+
+def test_wait_steps_guards_a_stall_not_the_length_of_a_phase(tmp_path, monkeypatch):
+    import tabletune_pipelines.evaluation.rig as rig_module
+
+    clock = _Clock()
+    monkeypatch.setattr(rig_module, "time", clock)
+    server = ScriptedServer()
+    server.log_tail = lambda n: "log"
+    rig = Rig(server, tmp_path / "local.json", tmp_path / "local.live.jsonl")
+    # A slow machine: one step exported every 100 s. 20 steps take 2000 s, far past a 150-s timeout,
+    # and the phase still completes, because no wait between steps reaches 150 s.
+    monkeypatch.setattr(rig, "steps", lambda: int(clock.t // 100))
+    assert rig.wait_steps(20, timeout=150.0) == 20 and clock.t >= 2000.0
+    # A stall: the count stops at 25. The guard fires once 150 s pass with no new step, not before.
+    monkeypatch.setattr(rig, "steps", lambda: min(25, int(clock.t // 100)))
+    start = clock.t
+    with pytest.raises(AssertionError, match="25 of 40 controller steps, none new for 150.0 s"):
+        rig.wait_steps(20, timeout=150.0)
+    assert 2500.0 + 150.0 < clock.t <= 2500.0 + 151.0 and clock.t - start > 500.0
