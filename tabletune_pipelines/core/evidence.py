@@ -295,6 +295,43 @@ def _revise(incumbent: Sequence[int], g: np.ndarray, log_ratio: np.ndarray, sd: 
     return tuple(int(ks[i]) for i in pick)
 
 
+def _merge_narrow(pick: np.ndarray, g: np.ndarray, log_ratio: np.ndarray, lim: float, min_range: int) -> np.ndarray:
+    """Rows per batch size with every range narrower than ``min_range`` batch sizes merged into a
+    neighbouring range wherever its own k does not beat the neighbour's by more than the
+    stickiness threshold, on point estimates, at any of its batch sizes (so not on the evidence
+    either: the merge never undoes what the evidence rule would do again). Of two neighbours that
+    qualify, the one with the higher mean log goodput over the range takes it. Narrowest ranges
+    first, one merge at a time, until none qualifies: each merge removes a range, so this ends
+    within the number of ranges. A narrow range stays where its k is better than both neighbours'."""
+    pick = pick.copy()
+    n = pick.size
+    for _ in range(n):
+        edges = np.flatnonzero(np.diff(pick)) + 1
+        starts = np.concatenate([[0], edges])
+        ends = np.concatenate([edges, [n]])  # exclusive
+        order = np.argsort(ends - starts, kind="stable")
+        merged = False
+        for r in order:
+            s, e = int(starts[r]), int(ends[r])
+            if e - s >= min_range:
+                break
+            own = int(pick[s])
+            best, best_score = None, -np.inf
+            for nb in ([int(pick[s - 1])] if s > 0 else []) + ([int(pick[e])] if e < n else []):
+                if np.any(log_ratio[own, nb, s:e] > lim):
+                    continue
+                score = float(np.log(g[nb, s:e]).mean())
+                if score > best_score:
+                    best, best_score = nb, score
+            if best is not None:
+                pick[s:e] = best
+                merged = True
+                break
+        if not merged:
+            break
+    return pick
+
+
 def _walk_up(g: np.ndarray, log_ratio: np.ndarray, sd: np.ndarray, z: float, lim: float,
              ks: tuple[int, ...], rows: list[int]) -> tuple[int, ...]:
     """The evidence rule from scratch: up the batch sizes, the previous batch size's k is kept
@@ -325,12 +362,19 @@ class SearchSettings:
     """Level of every bound (Bonferroni-corrected over the other candidate k)."""
     policy: SearchRule = DEFAULT_SEARCH_RULE
     """``evidence``: k changes only on evidence; ``stickiness``: the method's 0.5 % rule on point estimates."""
+    min_range: int = 1
+    """Under the evidence rule, a range narrower than this many batch sizes keeps its k only where
+    that k beats a neighbouring range's k by more than ``threshold`` (point estimates) at one of its
+    batch sizes at least; otherwise it takes the neighbour's k (1: no such pass). The online controller sets it to
+    the width its step-time evidence pools (``StepTimeModel.evidence_reach() + 1``)."""
 
     def __post_init__(self) -> None:
         if self.policy not in SEARCH_RULES:
             raise InvalidValueError(f"policy = {self.policy!r} must be one of {SEARCH_RULES}")
         if self.threshold < 0:
             raise InvalidValueError(f"stickiness threshold = {self.threshold!r} must be >= 0")
+        if isinstance(self.min_range, bool) or not isinstance(self.min_range, int) or self.min_range < 1:
+            raise InvalidValueError(f"min_range = {self.min_range!r} must be an integer >= 1 (batch sizes)")
         if self.allowed_ks is not None:
             object.__setattr__(self, "allowed_ks", tuple(self.allowed_ks))
 
@@ -365,6 +409,11 @@ def search_with_evidence(
     of the batch size below when that one is supported too and the best does not beat it beyond the
     evidence threshold (on point estimates: within the stickiness of the best).
     An incumbent k that is not allowed has no claim: the best point estimate is taken there.
+    Then, with ``settings.min_range`` > 1, a range narrower than that takes a neighbouring range's k
+    unless its own k beats the neighbour's by more than the threshold somewhere in it
+    (``_merge_narrow``): a revision at batch sizes the load wanders over, each with a little
+    evidence of its own, does not leave the table cut into short ranges of ks the evidence cannot
+    tell apart.
     Only the evidence policy takes an incumbent.
     """
     ks = tuple(int(k) for k in ks)
@@ -386,10 +435,16 @@ def search_with_evidence(
         if incumbent is not None:
             raise InvalidValueError("an incumbent table is revised by the evidence policy only, not by 'stickiness'")
         chosen = choose_draft_lengths(t, ks, rates, allowed_ks=allowed, stickiness=threshold).chosen
-    elif incumbent is not None:
-        chosen = _revise(incumbent, g, log_ratio, sd, z, math.log1p(threshold), ks, rows)
     else:
-        chosen = _walk_up(g, log_ratio, sd, z, math.log1p(threshold), ks, rows)
+        lim = math.log1p(threshold)
+        if incumbent is not None:
+            chosen = _revise(incumbent, g, log_ratio, sd, z, lim, ks, rows)
+        else:
+            chosen = _walk_up(g, log_ratio, sd, z, lim, ks, rows)
+        if settings.min_range > 1:
+            row_of = {k: i for i, k in enumerate(ks)}
+            merged = _merge_narrow(np.array([row_of[k] for k in chosen]), g, log_ratio, lim, settings.min_range)
+            chosen = tuple(int(ks[i]) for i in merged)
     choice = TableChoice(ks=ks, chosen=tuple(chosen), goodput=g)
     return EvidenceTable(choice=choice, policy=policy, threshold=float(threshold), confidence=float(confidence),
                          z=float(z), log_ratio=log_ratio, log_sd=sd, allowed=allowed, has_errors=has_errors,

@@ -700,6 +700,15 @@ def _cliff_with_wandering_batch(tmp_path, clock, seed: int = 1, *, start=None, r
     return table_dense(c.ranges)
 
 
+def _without_the_narrow_range_merge(monkeypatch) -> None:
+    """The controller's searches without ``SearchSettings.min_range`` (1): an ablation isolates one
+    mechanism, and the merge of narrow ranges would otherwise also clear what the ablated one leaves."""
+    from tabletune_pipelines.controller import logic
+    from tabletune_pipelines.core.evidence import SearchSettings
+
+    monkeypatch.setattr(logic, "SearchSettings", lambda **kw: SearchSettings(**{**kw, "min_range": 1}))
+
+
 def test_the_table_leaves_the_cliff_while_the_batch_size_wanders(tmp_path, clock, monkeypatch):
     """The explored k's served steps spread over the batch sizes the load visits; pooled over
     neighbouring B (``StepTimeModel.pool_halfwidth``) they make evidence where one or two per cell did
@@ -713,6 +722,7 @@ def test_the_table_leaves_the_cliff_while_the_batch_size_wanders(tmp_path, clock
     # step that admits a request crosses the ceiling.
     assert ended[10:] == [1] * 6, ended
     monkeypatch.setattr(StepTimeModel, "pool_halfwidth", lambda self: 0)
+    _without_the_narrow_range_merge(monkeypatch)
     unpooled = _cliff_with_wandering_batch(tmp_path / "cells", clock)
     assert unpooled[9:].count(3) >= 3, unpooled  # cell by cell, most of the range stays on the cliff
 
@@ -812,5 +822,6 @@ def test_unvisited_batch_sizes_follow_the_decode_surface_not_the_start_table(tmp
         return extra, var
 
     monkeypatch.setattr(StepTimeModel, "served_extra_cov", independent)
+    _without_the_narrow_range_merge(monkeypatch)
     held = _quartered_with_wandering_batch(tmp_path / "independent", clock)
     assert [held[b - 1] for b in far] == [0] * len(far), held

@@ -293,3 +293,53 @@ def test_a_revision_moves_to_the_k_below_unless_the_best_beats_it_beyond_the_evi
     var2 = var.copy()
     var2[2, 1] = (0.03 * t2[2, 1]) ** 2
     assert search_with_evidence(t2, var2, ks, rates, incumbent=[1, 0]).choice.chosen == (1, 3)
+
+
+def test_a_range_narrower_than_min_range_takes_the_neighbours_k_unless_its_own_is_better():
+    """Worked numbers: ks (1, 2, 3), eight batch sizes. k = 1 and k = 2 tie exactly at B = 4-8 (G = 0.17
+    per ms each), k = 3 is 10 % better than both at B = 1-3 and 10 % worse at B = 4-8. The table in force
+    alternates 1 and 2 over B = 4-8, which no evidence can change (a tie). With ``min_range`` 4 the
+    single-batch-size ranges of k = 1 (B = 4 and B = 7) take k = 2, their neighbour they do not beat
+    (k = 1 beats k = 3 at B = 4 by 11 %, so B = 4 does not go to k = 3). B = 1-3 (k = 3, three batch
+    sizes) stays: k = 3 beats k = 2 there by 10 %."""
+    ks, rates = (1, 2, 3), (0.7, 0.5, 0.3)
+    tau = tau_curve(rates)  # 1, 1.7, 2.2, 2.5
+    n = 8
+    g12 = np.full(n, 0.17)
+    g3 = np.where(np.arange(1, n + 1) <= 3, 1.10, 1 / 1.10) * g12
+    t = np.stack([tau[1] / g12, tau[2] / g12, tau[3] / g3])
+    inc = [3, 3, 3, 1, 2, 2, 1, 2]
+    kept = search_with_evidence(t, None, ks, rates, incumbent=inc)
+    assert kept.choice.chosen == tuple(inc)  # the evidence rule alone keeps the alternation
+    merged = search_with_evidence(t, None, ks, rates, settings=SearchSettings(min_range=4), incumbent=inc)
+    assert merged.ranges == [[1, 3, 3], [4, 8, 2]]
+    # A wider min_range does not take B = 1-3 either: k = 3 is better than its only neighbour there.
+    assert search_with_evidence(t, None, ks, rates, settings=SearchSettings(min_range=8),
+                                incumbent=inc).ranges == [[1, 3, 3], [4, 8, 2]]
+    # ... but a k = 3 only 0.3 % better (under the 0.5 % stickiness) is merged away.
+    g3b = np.where(np.arange(1, n + 1) <= 3, 1.003, 1 / 1.10) * g12
+    t2 = np.stack([tau[1] / g12, tau[2] / g12, tau[3] / g3b])
+    assert search_with_evidence(t2, None, ks, rates, settings=SearchSettings(min_range=4),
+                                incumbent=inc).ranges == [[1, 8, 2]]
+    with pytest.raises(InvalidValueError, match="min_range = 0"):
+        SearchSettings(min_range=0)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(revisions(), st.integers(2, 6))
+def test_after_the_merge_a_narrow_range_is_better_than_each_neighbour_and_a_revision_keeps_it(p, m):
+    t, ks, rates, var, inc, stick = p
+    run = SearchSettings(threshold=stick, min_range=m)
+    ev = search_with_evidence(t, var, ks, rates, settings=run, incumbent=inc)
+    lim = math.log1p(stick)
+    chosen = ev.choice.chosen
+    for s, e, k in ev.ranges:
+        if e - s + 1 >= m:
+            continue
+        for nb in ([chosen[s - 2]] if s > 1 else []) + ([chosen[e]] if e < len(chosen) else []):
+            d = ev.log_ratio[ks.index(k), ks.index(nb), s - 1:e]
+            assert np.any(d > lim), (ev.ranges, k, nb)
+    # Revising the result with the same evidence changes nothing: the merge never undoes a move the
+    # evidence rule would make again.
+    again = search_with_evidence(t, var, ks, rates, settings=run, incumbent=chosen)
+    assert again.choice.chosen == chosen
