@@ -332,6 +332,21 @@ def _merge_narrow(pick: np.ndarray, g: np.ndarray, log_ratio: np.ndarray, lim: f
     return pick
 
 
+def _evidence_rule(incumbent: Sequence[int] | None, g: np.ndarray, log_ratio: np.ndarray, sd: np.ndarray, z: float,
+                   lim: float, ks: tuple[int, ...], rows: list[int], min_range: int) -> tuple[int, ...]:
+    """k per batch size under the evidence rule: the incumbent revised (or a walk up the batch sizes
+    without one), then ranges narrower than ``min_range`` merged (``_merge_narrow``)."""
+    if incumbent is not None:
+        chosen = _revise(incumbent, g, log_ratio, sd, z, lim, ks, rows)
+    else:
+        chosen = _walk_up(g, log_ratio, sd, z, lim, ks, rows)
+    if min_range <= 1:
+        return chosen
+    row_of = {k: i for i, k in enumerate(ks)}
+    merged = _merge_narrow(np.array([row_of[k] for k in chosen]), g, log_ratio, lim, min_range)
+    return tuple(int(ks[i]) for i in merged)
+
+
 def _walk_up(g: np.ndarray, log_ratio: np.ndarray, sd: np.ndarray, z: float, lim: float,
              ks: tuple[int, ...], rows: list[int]) -> tuple[int, ...]:
     """The evidence rule from scratch: up the batch sizes, the previous batch size's k is kept
@@ -436,15 +451,7 @@ def search_with_evidence(
             raise InvalidValueError("an incumbent table is revised by the evidence policy only, not by 'stickiness'")
         chosen = choose_draft_lengths(t, ks, rates, allowed_ks=allowed, stickiness=threshold).chosen
     else:
-        lim = math.log1p(threshold)
-        if incumbent is not None:
-            chosen = _revise(incumbent, g, log_ratio, sd, z, lim, ks, rows)
-        else:
-            chosen = _walk_up(g, log_ratio, sd, z, lim, ks, rows)
-        if settings.min_range > 1:
-            row_of = {k: i for i, k in enumerate(ks)}
-            merged = _merge_narrow(np.array([row_of[k] for k in chosen]), g, log_ratio, lim, settings.min_range)
-            chosen = tuple(int(ks[i]) for i in merged)
+        chosen = _evidence_rule(incumbent, g, log_ratio, sd, z, math.log1p(threshold), ks, rows, settings.min_range)
     choice = TableChoice(ks=ks, chosen=tuple(chosen), goodput=g)
     return EvidenceTable(choice=choice, policy=policy, threshold=float(threshold), confidence=float(confidence),
                          z=float(z), log_ratio=log_ratio, log_sd=sd, allowed=allowed, has_errors=has_errors,
