@@ -300,7 +300,7 @@ def test_a_range_narrower_than_min_range_takes_the_neighbours_k_unless_its_own_i
     per ms each), k = 3 is 10 % better than both at B = 1-3 and 10 % worse at B = 4-8. The table in force
     alternates 1 and 2 over B = 4-8, which no evidence can change (a tie). With ``min_range`` 4 the
     single-batch-size ranges of k = 1 (B = 4 and B = 7) take k = 2, their neighbour they do not beat
-    (k = 1 beats k = 3 at B = 4 by 11 %, so B = 4 does not go to k = 3). B = 1-3 (k = 3, three batch
+    (k = 1 beats k = 3 at B = 4 by 10 %, so B = 4 does not go to k = 3). B = 1-3 (k = 3, three batch
     sizes) stays: k = 3 beats k = 2 there by 10 %."""
     ks, rates = (1, 2, 3), (0.7, 0.5, 0.3)
     tau = tau_curve(rates)  # 1, 1.7, 2.2, 2.5
