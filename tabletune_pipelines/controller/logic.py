@@ -21,7 +21,7 @@ The vLLM adapter (``controller/scheduler.py``) calls three methods; a simulator 
      (``core.evidence.search_with_evidence``, one implementation) revising the table in force, so
      a k changes at a batch size only when the lower confidence bound of its gain (acceptance
      counts and step-time spread) clears ``stickiness``, and a range narrower than the step-time
-     evidence pools (``StepTimeModel.evidence_reach() + 1`` batch sizes) takes a neighbour's k unless
+     evidence pools (``StepTimeModel.pool_width()`` batch sizes) takes a neighbour's k unless
      its own beats that k beyond the threshold; while the flap backoff holds the table
      (``flapping.FlapCounter``: after a change that flips some batch size back, for 8, 64, 512, ...
      rebuilds as the flips repeat, up to ``flap_backoff_rebuilds``) a batch size goes back to its
@@ -538,7 +538,7 @@ class Controller:
         cov = rates_covariance(rates, drafted_per_pos=n_eff.tolist())
         incumbent = dense_from_ranges(self.candidate_ranges, self._n)
         search = SearchSettings(allowed_ks=start.allowed_k, threshold=float(s.stickiness),
-                                confidence=float(s.evidence_confidence), min_range=model.evidence_reach() + 1)
+                                confidence=float(s.evidence_confidence), min_range=model.pool_width())
         ev = search_with_evidence(times, var, start.allowed_k, rates, rates_cov=cov, settings=search,
                                   incumbent=incumbent)
         chosen = np.asarray(ev.choice.chosen, dtype=np.int64)

@@ -194,6 +194,12 @@ class StepTimeModel:
         the default hysteresis of 2."""
         return max(self.hysteresis + 1, int(round(SERVED_POOL_FRACTION * self.n)))
 
+    def pool_width(self) -> int:
+        """Batch sizes one pooled cell of the served extra spans: ``2 · pool_halfwidth() + 1`` (13 at
+        max_num_seqs 128, 7 at 16). No range narrower than this is told apart by the served evidence:
+        the controller's search merges narrower ones (``core.evidence.SearchSettings.min_range``)."""
+        return 2 * self.pool_halfwidth() + 1
+
     def _pool(self, x: np.ndarray) -> np.ndarray:
         """Per k, the sum of ``x`` over the batch sizes within ``pool_halfwidth()`` of each B."""
         h = self.pool_halfwidth()

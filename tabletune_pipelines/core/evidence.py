@@ -38,7 +38,8 @@ import numpy as np
 
 from tabletune_pipelines.core.goodput import tau_curve
 from tabletune_pipelines.core.noise import z_value
-from tabletune_pipelines.core.table import DEFAULT_STICKINESS, TableChoice, choose_draft_lengths, goodput_matrix
+from tabletune_pipelines.core.table import (DEFAULT_STICKINESS, TableChoice, choose_draft_lengths, compact_ranges,
+                                            goodput_matrix)
 from tabletune_pipelines.errors import EmptyProfileError, InvalidStepTimeError, InvalidValueError
 from tabletune_pipelines.vocab import SEARCH_RULES, SearchRule
 
@@ -295,41 +296,34 @@ def _revise(incumbent: Sequence[int], g: np.ndarray, log_ratio: np.ndarray, sd: 
     return tuple(int(ks[i]) for i in pick)
 
 
+def _merge_target(pick: np.ndarray, s: int, e: int, g: np.ndarray, log_ratio: np.ndarray, lim: float) -> int | None:
+    """The row that the range ``pick[s:e]`` merges into: of its neighbouring ranges' rows, those its
+    own row does not beat by more than ``lim`` (log, point estimates) at any of its batch sizes, the
+    one with the higher mean log goodput over the range (the lower one on a tie); None if neither."""
+    own = int(pick[s])
+    around = ([int(pick[s - 1])] if s > 0 else []) + ([int(pick[e])] if e < pick.size else [])
+    fits = [nb for nb in around if not np.any(log_ratio[own, nb, s:e] > lim)]
+    return max(fits, key=lambda nb: float(np.log(g[nb, s:e]).mean()), default=None)
+
+
 def _merge_narrow(pick: np.ndarray, g: np.ndarray, log_ratio: np.ndarray, lim: float, min_range: int) -> np.ndarray:
     """Rows per batch size with every range narrower than ``min_range`` batch sizes merged into a
     neighbouring range wherever its own k does not beat the neighbour's by more than the
     stickiness threshold, on point estimates, at any of its batch sizes (so not on the evidence
-    either: the merge never undoes what the evidence rule would do again). Of two neighbours that
-    qualify, the one with the higher mean log goodput over the range takes it. Narrowest ranges
-    first, one merge at a time, until none qualifies: each merge removes a range, so this ends
-    within the number of ranges. A narrow range stays where its k is better than both neighbours'."""
+    either: the merge never undoes what the evidence rule would do again; ``_merge_target``).
+    Narrowest ranges first, one merge at a time, until none qualifies: each merge removes a range,
+    so this ends within the number of ranges. A narrow range stays where its k is better than both
+    neighbours'."""
     pick = pick.copy()
-    n = pick.size
-    for _ in range(n):
-        edges = np.flatnonzero(np.diff(pick)) + 1
-        starts = np.concatenate([[0], edges])
-        ends = np.concatenate([edges, [n]])  # exclusive
-        order = np.argsort(ends - starts, kind="stable")
-        merged = False
-        for r in order:
-            s, e = int(starts[r]), int(ends[r])
-            if e - s >= min_range:
+    while True:
+        narrow = sorted((r for r in compact_ranges(pick) if r[1] - r[0] + 1 < min_range), key=lambda r: r[1] - r[0])
+        for start, end, _ in narrow:
+            nb = _merge_target(pick, start - 1, end, g, log_ratio, lim)
+            if nb is not None:
+                pick[start - 1:end] = nb
                 break
-            own = int(pick[s])
-            best, best_score = None, -np.inf
-            for nb in ([int(pick[s - 1])] if s > 0 else []) + ([int(pick[e])] if e < n else []):
-                if np.any(log_ratio[own, nb, s:e] > lim):
-                    continue
-                score = float(np.log(g[nb, s:e]).mean())
-                if score > best_score:
-                    best, best_score = nb, score
-            if best is not None:
-                pick[s:e] = best
-                merged = True
-                break
-        if not merged:
-            break
-    return pick
+        else:
+            return pick
 
 
 def _evidence_rule(incumbent: Sequence[int] | None, g: np.ndarray, log_ratio: np.ndarray, sd: np.ndarray, z: float,
@@ -380,8 +374,8 @@ class SearchSettings:
     min_range: int = 1
     """Under the evidence rule, a range narrower than this many batch sizes keeps its k only where
     that k beats a neighbouring range's k by more than ``threshold`` (point estimates) at one of its
-    batch sizes at least; otherwise it takes the neighbour's k (1: no such pass). The online controller sets it to
-    the width its step-time evidence pools (``StepTimeModel.evidence_reach() + 1``)."""
+    batch sizes at least; otherwise it takes the neighbour's k (1: no such pass). The online
+    controller sets it to the width its served evidence pools (``StepTimeModel.pool_width()``)."""
 
     def __post_init__(self) -> None:
         if self.policy not in SEARCH_RULES:

@@ -96,7 +96,7 @@ def test_variance_carries_the_profile_error_and_the_live_spread():
 
 def test_served_extra_pools_neighbouring_batch_sizes_and_keeps_the_prior_elsewhere():
     m = model()  # 8 batch sizes, hysteresis 0: the pool is B ± 1 (5 % of 8 rounds to 0, at least 1)
-    assert m.pool_halfwidth() == 1
+    assert m.pool_halfwidth() == 1 and m.pool_width() == 3  # B - 1 .. B + 1
     # k = 3's served steps (no clean step, so T̂ is the profile, 10 ms): 10 of 14 ms at B = 4, 10 of 16 at B = 5.
     s, c = obs(m.profile.shape, {(1, 4): (14.0, 10), (1, 5): (16.0, 10)})
     m.add_served(s, c, np.where(c > 0, s * s / np.maximum(c, 1), 0.0))
@@ -116,6 +116,7 @@ def test_served_extra_pools_neighbouring_batch_sizes_and_keeps_the_prior_elsewhe
     wide = model(hysteresis=2)
     wide.add_served(s, c, np.where(c > 0, s * s / np.maximum(c, 1), 0.0))
     assert wide.pool_halfwidth() == 3 and wide.served_extra()[0][1, 0] > 0.0  # B = 1 pools B = 1..4
+    assert wide.pool_width() == 7
 
 
 def test_the_unknown_served_extra_is_shared_where_neither_k_was_served():
