@@ -38,8 +38,8 @@ import numpy as np
 
 from tabletune_pipelines.core.goodput import tau_curve
 from tabletune_pipelines.core.noise import z_value
-from tabletune_pipelines.core.table import (DEFAULT_STICKINESS, TableChoice, choose_draft_lengths, compact_ranges,
-                                            goodput_matrix)
+from tabletune_pipelines.core.table import (DEFAULT_STICKINESS, TableChoice, choose_draft_lengths, goodput_matrix,
+                                            range_bounds)
 from tabletune_pipelines.errors import EmptyProfileError, InvalidStepTimeError, InvalidValueError
 from tabletune_pipelines.vocab import SEARCH_RULES, SearchRule
 
@@ -316,11 +316,13 @@ def _merge_narrow(pick: np.ndarray, g: np.ndarray, log_ratio: np.ndarray, lim: f
     neighbours'."""
     pick = pick.copy()
     while True:
-        narrow = sorted((r for r in compact_ranges(pick) if r[1] - r[0] + 1 < min_range), key=lambda r: r[1] - r[0])
-        for start, end, _ in narrow:
-            nb = _merge_target(pick, start - 1, end, g, log_ratio, lim)
+        starts, ends = range_bounds(pick)
+        widths = ends - starts
+        for r in np.argsort(widths, kind="stable")[:int(np.count_nonzero(widths < min_range))]:
+            s, e = int(starts[r]), int(ends[r])
+            nb = _merge_target(pick, s, e, g, log_ratio, lim)
             if nb is not None:
-                pick[start - 1:end] = nb
+                pick[s:e] = nb
                 break
         else:
             return pick

@@ -130,15 +130,21 @@ def expand_table(table: object, max_num_seqs: int, max_k: int) -> list[int]:
     return [int(k) for k in dense_from_ranges(parsed, max_num_seqs, max_k)]
 
 
+def range_bounds(ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Dense k per batch size (a non-empty 1-d array) → (first index, index past the last) of each
+    range of equal k, as arrays: the one place that finds a table's ranges (``compact_ranges`` and
+    the evidence search's merge of narrow ranges read them from here)."""
+    cuts = np.flatnonzero(np.diff(ks)) + 1
+    return np.concatenate([[0], cuts]), np.concatenate([cuts, [ks.size]])
+
+
 def compact_ranges(ks: Sequence[int]) -> list[list[int]]:
     """Dense k per batch size (index B - 1) → vLLM's ``[[start, end, k], ...]``: the one compaction
     of a table's dense form into its range form (vectorised)."""
     arr = np.asarray(ks, dtype=np.int64).reshape(-1)
     if arr.size == 0:
         raise InvalidTableError("cannot build a table for zero batch sizes")
-    cuts = np.flatnonzero(np.diff(arr)) + 1
-    starts = np.concatenate([[0], cuts])
-    ends = np.concatenate([cuts, [arr.size]])
+    starts, ends = range_bounds(arr)
     return [[int(s) + 1, int(e), int(arr[s])] for s, e in zip(starts, ends)]
 
 
