@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (one H200, vLLM 0.26.0 from the payload, no network), from a copy of the
 # project (e.g. .gpu/src = `git archive HEAD`), after `source .gpu/setup.sh`. One step per call:
-#   bash deploy/gpu/h200.sh prep                      unpack the duckdb wheel carried in parts
+#   bash deploy/gpu/h200.sh prep                      install the duckdb wheel carried in .gpu/duck (cp312)
 #   bash deploy/gpu/h200.sh profile dense|moe ARGS..  `tabletune profile` on that engine (resumable)
 #   bash deploy/gpu/h200.sh table dense|moe RATES     the tuned table (vLLM JSON) for a_1..a_K
 #   bash deploy/gpu/h200.sh goodput dense|moe ARGS..  benchmarks/gpu_goodput.py
 #   bash deploy/gpu/h200.sh controller dense|moe ARGS..  benchmarks/gpu_controller.py (hook cost, repair)
+#   bash deploy/gpu/h200.sh flow dense|moe ARGS..     the whole flow timed: profile, derive, verify, publish
+#                                                     (benchmarks/gpu_flow.py; the store and published files
+#                                                     of $TABLETUNE_HOME are copied to $OUT)
 #   bash deploy/gpu/h200.sh export OUTDIR             the store's own export of every profile
 # The store lives in /tmp/tt-home (kept while the machine stays up; copied out by `export`).
 set -uo pipefail
@@ -18,12 +21,11 @@ dep() { case "$1" in dense) echo h200-qwen3-4b-eagle3;; moe) echo h200-qwen3-30b
 step=$1; shift
 case "$step" in
   prep)
-    # The duckdb wheel (cp312) travels in nine parts over two transfers (each transfer <= 64 MiB).
-    for d in "${TT_PARTS:-../d1}" "${TT_PARTS2:-../d2}"; do [ -d "$d" ] && cp -u "$d"/duck.* $G/ 2>/dev/null; done
-    if [ ! -d $G/duck/duckdb ] && [ "$(ls $G/duck.? 2>/dev/null | wc -l)" -ge 9 ]; then
-      W=$G/duckdb-2.0.1-cp312-abi3-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl
-      cat $G/duck.? > $W && python3 -m pip install -q --no-index --no-deps --no-compile \
-        --target $G/duck $W && echo "[h200] duckdb ready"
+    # The duckdb wheel (cp312 manylinux, ~24 MiB) rides in its own transfer: carry .gpu/duck.
+    for w in .gpu/duck/duckdb-*.whl; do [ -f "$w" ] && cp -u "$w" $G/; done
+    W=$(ls $G/duckdb-*.whl 2>/dev/null | head -1)
+    if [ ! -d $G/duck/duckdb ] && [ -n "$W" ]; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --target $G/duck "$W" && echo "[h200] duckdb ready"
     fi
     python3 -c "import duckdb, yaml, pydantic; print('[h200] imports ok: duckdb', duckdb.__version__)" 2>&1 | tail -1
     ;;
@@ -41,6 +43,13 @@ case "$step" in
   controller)
     e=$1; shift
     python3 benchmarks/gpu_controller.py --engine $e "$@"
+    ;;
+  flow)
+    e=$1; shift
+    python3 benchmarks/gpu_flow.py --fleet $TABLETUNE_FLEET --deployment "$(dep $e)" --db $DB --out "${OUT:-/tmp/out}/$e" "$@"
+    rc=$?
+    mkdir -p "${OUT:-/tmp/out}/$e/home" && cp -r $TABLETUNE_HOME/published $DB "${OUT:-/tmp/out}/$e/home/" 2>/dev/null
+    exit $rc
     ;;
   export)
     python3 -m tabletune_pipelines.store.export "$DB" "$1" && cp $DB "$1/" 2>/dev/null

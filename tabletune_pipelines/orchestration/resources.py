@@ -65,47 +65,36 @@ class EngineResource(dg.ConfigurableResource):
                                           "budget_s (default 75 on the CPU build, 300 on a GPU), loads, rounds, "
                                           "window_s, tolerance (0.03), acceptance (auto|real|prior).")
 
-    def _cache(self) -> str:
-        return self.cache_dir or str(deployments.default_cache_dir())
-
-    def _work(self, sub: str) -> Path:
-        if self.work_dir is None:
-            return deployments.default_work_dir(sub)
-        p = Path(self.work_dir) / sub
-        p.mkdir(parents=True, exist_ok=True)
-        return p
+    def local(self) -> deployments.LocalEngine:
+        """This configuration as the library's engine, which every call below goes to."""
+        return deployments.LocalEngine(
+            cache_dir=self.cache_dir, work_dir=self.work_dir, probe_timeout_s=self.probe_timeout_s,
+            profile_options=self.profile_options, acceptance_options=self.acceptance_options,
+            served_verification=self.served_verification, where="EngineResource")
 
     def current_identity(self, dep: Deployment) -> EngineIdentity:
         """Raises ``errors.EndpointUnreachable`` when a remote endpoint does not answer."""
-        return deployments.current_identity(dep, self.probe_timeout_s)
+        return self.local().current_identity(dep)
 
     def local_model_path(self, name: str | None, drafter: bool = False, dtype: str | None = None) -> str | None:
         """Where a fleet model name lives for this engine (``tiny:<size>`` → the folder built in ``dtype``)."""
-        return deployments.resolve_model(name, self._cache(), drafter=drafter, dtype=dtype)
+        return self.local().local_model_path(name, drafter, dtype)
 
     def profile(self, identity: EngineIdentity, dep: Deployment | None, store: TableTuneStore,
                 log: logging.Logger) -> StepTimeProfile:
-        options = deployments.ProfileOptions.from_mapping(self.profile_options, where="EngineResource profile_options")
-        return deployments.profile(identity, dep, store, log=log, options=options, cache_dir=self._cache(),
-                                   work_dir=self._work("profile"))
+        return self.local().profile(identity, dep, store, log)
 
     def served_verification_options(self) -> ServedVerificationOptions:
-        return ServedVerificationOptions.from_mapping(self.served_verification,
-                                                      where="EngineResource served_verification")
+        return self.local().served_verification_options()
 
     def verify_served(self, identity: EngineIdentity, dep: Deployment | None, table: DraftLengthTable,
                       prior: AcceptancePrior | None, log: logging.Logger) -> ServedVerification:
         """The table against every fixed k by served goodput, in one launch of this engine."""
-        return deployments.verify_served(identity, dep, table, prior, log=log,
-                                         options=self.served_verification_options(), cache_dir=self._cache(),
-                                         work_dir=self._work("verify"))
+        return self.local().verify_served(identity, dep, table, prior, log)
 
     def measure_acceptance(self, identity: EngineIdentity, dep: Deployment, prompts_file: Path, week: str,
                            log: logging.Logger) -> AcceptancePrior:
-        options = deployments.AcceptanceOptions.from_mapping(self.acceptance_options,
-                                                             where="EngineResource acceptance_options")
-        return deployments.measure_acceptance(identity, dep, prompts_file, week, log=log, options=options,
-                                              cache_dir=self._cache(), work_dir=self._work("acceptance"))
+        return self.local().measure_acceptance(identity, dep, prompts_file, week, log)
 
 
 _GATE_DOCS = field_docs(GateThresholds)

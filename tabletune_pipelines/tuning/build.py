@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from tabletune_pipelines.core.evidence import DEFAULT_CONFIDENCE, DEFAULT_SEARCH_RULE
+from tabletune_pipelines.core.table import DEFAULT_STICKINESS
 from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, StepTimeProfile
 from tabletune_pipelines.errors import PipelineFailure, TableTuneError
 from tabletune_pipelines.tuning.derive import DeriveOptions, TunedTable, derive_table
@@ -39,6 +41,24 @@ class BuildSettings(Protocol):
     stickiness: float
     search_policy: str
     confidence: float
+
+
+@dataclass(frozen=True)
+class DefaultBuildSettings:
+    """``BuildSettings`` without Dagster, at the defaults of the pipeline's ``TuningSettings`` resource
+    (a run on a GPU node with only vLLM: ``benchmarks/gpu_flow.py``)."""
+
+    thresholds: GateThresholds = GateThresholds()
+    """The gates' thresholds."""
+    stickiness: float = DEFAULT_STICKINESS
+    """The threshold a gain (its lower bound, under the evidence rule) must exceed for the table to change k."""
+    search_policy: str = DEFAULT_SEARCH_RULE
+    """``evidence`` or ``stickiness`` (``core.evidence``)."""
+    confidence: float = DEFAULT_CONFIDENCE
+    """Level of every bound."""
+
+    def gates(self) -> GateThresholds:
+        return self.thresholds
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from tabletune_pipelines.formats.identity_match import COMPARED_FIELDS, identity
 from tabletune_pipelines.options import options_from_mapping
 
 __all__ = [
-    "AcceptanceOptions", "CurrentIdentity", "Engine", "EndpointUnreachable", "EngineMismatchError", "ProfileOptions",
+    "AcceptanceOptions", "CurrentIdentity", "Engine", "EndpointUnreachable", "LocalEngine", "EngineMismatchError", "ProfileOptions",
     "check_local_engine", "current_identity", "default_cache_dir", "default_work_dir", "deployment_for_identity",
     "deployments_running", "identity_for", "measure_acceptance", "probe_vllm_version", "profile", "resolve_identity",
     "resolve_model", "same_engine", "verification_launch_table", "verify_served",
@@ -344,3 +344,69 @@ def verify_served(identity: EngineIdentity, dep: Deployment | None, table: Any, 
             prompt=lambda rng: rng.choice(prompts), output_tokens=tuple(opts.output_tokens), acceptance=acceptance,
             progress=log.info)
         return dataclasses.replace(result, launch_s=server.startup_seconds)
+
+
+# -- the engine without Dagster ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LocalEngine:
+    """The ``Engine`` of a run without Dagster (a GPU node with only vLLM: ``benchmarks/gpu_flow.py``):
+    the functions above with one configuration. The pipeline's ``EngineResource`` holds the same
+    fields as Dagster config and hands every call to one of these."""
+
+    cache_dir: str | None = None
+    """Tiny models cache; None = ``$TABLETUNE_HOME/models``."""
+    work_dir: str | None = None
+    """Server logs and scratch; None = ``$TABLETUNE_HOME/work``."""
+    probe_timeout_s: float = 5.0
+    """Timeout of a deployment's ``/version`` probe."""
+    profile_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """``ProfileOptions`` fields, e.g. batch_sizes, repetitions, fixed_k_baseline."""
+    acceptance_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """``AcceptanceOptions`` fields, e.g. max_tokens, seed."""
+    served_verification: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """``evaluation.served.ServedVerificationOptions`` fields of the check before publishing."""
+    where: str = "engine"
+    """How error messages name this configuration (the pipeline: ``EngineResource``)."""
+
+    def _cache(self) -> str:
+        return self.cache_dir or str(default_cache_dir())
+
+    def _work(self, sub: str) -> Path:
+        if self.work_dir is None:
+            return default_work_dir(sub)
+        p = Path(self.work_dir) / sub
+        p.mkdir(parents=True, exist_ok=True)
+        return p
+
+    def current_identity(self, dep: Deployment) -> EngineIdentity:
+        """Raises ``errors.EndpointUnreachable`` when a remote endpoint does not answer."""
+        return current_identity(dep, self.probe_timeout_s)
+
+    def local_model_path(self, name: str | None, drafter: bool = False, dtype: str | None = None) -> str | None:
+        """Where a fleet model name lives for this engine (``tiny:<size>`` → the folder built in ``dtype``)."""
+        return resolve_model(name, self._cache(), drafter=drafter, dtype=dtype)
+
+    def profile(self, identity: EngineIdentity, dep: Deployment | None, store: Any,
+                log: logging.Logger) -> StepTimeProfile:
+        options = ProfileOptions.from_mapping(self.profile_options, where=f"{self.where} profile_options")
+        return profile(identity, dep, store, log=log, options=options, cache_dir=self._cache(),
+                       work_dir=self._work("profile"))
+
+    def served_verification_options(self) -> Any:
+        from tabletune_pipelines.evaluation.served import ServedVerificationOptions
+
+        return ServedVerificationOptions.from_mapping(self.served_verification,
+                                                      where=f"{self.where} served_verification")
+
+    def verify_served(self, identity: EngineIdentity, dep: Deployment | None, table: Any,
+                      prior: AcceptancePrior | None, log: logging.Logger) -> Any:
+        """The table against every fixed k by served goodput, in one launch of this engine."""
+        return verify_served(identity, dep, table, prior, log=log, options=self.served_verification_options(),
+                             cache_dir=self._cache(), work_dir=self._work("verify"))
+
+    def measure_acceptance(self, identity: EngineIdentity, dep: Deployment, prompts_file: Path, week: str,
+                           log: logging.Logger) -> AcceptancePrior:
+        options = AcceptanceOptions.from_mapping(self.acceptance_options, where=f"{self.where} acceptance_options")
+        return measure_acceptance(identity, dep, prompts_file, week, log=log, options=options,
+                                  cache_dir=self._cache(), work_dir=self._work("acceptance"))

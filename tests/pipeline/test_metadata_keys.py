@@ -85,7 +85,7 @@ def test_table_and_publication_keep_their_keys_and_share_one_description_of_the_
     assert set(table_md.metadata) == TABLE_KEYS
     assert [c.check_name for c in table_md.check_results] == [g.name for g in built.gates]
     pub = publish_table(world.store, world.fleet, world.key, world.engine,
-                        max_predicted_loss=SETTINGS.max_predicted_loss, log=Log())
+                        max_predicted_loss=SETTINGS.gates().max_predicted_loss, log=Log())
     pub_md = describe_publication(pub)
     assert set(pub_md.metadata) == PUBLISHED_KEYS
     assert set(table_metadata(built.table)) == SHARED
@@ -99,7 +99,7 @@ def test_table_and_publication_keep_their_keys_and_share_one_description_of_the_
     assert (home / "plots").is_dir()
 
     again = describe_publication(publish_table(world.store, world.fleet, world.key, world.engine,
-                                               max_predicted_loss=SETTINGS.max_predicted_loss, log=Log()))
+                                               max_predicted_loss=SETTINGS.gates().max_predicted_loss, log=Log()))
     assert again.metadata["unchanged"].value == ["local-cpu"] and again.metadata["dagster/row_count"] == 0
     assert "served_goodput_plot" not in again.metadata and "(unchanged)" in again.metadata["publications"].value
 
@@ -107,7 +107,7 @@ def test_table_and_publication_keep_their_keys_and_share_one_description_of_the_
 def test_a_refused_publication_still_describes_its_check(world, home):
     build_table(world.store, world.key, SETTINGS, log=Log())
     pub = publish_table(world.store, world.fleet, world.key, FakeEngine(verification_crashes=True),
-                        max_predicted_loss=SETTINGS.max_predicted_loss, log=Log())
+                        max_predicted_loss=SETTINGS.gates().max_predicted_loss, log=Log())
     check = served_check(pub)
     assert pub.refusal and not check.passed and check.severity == dg.AssetCheckSeverity.ERROR
     assert "could not run" in check.description and "served_goodput_plot" not in check.metadata

@@ -6,23 +6,19 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
-from tabletune_pipelines.core.evidence import DEFAULT_CONFIDENCE, DEFAULT_SEARCH_RULE
-from tabletune_pipelines.core.table import DEFAULT_STICKINESS
 from tabletune_pipelines.tuning.deployments import identity_for
 from tabletune_pipelines.errors import EndpointUnreachable, EngineCrashedError
 from tabletune_pipelines.evaluation.served import ServedVerificationOptions
 from tabletune_pipelines.formats.fleet import Fleet, parse_fleet
 from tabletune_pipelines.store import TableTuneStore
-from tabletune_pipelines.tuning.gates import GateThresholds
+from tabletune_pipelines.tuning.build import DefaultBuildSettings
 from tests.tuning.samples import RATES, scripted_prior, scripted_profile, scripted_verification
 
 WEEK = "2026-11-16"
 
-SETTINGS = SimpleNamespace(**vars(GateThresholds()), gates=GateThresholds, stickiness=DEFAULT_STICKINESS,
-                           search_policy=DEFAULT_SEARCH_RULE, confidence=DEFAULT_CONFIDENCE)
+SETTINGS = DefaultBuildSettings()
 """The knobs ``tuning.build.build_table`` takes (``BuildSettings``), at the defaults of the pipeline's
 ``TuningSettings`` resource: the gates' thresholds and the table search's settings."""
 

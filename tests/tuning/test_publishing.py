@@ -37,7 +37,7 @@ def setup(tmp_path, *names, engine=None, allowed_ks=None):
 
 
 def publish(s, f, key, engine, **kw):
-    kw.setdefault("max_predicted_loss", SETTINGS.max_predicted_loss)
+    kw.setdefault("max_predicted_loss", SETTINGS.gates().max_predicted_loss)
     return publish_table(s, f, key, engine, log=kw.pop("log", Log()), **kw)
 
 
