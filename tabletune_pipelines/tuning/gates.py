@@ -359,7 +359,9 @@ def cuda_graph_headroom_gate(table: DraftLengthTable, cudagraph_mode: str, *, ca
     priced = [t for t in (served.get("fits") or {}) if t.endswith(">none") and not t.startswith("none")]
     if served:
         over = [(int(b), int(k)) for b, k, _ in served.get("unmeasured_cliff", [])]
-        basis = f"under the workload {served.get('workload', {})}"
+        wl = served.get("workload") or {}
+        basis = (f"under the workload of {wl['prompt_tokens']:g}-token prompts and {wl['output_tokens']:g}-token outputs"
+                 if "prompt_tokens" in wl and "output_tokens" in wl else "under the table's workload")
     else:
         over = [] if priced else over_cap
         basis = f"B·(1 + k) + {prefill_tokens} prefill tokens"

@@ -84,6 +84,7 @@ def test_with_a_workload_and_no_mixed_steps_the_cliff_blocks():
     gate = cuda_graph_headroom_gate(table, "full_and_piecewise")
     assert not gate.passed and gate.blocking
     assert min(gate.figures["batch_sizes_over_the_cap"]) > 64  # k = 3 crosses only at large B
+    assert "under the workload of 32-token prompts and 96-token outputs" in gate.description, gate.description
 
 
 def test_a_measured_cliff_is_priced_in_and_passes():
