@@ -151,6 +151,10 @@ class Workload:
         """Mean requests admitted per step in a closed loop of B requests: B·τ(k) / L_out."""
         return np.asarray(batch, dtype=float) * float(tau) / float(self.output_tokens)
 
+    def describe(self) -> str:
+        """The workload in words, as gates and metadata show it."""
+        return f"{self.prompt_tokens:g}-token prompts and {self.output_tokens:g}-token outputs"
+
     def to_dict(self) -> dict[str, Any]:
         return {"prompt_tokens": float(self.prompt_tokens), "output_tokens": float(self.output_tokens),
                 "source": self.source}

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 
 from tabletune_pipelines.core.goodput import tau_curve, validate_acceptance
-from tabletune_pipelines.core.stepcost import default_capture_ceiling
+from tabletune_pipelines.core.stepcost import Workload, default_capture_ceiling
 from tabletune_pipelines.core.table import expand_table, validate_table, validate_vllm_schedule
 from tabletune_pipelines.formats.documents import (
     AcceptancePrior,
@@ -359,9 +359,10 @@ def cuda_graph_headroom_gate(table: DraftLengthTable, cudagraph_mode: str, *, ca
     priced = [t for t in (served.get("fits") or {}) if t.endswith(">none") and not t.startswith("none")]
     if served:
         over = [(int(b), int(k)) for b, k, _ in served.get("unmeasured_cliff", [])]
-        wl = served.get("workload") or {}
-        basis = (f"under the workload of {wl['prompt_tokens']:g}-token prompts and {wl['output_tokens']:g}-token outputs"
-                 if "prompt_tokens" in wl and "output_tokens" in wl else "under the table's workload")
+        try:
+            basis = f"under the workload of {Workload.from_dict(served['workload']).describe()}"
+        except (KeyError, TypeError, TableTuneError):
+            basis = "under the table's workload"  # a stored table's provenance without a readable workload
     else:
         over = [] if priced else over_cap
         basis = f"B·(1 + k) + {prefill_tokens} prefill tokens"

@@ -45,6 +45,12 @@ def test_envelope_rejects_bad_values():
         Workload(prompt_tokens=float("nan"), output_tokens=10)
 
 
+def test_a_workload_reads_in_words_and_survives_its_dict():
+    w = Workload(prompt_tokens=32, output_tokens=80.5, source="logged")
+    assert w.describe() == "32-token prompts and 80.5-token outputs"
+    assert Workload.from_dict(w.to_dict()) == w
+
+
 def _surface(n=8, ks=(0, 1, 3)):
     # T_dec = 2 + 0.1·B·(1 + k) ms
     b = np.arange(1, n + 1)

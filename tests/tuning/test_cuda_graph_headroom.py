@@ -85,6 +85,10 @@ def test_with_a_workload_and_no_mixed_steps_the_cliff_blocks():
     assert not gate.passed and gate.blocking
     assert min(gate.figures["batch_sizes_over_the_cap"]) > 64  # k = 3 crosses only at large B
     assert "under the workload of 32-token prompts and 96-token outputs" in gate.description, gate.description
+    # A stored table whose provenance lost its workload still gets a verdict, not a KeyError.
+    unreadable = dataclasses.replace(table, served_cost={k: v for k, v in table.served_cost.items() if k != "workload"})
+    gate = cuda_graph_headroom_gate(unreadable, "full_and_piecewise")
+    assert not gate.passed and "under the table's workload" in gate.description, gate.description
 
 
 def test_a_measured_cliff_is_priced_in_and_passes():
