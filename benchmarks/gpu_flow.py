@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-sizes", type=_ints, default=None, help="profile grid (default: the profiler's)")
     ap.add_argument("--repetitions", type=int, default=None)
     ap.add_argument("--remeasure-budget", type=float, default=None, help="seconds (default: the profiler's)")
-    ap.add_argument("--verify-budget", type=float, default=None, help="seconds once the server is up (default: "
+    ap.add_argument("--verify-budget", type=float, default=None, help="seconds once the server is up and warm (default: "
                                                                          "the device's)")
     ap.add_argument("--rates", type=lambda s: tuple(float(x) for x in s.split(",")), default=(0.7, 0.5, 0.3))
     ap.add_argument("--prompt-tokens", type=int, default=32)

@@ -54,7 +54,7 @@ logger = logging.getLogger("tabletune.served")
 __all__ = [
     "DEFAULTS", "EnvelopeAnswer", "LoadGenerator", "LoadVerdict", "PolicyGoodput", "PolicySummary",
     "ServedVerification", "ServedVerificationOptions", "VerificationPlan", "Window", "compare_envelopes",
-    "counted_window", "default_loads", "fixed_name",
+    "counted_window", "default_loads", "first_warmup", "fixed_name",
     "judge", "judge_load", "loss_table", "mean_se", "measure_window", "paired_ratio", "plan_verification", "rotated",
     "run_closed_loop", "summarize", "t_quantile", "table_mismatches", "verify_served",
 ]
@@ -661,15 +661,22 @@ class _Defaults:
     settle_s: float
     warmup_s: float
     min_steps: int
+    first_warmup_s: float
 
 
 DEFAULTS: dict[str, _Defaults] = {
     # CPU build (2 cores, tiny models): steps of a few ms, so 1.5 s windows hold hundreds of steps.
-    "cpu": _Defaults(budget_s=90.0, rounds=3, window_s=1.5, settle_s=0.4, warmup_s=1.5, min_steps=20),
-    # GPU (H200): 3 s windows gave 20-50% round-to-round spreads at loads 64-128, so longer ones.
-    "gpu": _Defaults(budget_s=300.0, rounds=3, window_s=5.0, settle_s=1.0, warmup_s=5.0, min_steps=100),
+    "cpu": _Defaults(budget_s=90.0, rounds=3, window_s=1.5, settle_s=0.4, warmup_s=1.5, min_steps=20,
+                     first_warmup_s=1.5),
+    # GPU (H200): 3 s windows gave 20-50% round-to-round spreads at loads 64-128, so longer ones. The
+    # MoE compiles kernels for new batch shapes in its first ~30 s at high load: after a 5 s warm-up
+    # the first three windows of a launch at load 128 served 0.56-0.76 of the same policies'
+    # later rounds (the H200 MoE, session 19).
+    "gpu": _Defaults(budget_s=300.0, rounds=3, window_s=5.0, settle_s=1.0, warmup_s=5.0, min_steps=100,
+                     first_warmup_s=30.0),
 }
-"""Per device: the time budget of the measurement (the launch not included) and the plan it starts from."""
+"""Per device: the time budget of the measurement (the launch and the first warm-up not included) and
+the plan it starts from."""
 
 SWAP_OVERHEAD_S = 0.2
 """What a table swap costs beyond settle + window (the k-control acknowledgement), for planning."""
@@ -690,7 +697,8 @@ class ServedVerificationOptions:
     enabled: bool = True
     """Off: the check passes as NOT MEASURED and the table publishes on the predicted figures alone."""
     budget_s: float | None = None
-    """Seconds the measurement may take once the server is up (the launch is not counted)."""
+    """Seconds the measurement may take once the server is up (the launch and ``first_warmup_s`` are not
+    counted)."""
     loads: tuple[int, ...] | None = None
     """Closed-loop concurrencies; None = 1, max_num_seqs/2, max_num_seqs."""
     rounds: int | None = None
@@ -701,6 +709,11 @@ class ServedVerificationOptions:
     """Seconds after a table swap before counting."""
     warmup_s: float | None = None
     """Seconds of load before the first window of each load."""
+    first_warmup_s: float | None = None
+    """Seconds of load at the launch's first (largest) load before anything is counted, spent in equal
+    parts on every policy's table, so that each k's step shapes have run before its first window (a
+    cold engine compiles kernels for new shapes; the first window must not pay for them). Not charged
+    to ``budget_s``, like the launch."""
     min_steps: int | None = None
     """A window goes on until it holds this many steps (up to 4 × window_s): a slow engine gets longer
     windows, not thinner ones."""
@@ -726,7 +739,7 @@ class ServedVerificationOptions:
             raise InvalidValueError(f"served verification min_steps = {self.min_steps!r} must be an integer >= 0")
         if self.rounds is not None and (type(self.rounds) is not int or self.rounds < 1):
             raise InvalidValueError(f"served verification rounds = {self.rounds!r} must be an integer >= 1")
-        for name in ("window_s", "settle_s", "warmup_s"):
+        for name in ("window_s", "settle_s", "warmup_s", "first_warmup_s"):
             v = getattr(self, name)
             if v is not None and not (isinstance(v, (int, float)) and v >= 0):
                 raise InvalidValueError(f"served verification {name} = {v!r} must be >= 0 seconds")
@@ -769,6 +782,8 @@ class VerificationPlan:
     """Predicted measuring time of this plan."""
     note: str = ""
     """What the budget changed ('' when nothing)."""
+    first_warmup_s: float = 0.0
+    """Load on every policy in turn before the first load's windows, outside the budget."""
 
 
 def _estimate(n_loads: int, n_policies: int, rounds: int, window_s: float, settle_s: float, warmup_s: float) -> float:
@@ -816,7 +831,7 @@ class ServedVerification:
     verdicts: tuple[LoadVerdict, ...]
     tolerance: float
     elapsed_s: float
-    """Measuring time (the launch not included)."""
+    """Measuring time (the launch and the first warm-up not included)."""
     budget_cut: bool
     """True when the budget ran out before every planned window was measured."""
     candidate_is: str | None = None
@@ -903,6 +918,16 @@ class ServedVerification:
 
 
 # ============================================================================ verification
+def first_warmup(server: Any, tables: Sequence[Sequence[Sequence[int]]], seconds: float,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+    """Run the load already flowing on each of ``tables`` in turn for an equal share of ``seconds``
+    (the launch's first warm-up: every policy's step shapes before anything is counted)."""
+    share = seconds / max(1, len(tables))
+    for table in tables:
+        server.set_k(table=table)
+        sleep(share)
+
+
 def _policies(candidate: Sequence[Sequence[int]], max_k: int, max_num_seqs: int
               ) -> tuple[dict[str, list[list[int]]], str | None]:
     """The fixed k = 0..K policies plus the candidate (unless it equals one of them: then its windows
@@ -920,7 +945,7 @@ def _policies(candidate: Sequence[Sequence[int]], max_k: int, max_num_seqs: int
 def verify_served(server: Any, candidate_table: Sequence[Sequence[int]], *, K: int, max_num_seqs: int,
                   loads: Sequence[int] | None = None, rounds: int | None = None, window_s: float | None = None,
                   budget_s: float | None = None, settle_s: float | None = None, warmup_s: float | None = None,
-                  min_steps: int | None = None, tolerance: float = 0.03, device: str | None = None, vocab_size: int = 2048,
+                  first_warmup_s: float | None = None, min_steps: int | None = None, tolerance: float = 0.03, device: str | None = None, vocab_size: int = 2048,
                   prompt: Callable[[random.Random], Any] | None = None, output_tokens: tuple[int, int] = (32, 128),
                   acceptance: str = "", progress: Callable[[str], None] | None = None,
                   clock: Callable[[], float] = time.monotonic) -> ServedVerification:
@@ -937,10 +962,12 @@ def verify_served(server: Any, candidate_table: Sequence[Sequence[int]], *, K: i
                              window_s=window_s or d.window_s,
                              settle_s=d.settle_s if settle_s is None else settle_s,
                              warmup_s=d.warmup_s if warmup_s is None else warmup_s)
+    plan = dataclasses.replace(plan, first_warmup_s=d.first_warmup_s if first_warmup_s is None else first_warmup_s)
     say(f"served verification of {[list(r) for r in candidate_table]}"
         + (f" (= fixed {same})" if same else "") + f" against fixed k 0..{K} at loads {list(plan.loads)}: "
         f"{plan.rounds} rounds × {len(policies)} policies × {plan.window_s:g} s windows, ~{plan.estimated_s:.0f} s "
-        f"of a {plan.budget_s:.0f} s budget" + (f" ({plan.note})" if plan.note else ""))
+        f"of a {plan.budget_s:.0f} s budget" + (f" ({plan.note})" if plan.note else "")
+        + (f", after a {plan.first_warmup_s:g} s warm-up on every policy in turn" if plan.first_warmup_s else ""))
     t0 = clock()
     names = list(policies)
     windows: list[Window] = []
@@ -956,6 +983,10 @@ def verify_served(server: Any, candidate_table: Sequence[Sequence[int]], *, K: i
         gen = LoadGenerator(server, load, vocab_size, output_tokens=output_tokens, seed=load, prompt=prompt).start()
         last = li == len(plan.loads) - 1
         try:
+            if li == 0 and plan.first_warmup_s > 0:  # every k's shapes once, off the budget's clock
+                tw = clock()
+                first_warmup(server, [policies[n] for n in names], plan.first_warmup_s)
+                t0 += clock() - tw
             time.sleep(plan.warmup_s)
             for r in range(plan.rounds):
                 for name in rotated(names, r + li):

@@ -340,7 +340,8 @@ def verify_served(identity: EngineIdentity, dep: Deployment | None, table: Any, 
         result = run_verification(
             server, [list(r) for r in table.ranges], K=identity.max_k, max_num_seqs=identity.max_num_seqs,
             loads=opts.loads, rounds=opts.rounds, window_s=opts.window_s, budget_s=opts.budget_s,
-            settle_s=opts.settle_s, warmup_s=opts.warmup_s, min_steps=opts.min_steps, tolerance=opts.tolerance,
+            settle_s=opts.settle_s, warmup_s=opts.warmup_s,
+            first_warmup_s=opts.first_warmup_s, min_steps=opts.min_steps, tolerance=opts.tolerance,
             prompt=lambda rng: rng.choice(prompts), output_tokens=tuple(opts.output_tokens), acceptance=acceptance,
             progress=log.info)
         return dataclasses.replace(result, launch_s=server.startup_seconds)

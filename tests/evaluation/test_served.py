@@ -8,6 +8,8 @@ import math
 import subprocess
 import sys
 
+import time
+
 import pytest
 
 from tabletune_pipelines.errors import InvalidValueError, PublishedTableError
@@ -278,8 +280,53 @@ def _verify(server, table, loads, monkeypatch, **kw):
         real(gen)
 
     monkeypatch.setattr(served.LoadGenerator, "__post_init__", remember)
+    kw.setdefault("first_warmup_s", 0.0)
     return served.verify_served(server, table, K=3, max_num_seqs=8, loads=loads, rounds=2, window_s=0.01,
                                 settle_s=0.0, warmup_s=0.0, budget_s=60, progress=lambda s: None, **kw)
+
+
+def test_the_first_warmup_runs_every_policy_before_any_window_and_is_off_the_budget(monkeypatch):
+    ms, kept = {0: 6.0, 1: 8.0, 2: 10.0, 3: 14.0}, {0: 0.0, 1: 0.8, 2: 1.5, 3: 1.8}
+    srv = ScriptedServer(ms, kept, 8, 3)
+    swaps, reads = [], []
+    set_k, read = srv.set_k, srv.read_steps
+    srv.set_k = lambda *, table: (swaps.append([list(r) for r in table]), set_k(table=table))
+    srv.read_steps = lambda **kw: (reads.append(len(swaps)), read(**kw))[1]
+    res = _verify(srv, [[1, 4, 2], [5, 8, 1]], (8,), monkeypatch, first_warmup_s=0.5)
+    # the first five swaps are the warm-up, one per policy (the candidate and k = 0..3), before any window
+    assert sorted(map(str, swaps[:5])) == sorted(map(str, [[[1, 4, 2], [5, 8, 1]]] + [[[1, 8, k]] for k in range(4)]))
+    assert min(reads) > 5
+    assert res.plan.first_warmup_s == 0.5 and not res.budget_cut
+    # the warm-up is not charged to the budget: a warm-up that takes 1000 s on the verification's clock
+    # leaves a 60 s budget uncut and the measuring time short
+    jump, real_warmup = [0.0], served.first_warmup
+
+    def slow_warmup(server, tables, seconds):
+        real_warmup(server, tables, 0.0)
+        jump[0] += 1000.0
+
+    monkeypatch.setattr(served, "first_warmup", slow_warmup)
+    res = _verify(srv, [[1, 4, 2], [5, 8, 1]], (8,), monkeypatch, first_warmup_s=0.5,
+                  clock=lambda: time.monotonic() + jump[0])
+    assert jump[0] == 1000.0 and not res.budget_cut and res.elapsed_s < 60 and len(res.windows) == 10
+    # none asked: the device default; 0 turns it off (no extra swaps)
+    assert served.DEFAULTS["gpu"].first_warmup_s == 30.0
+    swaps.clear()
+    _verify(srv, [[1, 4, 2], [5, 8, 1]], (8,), monkeypatch)
+    assert len(swaps) == 2 * 5
+
+
+def test_first_warmup_shares_its_seconds_among_the_tables():
+    calls, slept = [], []
+
+    class S:
+        def set_k(self, *, table):
+            calls.append(table)
+
+    served.first_warmup(S(), [[[1, 8, 0]], [[1, 8, 1]], [[1, 8, 2]], [[1, 8, 3]]], 30.0, sleep=slept.append)
+    assert [t[0][2] for t in calls] == [0, 1, 2, 3] and slept == [7.5] * 4
+    with pytest.raises(InvalidValueError, match="first_warmup_s"):
+        ServedVerificationOptions(first_warmup_s=-1)
 
 
 def test_verify_served_fails_a_table_that_loses_and_passes_one_that_does_not(monkeypatch):
