@@ -945,7 +945,8 @@ def _policies(candidate: Sequence[Sequence[int]], max_k: int, max_num_seqs: int
 def verify_served(server: Any, candidate_table: Sequence[Sequence[int]], *, K: int, max_num_seqs: int,
                   loads: Sequence[int] | None = None, rounds: int | None = None, window_s: float | None = None,
                   budget_s: float | None = None, settle_s: float | None = None, warmup_s: float | None = None,
-                  first_warmup_s: float | None = None, min_steps: int | None = None, tolerance: float = 0.03, device: str | None = None, vocab_size: int = 2048,
+                  first_warmup_s: float | None = None, min_steps: int | None = None, tolerance: float = 0.03,
+                  device: str | None = None, vocab_size: int = 2048,
                   prompt: Callable[[random.Random], Any] | None = None, output_tokens: tuple[int, int] = (32, 128),
                   acceptance: str = "", progress: Callable[[str], None] | None = None,
                   clock: Callable[[], float] = time.monotonic) -> ServedVerification:
