@@ -92,6 +92,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="the fixed ks served in the steady stage's rounds (default: 0..K)")
     ap.add_argument("--extra-table", action="append", default=[], metavar="NAME=JSON",
                     help="another table served in the steady stage's rounds, e.g. served='[[1,96,3],[97,128,2]]'")
+    ap.add_argument("--served-prior", action="store_true",
+                    help="publish every table with the engine's served-step model (benchmarks/data/h200/"
+                         "<engine>-served.json: envelope, mixed-step fits, workload), as the tuner publishes "
+                         "a table it priced by served steps; the controller then prices each served step by "
+                         "the prefill it carried")
     ap.add_argument("--out", default="gpu_controller.json")
     ap.add_argument("--work-dir", default=None)
     ap.add_argument("--cpu-smoke", action="store_true",
@@ -137,16 +142,28 @@ def main(argv: list[str] | None = None) -> int:
     srv = VLLMServer(cfg)
     rig = Rig(srv, pub, work / "published.live.jsonl", method=cfg.method)
 
+    served_cost = None
+    if args.served_prior:
+        # The served-step model the tuner stores with every table it prices by served steps (the
+        # envelope, the mixed-step fits and the workload), as a published table carries it.
+        sc = json.loads((ROOT / "benchmarks" / "data" / "h200" / f"{args.engine}-served.json").read_text())
+        served_cost = {key: sc["served_cost"][key] for key in ("envelope", "fits", "workload")}
+        print(f"[controller] published with the served model: envelope {served_cost['envelope']}, fits "
+              f"{sorted(served_cost['fits'])}, workload {served_cost['workload']['prompt_tokens']:g} / "
+              f"{served_cost['workload']['output_tokens']:g} tokens", flush=True)
+
     def publish(ranges, mode: str) -> int:
         return rig.publish(ranges=ranges, rates=rates, profile=profile, allowed_k=list(ks), n=n, k_max=K,
-                           identity=ident, controller={"mode": mode, "step_time_outlier_ratio": 50.0})
+                           identity=ident, controller={"mode": mode, "step_time_outlier_ratio": 50.0},
+                           served_cost=served_cost)
 
     print(f"[controller] tuned {tuned}; wrong (quartered) {wrong}; rates {rates}", flush=True)
     publish(tuned, "observe")
     t0 = time.monotonic()
     srv.start()
     print(f"[controller] {args.engine} healthy after {time.monotonic() - t0:.0f} s", flush=True)
-    result: dict = {"engine": args.engine, "rates": rates, "tuned": tuned, "wrong": wrong, "hook": {}, "repair": {}}
+    result: dict = {"engine": args.engine, "rates": rates, "tuned": tuned, "wrong": wrong, "hook": {}, "repair": {},
+                    "served_prior": served_cost is not None}
     try:
         for load in [int(x) for x in args.hook_loads.split(",") if x]:
             publish(tuned, "observe")

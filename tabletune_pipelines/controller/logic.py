@@ -220,11 +220,16 @@ class Controller:
             model = StepTimeModel(ks, start.profile_ms, prior_weight=s.step_time_prior_weight,
                                   min_prior_weight=s.step_time_min_prior_weight, max_count=s.step_time_max_count,
                                   hysteresis=int(s.hysteresis))
-            costs = CostObserver(ks, start.profile_ms, float(s.step_time_outlier_ratio), K, n)
         served = served_prior(pub.document) if model is not None else None
         if isinstance(served, str):
             self._once("served:" + served, "TableTune controller: published v%d: %s", pub.version, served)
             served = None
+        if model is not None:
+            # Each served step's own prefill priced by the published served model (the one step-cost model).
+            extra = (None if served is None else
+                     StepCost(ks=tuple(ks), decode_ms=start.profile_ms, envelope=served.envelope,
+                              fits=served.fits).step_extra())
+            costs = CostObserver(ks, start.profile_ms, float(s.step_time_outlier_ratio), K, n, extra)
         can_switch = self.engine.launch_ranges is not None
         # The published table is put in force whenever k can be switched; only in control mode
         # (with a prior and a profile) is it rebuilt, explored around and held with hysteresis.
@@ -406,7 +411,8 @@ class Controller:
             self._win_busy += dt
             if self.costs is not None:  # which intervals observe T(B, k): CostObserver.observe
                 decode_only = num_new == 0 and total_tokens == b + drafted  # nothing admitted, no prefill
-                self.costs.observe(dt, b, k_next, self._prev_b, self._prev_k, decode_only)
+                dec = b - num_new + drafted  # the decoding requests' tokens and drafts (StepSample's)
+                self.costs.observe(dt, b, k_next, self._prev_b, self._prev_k, decode_only, dec, total_tokens - dec)
         self._prev_b, self._prev_k = b, k_next
         if self._explore_pending and k_next == self._explore_k:
             self._explore_pending -= 1  # an exploration step: the k in force for hysteresis stays

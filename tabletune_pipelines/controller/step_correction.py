@@ -46,12 +46,21 @@ the drift alone. Going back needs evidence gathered since the switch, which expl
 **Served.** A clean decode step is what the profile timed; serving also runs steps that carry
 prefill and, on a GPU, steps that cross the CUDA-graph capture ceiling (docs/method.md, "What a
 served step costs"). Every served step's interval is therefore also kept per cell (k, B) (intervals
-over ``outlier_ratio²`` times the profile are pauses, not steps). What a served step costs over the
-decode surface, per cell::
+over ``outlier_ratio²`` times the profile are pauses, not steps), with the extra m its own prefill
+is priced at (``core.stepcost.StepExtra`` on the published fits; 0 without them). What a served
+step costs over the decode surface, per cell::
 
-    Ê(B, k) = (w_T · E_prior(B, k) + N · (mean of x − T̂ over the pooled steps)) / (w_T + N)
+    Ê(B, k) = E_prior(B, k) + N · (mean of x − T̂ − m over the pooled steps) / (w_T + N)
 
-where the N steps are every served step at k within ± 5 % of max_num_seqs of B (at least one more
+that is, the steady workload's priced extra plus how far the steps seen cost beyond their own
+priced content, the prior counting as w_T steps. A step is judged against the prefill it carried,
+not the prefill serving will bring: the ramp-up to a new load admits dozens of prompts per step at
+batch sizes the load then leaves, and priced as if they were steady (the mean of x − T̂ alone, as
+before), those steps made the k they ran at look dear there for good. On the H200 the MoE from the
+cliff table kept k = 2 at B = 26-38 and 63-75, ranges the load passed only while ramping up. Without
+a published served model, m = 0 and E_prior = 0: Ê is the pooled mean of x − T̂, shrunk by w_T.
+
+The N steps are every served step at k within ± 5 % of max_num_seqs of B (at least one more
 than the table's hysteresis, so the range it opens is wide enough to apply): under
 load the batch size wanders over a range, and an explored k's few served steps would otherwise sit
 one or two per cell, each too uncertain to move the evidence (on the H200 at load 128 the controller
@@ -115,6 +124,10 @@ class StepTimeModel:
         self.all_sum = np.zeros_like(self.profile)
         self.all_sq = np.zeros_like(self.profile)
         self.all_count = np.zeros_like(self.profile)
+        # ... and the extra each of those steps' own prefill is priced at (m): sums of m, m², x·m.
+        self.all_m = np.zeros_like(self.profile)
+        self.all_m2 = np.zeros_like(self.profile)
+        self.all_xm = np.zeros_like(self.profile)
         self._b = np.arange(1, self.n + 1, dtype=float)
 
     def add(self, sum_ms: np.ndarray, count: np.ndarray, sq_ms: np.ndarray | None = None) -> None:
@@ -127,13 +140,18 @@ class StepTimeModel:
         self.sq_ms += sq_ms
         _cap(self.sum_ms, self.sq_ms, self.count, self.max_count)
 
-    def add_served(self, sum_ms: np.ndarray, count: np.ndarray, sq_ms: np.ndarray) -> None:
+    def add_served(self, sum_ms: np.ndarray, count: np.ndarray, sq_ms: np.ndarray, m_sum: np.ndarray | None = None,
+                   m_sq: np.ndarray | None = None, xm_sum: np.ndarray | None = None) -> None:
         """Add every served step's interval per cell (prefill and graph changes included), capped
-        like the clean steps."""
+        like the clean steps; ``m_sum``, ``m_sq``, ``xm_sum``: the sums of m, m² and interval·m, m
+        the extra each step's own prefill is priced at (None: 0, a table priced on decode steps)."""
         self.all_sum += sum_ms
         self.all_count += count
         self.all_sq += sq_ms
-        _cap(self.all_sum, self.all_sq, self.all_count, self.max_count)
+        for arr, add in ((self.all_m, m_sum), (self.all_m2, m_sq), (self.all_xm, xm_sum)):
+            if add is not None:
+                arr += add
+        _cap(self.all_sum, self.all_sq, self.all_count, self.max_count, self.all_m, self.all_m2, self.all_xm)
 
     def served_extra(self, prior_extra: np.ndarray | None = None,
                      prior_var: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -166,24 +184,28 @@ class StepTimeModel:
         e0 = np.zeros(shape) if prior_extra is None else np.asarray(prior_extra, float)
         v0 = np.zeros(shape) if prior_var is None else np.asarray(prior_var, float)
         n, w, t = self.all_count, self.weight, self.corrected()
-        mean = self.all_sum / np.maximum(n, 1e-12)
-        e_obs = mean - t
+        m1, m2, xm = self.all_m, self.all_m2, self.all_xm
+        # A served step's residual: x − T̂ − m, what it cost beyond the decode surface and beyond the
+        # extra its own prefill is priced at (m = 0 without a published served model). The extra a
+        # step will cost in steady serving is the prior's (the workload's expected prefill, priced)
+        # plus the mean residual (module docstring, "Served").
+        e_obs = (self.all_sum - m1) / np.maximum(n, 1e-12) - t + e0
         well = n >= PROFILE_ERROR_MIN_COUNT
         e_ref = max(0.0, float(e_obs[well].max())) if well.any() else 0.0
         wide = 0.5 * np.maximum(e0, e_ref)
         v0 = v0 + wide ** 2
-        # Residuals over the decode surface (x - T̂), pooled over the batch sizes within
-        # ``pool_halfwidth()`` of each B: under load B wanders over a range, and an explored k's
-        # few served steps there would otherwise sit one or two per cell, each too uncertain to count.
-        r1 = self._pool(self.all_sum - n * t)
-        r2 = self._pool(self.all_sq - 2.0 * t * self.all_sum + n * t * t)
+        # Residuals pooled over the batch sizes within ``pool_halfwidth()`` of each B: under load B
+        # wanders over a range, and an explored k's few served steps there would otherwise sit one or
+        # two per cell, each too uncertain to count.
+        r1 = self._pool(self.all_sum - n * t - m1)
+        r2 = self._pool(self.all_sq + n * t * t + m2 - 2.0 * t * self.all_sum - 2.0 * xm + 2.0 * t * m1)
         N = self._pool(n)
         e_p = r1 / np.maximum(N, 1e-12)
         s2 = np.where(N > 1, np.maximum(r2 - N * e_p * e_p, 0.0) / np.maximum(N - 1.0, 1e-12), 0.0)
         # Where no served step at k fell within the pool, the prior stands with its wide error: a cliff
         # seen at B = 112-128 says nothing about B = 10, and a k never served there borrows no saving.
         seen = N > 0
-        out_e = np.where(seen, (w * e0 + N * e_p) / np.maximum(w + N, 1e-12), e0)
+        out_e = np.where(seen, e0 + N * e_p / np.maximum(w + N, 1e-12), e0)
         out_v = np.where(seen, (w * w * v0 + N * s2) / np.maximum(w + N, 1e-12) ** 2, v0)
         return out_e, out_v, np.where(seen, 0.0, wide)
 
@@ -289,7 +311,8 @@ class StepTimeModel:
             i = rows.get(int(old_k[b]))
             if i is None or b >= self.n:
                 continue
-            for arr in (self.sum_ms, self.sq_ms, self.count, self.all_sum, self.all_sq, self.all_count):
+            for arr in (self.sum_ms, self.sq_ms, self.count, self.all_sum, self.all_sq, self.all_count, self.all_m,
+                        self.all_m2, self.all_xm):
                 arr[i, b] = 0.0
 
     def decay(self) -> None:
@@ -359,12 +382,13 @@ def _distance(seen: np.ndarray, n: int) -> np.ndarray:
     return np.minimum(np.abs(idx - lo), np.abs(idx - hi)).astype(float)
 
 
-def _cap(sums: np.ndarray, squares: np.ndarray, counts: np.ndarray, max_count: float) -> None:
-    """Scale, in place, every cell whose count passed ``max_count`` back to it (sums, squares and
-    count alike, so its mean and spread stay): old observations fade instead of growing without bound."""
+def _cap(sums: np.ndarray, squares: np.ndarray, counts: np.ndarray, max_count: float, *more: np.ndarray) -> None:
+    """Scale, in place, every cell whose count passed ``max_count`` back to it (sums, squares, count
+    and ``more`` sums alike, so its mean and spread stay): old observations fade instead of growing
+    without bound."""
     over = counts > max_count
     if over.any():
         scale = np.where(over, max_count / np.maximum(counts, 1e-12), 1.0)
-        sums *= scale
-        squares *= scale
+        for arr in (sums, squares, *more):
+            arr *= scale
         counts *= scale

@@ -388,6 +388,34 @@ class ServedCost:
 
 
 @dataclass(frozen=True)
+class StepExtra:
+    """One step's mixed-step extra, ``a + b·D + c·P`` ms of its transition's fit, in closed form
+    (``StepCost.step_extra``): the same price as ``StepCost.step_ms`` minus the decode surface, in a
+    few float operations and no numpy, for a loop that runs once per engine step (the controller
+    prices every served step it observes by the prefill that step carried).
+
+    On a graphed engine a step falls in one of three classes, each one transition of
+    ``GraphEnvelope``: its pure decode step (D tokens) and the step itself (D + P) both within the
+    capture ceiling; the decode step within and the step above (the cliff); both above. Without
+    graphs there is one class. A class no fit covers is priced at 0, as ``step_ms`` prices it."""
+
+    ceiling: int | None
+    """The capture ceiling in tokens; None: no graphs (every step in the last class)."""
+    coefs: tuple[tuple[float, float, float] | None, ...]
+    """(a, b, c) of the fit per class, in the order above; None: no fit covers it."""
+
+    def ms(self, decode_tokens: int, prefill_tokens: int) -> float:
+        """The extra ms of a step of ``decode_tokens`` decode and draft tokens and ``prefill_tokens``
+        prompt tokens (0 for a pure decode step)."""
+        if prefill_tokens <= 0:
+            return 0.0
+        c = self.ceiling
+        cls = 2 if c is None or decode_tokens > c else (1 if decode_tokens + prefill_tokens > c else 0)
+        f = self.coefs[cls]
+        return 0.0 if f is None else f[0] + f[1] * decode_tokens + f[2] * prefill_tokens
+
+
+@dataclass(frozen=True)
 class StepCost:
     """The served step cost of one engine: decode surface + graph envelope + prefill fits."""
 
@@ -446,6 +474,19 @@ class StepCost:
                     if fit is not None:
                         out[sel] += fit.extra_ms(d[sel], p[sel])
         return out
+
+    def step_extra(self) -> "StepExtra":
+        """This model's mixed-step extra of one step in closed form (``StepExtra``): the price
+        ``step_ms`` adds to the decode surface, for a per-step hot loop."""
+        env = self.envelope
+        if not env.has_graphs:
+            fit = self.fit_for(env.transition(1, 1))
+            return StepExtra(ceiling=None, coefs=(None, None, None if fit is None else fit.coef))
+        c = int(env.capture_ceiling)  # type: ignore[arg-type]
+        reps = ((1, 1), (1, c), (c + 1, 1))  # one step of each class (StepExtra)
+        fits = [self.fit_for(env.transition(d, p)) if d + p <= c or i > 0 else None
+                for i, (d, p) in enumerate(reps)]
+        return StepExtra(ceiling=c, coefs=tuple(None if f is None else f.coef for f in fits))  # type: ignore[arg-type]
 
     def served(self, rates: Sequence[float], workload: Workload | None,
                calibration: ServedCalibration | None = None) -> ServedCost:

@@ -131,18 +131,42 @@ def test_cost_observer_worked_numbers():
     o.observe(0.010, 5, 1, 5, 1, True)  # B above max_num_seqs
     o.observe(0.010, 2, None, 2, None, True)  # the k is unknown
     assert o.clean == {2: pytest.approx([11.0, 1.0, 121.0])}
-    assert o.served == {2: pytest.approx([26.0, 2.0, 346.0]), 1 * 5 + 3: pytest.approx([24.0, 1.0, 576.0])}
+    # Without a published served model every served step's own prefill is priced at 0.
+    assert o.served == {2: pytest.approx([26.0, 2.0, 346.0, 0.0, 0.0, 0.0]),
+                        1 * 5 + 3: pytest.approx([24.0, 1.0, 576.0, 0.0, 0.0, 0.0])}
     got = []
     model = SimpleNamespace(profile=prof, add=lambda *a: got.append(("clean", a)),
                             add_served=lambda *a: got.append(("served", a)))
     o.hand_over(model)
-    (w1, (s1, c1, q1)), (w2, (s2, c2, q2)) = got
+    (w1, (s1, c1, q1)), (w2, (s2, c2, q2, *priced)) = got
     assert (w1, w2) == ("clean", "served")
     assert s1[0, 1] == pytest.approx(11.0) and c1.sum() == 1 and c1[0, 1] == 1 and q1[0, 1] == pytest.approx(121.0)
     assert s2[0, 1] == pytest.approx(26.0) and c2[0, 1] == 2 and s2[1, 2] == pytest.approx(24.0) and c2.sum() == 3
+    assert len(priced) == 3 and all(not a.any() for a in priced)
     assert o.clean == {} and o.served == {}
     o.hand_over(model)
     assert len(got) == 2  # nothing new: nothing handed over
+
+
+def test_cost_observer_prices_each_served_step_by_the_prefill_it_carried():
+    """With the published served model (``StepExtra``: ceiling 16 tokens; within it a mixed step costs
+    2 + 0.1·P ms more than its decode step, above it 30 ms more), each served step keeps the extra
+    its own content is priced at: m, m² and interval·m per cell."""
+    from tabletune_pipelines.core.stepcost import StepExtra
+
+    prof = np.array([[10.0, 11.0, 12.0, 13.0], [20.0, 22.0, 24.0, 26.0]])
+    ex = StepExtra(ceiling=16, coefs=((2.0, 0.0, 0.1), (30.0, 0.0, 0.0), (30.0, 0.0, 0.0)))
+    o = CostObserver((1, 3), prof, 3.0, max_k=3, n=4, extra=ex)
+    o.observe(0.012, 2, 1, 2, 1, True, 4, 0)  # pure decode: m = 0
+    o.observe(0.016, 2, 1, 2, 1, False, 4, 10)  # 4 + 10 = 14 tokens, within: m = 2 + 1 = 3
+    o.observe(0.045, 2, 1, 2, 1, False, 4, 40)  # 44 tokens, above the ceiling: m = 30
+    ms, m = [12.0, 16.0, 45.0], [0.0, 3.0, 30.0]
+    assert o.served[2] == pytest.approx([sum(ms), 3.0, sum(x * x for x in ms), sum(m), sum(v * v for v in m),
+                                         sum(x * v for x, v in zip(ms, m))])
+    got = []
+    o.hand_over(SimpleNamespace(profile=prof, add=lambda *a: None, add_served=lambda *a: got.append(a)))
+    [(s, c, q, m1, m2, xm)] = got
+    assert (s[0, 1], c[0, 1], m1[0, 1], m2[0, 1], xm[0, 1]) == pytest.approx((73.0, 3.0, 33.0, 909.0, 1398.0))
 
 
 def test_without_k_in_the_scheduler_output_the_longest_draft_counted_stands_for_it(tmp_path):

@@ -151,3 +151,40 @@ def test_the_k_a_batch_size_left_loses_its_observations_there():
     assert m.count[1, 2] == 0 and m.all_count[1, 2] == 0 and m.sum_ms[1, 2] == 0 and m.sq_ms[1, 2] == 0
     assert m.count[1, 3] == 40 and m.count[0, 2] == 40  # B = 4 kept k = 3; k = 1 (the new k) keeps its own
     assert m.blended()[1, 2] == 10.0  # back to the profile there, with the profile's error
+
+
+def test_a_served_step_is_judged_against_the_prefill_it_carried():
+    """Worked numbers: the served extra is the prior's (the steady workload's priced prefill) plus the
+    pooled mean of x − T̂ − m, m the extra each step's own prefill is priced at. Ramp-up steps that
+    admitted far more prompts than steady serving will (on the H200: 63 ms over a 10-ms decode step,
+    off the graphs) cost what they were priced at, so they leave the extra at the prior; judged
+    against the decode surface alone they priced k = 3 at +63 ms there for good."""
+    m = model()  # k = 3: 10 ms at every B; w_T = 50; pool B ± 1
+    # 20 ramp-up steps at B = 4, k = 3: 73 ms each, priced at m = 60 (their prompts) → residual 3 ms.
+    s, c = obs(m.profile.shape, {(1, 4): (73.0, 20)})
+    ms = np.where(c > 0, s / np.maximum(c, 1), 0.0)
+    m.add_served(s, c, s * ms, 60.0 * c, 3600.0 * c, 60.0 * s)
+    e0 = np.full(m.profile.shape, 2.0)  # the steady workload's priced extra: 2 ms
+    e, v = m.served_extra(e0, np.zeros_like(e0))
+    assert e[1, 3] == pytest.approx(2.0 + 20 * 3.0 / 70)  # 2.857 ms, not 63
+    # residuals all 3 ms: no spread; the prior's wide error is half the largest re-priced extra (5 ms)
+    assert v[1, 3] == pytest.approx(50 ** 2 * (2.5 ** 2) / 70 ** 2)
+    assert e[0, 3] == 2.0  # k = 1 was not served near B = 4: the prior
+    # The same steps with their prefill unpriced (m = 0, a table priced on decode steps): 63 ms residuals.
+    bare = model()
+    bare.add_served(s, c, s * ms)
+    eb, _ = bare.served_extra(e0, np.zeros_like(e0))
+    assert eb[1, 3] == pytest.approx(2.0 + 20 * 63.0 / 70)
+    # Without a prior either, the pooled mean of x − T̂ shrunk by w_T, as before.
+    assert bare.served_extra()[0][1, 3] == pytest.approx(20 * 63.0 / 70)
+
+
+def test_the_priced_extra_fades_and_is_forgotten_with_its_steps():
+    m = model(max_count=10.0)
+    s, c = obs(m.profile.shape, {(1, 4): (73.0, 20)})
+    m.add_served(s, c, s * 73.0, 60.0 * c, 3600.0 * c, 60.0 * s)
+    # capped at 10 steps: every sum scaled alike, so the residual (3 ms) stays
+    assert m.all_count[1, 3] == 10 and m.all_m[1, 3] == pytest.approx(600.0)
+    assert m.all_xm[1, 3] == pytest.approx(10 * 73.0 * 60.0) and m.all_m2[1, 3] == pytest.approx(36000.0)
+    m.forget_left(np.full(8, 3), np.array([3, 3, 3, 1, 3, 3, 3, 3]))
+    assert m.all_m[1, 3] == 0 and m.all_m2[1, 3] == 0 and m.all_xm[1, 3] == 0

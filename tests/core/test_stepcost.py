@@ -227,3 +227,32 @@ def test_calibration_rejects_a_k_the_model_does_not_price_and_duplicates():
         ServedCalibration(points=(p, p))
     with pytest.raises(InvalidValueError, match="at least one point"):
         ServedCalibration(points=())
+
+
+@settings(max_examples=300, deadline=None)
+@given(b=st.integers(1, 128), k=st.sampled_from((0, 1, 3)), p=st.integers(0, 2000),
+       env=st.sampled_from((H200, GraphEnvelope("piecewise", capture_ceiling=256), GraphEnvelope("full", 64), CPU)),
+       fits=st.sampled_from(("both", "piecewise only", "none>none")))
+def test_step_extra_is_step_ms_over_the_decode_surface(b, k, p, env, fits):
+    """``StepExtra`` (the controller's per-step price, no numpy) is ``StepCost.step_ms`` minus the
+    decode step for every step, envelope and set of fits, an unmeasured transition included (0)."""
+    chosen = {"both": {"full>piecewise": _fit("full>piecewise", 1.5, 0.002, 0.01),
+                       "full>none": _fit("full>none", 20.0, -0.01, 0.03)},
+              "piecewise only": {"piecewise>piecewise": _fit("piecewise>piecewise", 0.5, 0.0, 0.02)},
+              "none>none": {"none>none": _fit("none>none", 0.2, 0.001, 0.05)}}[fits]
+    ks = (0, 1, 3)
+    cost = StepCost(ks=ks, decode_ms=_surface(n=128, ks=ks), envelope=env, fits=chosen)
+    want = float(cost.step_ms(b, k, p)) - float(cost.decode_ms[ks.index(k), b - 1])
+    assert cost.step_extra().ms(b * (1 + k), p) == pytest.approx(want, abs=1e-9)
+
+
+def test_step_extra_worked_numbers_at_the_ceiling():
+    cost = StepCost(ks=(3,), decode_ms=np.full((1, 128), 10.0), envelope=H200,
+                    fits={"full>piecewise": _fit("full>piecewise", 1.0, 0.0, 0.01),
+                          "full>none": _fit("full>none", 20.0, 0.0, 0.01)})
+    x = cost.step_extra()
+    assert x.ceiling == 512
+    assert x.ms(512, 0) == 0.0  # a pure decode step
+    assert x.ms(256, 32) == pytest.approx(1.32)  # 288 tokens: under the ceiling, piecewise
+    assert x.ms(512, 32) == pytest.approx(20.32)  # 544 tokens: off the graphs
+    assert x.ms(600, 1) == pytest.approx(20.01)  # the decode step itself above the ceiling
