@@ -298,9 +298,8 @@ def _revise(incumbent: Sequence[int], g: np.ndarray, log_ratio: np.ndarray, sd: 
 
 def _merge_target(pick: np.ndarray, s: int, e: int, g: np.ndarray, log_ratio: np.ndarray, lim: float) -> int | None:
     """The row that the range ``pick[s:e]`` merges into: of its neighbouring ranges' rows, those its
-    own row does not beat by more than ``lim`` at any of its batch sizes (``log_ratio``: the log gain
-    at its lower confidence bound), the one with the higher mean log goodput over the range (the
-    lower one on a tie); None if neither."""
+    own row does not beat by more than ``lim`` (log, point estimates) at any of its batch sizes, the
+    one with the higher mean log goodput over the range (the lower one on a tie); None if neither."""
     own = int(pick[s])
     around = ([int(pick[s - 1])] if s > 0 else []) + ([int(pick[e])] if e < pick.size else [])
     fits = [nb for nb in around if not np.any(log_ratio[own, nb, s:e] > lim)]
@@ -310,12 +309,8 @@ def _merge_target(pick: np.ndarray, s: int, e: int, g: np.ndarray, log_ratio: np
 def _merge_narrow(pick: np.ndarray, g: np.ndarray, log_ratio: np.ndarray, lim: float, min_range: int) -> np.ndarray:
     """Rows per batch size with every range narrower than ``min_range`` batch sizes merged into a
     neighbouring range wherever its own k does not beat the neighbour's by more than the
-    stickiness threshold at the gain's lower confidence bound (``log_ratio``: log gain − z·sd), at
-    any of its batch sizes: no range narrower than the evidence supports, and the merge never
-    undoes what the evidence rule would do again, since moving back needs that same bound to clear
-    the stickiness (``_merge_target``). On point estimates (before), a one-batch-size range whose k
-    was ahead by 0.5 % on the noise of its few steps stayed: on the H200 the MoE's table kept k = 1
-    at B = 108-112 inside k = 2.
+    stickiness threshold, on point estimates, at any of its batch sizes (so not on the evidence
+    either: the merge never undoes what the evidence rule would do again; ``_merge_target``).
     Narrowest ranges first, one merge at a time, until none qualifies: each merge removes a range,
     so this ends within the number of ranges. A narrow range stays where its k is better than both
     neighbours'."""
@@ -344,7 +339,7 @@ def _evidence_rule(incumbent: Sequence[int] | None, g: np.ndarray, log_ratio: np
     if min_range <= 1:
         return chosen
     row_of = {k: i for i, k in enumerate(ks)}
-    merged = _merge_narrow(np.array([row_of[k] for k in chosen]), g, log_ratio - z * sd, lim, min_range)
+    merged = _merge_narrow(np.array([row_of[k] for k in chosen]), g, log_ratio, lim, min_range)
     return tuple(int(ks[i]) for i in merged)
 
 

@@ -301,12 +301,10 @@ def test_repair_from_a_table_shrunk_to_a_quarter(tmp_path, clock):
                 controller={"step_time_correction": False})
     c = fake_controller(p, clock)
     FakeEngine(c, rates, TRUE_T, clock=clock).run(150, 12)  # one rebuild is enough: the prior is right
-    # Every batch size on a k within 1 % of the best: within the stickiness (0.5 %) where the rebuild
-    # revises the wrong table on evidence (at B = 2 it may keep k = 2, which the tuned table's walk over
-    # B replaced by k = 3 only because k = 3 was in force at B = 1), and at B = 1, a range narrower than
-    # the served pool, k = 3's 0.8 % lead over k = 2 is not established by the evidence (a 2000-draft
-    # prior), so the merge gives B = 1 its neighbour's k = 2.
-    assert on_robust_table(c.ranges, near_best(PROFILE, rates, stickiness=0.01))
+    # Every batch size on a k within the stickiness of the best (the rebuild revises the wrong table
+    # where the evidence says so: at B = 2 it may keep k = 2, which the tuned table's walk over B
+    # replaced by k = 3 only because k = 3 was in force at B = 1).
+    assert on_robust_table(c.ranges, near_best(PROFILE, rates))
     assert table_dense(c.ranges)[4:] != table_dense(wrong)[4:]  # no speculation above B = 4 was repaired
 
 
