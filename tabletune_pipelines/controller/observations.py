@@ -15,30 +15,15 @@ from tabletune_pipelines.controller.step_correction import StepTimeModel
 from tabletune_pipelines.core.stepcost import StepExtra
 
 
-def _observe(cells: dict[int, list[float]], key: int, ms: float) -> None:
-    """Add one step interval to its cell: ``[sum ms, count, sum of squares]``."""
+def _observe(cells: dict[int, list[float]], key: int, inc: list[float]) -> None:
+    """Add one step to its cell, column by column: ``inc`` is ``[ms, 1, ms²]`` for a clean step and
+    ``[ms, 1, ms², m, m², ms·m]`` for a served one (m: the extra its own prefill is priced at)."""
     cell = cells.get(key)
     if cell is None:
-        cells[key] = [ms, 1.0, ms * ms]
+        cells[key] = inc
     else:
-        cell[0] += ms
-        cell[1] += 1.0
-        cell[2] += ms * ms
-
-
-def _observe_served(cells: dict[int, list[float]], key: int, ms: float, m: float) -> None:
-    """Add one served step to its cell: ``[sum ms, count, sum of squares, sum m, sum m², sum ms·m]``
-    with ``m`` the extra its own prefill is priced at (``StepExtra``)."""
-    cell = cells.get(key)
-    if cell is None:
-        cells[key] = [ms, 1.0, ms * ms, m, m * m, ms * m]
-    else:
-        cell[0] += ms
-        cell[1] += 1.0
-        cell[2] += ms * ms
-        cell[3] += m
-        cell[4] += m * m
-        cell[5] += ms * m
+        for i, v in enumerate(inc):
+            cell[i] += v
 
 
 class CostObserver:
@@ -63,7 +48,7 @@ class CostObserver:
         self.clean: dict[int, list[float]] = {}
         """Clean decode steps' intervals (the profile's kind of step)."""
         self.served: dict[int, list[float]] = {}
-        """Every served step's intervals, with the extra its prefill is priced at (``_observe_served``)."""
+        """Every served step's intervals, with the extra its prefill is priced at (``_observe``)."""
 
     def observe(self, dt: float, b: int, k: int | None, prev_b: int, prev_k: int | None, decode_only: bool,
                 decode_tokens: int = 0, prefill_tokens: int = 0) -> None:
@@ -96,9 +81,10 @@ class CostObserver:
         key = row * (self.n + 1) + b
         if ms <= tp * tol * tol:
             ex = self.extra
-            _observe_served(self.served, key, ms, 0.0 if ex is None else ex.ms(decode_tokens, prefill_tokens))
+            m = 0.0 if ex is None else ex.ms(decode_tokens, prefill_tokens)
+            _observe(self.served, key, [ms, 1.0, ms * ms, m, m * m, ms * m])
         if decode_only and b == prev_b and tp / tol <= ms <= tp * tol:
-            _observe(self.clean, key, ms)
+            _observe(self.clean, key, [ms, 1.0, ms * ms])
 
     def cells(self, obs: dict[int, list[float]], shape: tuple[int, ...]) -> tuple[np.ndarray, ...]:
         """Observed cells ``{row * (n + 1) + B: [sum ms, count, sum of squares, ...]}`` as one array

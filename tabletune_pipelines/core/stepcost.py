@@ -483,10 +483,11 @@ class StepCost:
             fit = self.fit_for(env.transition(1, 1))
             return StepExtra(ceiling=None, coefs=(None, None, None if fit is None else fit.coef))
         c = int(env.capture_ceiling)  # type: ignore[arg-type]
-        reps = ((1, 1), (1, c), (c + 1, 1))  # one step of each class (StepExtra)
-        fits = [self.fit_for(env.transition(d, p)) if d + p <= c or i > 0 else None
-                for i, (d, p) in enumerate(reps)]
-        return StepExtra(ceiling=c, coefs=tuple(None if f is None else f.coef for f in fits))  # type: ignore[arg-type]
+        # One step of each class (StepExtra): within the ceiling (none when it is 1 token), the cliff, above.
+        within = self.fit_for(env.transition(1, 1)) if c >= 2 else None
+        cliff = self.fit_for(env.transition(1, c))
+        above = self.fit_for(env.transition(c + 1, 1))
+        return StepExtra(ceiling=c, coefs=tuple(None if f is None else f.coef for f in (within, cliff, above)))
 
     def served(self, rates: Sequence[float], workload: Workload | None,
                calibration: ServedCalibration | None = None) -> ServedCost:
