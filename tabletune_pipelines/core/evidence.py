@@ -296,31 +296,49 @@ def _revise(incumbent: Sequence[int], g: np.ndarray, log_ratio: np.ndarray, sd: 
     return tuple(int(ks[i]) for i in pick)
 
 
-def _merge_target(pick: np.ndarray, s: int, e: int, g: np.ndarray, log_ratio: np.ndarray, lim: float) -> int | None:
+def _merge_target(pick: np.ndarray, s: int, e: int, g: np.ndarray, log_ratio: np.ndarray, lcb: np.ndarray,
+                  lim: float, visits: np.ndarray | None) -> int | None:
     """The row that the range ``pick[s:e]`` merges into: of its neighbouring ranges' rows, those its
-    own row does not beat by more than ``lim`` (log, point estimates) at any of its batch sizes, the
-    one with the higher mean log goodput over the range (the lower one on a tie); None if neither."""
+    own row does not beat by more than ``lim`` at any of its batch sizes, the one with the higher mean
+    log goodput over the range (the lower one on a tie); None if neither. "Beat" is on point
+    estimates (``log_ratio``).
+
+    An island (both neighbours share one k: the table goes a, b, a up the batch sizes) first gets a
+    second test when the traffic is known (``visits``, steps served per batch size): it takes the
+    neighbours' k where both (1) no allowed k, its own or another, beats that k beyond the evidence
+    threshold at any of its batch sizes (``lcb``, each row over each row; minus infinity for a row
+    not allowed), so the evidence rule, revising, would keep the neighbours' k there; and (2) what
+    the island's k gains over it, weighted by the steps served at each of its batch sizes, is within
+    the stickiness of the goodput over all the steps served: a range that the served traffic does
+    not pay for. Otherwise the point test decides."""
     own = int(pick[s])
     around = ([int(pick[s - 1])] if s > 0 else []) + ([int(pick[e])] if e < pick.size else [])
+    if visits is not None and len(around) == 2 and around[0] == around[1]:
+        nb = around[0]
+        gain = float(np.dot(visits[s:e], np.clip(log_ratio[own, nb, s:e], 0.0, None)))
+        if not np.any(lcb[:, nb, s:e] > lim) and gain <= lim * float(visits.sum()):
+            return nb
     fits = [nb for nb in around if not np.any(log_ratio[own, nb, s:e] > lim)]
     return max(fits, key=lambda nb: float(np.log(g[nb, s:e]).mean()), default=None)
 
 
-def _merge_narrow(pick: np.ndarray, g: np.ndarray, log_ratio: np.ndarray, lim: float, min_range: int) -> np.ndarray:
+def _merge_narrow(pick: np.ndarray, g: np.ndarray, log_ratio: np.ndarray, lcb: np.ndarray, lim: float,
+                  min_range: int, visits: np.ndarray | None = None) -> np.ndarray:
     """Rows per batch size with every range narrower than ``min_range`` batch sizes merged into a
     neighbouring range wherever its own k does not beat the neighbour's by more than the
     stickiness threshold, on point estimates, at any of its batch sizes (so not on the evidence
-    either: the merge never undoes what the evidence rule would do again; ``_merge_target``).
-    Narrowest ranges first, one merge at a time, until none qualifies: each merge removes a range,
-    so this ends within the number of ranges. A narrow range stays where its k is better than both
-    neighbours'."""
+    either: the merge never undoes what the evidence rule would do again; ``_merge_target``). An
+    island the served traffic does not pay for and the evidence does not hold is merged too
+    (``_merge_target``). Narrowest ranges first, one merge at a time, until none qualifies: each
+    merge removes a range, so this ends within the number of ranges. A narrow range stays where its
+    k is better than both neighbours'."""
     pick = pick.copy()
     while True:
         starts, ends = range_bounds(pick)
         widths = ends - starts
         for r in np.argsort(widths, kind="stable")[:int(np.count_nonzero(widths < min_range))]:
             s, e = int(starts[r]), int(ends[r])
-            nb = _merge_target(pick, s, e, g, log_ratio, lim)
+            nb = _merge_target(pick, s, e, g, log_ratio, lcb, lim, visits)
             if nb is not None:
                 pick[s:e] = nb
                 break
@@ -329,7 +347,8 @@ def _merge_narrow(pick: np.ndarray, g: np.ndarray, log_ratio: np.ndarray, lim: f
 
 
 def _evidence_rule(incumbent: Sequence[int] | None, g: np.ndarray, log_ratio: np.ndarray, sd: np.ndarray, z: float,
-                   lim: float, ks: tuple[int, ...], rows: list[int], min_range: int) -> tuple[int, ...]:
+                   lim: float, ks: tuple[int, ...], rows: list[int], min_range: int,
+                   visits: np.ndarray | None = None) -> tuple[int, ...]:
     """k per batch size under the evidence rule: the incumbent revised (or a walk up the batch sizes
     without one), then ranges narrower than ``min_range`` merged (``_merge_narrow``)."""
     if incumbent is not None:
@@ -339,8 +358,20 @@ def _evidence_rule(incumbent: Sequence[int] | None, g: np.ndarray, log_ratio: np
     if min_range <= 1:
         return chosen
     row_of = {k: i for i, k in enumerate(ks)}
-    merged = _merge_narrow(np.array([row_of[k] for k in chosen]), g, log_ratio, lim, min_range)
+    lcb = log_ratio - z * sd
+    lcb[[i for i in range(len(ks)) if i not in rows]] = -np.inf
+    merged = _merge_narrow(np.array([row_of[k] for k in chosen]), g, log_ratio, lcb, lim, min_range, visits)
     return tuple(int(ks[i]) for i in merged)
+
+
+def _visits(visits: np.ndarray | Sequence[float] | None, n: int) -> np.ndarray | None:
+    """``search_with_evidence``'s ``visits`` checked: n finite counts >= 0, or None."""
+    if visits is None:
+        return None
+    v = np.asarray(visits, dtype=float)
+    if v.shape != (n,) or not np.all(np.isfinite(v)) or np.any(v < 0):
+        raise InvalidValueError(f"visits must be {n} finite counts >= 0 (one per batch size); got shape {v.shape}")
+    return v
 
 
 def _walk_up(g: np.ndarray, log_ratio: np.ndarray, sd: np.ndarray, z: float, lim: float,
@@ -403,6 +434,7 @@ def search_with_evidence(
     rates_cov: np.ndarray | None = None,
     settings: SearchSettings = DEFAULT_SEARCH_SETTINGS,
     incumbent: Sequence[int] | None = None,
+    visits: np.ndarray | Sequence[float] | None = None,
 ) -> EvidenceTable:
     """The table search of the module docstring on dense T (K, N) and its (co)variances, decided
     by ``settings`` (the allowed k, the threshold, the confidence and the rule).
@@ -421,10 +453,11 @@ def search_with_evidence(
     evidence threshold (on point estimates: within the stickiness of the best).
     An incumbent k that is not allowed has no claim: the best point estimate is taken there.
     Then, with ``settings.min_range`` > 1, a range narrower than that takes a neighbouring range's k
-    unless its own k beats the neighbour's by more than the threshold somewhere in it
-    (``_merge_narrow``): a revision at batch sizes the load wanders over, each with a little
-    evidence of its own, does not leave the table cut into short ranges of ks the evidence cannot
-    tell apart.
+    unless its own k beats the neighbour's by more than the threshold somewhere in it; with
+    ``visits`` (steps served per batch size, index B - 1: the controller's traffic), a narrow island
+    also takes it where the evidence holds the neighbours' k and the traffic does not pay for the
+    island (``_merge_narrow``, ``_merge_target``). So a revision at batch sizes the load wanders over
+    does not leave the table cut into short ranges of ks the evidence cannot tell apart.
     Only the evidence policy takes an incumbent.
     """
     ks = tuple(int(k) for k in ks)
@@ -447,7 +480,8 @@ def search_with_evidence(
             raise InvalidValueError("an incumbent table is revised by the evidence policy only, not by 'stickiness'")
         chosen = choose_draft_lengths(t, ks, rates, allowed_ks=allowed, stickiness=threshold).chosen
     else:
-        chosen = _evidence_rule(incumbent, g, log_ratio, sd, z, math.log1p(threshold), ks, rows, settings.min_range)
+        chosen = _evidence_rule(incumbent, g, log_ratio, sd, z, math.log1p(threshold), ks, rows, settings.min_range,
+                                _visits(visits, t.shape[1]))
     choice = TableChoice(ks=ks, chosen=tuple(chosen), goodput=g)
     return EvidenceTable(choice=choice, policy=policy, threshold=float(threshold), confidence=float(confidence),
                          z=float(z), log_ratio=log_ratio, log_sd=sd, allowed=allowed, has_errors=has_errors,

@@ -325,21 +325,69 @@ def test_a_range_narrower_than_min_range_takes_the_neighbours_k_unless_its_own_i
         SearchSettings(min_range=0)
 
 
+def test_a_narrow_island_the_traffic_does_not_pay_for_merges_unless_the_evidence_holds_it():
+    """Worked numbers: ks (1, 2, 3), rates (0.7, 0.5, 0.3) (tau 1.7, 2.2, 2.5), ten batch sizes, every
+    step time with a 2 % standard error. k = 2 serves 1.0 per ms everywhere, k = 1 1/1.05 of that, k = 3
+    0.8. At B = 5 k = 1 leads k = 2 by 3 %: log 1.03 = 0.0296, standard error sqrt(2) * 0.02 = 0.0283,
+    z = 1.96 (95 %, Bonferroni over 2), so the lower bound is 0.0296 - 0.0554 < log 1.005 and the
+    evidence would not move k = 2 there. The table in force has k = 1 at B = 5 alone (an island inside
+    k = 2), ``min_range`` 4.
+    - Ten steps served at every batch size: the island's gain, 10 * 0.0296 = 0.296, is under the
+      stickiness of all 100 steps (100 * log 1.005 = 0.499): it takes k = 2, though its 3 % point lead is
+      over the 0.5 % stickiness.
+    - 90 of the 100 steps at B = 5: the gain is 2.66, the traffic pays for the island: it stays.
+    - A 10 % lead (lower bound 0.0953 - 0.0554 = 0.040 > log 1.005): the evidence holds it; it stays.
+    - Without the traffic (``visits`` None, the offline search), or the same 3 % lead at B = 10 (the
+      table's last range, one neighbour: no island), the point test decides: it stays."""
+    ks, rates = (1, 2, 3), (0.7, 0.5, 0.3)
+    n = 10
+
+    def profile(b: int, lead: float) -> tuple[np.ndarray, np.ndarray]:
+        g1 = np.full(n, 1 / 1.05)
+        g1[b - 1] = lead
+        t = np.stack([1.7 / g1, np.full(n, 2.2), np.full(n, 2.5 / 0.8)])
+        return t, (0.02 * t) ** 2
+
+    island, kept = [2, 2, 2, 2, 1, 2, 2, 2, 2, 2], [[1, 4, 2], [5, 5, 1], [6, 10, 2]]
+    flat, busy = np.full(n, 10.0), np.where(np.arange(1, n + 1) == 5, 90.0, 10.0 / 9)
+    run = SearchSettings(min_range=4)
+    t, var = profile(5, 1.03)
+    assert search_with_evidence(t, var, ks, rates, incumbent=island, visits=flat).ranges == kept  # min_range 1
+    assert search_with_evidence(t, var, ks, rates, settings=run, incumbent=island, visits=flat).ranges == [[1, 10, 2]]
+    assert search_with_evidence(t, var, ks, rates, settings=run, incumbent=island, visits=busy).ranges == kept
+    assert search_with_evidence(t, var, ks, rates, settings=run, incumbent=island).ranges == kept
+    t, var = profile(5, 1.10)
+    assert search_with_evidence(t, var, ks, rates, settings=run, incumbent=island, visits=flat).ranges == kept
+    t, var = profile(10, 1.03)
+    assert search_with_evidence(t, var, ks, rates, settings=run, incumbent=[2] * 9 + [1],
+                                visits=flat).ranges == [[1, 9, 2], [10, 10, 1]]
+    with pytest.raises(InvalidValueError, match="visits must be 10"):
+        search_with_evidence(t, var, ks, rates, settings=run, incumbent=island, visits=[1.0] * 9)
+
+
 @settings(max_examples=300, deadline=None, derandomize=True)
-@given(revisions(), st.integers(2, 6))
-def test_after_the_merge_a_narrow_range_is_better_than_each_neighbour_and_a_revision_keeps_it(p, m):
+@given(revisions(), st.integers(2, 6), st.none() | st.lists(st.integers(0, 50), min_size=24, max_size=24))
+def test_after_the_merge_a_narrow_range_is_better_than_each_neighbour_and_a_revision_keeps_it(p, m, traffic):
     t, ks, rates, var, inc, stick = p
+    visits = None if traffic is None else np.asarray(traffic[:t.shape[1]], dtype=float)
     run = SearchSettings(threshold=stick, min_range=m)
-    ev = search_with_evidence(t, var, ks, rates, settings=run, incumbent=inc)
+    ev = search_with_evidence(t, var, ks, rates, settings=run, incumbent=inc, visits=visits)
     lim = math.log1p(stick)
     chosen = ev.choice.chosen
     for s, e, k in ev.ranges:
         if e - s + 1 >= m:
             continue
-        for nb in ([chosen[s - 2]] if s > 1 else []) + ([chosen[e]] if e < len(chosen) else []):
+        around = ([chosen[s - 2]] if s > 1 else []) + ([chosen[e]] if e < len(chosen) else [])
+        for nb in around:
             d = ev.log_ratio[ks.index(k), ks.index(nb), s - 1:e]
             assert np.any(d > lim), (ev.ranges, k, nb)
+        if visits is not None and len(around) == 2 and around[0] == around[1]:
+            # An island stays only where the evidence holds it or the traffic pays for it.
+            j = ks.index(around[0])
+            lcb = ev.log_ratio[:, j, s - 1:e] - ev.z * ev.log_sd[:, j, s - 1:e]
+            gain = float(visits[s - 1:e] @ np.clip(ev.log_ratio[ks.index(k), j, s - 1:e], 0, None))
+            assert np.any(lcb > lim) or gain > lim * visits.sum(), (ev.ranges, k, around)
     # Revising the result with the same evidence changes nothing: the merge never undoes a move the
     # evidence rule would make again.
-    again = search_with_evidence(t, var, ks, rates, settings=run, incumbent=chosen)
+    again = search_with_evidence(t, var, ks, rates, settings=run, incumbent=chosen, visits=visits)
     assert again.choice.chosen == chosen
