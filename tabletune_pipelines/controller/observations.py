@@ -15,15 +15,21 @@ from tabletune_pipelines.controller.step_correction import StepTimeModel
 from tabletune_pipelines.core.stepcost import StepExtra
 
 
-def _observe(cells: dict[int, list[float]], key: int, inc: list[float]) -> None:
-    """Add one step to its cell, column by column: ``inc`` is ``[ms, 1, ms²]`` for a clean step and
-    ``[ms, 1, ms², m, m², ms·m]`` for a served one (m: the extra its own prefill is priced at)."""
+def _observe(cells: dict[int, list[float]], key: int, ms: float, m: float | None = None) -> None:
+    """Add one step to its cell: ``[sum ms, count, sum ms²]`` for a clean step (``m`` None) and
+    ``[sum ms, count, sum ms², sum m, sum m², sum ms·m]`` for a served one (m: the extra its own
+    prefill is priced at). A list is allocated only the first time a cell is visited."""
     cell = cells.get(key)
     if cell is None:
-        cells[key] = inc
-    else:
-        for i, v in enumerate(inc):
-            cell[i] += v
+        cells[key] = [ms, 1.0, ms * ms] if m is None else [ms, 1.0, ms * ms, m, m * m, ms * m]
+        return
+    cell[0] += ms
+    cell[1] += 1.0
+    cell[2] += ms * ms
+    if m is not None:
+        cell[3] += m
+        cell[4] += m * m
+        cell[5] += ms * m
 
 
 class CostObserver:
@@ -81,10 +87,9 @@ class CostObserver:
         key = row * (self.n + 1) + b
         if ms <= tp * tol * tol:
             ex = self.extra
-            m = 0.0 if ex is None else ex.ms(decode_tokens, prefill_tokens)
-            _observe(self.served, key, [ms, 1.0, ms * ms, m, m * m, ms * m])
+            _observe(self.served, key, ms, 0.0 if ex is None else ex.ms(decode_tokens, prefill_tokens))
         if decode_only and b == prev_b and tp / tol <= ms <= tp * tol:
-            _observe(self.clean, key, [ms, 1.0, ms * ms])
+            _observe(self.clean, key, ms)
 
     def cells(self, obs: dict[int, list[float]], shape: tuple[int, ...]) -> tuple[np.ndarray, ...]:
         """Observed cells ``{row * (n + 1) + B: [sum ms, count, sum of squares, ...]}`` as one array
