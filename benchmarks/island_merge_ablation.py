@@ -27,11 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import evaluate as ev  # noqa: E402  (the simulator sections' setup: surfaces, published table, steps per load)
-
-from tabletune_pipelines.controller import logic  # noqa: E402
-from tabletune_pipelines.evaluation import simulator as sim  # noqa: E402
+# A sibling script (python puts the script's own folder first on the path): the simulator sections' setup.
+import evaluate as ev
+from tabletune_pipelines.controller import logic
+from tabletune_pipelines.evaluation import simulator as sim
 
 VARIANTS = ("point test only", "evidence bound only", "both (production)")
 
