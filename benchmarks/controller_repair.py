@@ -18,12 +18,15 @@ controller plugin (``--scheduler-cls ...ControllerScheduler``, ``TABLETUNE_PUBLI
    the order rotated per round (A B C, B C A, ...) so drift hits all alike:
    ``wrong`` (observe mode: the wrong table stays), ``tuned`` (observe mode), ``controller``
    (control mode starting from the wrong table, prior = the true rates, the profile above; its
-   first rebuild after 100 steps repairs the table, so its windows include the repair).
+   first rebuild after 100 steps repairs the table, so its windows include the repair), ``no-merge``
+   (the same with ``merge_islands: false``: the island rule's A/B inside the launch).
    Goodput = kept tokens / busy seconds from the controller's exported windows (every step keeps
    each request's target token plus its accepted drafts), after a settle of ``--settle`` s.
 
-Printed: per load, each policy's goodput (mean over rounds ± standard error), controller / wrong
-and controller / tuned (paired per round), the table each ended on, and the load average.
+Printed: per load, each policy's goodput (mean over rounds ± standard error), the controller over
+each other policy (paired per round), the tables the two controllers ended on, and per window the
+load average and the requests per drafting step (far below the load: the engine served one request
+while the clients had more in flight).
 """
 
 from __future__ import annotations
@@ -97,6 +100,7 @@ def main() -> int:
             "wrong": dict(ranges=wrong, controller={"mode": "observe"}),
             "tuned": dict(ranges=tuned, controller={"mode": "observe"}),
             "controller": dict(ranges=wrong, controller={"mode": "control"}),
+            "no-merge": dict(ranges=wrong, controller={"mode": "control", "merge_islands": False}),
         }
         names = list(policies)
         results: dict[tuple[str, int], list[float]] = {}
@@ -113,23 +117,31 @@ def main() -> int:
                     g = sum(w.tokens or 0 for w in ws) / busy if busy else float("nan")
                     results.setdefault((name, load), []).append(g)
                     ended[(name, load)] = ws[-1].controller["table"] if ws else None
+                    # Requests per drafting step: far below the load, the engine ran spells with one
+                    # request while the clients had `load` in flight (RESULTS, session 22).
+                    steps = sum(w.steps or 0 for w in ws)
+                    per_step = sum(w.num_drafts for w in ws) / steps if steps else float("nan")
                     print(f"round {r} load {load:>2} {name:<10} {g:8.1f} tok/s ({len(ws)} windows, "
-                          f"{gen.completed} requests)  load average {loadavg()}")
+                          f"{gen.completed} requests, {per_step:.1f} drafting requests per step)  "
+                          f"load average {loadavg()}")
     finally:
         srv.stop()
 
-    print("\n| load | wrong tok/s | tuned tok/s | controller tok/s | controller / wrong | controller / tuned |")
-    print("|---|---|---|---|---|---|")
+    others = [nm for nm in names if nm != "controller"]
+    print("\n| load | " + " | ".join(f"{nm} tok/s" for nm in names) + " | "
+          + " | ".join(f"controller / {o}" for o in others) + " |")
+    print("|---|" + "---|" * (len(names) + len(others)))
     for load in loads:
         cells = {nm: mean_se(results[(nm, load)]) for nm in names}
         ratios = {}
-        for other in ("wrong", "tuned"):
+        for other in others:
             rs = [c / o for c, o in zip(results[("controller", load)], results[(other, load)]) if o > 0]
             ratios[other] = mean_se(rs)
         print(f"| {load} | " + " | ".join(f"{cells[nm][0]:.1f} ± {cells[nm][1]:.1f}" for nm in names) + " | "
-              + " | ".join(f"{ratios[o][0]:.3f} ± {ratios[o][1]:.3f}" for o in ("wrong", "tuned")) + " |")
-    print(f"\ncontroller's table at the end (last round): "
-          + "; ".join(f"load {ld}: {ended[('controller', ld)]}" for ld in loads))
+              + " | ".join(f"{ratios[o][0]:.3f} ± {ratios[o][1]:.3f}" for o in others) + " |")
+    for nm in ("controller", "no-merge"):
+        print(f"\n{nm}'s table at the end (last round): "
+              + "; ".join(f"load {ld}: {ended[(nm, ld)]}" for ld in loads))
     print(f"load average at the end {loadavg()}")
     return 0
 

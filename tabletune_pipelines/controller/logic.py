@@ -546,7 +546,8 @@ class Controller:
         search = SearchSettings(allowed_ks=start.allowed_k, threshold=float(s.stickiness),
                                 confidence=float(s.evidence_confidence), min_range=model.pool_width())
         ev = search_with_evidence(times, var, start.allowed_k, rates, rates_cov=cov, settings=search,
-                                  incumbent=incumbent, visits=model.all_count.sum(axis=0))
+                                  incumbent=incumbent,
+                                  visits=model.all_count.sum(axis=0) if s.merge_islands else None)
         chosen = np.asarray(ev.choice.chosen, dtype=np.int64)
         self._explore_focus = self._focus(ev, chosen, start)
         if self.flaps.holding(self.rebuilds):

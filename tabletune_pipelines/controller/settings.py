@@ -186,6 +186,11 @@ class ControllerSettings:
     """Confidence of the evidence rule at a rebuild: a k changes at a batch size only when the lower
     bound of its gain (Bonferroni over the other k) clears ``stickiness``. 0.5 decides on point
     estimates (z = 0)."""
+    merge_islands: bool = True
+    """Let a narrow island (a range narrower than the served pool whose two neighbours share one k)
+    take its neighbours' k when no allowed k beats that k at the lower confidence bound and the
+    served traffic does not pay for the island (docs/controller.md, "The control loop"); false: the
+    point test alone decides, as the offline tuner does."""
     flap_backoff_rebuilds: int = 1024
     """The longest hold of the flap backoff (0 turns it off): after a table change that returns some
     batch size to a k it had had, no batch size changes k for 8 rebuilds, then 64, 512, ... as the
@@ -226,7 +231,7 @@ class ControllerSettings:
             raise SettingsError(f"controller setting mode = {self.mode!r} must be one of {CONTROLLER_MODES}")
         if not isinstance(self.policy, str) or self.policy not in CONTROLLER_POLICIES:
             raise SettingsError(f"controller setting policy = {self.policy!r} must be one of {CONTROLLER_POLICIES}")
-        for name in ("halve_after_rebuild", "prior_decay", "step_time_correction"):
+        for name in ("halve_after_rebuild", "prior_decay", "merge_islands", "step_time_correction"):
             if type(getattr(self, name)) is not bool:
                 raise SettingsError(f"controller setting {name} = {getattr(self, name)!r} must be true or false")
         for name, bound in BOUNDS.items():

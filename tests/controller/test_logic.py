@@ -825,3 +825,33 @@ def test_unvisited_batch_sizes_follow_the_decode_surface_not_the_start_table(tmp
     _without_the_narrow_range_merge(monkeypatch)
     held = _quartered_with_wandering_batch(tmp_path / "independent", clock)
     assert [held[b - 1] for b in far] == [0] * len(far), held
+
+
+def test_the_controller_hands_its_served_steps_to_the_island_rule_unless_merge_islands_is_off(tmp_path, clock,
+                                                                                              monkeypatch):
+    """The online search is the offline one (``core.evidence.search_with_evidence``) plus the traffic:
+    each rebuild passes the steps served per batch size (``StepTimeModel.all_count`` summed over k), so
+    the island rule can weigh an island by what the load pays for it. ``merge_islands: false`` passes
+    none (the point test alone, as offline). The steps handed over grow rebuild by rebuild and sit
+    where the fake engine's load of 6 runs."""
+    from tabletune_pipelines.controller import logic
+
+    seen: dict[bool, list] = {True: [], False: []}
+    real = logic.search_with_evidence
+    for merge in (True, False):
+        def spy(*args, visits=None, _merge=merge, **kw):
+            seen[_merge].append(None if visits is None else np.asarray(visits, dtype=float).copy())
+            return real(*args, visits=visits, **kw)
+
+        monkeypatch.setattr(logic, "search_with_evidence", spy)
+        p = publish(tmp_path / f"m{merge}.json", ranges=[(1, 16, 2)], rates=H200_RATES, profile=PROFILE,
+                    allowed_k=[1, 2, 3], controller={"merge_islands": merge})
+        c = fake_controller(p, clock)
+        FakeEngine(c, H200_RATES, lambda b, k: PROFILE[k][b], clock=clock, seed=3).run(600, 6)
+    assert seen[True] and seen[False]
+    assert all(v is None for v in seen[False])
+    on = [v for v in seen[True] if v is not None]
+    assert len(on) == len(seen[True]) and all(v.shape == (N,) for v in on)
+    totals = [v.sum() for v in on]
+    assert totals == sorted(totals) and totals[-1] > totals[0] > 0
+    assert int(np.argmax(on[-1])) + 1 == 6 and on[-1][5] > 0.5 * on[-1].sum()

@@ -31,6 +31,7 @@ def test_json_numbers_are_accepted_when_exact():
     ({"prior_weight": -1.0}, "prior_weight = -1.0"),
     ({"poll_every_s": 0.1}, "poll_every_s = 0.1 must be a finite number >= 1"),
     ({"prior_decay": "yes"}, "prior_decay = 'yes' must be true or false"),
+    ({"merge_islands": 1}, "merge_islands = 1 must be true or false"),
     ({"mode": "auto"}, "mode = 'auto' must be one of"),
     ({"min_prior_weight": 3000.0}, "must be <= prior_weight"),
     ({"step_time_outlier_ratio": 1.0}, "step_time_outlier_ratio = 1.0"),

@@ -92,7 +92,8 @@ def _outside(name: str):
 
 
 OTHER = dict(mode=st.sampled_from(CONTROLLER_MODES), policy=st.sampled_from(CONTROLLER_POLICIES),
-             halve_after_rebuild=st.booleans(), prior_decay=st.booleans(), step_time_correction=st.booleans())
+             halve_after_rebuild=st.booleans(), prior_decay=st.booleans(), merge_islands=st.booleans(),
+             step_time_correction=st.booleans())
 # Any subset of the settings (export_path is the fleet's live_counters, not a controller: key there).
 INSIDE = st.fixed_dictionaries({}, optional={**{n: _inside(n) for n in BOUNDS}, **OTHER})
 ANYTHING = st.fixed_dictionaries({}, optional={**{n: st.one_of(_inside(n), _outside(n)) for n in BOUNDS}, **OTHER})
