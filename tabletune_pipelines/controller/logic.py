@@ -62,7 +62,6 @@ from tabletune_pipelines.controller.search import (
 from tabletune_pipelines.controller.settings import ControllerSettings
 from tabletune_pipelines.controller.step import StepOutcome, count_drafts, fold, longest
 from tabletune_pipelines.controller.step_correction import ServedPrior, StepTimeModel, served_prior
-from tabletune_pipelines.controller.traffic import TrafficMemory
 from tabletune_pipelines.core.acceptance_estimate import AcceptanceEstimator, EstimatorConfig
 from tabletune_pipelines.core.evidence import SearchSettings, as_covariance, search_with_evidence
 from tabletune_pipelines.core.noise import z_value
@@ -165,8 +164,6 @@ class Controller:
         self._wl = [0.0, 0.0, 0.0]
         self.served: ServedPrior | None = None
         self._served_cache: tuple[Any, np.ndarray, np.ndarray] | None = None
-        # The steps served per batch size as the island rule weighs them (peak shares kept).
-        self._traffic = TrafficMemory(engine.max_num_seqs)
         self._initial_load()
 
     # ------------------------------------------------------------------ loading
@@ -255,7 +252,7 @@ class Controller:
         return {
             "start": start, "settings": s, "fallback_reason": None, "_last_estimate": (),
             "estimator": estimator, "model": model, "costs": costs,
-            "served": served, "_wl": [0.0, 0.0, 0.0], "_served_cache": None, "_traffic": TrafficMemory(n),
+            "served": served, "_wl": [0.0, 0.0, 0.0], "_served_cache": None,
             "_hist_d": [0] * (K + 1), "_hist_a": [0] * (K + 1),
             "_N": N, "_next_rebuild": self.steps + N, "_explore_every": every,
             "_explore_run": int(s.exploration_run_steps), "_next_explore": self.steps + every,
@@ -550,7 +547,7 @@ class Controller:
                                 confidence=float(s.evidence_confidence), min_range=model.pool_width())
         ev = search_with_evidence(times, var, start.allowed_k, rates, rates_cov=cov, settings=search,
                                   incumbent=incumbent,
-                                  visits=self._traffic.weigh(model.all_count.sum(axis=0)) if s.merge_islands else None)
+                                  visits=model.all_count.sum(axis=0) if s.merge_islands else None)
         chosen = np.asarray(ev.choice.chosen, dtype=np.int64)
         self._explore_focus = self._focus(ev, chosen, start)
         if self.flaps.holding(self.rebuilds):

@@ -1,7 +1,6 @@
 """The controller's parts alone, on worked numbers: the step record and the one count of drafted and
-kept tokens (``controller.step``), flap counting and backoff (``controller.flapping``), cost
-observation (``controller.observations``) and the traffic the island rule weighs
-(``controller.traffic``). No vLLM, no published file."""
+kept tokens (``controller.step``), flap counting and backoff (``controller.flapping``) and cost
+observation (``controller.observations``). No vLLM, no published file."""
 
 from __future__ import annotations
 
@@ -16,8 +15,6 @@ import pytest
 from tabletune_pipelines.controller.flapping import FLAP_WINDOW_REBUILDS, FlapCounter
 from tabletune_pipelines.controller.observations import CostObserver
 from tabletune_pipelines.controller.step import StepOutcome, count_drafts, fold, longest
-from tabletune_pipelines.controller.traffic import MIN_STEPS, TrafficMemory
-from tabletune_pipelines.core.evidence import SearchSettings, search_with_evidence
 
 
 # ---------------------------------------------------------------- the step record and the count
@@ -186,41 +183,3 @@ def test_without_k_in_the_scheduler_output_the_longest_draft_counted_stands_for_
     missing.on_step(StepOutcome({"a": 1, "b": 1}, spec, idx, sampled, None, 0, 7, clock[0]))
     assert missing._prev_k == missing._cur_k == 2
     assert missing._hist_d == given._hist_d == [0, 0, 1, 0] and missing._hist_a == given._hist_a == [0, 1, 0, 0]
-
-
-# ---------------------------------------------------------------- the traffic the island rule weighs
-def test_a_batch_size_keeps_the_peak_share_of_the_traffic_it_once_had():
-    """Worked numbers, four batch sizes. Before MIN_STEPS (1000) served steps no share counts: the
-    visits pass unchanged. At 800 of 1000 steps at B = 3 its peak share is 0.8. After a spell of 3000
-    steps at B = 1 (visits 3100, 50, 800, 50; total 4000) B = 3 still counts 0.8 * 4000 = 3200, the
-    others keep their own counts (their peaks, 0.1, 0.05 and 0.05, are below their shares or equal)."""
-    t = TrafficMemory(4)
-    early = np.array([50.0, 50.0, 400.0, 0.0])
-    assert MIN_STEPS == 1000 and np.array_equal(t.weigh(early), early) and not t.peak.any()
-    np.testing.assert_allclose(t.weigh(np.array([100.0, 50.0, 800.0, 50.0])), [100, 50, 800, 50])
-    np.testing.assert_allclose(t.peak, [0.1, 0.05, 0.8, 0.05])
-    np.testing.assert_allclose(t.weigh(np.array([3100.0, 50.0, 800.0, 50.0])), [3100, 200, 3200, 200])
-    np.testing.assert_allclose(t.peak, [0.775, 0.05, 0.8, 0.05])
-
-
-def test_an_island_the_load_ran_at_is_not_merged_during_a_spell_elsewhere():
-    """The island of ``test_a_narrow_island_the_traffic_does_not_pay_for_merges_unless_the_evidence_holds_it``
-    (k = 1 at B = 5 inside k = 2, a 3 % lead, 2 % step-time errors, ``min_range`` 4). The load ran at
-    B = 5 (900 of 1000 steps), then spent 9000 steps at B = 1. By the steps served alone the island
-    now holds 900 of 10000 steps: 900 * log 1.03 = 26.6 against log 1.005 * 10000 = 49.9, unpaid, so it
-    was merged. Weighed with its peak share (0.9 * 10000 = 9000 steps) it is paid for and stays."""
-    ks, rates, n = (1, 2, 3), (0.7, 0.5, 0.3), 10
-    g1 = np.full(n, 1 / 1.05)
-    g1[4] = 1.03
-    t = np.stack([1.7 / g1, np.full(n, 2.2), np.full(n, 2.5 / 0.8)])
-    var = (0.02 * t) ** 2
-    island, kept = [2, 2, 2, 2, 1, 2, 2, 2, 2, 2], [[1, 4, 2], [5, 5, 1], [6, 10, 2]]
-    run = SearchSettings(min_range=4)
-    before = np.array([12.0, 11, 11, 11, 900, 11, 11, 11, 11, 11])  # 1000 steps
-    after = before.copy()
-    after[0] += 9000.0
-    traffic = TrafficMemory(n)
-    traffic.weigh(before)
-    assert search_with_evidence(t, var, ks, rates, settings=run, incumbent=island, visits=after).ranges == [[1, 10, 2]]
-    assert search_with_evidence(t, var, ks, rates, settings=run, incumbent=island,
-                                visits=traffic.weigh(after)).ranges == kept
