@@ -135,10 +135,11 @@ def _calibrate(rig, rates, k):
     hit, mine = rig.wait(lambda w: _at(w, k, CLIENTS), version=v, max_steps=STALL_PROOF_STEPS)
     assert hit is not None, f"too few clean steps at k = {k}, B = {CLIENTS}: {mine[-1].controller.get('step_time')}"
     # ... and at B = 1, where those spells put the load, so that T_true has the engine's shape from
-    # B = 1 up (the test's main function): held flat below B = 8, the profile was 13-30 % too HIGH at
-    # B = 1 for k = 2 (live/profile 0.87-0.89 in three loop runs), the spells' steps there corrected it
-    # downwards, and carried to B0 that correction sent B0 back to k = 2 (one loop run: 24 of 45
-    # windows on the true k, 10 reversals). One client for as long as it takes.
+    # B = 1 up (the test's main function): held flat below B = 8, the profile was 11-28 % too HIGH at
+    # B = 1 for k = 2 (live/profile 0.78-0.90 in three runs), the spells' steps there corrected it
+    # downwards, and carried to B0 that correction sent B0 back to k = 2 (3 of 8 loop runs failed so;
+    # one more, with the island merge off, kept the true k in 24 of 45 windows). One client for as
+    # long as it takes.
     if not _at(hit, k, 1):
         rig.load.stop()
         one = closed_loop(rig.server, 1, max_tokens=(96, 160)).start()
