@@ -148,6 +148,7 @@ def _calibrate(rig, rates, k):
         finally:
             one.stop()
             rig.load.start()
+        assert not one.errors, one.errors[:3]
         assert hit is not None, f"too few clean steps at k = {k}, B = 1: {mine[-1].controller.get('step_time')}"
     cells = hit.controller["step_time"][str(k)]
     return {int(b): (ms, n) for b, ms, n, _ in cells}
