@@ -14,8 +14,8 @@ controller plugin (``--scheduler-cls ...ControllerScheduler``, ``TABLETUNE_PUBLI
 2. The tuned table = the search on that profile with the true rates; the wrong table = the tuned
    table with every range shrunk to a quarter, no speculation above (the method's repair
    experiment; its docs' table shrunk to a quarter: no speculation above 32 of 128).
-3. Policies, each published as a new version and measured at every load, ``--rounds`` rounds with
-   the order rotated per round (A B C, B C A, ...) so drift hits all alike:
+3. Policies, each published as a new version and measured at every load, ``--rounds`` rounds in
+   the order of ``served.rotated`` (a balanced Latin square) so drift and carry-over hit all alike:
    ``wrong`` (observe mode: the wrong table stays), ``tuned`` (observe mode), ``controller``
    (control mode starting from the wrong table, prior = the true rates, the profile above; its
    first rebuild after 100 steps repairs the table, so its windows include the repair), ``no-merge``
@@ -27,6 +27,11 @@ Printed: per load, each policy's goodput (mean over rounds ± standard error), t
 each other policy (paired per round), the tables the two controllers ended on, and per window the
 load average and the requests per drafting step (far below the load: the engine served one request
 while the clients had more in flight).
+
+``--busy-wait sleep`` (the default) runs the server with the poll of ``benchmarks/_busywait``
+sleeping 50 µs instead of ``sched_yield()``: on 2 cores the yielding poll starves the clients, and
+the engine serves one request at a time for seconds (docs/engine-facts.md, "Spells of one
+request"; the session-22 launch with ``yield`` was decided by them). ``yield`` is vLLM as shipped.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ import time
 from pathlib import Path
 
 from tabletune_pipelines.evaluation.bench import ints, loadavg
-from tabletune_pipelines.evaluation.served import mean_se
+from tabletune_pipelines.evaluation.served import mean_se, rotated
 
 
 def main() -> int:
@@ -49,6 +54,8 @@ def main() -> int:
     ap.add_argument("--window", type=float, default=6.0, help="seconds measured per policy and load")
     ap.add_argument("--settle", type=float, default=1.5, help="seconds after a publication before measuring")
     ap.add_argument("--profile-window", type=float, default=4.0)
+    ap.add_argument("--busy-wait", choices=("sleep", "yield"), default="sleep",
+                    help="the engine core's poll: a 50 µs sleep (no spells on 2 cores) or vLLM's sched_yield")
     args = ap.parse_args()
     import logging
 
@@ -63,7 +70,13 @@ def main() -> int:
     n, ks = 16, (0, 1, 2, 3)
     work = Path(tempfile.mkdtemp(prefix="tt-repair-"))
     pub = work / "local.json"
-    srv = VLLMServer(server_config(work, pub, rates=rates))
+    env = None
+    if args.busy_wait == "sleep":
+        from _busywait import server_env
+
+        (work / "busywait.on").touch()
+        env = server_env(work / "busywait.on")
+    srv = VLLMServer(server_config(work, pub, rates=rates, extra_env=env))
     rig = Rig(srv, pub, work / "local.live.jsonl")
 
     def flat_profile(ms: float = 10.0):
@@ -72,7 +85,8 @@ def main() -> int:
     rig.publish(ranges=[(1, n, 3)], rates=rates, profile=flat_profile(), controller={"mode": "observe"})
     t0 = time.monotonic()
     srv.start()
-    print(f"engine started in {time.monotonic() - t0:.0f} s; rates {rates}; load average {loadavg()}")
+    print(f"engine started in {time.monotonic() - t0:.0f} s; rates {rates}; busy-wait {args.busy_wait}; "
+          f"load average {loadavg()}")
 
     try:
         # 1. profile in this launch
@@ -106,7 +120,7 @@ def main() -> int:
         results: dict[tuple[str, int], list[float]] = {}
         ended: dict[tuple[str, int], list] = {}
         for r in range(args.rounds):
-            order = names[r % len(names):] + names[:r % len(names)]
+            order = rotated(names, r)
             for load in loads:
                 for name in order:
                     spec = policies[name]

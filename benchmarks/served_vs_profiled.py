@@ -41,17 +41,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
+from _busywait import server_env
+
 from tabletune_pipelines.evaluation.bench import ints, loadavg
 from tabletune_pipelines.evaluation.served import LoadGenerator, counted_window, rotated
 from tabletune_pipelines.evaluation.synthetic import fixed_prior
 
-HERE = Path(__file__).resolve().parent
 
 
 def window(server, k: int, load: int, seconds: float, settle: float) -> dict:
@@ -138,7 +138,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from tabletune_pipelines.core.goodput import tau_curve
     from tabletune_pipelines.engine import ProfileServers, ServerConfig, VLLMServer, profile_step_times
-    from tabletune_pipelines.engine.command import PACKAGE_ROOT
     from tabletune_pipelines.engine.identity import engine_identity
     from tabletune_pipelines.engine.plan import ProfileOptions, default_plan
     from tabletune_pipelines.engine.tiny_models import ensure_tiny_models, read_vocab_size
@@ -160,9 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
     print(f"load at start {loadavg()}", flush=True)
     models = ensure_tiny_models(args.models, args.size)
-    env = {"TABLETUNE_BUSYWAIT_FLAG": str(flag),
-           "PYTHONPATH": os.pathsep.join([str(HERE / "_busywait"), PACKAGE_ROOT,
-                                          *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]])}
+    env = server_env(flag)
     cfg = ServerConfig(model=str(models.target_dir), drafter=str(models.draft_dir), method="draft_model",
                        num_speculative_tokens=K, table=((1, M, K),), synthetic_acceptance_rates=(0.0,) * K,
                        max_num_seqs=M, max_model_len=512, work_dir=str(out / "servers"), extra_env=env)

@@ -10,11 +10,11 @@ a phase is its own acceptance counted in the controller's windows of the phase's
 (drafted/accepted per position). Tolerance (stated): â within (0.06, 0.08, 0.10) of it, or 3
 standard errors where the phase drafts too little for that or â spreads wider from window to window
 (``tolerance``), and the table one the search picks for rates in that box; over the prose phase's
-second half, â's mean lies nearer prose's acceptance than code's. Phases are counted in engine steps, so the test does the same
-work on any machine. The published step times are a synthetic linear profile whose table depends
-on a_1..a_3 where the two real mixes lie (step-time correction off, so the table follows acceptance
-only); the test checks the two phases' real rates give different tables under it before asking the
-controller to follow.
+second half, â's mean lies nearer prose's acceptance than code's. Phases are counted in engine
+steps, so the test does the same work on any machine. The published step times are a synthetic
+linear profile whose table depends on a_1..a_3 where the two real mixes lie (step-time correction
+off, so the table follows acceptance only); the test checks the two phases' real rates give
+different tables under it before asking the controller to follow.
 """
 
 from __future__ import annotations
