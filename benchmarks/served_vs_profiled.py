@@ -53,7 +53,6 @@ from tabletune_pipelines.evaluation.served import LoadGenerator, counted_window,
 from tabletune_pipelines.evaluation.synthetic import fixed_prior
 
 
-
 def window(server, k: int, load: int, seconds: float, settle: float) -> dict:
     """Switch to fixed ``k``, settle, then read the step log over ``seconds``."""
     server.set_k(k)
