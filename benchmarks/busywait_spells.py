@@ -59,7 +59,10 @@ def main() -> int:
     try:
         for r in range(args.rounds):
             for setting in rotated(list(SETTINGS), r):
-                flag.touch() if setting == "sleep" else flag.unlink(missing_ok=True)
+                if setting == "sleep":
+                    flag.touch()
+                else:
+                    flag.unlink(missing_ok=True)
                 time.sleep(args.settle)
                 start, done0, m0 = datetime.now(timezone.utc), load.completed, time.monotonic()
                 time.sleep(args.window)
