@@ -42,7 +42,7 @@ def main() -> int:
     ap.add_argument("--settle", type=float, default=3.0, help="seconds after a switch before measuring")
     args = ap.parse_args()
     from tabletune_pipelines.engine import VLLMServer
-    from tabletune_pipelines.evaluation.rig import Rig, closed_loop, server_config
+    from tabletune_pipelines.evaluation.rig import Rig, closed_loop, drafting_requests_per_step, server_config
 
     rates = (0.6, 0.02, 0.01)
     work = Path(tempfile.mkdtemp(prefix="tt-busywait-"))
@@ -64,15 +64,14 @@ def main() -> int:
                 else:
                     flag.unlink(missing_ok=True)
                 time.sleep(args.settle)
-                start, done0, m0 = datetime.now(timezone.utc), load.completed, time.monotonic()
+                start, done0, steps0, m0 = datetime.now(timezone.utc), load.completed, rig.steps(), time.monotonic()
                 time.sleep(args.window)
-                rate = (load.completed - done0) / (time.monotonic() - m0)
-                ws = [w for w in rig.windows() if w.window_start >= start and w.steps]
-                steps = sum(w.steps for w in ws)
-                per_step = sum(w.num_drafts for w in ws) / steps if steps else float("nan")
+                seconds = time.monotonic() - m0
+                rate, step_rate = (load.completed - done0) / seconds, (rig.steps() - steps0) / seconds
+                per_step = drafting_requests_per_step([w for w in rig.windows() if w.window_start >= start])
                 served[setting].append(rate)
                 batch[setting].append(per_step)
-                print(f"round {r} {setting:<5} {rate:6.2f} requests/s, {steps / args.window:6.1f} steps/s, "
+                print(f"round {r} {setting:<5} {rate:6.2f} requests/s, {step_rate:6.1f} steps/s, "
                       f"{per_step:4.1f} requests per step  load average {loadavg()}", flush=True)
     finally:
         load.stop()

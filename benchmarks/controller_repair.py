@@ -61,7 +61,7 @@ def main() -> int:
 
     logging.getLogger("tabletune.controller").setLevel(logging.WARNING)
     from tabletune_pipelines.engine import VLLMServer
-    from tabletune_pipelines.evaluation.rig import Rig, server_config
+    from tabletune_pipelines.evaluation.rig import Rig, drafting_requests_per_step, server_config
     from tabletune_pipelines.evaluation.simulator import quartered
     from tabletune_pipelines.evaluation.synthetic import true_table
 
@@ -133,8 +133,7 @@ def main() -> int:
                     ended[(name, load)] = ws[-1].controller["table"] if ws else None
                     # Requests per drafting step: far below the load, the engine ran spells with one
                     # request while the clients had `load` in flight (RESULTS, session 22).
-                    steps = sum(w.steps or 0 for w in ws)
-                    per_step = sum(w.num_drafts for w in ws) / steps if steps else float("nan")
+                    per_step = drafting_requests_per_step(ws)
                     print(f"round {r} load {load:>2} {name:<10} {g:8.1f} tok/s ({len(ws)} windows, "
                           f"{gen.completed} requests, {per_step:.1f} drafting requests per step)  "
                           f"load average {loadavg()}")

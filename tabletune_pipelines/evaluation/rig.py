@@ -30,7 +30,7 @@ from tabletune_pipelines.evaluation.served import LoadGenerator
 from tabletune_pipelines.evaluation.synthetic import IDENTITY, LAUNCH, publish
 from tabletune_pipelines.formats.live_counters import CounterWindow, read_live_counters
 
-__all__ = ["SCHEDULER", "Rig", "closed_loop", "identity", "server_config", "tiny"]
+__all__ = ["SCHEDULER", "Rig", "closed_loop", "drafting_requests_per_step", "identity", "server_config", "tiny"]
 
 SCHEDULER = "tabletune_pipelines.controller.scheduler."
 """The production plugin's module: ``server_config(cls=...)`` prefixes a bare class name with it."""
@@ -77,6 +77,15 @@ def closed_loop(server: Any, clients: int, *, prompt: Callable[[random.Random], 
     return LoadGenerator(server, clients, vocab_size=2000, prompt_tokens=16, output_tokens=max_tokens, prompt=prompt,
                          first_seed=1000, ignore_eos=ignore_eos, temperature=temperature, one_choice=True,
                          request_timeout_s=300.0, retry_pause_s=0.2, error_chars=300)
+
+
+def drafting_requests_per_step(windows: Sequence[CounterWindow]) -> float:
+    """Requests that drafted, per engine step, over the controller's exported ``windows`` (NaN with
+    no step): each drafting request is one draft (``num_drafts``) a step. With every batch size
+    drafting it is the batch the engine ran; far below the clients' count, the engine served one
+    request at a time while they had more in flight (docs/engine-facts.md, "Spells of one request")."""
+    steps = sum(w.steps or 0 for w in windows)
+    return sum(w.num_drafts for w in windows) / steps if steps else float("nan")
 
 
 class Rig:

@@ -4,16 +4,19 @@ of the windows the production controller exports (driven by the fake engine of t
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from tabletune_pipelines.evaluation.rig import SCHEDULER, Rig, closed_loop
+from tabletune_pipelines.evaluation.rig import SCHEDULER, Rig, closed_loop, drafting_requests_per_step
 from tabletune_pipelines.evaluation.served import LoadGenerator
 from tabletune_pipelines.evaluation.simulator import FakeEngine, fake_controller
 from tabletune_pipelines.evaluation.synthetic import IDENTITY, linear_profile
+from tabletune_pipelines.formats.live_counters import CounterWindow
 from tabletune_pipelines.formats.published import load_published
 
 RATES = (0.7, 0.5, 0.3)
@@ -196,3 +199,18 @@ def test_wait_steps_guards_a_stall_not_the_length_of_a_phase(tmp_path, monkeypat
     with pytest.raises(AssertionError, match="25 of 40 controller steps, none new for 150.0 s"):
         rig.wait_steps(20, timeout=150.0)
     assert 2500.0 + 150.0 < clock.t <= 2500.0 + 151.0 and clock.t - start > 500.0
+
+
+def _counted(num_drafts, steps):
+    t = datetime(2026, 12, 4, tzinfo=timezone.utc)
+    return CounterWindow(deployment="d", window_start=t, window_end=t + timedelta(seconds=1), num_drafts=num_drafts,
+                         drafted_per_pos=(num_drafts,), accepted_per_pos=(0,), steps=steps)
+
+
+def test_drafting_requests_per_step_pools_the_windows():
+    # 8 clients in a full batch for 100 steps (800 drafts), then a spell of one request for 300 steps:
+    # pooled, (800 + 300) / 400 = 2.75, not the mean of the windows' 8 and 1.
+    assert drafting_requests_per_step([_counted(800, 100), _counted(300, 300)]) == 2.75
+    assert drafting_requests_per_step([_counted(0, 50)]) == 0.0  # steps ran, nothing drafted (k = 0)
+    assert math.isnan(drafting_requests_per_step([]))
+    assert math.isnan(drafting_requests_per_step([_counted(0, None)]))  # a window with no step count
