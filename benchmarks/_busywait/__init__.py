@@ -2,7 +2,7 @@
 the one place a benchmark builds it (``served_vs_profiled.py``, ``controller_repair.py``).
 
 On a 2-core machine vLLM's engine core polls its shared-memory queue with ``sched_yield()`` and
-starves the load generator and the API server; with 8 closed-loop clients the engine then serves
+starves the load generator; with 8 closed-loop clients the engine then serves
 one request at a time for seconds (docs/engine-facts.md, "Spells of one request"). With the flag
 file present, the poll sleeps 50 µs instead.
 """
