@@ -106,8 +106,9 @@ def build_env(config: ServerConfig, device: str, work_dir: Path, step_log: Path,
             "HF_HUB_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1",
         })
-        if synthetic_control is not None and config.synthetic_acceptance_rates is not None:
-            env[SYNTHETIC_CONTROL_ENV] = str(synthetic_control)
+    if synthetic_control is not None and config.synthetic_acceptance_rates is not None and (
+            device == "cpu" or config.step_timing):  # the CPU plugin, or on a GPU the timing scheduler, reads it
+        env[SYNTHETIC_CONTROL_ENV] = str(synthetic_control)
     if config.model_runner != "auto":
         env[V2_RUNNER_ENV] = "1" if config.model_runner == "v2" else "0"
     if config.step_timing:

@@ -43,7 +43,7 @@ logger = logging.getLogger("tabletune.cpu_plugin")
 PLACEHOLDER_TOKEN_ID = -1
 _PATCHED_FLAG = "_tabletune_synthetic"
 
-__all__ = ["SYNTHETIC_CONTROL_ENV", "fallback_count", "is_cpu_build", "register", "synthetic_rejection"]
+__all__ = ["SYNTHETIC_CONTROL_ENV", "conditional_rates", "fallback_count", "is_cpu_build", "register", "synthetic_rejection"]
 
 #: This process's reader of the synthetic-rates channel (made on first use), the rates in force,
 #: and how often the synthetic path failed and the stock kernel ran instead.
@@ -64,8 +64,9 @@ def _fallback(exc: BaseException, stock):
     return stock()
 
 
-def _conditional(rates):
-    """Unconditional per-position acceptance -> the conditional rates the kernels use."""
+def conditional_rates(rates):
+    """Unconditional per-position acceptance -> the conditional rates the kernels use (also the GPU
+    switch's, ``engine.gpu_synthetic``)."""
     out = []
     prev = 1.0
     for r in rates:
@@ -86,7 +87,7 @@ def _runtime_rates(default):
 
             positions = int(default.numel()) if default is not None and hasattr(default, "numel") else None
             rates = list(check_rates_command(cmd.body, positions))
-            _state["rates"] = torch.tensor(_conditional(rates), dtype=torch.float32)
+            _state["rates"] = torch.tensor(conditional_rates(rates), dtype=torch.float32)
             channel.ack(cmd.seq, rates=rates)
         except InvalidCommand as exc:  # refused before applying: the rates in force stay
             channel.reject(cmd.seq, str(exc))

@@ -20,8 +20,8 @@ Protocol (``mode="one_launch"``, the default):
    launches a server for this only if a decision is still ambiguous).
 4. A separate no-speculation server gives the baseline cells (``k=None``), and a launch with
    synthetic rates 1 gives "all accepted" cells at a few batch sizes (docs/method.md,
-   "Limitations" 2). On the CPU build the all-accepted cells are timed in the same launch (its
-   synthetic rates switch at runtime).
+   "Limitations" 2). Where the synthetic rates switch at runtime (the CPU build's plugin; on a GPU
+   the timing scheduler, ``engine.gpu_synthetic``) the all-accepted cells are timed in the same launch.
 
 ``mode="launch_per_k"`` launches one server per k (same launch K, table ``[[1, N, k]]``).
 
@@ -116,8 +116,8 @@ class ProfileServers:
 
     server: VLLMServer | None = None
     """A running launch of the profiled config with a table and synthetic rates (``one_launch``;
-    not stopped). On the CPU build its rates are switched to 0 / 1 at runtime and restored
-    afterwards; on a GPU its table must list every k of the plan and its rates must be 0."""
+    not stopped). Its rates are switched to 0 / 1 at runtime and restored afterwards; on a GPU its
+    table must list every k of the plan."""
     nospec_server: VLLMServer | None = None
     """A running server without speculation for the baseline cells (not stopped)."""
     factory: Callable[[ServerConfig], VLLMServer] = VLLMServer
@@ -367,7 +367,7 @@ def _check_given_server(server: Any, plan: ProfilePlan, K: int) -> None:
     if not getattr(server, "can_switch_synthetic_rates", False) and any(cfg.synthetic_acceptance_rates):
         raise EngineConfigError(
             f"the given server rejects drafts with rates {list(cfg.synthetic_acceptance_rates)}, not 0, and cannot "
-            "switch them at runtime (that needs the CPU build): launch it with synthetic_acceptance_rates all 0")
+            "switch them at runtime (that needs step_timing): launch it with synthetic_acceptance_rates all 0")
     if getattr(server, "device", "cpu") == "gpu":
         listed = {r[2] for r in cfg.table}
         missing = sorted(set(plan.ks) - listed)
@@ -459,7 +459,7 @@ def _per_k_launches(run: _Run, reject_ks: list[int], accept_ks: list[int]) -> li
 def _one_launch(run: _Run, reject_ks: list[int], accept_ks: list[int]) -> list[int]:
     """``one_launch``: every k in one launch whose table lists them all, switched at runtime: the
     all-rejected cells, the adaptive re-measurement, the mixed steps and, where the synthetic rates
-    switch at runtime (the CPU build), the all-accepted cells. A rerun of a complete first pass
+    switch at runtime (the CPU build, or a GPU through the timing scheduler), the all-accepted cells. A rerun of a complete first pass
     launches only if a decision is still ambiguous."""
     options, given = run.target.options, run.servers.server
     adaptive = options.remeasure_budget_s > 0 and (bool(reject_ks) or run.remeasure_pending(options))

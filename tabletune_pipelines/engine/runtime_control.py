@@ -3,8 +3,8 @@
 The writer side of a launch's two control channels (``control_protocol.ControlWriter``; the
 protocol, its files and its acknowledgements are all there): ``set_k`` switches the draft length
 or the table and ``arm_gate`` admits the next n requests in one step (the k channel, read by the
-timing scheduler once per step); ``set_synthetic_rates`` changes the synthetic acceptance on the CPU
-build (read by the CPU plugin when drafts are verified). A command is checked against the launch
+timing scheduler once per step); ``set_synthetic_rates`` changes the synthetic acceptance (read when
+drafts are verified: by the CPU plugin on the CPU build, by ``engine.gpu_synthetic`` on a GPU). A command is checked against the launch
 configuration before it is sent. ``VLLMServer`` opens the channels when its server has started
 and hands over its ``complete`` (a tiny request makes an idle engine take a step) and its log tail
 (quoted when the engine refuses or does not answer).
@@ -34,7 +34,7 @@ class RuntimeControl:
         self.config = config
         """The launch configuration commands are checked against."""
         self.device = device
-        """``cpu`` or ``gpu``: synthetic rates switch on the CPU build only."""
+        """``cpu`` or ``gpu``: on a GPU the synthetic rates switch through the timing scheduler."""
         self.k_channel: ControlWriter | None = None
         """The k / table / gate channel (``control_protocol.K_CONTROL_ENV``); None before ``open``."""
         self.rates_channel: ControlWriter | None = None
@@ -76,14 +76,15 @@ class RuntimeControl:
 
     @property
     def can_switch_synthetic_rates(self) -> bool:
-        """True when synthetic rates can change at runtime (CPU build + synthetic launch)."""
-        return self.device == "cpu" and self.config.synthetic_acceptance_rates is not None
+        """True when synthetic rates can change at runtime: a synthetic launch on the CPU build, or on
+        a GPU with TableTune's timing scheduler (``engine.gpu_synthetic``)."""
+        return self.config.synthetic_acceptance_rates is not None and (self.device == "cpu" or self.config.step_timing)
 
     def set_synthetic_rates(self, rates: Sequence[float], timeout: float = 30.0) -> None:
-        """Replace the synthetic acceptance rates at runtime (CPU build, synthetic launch only)."""
+        """Replace the synthetic acceptance rates at runtime (a synthetic launch only)."""
         if not self.can_switch_synthetic_rates or self.rates_channel is None:
-            raise EngineConfigError("synthetic rates can be switched only on the CPU build in a launch with "
-                                    "synthetic_acceptance_rates set")
+            raise EngineConfigError("synthetic rates can be switched only in a launch with "
+                                    "synthetic_acceptance_rates set (and, on a GPU, step_timing=True)")
         K = int(self.config.num_speculative_tokens or 0)
         try:  # the engine's own check of the command, before anything is sent
             rates = list(check_rates_command({"rates": [float(r) for r in rates]}, K))

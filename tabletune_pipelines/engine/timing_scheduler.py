@@ -127,6 +127,16 @@ class _TimingMixin:
             except OSError as exc:
                 self._tt_fail("open step log", exc)
         logger.info("TableTune timing scheduler: step log %s, k control %s", path, self._tt_ctl.path)
+        self._tt_rates_switch()
+
+    def _tt_rates_switch(self) -> None:
+        """On a GPU, the synthetic-rates channel is served here (the CPU build's plugin serves it there)."""
+        from tabletune_pipelines.engine.installed import is_cpu_build
+
+        if not is_cpu_build():
+            from tabletune_pipelines.engine import gpu_synthetic
+
+            gpu_synthetic.install()
 
     def _tt_fail(self, what: str, exc: BaseException) -> None:
         if what not in self._tt_errors:

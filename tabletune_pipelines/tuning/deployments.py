@@ -225,13 +225,51 @@ def _server_config(identity: EngineIdentity, dep: Deployment | None, cache_dir: 
     # The deployment's extra --speculative-config keys, minus those the measurement launch sets
     # itself (its serving table or rejection mode would otherwise replace the profiler's).
     extra = {k: v for k, v in dep.speculative_config.items() if k not in OWNED_SPECULATIVE_KEYS} if dep else {}
+    settings: dict[str, Any] = {**launch_envelope(identity), "extra_env": compile_cache_env(identity)}
+    settings.update(overrides)
     return ServerConfig(
         model=resolve_model(identity.model, cache_dir, dtype=identity.dtype),
         drafter=resolve_model(identity.drafter, cache_dir, drafter=True, dtype=identity.dtype),
         method=identity.method, num_speculative_tokens=identity.max_k, max_num_seqs=identity.max_num_seqs,
         dtype=identity.dtype, work_dir=str(work_dir), speculative_extra=extra,
-        model_runner=identity.model_runner, load_format=dep.load_format if dep else None, **overrides,
+        model_runner=identity.model_runner, load_format=dep.load_format if dep else None, **settings,
     )
+
+
+def launch_envelope(identity: EngineIdentity) -> dict[str, int]:
+    """The graph envelope the identity names, as ``ServerConfig`` fields: every launch that measures
+    an identity runs in its envelope. A capture ceiling other than vLLM's own rule
+    (``core.stepcost.default_capture_ceiling``) is passed as ``max_cudagraph_capture_size``; a token
+    budget as ``max_num_batched_tokens``; vLLM's defaults are left to vLLM."""
+    from tabletune_pipelines.core.stepcost import default_capture_ceiling
+
+    out: dict[str, int] = {}
+    ceiling = identity.capture_ceiling
+    if ceiling is not None and ceiling != default_capture_ceiling(identity.max_num_seqs, identity.max_k):
+        out["max_cudagraph_capture_size"] = int(ceiling)
+    if identity.max_num_batched_tokens is not None:
+        out["max_num_batched_tokens"] = int(identity.max_num_batched_tokens)
+    return out
+
+
+COMPILE_CACHE_VARS = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+"""The compile caches a GPU launch keeps under the store's home (vLLM's, torch inductor's, Triton's)."""
+
+
+def compile_cache_dir(identity: EngineIdentity) -> Path:
+    """``$TABLETUNE_HOME/compile-cache/<identity key>``: one engine's compile caches, so a second launch
+    of the same engine (re-profiling after a prior-only change, a second deployment on the node)
+    starts warm."""
+    return tabletune_home() / "compile-cache" / identity.key
+
+
+def compile_cache_env(identity: EngineIdentity) -> dict[str, str]:
+    """The launch environment that keeps a GPU engine's compile caches under ``compile_cache_dir``
+    (none on the CPU build, which runs eagerly and compiles nothing)."""
+    if identity.gpu == "cpu":
+        return {}
+    root = compile_cache_dir(identity)
+    return {var: str(root / var.split("_")[0].lower()) for var in COMPILE_CACHE_VARS}
 
 
 def profile(identity: EngineIdentity, dep: Deployment | None, store: Any, *, log: logging.Logger,

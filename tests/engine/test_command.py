@@ -90,9 +90,13 @@ def test_cpu_env_sets_the_cpu_build_settings_and_channels(tmp_path):
 
 def test_gpu_env_has_no_cpu_settings(tmp_path):
     env = _env(_cfg(synthetic_acceptance_rates=(0.0, 0.0, 0.0)), "gpu", tmp_path)
-    for var in ("VLLM_CPU_KVCACHE_SPACE", "TMPDIR", "VLLM_CACHE_ROOT", SYNTHETIC_CONTROL_ENV):
+    for var in ("VLLM_CPU_KVCACHE_SPACE", "TMPDIR", "VLLM_CACHE_ROOT"):
         assert var not in env
     assert env[K_CONTROL_ENV].endswith("c.json")
+    # The timing scheduler serves the synthetic-rates channel on a GPU (engine.gpu_synthetic).
+    assert env[SYNTHETIC_CONTROL_ENV].endswith("r.json")
+    assert SYNTHETIC_CONTROL_ENV not in _env(_cfg(synthetic_acceptance_rates=(0.0, 0.0, 0.0), step_timing=False),
+                                             "gpu", tmp_path)
 
 
 @pytest.mark.parametrize(("runner", "value"), [("v2", "1"), ("v1", "0"), ("auto", None)])

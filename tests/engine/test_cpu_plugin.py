@@ -9,7 +9,7 @@ from tabletune_pipelines.formats.control_protocol import SYNTHETIC_CONTROL_ENV, 
 torch = pytest.importorskip("torch")
 
 from tabletune_pipelines.engine import cpu_plugin  # noqa: E402
-from tabletune_pipelines.engine.cpu_plugin import _conditional, synthetic_rejection  # noqa: E402
+from tabletune_pipelines.engine.cpu_plugin import conditional_rates, synthetic_rejection  # noqa: E402
 
 
 def _batch(B=64, S=3, seed=0):
@@ -40,7 +40,7 @@ def test_one_rates_accept_everything_with_bonus():
 def test_rates_statistics_and_row_mask():
     B = 20000
     out, cu, draft, target, bonus, u = _batch(B=B, seed=3)
-    cond = torch.tensor(_conditional([0.7, 0.5, 0.3]), dtype=torch.float32)
+    cond = torch.tensor(conditional_rates([0.7, 0.5, 0.3]), dtype=torch.float32)
     synthetic_rejection(out, cu, draft, target, bonus, None, 3, u, cond)
     kept = (out[:, :3] == draft.view(-1, 3)).int().cumprod(1).sum(1)
     for i, want in enumerate((0.7, 0.5, 0.3), start=1):
@@ -54,8 +54,8 @@ def test_rates_statistics_and_row_mask():
 
 
 def test_conditional_rates():
-    assert _conditional([0.8, 0.4, 0.0]) == [0.8, 0.5, 0.0]
-    assert _conditional([0.0, 0.0]) == [0.0, 0.0]
+    assert conditional_rates([0.8, 0.4, 0.0]) == [0.8, 0.5, 0.0]
+    assert conditional_rates([0.0, 0.0]) == [0.0, 0.0]
 
 
 def test_runtime_rates_follow_the_channel(tmp_path, monkeypatch):

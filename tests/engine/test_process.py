@@ -82,9 +82,13 @@ def test_control_needs_a_started_server_with_a_table(tmp_path):
     assert cpu.can_switch_synthetic_rates
     gpu = VLLMServer(ServerConfig(model="/m", drafter="/d", method="draft_model", num_speculative_tokens=3,
                                   synthetic_acceptance_rates=(0.5, 0.5, 0.5), device="gpu", work_dir=str(tmp_path)))
-    assert not gpu.can_switch_synthetic_rates
-    with pytest.raises(EngineConfigError, match="only on the CPU build"):
-        gpu.set_synthetic_rates([0.0, 0.0, 0.0])
+    assert gpu.can_switch_synthetic_rates  # through the timing scheduler (engine.gpu_synthetic)
+    untimed = VLLMServer(ServerConfig(model="/m", drafter="/d", method="draft_model", num_speculative_tokens=3,
+                                      synthetic_acceptance_rates=(0.5, 0.5, 0.5), device="gpu", step_timing=False,
+                                      work_dir=str(tmp_path)))
+    assert not untimed.can_switch_synthetic_rates
+    with pytest.raises(EngineConfigError, match="step_timing=True"):
+        untimed.set_synthetic_rates([0.0, 0.0, 0.0])
 
 
 MAX_CLASS_LINES = 150

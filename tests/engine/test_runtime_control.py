@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -64,7 +65,9 @@ def test_synthetic_rates_are_checked_then_sent(tmp_path):
     ctl.set_synthetic_rates([0.7, 0.5, 0.3], timeout=5.0)
     assert engine.seen == [{"rates": [0.7, 0.5, 0.3]}]
     assert engine.nudges[-1] == (NUDGE_PROMPT, {"max_tokens": 4, "ignore_eos": True})
-    assert not RuntimeControl(CFG, "gpu", complete=engine.complete, log_tail=str).can_switch_synthetic_rates
+    assert RuntimeControl(CFG, "gpu", complete=engine.complete, log_tail=str).can_switch_synthetic_rates
+    untimed = dataclasses.replace(CFG, step_timing=False)
+    assert not RuntimeControl(untimed, "gpu", complete=engine.complete, log_tail=str).can_switch_synthetic_rates
 
 
 def test_a_refused_command_is_an_engine_error_with_the_log_tail(tmp_path):

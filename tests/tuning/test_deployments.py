@@ -120,3 +120,49 @@ def test_a_partition_of_another_vllm_is_refused_before_any_launch(tmp_path):
         deployments.check_local_engine(ident)
 
 
+
+
+def _flag(cmd, name):
+    return cmd[cmd.index(name) + 1]
+
+
+def test_the_fleets_graph_envelope_reaches_every_measuring_launch(tmp_path, monkeypatch):
+    """A deployment that pins its capture ceiling and token budget is profiled, measured and verified
+    in that envelope: every launch's command carries both flags, and the compile caches of a GPU
+    launch live under the home, per engine."""
+    import json
+
+    from tabletune_pipelines.engine.command import build_command
+    from tabletune_pipelines.engine.plan import fixed_k_config, per_k_config, switching_config
+
+    monkeypatch.setenv("TABLETUNE_HOME", str(tmp_path / "home"))
+    f = fleet(tmp_path, {"name": "h200", "gpu": "H200", "model": "/m/target", "drafter": "/m/eagle3",
+                         "method": "eagle3", "max_num_seqs": 128, "max_cudagraph_capture_size": 1024,
+                         "max_num_batched_tokens": 8192})
+    dep = f.deployments[0]
+    ident = deployments.identity_for(dep, "0.26.0")
+    assert deployments.launch_envelope(ident) == {"max_cudagraph_capture_size": 1024, "max_num_batched_tokens": 8192}
+    base = deployments._server_config(ident, dep, tmp_path, tmp_path / "w", {})
+    table = deployments.verification_launch_table(128, 3)
+    launches = {
+        "profile (one launch)": switching_config(base, [0, 1, 2, 3], 0.0, str(tmp_path)),
+        "profile (launch per k)": per_k_config(base, 2, str(tmp_path)),
+        "per-k baseline": fixed_k_config(base, 2, str(tmp_path)),
+        "acceptance": deployments._server_config(ident, dep, tmp_path, tmp_path / "a", {"max_model_len": 1024}),
+        "verification": deployments._server_config(ident, dep, tmp_path, tmp_path / "v",
+                                                   {"table": table, "synthetic_acceptance_rates": (0.7, 0.5, 0.3)}),
+    }
+    for name, cfg in launches.items():
+        cmd = build_command(cfg, 8000, "gpu")
+        assert json.loads(_flag(cmd, "--compilation-config")) == {"max_cudagraph_capture_size": 1024}, name
+        assert _flag(cmd, "--max-num-batched-tokens") == "8192", name
+        assert cfg.extra_env["VLLM_CACHE_ROOT"] == str(deployments.compile_cache_dir(ident) / "vllm"), name
+    assert deployments.compile_cache_dir(ident).parent == tmp_path / "home" / "compile-cache"
+    # vLLM's own envelope is left to vLLM; the CPU build compiles nothing and keeps its own cache.
+    plain = deployments.identity_for(fleet(tmp_path, {"gpu": "H200", "model": "/m", "drafter": "/d"}).deployments[0],
+                                     "0.26.0")
+    assert deployments.launch_envelope(plain) == {}
+    assert "--compilation-config" not in build_command(deployments._server_config(plain, None, tmp_path, tmp_path, {}),
+                                                        8000, "gpu")
+    cpu = deployments.identity_for(fleet(tmp_path).deployments[0], "0.32.0+cpu")
+    assert deployments.compile_cache_env(cpu) == {}
