@@ -1,5 +1,5 @@
-"""Every subcommand on an empty TABLETUNE_HOME and with each bad argument the README lists
-(README, "Command-line errors"): one ``error: ...`` line on stderr, no traceback, exit status 2.
+"""Every subcommand on an empty TABLETUNE_HOME and with each bad argument docs/operations.md lists
+(docs/operations.md, "Command-line errors"): one ``error: ...`` line on stderr, no traceback, exit status 2.
 Each case runs the CLI as a subprocess, as a user would; none of them starts an engine."""
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(3000)]
 #: k is cheap enough that the operating batch (8 clients, B <= 8) drafts k = 3 under both mixes, so both
 #: phases measure a_1..a_3 from thousands of drafts. Code's k = 3 range ends at B = 8..13 for its a_3
 #: anywhere in 0.37..0.46; prose's (a_3 ~0.50..0.55) covers B = 1..16: the table changes above the
-#: operating batch, where code's k = 2 becomes k = 3 (both mixes measured here, README). An earlier
+#: operating batch, where code's k = 2 becomes k = 3 (both mixes measured here, docs/usage.md). An earlier
 #: profile put code's boundary at B = 7..8: the code phase then ran k = 2 at B = 8, drafted k = 3 only
 #: when B dipped below 8 (155 third drafts a run, twice), its a_3 rested on those, and the two phases
 #: could not be told apart (2.2 and 2.7 standard errors at a_3, 2.9 and 2.3 at a_2).
@@ -137,7 +137,7 @@ def test_estimate_and_table_follow_a_traffic_switch(tmp_path):
           f"prose (WritingBench): a = {[round(x, 3) for x in r2]} (drafted {d2})")
     # The change is real, not noise: at some position the two phases' rates differ by more than 3
     # standard errors of their counts (binomial on the windows' drafts; the real mixes differ by a few
-    # hundredths here, README "The embedded default: a real model on real prompts").
+    # hundredths here, docs/usage.md, "The embedded default: a real model on real prompts").
     se = [math.sqrt(a * (1 - a) / max(n, 1) + b * (1 - b) / max(m, 1)) for a, b, n, m in zip(r1, r2, d1, d2)]
     z = [abs(a - b) / s if s > 0 else 0.0 for a, b, s in zip(r1, r2, se)]
     print(f"[traffic] phase difference in standard errors: {[round(x, 1) for x in z]}")

@@ -39,7 +39,7 @@ def run_cli(home):
 
 
 def assert_one_error(proc: subprocess.CompletedProcess[str], *needles: str) -> str:
-    """The CLI failed as the README promises: exit 2, ``error: ...`` first, no traceback."""
+    """The CLI failed as docs/operations.md promises: exit 2, ``error: ...`` first, no traceback."""
     assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
     assert proc.stderr.startswith("error: "), proc.stderr
     assert "Traceback" not in proc.stderr
