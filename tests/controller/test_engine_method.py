@@ -128,7 +128,7 @@ def _calibrate(rig, rates, k):
     # compared the ks at B = 1, where no profile error up to 60% flips the choice.
     # The budget is counted in steps at every batch size, and on 2 cores the engine runs spells of
     # B = 1 while all 8 clients have a request in flight (vLLM's own log: "Running: 1 reqs, Waiting:
-    # 0 reqs" for 20 s; benchmarks/data/cpu/frontend-stall-session22.log): one such spell is ~6000
+    # 0 reqs" for 20 s; benchmarks/data/cpu/2026-12-04-frontend-stall.log): one such spell is ~6000
     # steps, 1.5x faster than B = 8 steps, and it spent the whole of the old 6000-step budget (13 clean
     # steps at B = 8 in one loop run). So the budget outlasts several spells; a run without one
     # needs a few hundred steps.

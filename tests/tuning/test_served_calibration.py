@@ -17,7 +17,8 @@ from tabletune_pipelines.tuning.derive import DeriveOptions, derive_table
 from tests.tuning.test_h200_profiles import DATA, _prior
 
 WORKLOAD = Workload(prompt_tokens=32, output_tokens=80)
-JUDGES = ("moe-judge-session11.json", "moe-judge-session12.json", "moe-calibration-session12.json")
+JUDGES = ("2026-12-02-moe-judge-L96-L128/moe-judge.json", "2026-12-03-moe-judge-L64-L96/moe-judge.json",
+          "2026-12-03-moe-served-calibration/moe-calibration.json")
 
 
 def _profile() -> StepTimeProfile:
@@ -52,14 +53,15 @@ def test_a_calibration_needs_a_workload():
         derive_table(_profile(), prior, DeriveOptions(served_calibration=_calibration(JUDGES[:1])))
 
 
-ALL = (*JUDGES, "moe-judge-calibrated-session12.json", "moe-judge-session13-L96.json", "moe-judge-session13-L128.json")
+ALL = (*JUDGES, "2026-12-03-moe-judge-calibrated-L96-L128/moe-judge.json", "2026-12-03-moe-judge-L96/moe-judge.json",
+       "2026-12-03-moe-judge-L128-two-range-table/moe-judge.json")
 
 
 def test_within_the_noise_the_table_keeps_its_neighbour_k_until_a_launch_resolves_it():
     """Four launches leave k = 1 and 2 within the noise at B = 107..128, so the evidence rule keeps
     k = 2 there (no boundary it cannot support); judged at load 128 under the balanced order, that
-    table served 0.899 ± 0.026 of fixed k = 1 (session 13, ten rounds). With that launch's fixed-k
-    windows added, k = 1 is supported from B = 119 on; load 96 stays on k = 3."""
+    table served 0.899 ± 0.026 of fixed k = 1 (ten rounds, 2026-12-03-moe-judge-L128-two-range-table).
+    With that launch's fixed-k windows added, k = 1 is supported from B = 119 on; load 96 stays on k = 3."""
     prior = _prior((0.7, 0.5, 0.3))
     four = derive_table(_profile(), prior, DeriveOptions(workload=WORKLOAD, served_calibration=_calibration(ALL[:4])))
     six = _calibration(ALL)
@@ -78,10 +80,10 @@ def test_the_judged_launch_keeps_the_table_and_a_raised_ceiling_prices_k3_everyw
     windows, pooled as a seventh launch, keep k = 1 at load 128 and k = 3 at load 96. The same profile
     priced at a 1024-token capture ceiling (no served step crosses it) gives k = 3 at every batch size:
     the policy that served best in the launch at that ceiling (11209 ± 196 tok/s against 7205 ± 307 for
-    k = 1, data/h200/moe-judge-capture1024-session14.json)."""
+    k = 1, data/h200/2026-12-03-moe-judge-capture1024-L128/moe-judge.json)."""
     prior = _prior((0.7, 0.5, 0.3))
     seven = derive_table(_profile(), prior, DeriveOptions(
-        workload=WORKLOAD, served_calibration=_calibration((*ALL, "moe-judge-session14-L128.json"))))
+        workload=WORKLOAD, served_calibration=_calibration((*ALL, "2026-12-03-moe-judge-L128/moe-judge.json"))))
     assert _k_at(seven.table, 92) == 3 and _k_at(seven.table, 123) == 1 and _k_at(seven.table, 128) == 1
     prof = _profile()
     raised = dataclasses.replace(prof, identity=dataclasses.replace(prof.identity, capture_ceiling=1024))
