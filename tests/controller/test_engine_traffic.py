@@ -32,7 +32,7 @@ from tabletune_pipelines.evaluation.synthetic import IDENTITY, LAUNCH, linear_pr
 from tests.controller.references import on_robust_table, robust_choices, table_dense
 
 # The whole-test limit is a last resort (Rig.wait_steps guards stalls): this test took 1424 s alone on an
-# AVX2-only float32 machine (session 15), too near the 1500 s it had.
+# AVX2-only float32 machine (2026-12-03), too near the 1500 s it had.
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(3000)]
 
 #: k is cheap enough that the operating batch (8 clients, B <= 8) drafts k = 3 under both mixes, so both
