@@ -76,11 +76,12 @@ def test_within_the_noise_the_table_keeps_its_neighbour_k_until_a_launch_resolve
 
 
 def test_the_judged_launch_keeps_the_table_and_a_raised_ceiling_prices_k3_everywhere():
-    """A launch on 2026-12-03 judged the six-launch table at load 128 (0.990 ± 0.029 of fixed
-    k = 1); its fixed-k windows, pooled as a seventh launch, keep k = 1 at load 128 and k = 3 at
-    load 96. The same profile priced at a 1024-token capture ceiling (no served step crosses it) gives k = 3 at every batch size:
-    the policy that served best in the launch at that ceiling (11209 ± 196 tok/s against 7205 ± 307 for
-    k = 1, data/h200/2026-12-03-moe-judge-capture1024-L128/moe-judge.json)."""
+    """A launch on 2026-12-03 judged the six-launch table at load 128 (0.990 ± 0.029 of fixed k =
+    1); its fixed-k windows, pooled as a seventh launch, keep k = 1 at load 128 and k = 3 at load
+    96. The same profile priced at a 1024-token capture ceiling (no served step crosses it) gives k
+    = 3 at every batch size: the policy that served best in the launch at that ceiling (11209 ± 196
+    tok/s against 7205 ± 307 for k = 1,
+    data/h200/2026-12-03-moe-judge-capture1024-L128/moe-judge.json)."""
     prior = _prior((0.7, 0.5, 0.3))
     seven = derive_table(_profile(), prior, DeriveOptions(
         workload=WORKLOAD, served_calibration=_calibration((*ALL, "2026-12-03-moe-judge-L128/moe-judge.json"))))
