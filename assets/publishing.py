@@ -43,10 +43,12 @@ class PublishConfig(dg.Config):
     check_specs=[
         dg.AssetCheckSpec("served_goodput_verified", asset="published_table", blocking=True,
                           description="Served goodput in one launch, closed loop at ~3 loads up to max_num_seqs, the "
-                                      "table against every fixed k in rotating rounds: passes only if at every load "
-                                      "the table is within the paired noise (or 3%) of the best fixed k "
-                                      "(docs/evaluation.md, \"Served verification\"). A failure publishes nothing: "
-                                      "the previous table stays."),
+                                      "table against every fixed k in rotating rounds until each load is decided: "
+                                      "passes when at every load the table's loss against the best fixed k is below "
+                                      "3% with 97.5% confidence; fails when a fixed k beats it by more than that "
+                                      "(nothing is published, the previous table stays); otherwise the table is "
+                                      "published UNVERIFIED, shown as a warning with its figures "
+                                      "(docs/evaluation.md, \"Served verification\")."),
     ],
 )
 def published_table(context: dg.AssetExecutionContext, config: PublishConfig, duckdb: DuckDBResource,

@@ -17,6 +17,7 @@ starts from the stored repetitions).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
@@ -132,6 +133,9 @@ class RemeasureReport:
     """``resolved``, ``max repetitions``, ``budget`` or ``disabled``."""
     ambiguous_left: list[int] = field(default_factory=list)
     """Batch sizes still ambiguous at the end."""
+    per_batch: dict[int, str] = field(default_factory=dict)
+    """Measured batch size -> why its re-measurement stopped (``batch_stop_reasons``): ``decided``,
+    ``tie within <tolerance>``, or the run's stop (``budget`` / ``max repetitions``) where still open."""
     seconds: float = 0.0
     """Wall time spent."""
 
@@ -169,8 +173,21 @@ def remeasure(
             report.stop_reason = stop
             break
         _measure_round(reps, measure, pick, report, on_update)
+    report.per_batch = batch_stop_reasons(reps, rates_options, max_num_seqs, settings, grid, open_reason=stop)
     report.seconds = clock() - t0
     return report
+
+
+def batch_stop_reasons(reps: Reps, rates_options: Sequence[Sequence[float]], max_num_seqs: int,
+                       settings: RemeasureSettings, grid: Sequence[int], *, open_reason: str) -> dict[int, str]:
+    """Measured B -> why it needs no more repetitions, under every acceptance profile at once: ``decided``
+    (no other k can beat the chosen one at all, at the search's confidence), ``tie within X%`` (another
+    k may be better, but by no more than the tolerance: a tie is a decision, the incumbent keeps it), or
+    ``open_reason`` (the run's stop) where a rival could still win by more than the tolerance."""
+    beyond = _ambiguous_cells(reps, rates_options, max_num_seqs, settings, grid)
+    at_all = _ambiguous_cells(reps, rates_options, max_num_seqs, dataclasses.replace(settings, tolerance=0.0), grid)
+    tie = f"tie within {settings.tolerance:.0%}"
+    return {b: open_reason if b in beyond else tie if b in at_all else "decided" for b in grid}
 
 
 def _ambiguous_cells(reps: Reps, rates_options: Sequence[Sequence[float]], max_num_seqs: int,

@@ -355,7 +355,12 @@ class _Run:
         self.remeasure_report = report
         self.prog.say(f"[profile] re-measurement: {report.measurements} repetitions of {len(report.cells)} cells in "
                       f"{report.seconds:.0f} s, {report.stop_reason}"
-                      + (f"; still ambiguous at B = {report.ambiguous_left}" if report.ambiguous_left else ""))
+                      + (f"; still open at B = {report.ambiguous_left}" if report.ambiguous_left else ""))
+        by_reason: dict[str, list[int]] = {}
+        for b, why in sorted(report.per_batch.items()):
+            by_reason.setdefault(why, []).append(b)
+        self.prog.say("[profile] re-measurement stopped per batch size: "
+                      + "; ".join(f"{why}: B = {bs}" for why, bs in by_reason.items()))
 
 
 def _check_given_server(server: Any, plan: ProfilePlan, K: int) -> None:

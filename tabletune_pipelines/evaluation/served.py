@@ -22,13 +22,23 @@ or ``prompt_tokens`` random token ids) with ``max_tokens`` drawn uniformly from 
 
 **Verdict** (``judge_load``): at each load, the best fixed k is the fixed k with the highest mean
 goodput; the candidate is paired with it round by round (ratio of the two windows of one round),
-giving a mean ratio r and its standard error s over n rounds. The load passes when
-``r >= 1 - tolerance`` (the loss is within the tolerance, 3% by default) or when
-``r + t(n-1)·s >= 1`` (the loss is within the paired noise: t is Student's one-sided 97.5% quantile,
-12.71 / 4.30 / 3.18 / 2.78 for 2 / 3 / 4 / 5 rounds, 1.96 for many). It fails only when the loss
-is both larger than the tolerance and larger than the noise can explain. Fewer than 2 paired rounds
-give no noise estimate: that load is *inconclusive*. The verification passes when no load fails;
-inconclusive loads are named in its summary.
+giving a mean ratio r and its standard error s over n rounds, and the interval ``r ± t(n-1)·s`` (t:
+Student's one-sided 97.5% quantile, 12.71 / 4.30 / 3.18 / 2.78 for 2 / 3 / 4 / 5 rounds, 1.96 for
+many). The loss the gate must detect is the tolerance (3% by default). A load **passes** when the
+whole interval lies above ``1 - tolerance`` (the loss is smaller than the tolerance, with that
+confidence), **fails** when the whole interval lies below it (a fixed k beats the table by more than
+the tolerance), and is **inconclusive** otherwise, or with fewer than 2 paired rounds (no noise
+estimate). Noise never passes a table: a wide interval is inconclusive, not a pass.
+
+**Sequential rounds**: each load (largest first) runs rounds until its verdict is decided, its
+``rounds`` (the most per load) are spent or its share of the budget is (what is left, split among
+the loads still to measure); after 2 rounds the window-to-window spread of the paired ratio says
+how many rounds a decision needs, and that figure is printed. Each load's stop reason is kept:
+``decided``, ``rounds`` or ``budget``.
+
+**Outcome** (``ServedVerification.verdict``): ``verified`` when every load passes; ``failed`` when
+any load fails (publishing is refused and the previous table kept); ``unverified`` otherwise: the
+table publishes with the check as a warning that carries its figures, and nothing calls it verified.
 """
 
 from __future__ import annotations
@@ -42,12 +52,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from tabletune_pipelines.core.served_calibration import ServedCalibration, ServedPoint
 from tabletune_pipelines.core.table import expand_table
 from tabletune_pipelines.errors import InvalidValueError
-from tabletune_pipelines.options import options_from_mapping
+from tabletune_pipelines.options import Bound, check_bounds, options_from_mapping
 
 logger = logging.getLogger("tabletune.served")
 
@@ -557,6 +567,10 @@ def t_quantile(dof: int) -> float:
 
 
 Status = Literal["pass", "fail", "inconclusive"]
+ServedVerdict = Literal["verified", "unverified", "failed"]
+"""A verification's outcome (``ServedVerification.verdict``)."""
+StopReason = Literal["decided", "rounds", "budget"]
+"""Why a load's rounds stopped."""
 
 
 @dataclass(frozen=True)
@@ -621,17 +635,28 @@ def judge_load(load: int, candidate: Mapping[int, float], fixed: Mapping[str, Ma
         return LoadVerdict(load, "inconclusive", f"load {load}: candidate / best fixed {best} = {r:.3f} from one "
                                                  "paired round: no noise estimate", best, r, None, n)
     t = t_quantile(n - 1)
-    upper = r + t * se
+    lower, upper = r - t * se, r + t * se
+    floor = 1.0 - tolerance
     figures = (f"candidate / best fixed {best} = {r:.3f} ± {se:.3f} (paired over {n} rounds; loss "
-               f"{1.0 - r:+.1%}, upper bound {upper:.3f} with t = {t:.2f})")
-    if r >= 1.0 - tolerance:
-        return LoadVerdict(load, "pass", f"load {load}: {figures}; within the tolerance {tolerance:.1%}",
+               f"{1.0 - r:+.1%}, interval [{lower:.3f}, {upper:.3f}] with t = {t:.2f})")
+    if lower >= floor:
+        return LoadVerdict(load, "pass", f"load {load}: {figures}; the loss is below the tolerance "
+                                         f"{tolerance:.1%} (the interval lies above {floor:.3f})", best, r, se, n, t)
+    if upper < floor:
+        return LoadVerdict(load, "fail", f"load {load}: {figures}; the loss exceeds the tolerance {tolerance:.1%} "
+                                         f"beyond the paired noise (the interval lies below {floor:.3f})",
                            best, r, se, n, t)
-    if upper >= 1.0:
-        return LoadVerdict(load, "pass", f"load {load}: {figures}; the loss is within the paired noise",
-                           best, r, se, n, t)
-    return LoadVerdict(load, "fail", f"load {load}: {figures}; the loss exceeds the tolerance {tolerance:.1%} "
-                                     "and the paired noise", best, r, se, n, t)
+    return LoadVerdict(load, "inconclusive", f"load {load}: {figures}; undecided: the interval straddles "
+                                             f"{floor:.3f}", best, r, se, n, t)
+
+
+def rounds_to_decide(ratios_sd: float, ratio: float, tolerance: float, *, t: float = 1.96) -> int | None:
+    """Paired rounds a decision needs at this spread: the n at which ``t·sd/sqrt(n)`` is smaller than
+    the distance between the mean ratio and ``1 - tolerance`` (None when the mean sits on it)."""
+    gap = abs(ratio - (1.0 - tolerance))
+    if not (math.isfinite(ratios_sd) and math.isfinite(gap)) or gap <= 0:
+        return None
+    return max(2, math.ceil((t * ratios_sd / gap) ** 2))
 
 
 def judge(windows: Sequence[Window], loads: Sequence[int], fixed: Sequence[str], *, candidate: str = CANDIDATE,
@@ -666,18 +691,21 @@ class _Defaults:
 
 DEFAULTS: dict[str, _Defaults] = {
     # CPU build (2 cores, tiny models): steps of a few ms, so 1.5 s windows hold hundreds of steps.
-    "cpu": _Defaults(budget_s=90.0, rounds=3, window_s=1.5, settle_s=0.4, warmup_s=1.5, min_steps=20,
+    "cpu": _Defaults(budget_s=90.0, rounds=8, window_s=1.5, settle_s=0.4, warmup_s=1.5, min_steps=20,
                      first_warmup_s=1.5),
     # GPU (H200): 3 s windows gave 20-50% round-to-round spreads at loads 64-128, so longer ones. The
     # MoE compiles kernels for new batch shapes in its first ~30 s at high load: after a 5 s warm-up
     # the first three windows of a launch at load 128 served 0.56-0.76 of the same policies'
-    # later rounds (the H200 MoE, session 19).
-    "gpu": _Defaults(budget_s=300.0, rounds=3, window_s=5.0, settle_s=1.0, warmup_s=5.0, min_steps=100,
+    # later rounds (the H200 MoE, 2026-12-04).
+    "gpu": _Defaults(budget_s=300.0, rounds=8, window_s=5.0, settle_s=1.0, warmup_s=5.0, min_steps=100,
                      first_warmup_s=30.0),
 }
 """Per device: the time budget of the measurement (the launch and the first warm-up not included) and
 the plan it starts from."""
 
+PLANNED_ROUNDS = 3
+"""Windows are sized so that this many rounds of every load fit the budget; more rounds run while the
+budget lasts and the verdict is open (up to ``rounds``)."""
 SWAP_OVERHEAD_S = 0.2
 """What a table swap costs beyond settle + window (the k-control acknowledgement), for planning."""
 MIN_WINDOW_S = 1.0
@@ -702,7 +730,8 @@ class ServedVerificationOptions:
     loads: tuple[int, ...] | None = None
     """Closed-loop concurrencies; None = 1, max_num_seqs/2, max_num_seqs."""
     rounds: int | None = None
-    """Rotating rounds per load (fewer only when 1 s windows do not fit the budget)."""
+    """The most rotating rounds per load: a load stops earlier once its verdict is decided (fewer also
+    when 1 s windows do not fit the budget)."""
     window_s: float | None = None
     """Seconds counted per window (shorter when the budget is tight, not under 1 s)."""
     settle_s: float | None = None
@@ -718,7 +747,8 @@ class ServedVerificationOptions:
     """A window goes on until it holds this many steps (up to 4 × window_s): a slow engine gets longer
     windows, not thinner ones."""
     tolerance: float = 0.03
-    """A loss vs the best fixed k up to this passes whatever the noise."""
+    """The loss the gate must detect: a load passes when its loss vs the best fixed k is below this with
+    confidence, and fails when it is above this with confidence."""
     output_tokens: tuple[int, int] = (32, 128)
     """max_tokens of each request, uniform in this range."""
     acceptance: AcceptanceSource = "auto"
@@ -728,29 +758,33 @@ class ServedVerificationOptions:
     startup_timeout: float | None = None
     """Server start-up timeout of the verification launch; None = the ServerConfig's."""
 
+    BOUNDS: ClassVar[dict[str, Bound]] = {  # every number of these options (``options.Bound``)
+        "budget_s": Bound(0.0, 86_400.0, low_open=True, optional=True, why="seconds once the server is up; at most a day"),
+        "loads": Bound(1, 4096, integer=True, optional=True, why="concurrent requests; 4096 is the largest max_num_seqs a fleet has"),
+        "rounds": Bound(1, 1000, integer=True, optional=True, why="rounds per load"),
+        "window_s": Bound(0.0, 3600.0, low_open=True, optional=True, why="seconds per window; at most an hour"),
+        "settle_s": Bound(0.0, 3600.0, optional=True, why="seconds after a table swap; at most an hour"),
+        "warmup_s": Bound(0.0, 3600.0, optional=True, why="seconds of load before a load's first window"),
+        "first_warmup_s": Bound(0.0, 3600.0, optional=True, why="seconds of load before the first window"),
+        "min_steps": Bound(0, 10_000_000, integer=True, optional=True, why="steps per window"),
+        "tolerance": Bound(0.0, 1.0, high_open=True, why="a fraction of goodput"),
+        "output_tokens": Bound(1, 1_000_000, integer=True, why="max_tokens of a request"),
+        "startup_timeout": Bound(1.0, 3600.0, optional=True, why="seconds a launch may take to become healthy"),
+    }
+    """The range of every number (``check_bounds``: NaN, infinity and a bool are refused by name)."""
+
     def __post_init__(self) -> None:
         for name in ("loads", "output_tokens"):  # a JSON/YAML list is a tuple here
             v = getattr(self, name)
             if isinstance(v, list):
                 object.__setattr__(self, name, tuple(v))
-        if self.budget_s is not None and not self.budget_s > 0:
-            raise InvalidValueError(f"served verification budget_s = {self.budget_s!r} must be > 0 seconds")
-        if self.min_steps is not None and (type(self.min_steps) is not int or self.min_steps < 0):
-            raise InvalidValueError(f"served verification min_steps = {self.min_steps!r} must be an integer >= 0")
-        if self.rounds is not None and (type(self.rounds) is not int or self.rounds < 1):
-            raise InvalidValueError(f"served verification rounds = {self.rounds!r} must be an integer >= 1")
-        for name in ("window_s", "settle_s", "warmup_s", "first_warmup_s"):
-            v = getattr(self, name)
-            if v is not None and not (isinstance(v, (int, float)) and v >= 0):
-                raise InvalidValueError(f"served verification {name} = {v!r} must be >= 0 seconds")
-        if self.window_s is not None and not self.window_s > 0:
-            raise InvalidValueError(f"served verification window_s = {self.window_s!r} must be > 0 seconds")
-        if not 0.0 <= self.tolerance < 1.0:
-            raise InvalidValueError(f"served verification tolerance = {self.tolerance!r} must be in [0, 1)")
-        if self.loads is not None and (not self.loads or any(type(x) is not int or x < 1 for x in self.loads)):
-            raise InvalidValueError(f"served verification loads = {self.loads!r} must be integers >= 1")
+        if self.loads is not None and (not isinstance(self.loads, tuple) or not self.loads):
+            raise InvalidValueError(f"served verification loads = {self.loads!r:.80} must be a non-empty list of loads")
+        if not isinstance(self.output_tokens, tuple) or len(self.output_tokens) != 2:
+            raise InvalidValueError(f"served verification output_tokens = {self.output_tokens!r:.80} must be [lo, hi]")
+        check_bounds(self, where="served verification", error=InvalidValueError)
         lo, hi = self.output_tokens
-        if not 1 <= lo <= hi:
+        if not lo <= hi:
             raise InvalidValueError(f"served verification output_tokens = {self.output_tokens!r} must be 1 <= lo <= hi")
         if self.acceptance not in ("auto", "real", "prior"):
             raise InvalidValueError(f"served verification acceptance = {self.acceptance!r}: auto, real or prior")
@@ -844,11 +878,21 @@ class ServedVerification:
     """How drafts were accepted in the launch (``real`` or ``prior [rates]``)."""
     launch_s: float | None = None
     """Seconds the verification launch took to become healthy (set by the caller that launched it)."""
+    stop_reasons: tuple[tuple[int, str], ...] = ()
+    """(load, why its rounds stopped): ``decided``, ``rounds`` (the most per load) or ``budget``; a load
+    the budget never reached is not listed."""
 
     @property
     def passed(self) -> bool:
-        """No load failed (inconclusive loads do not fail it; ``summary`` names them)."""
+        """No load failed: the table may be published (``verdict`` says whether it was verified)."""
         return not any(v.status == "fail" for v in self.verdicts)
+
+    @property
+    def verdict(self) -> ServedVerdict:
+        """``verified``: every load passed; ``failed``: a load failed; ``unverified``: neither."""
+        if not self.passed:
+            return "failed"
+        return "verified" if self.verdicts and all(v.status == "pass" for v in self.verdicts) else "unverified"
 
     @property
     def failed_loads(self) -> list[int]:
@@ -870,19 +914,21 @@ class ServedVerification:
 
     @property
     def rule(self) -> str:
-        return (f"at every load: candidate / best fixed k (paired by round) >= 1 - {self.tolerance:g}, or "
-                "ratio + t·s.e. >= 1 (t: Student one-sided 97.5%, n - 1 dof); < 2 paired rounds: inconclusive")
+        return (f"at every load, candidate / best fixed k paired by round, interval ratio ± t·s.e. (t: Student "
+                f"one-sided 97.5%, n - 1 dof): pass above 1 - {self.tolerance:g}, fail below it, else "
+                "inconclusive (also with < 2 paired rounds); rounds go on until decided")
 
     def summary(self) -> str:
         """One paragraph: verdict, the figures per load, what the budget did."""
-        head = ("served goodput verified: the table is within the paired noise of the best fixed k at every "
-                "checked load" if self.passed and not self.inconclusive_loads else
-                "served goodput verified where measured" if self.passed else
-                f"served goodput NOT verified: the table serves less than the best fixed k at load(s) "
-                f"{self.failed_loads}")
+        head = {"verified": f"served goodput verified: the table's loss against the best fixed k is below "
+                            f"{self.tolerance:.0%} at every checked load",
+                "unverified": f"served goodput UNVERIFIED: no load failed, but load(s) {self.inconclusive_loads} "
+                              f"reached no verdict (the table publishes with this warning)",
+                "failed": f"served goodput NOT verified: a fixed k serves more than the table by over "
+                          f"{self.tolerance:.0%} at load(s) {self.failed_loads}"}[self.verdict]
         parts = [head, *[v.reason for v in self.verdicts]]
-        if self.inconclusive_loads:
-            parts.append(f"NOT MEASURED at load(s) {self.inconclusive_loads} (fewer than 2 paired rounds)")
+        if self.stop_reasons:
+            parts.append("rounds stopped: " + ", ".join(f"load {ld} {why}" for ld, why in self.stop_reasons))
         if self.budget_cut:
             parts.append(f"the budget ({self.plan.budget_s:.0f} s) cut the measurement short")
         if self.plan.note:
@@ -907,8 +953,12 @@ class ServedVerification:
                 "goodput": {g.policy: [num(g.goodput, 2), num(g.stderr, 2), g.rounds]
                             for g in self.goodput if g.load == v.load},
             })
+        stops = dict(self.stop_reasons)
+        for row in per_load:
+            if row["load"] in stops:
+                row["stop"] = stops[row["load"]]
         return {
-            "passed": self.passed, "rule": self.rule, "tolerance": self.tolerance,
+            "passed": self.passed, "verdict": self.verdict, "rule": self.rule, "tolerance": self.tolerance,
             "candidate": [list(r) for r in self.candidate], "candidate_is": self.candidate_is,
             "loads": sorted(self.plan.loads), "rounds": self.plan.rounds, "window_s": self.plan.window_s,
             "budget_s": self.plan.budget_s, "elapsed_s": round(self.elapsed_s, 1), "budget_cut": self.budget_cut,
@@ -951,49 +1001,59 @@ def verify_served(server: Any, candidate_table: Sequence[Sequence[int]], *, K: i
                   acceptance: str = "", progress: Callable[[str], None] | None = None,
                   clock: Callable[[], float] = time.monotonic) -> ServedVerification:
     """Run ``candidate_table`` against every fixed k in 0..K at ``loads`` inside one launch (``server``),
-    in rotating rounds, and judge it (module docstring). ``None`` options take the device's
-    ``DEFAULTS`` (``device``: ``server.device`` when not given). Loads are measured largest first, so
-    a budget that runs out leaves the smallest loads inconclusive."""
+    in rotating rounds until each load's verdict is decided, and judge it (module docstring). ``None``
+    options take the device's ``DEFAULTS`` (``device``: ``server.device`` when not given). Loads are
+    measured largest first, each with its share of the budget left, so a budget that runs out leaves
+    the smallest loads inconclusive."""
     say = progress or logger.info
     device = device or getattr(server, "device", None) or "cpu"
     d = DEFAULTS.get(device, DEFAULTS["gpu"])
     loads = tuple(sorted({min(int(x), max_num_seqs) for x in (loads or default_loads(max_num_seqs))}, reverse=True))
     policies, same = _policies(candidate_table, K, max_num_seqs)
-    plan = plan_verification(len(policies), loads, budget_s=budget_s or d.budget_s, rounds=rounds or d.rounds,
-                             window_s=window_s or d.window_s,
+    most = rounds or d.rounds
+    plan = plan_verification(len(policies), loads, budget_s=budget_s or d.budget_s,
+                             rounds=min(most, PLANNED_ROUNDS), window_s=window_s or d.window_s,
                              settle_s=d.settle_s if settle_s is None else settle_s,
                              warmup_s=d.warmup_s if warmup_s is None else warmup_s)
-    plan = dataclasses.replace(plan, first_warmup_s=d.first_warmup_s if first_warmup_s is None else first_warmup_s)
+    plan = dataclasses.replace(plan, rounds=most,
+                               first_warmup_s=d.first_warmup_s if first_warmup_s is None else first_warmup_s)
     say(f"served verification of {[list(r) for r in candidate_table]}"
         + (f" (= fixed {same})" if same else "") + f" against fixed k 0..{K} at loads {list(plan.loads)}: "
-        f"{plan.rounds} rounds × {len(policies)} policies × {plan.window_s:g} s windows, ~{plan.estimated_s:.0f} s "
+        f"up to {plan.rounds} rounds (until decided) × {len(policies)} policies × {plan.window_s:g} s windows, "
+        f"~{plan.estimated_s:.0f} s for {min(most, PLANNED_ROUNDS)} rounds "
         f"of a {plan.budget_s:.0f} s budget" + (f" ({plan.note})" if plan.note else "")
         + (f", after a {plan.first_warmup_s:g} s warm-up on every policy in turn" if plan.first_warmup_s else ""))
     t0 = clock()
     names = list(policies)
+    fixed = [fixed_name(k) for k in range(K + 1)]
     windows: list[Window] = []
     errors: list[str] = []
-    cut = False
+    stops: list[tuple[int, str]] = []
     min_steps = d.min_steps if min_steps is None else min_steps
     per_window = plan.window_s + plan.settle_s + SWAP_OVERHEAD_S
     spent: list[float] = []  # wall seconds per window so far (swaps and extended windows included)
     for li, load in enumerate(plan.loads):
-        if clock() - t0 + plan.warmup_s + per_window > plan.budget_s:
-            cut = True
+        left = plan.budget_s - (clock() - t0)
+        if left < plan.warmup_s + len(names) * per_window:
             break
+        share = left / (len(plan.loads) - li)  # what is left, split among the loads still to measure
+        t_load = clock()
         gen = LoadGenerator(server, load, vocab_size, output_tokens=output_tokens, seed=load, prompt=prompt).start()
         last = li == len(plan.loads) - 1
+        why: StopReason = "rounds"
         try:
             if li == 0 and plan.first_warmup_s > 0:  # every k's shapes once, off the budget's clock
                 tw = clock()
                 first_warmup(server, [policies[n] for n in names], plan.first_warmup_s)
                 t0 += clock() - tw
+                t_load += clock() - tw
             time.sleep(plan.warmup_s)
             for r in range(plan.rounds):
+                round_s = len(names) * max(per_window, statistics.fmean(spent) if spent else 0.0)
+                if clock() - t_load + round_s > share:
+                    why = "budget"
+                    break
                 for name in rotated(names, r + li):
-                    if clock() - t0 + max(per_window, statistics.fmean(spent) if spent else 0.0) > plan.budget_s:
-                        cut = True
-                        break
                     tw = clock()
                     w = measure_window(server, name, policies[name], load=load, round_=r, window_s=plan.window_s,
                                        settle_s=plan.settle_s, max_num_seqs=max_num_seqs, max_k=K,
@@ -1001,25 +1061,45 @@ def verify_served(server: Any, candidate_table: Sequence[Sequence[int]], *, K: i
                     spent.append(clock() - tw)
                     windows.append(w)
                     say(f"[served] {clock() - t0:5.0f}/{plan.budget_s:.0f} s  " + _window_line(w))
-                if cut:
+                if r >= 1 and _progress(windows, load, same, fixed, tolerance, say).status != "inconclusive":
+                    why = "decided"
                     break
         finally:
-            gen.stop(wait=not (cut or last))  # the next load starts from an empty engine; the last need not wait
+            gen.stop(wait=not (why == "budget" or last))  # the next load starts from an empty engine
+        stops.append((load, why))
+        say(f"[served] load {load}: rounds stopped ({why})")
         errors += gen.errors
         if gen.errors:
             say(f"[served] load {load}: {len(gen.errors)} client errors, first: {gen.errors[0]}")
-        if cut:
-            break
+    cut = len(stops) < len(plan.loads) or any(why == "budget" for _, why in stops)
     elapsed = clock() - t0
-    judged = list(windows)
-    if same is not None:  # the candidate's windows are the fixed policy's
-        judged += [dataclasses.replace(w, policy=CANDIDATE) for w in windows if w.policy == same]
-    fixed = [fixed_name(k) for k in range(K + 1)]
-    goodput, verdicts = judge(judged, sorted(plan.loads), fixed, tolerance=tolerance)
+    goodput, verdicts = judge(_judged(windows, same), sorted(plan.loads), fixed, tolerance=tolerance)
     result = ServedVerification(
         candidate=tuple(tuple(int(x) for x in r) for r in candidate_table), max_k=K, max_num_seqs=max_num_seqs,
         plan=plan, goodput=tuple(goodput), verdicts=tuple(verdicts), tolerance=tolerance, elapsed_s=elapsed,
         budget_cut=cut, candidate_is=same, windows=tuple(windows), client_errors=len(errors),
-        first_client_error=errors[0] if errors else "", device=device, acceptance=acceptance)
+        first_client_error=errors[0] if errors else "", device=device, acceptance=acceptance,
+        stop_reasons=tuple(stops))
     say(f"[served] {elapsed:.0f} s: {result.summary()}")
     return result
+
+
+def _judged(windows: Sequence[Window], same: str | None) -> list[Window]:
+    """The windows to judge: the candidate's windows are the fixed policy's it equals (``same``)."""
+    out = list(windows)
+    if same is not None:
+        out += [dataclasses.replace(w, policy=CANDIDATE) for w in windows if w.policy == same]
+    return out
+
+
+def _progress(windows: Sequence[Window], load: int, same: str | None, fixed: Sequence[str], tolerance: float,
+              say: Callable[[str], None]) -> LoadVerdict:
+    """The load's verdict so far, printed with the rounds a decision needs at the spread measured."""
+    by = _by_round(_judged(windows, same), load)
+    v = judge_load(load, by.get(CANDIDATE, {}), {f: by.get(f, {}) for f in fixed}, tolerance=tolerance)
+    need = ""
+    if v.status == "inconclusive" and v.ratio_se is not None and v.rounds >= 2:
+        n = rounds_to_decide(v.ratio_se * math.sqrt(v.rounds), v.ratio, tolerance)
+        need = f"; at this spread a verdict needs ~{n} rounds" if n is not None else "; the ratio sits on the line"
+    say(f"[served] load {load} after {v.rounds} round(s): {v.status}: {v.reason.split(': ', 1)[-1]}{need}")
+    return v

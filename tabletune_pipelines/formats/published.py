@@ -2,8 +2,9 @@
 
 The controller inside vLLM reads it with this very module, so it imports only the stdlib and
 numpy-only ``core.table`` (whose ``validate_table`` is the one table validator). Writes are atomic
-(temp file in the same folder, fsync, rename, fsync of the folder): a reader in another process
-sees either the previous complete file or the new complete file, never a torn one.
+(``strict_io.atomic_write_text``: temp file in the same folder, fsync, rename, fsync of the folder;
+a symbolic link at the path is refused): a reader in another process sees either the previous
+complete file or the new complete file, never a torn one.
 
 Format (schema ``tabletune.published_table``, version 1; the keys marked *new* are optional so
 files written before them still load)::
@@ -29,7 +30,7 @@ files written before them still load)::
 ``parse_published`` is the strict reader: it applies the publish gate's table rules (contiguous
 ranges covering exactly 1..max_num_seqs, no overlap, 0 <= k <= max_k), rejects NaN and Infinity,
 duplicate keys, nesting past 64 levels, integers of more than 32 digits, non-UTF-8 bytes, booleans
-where integers belong, unknown keys, step times over ``vocab.MAX_STEP_MS``, files over
+where integers belong, unknown keys, step times outside ``options.STEP_MS``, a version outside ``VERSION``, files over
 ``MAX_PUBLISHED_BYTES`` and paths that are not regular files (a named pipe is never waited on; the
 file rules and the JSON parser are ``strict_io``'s); every message names the file and the key. ``published_document`` runs the
 same checks on what it builds, so the pipeline cannot publish a file the controller would refuse.
@@ -42,7 +43,6 @@ import json
 import math
 import os
 import stat
-import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -51,14 +51,18 @@ from pathlib import Path
 from typing import Any
 
 from tabletune_pipelines.formats import strict_io
+from tabletune_pipelines.formats.strict_io import atomic_write_bytes, atomic_write_text  # the one writer
 from tabletune_pipelines.core.table import validate_table
 from tabletune_pipelines.errors import InvalidTableError, PublishedTableError, SettingsError
-from tabletune_pipelines.vocab import MAX_STEP_MS
+from tabletune_pipelines.options import STEP_MS, Bound, check_value
 
 PUBLISHED_SCHEMA = "tabletune.published_table"
 PUBLISHED_SCHEMA_VERSION = 1
 #: A published table is a few kB (a 1024-batch-size profile of 9 k values is ~300 kB).
 MAX_PUBLISHED_BYTES = 8 * 1024 * 1024
+
+VERSION = Bound(1, 2 ** 31 - 1, integer=True, why="a publication version; the store keeps it as a 32-bit integer")
+"""A published version: what the file says and what the store's ``publications.version`` can hold."""
 
 _TOP_KEYS = {"schema", "schema_version", "deployment", "version", "published_at", "table", "speculative_config",
              "identity", "prior", "allowed_k", "controller", "evidence", "served_verification", "serving"}
@@ -67,6 +71,7 @@ _PRIOR_KEYS = {"rates", "num_drafts", "drafted_per_pos", "accepted_per_pos", "pr
 SERVED_VERIFICATION_FORMAT = """\
 "served_verification": {
   "passed": true,                     # no checked load failed (the section is written only for a pass)
+  "verdict": "verified" | "unverified",  # every load passed / some load reached no verdict (optional)
   "rule": "...",                      # the rule in words (docs/evaluation.md, "Served verification")
   "tolerance": 0.03,                  # a loss up to this passes whatever the noise
   "candidate": [[1, 16, 3]],          # the verified table: equal to table.ranges
@@ -80,14 +85,17 @@ SERVED_VERIFICATION_FORMAT = """\
   "plot": "<stem>.served-verification.png" (or null; a file name beside the published table),
   "per_load": [{"load": 16, "status": "pass" | "fail" | "inconclusive", "best_fixed_k": 2 (or null),
                 "ratio": 0.987 (or null), "ratio_se": 0.011 (or null), "rounds": 3, "t": 4.303 (or null),
+                "stop": "decided" | "rounds" | "budget" (optional: why the load's rounds stopped),
                 "goodput": {"k=0": [tok/s or null, s.e. or null, windows], "k=1": [...], ..., "table": [...]}}]}
 """
 """The ``served_verification`` section (optional; checked strictly by ``parse_published``)."""
-_SERVED_KEYS = {"passed", "rule", "tolerance", "candidate", "candidate_is", "loads", "rounds", "window_s", "budget_s",
+_SERVED_KEYS = {"passed", "verdict", "rule", "tolerance", "candidate", "candidate_is", "loads", "rounds", "window_s", "budget_s",
                 "elapsed_s", "budget_cut", "launch_s", "device", "acceptance", "excluded_windows", "client_errors",
                 "plot", "per_load"}
-_SERVED_LOAD_KEYS = {"load", "status", "best_fixed_k", "ratio", "ratio_se", "rounds", "t", "goodput"}
+_SERVED_LOAD_KEYS = {"load", "status", "best_fixed_k", "ratio", "ratio_se", "rounds", "t", "goodput", "stop"}
 _SERVED_STATUS = ("pass", "fail", "inconclusive")
+_SERVED_VERDICTS = ("verified", "unverified")  # a failed verification publishes nothing
+_SERVED_STOPS = ("decided", "rounds", "budget")
 
 
 @dataclass(frozen=True)
@@ -142,38 +150,6 @@ class PublishedTable:
     """The whole JSON document as read."""
 
 
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
-    """Write ``text`` to ``path`` so that readers never see a partial file."""
-    return atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write ``data`` to ``path`` so that readers never see a partial file: a temp file
-    ``.<name>.*.tmp`` in the same folder, fsync, rename; a failure removes the temp file and leaves
-    ``path`` as it was. Missing folders are created."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    dir_fd = os.open(target.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-    return target
-
-
 # -- strict JSON -------------------------------------------------------------------------------
 
 def strict_json_loads(text: str) -> Any:
@@ -200,6 +176,11 @@ def _num(where: str, key: str, v: Any) -> float:
     if type(v) not in (int, float) or not math.isfinite(v):
         raise _fail(where, f"{key} = {v!r} must be a finite number")
     return float(v)
+
+
+def _bounded(where: str, bound: Bound, key: str, v: Any) -> Any:
+    """``v`` within ``bound`` (``options.Bound``, the one rule of every number), else a ``PublishedTableError``."""
+    return check_value(bound, key, v, where=f"published table {where}", error=PublishedTableError)
 
 
 def _str(where: str, key: str, v: Any, *, allow_none: bool = False) -> str | None:
@@ -270,9 +251,7 @@ def _step_ms(where: str, v: Any, max_k: int) -> dict[int, dict[int, float]]:
             t = _num(where, f"table.step_ms[{ks}][{bs}]", ms)
             if t <= 0:
                 raise _fail(where, f"table.step_ms[{ks}][{bs}] = {t!r} ms must be positive")
-            if t > MAX_STEP_MS:
-                raise _fail(where, f"table.step_ms[{ks}][{bs}] = {t!r} ms is longer than {MAX_STEP_MS:g} ms, which no "
-                                   "decode step takes")
+            _bounded(where, STEP_MS, f"table.step_ms[{ks}][{bs}]", t)  # near zero or beyond any step: refused
             cells[b] = t
         out[k] = cells
     return out
@@ -327,7 +306,7 @@ def parse_published(doc: Any, where: str = "<document>") -> PublishedTable:
     in the order below: the first rule broken is the one reported)."""
     _check_envelope(doc, where)
     deployment = _str(where, "deployment", doc["deployment"])
-    version = _int(where, "version", doc["version"], 1)
+    version = _bounded(where, VERSION, "version", _int(where, "version", doc["version"], 1))
     published_at = _str(where, "published_at", doc.get("published_at", "unknown"))
     table = _table_section(where, doc["table"])
     _speculative_config_section(where, doc["speculative_config"], table)
@@ -521,12 +500,20 @@ def _served_verification(where: str, v: Any, table: _TableFields) -> dict[str, A
     per = sv["per_load"]
     if not isinstance(per, list):
         raise _fail(where, f"{key}.per_load must be a list")
-    failed = False
-    for i, row in enumerate(per):
-        failed |= _served_load_row(where, f"{key}.per_load[{i}]", row, load_set, table.max_k) == "fail"
+    statuses = [_served_load_row(where, f"{key}.per_load[{i}]", row, load_set, table.max_k)
+                 for i, row in enumerate(per)]
+    failed = "fail" in statuses
     if passed == failed:
         raise _fail(where, f"{key}.passed = {str(passed).lower()} contradicts per_load "
                            f"({'a' if failed else 'no'} load failed)")
+    if sv.get("verdict") is not None:
+        verdict = sv["verdict"]
+        if verdict not in _SERVED_VERDICTS:
+            raise _fail(where, f"{key}.verdict = {verdict!r:.40} must be one of {list(_SERVED_VERDICTS)}")
+        every = bool(statuses) and all(st == "pass" for st in statuses)
+        if (verdict == "verified") != every:
+            raise _fail(where, f"{key}.verdict = {verdict!r} contradicts per_load "
+                               f"({'every' if every else 'not every'} load passed)")
     return sv
 
 
@@ -568,6 +555,8 @@ def _served_load_row(where: str, at: str, row: Any, load_set: set[int], max_k: i
     _opt_num(where, f"{at}.t", r.get("t"), 0.0)
     if "rounds" in r:
         _int(where, f"{at}.rounds", r["rounds"], 0)
+    if r.get("stop") is not None and r["stop"] not in _SERVED_STOPS:
+        raise _fail(where, f"{at}.stop = {r['stop']!r:.40} must be one of {list(_SERVED_STOPS)}")
     for pol, cell in _obj(where, f"{at}.goodput", r["goodput"]).items():
         if not isinstance(cell, list) or len(cell) != 3:
             raise _fail(where, f"{at}.goodput[{pol!r:.40}] must be [goodput, s.e., windows]")

@@ -21,6 +21,7 @@ import numpy as np
 
 from tabletune_pipelines.formats.documents import DraftLengthTable
 from tabletune_pipelines.errors import PipelineFailure
+from tabletune_pipelines.formats.strict_io import atomic_write_bytes
 from tabletune_pipelines.formats.fleet import tabletune_home
 from tabletune_pipelines.tuning.publishing import Publication, Rollback
 from tabletune_pipelines.tuning.build import BuiltTable
@@ -36,6 +37,7 @@ from tabletune_pipelines.tuning.report import (
     priors_markdown,
     profile_markdown,
     publications_markdown,
+    ranges_line,
     table_markdown,
     within_noise_markdown,
 )
@@ -72,16 +74,21 @@ def check_result(gate: Gate, *, severity: dg.AssetCheckSeverity | None = None,
                  extra: Mapping[str, Any] | None = None) -> dg.AssetCheckResult:
     """A gate as an asset-check result of the asset being materialized (its name is the check's).
 
-    Severity: ERROR for blocking gates, WARN for the others, unless given. ``extra``: more metadata.
+    Severity: ERROR for blocking gates, WARN for the others, unless given; a gate that lets its input
+    through with a warning (``Gate.warning``) is a failed check of severity WARN, which blocks nothing.
+    ``extra``: more metadata.
     """
     md: dict[str, Any] = {k: _value(v) for k, v in gate.figures.items()}
     if gate.comparison:
         md["comparison"] = dg.MetadataValue.md(gate.comparison)
     md["summary"] = dg.MetadataValue.text(gate.description)
     md.update(extra or {})
+    passed = gate.passed
+    if gate.warning:  # may be used, but unconfirmed (an unverified table): a failed check of severity WARN
+        passed, severity = False, dg.AssetCheckSeverity.WARN
     if severity is None:
         severity = dg.AssetCheckSeverity.ERROR if gate.blocking else dg.AssetCheckSeverity.WARN
-    return dg.AssetCheckResult(check_name=gate.name, passed=gate.passed, severity=severity, metadata=md,
+    return dg.AssetCheckResult(check_name=gate.name, passed=passed, severity=severity, metadata=md,
                                description=gate.description)
 
 
@@ -95,10 +102,13 @@ def plots_dir() -> Path:
 def image_metadata(png: bytes, name: str) -> dict[str, dg.MetadataValue]:
     """The plot inline (markdown with a base64 PNG) and as a file path."""
     path = plots_dir() / f"{name}.png"
-    path.write_bytes(png)
+    try:  # the one atomic writer: a symbolic link (or anything but a file) there is refused, never followed
+        shown_path = dg.MetadataValue.path(str(atomic_write_bytes(path, png)))
+    except OSError as exc:
+        shown_path = dg.MetadataValue.text(f"not written: {path}: {exc.strerror or exc}")
     b64 = base64.b64encode(png).decode()
     return {"goodput_plot": dg.MetadataValue.md(f"![goodput vs batch size](data:image/png;base64,{b64})"),
-            "goodput_plot_path": dg.MetadataValue.path(str(path))}
+            "goodput_plot_path": shown_path}
 
 
 def json_md(obj: Any) -> dg.MetadataValue:
@@ -168,6 +178,10 @@ def table_metadata(table: DraftLengthTable) -> dict[str, Any]:
     its predicted figures and evidence."""
     return {
         "table": dg.MetadataValue.md(table_markdown(table.ranges)),
+        # One line each (JSON metadata would show one number per line): the ranges as a person reads
+        # them, and as vLLM's num_speculative_tokens_per_batch_size, ready to paste.
+        "table_ranges": dg.MetadataValue.text(ranges_line(table.ranges)),
+        "table_json": dg.MetadataValue.text(json.dumps(table.as_vllm())),
         "table_id": table.table_id,
         "identity_key": table.identity_key,
         "prior_id": table.prior_id,
@@ -188,7 +202,6 @@ def describe_table(built: BuiltTable) -> dg.MaterializeResult:
     return dg.MaterializeResult(
         metadata={
             **table_metadata(table),
-            "table_json": dg.MetadataValue.json(table.as_vllm()),
             "one_batch_size_ranges": sum(1 for s, e, _ in table.ranges if s == e),
             "search_policy": table.search_policy,
             "wall_timed_cells": table.wall_timed_cells,

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -34,7 +35,8 @@ from tabletune_pipelines.options import options_from_mapping
 __all__ = [
     "AcceptanceOptions", "CurrentIdentity", "Engine", "EndpointUnreachable", "LocalEngine", "EngineMismatchError", "ProfileOptions",
     "check_local_engine", "current_identity", "default_cache_dir", "default_work_dir", "deployment_for_identity",
-    "deployments_running", "identity_for", "measure_acceptance", "probe_vllm_version", "profile", "resolve_identity",
+    "deployments_running", "identity_for", "measure_acceptance", "one_launch", "probe_vllm_version", "profile",
+    "resolve_identity",
     "resolve_model", "same_engine", "verification_launch_table", "verify_served",
 ]
 
@@ -272,18 +274,54 @@ def compile_cache_env(identity: EngineIdentity) -> dict[str, str]:
     return {var: str(root / var.split("_")[0].lower()) for var in COMPILE_CACHE_VARS}
 
 
+def _real_model_overrides(identity: EngineIdentity) -> dict[str, Any]:
+    """Real prompts run long: a ``real:`` model's launches get its context length."""
+    if not (identity.model or "").startswith("real:"):
+        return {}
+    from tabletune_pipelines.engine.real_model import MAX_MODEL_LEN
+
+    return {"max_model_len": MAX_MODEL_LEN}
+
+
+@contextmanager
+def one_launch(identity: EngineIdentity, dep: Deployment | None, *, log: logging.Logger,
+               options: ProfileOptions | None = None, cache_dir: str | Path | None = None,
+               work_dir: str | Path | None = None) -> Iterator[Any]:
+    """One running launch of ``identity`` that serves the whole tuning flow: the profile (every k of the
+    plan in its launch table, switched at runtime, synthetic rates 0) and then the served verification
+    (the prior's rates switched in at runtime; ``verify_served(server=...)``). Stopped on exit.
+
+    A verification whose acceptance is ``real`` (real weights, real prompts) cannot share it: the
+    profile's launch rejects drafts synthetically, so that verification launches its own server."""
+    check_local_engine(identity)
+    from tabletune_pipelines.engine.plan import plan_from_options, switching_config
+    from tabletune_pipelines.engine.process import VLLMServer
+
+    opts = options or ProfileOptions()
+    work = Path(work_dir or default_work_dir("flow"))
+    cfg = opts.apply_to(_server_config(identity, dep, cache_dir or default_cache_dir(), work,
+                                       _real_model_overrides(identity)))
+    plan = plan_from_options(cfg, opts)
+    ks = sorted({k for k in plan.ks if k is not None} | set(range(identity.max_k + 1)))
+    with VLLMServer(switching_config(cfg, ks, 0.0, str(work))) as server:
+        log.info(f"one launch of {identity.key}: up in {server.startup_seconds:.0f} s; it serves the profile, "
+                 "then the served verification")
+        yield server
+
+
 def profile(identity: EngineIdentity, dep: Deployment | None, store: Any, *, log: logging.Logger,
             options: ProfileOptions | None = None, cache_dir: str | Path | None = None,
-            work_dir: str | Path | None = None) -> StepTimeProfile:
+            work_dir: str | Path | None = None, server: Any = None) -> StepTimeProfile:
     """Measure (or resume) the step-time profile of ``identity`` on the local engine.
 
     Each cell is written to ``store`` (a ``TableTuneStore``) as soon as it is measured; cells
     already there are skipped, so a re-run after a crash resumes. With ``options.fixed_k_baseline``
     the engine-dependence baseline (a launch per k with K = k and no table) is measured after.
+    ``server``: a running launch to profile on (``one_launch``) instead of launching one.
     """
     check_local_engine(identity)
     from tabletune_pipelines.engine.plan import fixed_k_baseline_options, plan_from_options
-    from tabletune_pipelines.engine.profiler import profile_step_times, store_hooks
+    from tabletune_pipelines.engine.profiler import ProfileServers, profile_step_times, store_hooks
 
     opts = options or ProfileOptions()
     if opts.decision_rates is None:  # re-measure where decisions are close under the acceptance the store knows
@@ -292,7 +330,7 @@ def profile(identity: EngineIdentity, dep: Deployment | None, store: Any, *, log
             opts = dataclasses.replace(opts, decision_rates=tuple(priors[0].rates[:identity.max_k]))
     cfg = _server_config(identity, dep, cache_dir or default_cache_dir(), work_dir or default_work_dir("profile"), {})
     result = profile_step_times(cfg, opts, hooks=store_hooks(store, identity, opts.mode), identity=identity,
-                                progress=log.info)
+                                servers=ProfileServers(server=server), progress=log.info)
     if opts.fixed_k_baseline and opts.mode != "fixed_k":
         fixed = fixed_k_baseline_options(opts, plan_from_options(opts.apply_to(cfg), opts))
         profile_step_times(cfg, fixed, hooks=store_hooks(store, identity, "fixed_k"), identity=identity,
@@ -310,10 +348,8 @@ def measure_acceptance(identity: EngineIdentity, dep: Deployment, prompts_file: 
     from tabletune_pipelines.engine import acceptance as engine_acceptance
 
     opts = options or AcceptanceOptions()
-    if opts.max_model_len is None and (identity.model or "").startswith("real:"):  # real prompts run long
-        from tabletune_pipelines.engine.real_model import MAX_MODEL_LEN
-
-        opts = dataclasses.replace(opts, max_model_len=MAX_MODEL_LEN)
+    if opts.max_model_len is None and (long := _real_model_overrides(identity)):  # real prompts run long
+        opts = dataclasses.replace(opts, **long)
     cfg = _server_config(identity, dep, cache_dir or default_cache_dir(),
                          work_dir or default_work_dir("acceptance"), opts.server_overrides())
     log.info(f"measuring acceptance of {identity.key} on {prompts_file} (<= {dep.max_prompts} prompts)")
@@ -334,13 +370,15 @@ def verification_launch_table(max_num_seqs: int, max_k: int) -> tuple[tuple[int,
 
 def verify_served(identity: EngineIdentity, dep: Deployment | None, table: Any, prior: AcceptancePrior | None, *,
                   log: logging.Logger, options: Any = None, cache_dir: str | Path | None = None,
-                  work_dir: str | Path | None = None) -> Any:
+                  work_dir: str | Path | None = None, server: Any = None) -> Any:
     """Launch the local engine of ``identity`` once and verify ``table`` (a ``DraftLengthTable``) by
     served goodput against every fixed k (``evaluation.served.verify_served``; docs/evaluation.md,
     "Served verification"). The workload: the deployment's logged prompts of the prior's week when
     they exist, else the embedded default's prompt set. Acceptance (``options.acceptance``): real
     verification of the drafts, or synthetic at the prior's rates (``prior``; ``auto`` picks it for
-    dummy weights). Returns a ``ServedVerification`` with ``launch_s`` set."""
+    dummy weights). Returns a ``ServedVerification`` with ``launch_s`` set. ``server``: the flow's
+    running launch (``one_launch``) to verify on with the prior's rates switched in; a ``real``
+    verification launches its own (the shared launch rejects drafts synthetically)."""
     check_local_engine(identity)
     from tabletune_pipelines.engine.acceptance import write_default_prompt_file
     from tabletune_pipelines.engine.process import VLLMServer
@@ -362,27 +400,40 @@ def verify_served(identity: EngineIdentity, dep: Deployment | None, table: Any, 
         acceptance = "real"
     if opts.startup_timeout is not None:
         overrides["startup_timeout"] = opts.startup_timeout
-    if (identity.model or "").startswith("real:"):  # real prompts run long (as in ``profile``)
-        from tabletune_pipelines.engine.real_model import MAX_MODEL_LEN
-
-        overrides["max_model_len"] = MAX_MODEL_LEN
+    overrides.update(_real_model_overrides(identity))
     cfg = _server_config(identity, dep, cache_dir or default_cache_dir(), work, overrides)
     prompts_file = dep.prompts_file(prior.week) if (dep is not None and prior is not None and prior.week) else None
     if prompts_file is None or not prompts_file.is_file():
         prompts_file = write_default_prompt_file(work / "default-prompts.jsonl")
     prompts = load_prompts(prompts_file)
-    log.info(f"served verification of {identity.key}: one launch, acceptance {acceptance}, workload {prompts_file} "
+    shared = server is not None and mode == "prior"
+    if server is not None and not shared:
+        log.info("served verification with real acceptance: the flow's launch rejects drafts synthetically, so the "
+                 "verification launches its own server")
+    where = "on the flow's launch" if shared else "one launch"
+    log.info(f"served verification of {identity.key}: {where}, acceptance {acceptance}, workload {prompts_file} "
              f"({len(prompts)} prompts)")
-    with VLLMServer(cfg) as server:
-        log.info(f"verification server up in {server.startup_seconds:.0f} s")
-        result = run_verification(
-            server, [list(r) for r in table.ranges], K=identity.max_k, max_num_seqs=identity.max_num_seqs,
-            loads=opts.loads, rounds=opts.rounds, window_s=opts.window_s, budget_s=opts.budget_s,
-            settle_s=opts.settle_s, warmup_s=opts.warmup_s,
-            first_warmup_s=opts.first_warmup_s, min_steps=opts.min_steps, tolerance=opts.tolerance,
-            prompt=lambda rng: rng.choice(prompts), output_tokens=tuple(opts.output_tokens), acceptance=acceptance,
-            progress=log.info)
-        return dataclasses.replace(result, launch_s=server.startup_seconds)
+    if shared:
+        server.set_synthetic_rates(overrides["synthetic_acceptance_rates"])
+        return _run_verification(server, table, identity, opts, prompts, acceptance, log)
+    with VLLMServer(cfg) as launched:
+        log.info(f"verification server up in {launched.startup_seconds:.0f} s")
+        return dataclasses.replace(_run_verification(launched, table, identity, opts, prompts, acceptance, log),
+                                   launch_s=launched.startup_seconds)
+
+
+def _run_verification(server: Any, table: Any, identity: EngineIdentity, opts: Any, prompts: Any, acceptance: str,
+                      log: logging.Logger) -> Any:
+    """``evaluation.served.verify_served`` of ``table`` on a running ``server`` with ``opts``."""
+    from tabletune_pipelines.evaluation.served import verify_served as run_verification
+
+    return run_verification(
+        server, [list(r) for r in table.ranges], K=identity.max_k, max_num_seqs=identity.max_num_seqs,
+        loads=opts.loads, rounds=opts.rounds, window_s=opts.window_s, budget_s=opts.budget_s,
+        settle_s=opts.settle_s, warmup_s=opts.warmup_s,
+        first_warmup_s=opts.first_warmup_s, min_steps=opts.min_steps, tolerance=opts.tolerance,
+        prompt=lambda rng: rng.choice(prompts), output_tokens=tuple(opts.output_tokens), acceptance=acceptance,
+        progress=log.info)
 
 
 # -- the engine without Dagster ------------------------------------------------------------
@@ -407,6 +458,9 @@ class LocalEngine:
     """``evaluation.served.ServedVerificationOptions`` fields of the check before publishing."""
     where: str = "engine"
     """How error messages name this configuration (the pipeline: ``EngineResource``)."""
+    server: Any = None
+    """A running launch (``one_launch``) that profiles and verifies on instead of launching; None: each
+    measurement launches its own."""
 
     def _cache(self) -> str:
         return self.cache_dir or str(default_cache_dir())
@@ -430,7 +484,7 @@ class LocalEngine:
                 log: logging.Logger) -> StepTimeProfile:
         options = ProfileOptions.from_mapping(self.profile_options, where=f"{self.where} profile_options")
         return profile(identity, dep, store, log=log, options=options, cache_dir=self._cache(),
-                       work_dir=self._work("profile"))
+                       work_dir=self._work("profile"), server=self.server)
 
     def served_verification_options(self) -> Any:
         from tabletune_pipelines.evaluation.served import ServedVerificationOptions
@@ -442,7 +496,7 @@ class LocalEngine:
                       prior: AcceptancePrior | None, log: logging.Logger) -> Any:
         """The table against every fixed k by served goodput, in one launch of this engine."""
         return verify_served(identity, dep, table, prior, log=log, options=self.served_verification_options(),
-                             cache_dir=self._cache(), work_dir=self._work("verify"))
+                             cache_dir=self._cache(), work_dir=self._work("verify"), server=self.server)
 
     def measure_acceptance(self, identity: EngineIdentity, dep: Deployment, prompts_file: Path, week: str,
                            log: logging.Logger) -> AcceptancePrior:

@@ -63,6 +63,9 @@ class Gate:
     """Numbers, strings and lists behind the verdict (plain JSON values)."""
     comparison: str = ""
     """A markdown table of the figures per batch size ('' when the gate has none)."""
+    warning: bool = False
+    """The input may be used (``passed``) but the gate could not confirm it: shown as a warning, never
+    as a pass (an unverified served verification)."""
 
     @property
     def blocking(self) -> bool:
@@ -400,9 +403,10 @@ def fixed_launch_cells(profile_cells: Iterable[StepTimeCell]) -> dict[int, dict[
 # -- served verification (docs/evaluation.md, "Served verification") -----------------------------
 
 def served_gate(result: "ServedVerification | None", *, disabled_reason: str = "") -> Gate:
-    """Blocking: the candidate served within the paired noise of the best fixed k at every checked
-    load (``evaluation.served``; docs/evaluation.md, "Served verification"). ``result`` None: not
-    measured (``disabled_reason`` says why), which passes as NOT MEASURED like the other gates."""
+    """Blocking: no fixed k serves more than the candidate by over the tolerance at a checked load
+    (``evaluation.served``; docs/evaluation.md, "Served verification"). A verification that reached no
+    verdict somewhere (``unverified``) lets the table through as a warning with its figures. ``result``
+    None: not measured (``disabled_reason`` says why), which passes as NOT MEASURED like the other gates."""
     name: GateName = "served_goodput_verified"
     if result is None:
         return Gate(name, True, f"{NOT_MEASURED}: {disabled_reason or 'served verification did not run'}",
@@ -410,7 +414,7 @@ def served_gate(result: "ServedVerification | None", *, disabled_reason: str = "
     figures: dict[str, Any] = {
         "loads": sorted(result.plan.loads), "rounds": result.plan.rounds, "window_s": result.plan.window_s,
         "budget_s": result.plan.budget_s, "elapsed_s": round(result.elapsed_s, 1), "budget_cut": result.budget_cut,
-        "tolerance": result.tolerance, "failed_loads": result.failed_loads,
+        "tolerance": result.tolerance, "verdict": result.verdict, "failed_loads": result.failed_loads,
         "inconclusive_loads": result.inconclusive_loads, "excluded_windows": result.excluded_windows,
         "client_errors": result.client_errors, "rule": result.rule,
         "worst_loss": None if result.worst_loss is None else round(result.worst_loss, 4),
@@ -419,7 +423,10 @@ def served_gate(result: "ServedVerification | None", *, disabled_reason: str = "
         figures["launch_s"] = round(result.launch_s, 1)
     if result.acceptance:
         figures["acceptance"] = result.acceptance
-    return Gate(name, result.passed, result.summary(), figures, served_markdown(result))
+    if result.stop_reasons:
+        figures["stop_reasons"] = {str(load): why for load, why in result.stop_reasons}
+    return Gate(name, result.passed, result.summary(), figures, served_markdown(result),
+                warning=result.verdict == "unverified")
 
 
 def served_markdown(result: "ServedVerification") -> str:

@@ -165,6 +165,8 @@ def publish_table(store: Any, fleet: Fleet, key: str, engine: Engine, *, deploym
         return dataclasses.replace(result, refusal=(
             f"refusing to publish table {table.table_id} of {key}: {served.gate.description}. Nothing was "
             f"published; the previously published tables stay ({current})."))
+    if served.gate.warning:
+        log.warning(f"publishing table {table.table_id} UNVERIFIED: {served.gate.description}")
     published = [_publish_one(store, engine, table, key, dep, served, log) for dep in to_publish]
     return dataclasses.replace(result, targets=(*unchanged, *published), speculative_config=table.speculative_config(
         serving_speculative_config(targets[0], engine.local_model_path)))

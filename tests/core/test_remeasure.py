@@ -142,3 +142,24 @@ def test_which_it_is_the_same_table_sooner_and_a_better_table_in_the_same_time(c
     assert sooner_cases >= 20 and same == sooner_cases
     assert max(shares) <= 0.5
     assert adaptive_hits >= uniform_hits
+
+
+def test_each_batch_size_says_why_its_re_measurement_stopped():
+    # Clear decisions everywhere: every measured B is decided.
+    engine = Engine(surface(8, 0.6, 0.5), 0.02, 1)
+    report = remeasure(engine.uniform(3), engine, [RATES], N, RemeasureSettings(budget_measurements=100))
+    assert report.per_batch == {b: "decided" for b in range(1, N + 1)}
+    # k = 1 and k = 3 equal in expectation, measured tightly: a tie within the tolerance is a decision,
+    # so nothing is measured again and no B is left open.
+    t = surface(8, 0.0, 0.5)  # every k the same goodput ...
+    t[KS.index(0)] *= 2.0  # ... but k = 0 and k = 2 at half of it
+    t[KS.index(2)] *= 2.0
+    engine = Engine(t, 0.002, 3)
+    report = remeasure(engine.uniform(3), engine, [RATES], N, RemeasureSettings(budget_measurements=100))
+    assert report.stop_reason == "resolved" and report.measurements == 0
+    assert set(report.per_batch.values()) <= {"tie within 2%", "decided"}
+    assert "tie within 2%" in report.per_batch.values()
+    # The same equal cells measured loosely stay open: the budget is their reason.
+    engine = Engine(t, 0.10, 4)
+    report = remeasure(engine.uniform(3), engine, [RATES], N, RemeasureSettings(budget_measurements=8))
+    assert report.stop_reason == "budget" and "budget" in report.per_batch.values()

@@ -144,20 +144,39 @@ def test_t_quantiles():
         t_quantile(0)
 
 
-def test_a_loss_within_the_tolerance_passes_whatever_the_noise():
-    # ratios 0.98, 0.98, 0.98: s.e. 0, loss 2% <= 3%
+def test_a_loss_below_the_tolerance_with_confidence_passes():
+    # ratios 0.98, 0.98, 0.98: s.e. 0, interval [0.98, 0.98] above 0.97
     v = judge_load(16, {0: 98.0, 1: 196.0, 2: 49.0}, {"k=2": {0: 100.0, 1: 200.0, 2: 50.0},
                                                       "k=0": {0: 60.0, 1: 60.0, 2: 60.0}}, tolerance=0.03)
     assert v.status == "pass" and v.best_fixed == "k=2" and v.best_fixed_k == 2
     assert abs(v.ratio - 0.98) < 1e-12 and v.ratio_se == 0.0 and v.rounds == 3
-    assert abs(v.loss - 0.02) < 1e-12 and "within the tolerance" in v.reason
+    assert abs(v.loss - 0.02) < 1e-12 and "below the tolerance" in v.reason
 
 
-def test_a_large_loss_within_the_paired_noise_passes():
-    # ratios 0.8, 1.0, 0.9: mean 0.9, sd 0.1, s.e. 0.0577; t(2) = 4.303 -> upper 1.148 >= 1
+def test_noise_never_passes_a_table():
+    # ratios 0.8, 1.0, 0.9: mean 0.9, sd 0.1, s.e. 0.0577; t(2) = 4.303 -> interval [0.652, 1.148]
+    # straddles 0.97: undecided, not a pass
     v = judge_load(8, {0: 80.0, 1: 100.0, 2: 90.0}, {"k=1": {0: 100.0, 1: 100.0, 2: 100.0}}, tolerance=0.03)
-    assert v.status == "pass" and "within the paired noise" in v.reason
+    assert v.status == "inconclusive" and "undecided" in v.reason and "[0.652, 1.148]" in v.reason
     assert abs(v.ratio - 0.9) < 1e-12 and abs(v.ratio_se - 0.1 / math.sqrt(3)) < 1e-12 and v.t == 4.303
+    # a table that serves more than every fixed k, but within wide noise, is not verified either
+    # ratios 1.2, 0.9, 1.05: mean 1.05, s.e. 0.0866 -> lower 1.05 - 4.303 * 0.0866 = 0.677 < 0.97
+    w = judge_load(8, {0: 120.0, 1: 90.0, 2: 105.0}, {"k=1": {0: 100.0, 1: 100.0, 2: 100.0}}, tolerance=0.03)
+    assert w.status == "inconclusive"
+
+
+def test_a_small_significant_loss_within_the_tolerance_passes():
+    # ratios 0.985, 0.990, 0.995: mean 0.99, s.e. 0.00289; lower 0.99 - 4.303 * 0.00289 = 0.9776 >= 0.97
+    v = judge_load(8, {0: 98.5, 1: 99.0, 2: 99.5}, {"k=1": {0: 100.0, 1: 100.0, 2: 100.0}}, tolerance=0.03)
+    assert v.status == "pass"
+
+
+def test_rounds_to_decide_worked_numbers():
+    # sd of the per-round ratio 0.05, mean 0.99, floor 0.97: (1.96 * 0.05 / 0.02)^2 = 24.01 -> 25 rounds
+    assert served.rounds_to_decide(0.05, 0.99, 0.03) == 25
+    # far from the line: at least 2 rounds
+    assert served.rounds_to_decide(0.01, 0.5, 0.03) == 2
+    assert served.rounds_to_decide(0.05, 0.97, 0.03) is None
 
 
 def test_a_large_significant_loss_fails():
@@ -167,6 +186,10 @@ def test_a_large_significant_loss_fails():
     assert v.status == "fail" and v.best_fixed == "k=1"
     assert abs(v.ratio - 0.72) < 1e-12 and abs(v.ratio_se - 0.02 / math.sqrt(3)) < 1e-12
     assert abs(v.loss - 0.28) < 1e-12 and "exceeds the tolerance" in v.reason
+    # a loss beyond the tolerance that the interval does not separate from it is undecided, not a failure:
+    # ratios 0.90, 0.96, 0.99 -> mean 0.95, s.e. 0.0265, interval [0.836, 1.064]
+    u = judge_load(16, {0: 90.0, 1: 96.0, 2: 99.0}, {"k=1": {0: 100.0, 1: 100.0, 2: 100.0}}, tolerance=0.03)
+    assert u.status == "inconclusive"
 
 
 def test_the_best_fixed_k_is_the_highest_mean_and_pairing_is_by_round():
@@ -176,8 +199,8 @@ def test_the_best_fixed_k_is_the_highest_mean_and_pairing_is_by_round():
                    tolerance=0.03)
     assert v.best_fixed == "k=3" and v.rounds == 2
     assert abs(v.ratio - (0.5 + 100 / 110) / 2) < 1e-12
-    # two rounds: t(1) = 12.706, s.e. 0.2045 -> upper far above 1: a pass within the noise
-    assert v.status == "pass" and v.t == 12.706
+    # two rounds: t(1) = 12.706, s.e. 0.2045 -> an interval far wider than the tolerance: undecided
+    assert v.status == "inconclusive" and v.t == 12.706
 
 
 def test_one_paired_round_is_inconclusive_and_does_not_fail_the_verification():
@@ -339,8 +362,12 @@ def test_verify_served_fails_a_table_that_loses_and_passes_one_that_does_not(mon
     # the step log is the same every round: ratio exact, s.e. 0
     assert v8.best_fixed == "k=2" and abs(v8.ratio - (1.0 / 6.0) / (2.5 / 10.0)) < 1e-9 and v8.ratio_se == 0.0
     assert "NOT verified" in bad.summary() and srv.prompts and srv.prompts[0] == "p"
+    # a verdict decided after 2 rounds ends the load's rounds: no window is spent past the decision
+    assert bad.verdict == "failed" and dict(bad.stop_reasons)[8] == "decided"
+    assert max(w.round for w in bad.windows if w.load == 8) == 1
     good = _verify(srv, [[1, 8, 2]], (2, 8), monkeypatch)
     assert good.passed and good.candidate_is == "k=2" and all(v.status == "pass" for v in good.verdicts)
+    assert good.verdict == "verified" and dict(good.stop_reasons) == {8: "decided", 2: "decided"}
     assert all(abs(v.ratio - 1.0) < 1e-12 for v in good.verdicts)
     # the published section is what the strict reader accepts
     doc = _published(good)
@@ -499,3 +526,24 @@ def test_compare_envelopes_keeps_the_default_or_calls_noise_no_finding():
     assert b.winner == "512" and b.ratio == 1.0 and b.anchor is None and b.sentence().startswith("load 128: keep 512")
     with pytest.raises(InvalidValueError, match="'2048'"):
         served.compare_envelopes([("512", low)], default="2048")
+
+
+def test_an_undecided_load_makes_the_table_unverified_and_the_file_says_so():
+    # the candidate's ratio alternates 0.9 / 1.1 round by round: mean 1.0, wide interval -> undecided
+    loads = (8,)
+    ws = [Window(n, 8, r, (90.0 if r % 2 else 110.0) if n == "table" else 100.0, 1.0, 10, 1.0, 0)
+          for r in range(4) for n in ("k=0", "k=1", "k=2", "k=3", "table")]
+    goodput, verdicts = judge(ws, loads, ["k=0", "k=1", "k=2", "k=3"], tolerance=0.03)
+    plan = served.VerificationPlan(loads, 4, 1.5, 0.4, 1.5, 75.0, 60.0)
+    res = served.ServedVerification(candidate=((1, 4, 2), (5, 8, 1)), max_k=3, max_num_seqs=8, plan=plan,
+                                    goodput=tuple(goodput), verdicts=tuple(verdicts), tolerance=0.03,
+                                    elapsed_s=55.0, budget_cut=True, windows=tuple(ws),
+                                    stop_reasons=((8, "budget"),))
+    assert res.passed and res.verdict == "unverified"
+    assert "UNVERIFIED" in res.summary() and "verified:" not in res.summary().split("UNVERIFIED")[0]
+    doc = _published(res)
+    section = parse_published(doc).served_verification
+    assert section["verdict"] == "unverified" and section["per_load"][0]["stop"] == "budget"
+    doc["served_verification"]["verdict"] = "verified"  # a file that calls an undecided table verified
+    with pytest.raises(PublishedTableError, match="contradicts per_load"):
+        parse_published(doc)
