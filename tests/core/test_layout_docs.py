@@ -1,5 +1,6 @@
-"""docs/architecture.md, the one map of the code, names every module of the package: a module added,
-moved or renamed without its map fails here. The README links the map instead of repeating it."""
+"""docs/architecture.md is the one map of the code: it names every module of the package and only
+paths that exist, so a module added, moved or renamed without its map fails here. The README links
+the map (and every other page of docs/) instead of repeating it."""
 
 from __future__ import annotations
 
@@ -36,3 +37,54 @@ def test_the_check_sees_a_missing_module():
     assert named("engine/step_log.py", "step_log (the records)")
     assert not named("engine/step_log.py", "the step log")
     assert not named("core/steptime.py", "core/steptime_extra.py")
+
+
+# -- docs/architecture.md names only modules that exist ----------------------------------------
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+#: A path with a folder: tabletune_pipelines/core/table.py, assets/tables.py, core/evidence.py,
+#: controller/, benchmarks/evaluate.py, tests/core/test_import_isolation.py.
+PATH = re.compile(r"(?<![\w./<>-])((?:[A-Za-z_][\w-]*/)+(?:[\w-]+\.(?:py|md|sh|json|yaml))?)(?![\w/])")
+#: A bare module file name: published.py, live_counters.py.
+BARE = re.compile(r"(?<![\w./<>-])([A-Za-z_]\w*\.py)\b")
+#: Where a path relative to the package may start (the page shortens tabletune_pipelines/core/x.py
+#: to core/x.py inside the diagrams).
+BASES = ("", "tabletune_pipelines/")
+SEARCHED = ("tabletune_pipelines", "assets", "benchmarks", "tests")
+
+
+def named_paths(text: str) -> tuple[set[str], set[str]]:
+    paths = {m.group(1) for m in PATH.finditer(text)}
+    bare = {m.group(1) for m in BARE.finditer(text)}
+    return paths, bare
+
+
+def test_the_path_parser_sees_the_forms_the_page_uses():
+    paths, bare = named_paths("`tabletune_pipelines/core/table.py` and core/evidence.py, controller/ "
+                              "(`assets/feedback.py`), published.py; <stem>.speculative-config.json; "
+                              "<logged_prompts>/<Monday>.jsonl")
+    assert paths == {"tabletune_pipelines/core/table.py", "core/evidence.py", "controller/",
+                     "assets/feedback.py"}
+    assert bare == {"published.py"}
+
+
+def test_architecture_names_only_modules_that_exist():
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    paths, bare = named_paths(text)
+    assert any(p.startswith("tabletune_pipelines/") for p in paths) and any(p.startswith("assets/") for p in paths)
+    missing = sorted(p for p in paths if not any((ROOT / base / p).exists() for base in BASES))
+    files = {f.name for d in SEARCHED for f in (ROOT / d).rglob("*.py")}
+    missing += sorted(b for b in bare if b not in files)
+    assert not missing, f"docs/architecture.md names paths that do not exist: {missing}"
+
+
+def test_architecture_names_every_controller_module():
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    modules = sorted(f.name for f in (ROOT / "tabletune_pipelines" / "controller").glob("*.py")
+                     if f.name != "__init__.py")
+    absent = [m for m in modules if f"tabletune_pipelines/controller/{m}" not in text]
+    assert not absent, f"docs/architecture.md does not name controller modules {absent}"
+
+
+def test_readme_links_the_architecture_page():
+    assert "docs/architecture.md" in (ROOT / "README.md").read_text(encoding="utf-8")
