@@ -30,6 +30,7 @@ from tabletune_pipelines.vocab import DEFAULT_PROFILE_MODE, DEFAULT_REPETITIONS,
 if TYPE_CHECKING:
     from tabletune_pipelines.formats.documents import AcceptancePrior, EngineIdentity
     from tabletune_pipelines.formats.fleet import Deployment
+    from tabletune_pipelines.formats.published import PublishedTable
     from tabletune_pipelines.store import TableTuneStore
 
 EXIT_ERROR = 2
@@ -203,15 +204,21 @@ def cmd_acceptance(args: argparse.Namespace) -> int:
     return 0
 
 
+def _identities_held(store: TableTuneStore, stored: list[str] | None = None) -> str:
+    """``the store holds 2 engine identities: KEY, KEY (PATH)``: what ``--identity`` may name."""
+    stored = store.identity_keys() if stored is None else stored
+    listed = ", ".join(stored[:10]) + (", ..." if len(stored) > 10 else "")
+    return (f"the store holds {len(stored)} engine identit{'y' if len(stored) == 1 else 'ies'}: {listed}" if stored
+            else "the store holds no engine identity yet") + f" ({store.path})"
+
+
 def _deployment_profile_key(store: TableTuneStore, dep: Deployment) -> str:
     """The identity key of the engine ``dep`` runs now (the fleet's fields + its vLLM version), which
     the store must hold a profile of: never another GPU's, K's or max_num_seqs' profile of the same model."""
     from tabletune_pipelines.tuning import deployments
 
     stored = store.identity_keys()
-    listed = ", ".join(stored[:10]) + (", ..." if len(stored) > 10 else "")
-    held = (f"the store holds {len(stored)} engine identit{'y' if len(stored) == 1 else 'ies'}: {listed}" if stored
-            else "the store holds no engine identity yet") + f" ({store.path})"
+    held = _identities_held(store, stored)
     try:
         key = deployments.current_identity(dep).key
     except EndpointUnreachable as exc:
@@ -284,10 +291,10 @@ def cmd_table(args: argparse.Namespace) -> int:
     dep = _deployment(args)
     plot_guard = _plot_guard(args) if args.plot else None  # a --plot target is refused before any work
     store = _open_store(args, must_exist=True, read_only=not args.save)
-    key = args.identity or _deployment_profile_key(store, dep)
     if args.identity and not store.has_identity(args.identity):
-        raise NotFoundError(f"--identity {args.identity!r}: no engine identity with that key in {store.path}; "
-                            "omit --identity to use the profile of the engine the deployment runs")
+        raise NotFoundError(f"--identity {args.identity!r}: no engine identity with that key; {_identities_held(store)}; "
+                            "pass one of them, or omit --identity to use the profile of the engine the deployment runs")
+    key = args.identity or _deployment_profile_key(store, dep)
     profile = store.load_profile(key, args.mode)  # NotFoundError when that mode has no cells
     if args.rates is not None and args.prior:
         raise UsageError("give --prior or --rates, not both")
@@ -326,11 +333,214 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from tabletune_pipelines.formats.published import read_published_table
+    from tabletune_pipelines.formats.published import load_published
 
     dep = _deployment(args)
-    print(json.dumps(read_published_table(dep.published_table), indent=2))
+    pub = load_published(dep.published_table)  # the strict reader: a bad file is one error line
+    notes = _whose_table(pub, dep)
+    if args.json:
+        for note in notes:  # stdout stays the document alone
+            print(f"note: {note}", file=sys.stderr)
+        print(json.dumps(pub.document, indent=2))
+        return 0
+    print("\n".join(_show_summary(pub, dep, notes, _store_for_show(args))))
     return 0
+
+
+def _whose_table(pub: PublishedTable, dep: Deployment) -> list[str]:
+    """Why the file at ``dep``'s path may not be ``dep``'s table: published for another deployment, or
+    for another engine than the fleet entry describes (the controller's own comparison,
+    ``controller.loader.identity_mismatches``; the vLLM version only where it is known here, for an
+    embedded deployment)."""
+    from tabletune_pipelines.controller.loader import EngineFacts, identity_mismatches
+
+    notes = []
+    if pub.deployment != dep.name:
+        notes.append(f"this table was published for deployment {pub.deployment!r}, not {dep.name!r}, whose "
+                     f"published_table it sits at; a controller told it serves {dep.name!r} "
+                     f"(TABLETUNE_DEPLOYMENT) refuses it; publish {dep.name!r}'s own table with the pipeline")
+    if pub.identity is None:
+        notes.append("it records no engine identity, so nothing says which engine it was measured on; a controller "
+                     "refuses it")
+        return notes
+    version = None
+    if dep.embedded:
+        from tabletune_pipelines.engine.installed import installed_vllm_version
+
+        with contextlib.suppress(TableTuneError):
+            version = installed_vllm_version()
+    facts = EngineFacts(max_k=dep.max_k, max_num_seqs=dep.max_num_seqs, launch_ranges=None, model=dep.model,
+                        method=dep.method, drafter=dep.drafter, vllm_version=version, gpu=dep.gpu)
+    bad = identity_mismatches(pub, facts)
+    if bad:
+        notes.append(f"it was made for another engine than deployment {dep.name!r} runs: "
+                     + "; ".join(b.replace("this engine's", "the deployment's") for b in bad)
+                     + "; a controller of that engine refuses it")
+    return notes
+
+
+def _store_for_show(args: argparse.Namespace) -> TableTuneStore | str:
+    """The store, read-only, when one exists (never created); else why not, for one line of the summary."""
+    from tabletune_pipelines.store import TableTuneStore
+
+    path = _store_path(args)
+    if not path.is_file():
+        return f"no store at {path}"
+    try:
+        return TableTuneStore(path, read_only=True, lock_timeout_s=0.0)
+    except (TableTuneError, OSError) as exc:
+        return f"the store could not be read ({(str(exc) or type(exc).__name__).splitlines()[0]})"
+
+
+def served_verdict(section: dict | None) -> tuple[str, list[str]]:
+    """The served verification's verdict and one line per load, in the document's words: ``verified``
+    (every load passed), ``unverified`` (none failed, some reached no verdict), ``failed``; ``not
+    verified yet`` when the file carries no verification. The ``verdict`` a section states is taken
+    as it is; a section without one (written before it existed) is judged from its loads."""
+    if section is None:
+        return "not verified yet", []
+    per_load = [r for r in section.get("per_load") or [] if isinstance(r, dict)]
+    lines = []
+    for r in per_load:
+        ratio, se, best = r.get("ratio"), r.get("ratio_se"), r.get("best_fixed_k")
+        figure = ("" if ratio is None else f": table / best fixed k{'' if best is None else f' (k={best})'} = "
+                  f"{ratio:.3f}" + ("" if se is None else f" ± {se:.3f}"))
+        lines.append(f"load {r.get('load')}: {r.get('status')}{figure}")
+    stated = section.get("verdict")
+    if isinstance(stated, str) and stated:
+        return stated, lines
+    if not section.get("passed"):
+        return "failed", lines
+    if not per_load or any(r.get("status") != "pass" for r in per_load):
+        return "unverified", lines
+    return "verified", lines
+
+
+def _show_summary(pub: PublishedTable, dep: Deployment, notes: list[str], store: TableTuneStore | str) -> list[str]:
+    """What ``tabletune show`` prints: the table first, then whose it is, what it came from, what it is
+    predicted to do and what serving measured, and where the file is."""
+    from tabletune_pipelines.tuning.report import ranges_line
+
+    doc = pub.document
+    lines = [f"{dep.name}: draft-length table v{pub.version}, published {pub.published_at}"]
+    lines += [f"NOTE: {n}" for n in notes]
+    lines.append(f"  table       {ranges_line(pub.ranges)}   (K = {pub.max_k}, max_num_seqs = {pub.max_num_seqs})")
+    lines.append(f"  engine      {_identity_line(pub)}")
+    lines.append(f"              key {pub.identity_key}")
+    lines += _prior_lines(pub, store)
+    lines += _loss_lines(pub, doc, store)
+    verdict, per_load = served_verdict(pub.served_verification)
+    sv = pub.served_verification or {}
+    open_loads = [r.get("load") for r in sv.get("per_load") or [] if r.get("status") == "inconclusive"]
+    if open_loads and verdict != "failed":
+        verdict += f": no verdict at load {', '.join(map(str, open_loads))}"
+    lines.append(f"  served      {verdict}")
+    if sv:
+        lines.append(f"              {sv.get('rounds')} round(s) of {sv.get('window_s')} s per policy at load "
+                     f"{', '.join(map(str, sv.get('loads') or []))} on {sv.get('device') or '?'}, acceptance "
+                     f"{sv.get('acceptance') or '?'}")
+    lines += [f"              {line}" for line in per_load]
+    if sv.get("plot"):
+        lines.append(f"              plot {dep.published_table.parent / sv['plot']}")
+    lines.append(f"  file        {dep.published_table}")
+    lines.append("  (--json prints the whole document)")
+    return lines
+
+
+def _identity_line(pub: PublishedTable) -> str:
+    i = pub.identity
+    if not i:
+        return "not recorded"
+    parts = [str(i.get("gpu", "?")), f"vLLM {i.get('vllm_version', '?')}", str(i.get("model", "?"))]
+    if i.get("drafter"):
+        parts.append(f"drafter {i['drafter']}")
+    parts.append(str(i.get("method", "?")))
+    parts += [f"{name} {i[name]}" for name in ("dtype", "cudagraph_mode") if i.get(name)]
+    return " · ".join(parts)
+
+
+def _prior_lines(pub: PublishedTable, store: TableTuneStore | str) -> list[str]:
+    """a_i with their 95 % (Wilson) intervals from the file's counts; the sample's size and week from
+    the store's copy of the prior when the store holds it."""
+    from tabletune_pipelines.core.acceptance_ci import prior_intervals
+
+    p = pub.prior
+    head = f"  prior       {p.prior_id or '?'} ({p.source or 'source not recorded'})"
+    stored = None
+    if not isinstance(store, str) and p.prior_id:
+        with contextlib.suppress(TableTuneError, KeyError):
+            stored = store.acceptance_prior(p.prior_id)
+    if stored is not None:
+        head += (f": {stored.prompt_count} prompts, {stored.num_drafts} drafts, "
+                 + (f"week of {stored.week}" if stored.week else "no week (ad hoc)"))
+    else:
+        head += f": {p.num_drafts} drafts" if p.num_drafts else ": counts not recorded"
+        head += f"; sample size and date: {store if isinstance(store, str) else 'the store does not hold it'}"
+    if not p.rates:
+        return [head, "              no acceptance rates recorded"]
+    counted = len(p.drafted_per_pos) >= len(p.rates) and any(p.drafted_per_pos)
+    if counted:
+        rates = " · ".join(f"a_{i + 1} {iv.value:.3f} [{iv.lo:.3f}, {iv.hi:.3f}]"
+                           for i, iv in enumerate(prior_intervals(p)))
+        return [head, f"              {rates}  (95% intervals)"]
+    return [head, "              " + " · ".join(f"a_{i + 1} {a:.3f}" for i, a in enumerate(p.rates))
+            + "  (no counts: no intervals)"]
+
+
+def _loss_lines(pub: PublishedTable, doc: dict, store: TableTuneStore | str) -> list[str]:
+    """The predicted worst loss against the best fixed k (the file's evidence) and the predicted goodput
+    against vLLM docs' example table (re-derived from the store's profile and prior, with its s.e.)."""
+    from tabletune_pipelines.tuning.run_report import docs_table
+
+    table, ev = doc.get("table") or {}, doc.get("evidence") or {}
+    loss = float(table.get("predicted_worst_loss", 0.0))
+    lcb, ucb, conf = ev.get("predicted_worst_loss_lcb"), ev.get("predicted_worst_loss_ucb"), ev.get("confidence")
+    bounds = (f" ({conf:.0%} bounds {lcb or 0.0:.2%}–{ucb:.2%})" if ev.get("has_error_estimates") and ucb is not None
+              and conf else " (no error estimates)")
+    lines = [f"  predicted   worst loss against the best fixed k at any B: {loss:.2%}{bounds}"]
+    docs = docs_table(pub.max_num_seqs, pub.max_k)
+    vs = f"              against vLLM docs' table {json.dumps(docs)}: "
+    if _same_dense(pub.ranges, docs, pub.max_num_seqs):
+        return [*lines, vs + "the same k at every batch size (ratio 1.000)"]
+    cmp = _docs_comparison(pub, docs, store)
+    if isinstance(cmp, str):
+        return [*lines, vs + f"not computed ({cmp})"]
+    diff = cmp.differing()
+    lo, hi = min(diff, key=lambda b: cmp.ratio[b - 1]), max(diff, key=lambda b: cmp.ratio[b - 1])
+    spread = " to ".join(f"× {cmp.ratio[b - 1]:.3f} ± {cmp.sd[b - 1]:.3f} (B {b})" for b in dict.fromkeys((lo, hi)))
+    return [*lines, vs + f"goodput × {cmp.mean:.3f} ± {cmp.mean_sd:.3f} (mean over B 1-{pub.max_num_seqs}, ± s.e.)",
+            f"              where the k differ: {spread}; the same k at the other {pub.max_num_seqs - len(diff)} B"]
+
+
+def _same_dense(ranges, docs, n: int) -> bool:
+    from tabletune_pipelines.core.table import dense_from_ranges
+
+    return dense_from_ranges([list(r) for r in ranges], n).tolist() == dense_from_ranges(docs, n).tolist()
+
+
+def _docs_comparison(pub: PublishedTable, docs: list[list[int]], store: TableTuneStore | str):
+    """``run_report.compare_to_docs`` from the table's profile and prior in the store, or why not."""
+    if isinstance(store, str):
+        return store
+    from tabletune_pipelines.tuning.derive import derive_table
+    from tabletune_pipelines.tuning.run_report import compare_to_docs
+
+    try:
+        prior = store.acceptance_prior(pub.prior.prior_id or "")
+        profile = store.load_profile(pub.identity_key)
+        tuned = derive_table(profile, prior)
+    except (TableTuneError, KeyError) as exc:
+        first = str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc).splitlines()[0]
+        return f"the store at {store.path} lacks the table's profile or prior: {first}"
+    except (ValueError, ArithmeticError) as exc:  # numpy's LinAlgError is a ValueError
+        return f"the table's profile and prior do not derive here: {str(exc).splitlines()[0] if str(exc) else exc!r}"
+    if tuned.evidence is None:
+        return "the profile has no error estimates"
+    ks = list(tuned.choice.ks)
+    missing = sorted({k for _, _, k in [*pub.ranges, *docs]} - set(ks))
+    if missing:
+        return f"the stored profile has no k = {missing}"
+    return compare_to_docs(tuned.evidence, ks, pub.ranges, pub.max_num_seqs, pub.max_k)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -426,7 +636,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(mixes: code = HumanEval, prose = WritingBench, chat = FreshQA); default code:0.5,prose:0.5")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("show", help="print the deployment's published table")
+    p = sub.add_parser("show", help="summarise the deployment's published table: the table, its engine, prior, "
+                                    "predicted loss, served verification and file (--json: the whole document)")
+    p.add_argument("--json", action="store_true", help="print the published document as it is, JSON")
     p.set_defaults(func=cmd_show)
     return ap
 

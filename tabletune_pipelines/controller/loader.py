@@ -7,9 +7,10 @@ reports — GPU type, vLLM version (its public part: ``0.32.0+cpu`` matches ``0.
 drafter, method, K (``num_speculative_tokens``) and max_num_seqs — by the one comparison
 ``tabletune_pipelines.formats.identity_match.identity_mismatches`` (the library's ``deployments.same_engine``
 uses it too). When the engine was told which deployment it serves (``TABLETUNE_DEPLOYMENT``), the
-file must be that deployment's; without that setting the deployment name is not checked (the fleet
-gives every deployment its own published file, so the path names it). Every k of the table must be
-one the launch table lists (on GPU, Model Runner V2 captures CUDA graphs only for those:
+file must be that deployment's; without that setting the deployment name cannot be checked, and the
+starting point carries a note naming the file's deployment (logged with the version it installs).
+Every k of the table must be one the launch table lists (on GPU, Model Runner V2 captures CUDA
+graphs only for those:
 docs/engine-facts.md, "GPU (H200, vLLM 0.26)"). Any failure is returned as one sentence for the
 log; the caller keeps the engine's configured table. Stdlib + numpy, no vLLM.
 """
@@ -152,6 +153,10 @@ def start_from(pub: PublishedTable, path: Path, engine: EngineFacts) -> StartPoi
     except SettingsError as exc:
         return str(exc)
     notes: list[str] = []
+    if not engine.deployment:  # whose table it is cannot be checked: said with the version it installs
+        notes.append(f"it was published for deployment {pub.deployment!r}; this engine was not told which deployment "
+                     f"it serves, so a file of another deployment at this path would be served too: set "
+                     f"{DEPLOYMENT_ENV}=<deployment> to have it refused")
     table_ks = sorted({k for _, _, k in pub.ranges})
     allowed = list(pub.allowed_k)
     if engine.launch_ranges is not None:

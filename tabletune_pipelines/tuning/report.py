@@ -35,6 +35,12 @@ def table_markdown(ranges: Iterable[Iterable[int]]) -> str:
     return "\n".join(lines)
 
 
+def ranges_line(ranges: Iterable[Iterable[int]]) -> str:
+    """The table's ranges on one line: ``B 1-16: k=3 · 17-64: k=2 · 65-128: k=1``."""
+    parts = [f"{s}-{e}: k={k}" if s != e else f"{s}: k={k}" for s, e, k in ranges]
+    return "B " + " · ".join(parts)
+
+
 def identity_markdown(identity: EngineIdentity) -> str:
     """Every field of an engine identity, and its key."""
     body = identity.to_dict()

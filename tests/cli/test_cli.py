@@ -63,10 +63,18 @@ def test_show_prints_the_published_document(home, capsys):
                                               speculative_config=table.speculative_config({"method": "ngram"}),
                                               published_at="2026-11-23T03:00:00Z"))
     write_published_table(dep.published_table, doc)
-    assert main(["show"]) == 0
+    assert main(["show", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["deployment"] == "local-cpu" and shown["version"] == 3
     assert shown["table"]["ranges"] == [[1, 8, 3], [9, 16, 1]]
+    # By default, a summary: a file of an old pipeline (no identity, prior counts or evidence) still shows.
+    assert main(["show"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and out.startswith("local-cpu: draft-length table v3, published 2026-11-23T03:00:00Z\n")
+    assert "  table       B 1-8: k=3 · 9-16: k=1   (K = 3, max_num_seqs = 16)" in out
+    assert "a_1 0.700 · a_2 0.500 · a_3 0.300  (no counts: no intervals)" in out
+    assert "(no error estimates)" in out and "  served      not verified yet" in out
+    assert "NOTE: it records no engine identity" in out
 
 
 def test_multi_line_errors_keep_one_error_line(home, tmp_path, capsys):

@@ -69,7 +69,7 @@ def test_show_prints_the_published_evidence(home, capsys):
     dep = load_fleet().deployments[0]
     table = derive_table(store.load_profile(IDENT.key), store.latest_acceptance_prior()).table
     store.publish(dep.name, table, dep.published_table)
-    assert main(["show"]) == 0
+    assert main(["show", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     ev = shown["evidence"]
     assert shown["table"]["predicted_worst_loss"] == table.predicted_worst_loss

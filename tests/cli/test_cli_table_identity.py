@@ -68,3 +68,13 @@ def test_the_error_lists_every_identity_the_store_holds(home, run_cli):
     keys = TableTuneStore(db, read_only=True).identity_keys()
     assert len(keys) == 2
     assert_one_error(run_cli("table"), f"the store holds 2 engine identities: {keys[0]}, {keys[1]}")
+
+
+def test_an_unknown_identity_lists_the_stored_keys(seeded, run_cli):
+    other = add_other_profile(seeded)
+    keys = TableTuneStore(seeded, read_only=True).identity_keys()
+    assert sorted(keys) == sorted([embedded_identity().key, other])
+    before = snapshot(seeded.parent)
+    assert_one_error(run_cli("table", "--identity", "NOSUCH"), "--identity 'NOSUCH': no engine identity with that key",
+                     f"the store holds 2 engine identities: {', '.join(keys)} ({seeded})", "omit --identity")
+    assert snapshot(seeded.parent) == before

@@ -224,3 +224,18 @@ def test_same_gpu_rules():
     assert same_gpu("H200", "NVIDIA H200 NVL") and same_gpu("A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB")
     assert not same_gpu("H100-SXM", "NVIDIA H100 80GB HBM3")  # a label with words the driver lacks: refused
     assert same_gpu("CPU", "cpu") and not same_gpu("cpu", "gpu")
+
+
+def test_without_a_configured_deployment_the_files_deployment_is_logged(tmp_path, clock, caplog):
+    p = publish(tmp_path / "pub.json", ranges=[(1, 16, 3)], rates=RATES)  # deployment "test"
+    start = load_start(p, facts(deployment=None))
+    assert not isinstance(start, str)
+    (note,) = [n for n in start.notes if "deployment" in n]
+    assert note.startswith("it was published for deployment 'test'; this engine was not told which deployment")
+    assert f"set {DEPLOYMENT_ENV}=<deployment> to have it refused" in note
+    with caplog.at_level(logging.INFO, logger="tabletune.controller"):
+        c = fake_controller(p, clock, engine=facts(deployment=None))
+    assert c.start is not None
+    assert sum("published for deployment 'test'" in r.getMessage() for r in caplog.records) == 1
+    named = load_start(p, facts(deployment="test"))  # told, and the file is its own: no note
+    assert not isinstance(named, str) and not any("deployment" in n for n in named.notes)

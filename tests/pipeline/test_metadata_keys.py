@@ -5,6 +5,7 @@ step's ``dg.Failure``. Library results from a scripted engine; no materializatio
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 
@@ -30,10 +31,10 @@ from tabletune_pipelines.tuning.feedback import ingest_live_counters
 from tabletune_pipelines.tuning.measure import measure_week, profile_identity
 from tests.tuning.runs import SETTINGS, WEEK, FakeEngine, Log, fleet, store, write_prompts
 
-SHARED = {"table", "table_id", "identity_key", "prior_id", "predicted_worst_loss", "predicted_worst_loss_lcb",
+SHARED = {"table", "table_ranges", "table_json", "table_id", "identity_key", "prior_id", "predicted_worst_loss", "predicted_worst_loss_lcb",
           "predicted_worst_loss_ucb", "predicted_loss", "ranges", "boundaries", "k_within_noise", "cells_remeasured"}
 TABLE_KEYS = SHARED | {
-    "table_json", "one_batch_size_ranges", "search_policy", "wall_timed_cells", "has_error_estimates",
+    "one_batch_size_ranges", "search_policy", "wall_timed_cells", "has_error_estimates",
     "accepted_work_fit", "warnings", "identity", "prior_week", "prior_source", "acceptance_rates",
     "accepted_work_corrected", "dagster/row_count", "profile_cells", "speculative_config", "goodput_plot",
     "goodput_plot_path"}
@@ -91,6 +92,17 @@ def test_table_and_publication_keep_their_keys_and_share_one_description_of_the_
     assert set(table_metadata(built.table)) == SHARED
     for k in SHARED:  # the same table, described once
         assert table_md.metadata[k] == pub_md.metadata[k], k
+    # The table on one line each: as a person reads it and as vLLM's JSON (not one number per line).
+    ranges = [list(r) for r in built.table.ranges]
+    assert isinstance(table_md.metadata["table_json"], dg.TextMetadataValue)
+    assert json.loads(table_md.metadata["table_json"].value) == ranges
+    assert "\n" not in table_md.metadata["table_json"].value
+    line = table_md.metadata["table_ranges"].value
+    assert "\n" not in line and line.startswith(f"B {ranges[0][0]}")
+    assert line.count("k=") == len(ranges) and line.endswith(f"k={ranges[-1][2]}")
+    # The goodput plot is on the table asset as an inline image the UI renders, and as a file.
+    assert table_md.metadata["goodput_plot"].value.startswith("![goodput vs batch size](data:image/png;base64,")
+    assert table_md.metadata["goodput_plot_path"].value.endswith(".png")
     assert pub_md.metadata["published"].value == [
         {"deployment": "local-cpu", "version": 1, "path": str(world.fleet.deployments[0].published_table)}]
     (check,) = pub_md.check_results

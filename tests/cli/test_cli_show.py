@@ -1,0 +1,165 @@
+"""``tabletune show``: a summary for people by default (the table as ranges, version, engine, prior
+with intervals, predicted loss with bounds, served verdict, file), the document with ``--json``; a
+note when the file at the deployment's path is another deployment's or another engine's table."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from tabletune_pipelines.cli import main, served_verdict
+from tabletune_pipelines.formats.fleet import default_store_path, load_fleet
+from tabletune_pipelines.formats.published import controller_fields, read_published_table
+from tabletune_pipelines.tuning.derive import derive_table
+from tabletune_pipelines.tuning.report import ranges_line
+from tests.cli.test_cli_evidence import IDENT, noisy_store
+
+
+def _section(ranges, statuses, **extra):
+    """A served-verification section of ``ranges`` with one load per status."""
+    loads = list(range(1, len(statuses) + 1))
+    per_load = [{"load": load, "status": st, "best_fixed_k": 1,
+                 "ratio": None if st == "inconclusive" else (0.9 if st == "fail" else 0.99),
+                 "ratio_se": None if st == "inconclusive" else 0.01, "rounds": 3, "t": None,
+                 "goodput": {"k=1": [100.0, 1.0, 3], "table": [99.0, 1.0, 3]}}
+                for load, st in zip(loads, statuses)]
+    return {"passed": "fail" not in statuses, "rule": "r", "tolerance": 0.03, "candidate": [list(r) for r in ranges],
+            "candidate_is": None, "loads": loads, "rounds": 3, "window_s": 1.5, "budget_s": 75.0, "elapsed_s": 60.0,
+            "budget_cut": False, "launch_s": None, "device": "cpu", "acceptance": "real", "excluded_windows": 0,
+            "client_errors": 0, "plot": None, "per_load": per_load, **extra}
+
+
+def publish(deployment=None, identity=IDENT, served=None, store=None):
+    """The noisy store's table published at the default deployment's path (as ``deployment``'s)."""
+    store = store or noisy_store(default_store_path())
+    dep = load_fleet().deployments[0]
+    prior = store.latest_acceptance_prior()
+    table = derive_table(store.load_profile(IDENT.key), prior).table
+    fields = controller_fields(identity=identity, prior=prior)
+    if served is not None:
+        fields["served_verification"] = served(table.ranges)
+    store.publish(deployment or dep.name, table, dep.published_table, document_fields=fields)
+    return dep, table, prior
+
+
+def summary(capsys, *args):
+    assert main([*args, "show"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    return out
+
+
+def test_ranges_line():
+    assert ranges_line([[1, 16, 3], [17, 64, 2], [65, 128, 1]]) == "B 1-16: k=3 · 17-64: k=2 · 65-128: k=1"
+    assert ranges_line([[1, 1, 2], [2, 8, 1]]) == "B 1: k=2 · 2-8: k=1"
+
+
+def test_the_summary_of_a_table_not_verified_yet(home, capsys):
+    dep, table, prior = publish()
+    out = summary(capsys)
+    lines = out.splitlines()
+    assert lines[0] == f"local-cpu: draft-length table v1, published {read_published_table(dep.published_table)['published_at']}"
+    assert not any(line.startswith("NOTE") for line in lines)
+    table_line = next(line for line in lines if line.strip().startswith("table "))
+    assert ranges_line(table.ranges) in table_line and "K = 3, max_num_seqs = 16" in table_line
+    assert f"key {IDENT.key}" in out and f"vLLM {IDENT.vllm_version}" in out and IDENT.model in out
+    # The prior: its id, the sample behind it (from the store) and each a_i with its interval.
+    assert f"prior       {prior.prior_id} (measured): 160 prompts, 5000 drafts, no week (ad hoc)" in out
+    assert "a_1 0.700 [0.687, 0.713] · a_2 0.500 [" in out and "(95% intervals)" in out
+    # The predicted loss with its bounds, and against vLLM docs' table with its standard error.
+    assert "worst loss against the best fixed k at any B: " in out and "(95% bounds " in out
+    docs_line = next(line for line in lines if "against vLLM docs' table [[1, 16, 3]]: " in line)
+    assert "goodput × " in docs_line and docs_line.endswith("(mean over B 1-16, ± s.e.)")
+    assert lines[lines.index(docs_line) + 1].strip().startswith("where the k differ: × ")
+    assert "  served      not verified yet" in lines
+    assert f"  file        {dep.published_table}" in lines
+
+
+def test_the_summary_says_verified_unverified_or_failed(home, capsys):
+    store = noisy_store(default_store_path())
+    dep, *_ = publish(store=store, served=lambda r: _section(r, ["pass", "inconclusive"]))
+    out = summary(capsys)
+    assert "  served      unverified: no verdict at load 2\n" in out
+    assert "3 round(s) of 1.5 s per policy at load 1, 2 on cpu, acceptance real" in out
+    assert "load 1: pass: table / best fixed k (k=1) = 0.990 ± 0.010" in out and "load 2: inconclusive" in out
+    publish(store=store, served=lambda r: _section(r, ["pass", "pass"]))
+    assert "  served      verified\n" in summary(capsys)
+    publish(store=store, served=lambda r: _section(r, ["pass", "fail"]))
+    out = summary(capsys)
+    assert "  served      failed\n" in out and "load 2: fail: table / best fixed k (k=1) = 0.900 ± 0.010" in out
+
+
+def test_a_stated_verdict_is_shown_as_it_is_else_judged_from_the_loads():
+    assert served_verdict(None) == ("not verified yet", [])
+    assert served_verdict({**_section([[1, 16, 1]], ["pass"]), "verdict": "unverified"})[0] == "unverified"
+    assert served_verdict(_section([[1, 16, 1]], ["pass"]))[0] == "verified"
+    assert served_verdict(_section([[1, 16, 1]], ["pass", "inconclusive"]))[0] == "unverified"
+    assert served_verdict(_section([[1, 16, 1]], ["inconclusive"]))[0] == "unverified"
+    assert served_verdict(_section([[1, 16, 1]], ["fail", "inconclusive"]))[0] == "failed"
+
+
+def test_json_prints_the_document(home, capsys):
+    dep, table, _ = publish()
+    assert main(["show", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and json.loads(out) == read_published_table(dep.published_table)
+    assert json.loads(out)["table"]["ranges"] == [list(r) for r in table.ranges]
+
+
+def test_without_a_store_the_summary_says_what_it_cannot_tell(home, capsys, tmp_path):
+    store = noisy_store(tmp_path / "elsewhere.duckdb")
+    publish(store=store)
+    out = summary(capsys)  # the default store path: nothing there, and show does not create it
+    assert not default_store_path().exists()
+    assert f"sample size and date: no store at {default_store_path()}" in out
+    assert "a_1 0.700 [0.687, 0.713]" in out  # the intervals come from the file's counts
+    assert f"not computed (no store at {default_store_path()})" in out
+
+
+def test_another_deployments_table_at_this_path_gets_a_note(home, capsys):
+    dep, *_ = publish(deployment="gpu-east")
+    lines = summary(capsys).splitlines()
+    assert lines[1].startswith("NOTE: this table was published for deployment 'gpu-east', not 'local-cpu', whose "
+                               "published_table it sits at")
+    assert main(["show", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["deployment"] == "gpu-east"
+    assert err.startswith("note: this table was published for deployment 'gpu-east'") and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("change,said", [
+    ({"gpu": "H200"}, "GPU 'H200' != the deployment's 'cpu'"),
+    ({"model": "/models/other"}, "model '/models/other' != the deployment's"),
+    ({"vllm_version": "0.1.0"}, "vLLM '0.1.0' != the deployment's"),
+])
+def test_another_engines_table_gets_a_note(home, capsys, change, said):
+    publish(identity=dataclasses.replace(IDENT, **change))
+    note = summary(capsys).splitlines()[1]
+    assert note.startswith("NOTE: it was made for another engine than deployment 'local-cpu' runs: ")
+    assert said in note and note.endswith("a controller of that engine refuses it")
+
+
+def test_a_table_without_an_identity_gets_a_note(home, capsys):
+    store = noisy_store(default_store_path())
+    dep = load_fleet().deployments[0]
+    table = derive_table(store.load_profile(IDENT.key), store.latest_acceptance_prior()).table
+    store.publish(dep.name, table, dep.published_table)
+    out = summary(capsys)
+    assert "NOTE: it records no engine identity" in out and "  engine      not recorded" in out
+
+
+def test_a_store_that_cannot_be_read_or_lacks_the_profile_leaves_the_summary_whole(home, capsys, tmp_path):
+    from tabletune_pipelines.store import TableTuneStore
+
+    publish(store=noisy_store(tmp_path / "elsewhere.duckdb"))
+    default_store_path().write_bytes(b"not a database\n" * 512)
+    out = summary(capsys)
+    assert "sample size and date: the store could not be read (" in out and "a_1 0.700 [0.687, 0.713]" in out
+    assert "  served      not verified yet" in out
+    default_store_path().unlink()
+    TableTuneStore(default_store_path())  # a store, empty
+    out = summary(capsys)
+    assert f"not computed (the store at {default_store_path()} lacks the table's profile or prior: " in out
+    assert "sample size and date: the store does not hold it" in out
