@@ -19,7 +19,8 @@ each setting's mean ± standard error and sleep / yield paired per round.
 Read the requests per step, not the requests per second: a window's completions lag its batch (a
 request finishes seconds after admission), and a yield window that follows a sleep window starts
 outside a spell. Two runs gave sleep / yield requests served 1.16 ± 0.13 and 0.94 ± 0.02, and a
-batch of 7.8 ± 0.0 against 5.6-5.8 requests per step (benchmarks/RESULTS.md, "The spells' cause").
+batch of 7.8 ± 0.0 against 5.6-5.8 requests per step (``benchmarks/data/cpu/2026-12-04-busywait-spells.log``
+and ``2026-12-04-busywait-spells-run2.log``).
 """
 
 from __future__ import annotations

@@ -31,7 +31,8 @@ while the clients had more in flight).
 ``--busy-wait sleep`` (the default) runs the server with the poll of ``benchmarks/_busywait``
 sleeping 50 µs instead of ``sched_yield()``: on 2 cores the yielding poll starves the clients, and
 the engine serves one request at a time for seconds (docs/engine-facts.md, "Spells of one
-request"; the session-22 launch with ``yield`` was decided by them). ``yield`` is vLLM as shipped.
+request"; a launch with ``yield`` is decided by them: ``benchmarks/data/cpu/2026-12-04-controller-repair-island-ab.log``).
+``yield`` is vLLM as shipped.
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ def main() -> int:
                     results.setdefault((name, load), []).append(g)
                     ended[(name, load)] = ws[-1].controller["table"] if ws else None
                     # Requests per drafting step: far below the load, the engine ran spells with one
-                    # request while the clients had `load` in flight (RESULTS, session 22).
+                    # request while the clients had `load` in flight (docs/engine-facts.md, "Spells of one request").
                     per_step = drafting_requests_per_step(ws)
                     print(f"round {r} load {load:>2} {name:<10} {g:8.1f} tok/s ({len(ws)} windows, "
                           f"{gen.completed} requests, {per_step:.1f} drafting requests per step)  "

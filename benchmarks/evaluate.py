@@ -1,4 +1,4 @@
-"""Regenerate benchmarks/RESULTS.md's simulator sections (docs/evaluation.md) with one command:
+"""Regenerate benchmarks/simulator.md, the simulator's figures (docs/evaluation.md), with one command:
 
     python benchmarks/evaluate.py            # ~1-2 min on 2 cores
     python benchmarks/evaluate.py --quick    # fewer steps and loads (a smoke run, not for claims)
@@ -14,7 +14,8 @@ from ``benchmarks/h200_report.py``. Everything is seeded: a rerun writes the sam
 Then the real-engine section (``<!-- real-engine:begin/end -->``, at the top) from
 ``benchmarks/data/cpu/real_engine_eval.json`` (written by ``benchmarks/real_engine_eval.py``;
 ``--real-only`` re-renders just that section). Text outside the ``<!-- simulator:begin/end -->``
-and real-engine markers of an existing RESULTS.md is kept.
+and real-engine markers of an existing page is kept. The measured results page, docs/results.md, is
+rendered from benchmarks/data by ``benchmarks/report.py``.
 """
 
 from __future__ import annotations
@@ -557,7 +558,7 @@ def render_real_engine(out: Path, data: Path = REAL_JSON) -> bool:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer loads and steps (smoke run)")
-    ap.add_argument("--out", type=Path, default=HERE / "RESULTS.md")
+    ap.add_argument("--out", type=Path, default=HERE / "simulator.md")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--real-engine-json", type=Path, default=REAL_JSON,
                     help="benchmarks/real_engine_eval.py's output, rendered as the real-engine section")

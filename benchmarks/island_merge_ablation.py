@@ -1,5 +1,5 @@
 """The island merge's two conditions, one at a time, in the replay simulator (docs/controller.md,
-"The control loop"; benchmarks/RESULTS.md, session 21):
+"The control loop"):
 
     python benchmarks/island_merge_ablation.py                       # H200 MoE profile, load 4, 6 seeds (~1 min)
     python benchmarks/island_merge_ablation.py --surface H200-qwen3-4b --loads 4,64,128 --seeds 3
@@ -8,7 +8,7 @@ The production controller hands ``core.evidence.search_with_evidence`` its serve
 size (``visits``). Three variants of that one argument, everything else the same controller:
 
 - ``point test only``: ``visits`` None, so a narrow island is judged on point estimates like any
-  narrow range (the rule before session 21; in production, the setting ``merge_islands: false``);
+  narrow range (in production, the setting ``merge_islands: false``);
 - ``evidence bound only``: ``visits`` all zero, so the traffic condition holds trivially (0 <= 0) and
   an island merges wherever the evidence does not hold it;
 - ``both (production)``: the controller's own counts.

@@ -3,7 +3,8 @@
 
     python benchmarks/real_engine_eval.py                  # full run, ~30-35 min on 2 cores
     python benchmarks/real_engine_eval.py --quick          # smoke run (minutes; not for claims)
-    python benchmarks/evaluate.py --real-only              # re-render RESULTS.md from the JSON
+    python benchmarks/evaluate.py --real-only              # re-render benchmarks/simulator.md's real-engine part
+    python benchmarks/report.py                            # re-render docs/results.md
 
 Engine: the medium tiny target (12 layers, hidden 1024, made locally by
 ``engine.tiny_models``), launch K = 3, max_num_seqs 16, launch table ``[[1,1,0],[2,2,1],[3,3,2],
@@ -44,7 +45,8 @@ Loss = 1 − goodput / best fixed k at that load (fixed k measured in the table 
 policies' loss is bridged through the anchor: 1 − (adaptive / anchor, paired in its launch) ×
 (tuned / best fixed k, in the table launch); the raw cross-launch loss is written next to it.
 The A/A pair's paired difference is the noise floor. Written: ``--out``/real_engine_eval.json
-(rendered into benchmarks/RESULTS.md by benchmarks/evaluate.py).
+(rendered into docs/results.md by benchmarks/report.py and into benchmarks/simulator.md by
+benchmarks/evaluate.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The real-engine benchmark's analysis (benchmarks/real_engine_eval.py) and its rendering into
-RESULTS.md (benchmarks/evaluate.py) on a small hand-made set of windows: no engine."""
+benchmarks/simulator.md (benchmarks/evaluate.py) on a small hand-made set of windows: no engine."""
 
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def test_rendering_and_splice(mods, tmp_path):
     assert "| TurboSpec-style (policy / tuned) | -5.0 ± 0.0 | -5.0 ± 0.0 |" in text
     assert "**met**" in text and "Nightjar-style: **yes**" in text
     # splice: only the real-engine block changes, the simulator block and hand-written text stay
-    res_md = tmp_path / "RESULTS.md"
+    res_md = tmp_path / "simulator.md"
     old = f"{evaluate.BEGIN}\nsim\n{evaluate.END}\n\n## GPU (H200): hand-written\nkeep me\n"
     res_md.write_text(old)
     data = tmp_path / "real.json"

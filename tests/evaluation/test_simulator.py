@@ -153,7 +153,8 @@ def test_the_simulator_prices_served_steps_with_the_one_step_cost_model():
     """With the H200 dense engine's measured mixed-step fits (benchmarks/data/h200/dense-served.json),
     the simulator prices a step that carries prefill by ``core.stepcost.StepCost.step_ms`` (what the
     tuner and the controller use): at load 128 fixed k = 3 falls off the capture ceiling and loses to
-    k = 2, as the H200 served k = 3 at 7393 ± 645 tok/s against 12264 ± 678 for k = 2 (RESULTS.md);
+    k = 2, as the H200 served k = 3 at 7393 ± 645 tok/s against 12264 ± 678 for k = 2 (docs/results.md,
+    benchmarks/data/h200/dense-served-judge.json);
     on decode steps alone the simulator (like the decode-only profile) ranks k = 3 first."""
     import json
 

@@ -1,0 +1,532 @@
+"""Render docs/results.md and docs/img/goodput-vs-batch.png from the JSON in benchmarks/data/.
+
+    python benchmarks/report.py            # write docs/results.md and docs/img/goodput-vs-batch.png
+    python benchmarks/report.py --check    # exit 1 with a diff when the committed page differs
+
+The page is generated, not written by hand: every figure on it comes from a file under
+``benchmarks/data/``, and every table names that file and the command that measured it. ``--check``
+compares the markdown only (the picture depends on the installed matplotlib and fonts); the drift
+test ``tests/evaluation/test_results_page.py`` runs the same comparison.
+
+Paired ratios and standard errors come from ``tabletune_pipelines.evaluation.served``
+(``paired_ratio``, ``mean_se``, ``summarize``, and ``judge_load`` for the verdict at a 3 % tolerance),
+the same code the served verification publishes with. Only the commands are written here: a judge's
+JSON holds its windows and policies but not the command line that launched it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import fields
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "benchmarks" / "data"
+H200 = DATA / "h200"
+PAGE = ROOT / "docs" / "results.md"
+PICTURE = ROOT / "docs" / "img" / "goodput-vs-batch.png"
+TOLERANCE = 0.03
+MAX_NUM_SEQS, K = 128, 3
+JUDGE = "python benchmarks/gpu_served.py judge"
+CALIBRATED_ALL = "benchmarks/data/h200/2026-12-03-moe-served-calibration/moe-served-calibrated-all.json"
+
+#: Every judge launch on the H200: data (relative to benchmarks/data/h200), date, capture ceiling, and
+#: the arguments after ``python benchmarks/gpu_served.py judge`` (each with ``--out $OUT``).
+LAUNCHES: list[tuple[str, str, int, str]] = [
+    ("dense-served-judge.json", "2026-12-01", 512,
+     '--engine dense --tables benchmarks/data/h200/dense-served.json --loads "1,32:1.5;64,96,128:3.5" --rounds 3'),
+    ("2026-12-02-dense-judge-L96-L128/dense-judge.json", "2026-12-02", 512,
+     '--engine dense --tables benchmarks/data/h200/dense-served.json --loads "128:3.5;96:3.5" --rounds 6'),
+    ("2026-12-02-moe-judge-L96-L128/moe-judge.json", "2026-12-02", 512,
+     '--engine moe --tables benchmarks/data/h200/moe-served.json --loads "128:3.5;96:3.5" --rounds 5 '
+     "--first-warmup-s 45"),
+    ("2026-12-02-dense-judge-capture1024-L128/dense-judge.json", "2026-12-02", 1024,
+     '--engine dense --capture-size 1024 --tables benchmarks/data/h200/dense-served.json --loads "128:3.5" '
+     "--rounds 5"),
+    ("2026-12-03-dense-judge-L1-L32-L64/dense-judge.json", "2026-12-03", 512,
+     '--engine dense --tables benchmarks/data/h200/dense-served.json --loads "64:3.5;1,32:3" --rounds 5'),
+    ("2026-12-03-moe-judge-L64-L96/moe-judge.json", "2026-12-03", 512,
+     '--engine moe --tables benchmarks/data/h200/moe-served.json --loads "96:5;64:3.5" --rounds 6 '
+     "--first-warmup-s 45"),
+    ("2026-12-03-moe-judge-calibrated-L96-L128/moe-judge.json", "2026-12-03", 512,
+     '--engine moe --tables benchmarks/data/h200/moe-served.json --calibrate-first "128:4:4" --calibrate '
+     "benchmarks/data/h200/2026-12-03-moe-judge-L64-L96/moe-judge.json,"
+     'benchmarks/data/h200/2026-12-02-moe-judge-L96-L128/moe-judge.json --loads "128:4;96:4" --rounds 4 '
+     "--first-warmup-s 45"),
+    ("2026-12-03-moe-judge-L96/moe-judge.json", "2026-12-03", 512,
+     '--engine moe --tables benchmarks/data/h200/moe-served-calibrated-all.json --loads "96:5" --rounds 10 '
+     "--first-warmup-s 45"),
+    ("2026-12-03-moe-judge-L128-two-range-table/moe-judge.json", "2026-12-03", 512,
+     '--engine moe --tables benchmarks/data/h200/moe-served-calibrated-all.json --loads "128:5" --rounds 10 '
+     "--first-warmup-s 45"),
+    ("2026-12-03-moe-judge-L128/moe-judge.json", "2026-12-03", 512,
+     f'--engine moe --tables {CALIBRATED_ALL} --loads "128:4.5" --rounds 10 --first-warmup-s 45'),
+    ("2026-12-03-dense-judge-L32-L64-k123/dense-judge.json", "2026-12-03", 512,
+     '--engine dense --tables benchmarks/data/h200/dense-served.json --loads "64:5.5;32:5.5" --rounds 8'),
+    ("2026-12-03-moe-judge-capture1024-L128/moe-judge.json", "2026-12-03", 1024,
+     f'--engine moe --capture-size 1024 --fixed-ks 1,3 --tables {CALIBRATED_ALL} --loads "128:4" --rounds 8 '
+     "--first-warmup-s 40"),
+    ("2026-12-03-dense-judge-L32-L64-k23/dense-judge.json", "2026-12-03", 512,
+     '--engine dense --tables benchmarks/data/h200/dense-served.json --loads "64:5;32:5" --rounds 9 --fixed-ks 2,3'),
+    ("2026-12-03-dense-judge-L32/dense-judge.json", "2026-12-03", 512,
+     '--engine dense --tables benchmarks/data/h200/dense-served.json --loads "32:5" --rounds 12 --fixed-ks 2,3'),
+    ("2026-12-03-moe-judge-L1-L32/moe-judge.json", "2026-12-03", 512,
+     f'--engine moe --tables {CALIBRATED_ALL} --loads "32:4;1:4" --rounds 5 --fixed-ks 1,2,3'),
+    ("2026-12-04-moe-judge-L32/moe-judge.json", "2026-12-04", 512,
+     f'--engine moe --tables {CALIBRATED_ALL} --loads "32:4" --rounds 6 --fixed-ks 2,3'),
+]
+#: The MoE tables the controller ended on, judged as static tables in a launch of their own.
+ENDED = ("2026-12-04-moe-judge-controller-ended-L128/moe-judge.json", "2026-12-04",
+         "--engine moe --tables benchmarks/data/h200/2026-12-04-moe-controller-steady-island-merge/"
+         'moe-controller-ended.json --loads "128:4" --rounds 5 --fixed-ks 1,2 --first-warmup-s 30')
+#: The launch the picture draws: every load from 1 to 128 in one launch.
+PICTURE_LAUNCH = "dense-served-judge.json"
+
+#: The controller under steady load, one launch per engine: data, command.
+STEADY = [
+    ("2026-12-04-dense-controller-steady-island-merge/dense-controller-steady.json",
+     "python benchmarks/gpu_controller.py --engine dense --served-prior --hook-loads 1,128 --hook-window 5 "
+     '--repair-loads "" --steady "128:cliff,128:quartered,64:quartered" --converge 40 --steady-rounds 3 '
+     "--steady-window 4 --fixed-k 1,2,3"),
+    ("2026-12-04-moe-controller-steady-island-merge/moe-controller-steady.json",
+     "python benchmarks/gpu_controller.py --engine moe --served-prior --hook-loads 128 --hook-window 20 "
+     '--repair-loads "" --steady "128:cliff,128:quartered" --converge 80 --steady-rounds 2 --steady-window 4 '
+     "--fixed-k 1,2,3"),
+]
+REPAIR = ("dense-controller.json", "2026-12-01",
+          "python benchmarks/gpu_controller.py --engine dense --hook-loads 1,128 --repair-loads 64,128 --rounds 2 "
+          "--window 5 --settle 2")
+
+#: The tuning flow on the GPU machine, one run each: data folder, date, commands.
+FLOWS = [
+    ("2026-12-03-moe-flow-profile-derive", "2026-12-03",
+     ["bash deploy/gpu/h200.sh flow moe --steps profile,derive --batch-sizes 1,2,4,8,16,32,64,96,128"]),
+    ("2026-12-04-moe-flow", "2026-12-04",
+     ["bash deploy/gpu/h200.sh flow moe --steps profile,derive --batch-sizes 1,2,4,8,16,32,64,96,128 "
+      "--remeasure-budget 20",
+      "bash deploy/gpu/h200.sh flow moe --steps publish --verify-budget 200"]),
+]
+CPU_EVAL = DATA / "cpu" / "real_engine_eval.json"
+ENGINE_NAMES = {"dense": "dense (Qwen3-4B shape + EAGLE-3)", "moe": "MoE (Qwen3-30B-A3B shape + EAGLE-3)"}
+VERDICT_WORDS = {"pass": "within 3 %", "fail": "**loss beyond the noise**", "inconclusive": "undecided"}
+
+
+# ----------------------------------------------------------------------------- helpers
+def _load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def _windows(rows: Sequence[dict]):
+    from tabletune_pipelines.evaluation.served import Window
+
+    names = {f.name for f in fields(Window)}
+    return [Window(**{k: v for k, v in w.items() if k in names}) for w in rows]
+
+
+def _by_round(windows, policy: str, load: int) -> dict[int, float]:
+    return {w.round: w.goodput for w in windows
+            if w.policy == policy and w.load == load and w.table_verified and w.seconds > 0}
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def _table(ranges) -> str:
+    return "`" + json.dumps(ranges, separators=(",", ":")) + "`"
+
+
+def _ratio(r: float, se: float, n: int | None = None) -> str:
+    if r != r:  # NaN
+        return "n/a"
+    s = f"{r:.3f}" + (f" ± {se:.3f}" if se == se else "")
+    return s + (f" ({n})" if n is not None else "")
+
+
+def _same_up_to(a, b, load: int) -> bool:
+    from tabletune_pipelines.core.table import expand_table
+
+    return list(expand_table(a, MAX_NUM_SEQS, K)[:load]) == list(expand_table(b, MAX_NUM_SEQS, K)[:load])
+
+
+# ----------------------------------------------------------------------------- judged launches
+def judged_rows(rel: str, date: str, ceiling: int, candidate: str = "served") -> list[dict]:
+    """One row per load of a judge launch: the candidate against the best fixed k (``judge_load``) and
+    against the docs' table (``paired_ratio``)."""
+    from tabletune_pipelines.evaluation.served import judge_load, paired_ratio, summarize
+
+    doc = _load(H200 / rel)
+    windows = _windows(doc["windows"])
+    policies = doc["policies"]
+    fixed = [p for p in policies if p.startswith("fixed_k")]
+    summary = summarize(windows)
+    engine = "moe" if "moe" in rel else "dense"
+    rows = []
+    for load in sorted({w.load for w in windows}):
+        v = judge_load(load, _by_round(windows, candidate, load),
+                       {p: _by_round(windows, p, load) for p in fixed}, tolerance=TOLERANCE)
+        best = v.best_fixed
+        best_k = int(best.removeprefix("fixed_k")) if best else None
+        same_docs = _same_up_to(policies[candidate], policies["docs"], load)
+        rd, sed, nd = paired_ratio(windows, candidate, "docs", load)
+        rows.append({
+            "engine": engine, "load": load, "date": date, "ceiling": ceiling, "table": policies[candidate],
+            "best": best_k, "best_goodput": summary[(best, load)].goodput if best else float("nan"),
+            "best_se": summary[(best, load)].stderr if best else float("nan"),
+            "ratio": v.ratio if v.ratio is not None else float("nan"),
+            "se": v.ratio_se if v.ratio_se is not None else float("nan"), "rounds": v.rounds,
+            "status": v.status, "aa": best is not None and _same_up_to(policies[candidate], policies[best], load),
+            "docs": None if same_docs else (rd, sed, nd), "file": rel,
+        })
+    return rows
+
+
+def headline() -> list[str]:
+    rows = [r for rel, date, ceiling, _ in LAUNCHES for r in judged_rows(rel, date, ceiling)]
+    rows.sort(key=lambda r: (r["engine"], r["ceiling"], r["load"], r["date"]))
+    out = ["## Headline: the tuned table against the best fixed k and the docs' table", "",
+           "One H200, vLLM 0.26.0, Model Runner V2, FULL_AND_PIECEWISE CUDA graphs, dummy weights, synthetic "
+           "acceptance (0.7, 0.5, 0.3), max_num_seqs 128, K = 3. Each launch serves a closed loop of `load` "
+           "clients (32-token prompts, 32–128 output tokens) and hot-swaps every policy in it, window by window, "
+           "in an order that rotates from round to round; kept tokens are counted from the engine's step log and every window is checked "
+           "against it. Ratios are paired by round: mean of (table / other) over the rounds ± its standard "
+           "error, rounds in brackets. Verdict: `evaluation.served.judge_load` at a 3 % tolerance, the rule "
+           "the served verification publishes with: within 3 % when the paired 95 % interval lies above 0.97, a "
+           "loss when it lies below, undecided when it straddles 0.97. *A/A*: at that load the table runs "
+           "the best fixed k's k at every batch size a closed loop reaches, so the ratio measures the noise. "
+           "The docs' table is `[[1,64,3],[65,128,1]]`; \"=\" where it runs the same k as the table at every "
+           "batch size up to the load.", ""]
+    for engine in ("dense", "moe"):
+        mine = [r for r in rows if r["engine"] == engine and r["ceiling"] == 512]
+        counts = {s: sum(r["status"] == s for r in mine) for s in ("pass", "inconclusive", "fail")}
+        fails = [f"load {r['load']} ({r['date']}, {_table(r['table'])}: {_ratio(r['ratio'], r['se'])} of "
+                 f"k = {r['best']})" for r in mine if r["status"] == "fail"]
+        worst_docs = [r for r in mine if r["docs"] is not None]
+        docs_line = ""
+        if worst_docs:
+            lo = min(worst_docs, key=lambda r: r["docs"][0])
+            hi = max(worst_docs, key=lambda r: r["docs"][0])
+            docs_line = (f" Against the docs' table where they differ: from {_ratio(*lo['docs'][:2])} (load "
+                         f"{lo['load']}, {lo['date']}) to {_ratio(*hi['docs'][:2])} (load {hi['load']}, {hi['date']}).")
+        near = sum(r["ratio"] >= 1 - TOLERANCE for r in mine)
+        published = [(folder, doc["published_table"]) for folder, doc in flow_publishes() if engine == "moe"]
+        pub_line = "".join(
+            f" The flow run `{folder}/` publishes {_table(table)}; rows with that table: loads "
+            + ", ".join(sorted({str(r["load"]) for r in mine if r["table"] == table}, key=int)) + "."
+            for folder, table in published)
+        out.append(f"- **{ENGINE_NAMES[engine]}**, default 512-token capture ceiling: {len(mine)} judged loads; "
+                   f"point estimate within 3 % of the best fixed k at {near}; verdict {counts['pass']} within 3 %, "
+                   f"{counts['inconclusive']} undecided, {counts['fail']} a loss beyond the noise"
+                   + (": " + "; ".join(fails) if fails else "") + "." + docs_line + pub_line)
+    out += ["", "| engine | ceiling | load | date | table judged | best fixed k, tok/s | table / best fixed k | "
+            "table / docs' table | verdict | data (benchmarks/data/h200/) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        docs = "=" if r["docs"] is None else _ratio(*r["docs"])
+        verdict = VERDICT_WORDS[r["status"]] + (" (A/A)" if r["aa"] else "")
+        out.append(f"| {engine_short(r['engine'])} | {r['ceiling']} | {r['load']} | {r['date']} | {_table(r['table'])} | "
+                   f"k = {r['best']}, {r['best_goodput']:.0f} ± {r['best_se']:.0f} | "
+                   f"{_ratio(r['ratio'], r['se'], r['rounds'])} | {docs} | {verdict} | `{r['file']}` |")
+    out += ["", "Reproduce (one launch per line; `$OUT` a fresh folder; `bash deploy/gpu/h200.sh` runs the same on "
+            "the GPU machine):", "", "```"]
+    out += [f"{JUDGE} {args} --out $OUT   # {rel.split('/')[0]}" for rel, _, _, args in LAUNCHES]
+    out += ["```", ""]
+    return out
+
+
+def flow_publishes() -> list[tuple[str, dict]]:
+    """(folder, publish JSON) of each flow run that published a table."""
+    out = []
+    for folder, _, _ in FLOWS:
+        for p in sorted((H200 / folder).glob("*publish.json")):
+            out.append((folder, _load(p)))
+    return out
+
+
+def window_phrase(args: str) -> str:
+    """'1.5-s windows at loads 1 and 32, 3.5-s at 64, 96 and 128' from a judge's ``--loads`` argument."""
+    groups = [g.split(":") for g in args.split('--loads "')[1].split('"')[0].split(";")]
+
+    def loads(s: str) -> str:
+        xs = s.split(",")
+        return xs[0] if len(xs) == 1 else ", ".join(xs[:-1]) + " and " + xs[-1]
+    return "; ".join(f"{w}-s windows at load{'s' if ',' in ls else ''} {loads(ls)}" for ls, w in groups)
+
+
+def engine_short(engine: str) -> str:
+    return "MoE" if engine == "moe" else "dense"
+
+
+# ----------------------------------------------------------------------------- the picture
+PICTURE_POLICIES = {"fixed_k1": "fixed k = 1", "fixed_k2": "fixed k = 2", "fixed_k3": "fixed k = 3",
+                    "docs": "docs' table", "served": "tuned table"}
+
+
+def picture_series() -> tuple[list[int], dict[str, list[tuple[float, float]]], dict]:
+    from tabletune_pipelines.evaluation.served import summarize
+
+    doc = _load(H200 / PICTURE_LAUNCH)
+    summary = summarize(_windows(doc["windows"]))
+    loads = sorted({load for _, load in summary})
+    series = {p: [(summary[(p, load)].goodput, summary[(p, load)].stderr) for load in loads]
+              for p in PICTURE_POLICIES if all((p, load) in summary for load in loads)}
+    return loads, series, doc["policies"]
+
+
+def picture_section() -> list[str]:
+    loads, series, policies = picture_series()
+    rounds = max(w["round"] for w in _load(H200 / PICTURE_LAUNCH)["windows"]) + 1
+    args = next(a for rel, _, _, a in LAUNCHES if rel == PICTURE_LAUNCH)
+    out = ["## Goodput against load, one launch", "",
+           "![goodput against load: the tuned table and each fixed k](img/goodput-vs-batch.png)", "",
+           f"The dense engine at loads {', '.join(map(str, loads))} in one launch ({rounds} rounds; "
+           f"{window_phrase(args)}). Goodput in kept tokens per second, pooled over the rounds ± the "
+           f"standard error across rounds. The tuned table is {_table(policies['served'])}" + same_k(loads, policies)
+           + ".", "",
+           "| policy | " + " | ".join(f"load {load}" for load in loads) + " |", "|---|" + "---|" * len(loads)]
+    for p, label in PICTURE_POLICIES.items():
+        if p in series:
+            out.append(f"| {label} | " + " | ".join(f"{g:.0f} ± {se:.0f}" for g, se in series[p]) + " |")
+    out += ["", f"Data: `benchmarks/data/h200/{PICTURE_LAUNCH}`. Reproduce: `{JUDGE} {args} --out $OUT`.", ""]
+    return out
+
+
+def same_k(loads: Sequence[int], policies: dict) -> str:
+    """'; at loads 1, 32 and 64 it runs the same k as the docs' table at every batch size ...' (or '')."""
+    same = [str(load) for load in loads if _same_up_to(policies["served"], policies["docs"], load)]
+    if not same:
+        return ""
+    where = same[0] if len(same) == 1 else ", ".join(same[:-1]) + " and " + same[-1]
+    return (f"; at load{'s' if len(same) > 1 else ''} {where} it runs the same k as the docs' table at every "
+            "batch size a closed loop reaches, so the two lines differ there by the launch's noise only")
+
+
+def render_picture(path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    loads, series, _ = picture_series()
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    styles = {"served": dict(color="black", lw=2.4, marker="o"), "docs": dict(color="tab:red", ls="--", marker="s")}
+    for p, label in PICTURE_POLICIES.items():
+        if p not in series:
+            continue
+        g = [x for x, _ in series[p]]
+        se = [s for _, s in series[p]]
+        ax.errorbar(loads, g, yerr=se, label=label, capsize=3, **styles.get(p, dict(marker=".", alpha=0.8)))
+    ax.set_xlabel("load (closed-loop clients; the batch the engine runs)")
+    ax.set_ylabel("goodput, kept tokens / s")
+    ax.set_title("H200, dense Qwen3-4B shape + EAGLE-3, acceptance (0.7, 0.5, 0.3)")
+    ax.set_xticks(loads)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, metadata={"Software": None})
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- the controller
+def controller_section() -> list[str]:
+    from tabletune_pipelines.evaluation.served import mean_se
+
+    out = ["## The controller", "",
+           "### Recovery and switches under steady load", "",
+           "The controller runs inside vLLM (one launch per engine, synthetic acceptance (0.7, 0.5, 0.3), the "
+           "published file carrying the engine's served model) from a start table: *cliff* `[[1,128,3]]` or "
+           "*quartered* (the tuned table's ranges cut to a quarter, k = 0 above). After the convergence run, "
+           "the table it ended on is measured against each fixed k in rounds (paired by round, ratio ± s.e.). "
+           "Switches per hour are counted over the last third of the run.", "",
+           "| engine | load | start | run | table it ended on | ranges | switches / h, last third | "
+           "best fixed k, tok/s | ended / best fixed k |", "|---|---|---|---|---|---|---|---|---|"]
+    hooks = []
+    for rel, cmd in STEADY:
+        doc = _load(H200 / rel)
+        engine = doc["engine"]
+        converge = cmd.split("--converge ")[1].split()[0]
+        for load, res in sorted(doc["steady"].items(), key=lambda kv: -int(kv[0])):
+            best = res["best_fixed"]
+            g, gse = mean_se(res["goodput"][best])
+            for start, c in res["controller"].items():
+                r, se = res["vs_best"][f"ended<-{start}"]
+                out.append(f"| {engine_short(engine)} | {load} | {start} | {converge} s | {_table(c['ended_on'])} | "
+                           f"{c['ranges']} | {c['steady_switches_per_hour']:.0f} | {best.replace('k=', 'k = ')}, "
+                           f"{g:.0f} ± {gse:.0f} | {_ratio(r, se, len(res['goodput'][best]))} |")
+        for load, h in sorted(doc["hook"].items(), key=lambda kv: int(kv[0])):
+            hooks.append((engine, int(load), h, rel))
+    out += ["", "Data: " + ", ".join(f"`benchmarks/data/h200/{rel}`" for rel, _ in STEADY) + ". Reproduce:", "",
+            "```", *[cmd for _, cmd in STEADY], "```", ""]
+
+    rel, date, cmd = REPAIR
+    doc = _load(H200 / rel)
+    out += ["### Repair from a wrong table", "",
+            f"The dense engine (a {date} launch, the controller as it was that day), the controller started on {_table(doc['wrong'])} (the tuned table "
+            f"{_table(doc['tuned'])} cut to a quarter, k = 0 above), against the wrong and the tuned table as static "
+            "tables in the same launch. Gap recovered = (controller − wrong) / (tuned − wrong), paired by round.", "",
+            "| load | wrong, tok/s | tuned, tok/s | controller, tok/s | controller / wrong | controller / tuned | "
+            "gap recovered | first table change after |", "|---|---|---|---|---|---|---|---|"]
+    for load, x in sorted(doc["repair"].items(), key=lambda kv: int(kv[0])):
+        g = {k: mean_se(v)[0] for k, v in x["goodput"].items()}
+        cw, ct, gap = x["controller_over_wrong"], x["controller_over_tuned"], x["gap_recovered"]
+        after = ", ".join(f"{s} s" for s in x["repaired_after_s"])
+        out.append(f"| {load} | {g['wrong']:.0f} | {g['tuned']:.0f} | {g['controller']:.0f} | {_ratio(*cw)} | "
+                   f"{_ratio(*ct)} | {100 * gap[0]:.0f} % ± {100 * gap[1]:.0f} % | {after} |")
+    out += ["", f"Data: `benchmarks/data/h200/{rel}`. Reproduce: `{cmd}`.", ""]
+
+    out += ["### Hook cost", "",
+            "The controller's per-step hook in the engine's scheduler, mean over one window, against the clean decode "
+            "step at the k in force and the batch size the window found its clean steps at.", "",
+            "| engine | load | hook, µs (mean, max) | clean decode step | hook / step |", "|---|---|---|---|---|"]
+    for engine, load, h, _ in hooks:
+        out.append(f"| {engine_short(engine)} | {load} | {h['hook_us']:.1f}, {h['hook_us_max']:.1f} | "
+                   f"{h['step_ms']:.2f} ms at B = {h['step_b']}, k = {h['k']} | {100 * h['ratio']:.2f} % |")
+    out += ["", "Data and commands: the steady-load launches above (`--hook-loads`).", ""]
+
+    rel, date, args = ENDED
+    rows = judged_rows(rel, date, 512) + judged_rows(rel, date, 512, candidate="decode_only")
+    out += ["### The tables the controller ended on, as static tables", "",
+            f"The MoE's two ended tables judged in a launch of their own ({date}, the judge's workload: 32-token "
+            "prompts, 32–128 output tokens; the controller's launch sends 16-token prompts and 48–96 tokens).", "",
+            "| table | load | best fixed k, tok/s | table / best fixed k | table / docs' table | verdict |",
+            "|---|---|---|---|---|---|"]
+    for r in rows:
+        docs = "=" if r["docs"] is None else _ratio(*r["docs"])
+        out.append(f"| {_table(r['table'])} | {r['load']} | k = {r['best']}, {r['best_goodput']:.0f} ± "
+                   f"{r['best_se']:.0f} | {_ratio(r['ratio'], r['se'], r['rounds'])} | {docs} | "
+                   f"{VERDICT_WORDS[r['status']]} |")
+    out += ["", f"Data: `benchmarks/data/h200/{rel}`. Reproduce: `{JUDGE} {args} --out $OUT`.", ""]
+    return out
+
+
+# ----------------------------------------------------------------------------- tuning wall time
+def flow_section() -> list[str]:
+    out = ["## Tuning wall time on the H200", "",
+           "The library steps the pipeline's assets call, run on the GPU machine without Dagster "
+           "(`benchmarks/gpu_flow.py`): profile (one launch), derive (every gate), verify + publish (a second "
+           "launch, the served verification, then the deployment's file). One run each: a single wall time has "
+           "no spread to give.", "",
+           "| date | engine | profile | derive | verify + publish | whole flow | table | data (benchmarks/data/h200/) |",
+           "|---|---|---|---|---|---|---|---|"]
+    verifications = []
+    for folder, date, _ in FLOWS:
+        docs = {p.name: _load(p) for p in sorted((H200 / folder).glob("*.json")) if "one_launch" not in p.name}
+        derive = next(d for d in docs.values() if "profile" in d.get("seconds", {}))
+        publish = next((d for d in docs.values() if "publish" in d.get("seconds", {})), None)
+        prof, der = derive["seconds"]["profile"], derive["seconds"]["derive"]
+        pub = publish["seconds"]["publish"] if publish else None
+        whole = f"**{prof + der + pub:.0f} s ({(prof + der + pub) / 60:.1f} min)**" if pub else "not run"
+        out.append(f"| {date} | MoE | {prof:.0f} s | {der:.1f} s | {f'{pub:.0f} s' if pub else 'not run'} | {whole} | "
+                   f"{_table(derive['table'])} | `{folder}/` |")
+        if publish:
+            verifications.append((folder, publish["served_goodput_verified"]))
+    for folder, v in verifications:
+        f = v["figures"]
+        out += ["", f"The verification before publishing (`{folder}/`): {f['rounds']} rounds of {f['window_s']}-s "
+                f"windows at loads {', '.join(map(str, f['loads']))} in a {f['budget_s']:.0f}-s budget, the second "
+                f"launch up in {f['launch_s']:.0f} s. Its recorded verdict: \"{v['description']}\""]
+    out += ["", f"Reproduce the {FLOWS[-1][1]} run (one call each, the store kept between them):", "", "```"]
+    out += [c for _, _, cmds in FLOWS[-1:] for c in cmds] + ["```", ""]
+    return out
+
+
+# ----------------------------------------------------------------------------- the CPU build
+def cpu_section() -> list[str]:
+    from tabletune_pipelines.evaluation.served import paired_ratio, summarize
+
+    doc = _load(CPU_EVAL)
+    meta = doc["meta"]
+    out = ["## The CPU build", "",
+           f"{meta['engine']}, {meta['target']} target + 1-layer draft, K = {meta['K']}, max_num_seqs "
+           f"{meta['max_num_seqs']}, on a 2-core machine. The same protocol as the H200 judge (every table "
+           "policy hot-swapped in one launch, kept tokens from the step log), with TurboSpec-style, "
+           "Nightjar-style and the controller in launches of their own. The tuned table (evidence rule) against "
+           "the best fixed k and the docs' table, paired by round:", "",
+           "| scenario | acceptance | load | best fixed k, tok/s | tuned / best fixed k | tuned / docs' table | "
+           "verdict |", "|---|---|---|---|---|---|---|"]
+    from tabletune_pipelines.evaluation.served import judge_load
+
+    worst, commands = [], []
+    for name, sc in doc["scenarios"].items():
+        windows = _windows(sc["windows"])
+        summary = summarize(windows)
+        fixed = [p for p in sc["tables"] if p.startswith("k=") and p != "k=0"]
+        rates = ", ".join(f"{a:.2f}" for a in sc["rates"])
+        for load in sorted({w.load for w in windows}):
+            v = judge_load(load, _by_round(windows, "tuned (evidence)", load),
+                           {p: _by_round(windows, p, load) for p in fixed}, tolerance=TOLERANCE)
+            rd, sed, nd = paired_ratio(windows, "tuned (evidence)", "docs' table", load)
+            s = summary[(v.best_fixed, load)]
+            out.append(f"| {name} | ({rates}) | {load} | {v.best_fixed.replace('k=', 'k = ')}, {s.goodput:.0f} ± "
+                       f"{s.stderr:.0f} | {_ratio(v.ratio, v.ratio_se if v.ratio_se is not None else float('nan'), v.rounds)} | "
+                       f"{_ratio(rd, sed, nd)} | {VERDICT_WORDS[v.status]} |")
+        w = sc["results"]["worst"]
+        worst.append(f"{name}: " + ", ".join(f"{p} {100 * w[p]:.1f} %" for p in (
+            "tuned (evidence)", "docs' table", "k=1", "k=2", "k=3", "controller", "TurboSpec-style", "Nightjar-style")
+            if p in w) + f" (A/A floor {100 * sc['results']['aa_floor']:.1f} %)")
+        if sc.get("meta"):
+            commands.append(sc["meta"]["command"])
+    out += ["", "Worst loss over the loads against the best fixed k at each load (adaptive policies bridged through "
+            "an anchor window of the tuned table in their own launch):", ""]
+    out += [f"- {line}" for line in worst]
+    out += ["", f"Data: `{_rel(CPU_EVAL)}` (printed output: `benchmarks/data/cpu/real_engine_eval.log`). Reproduce "
+            f"({meta['wall_s'] / 60:.0f} min on 2 cores; a later line reruns one scenario into the same file):", "",
+            "```", meta["command"]]
+    out += [c for c in dict.fromkeys(commands) if c != meta["command"]] + ["```", ""]
+    return out
+
+
+# ----------------------------------------------------------------------------- the page
+def data_section() -> list[str]:
+    big = sorted(_rel(p) for p in DATA.rglob("*") if p.is_file() and p.stat().st_size > 1_000_000)
+    return ["## Data and raw logs", "",
+            "Every launch keeps its JSON (windows, policies, verdicts) beside its printed log. A judge launch also "
+            "keeps its engine step log, `<engine>-judge.steps.jsonl.gz`: rerun the launch's command above to "
+            "regenerate it, and `python benchmarks/gpu_served.py steps --tables <judge JSON> --step-log <step log> "
+            "--ceiling 512` reads it. "
+            + ("No data file over 1 MB is committed." if not big else "Over 1 MB: " + ", ".join(big) + "."),
+            "The simulator's figures (seeded, no engine) are regenerated by `python benchmarks/evaluate.py` into "
+            "`benchmarks/simulator.md`.", ""]
+
+
+def render() -> str:
+    lines = ["# Results", "",
+             "Generated by `python benchmarks/report.py` from the JSON in `benchmarks/data/`; "
+             "`python benchmarks/report.py --check` fails when this page differs from what the data renders. "
+             "Method: docs/evaluation.md.", ""]
+    lines += headline()
+    lines += picture_section()
+    lines += controller_section()
+    lines += flow_section()
+    lines += cpu_section()
+    lines += data_section()
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true", help="compare docs/results.md with what the data renders")
+    args = ap.parse_args(argv)
+    text = render()
+    if args.check:
+        old = PAGE.read_text() if PAGE.exists() else ""
+        if old == text:
+            return 0
+        name = _rel(PAGE) if PAGE.is_relative_to(ROOT) else str(PAGE)
+        sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), text.splitlines(True),
+                                                   name + " (committed)", name + " (rendered)"))
+        print(f"\n{name} differs from what benchmarks/data renders: run `python benchmarks/report.py`.")
+        return 1
+    PAGE.parent.mkdir(parents=True, exist_ok=True)
+    PAGE.write_text(text)
+    render_picture(PICTURE)
+    print(f"wrote {_rel(PAGE)} ({text.count(chr(10))} lines) and {_rel(PICTURE)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
