@@ -352,13 +352,13 @@ def _whose_table(pub: PublishedTable, dep: Deployment) -> list[str]:
     for another engine than the fleet entry describes (the controller's own comparison,
     ``controller.loader.identity_mismatches``; the vLLM version only where it is known here, for an
     embedded deployment)."""
-    from tabletune_pipelines.controller.loader import EngineFacts, identity_mismatches
+    from tabletune_pipelines.controller.loader import DEPLOYMENT_ENV, EngineFacts, identity_mismatches
 
     notes = []
     if pub.deployment != dep.name:
         notes.append(f"this table was published for deployment {pub.deployment!r}, not {dep.name!r}, whose "
-                     f"published_table it sits at; a controller told it serves {dep.name!r} "
-                     f"(TABLETUNE_DEPLOYMENT) refuses it; publish {dep.name!r}'s own table with the pipeline")
+                     f"published_table it sits at: a controller run with {DEPLOYMENT_ENV}={dep.name} refuses it, "
+                     f"one without that setting serves it; publish the table of {dep.name!r} with the pipeline")
     if pub.identity is None:
         notes.append("it records no engine identity, so nothing says which engine it was measured on; a controller "
                      "refuses it")
@@ -375,7 +375,7 @@ def _whose_table(pub: PublishedTable, dep: Deployment) -> list[str]:
     if bad:
         notes.append(f"it was made for another engine than deployment {dep.name!r} runs: "
                      + "; ".join(b.replace("this engine's", "the deployment's") for b in bad)
-                     + "; a controller of that engine refuses it")
+                     + "; the deployment's controller refuses it")
     return notes
 
 

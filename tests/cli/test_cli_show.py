@@ -121,8 +121,9 @@ def test_without_a_store_the_summary_says_what_it_cannot_tell(home, capsys, tmp_
 def test_another_deployments_table_at_this_path_gets_a_note(home, capsys):
     dep, *_ = publish(deployment="gpu-east")
     lines = summary(capsys).splitlines()
-    assert lines[1].startswith("NOTE: this table was published for deployment 'gpu-east', not 'local-cpu', whose "
-                               "published_table it sits at")
+    assert lines[1] == ("NOTE: this table was published for deployment 'gpu-east', not 'local-cpu', whose "
+                        "published_table it sits at: a controller run with TABLETUNE_DEPLOYMENT=local-cpu refuses "
+                        "it, one without that setting serves it; publish the table of 'local-cpu' with the pipeline")
     assert main(["show", "--json"]) == 0
     out, err = capsys.readouterr()
     assert json.loads(out)["deployment"] == "gpu-east"
@@ -138,7 +139,7 @@ def test_another_engines_table_gets_a_note(home, capsys, change, said):
     publish(identity=dataclasses.replace(IDENT, **change))
     note = summary(capsys).splitlines()[1]
     assert note.startswith("NOTE: it was made for another engine than deployment 'local-cpu' runs: ")
-    assert said in note and note.endswith("a controller of that engine refuses it")
+    assert said in note and note.endswith("; the deployment's controller refuses it")
 
 
 def test_a_table_without_an_identity_gets_a_note(home, capsys):
