@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import os
 import sys
 from datetime import date
@@ -492,11 +493,14 @@ def _loss_lines(pub: PublishedTable, doc: dict, store: TableTuneStore | str) -> 
     against vLLM docs' example table (re-derived from the store's profile and prior, with its s.e.)."""
     from tabletune_pipelines.tuning.run_report import docs_table
 
+    def number(x: object) -> float | None:  # the evidence section is checked as JSON only: read it with care
+        return float(x) if type(x) in (int, float) and math.isfinite(x) else None  # type: ignore[arg-type]
+
     table, ev = doc.get("table") or {}, doc.get("evidence") or {}
-    loss = float(table.get("predicted_worst_loss", 0.0))
-    lcb, ucb, conf = ev.get("predicted_worst_loss_lcb"), ev.get("predicted_worst_loss_ucb"), ev.get("confidence")
-    bounds = (f" ({conf:.0%} bounds {lcb or 0.0:.2%}–{ucb:.2%})" if ev.get("has_error_estimates") and ucb is not None
-              and conf else " (no error estimates)")
+    loss = number(table.get("predicted_worst_loss", 0.0)) or 0.0
+    lcb, ucb, conf = (number(ev.get(k)) for k in ("predicted_worst_loss_lcb", "predicted_worst_loss_ucb", "confidence"))
+    bounds = (f" ({conf:.0%} bounds {lcb or 0.0:.2%}–{ucb:.2%})" if ev.get("has_error_estimates") is True
+              and ucb is not None and conf else " (no error estimates)")
     lines = [f"  predicted   worst loss against the best fixed k at any B: {loss:.2%}{bounds}"]
     docs = docs_table(pub.max_num_seqs, pub.max_k)
     vs = f"              against vLLM docs' table {json.dumps(docs)}: "

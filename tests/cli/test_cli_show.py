@@ -164,3 +164,21 @@ def test_a_store_that_cannot_be_read_or_lacks_the_profile_leaves_the_summary_who
     out = summary(capsys)
     assert f"not computed (the store at {default_store_path()} lacks the table's profile or prior: " in out
     assert "sample size and date: the store does not hold it" in out
+
+
+def test_odd_values_in_the_evidence_section_are_not_a_traceback(home, run_cli):
+    from tabletune_pipelines.formats.documents import DraftLengthTable
+    from tabletune_pipelines.formats.published import PublishedVersion, published_document, write_published_table
+
+    dep = load_fleet().deployments[0]
+    table = DraftLengthTable(ranges=((1, 16, 1),), max_num_seqs=16, max_k=3, identity_key="id", prior_id="p",
+                             acceptance_rates=(0.7, 0.5, 0.3), predicted_worst_loss=0.01)
+    doc = published_document(
+        PublishedVersion(deployment=dep.name, version=2, table=table.to_dict(),
+                         speculative_config=table.speculative_config(), published_at="2026-11-23T03:00:00Z"),
+        evidence={"has_error_estimates": True, "confidence": "high", "predicted_worst_loss_ucb": [1],
+                  "predicted_worst_loss_lcb": {"a": 1}})
+    write_published_table(dep.published_table, doc)
+    proc = run_cli("show")
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert "worst loss against the best fixed k at any B: 1.00% (no error estimates)" in proc.stdout
