@@ -147,6 +147,10 @@ def _ratio(r: float, se: float, n: int | None = None) -> str:
     return s + (f" ({n})" if n is not None else "")
 
 
+def _n(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
 def _same_up_to(a, b, load: int) -> bool:
     from tabletune_pipelines.core.table import expand_table
 
@@ -185,50 +189,80 @@ def judged_rows(rel: str, date: str, ceiling: int, candidate: str = "served") ->
     return rows
 
 
+def tuned_tables() -> dict[str, tuple[str, list]]:
+    """engine -> (file, table): the table the tuner derives from each engine's committed profile, priced
+    by what serving pays (``gpu_served.py profile``; the MoE flow run publishes the same table)."""
+    return {engine: (f"{engine}-served.json", _load(H200 / f"{engine}-served.json")["served"])
+            for engine in ("dense", "moe")}
+
+
 def headline() -> list[str]:
     rows = [r for rel, date, ceiling, _ in LAUNCHES for r in judged_rows(rel, date, ceiling)]
     rows.sort(key=lambda r: (r["engine"], r["ceiling"], r["load"], r["date"]))
+    gpus = sorted(d.name.upper() for d in DATA.iterdir() if d.is_dir() and d.name != "cpu")
     out = ["## Headline: the tuned table against the best fixed k and the docs' table", "",
-           "One H200, vLLM 0.26.0, Model Runner V2, FULL_AND_PIECEWISE CUDA graphs, dummy weights, synthetic "
+           f"GPU: {', '.join(gpus)} (the only GPU in `benchmarks/data/`), vLLM 0.26.0, Model Runner V2, "
+           "FULL_AND_PIECEWISE CUDA graphs at the default 512-token capture ceiling, dummy weights, synthetic "
            "acceptance (0.7, 0.5, 0.3), max_num_seqs 128, K = 3. Each launch serves a closed loop of `load` "
            "clients (32-token prompts, 32–128 output tokens) and hot-swaps every policy in it, window by window, "
-           "in an order that rotates from round to round; kept tokens are counted from the engine's step log and every window is checked "
-           "against it. Ratios are paired by round: mean of (table / other) over the rounds ± its standard "
-           "error, rounds in brackets. Verdict: `evaluation.served.judge_load` at a 3 % tolerance, the rule "
-           "the served verification publishes with: within 3 % when the paired 95 % interval lies above 0.97, a "
-           "loss when it lies below, undecided when it straddles 0.97. *A/A*: at that load the table runs "
-           "the best fixed k's k at every batch size a closed loop reaches, so the ratio measures the noise. "
-           "The docs' table is `[[1,64,3],[65,128,1]]`; \"=\" where it runs the same k as the table at every "
-           "batch size up to the load.", ""]
+           "in an order that rotates from round to round; kept tokens are counted from the engine's step log, "
+           "and every window is checked against it. Ratios are paired by round: the mean of (table / other) over "
+           "the rounds ± its standard error, rounds in brackets. Verdict: `evaluation.served.judge_load` at a "
+           "3 % tolerance, the rule the served verification publishes with: within 3 % when the paired 95 % "
+           "interval lies above 0.97, a loss when it lies below, undecided when it straddles 0.97. *A/A*: at "
+           "that load the table runs the best fixed k's k at every batch size a closed loop reaches, so the "
+           "ratio measures the noise. The docs' table is `[[1,64,3],[65,128,1]]`; \"=\" where it runs the same "
+           "k as the table at every batch size up to the load.", ""]
+    tuned = tuned_tables()
+    owner = {_table(tb): engine_short(e) for e, (_, tb) in tuned.items()}
+    published = "".join(f" The flow run `{folder}/` publishes {_table(doc['published_table'])}, the "
+                        f"{owner.get(_table(doc['published_table']), 'no')} engine's tuned table."
+                        for folder, doc in flow_publishes())
+    out += ["The tuned table of each engine: " + "; ".join(
+        f"{ENGINE_NAMES[e]} {_table(table)} (`benchmarks/data/h200/{f}`)" for e, (f, table) in tuned.items())
+        + "." + published + " Per load, the launch with the most paired rounds that ran it (the latest on a tie; "
+        "a launch counts when its table runs the same k at every batch size up to the load):", "",
+        "| engine | load | table / best fixed k | table / docs' table | verdict | launch |",
+        "|---|---|---|---|---|---|"]
+    for engine, (_, table) in tuned.items():
+        for load in sorted({r["load"] for r in rows if r["engine"] == engine}):
+            here = [r for r in rows if r["engine"] == engine and r["load"] == load and r["ceiling"] == 512
+                    and _same_up_to(r["table"], table, load)]
+            if not here:
+                out.append(f"| {engine_short(engine)} | {load} | not judged | | | |")
+                continue
+            r = max(here, key=lambda r: (r["rounds"], r["date"]))
+            docs = "=" if r["docs"] is None else _ratio(*r["docs"])
+            out.append(f"| {engine_short(engine)} | {load} | {_ratio(r['ratio'], r['se'], r['rounds'])} of k = "
+                       f"{r['best']} | {docs} | {VERDICT_WORDS[r['status']]}{' (A/A)' if r['aa'] else ''} | "
+                       f"{r['date']}, `{r['file'].split('/')[0]}` |")
+    out += ["", "### Every judged launch", ""]
     for engine in ("dense", "moe"):
         mine = [r for r in rows if r["engine"] == engine and r["ceiling"] == 512]
         counts = {s: sum(r["status"] == s for r in mine) for s in ("pass", "inconclusive", "fail")}
         fails = [f"load {r['load']} ({r['date']}, {_table(r['table'])}: {_ratio(r['ratio'], r['se'])} of "
                  f"k = {r['best']})" for r in mine if r["status"] == "fail"]
-        worst_docs = [r for r in mine if r["docs"] is not None]
+        differ = [r for r in mine if r["docs"] is not None]
         docs_line = ""
-        if worst_docs:
-            lo = min(worst_docs, key=lambda r: r["docs"][0])
-            hi = max(worst_docs, key=lambda r: r["docs"][0])
+        if differ:
+            lo = min(differ, key=lambda r: r["docs"][0])
+            hi = max(differ, key=lambda r: r["docs"][0])
             docs_line = (f" Against the docs' table where they differ: from {_ratio(*lo['docs'][:2])} (load "
                          f"{lo['load']}, {lo['date']}) to {_ratio(*hi['docs'][:2])} (load {hi['load']}, {hi['date']}).")
         near = sum(r["ratio"] >= 1 - TOLERANCE for r in mine)
-        published = [(folder, doc["published_table"]) for folder, doc in flow_publishes() if engine == "moe"]
-        pub_line = "".join(
-            f" The flow run `{folder}/` publishes {_table(table)}; rows with that table: loads "
-            + ", ".join(sorted({str(r["load"]) for r in mine if r["table"] == table}, key=int)) + "."
-            for folder, table in published)
-        out.append(f"- **{ENGINE_NAMES[engine]}**, default 512-token capture ceiling: {len(mine)} judged loads; "
+        tables = _n(len({_table(r["table"]) for r in mine}), "table")
+        out.append(f"- **{ENGINE_NAMES[engine]}**, 512-token ceiling: {len(mine)} judged loads over "
+                   f"{len({r['file'] for r in mine})} launches and {tables}; "
                    f"point estimate within 3 % of the best fixed k at {near}; verdict {counts['pass']} within 3 %, "
                    f"{counts['inconclusive']} undecided, {counts['fail']} a loss beyond the noise"
-                   + (": " + "; ".join(fails) if fails else "") + "." + docs_line + pub_line)
+                   + (": " + "; ".join(fails) if fails else "") + "." + docs_line)
     out += ["", "| engine | ceiling | load | date | table judged | best fixed k, tok/s | table / best fixed k | "
-            "table / docs' table | verdict | data (benchmarks/data/h200/) |", "|---|---|---|---|---|---|---|---|---|---|"]
+            "table / docs' table | verdict | data (benchmarks/data/h200/) |", "|---" * 10 + "|"]
     for r in rows:
         docs = "=" if r["docs"] is None else _ratio(*r["docs"])
         verdict = VERDICT_WORDS[r["status"]] + (" (A/A)" if r["aa"] else "")
-        out.append(f"| {engine_short(r['engine'])} | {r['ceiling']} | {r['load']} | {r['date']} | {_table(r['table'])} | "
-                   f"k = {r['best']}, {r['best_goodput']:.0f} ± {r['best_se']:.0f} | "
+        out.append(f"| {engine_short(r['engine'])} | {r['ceiling']} | {r['load']} | {r['date']} | "
+                   f"{_table(r['table'])} | k = {r['best']}, {r['best_goodput']:.0f} ± {r['best_se']:.0f} | "
                    f"{_ratio(r['ratio'], r['se'], r['rounds'])} | {docs} | {verdict} | `{r['file']}` |")
     out += ["", "Reproduce (one launch per line; `$OUT` a fresh folder; `bash deploy/gpu/h200.sh` runs the same on "
             "the GPU machine):", "", "```"]
@@ -365,9 +399,10 @@ def controller_section() -> list[str]:
     rel, date, cmd = REPAIR
     doc = _load(H200 / rel)
     out += ["### Repair from a wrong table", "",
-            f"The dense engine (a {date} launch, the controller as it was that day), the controller started on {_table(doc['wrong'])} (the tuned table "
-            f"{_table(doc['tuned'])} cut to a quarter, k = 0 above), against the wrong and the tuned table as static "
-            "tables in the same launch. Gap recovered = (controller − wrong) / (tuned − wrong), paired by round.", "",
+            f"The dense engine (a {date} launch, the controller as it was that day), the controller started on "
+            f"{_table(doc['wrong'])} (the tuned table {_table(doc['tuned'])} cut to a quarter, k = 0 above), "
+            "against the wrong and the tuned table as static tables in the same launch. Gap recovered = "
+            "(controller − wrong) / (tuned − wrong), paired by round.", "",
             "| load | wrong, tok/s | tuned, tok/s | controller, tok/s | controller / wrong | controller / tuned | "
             "gap recovered | first table change after |", "|---|---|---|---|---|---|---|---|"]
     for load, x in sorted(doc["repair"].items(), key=lambda kv: int(kv[0])):
@@ -410,7 +445,8 @@ def flow_section() -> list[str]:
            "(`benchmarks/gpu_flow.py`): profile (one launch), derive (every gate), verify + publish (a second "
            "launch, the served verification, then the deployment's file). One run each: a single wall time has "
            "no spread to give.", "",
-           "| date | engine | profile | derive | verify + publish | whole flow | table | data (benchmarks/data/h200/) |",
+           "| date | engine | profile | derive | verify + publish | whole flow | table | "
+           "data (benchmarks/data/h200/) |",
            "|---|---|---|---|---|---|---|---|"]
     verifications = []
     for folder, date, _ in FLOWS:
@@ -436,7 +472,7 @@ def flow_section() -> list[str]:
 
 # ----------------------------------------------------------------------------- the CPU build
 def cpu_section() -> list[str]:
-    from tabletune_pipelines.evaluation.served import paired_ratio, summarize
+    from tabletune_pipelines.evaluation.served import judge_load, paired_ratio, summarize
 
     doc = _load(CPU_EVAL)
     meta = doc["meta"]
@@ -448,8 +484,6 @@ def cpu_section() -> list[str]:
            "the best fixed k and the docs' table, paired by round:", "",
            "| scenario | acceptance | load | best fixed k, tok/s | tuned / best fixed k | tuned / docs' table | "
            "verdict |", "|---|---|---|---|---|---|---|"]
-    from tabletune_pipelines.evaluation.served import judge_load
-
     worst, commands = [], []
     for name, sc in doc["scenarios"].items():
         windows = _windows(sc["windows"])
@@ -461,8 +495,9 @@ def cpu_section() -> list[str]:
                            {p: _by_round(windows, p, load) for p in fixed}, tolerance=TOLERANCE)
             rd, sed, nd = paired_ratio(windows, "tuned (evidence)", "docs' table", load)
             s = summary[(v.best_fixed, load)]
+            se = v.ratio_se if v.ratio_se is not None else float("nan")
             out.append(f"| {name} | ({rates}) | {load} | {v.best_fixed.replace('k=', 'k = ')}, {s.goodput:.0f} ± "
-                       f"{s.stderr:.0f} | {_ratio(v.ratio, v.ratio_se if v.ratio_se is not None else float('nan'), v.rounds)} | "
+                       f"{s.stderr:.0f} | {_ratio(v.ratio, se, v.rounds)} | "
                        f"{_ratio(rd, sed, nd)} | {VERDICT_WORDS[v.status]} |")
         w = sc["results"]["worst"]
         worst.append(f"{name}: " + ", ".join(f"{p} {100 * w[p]:.1f} %" for p in (
