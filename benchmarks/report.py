@@ -500,7 +500,7 @@ def cpu_section() -> list[str]:
                        f"{s.stderr:.0f} | {_ratio(v.ratio, se, v.rounds)} | "
                        f"{_ratio(rd, sed, nd)} | {VERDICT_WORDS[v.status]} |")
         w = sc["results"]["worst"]
-        worst.append(f"{name}: " + ", ".join(f"{p} {100 * w[p]:.1f} %" for p in (
+        worst.append(f"{name}: " + ", ".join(f"{p.replace('k=', 'k = ')} {100 * w[p]:.1f} %" for p in (
             "tuned (evidence)", "docs' table", "k=1", "k=2", "k=3", "controller", "TurboSpec-style", "Nightjar-style")
             if p in w) + f" (A/A floor {100 * sc['results']['aa_floor']:.1f} %)")
         if sc.get("meta"):
