@@ -182,3 +182,13 @@ def test_odd_values_in_the_evidence_section_are_not_a_traceback(home, run_cli):
     proc = run_cli("show")
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     assert "worst loss against the best fixed k at any B: 1.00% (no error estimates)" in proc.stdout
+
+
+def test_show_opens_the_store_read_only(home, run_cli):
+    from tests.readers.conftest import snapshot
+
+    publish()
+    before = snapshot(home)
+    proc = run_cli("show")
+    assert proc.returncode == 0 and "goodput × " in proc.stdout, proc.stderr
+    assert snapshot(home) == before  # same bytes, same mtime
