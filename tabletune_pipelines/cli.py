@@ -565,12 +565,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.db:
         os.environ["TABLETUNE_DUCKDB"] = args.db
     if args.mix is not None:
-        from tabletune_pipelines.errors import NotFoundError
+        from tabletune_pipelines.errors import InvalidValueError, NotFoundError
         from tabletune_pipelines.formats.prompt_mixes import parse_weights
 
         try:
             parse_weights(args.mix)  # a bad mix fails here, before Dagster starts
-        except NotFoundError as exc:
+        except (NotFoundError, InvalidValueError) as exc:
             raise UsageError(f"--mix {args.mix!r}: {exc}") from None
     return run_embedded((["--quick"] if args.quick else []) + (["--week", args.week] if args.week else [])
                         + (["--mix", args.mix] if args.mix is not None else []))

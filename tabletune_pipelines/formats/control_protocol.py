@@ -149,9 +149,9 @@ def signature(path: str | os.PathLike[str]) -> Signature | None:
 
 
 def _replace_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    # The one atomic writer (a symbolic link at the path is refused); no fsync: a command or an
+    # acknowledgement lost in a crash is sent again, and the engine polls these files every step.
+    strict_io.atomic_write_text(path, text, durable=False, make_folders=False)
 
 
 def write_distinct(path: str | os.PathLike[str], text: str, last: Signature | None) -> Signature:

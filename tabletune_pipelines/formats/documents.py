@@ -2,7 +2,11 @@
 
 Every document carries ``schema`` (its kind) and ``schema_version``; loading a document of
 another kind or a newer version fails with a message that says which, and a document with a
-missing or wrong field fails with a ``DocumentError`` that names it. Numpy and stdlib only.
+missing or wrong field fails with a ``DocumentError`` that names it. Every number of a document has
+its bounds declared once, in its class's ``BOUNDS`` (``options.Bound``; the mixed-step samples of a
+profile in ``SAMPLE_BOUNDS``, a prior's workload in ``WORKLOAD_BOUNDS``), and is checked when the
+document is built: by the writer that builds it, and by every reader (the store, an imported file).
+Numpy and stdlib only.
 """
 
 from __future__ import annotations
@@ -24,6 +28,17 @@ from tabletune_pipelines.core.noise import CellEstimate
 from tabletune_pipelines.core.stepcost import GraphEnvelope, StepSample, Workload
 from tabletune_pipelines.core.steptime import StepTimeSurface, median_standard_error, relative_spread
 from tabletune_pipelines.core.table import validate_table
+from tabletune_pipelines.options import (
+    BATCH_SIZE,
+    COUNT,
+    DRAFT_LENGTH,
+    LAUNCH_K,
+    STEP_MS,
+    TOKENS,
+    Bound,
+    check_bounds,
+    check_value,
+)
 from tabletune_pipelines.errors import (
     DocumentError,
     EmptyProfileError,
@@ -169,15 +184,14 @@ class EngineIdentity(_Document):
                              capture_ceiling=self.capture_ceiling if self.cudagraph_mode != "none" else None,
                              max_num_batched_tokens=self.max_num_batched_tokens)
 
+    BOUNDS: ClassVar[dict[str, Bound]] = {
+        "max_k": LAUNCH_K, "max_num_seqs": BATCH_SIZE,
+        "capture_ceiling": Bound(1, 1_000_000, integer=True, optional=True, why="tokens of a CUDA-graph capture"),
+        "max_num_batched_tokens": Bound(1, 10_000_000, integer=True, optional=True, why="tokens per step"),
+    }
+
     def __post_init__(self) -> None:
-        for name in ("max_k", "max_num_seqs"):
-            value = getattr(self, name)
-            if not _is_int(value) or value < 1:
-                raise DocumentError(f"engine identity: {name} = {value!r} must be an integer >= 1")
-        for name in ("capture_ceiling", "max_num_batched_tokens"):
-            value = getattr(self, name)
-            if value is not None and (not _is_int(value) or value < 1):
-                raise DocumentError(f"engine identity: {name} = {value!r} must be an integer >= 1 or null")
+        check_bounds(self, where="engine identity", error=DocumentError)
         for name in ("gpu", "vllm_version", "model", "method"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise DocumentError(f"engine identity field {name!r} must be a non-empty string")
@@ -222,6 +236,13 @@ class StepTimeCell:
     None with fewer than two repetitions. Computed from the repetitions when not given (cells stored
     before the field existed)."""
 
+    BOUNDS: ClassVar[dict[str, Bound]] = {
+        "k": dataclasses.replace(DRAFT_LENGTH, optional=True, why="drafts per request; null: no speculation"),
+        "batch_size": BATCH_SIZE,
+        "stderr_ms": Bound(0.0, MAX_STEP_MS, optional=True, why="milliseconds; null: fewer than two repetitions"),
+        "launch_k": dataclasses.replace(DRAFT_LENGTH, optional=True, why="the launch's K; null: not recorded"),
+    }
+
     def __post_init__(self) -> None:
         where = f" at B={self.batch_size}, k={self.k}"
         validate_step_time(self.median_ms, where=where)
@@ -234,18 +255,12 @@ class StepTimeCell:
             if isinstance(r, bool) or not isinstance(r, numbers.Real):
                 raise InvalidStepTimeError(f"step time {r!r:.40} (repetitions_ms[{i}]){where} is not a number")
             validate_step_time(r, where=f" (repetitions_ms[{i}]){where}")
+        for i, r in enumerate((self.median_ms, *self.repetitions_ms)):  # the floor validate_step_time leaves open
+            check_value(STEP_MS, "median_ms" if i == 0 else f"repetitions_ms[{i - 1}]", r,
+                        where=f"step-time cell{where}", error=InvalidStepTimeError)
         if self.stderr_ms is None and len(self.repetitions_ms) >= 2:
             object.__setattr__(self, "stderr_ms", median_standard_error(self.repetitions_ms))
-        elif self.stderr_ms is not None and (isinstance(self.stderr_ms, bool)
-                                             or not isinstance(self.stderr_ms, numbers.Real)
-                                             or not math.isfinite(self.stderr_ms)
-                                             or not 0 <= self.stderr_ms <= MAX_STEP_MS):
-            raise DocumentError(f"step-time cell{where}: stderr_ms = {self.stderr_ms!r} must be a finite number in "
-                                f"[0, {MAX_STEP_MS:g}] or null")
-        if not _is_int(self.batch_size) or self.batch_size < 1:
-            raise DocumentError(f"step-time cell: batch_size = {self.batch_size!r} must be an integer >= 1")
-        if self.k is not None and (not _is_int(self.k) or self.k < 0):
-            raise DocumentError(f"step-time cell: k = {self.k!r} must be an integer >= 0 or None (no speculation)")
+        check_bounds(self, where="step-time cell", error=DocumentError)
         if self.acceptance not in DRAFT_VERDICTS:
             raise DocumentError(f"step-time cell: acceptance = {self.acceptance!r} must be one of {DRAFT_VERDICTS}")
         if self.timing not in TIMING_SOURCES:
@@ -281,6 +296,7 @@ class StepTimeProfile(_Document):
     def __post_init__(self) -> None:
         if self.mode not in PROFILE_MODES:
             raise DocumentError(f"step-time profile: mode = {self.mode!r} must be one of {PROFILE_MODES}")
+        object.__setattr__(self, "samples", check_samples(self.samples, where="step-time profile"))
 
     def reject_cells(self) -> dict[int, dict[int, float]]:
         out: dict[int, dict[int, float]] = {}
@@ -343,8 +359,57 @@ class StepTimeProfile(_Document):
                 cells.append(StepTimeCell(**{**c, "repetitions_ms": tuple(c["repetitions_ms"])}))
             except InvalidStepTimeError as exc:  # name the profile, so the cell can be found
                 raise InvalidStepTimeError(f"step-time profile of {ident.key}, cells[{i}]: {exc}") from None
-        samples = tuple(StepSample(**s) for s in body.pop("samples", ()))
+        raw = body.pop("samples", ())
+        if not isinstance(raw, list | tuple):
+            raise DocumentError(f"step-time profile of {ident.key}: samples must be a list of mixed-step samples")
+        samples = tuple(sample_from_dict(x, where=f"step-time profile of {ident.key}, samples[{i}]")
+                        for i, x in enumerate(raw))
         return cls(identity=ident, cells=tuple(cells), samples=samples, **body)
+
+
+SAMPLE_BOUNDS: dict[str, Bound] = {
+    "batch": BATCH_SIZE, "k": DRAFT_LENGTH, "decode_tokens": dataclasses.replace(TOKENS, low=1),
+    "prefill_tokens": TOKENS, "ms": STEP_MS,
+}
+"""The bounds of a mixed-step sample's numbers (``core.stepcost.StepSample``, a record of ``core``):
+the one rule of the profiler's store writer, the store's reader and an imported profile."""
+
+
+def check_sample(sample: StepSample, *, where: str) -> StepSample:
+    """``sample`` when every number is within ``SAMPLE_BOUNDS`` and its decode tokens are at least
+    its batch (every request decodes its own token), else ``InvalidStepTimeError`` (its time) or
+    ``DocumentError`` naming ``where`` and the field."""
+    for name, bound in SAMPLE_BOUNDS.items():
+        check_value(bound, name, getattr(sample, name), where=where,
+                    error=InvalidStepTimeError if name == "ms" else DocumentError)
+    if sample.decode_tokens < sample.batch:
+        raise DocumentError(f"{where}: decode_tokens = {sample.decode_tokens} < batch = {sample.batch}; every "
+                            "decoding request carries its own token")
+    return sample
+
+
+def check_samples(samples: Any, *, where: str) -> tuple[StepSample, ...]:
+    """Every sample of a profile through ``check_sample`` (``where``: whose), as a tuple."""
+    if isinstance(samples, (str, bytes, Mapping)) or not hasattr(samples, "__iter__"):
+        raise DocumentError(f"{where}: samples must be a list of mixed-step samples")
+    out = tuple(samples)
+    for i, sample in enumerate(out):
+        if not isinstance(sample, StepSample):
+            raise DocumentError(f"{where}: samples[{i}] = {sample!r:.60} is not a mixed-step sample")
+        check_sample(sample, where=f"{where}, samples[{i}]")
+    return out
+
+
+def sample_from_dict(data: Any, *, where: str) -> StepSample:
+    """A mixed-step sample from its JSON object (its five fields, no other), checked by ``check_sample``."""
+    names = tuple(SAMPLE_BOUNDS)
+    if not isinstance(data, Mapping) or set(data) != set(names):
+        got = sorted(map(str, data)) if isinstance(data, Mapping) else type(data).__name__
+        raise DocumentError(f"{where}: a mixed-step sample has exactly the fields {list(names)}, got {got}")
+    for name in names:  # before the record is built: it holds what it is given
+        check_value(SAMPLE_BOUNDS[name], name, data[name], where=where,
+                    error=InvalidStepTimeError if name == "ms" else DocumentError)
+    return check_sample(StepSample(**{n: data[n] for n in names}), where=where)
 
 
 @dataclass(frozen=True)
@@ -384,21 +449,24 @@ class AcceptancePrior(_Document):
         """``workload`` as the step-cost model's ``Workload`` (None when not recorded)."""
         return None if self.workload is None else Workload.from_dict(self.workload)
 
+    BOUNDS: ClassVar[dict[str, Bound]] = {
+        "num_drafts": COUNT, "drafted_per_pos": COUNT, "accepted_per_pos": COUNT,
+        "prompt_count": Bound(0, 10_000_000, integer=True, why="prompts measured"),
+        "temperature": Bound(0.0, 10.0, why="a sampling temperature; above 10 sampling is uniform noise"),
+    }
+
     def __post_init__(self) -> None:
         validate_acceptance(self.rates, name="acceptance prior")
+        for name in ("drafted_per_pos", "accepted_per_pos"):
+            if isinstance(getattr(self, name), (str, bytes, Mapping)) or not hasattr(getattr(self, name), "__len__"):
+                raise DocumentError(f"acceptance prior: {name} must be a list of counts")
+        check_bounds(self, where="acceptance prior", error=DocumentError)
         if self.workload is not None:
-            try:
-                Workload.from_dict(self.workload)
-            except (KeyError, TypeError, TableTuneError) as exc:
-                raise DocumentError(f"acceptance prior: workload = {self.workload!r:.200} is not a workload: "
-                                    f"{exc}") from None
+            check_workload(self.workload, where="acceptance prior: workload")
         if len(self.drafted_per_pos) != len(self.rates) or len(self.accepted_per_pos) != len(self.rates):
             raise DocumentError(
                 f"acceptance prior: drafted_per_pos ({len(self.drafted_per_pos)}), accepted_per_pos "
                 f"({len(self.accepted_per_pos)}) and rates ({len(self.rates)}) must have the same length")
-        if self.num_drafts < 0 or self.prompt_count < 0:
-            raise DocumentError(f"acceptance prior: num_drafts = {self.num_drafts!r} and prompt_count = "
-                                f"{self.prompt_count!r} must be >= 0")
         if self.source not in PRIOR_SOURCES:
             raise DocumentError(f"acceptance prior: source = {self.source!r} must be one of {PRIOR_SOURCES}")
 
@@ -418,6 +486,29 @@ class AcceptancePrior(_Document):
         for name in ("rates", "drafted_per_pos", "accepted_per_pos"):
             body[name] = tuple(body[name])
         return cls(**body)
+
+
+WORKLOAD_BOUNDS: dict[str, Bound] = {
+    "prompt_tokens": Bound(0.0, 10_000_000.0, low_open=True, why="mean tokens of a prompt"),
+    "output_tokens": Bound(1.0, 10_000_000.0, why="mean tokens of an answer"),
+}
+"""The bounds of a prior's workload (``core.stepcost.Workload``): what it may say about requests."""
+
+
+def check_workload(workload: Any, *, where: str) -> None:
+    """A prior's ``workload`` mapping: ``prompt_tokens`` and ``output_tokens`` within ``WORKLOAD_BOUNDS``,
+    ``source`` in words, no other key; else ``DocumentError`` naming ``where`` and the key."""
+    if not isinstance(workload, Mapping):
+        raise DocumentError(f"{where} must be a mapping of prompt_tokens, output_tokens and source")
+    unknown = sorted(map(str, set(workload) - {*WORKLOAD_BOUNDS, "source"}))
+    if unknown:
+        raise DocumentError(f"{where}: unknown key(s) {unknown}; known: {[*WORKLOAD_BOUNDS, 'source']}")
+    for name, bound in WORKLOAD_BOUNDS.items():
+        if name not in workload:
+            raise DocumentError(f"{where} lacks {name!r}")
+        check_value(bound, name, workload[name], where=where, error=DocumentError)
+    if not isinstance(workload.get("source", ""), str):
+        raise DocumentError(f"{where}: source = {workload['source']!r:.60} must be a string")
 
 
 @dataclass(frozen=True)
@@ -470,7 +561,17 @@ class DraftLengthTable(_Document):
     prefill fits with their errors, the expected extra per step at a few B, and the cells whose
     served steps no fit covers. Empty: the table was derived from decode steps alone."""
 
+    BOUNDS: ClassVar[dict[str, Bound]] = {
+        "max_num_seqs": BATCH_SIZE, "max_k": LAUNCH_K,
+        "predicted_worst_loss": Bound(-1e3, 1e3, why="a fraction of goodput"),
+        "confidence": Bound(0.5, 1.0, high_open=True, optional=True, why="a confidence level"),
+        "predicted_worst_loss_lcb": Bound(-1e3, 1e3, optional=True, why="a fraction of goodput"),
+        "predicted_worst_loss_ucb": Bound(-1e3, 1e3, optional=True, why="a fraction of goodput"),
+        "cells_remeasured": COUNT, "wall_timed_cells": COUNT,
+    }
+
     def __post_init__(self) -> None:
+        check_bounds(self, where="draft-length table", error=DocumentError)
         validate_table([list(r) for r in self.ranges], self.max_num_seqs, self.max_k)
         if self.search_policy not in SEARCH_RULES:
             raise DocumentError(f"draft-length table: search_policy = {self.search_policy!r} must be one of "

@@ -37,13 +37,19 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from tabletune_pipelines.errors import NotFoundError
+from tabletune_pipelines.errors import InvalidValueError, NotFoundError
+from tabletune_pipelines.formats.strict_io import atomic_write_text
+from tabletune_pipelines.options import Bound, check_value
 
 #: Longest prose prompt kept (characters; ~750 tokens): the measurement launch's context stays small.
 PROSE_MAX_CHARS = 3000
 #: A prose query counts as English when at least this share of its characters is ASCII.
 ENGLISH_ASCII_SHARE = 0.95
 MIX_KEY = "mix"
+#: A mix's weight: relative to the others, so 0 leaves a mix out and 10^6 times another is already all of the week.
+WEIGHT = Bound(0.0, 1e6, why="a relative weight; 0 leaves the mix out")
+#: Prompts in a sample week: at least one, at most what a week of logs holds in ``prompts.py``'s reader.
+WEEK_PROMPTS = Bound(1, 100_000, integer=True, why="prompts in the week")
 
 
 @dataclass(frozen=True)
@@ -132,7 +138,11 @@ def load_mix(name: str) -> tuple[str, ...]:
 
 
 def parse_weights(spec: str | Mapping[str, float]) -> dict[str, float]:
-    """``"code"``, ``"code:0.5,prose:0.5"`` or a mapping → normalised weights over known mixes."""
+    """``"code"``, ``"code:0.5,prose:0.5"`` or a mapping → normalised weights over known mixes.
+
+    Each weight is a finite number in ``WEIGHT`` (NaN, infinity, a negative or an absurd weight is an
+    ``InvalidValueError`` naming the mix), at least one is above 0; an unknown mix is a ``NotFoundError``."""
+    where = f"prompt mix {spec!r:.80}"
     if isinstance(spec, str):
         items: dict[str, float] = {}
         for part in spec.split(","):
@@ -143,27 +153,41 @@ def parse_weights(spec: str | Mapping[str, float]) -> dict[str, float]:
             try:
                 items[name.strip()] = float(w) if w else 1.0
             except ValueError:
-                raise NotFoundError(f"prompt mix weight {w!r} of {name!r} is not a number") from None
+                raise InvalidValueError(f"{where}: the weight {w!r:.40} of {name.strip()!r} is not a number") from None
+    elif isinstance(spec, Mapping):
+        items = {str(k): v for k, v in spec.items()}
     else:
-        items = {str(k): float(v) for k, v in spec.items()}
+        raise InvalidValueError(f"{where}: give 'name' or 'name:weight,...', or a mapping of mix names to weights")
     unknown = sorted(set(items) - set(SOURCES))
     if unknown:
         raise NotFoundError(f"prompt mix(es) {unknown} not known; choose from {list(MIX_NAMES)}")
+    for name, w in items.items():
+        check_value(WEIGHT, f"weight of {name!r}", w, where=where, error=InvalidValueError)
     total = sum(items.values())
-    if not items or total <= 0 or any(w < 0 for w in items.values()):
-        raise NotFoundError(f"prompt mix weights {items} must be >= 0 and sum to more than 0")
+    if total <= 0:
+        raise InvalidValueError(f"{where}: weights {items} must sum to more than 0")
     return {k: v / total for k, v in items.items() if v > 0}
 
 
+def _apportion(weights: Mapping[str, float], n: int) -> dict[str, int]:
+    """``n`` split by ``weights`` into whole counts that sum to ``n`` (largest remainders)."""
+    exact = {m: w * n for m, w in weights.items()}
+    counts = {m: int(x) for m, x in exact.items()}
+    by_remainder = sorted(exact, key=lambda m: (counts[m] - exact[m], m))
+    for m in by_remainder[:n - sum(counts.values())]:
+        counts[m] += 1
+    return counts
+
+
 def sample_week(mix: str | Mapping[str, float], n: int = 400, seed: int = 0) -> list[tuple[str, str]]:
-    """``n`` (prompt, mix) pairs drawn from the weighted mixes, shuffled like a week of traffic.
-    Each mix contributes ``round(weight * n)`` prompts, drawn without replacement while it lasts
-    (then again: a week repeats popular requests)."""
+    """Exactly ``n`` (prompt, mix) pairs drawn from the weighted mixes, shuffled like a week of
+    traffic. Each mix contributes its share of ``n`` (largest remainders), drawn without replacement
+    while it lasts (then again: a week repeats popular requests)."""
+    check_value(WEEK_PROMPTS, "n", n, where="sample week", error=InvalidValueError)
     weights = parse_weights(mix)
     rng = random.Random(seed)
-    counts = {m: int(round(w * n)) for m, w in weights.items()}
     out: list[tuple[str, str]] = []
-    for m, c in counts.items():
+    for m, c in _apportion(weights, n).items():
         pool = list(load_mix(m))
         while c > 0:
             take = min(c, len(pool))
@@ -174,14 +198,17 @@ def sample_week(mix: str | Mapping[str, float], n: int = 400, seed: int = 0) -> 
 
 
 def write_week(path: str | os.PathLike[str], mix: str | Mapping[str, float], n: int = 400, seed: int = 0) -> Path:
-    """Write a sample week of logged prompts (one ``{"prompt", "mix"}`` per line), atomically."""
+    """Write a sample week of ``n`` logged prompts (one ``{"prompt", "mix"}`` per line), atomically.
+    Everything is checked and drawn before the file is written: a bad mix writes nothing."""
     rows = sample_week(mix, n, seed)
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.name}.tmp")
-    tmp.write_text("".join(json.dumps({"prompt": q, MIX_KEY: m}) + "\n" for q, m in rows), encoding="utf-8")
-    tmp.replace(p)
-    return p
+    if len(rows) != n:  # sample_week draws exactly n; a week that says otherwise is never written
+        raise InvalidValueError(f"sample week of {mix!r:.80}: drew {len(rows)} prompts, not {n}; nothing was written")
+    text = "".join(json.dumps({"prompt": q, MIX_KEY: m}) + "\n" for q, m in rows)
+    try:
+        return atomic_write_text(path, text)
+    except OSError as exc:
+        raise InvalidValueError(f"cannot write the sample week {path}: {exc.strerror or exc}; nothing was "
+                                "written") from None
 
 
 def mix_labels(path: str | os.PathLike[str]) -> list[str | None]:

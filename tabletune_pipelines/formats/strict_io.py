@@ -1,4 +1,5 @@
-"""Reading files TableTune did not write: the one home of the rules every reader follows.
+"""Reading files TableTune did not write, and writing its own: the one home of the rules every
+reader and every writer follows.
 
 Stdlib only: the controller inside vLLM reads its published file through this module (via
 ``published``), and ``live_counters`` and ``control_protocol`` import it too. Every reader of an
@@ -21,6 +22,13 @@ store's header, the fingerprint key) uses it, and turns its exceptions into the 
   syntax error stays a ``json.JSONDecodeError``. Both are ``ValueError``: no text makes ``loads``
   raise anything else (Python's ``RecursionError`` on deep nesting and its integer-size
   ``ValueError`` never get out).
+* **Atomic writes that refuse links.** ``atomic_write_bytes`` / ``atomic_write_text`` is the one
+  writer of every whole file TableTune writes (published tables and their companions, exported
+  profiles, sample weeks of prompts, plots, control files): a temp file in the same folder, fsync,
+  rename, fsync of the folder, so a reader sees the old file or the new one, never a torn one. What
+  is at the path must be nothing or a regular file: a symbolic link (dangling or not), a folder, a
+  named pipe or a device is refused (``NotAWriteTargetError``) before anything is written, so no
+  write ever lands on a link's target or replaces a link someone placed there.
 """
 
 from __future__ import annotations
@@ -30,7 +38,9 @@ import json
 import math
 import os
 import stat
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, BinaryIO
 
 #: Deepest nesting of arrays and objects a document may have (TableTune's own documents use 4).
@@ -59,6 +69,17 @@ class FileTooLargeError(OSError):
         what = f"{size} bytes, more than" if size is not None else "larger than"
         super().__init__(errno.EFBIG, f"it is {what} the {limit} bytes this reader accepts", path)
         self.size, self.limit = size, limit
+
+
+class NotAWriteTargetError(OSError):
+    """What is at a path TableTune would write is not a regular file (a symbolic link, a folder, a
+    named pipe, a device); nothing was written."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(errno.EEXIST, f"it {reason}; TableTune writes only where nothing is or over a regular "
+                                       "file (move what is there away)", path)
+        self.reason = reason
+        """Why, e.g. ``"is a symbolic link (TableTune replaces files, not link targets)"``."""
 
 
 class LineTooLongError(ValueError):
@@ -97,6 +118,62 @@ def not_a_write_target(st: os.stat_result) -> str | None:
     if not stat.S_ISREG(st.st_mode):
         return "is not a regular file (a named pipe, a device or a socket)"
     return None
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, durable: bool = True,
+                       make_folders: bool = True) -> Path:
+    """Replace the file at ``path`` with ``data`` so that readers never see a partial file.
+
+    Nothing, or a regular file, may be at ``path``; anything else (a symbolic link, a folder, a
+    FIFO, a device) raises ``NotAWriteTargetError`` and nothing is written. The data goes to a temp
+    file ``.<name>.*.tmp`` in the same folder, then is renamed over ``path``; a failure removes the
+    temp file and leaves ``path`` as it was. ``durable``: fsync the file and its folder (off only
+    for files whose loss at a crash costs nothing, such as a control channel's acknowledgement).
+    ``make_folders``: create missing folders. Returns ``path`` as a ``pathlib.Path``.
+    """
+    target = Path(path)
+    _refuse_non_file(target)
+    if make_folders:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            if durable:
+                os.fsync(fh.fileno())
+        _refuse_non_file(target)  # placed there while the temp file was written: still refused
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    if durable:
+        dir_fd = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    return target
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str, **kwargs: bool) -> Path:
+    """``atomic_write_bytes`` of ``text`` in UTF-8."""
+    return atomic_write_bytes(path, text.encode("utf-8"), **kwargs)
+
+
+def _refuse_non_file(path: Path) -> None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    reason = not_a_write_target(st)
+    if reason == "is a symbolic link":
+        reason += " (TableTune replaces files, not link targets)"
+    if reason:
+        raise NotAWriteTargetError(os.fspath(path), reason)
 
 
 def _check_regular(path: str, mode: int) -> None:

@@ -29,7 +29,8 @@ import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +42,9 @@ from tabletune_pipelines.formats.documents import (
     EngineIdentity,
     StepTimeCell,
     StepTimeProfile,
+    check_sample,
+    check_samples,
 )
-from tabletune_pipelines.core.goodput import validate_step_time
 from tabletune_pipelines.core.served_calibration import ServedCalibration
 from tabletune_pipelines.core.stepcost import StepSample
 from tabletune_pipelines.errors import (
@@ -55,21 +57,57 @@ from tabletune_pipelines.errors import (
     UnwritablePathError,
 )
 from tabletune_pipelines.formats.published import (
+    VERSION,
     PublishedVersion,
     check_publish_targets,
     controller_fields,
     publication_lock,
     published_document,
+    speculative_config_path,
     write_published_table,
     write_speculative_config_companion,
 )
-from tabletune_pipelines.formats.strict_io import NotRegularFileError, open_regular
+from tabletune_pipelines.formats.strict_io import NotRegularFileError, atomic_write_bytes, open_regular
 from tabletune_pipelines.vocab import DEFAULT_PROFILE_MODE
 
 #: How many existing ids a NotFoundError lists.
 _LISTED = 10
 #: How often ``publish`` tries the next version when other publishers keep taking it.
 _PUBLISH_ATTEMPTS = 5
+
+@dataclass(frozen=True)
+class _PublicationRow:
+    """The ``publications`` row of one publication."""
+
+    deployment: str
+    version: int
+    table_id: str
+    path: Path
+    published_at: datetime
+    note: str | None
+
+
+def _previous_bytes(path: Path) -> bytes | None:
+    """What a publication replaces at ``path`` (None: nothing is there). Publishing has checked that it
+    is TableTune's own file, a regular file of bounded size."""
+    try:
+        with open_regular(path) as fh:
+            return fh.read()
+    except FileNotFoundError:
+        return None
+
+
+def _restore(path: Path, data: bytes | None) -> None:
+    """Put ``path`` back as it was before a publication that failed (best effort: the failure is
+    what the user is told about)."""
+    try:
+        if data is None:
+            path.unlink(missing_ok=True)
+        else:
+            atomic_write_bytes(path, data)
+    except OSError:
+        pass
+
 
 SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS engine_identities (
@@ -504,16 +542,19 @@ class TableTuneStore:
 
     # -- identities --------------------------------------------------------------------------
     def upsert_identity(self, identity: EngineIdentity) -> str:
-        key = identity.key
         with self._transaction() as conn:
-            exists = conn.execute("SELECT 1 FROM engine_identities WHERE identity_key = ?", [key]).fetchone()
-            if not exists:
-                conn.execute(
-                    "INSERT INTO engine_identities VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [key, identity.gpu, identity.vllm_version, identity.model, identity.drafter, identity.method,
-                     identity.max_k, identity.max_num_seqs, identity.to_json(), _now()],
-                )
-        return key
+            self._insert_identity(conn, identity)
+        return identity.key
+
+    @staticmethod
+    def _insert_identity(conn: duckdb.DuckDBPyConnection, identity: EngineIdentity) -> None:
+        key = identity.key
+        if not conn.execute("SELECT 1 FROM engine_identities WHERE identity_key = ?", [key]).fetchone():
+            conn.execute(
+                "INSERT INTO engine_identities VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [key, identity.gpu, identity.vllm_version, identity.model, identity.drafter, identity.method,
+                 identity.max_k, identity.max_num_seqs, identity.to_json(), _now()],
+            )
 
     def find_identity(self, identity_key: str) -> EngineIdentity | None:
         """The stored identity with this key, or None."""
@@ -548,21 +589,24 @@ class TableTuneStore:
         self.write_profile_cells(identity, [cell], mode)
 
     def write_profile_cells(self, identity: EngineIdentity, cells: list[StepTimeCell], mode: str = "one_launch") -> None:
-        self.upsert_identity(identity)
-        key = identity.key
         with self._transaction() as conn:
+            self._insert_identity(conn, identity)
             for cell in cells:
-                conn.execute(
-                    "DELETE FROM step_time_cells WHERE identity_key = ? AND mode = ? AND acceptance = ? "
-                    "AND k IS NOT DISTINCT FROM ? AND batch_size = ?",
-                    [key, mode, cell.acceptance, cell.k, cell.batch_size],
-                )
-                conn.execute(
-                    "INSERT INTO step_time_cells (identity_key, mode, acceptance, k, batch_size, median_ms, spread, "
-                    "repetitions_ms, launch_k, timing, measured_at, stderr_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [key, mode, cell.acceptance, cell.k, cell.batch_size, cell.median_ms, cell.spread,
-                     list(cell.repetitions_ms), cell.launch_k, cell.timing, _now(), cell.stderr_ms],
-                )
+                self._insert_cell(conn, identity.key, mode, cell)
+
+    @staticmethod
+    def _insert_cell(conn: duckdb.DuckDBPyConnection, key: str, mode: str, cell: StepTimeCell) -> None:
+        conn.execute(
+            "DELETE FROM step_time_cells WHERE identity_key = ? AND mode = ? AND acceptance = ? "
+            "AND k IS NOT DISTINCT FROM ? AND batch_size = ?",
+            [key, mode, cell.acceptance, cell.k, cell.batch_size],
+        )
+        conn.execute(
+            "INSERT INTO step_time_cells (identity_key, mode, acceptance, k, batch_size, median_ms, spread, "
+            "repetitions_ms, launch_k, timing, measured_at, stderr_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [key, mode, cell.acceptance, cell.k, cell.batch_size, cell.median_ms, cell.spread,
+             list(cell.repetitions_ms), cell.launch_k, cell.timing, _now(), cell.stderr_ms],
+        )
 
     def profile_cells(self, identity_key: str, mode: str = DEFAULT_PROFILE_MODE) -> list[StepTimeCell]:
         """The measured cells of one identity in one profile mode (empty if none)."""
@@ -597,16 +641,38 @@ class TableTuneStore:
                                          "ORDER BY mode", [identity_key])]
 
     def write_step_samples(self, identity: EngineIdentity, samples: list[StepSample], mode: str = "one_launch") -> None:
-        """Replace the stored mixed-step samples of one identity and mode with ``samples``."""
+        """Replace the stored mixed-step samples of one identity and mode with ``samples`` (checked by
+        ``documents.check_samples`` first, the rule every reader applies: a bad sample writes nothing)."""
+        samples = list(check_samples(samples, where=f"mixed-step samples of {identity.key}"))
         self.upsert_identity(identity)
-        now = _now()
         with self._transaction() as conn:
-            conn.execute("DELETE FROM step_samples WHERE identity_key = ? AND mode = ?", [identity.key, mode])
-            for s in samples:
-                conn.execute(
-                    "INSERT INTO step_samples (identity_key, mode, batch_size, k, decode_tokens, prefill_tokens, ms, "
-                    "measured_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    [identity.key, mode, s.batch, s.k, s.decode_tokens, s.prefill_tokens, float(s.ms), now])
+            self._replace_samples(conn, identity.key, mode, samples)
+
+    @staticmethod
+    def _replace_samples(conn: duckdb.DuckDBPyConnection, key: str, mode: str, samples: list[StepSample]) -> None:
+        """Replace one identity's samples in ``mode``; each row's ``measured_at`` is a microsecond after the
+        one before, so they are read back in the order given (the order the profiler logged them)."""
+        conn.execute("DELETE FROM step_samples WHERE identity_key = ? AND mode = ?", [key, mode])
+        now = _now()
+        for i, s in enumerate(samples):
+            conn.execute(
+                "INSERT INTO step_samples (identity_key, mode, batch_size, k, decode_tokens, prefill_tokens, ms, "
+                "measured_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [key, mode, int(s.batch), int(s.k), int(s.decode_tokens), int(s.prefill_tokens), float(s.ms),
+                 now + timedelta(microseconds=i)])
+
+    def write_profiles(self, profiles: list[StepTimeProfile]) -> int:
+        """Store whole profiles (identity, cells and mixed-step samples) in one transaction: imported
+        profiles are all there or none is. A profile's cells replace stored measurements of the same
+        cells; its samples replace the identity's samples in its mode. Returns the cells written."""
+        with self._transaction() as conn:
+            for profile in profiles:
+                key, mode = profile.identity.key, profile.mode
+                self._insert_identity(conn, profile.identity)
+                for cell in profile.cells:
+                    self._insert_cell(conn, key, mode, cell)
+                self._replace_samples(conn, key, mode, list(profile.samples))
+        return sum(len(p.cells) for p in profiles)
 
     def step_samples(self, identity_key: str, mode: str = DEFAULT_PROFILE_MODE) -> list[StepSample]:
         """The stored mixed-step samples (empty if none, or an older store opened read-only)."""
@@ -614,16 +680,16 @@ class TableTuneStore:
                           "schema_name = 'main' AND table_name = 'step_samples'"):
             return []
         rows = self.query("SELECT batch_size, k, decode_tokens, prefill_tokens, ms FROM step_samples WHERE "
-                          "identity_key = ? AND mode = ? ORDER BY measured_at, batch_size, k, prefill_tokens",
-                          [identity_key, mode])
+                          "identity_key = ? AND mode = ? ORDER BY measured_at, batch_size, k, prefill_tokens, "
+                          "decode_tokens, ms", [identity_key, mode])
         out = []
         for b, k, d, p, ms in rows:
             try:
-                validate_step_time(ms, where=f" (mixed-step sample B={b}, k={k}, P={p})")
+                out.append(check_sample(StepSample(batch=b, k=k, decode_tokens=d, prefill_tokens=p, ms=ms),
+                                        where=f"mixed-step sample B={b}, k={k}, P={p}"))
             except TableTuneError as exc:
                 raise StoredDataError(f"{self.path}: a stored mixed-step sample of {identity_key!r} cannot be a "
                                       f"measurement: {exc} (profile again to replace it)") from None
-            out.append(StepSample(batch=b, k=k, decode_tokens=d, prefill_tokens=p, ms=ms))
         return out
 
     def load_profile(self, identity_key: str, mode: str = DEFAULT_PROFILE_MODE) -> StepTimeProfile:
@@ -693,14 +759,18 @@ class TableTuneStore:
 
     # -- tables and publications -------------------------------------------------------------
     def write_table(self, table: DraftLengthTable) -> str:
-        tid = table.table_id
         with self._transaction() as conn:
-            conn.execute("DELETE FROM draft_length_tables WHERE table_id = ?", [tid])
-            conn.execute(
-                "INSERT INTO draft_length_tables VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [tid, table.identity_key, table.prior_id, json.dumps(table.as_vllm()), table.max_num_seqs,
-                 table.max_k, table.predicted_worst_loss, table.to_json(), _now()],
-            )
+            return self._insert_table(conn, table)
+
+    @staticmethod
+    def _insert_table(conn: duckdb.DuckDBPyConnection, table: DraftLengthTable) -> str:
+        tid = table.table_id
+        conn.execute("DELETE FROM draft_length_tables WHERE table_id = ?", [tid])
+        conn.execute(
+            "INSERT INTO draft_length_tables VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [tid, table.identity_key, table.prior_id, json.dumps(table.as_vllm()), table.max_num_seqs,
+             table.max_k, table.predicted_worst_loss, table.to_json(), _now()],
+        )
         return tid
 
     def table(self, table_id: str) -> DraftLengthTable:
@@ -783,23 +853,26 @@ class TableTuneStore:
         One publication of a file at a time: the publication lock beside it
         (``published.publication_lock``) is held from the version allocation to the version row, so
         the file's version and the store's row of that version hold the same table. The version is
-        one above both the store's last and the file's (a publish that crashed after writing the file
-        leaves a version the store lacks; the next one must still be newer for the controller). The
-        file is written first and the row committed after: a crash in between leaves a valid file not
-        yet recorded, never a recorded version without a file. Should another publisher that the lock
-        does not reach (another host on a file system without flock) take the version first, the
-        store's primary key refuses the row and the publication is repeated with the next version.
+        one above both the store's last and the file's (a publish killed after writing the file leaves
+        a version the store lacks; the next one must still be newer for the controller), and within
+        ``published.VERSION`` (beyond it nothing is written). Everything is checked and built before
+        anything is written; then the table row, the version row and the files go in one
+        transaction: the files are written inside it, and when a file cannot be written or the commit
+        fails, the rows are rolled back and the files put back as they were, so a failed publication
+        leaves file and store as they were and a rerun publishes as a first run would. Only a kill
+        between the rename and the commit leaves a file ahead of the store (never a recorded version
+        without its file). Should another publisher that the lock does not reach (another host on a
+        file system without flock) take the version first, the publication is repeated with the next.
         """
         check_publish_targets(export_path, deployment)  # a refusal creates nothing, not even the lock file
         with publication_lock(export_path):
             on_disk = check_publish_targets(export_path, deployment)  # again: what is there now
-            tid = self.write_table(table)
             # The table's evidence (bounds, boundaries, k within noise) goes beside the table, whose
             # fields stay the ones every reader of the published file knows.
             table_fields, evidence = table.published_parts()
             fields = {"evidence": evidence, **dict(document_fields or {})}
             for _ in range(_PUBLISH_ATTEMPTS):
-                version = max(self.latest_publication_version(deployment), on_disk) + 1
+                version = self._next_version(deployment, on_disk, export_path)
                 published_at = _now()
                 doc = published_document(
                     PublishedVersion(deployment=deployment, version=version, table=table_fields,
@@ -807,34 +880,68 @@ class TableTuneStore:
                                      published_at=published_at.isoformat() + "Z"),
                     **fields,
                 )
-                path = write_published_table(export_path, doc)
-                if companion:
-                    write_speculative_config_companion(export_path, doc)
-                if self._record_publication(deployment, version, tid, path, published_at, note, doc):
+                row = _PublicationRow(deployment, version, table.table_id, Path(export_path), published_at, note)
+                if self._publish_once(table, row, doc, companion):
                     return doc
                 on_disk = version  # taken by another publisher: the file is rewritten with a higher one
         raise StoreError(
-            f"publishing {tid} to deployment {deployment!r}: {_PUBLISH_ATTEMPTS} versions in a row were taken by "
-            f"other publishers at the same time, so {export_path} (v{version}) may hold another table than the "
-            "store's row of that version. Stop the other publishers of this deployment and publish again")
+            f"publishing {table.table_id} to deployment {deployment!r}: {_PUBLISH_ATTEMPTS} versions in a row were "
+            f"taken by other publishers at the same time; {export_path} and the store were left as they were. Stop "
+            "the other publishers of this deployment and publish again")
 
-    def _record_publication(self, deployment: str, version: int, table_id: str, path: Path, published_at: datetime,
-                            note: str | None, doc: Mapping[str, Any]) -> bool:
-        """Insert the version row; False when that version already exists (another publisher took it)."""
-        identity, prior = doc.get("identity"), doc.get("prior")
+    def _next_version(self, deployment: str, on_disk: int, export_path: str | os.PathLike[str]) -> int:
+        """One above both the store's last version and the file's, within ``published.VERSION`` (else
+        ``StoreError``: nothing is written)."""
+        stored = self.latest_publication_version(deployment)
+        version = max(stored, on_disk) + 1
+        if VERSION.problem(version) is not None:
+            raise StoreError(
+                f"publishing to deployment {deployment!r}: the next version would be {version} ({export_path} holds "
+                f"v{on_disk}, the store's last is v{stored}), beyond the largest version the store keeps "
+                f"({int(VERSION.high)}); nothing was written. Move {export_path} away (the controller then loads the "
+                "next file published) and publish again")
+        return version
+
+    def _publish_once(self, table: DraftLengthTable, row: "_PublicationRow", doc: Mapping[str, Any],
+                      companion: bool) -> bool:
+        """The table row, the version row and the files in one transaction: the files are written
+        inside it, and a failure anywhere (a file that cannot be written, a commit that fails) rolls
+        the rows back and puts the files back as they were. False when the version was taken."""
+        files = [row.path] + ([speculative_config_path(row.path)] if companion else [])
+        before = {p: _previous_bytes(p) for p in files}
         try:
             with self._transaction() as conn:
-                conn.execute(
-                    "INSERT INTO publications (deployment, version, table_id, path, published_at, note, identity_json, "
-                    "prior_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    [deployment, version, table_id, str(path), published_at, note,
-                     None if identity is None else json.dumps(identity, sort_keys=True),
-                     None if prior is None else json.dumps(prior, sort_keys=True)])
+                self._insert_table(conn, table)
+                if not self._insert_publication(conn, row, doc):
+                    return False
+                write_published_table(row.path, dict(doc))
+                if companion:
+                    write_speculative_config_companion(row.path, doc)
+        except BaseException:
+            for p, data in before.items():
+                _restore(p, data)
+            raise
+        return True
+
+    def _insert_publication(self, conn: duckdb.DuckDBPyConnection, row: "_PublicationRow",
+                            doc: Mapping[str, Any]) -> bool:
+        """Insert the version row; False when that version already exists (another publisher took it)."""
+        identity, prior = doc.get("identity"), doc.get("prior")
+        if conn.execute("SELECT 1 FROM publications WHERE deployment = ? AND version = ?",
+                        [row.deployment, row.version]).fetchone():
+            return False
+        try:
+            conn.execute(
+                "INSERT INTO publications (deployment, version, table_id, path, published_at, note, identity_json, "
+                "prior_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [row.deployment, row.version, row.table_id, str(row.path), row.published_at, row.note,
+                 None if identity is None else json.dumps(identity, sort_keys=True),
+                 None if prior is None else json.dumps(prior, sort_keys=True)])
         except (duckdb.ConstraintException, duckdb.TransactionException):
             return False
         except duckdb.Error as exc:
-            raise StoreError(f"{path} holds v{version} of deployment {deployment!r}, but {self.path} could not record "
-                             f"it ({exc}); publish again once the store can be written") from None
+            raise StoreError(f"{self.path} could not record v{row.version} of deployment {row.deployment!r} ({exc}); "
+                             f"nothing was published. Publish again once the store can be written") from None
         return True
 
     def rollback(self, deployment: str, export_path: str | os.PathLike[str],

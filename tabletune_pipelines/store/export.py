@@ -6,7 +6,11 @@ Each file is a ``StepTimeProfile`` document (``tabletune.step_time_profile``, wi
 identity and every cell's repetitions, so spread and standard error can be recomputed), named
 ``<identity key>.<mode>.json``. This is how profiles measured where the pipeline does not run (a
 GPU node) travel: as data, loadable with ``StepTimeProfile.from_json`` and importable into another
-store with ``import_profiles``.
+store with ``import_profiles``. A profile travels whole: its identity, its cells with their
+repetitions and its mixed-step samples (what the served step cost is fitted on), so the imported
+profile derives the table the source store derives. Every number of an imported file is checked by
+the rules the writer's documents follow (``documents``: ``StepTimeCell``, ``SAMPLE_BOUNDS``); a file
+that breaks one is named with the field, and nothing is imported.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from pathlib import Path
 
 from tabletune_pipelines.formats.documents import StepTimeProfile
 from tabletune_pipelines.errors import DocumentError, TableTuneError, UnwritablePathError
-from tabletune_pipelines.formats.published import atomic_write_text
+from tabletune_pipelines.formats.strict_io import atomic_write_text
 from tabletune_pipelines.store.duckdb_store import TableTuneStore
 from tabletune_pipelines.formats.strict_io import FileTooLargeError, NotRegularFileError, read_bounded
 
@@ -40,20 +44,22 @@ def _output_folder(out: Path) -> None:
 def export_profiles(store: TableTuneStore, out_dir: str | Path) -> list[Path]:
     """Write every stored profile as ``<key>.<mode>.json`` under ``out_dir``; returns the paths.
 
-    Each file is replaced atomically (what is at that name, a named pipe included, is replaced, never
-    written into); ``UnwritablePathError`` when ``out_dir`` is not a folder or a file cannot be written."""
+    Every profile is read (and checked) before the first file is written. Each file is replaced
+    atomically (``strict_io.atomic_write_text``: a regular file there is replaced, a symbolic link, a
+    folder or a named pipe is refused); ``UnwritablePathError`` when ``out_dir`` is not a folder or a
+    file cannot be written."""
     out = Path(out_dir)
+    profiles = [store.load_profile(key, mode) for key in store.identity_keys() for mode in store.profile_modes(key)]
     _output_folder(out)
     written = []
-    for key in store.identity_keys():
-        for mode in store.profile_modes(key):
-            path = out / f"{key}.{mode}.json"
-            try:
-                atomic_write_text(path, store.load_profile(key, mode).to_json(indent=1) + "\n")
-            except OSError as exc:
-                raise UnwritablePathError(f"cannot write {path} ({exc.strerror or exc}); "
-                                          f"{len(written)} profile(s) were written before it") from None
-            written.append(path)
+    for profile in profiles:
+        path = out / f"{profile.identity.key}.{profile.mode}.json"
+        try:
+            atomic_write_text(path, profile.to_json(indent=1) + "\n")
+        except OSError as exc:
+            raise UnwritablePathError(f"cannot write {path} ({exc.strerror or exc}); "
+                                      f"{len(written)} profile(s) were written before it") from None
+        written.append(path)
     return written
 
 
@@ -78,14 +84,11 @@ def read_profile(path: str | Path) -> StepTimeProfile:
 
 
 def import_profiles(store: TableTuneStore, paths: list[str | Path]) -> int:
-    """Write the cells of exported profile documents into ``store``; returns the number of cells."""
-    n = 0
-    for p in paths:
-        profile = read_profile(p)
-        store.upsert_identity(profile.identity)
-        store.write_profile_cells(profile.identity, list(profile.cells), profile.mode)
-        n += len(profile.cells)
-    return n
+    """Write exported profile documents whole (identity, cells, mixed-step samples) into ``store``;
+    returns the number of cells. Every file is read and checked first, then all go in one
+    transaction: a bad file imports nothing."""
+    profiles = [read_profile(p) for p in paths]
+    return store.write_profiles(profiles)
 
 
 def main(argv: list[str] | None = None) -> int:

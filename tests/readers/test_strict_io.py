@@ -165,4 +165,5 @@ def test_the_module_is_stdlib_only():
                 for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree)
                  if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
-    assert imported <= {"__future__", "errno", "json", "math", "os", "stat", "collections", "typing"}, imported
+    assert imported <= {"__future__", "errno", "json", "math", "os", "stat", "collections", "typing", "pathlib",
+                        "tempfile"}, imported

@@ -8,6 +8,7 @@ export's command line prints it as one ``error:`` line and exits 2), and nothing
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 
@@ -112,17 +113,27 @@ def test_export_to_an_existing_file_is_one_error_line(store, home):
     assert snapshot(home) == before  # the store was opened read-only: same bytes, same mtime
 
 
-def test_export_writes_into_a_folder_and_never_into_a_pipe_at_a_files_name(store, home):
+def test_export_never_writes_into_or_over_a_pipe_or_a_link_at_a_files_name(store, home):
     out = home / "out"
     key = TableTuneStore(store, read_only=True).identity_keys()[0]
     out.mkdir()
-    os.mkfifo(out / f"{key}.one_launch.json")  # writing into it would wait for a reader forever
+    name = out / f"{key}.one_launch.json"
+    os.mkfifo(name)  # writing into it would wait for a reader forever
     before = snapshot(home)
     proc = run_export(store, out, cwd=home)
+    assert_one_error(proc, f"cannot write {name} (it is not a regular file")
+    assert snapshot(home) == before and stat.S_ISFIFO(os.lstat(name).st_mode)  # refused, left as it was
+    name.unlink()
+    victim = home / "victim.txt"
+    victim.write_text("mine\n")
+    name.symlink_to(victim)
+    proc = run_export(store, out, cwd=home)
+    assert_one_error(proc, f"cannot write {name} (it is a symbolic link")
+    assert victim.read_text() == "mine\n" and name.is_symlink()
+    name.unlink()
+    proc = run_export(store, out, cwd=home)  # the rerun once the path is free
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == [str(out / f"{key}.one_launch.json")]
-    assert (out / f"{key}.one_launch.json").is_file()  # replaced, atomically
-    assert {k: v for k, v in snapshot(home).items() if not k.startswith("out")} == before
+    assert proc.stdout.split() == [str(name)] and name.is_file()
 
 
 def test_export_profiles_refuses_a_file_as_its_folder(store, home):
