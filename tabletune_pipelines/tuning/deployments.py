@@ -23,6 +23,7 @@ from tabletune_pipelines.engine.installed import installed_vllm_version
 from tabletune_pipelines.engine.plan import LaunchOverrides, ProfileOptions
 from tabletune_pipelines.errors import (
     EndpointUnreachable,
+    EngineConfigError,
     EngineError,
     EngineMismatchError,
     InvalidValueError,
@@ -414,7 +415,13 @@ def verify_served(identity: EngineIdentity, dep: Deployment | None, table: Any, 
     log.info(f"served verification of {identity.key}: {where}, acceptance {acceptance}, workload {prompts_file} "
              f"({len(prompts)} prompts)")
     if shared:
-        server.set_synthetic_rates(overrides["synthetic_acceptance_rates"])
+        try:
+            server.set_synthetic_rates(overrides["synthetic_acceptance_rates"])
+        except (EngineError, EngineConfigError) as exc:
+            log.warning(f"the flow's launch did not switch its synthetic rates ({str(exc).splitlines()[0]}); "
+                        "the verification launches its own server")
+            shared = False
+    if shared:
         return _run_verification(server, table, identity, opts, prompts, acceptance, log)
     with VLLMServer(cfg) as launched:
         log.info(f"verification server up in {launched.startup_seconds:.0f} s")
