@@ -293,8 +293,9 @@ def cmd_table(args: argparse.Namespace) -> int:
     plot_guard = _plot_guard(args) if args.plot else None  # a --plot target is refused before any work
     store = _open_store(args, must_exist=True, read_only=not args.save)
     if args.identity and not store.has_identity(args.identity):
-        raise NotFoundError(f"--identity {args.identity!r}: no engine identity with that key; {_identities_held(store)}; "
-                            "pass one of them, or omit --identity to use the profile of the engine the deployment runs")
+        raise NotFoundError(f"--identity {args.identity!r}: no engine identity with that key; "
+                            f"{_identities_held(store)}; pass one of them, or omit --identity to use the profile of "
+                            "the engine the deployment runs")
     key = args.identity or _deployment_profile_key(store, dep)
     profile = store.load_profile(key, args.mode)  # NotFoundError when that mode has no cells
     if args.rates is not None and args.prior:

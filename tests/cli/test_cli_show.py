@@ -60,7 +60,8 @@ def test_the_summary_of_a_table_not_verified_yet(home, capsys):
     dep, table, prior = publish()
     out = summary(capsys)
     lines = out.splitlines()
-    assert lines[0] == f"local-cpu: draft-length table v1, published {read_published_table(dep.published_table)['published_at']}"
+    published_at = read_published_table(dep.published_table)["published_at"]
+    assert lines[0] == f"local-cpu: draft-length table v1, published {published_at}"
     assert not any(line.startswith("NOTE") for line in lines)
     table_line = next(line for line in lines if line.strip().startswith("table "))
     assert ranges_line(table.ranges) in table_line and "K = 3, max_num_seqs = 16" in table_line

@@ -31,8 +31,9 @@ from tabletune_pipelines.tuning.feedback import ingest_live_counters
 from tabletune_pipelines.tuning.measure import measure_week, profile_identity
 from tests.tuning.runs import SETTINGS, WEEK, FakeEngine, Log, fleet, store, write_prompts
 
-SHARED = {"table", "table_ranges", "table_json", "table_id", "identity_key", "prior_id", "predicted_worst_loss", "predicted_worst_loss_lcb",
-          "predicted_worst_loss_ucb", "predicted_loss", "ranges", "boundaries", "k_within_noise", "cells_remeasured"}
+SHARED = {"table", "table_ranges", "table_json", "table_id", "identity_key", "prior_id", "predicted_worst_loss",
+          "predicted_worst_loss_lcb", "predicted_worst_loss_ucb", "predicted_loss", "ranges", "boundaries",
+          "k_within_noise", "cells_remeasured"}
 TABLE_KEYS = SHARED | {
     "one_batch_size_ranges", "search_policy", "wall_timed_cells", "has_error_estimates",
     "accepted_work_fit", "warnings", "identity", "prior_week", "prior_source", "acceptance_rates",
