@@ -7,8 +7,10 @@
 #   bash deploy/gpu/h200.sh goodput dense|moe ARGS..  benchmarks/gpu_goodput.py
 #   bash deploy/gpu/h200.sh controller dense|moe ARGS..  benchmarks/gpu_controller.py (hook cost, repair)
 #   bash deploy/gpu/h200.sh flow dense|moe ARGS..     the whole flow timed: profile, derive, verify, publish
-#                                                     (benchmarks/gpu_flow.py; the store and published files
-#                                                     of $TABLETUNE_HOME are copied to $OUT)
+#                                                     in one launch (benchmarks/gpu_flow.py; the store and the
+#                                                     published files are copied to $OUT/<engine>/)
+#   bash deploy/gpu/h200.sh start dense|moe [--cold]   the one launch's start-up, warm (after a flow) or cold
+#                                                     (benchmarks/gpu_warm_start.py)
 #   bash deploy/gpu/h200.sh export OUTDIR             the store's own export of every profile
 # The store lives in /tmp/tt-home (kept while the machine stays up; copied out by `export`).
 set -uo pipefail
@@ -48,8 +50,12 @@ case "$step" in
     e=$1; shift
     python3 benchmarks/gpu_flow.py --fleet $TABLETUNE_FLEET --deployment "$(dep $e)" --db $DB --out "${OUT:-/tmp/out}/$e" "$@"
     rc=$?
-    mkdir -p "${OUT:-/tmp/out}/$e/home" && cp -r $TABLETUNE_HOME/published $DB "${OUT:-/tmp/out}/$e/home/" 2>/dev/null
+    cp $TABLETUNE_HOME/published/* $DB "${OUT:-/tmp/out}/$e/" 2>/dev/null
     exit $rc
+    ;;
+  start)
+    e=$1; shift
+    python3 benchmarks/gpu_warm_start.py --fleet $TABLETUNE_FLEET --deployment "$(dep $e)" --out "${OUT:-/tmp/out}/$e" "$@"
     ;;
   export)
     python3 -m tabletune_pipelines.store.export "$DB" "$1" && cp $DB "$1/" 2>/dev/null
