@@ -512,8 +512,9 @@ def _loss_lines(pub: PublishedTable, doc: dict, store: TableTuneStore | str) -> 
         return [*lines, vs + f"not computed ({cmp})"]
     diff = cmp.differing()
     lo, hi = min(diff, key=lambda b: cmp.ratio[b - 1]), max(diff, key=lambda b: cmp.ratio[b - 1])
-    spread = " to ".join(f"× {cmp.ratio[b - 1]:.3f} ± {cmp.sd[b - 1]:.3f} (B {b})" for b in dict.fromkeys((lo, hi)))
-    return [*lines, vs + f"goodput × {cmp.mean:.3f} ± {cmp.mean_sd:.3f} (mean over B 1-{pub.max_num_seqs}, ± s.e.)",
+    spread = " to ".join(f"{cmp.ratio[b - 1]:.3f} ± {cmp.sd[b - 1]:.3f} (B {b})" for b in dict.fromkeys((lo, hi)))
+    return [*lines, vs + f"goodput ratio {cmp.mean:.3f} ± {cmp.mean_sd:.3f} (this table / the docs', mean over "
+                         f"B 1-{pub.max_num_seqs}, ± s.e.)",
             f"              where the k differ: {spread}; the same k at the other {pub.max_num_seqs - len(diff)} B"]
 
 

@@ -72,8 +72,8 @@ def test_the_summary_of_a_table_not_verified_yet(home, capsys):
     # The predicted loss with its bounds, and against vLLM docs' table with its standard error.
     assert "worst loss against the best fixed k at any B: " in out and "(95% bounds " in out
     docs_line = next(line for line in lines if "against vLLM docs' table [[1, 16, 3]]: " in line)
-    assert "goodput × " in docs_line and docs_line.endswith("(mean over B 1-16, ± s.e.)")
-    assert lines[lines.index(docs_line) + 1].strip().startswith("where the k differ: × ")
+    assert "goodput ratio " in docs_line and docs_line.endswith("(this table / the docs', mean over B 1-16, ± s.e.)")
+    assert lines[lines.index(docs_line) + 1].strip().startswith("where the k differ: ")
     assert "  served      not verified yet" in lines
     assert f"  file        {dep.published_table}" in lines
 
@@ -191,5 +191,5 @@ def test_show_opens_the_store_read_only(home, run_cli):
     publish()
     before = snapshot(home)
     proc = run_cli("show")
-    assert proc.returncode == 0 and "goodput × " in proc.stdout, proc.stderr
+    assert proc.returncode == 0 and "goodput ratio " in proc.stdout, proc.stderr
     assert snapshot(home) == before  # same bytes, same mtime
