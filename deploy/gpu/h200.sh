@@ -16,6 +16,14 @@
 set -uo pipefail
 G=/tmp/gv
 export TABLETUNE_HOME=/tmp/tt-home TABLETUNE_FLEET=deploy/gpu/fleet.h200.yaml
+# The card this machine has (a call may land on an H100): the fleet's gpu field says which, since a
+# profile from one card is no evidence for the other.
+CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -o 'H[12]00' | head -1)
+if [ -n "$CARD" ] && [ "$CARD" != H200 ]; then
+  mkdir -p $TABLETUNE_HOME && sed "s/gpu: H200/gpu: $CARD/" deploy/gpu/fleet.h200.yaml > $TABLETUNE_HOME/fleet.$CARD.yaml
+  export TABLETUNE_FLEET=$TABLETUNE_HOME/fleet.$CARD.yaml
+  echo "[h200.sh] this machine has an $CARD: deployments run with gpu: $CARD" >&2
+fi
 export PYTHONPATH=$PWD:$G/duck:${PYTHONPATH:-}
 DB=$TABLETUNE_HOME/h200.duckdb
 mkdir -p "$TABLETUNE_HOME"

@@ -5,12 +5,13 @@ The store's evidence says k = 0 (the prior: drafts almost never accepted), but t
 draft (synthetic acceptance 1.0 at every position). Served, k = 0 keeps one token per request-step and
 k = 3 four, for a step that costs well under 4x as much (the 1-layer draft and the verification of 3
 drafts on the tiny target): the table serves far less than the best fixed k. Why this cannot be noise:
-the verification fails only where the paired loss exceeds the 3% tolerance AND the paired noise
-(ratio + t·s.e. < 1, t = 3.18 with 4 rounds); k = 3 keeps 4x the tokens per request-step, so the
+a load fails only where the whole paired interval lies below 1 - 3% (ratio + t·s.e. < 0.97, t = 4.30
+with 3 rounds, 12.71 with 2); k = 3 keeps 4x the tokens per request-step, so the
 ratio k = 0 / best stays near 1/4 × (step-cost ratio), 0.3-0.6 on any CPU where a k = 3 step costs
 1.2-2.4x a k = 0 step (measured on a 2-core machine at load average 6-8 from other work: 0.42 ± 0.02
 at load 4, 0.55 ± 0.16 at load 8 with 3 rounds, where one round's windows straddled a burst of other
-work). For the verification to pass, both loads would need two or more such rounds out of four. The
+work). Rounds go on until a load is decided, up to four. For the verification not to fail, both loads
+would need two or more such rounds out of four. The
 test counts nothing in seconds: it asserts the verdict, the pairing and where the windows ran, on a
 machine of any speed.
 """
@@ -101,16 +102,19 @@ def test_failed_served_verification_keeps_the_previous_table(shared_server, tmp_
         assert checks[name].passed, checks[name].description
     assert [list(r) for r in result.candidate] == [[1, 8, 0]] and result.candidate_is == "k=0"
     # Every planned window was measured, on the real step log, running the table it was given.
+    # Rounds run until each load is decided (at most 4): a loss this large decides in 2 or 3.
     assert not result.budget_cut and result.plan.rounds == 4
+    assert {load for load, _ in result.stop_reasons} == {4, 8}
+    assert all(why in ("decided", "rounds") for _, why in result.stop_reasons), result.stop_reasons
     measured = list(result.windows)
-    assert len(measured) == 2 * 4 * 4 and sum(w.table_verified for w in measured) >= len(measured) - 2
+    assert 2 * 4 * 2 <= len(measured) <= 2 * 4 * 4 and sum(w.table_verified for w in measured) >= len(measured) - 2
     assert all(w.steps > 0 and w.kept_tokens > 0 for w in measured)
     # The verdict: k = 0 serves a fraction of the best fixed k (k > 0) at every load, beyond the noise.
-    assert not result.passed and result.failed_loads, result.summary()
+    assert not result.passed and result.failed_loads and result.verdict == "failed", result.summary()
     for v in result.verdicts:
         assert v.best_fixed_k is not None and v.best_fixed_k > 0, v.reason
         if v.status == "fail":
-            assert v.rounds >= 2 and v.ratio + v.t * v.ratio_se < 1.0 and v.loss > 0.03
+            assert v.rounds >= 2 and v.ratio + v.t * v.ratio_se < 0.97 and v.loss > 0.03
     served = checks["served_goodput_verified"]
     assert not served.passed and served.metadata["failed_loads"].value == result.failed_loads
     # Nothing was published: the previous table, its companion and the store's versions stay.
