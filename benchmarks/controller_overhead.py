@@ -132,13 +132,13 @@ def in_process(batch_sizes: list[int], max_k: int, n: int, steps: int, rounds: i
     times = []
     for i in range(rebuilds):
         # Acceptance flips between high and low each time, so (nearly) every rebuild changes the table.
-        c._hist_d[max_k] += 20000
-        c._hist_a[max_k if i % 2 == 0 else 0] += 20000
+        c.evidence.hist_d[max_k] += 20000
+        c.evidence.hist_a[max_k if i % 2 == 0 else 0] += 20000
         t = time.perf_counter()
         c.rebuild(clock[0])
         times.append((time.perf_counter() - t) * 1000.0)
     times.sort()
-    return hook, times, c.table_changes
+    return hook, times, c.counters.table_changes
 
 
 def main() -> int:

@@ -10,13 +10,22 @@ driven without an engine (tests, a simulator):
     settings   ControllerSettings: every parameter, its default, strict parsing
     loader     published file -> StartPoint (or the reason to fall back); the engine-identity check
     search     vLLM-layout lookups (the table's dense/range forms are core.table's; the search
-               itself is core.evidence, the offline tuner's)
+               itself is core.evidence, the offline tuner's); TableInForce: the table in force,
+               its lookup and boundary hysteresis
     step_correction  live step-time correction of the profiled T(B, k), with its error
     step       StepOutcome (one engine step, as the hooks see it) and count_drafts (the one
                per-request count of drafted and kept tokens); stdlib only
     flapping   FlapCounter: switches of k per batch size, reversals, the flap backoff's holds
     observations  CostObserver: which step intervals observe T(B, k), clean and served
-    logic      Controller: per-step counting, rebuilds, exploration, hysteresis, reloads, export
+    evidence   Evidence: what a version keeps (draft histograms, estimator, step-time model,
+               served workload) and the table search over it
+    exploration  Exploration: runs at the largest k and the other k, the open decision's focus
+    window     ExportWindow: the counts of one live-counters window and writing its line
+    version    Installed: a published version built whole before it is put in force (prepare);
+               FileWatch: when the published file is looked at again
+    record     Counters and Notes: the controller's counters and its log lines
+    logic      Controller: the coordinator of the parts above; the per-step hooks, rebuilds,
+               reloads and export
     scheduler  the vLLM adapter: Scheduler / AsyncScheduler subclasses with the three hooks
 
 The evaluation's adaptive baselines are not here: ``evaluation.baselines`` and its own adapter

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from tabletune_pipelines.core.noise import z_value
+
 #: A reversal within this many rebuilds of the end of the last hold (or within the longest hold,
 #: ``cap``, if longer) repeats the flapping: the next hold is longer. After a quiet spell that long,
 #: the level starts again (a change of traffic that happens to flip a batch size back is held 8).
@@ -114,6 +116,13 @@ class FlapCounter:
         self.overrides += int(through.sum())
         return np.where(moving & ~through, old, want)
 
+    def restrain(self, incumbent: np.ndarray, chosen: np.ndarray, rebuild: int, ev: Any) -> np.ndarray:
+        """``chosen`` (k per batch size, a search's answer ``ev`` revising ``incumbent``) as the hold
+        in force at ``rebuild`` lets it through (``allow``, with the gains' bounds ``gain_bound``)."""
+        if not self.holding(rebuild):
+            return chosen
+        return self.allow(incumbent, chosen, rebuild, gain_bound(ev, incumbent, chosen))
+
     def count(self, old: np.ndarray, new: np.ndarray, rebuild: int) -> None:
         """Count each batch size whose k changes from ``old`` to ``new`` (k per B, index B - 1) at
         rebuild number ``rebuild``, and the reversals among them; a change with a reversal starts
@@ -160,3 +169,20 @@ class FlapCounter:
             "held_batch_sizes": int(np.count_nonzero(self.held(rebuild))),
             "flap_level": self.level, "flap_overrides": self.overrides,
         }
+
+
+def gain_bound(ev: Any, incumbent: np.ndarray, chosen: np.ndarray) -> np.ndarray:
+    """Per batch size, the lower confidence bound of log(G(chosen) / G(incumbent)) in the search's
+    own evidence (``ev``: ``core.evidence.EvidenceTable``), at the search's confidence or
+    ``OVERRIDE_CONFIDENCE``, whichever is higher: what ``FlapCounter.allow`` weighs against
+    ``OVERRIDE_GAIN``. +inf where the incumbent's k was not searched (it has no claim), 0 where
+    nothing changes."""
+    row = {int(k): i for i, k in enumerate(ev.choice.ks)}
+    cols = np.arange(incumbent.size)
+    ci = np.array([row.get(int(k), -1) for k in chosen])
+    ii = np.array([row.get(int(k), -1) for k in incumbent])
+    ok = (ci >= 0) & (ii >= 0)
+    c, i = np.where(ok, ci, 0), np.where(ok, ii, 0)
+    z = max(float(ev.z), z_value(OVERRIDE_CONFIDENCE, max(1, len(ev.allowed) - 1)))
+    lcb = ev.log_ratio[c, i, cols] - z * ev.log_sd[c, i, cols]
+    return np.where(ok, np.where(ci == ii, 0.0, lcb), np.inf)

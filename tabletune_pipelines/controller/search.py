@@ -1,4 +1,5 @@
-"""The lookups the controller hands vLLM, sized for the rebuild budget.
+"""The lookups the controller hands vLLM, sized for the rebuild budget, and the table in force
+(``TableInForce``: its lookup, its hysteresis variants and the hold that limits them).
 
 The table's dense and range forms are ``core.table``'s (``dense_from_ranges``, vectorised;
 ``compact_ranges``); ``dense_from_ranges`` is re-exported here and ``compact`` gives the ranges as
@@ -19,7 +20,14 @@ import numpy as np
 
 from tabletune_pipelines.core.table import compact_ranges, dense_from_ranges
 
-__all__ = ["compact", "dense_from_ranges", "hysteresis_lookups", "vllm_lookup"]
+__all__ = ["Lookups", "Ranges", "TableInForce", "compact", "dense_from_ranges", "hysteresis_lookups", "lookups_of",
+           "vllm_lookup"]
+
+Ranges = tuple[tuple[int, int, int], ...]
+"""A table as ``((start, end, k), ...)``, the form the controller compares and stores."""
+
+Lookups = tuple[list[int] | None, dict[int, list[int]]]
+"""A table's vLLM lookup and its hysteresis variants per current k (None, {}: k cannot change)."""
 
 
 def compact(chosen: Sequence[int]) -> tuple[tuple[int, int, int], ...]:
@@ -48,3 +56,68 @@ def hysteresis_lookups(dense: np.ndarray, ks: Sequence[int], h: int) -> dict[int
         near = cs[hi] - cs[lo] > 0
         out[int(k)] = vllm_lookup(np.where(near, k, dense))
     return out
+
+
+def lookups_of(ranges: Ranges, n: int, ks: Sequence[int], h: int, *, applying: bool, controlling: bool) -> Lookups:
+    """vLLM's lookup of ``ranges`` (max_num_seqs ``n``) and, while controlling, its hysteresis
+    variants for the allowed ``ks`` and hysteresis ``h``; (None, {}) when k cannot change."""
+    if not applying:
+        return None, {}
+    dense = dense_from_ranges(ranges, n)
+    return vllm_lookup(dense), (hysteresis_lookups(dense, ks, int(h)) if controlling else {})
+
+
+class TableInForce:
+    """The table in force and the lookup handed to vLLM for it, with boundary hysteresis: while B is
+    within h of a range that uses the current k, the current k stays (``hyst``), for at most
+    ``hold`` steps in a row at batch sizes the table gives another k (docs/controller.md, "The
+    control loop"). ``candidate`` is the last rebuild's table (in force only while controlling).
+
+    Owned by ``logic.Controller`` for its life: the k in force (``cur_k``) carries over a new
+    version, which ``install``s its table. ``pick`` and ``served`` run every step, allocating nothing."""
+
+    def __init__(self, ranges: Ranges) -> None:
+        self.ranges = ranges
+        self.candidate = ranges
+        self.lookup: list[int] | None = None
+        self.hyst: dict[int, list[int]] = {}
+        self.hold = 32
+        """``hysteresis_hold_steps``."""
+        self.cur_k: int | None = None
+        """The k of the last step served outside exploration."""
+        self.off_table = 0
+        """Consecutive steps served at a k the table in force does not give their B."""
+
+    def install(self, ranges: Ranges, lookups: Lookups, hold: int) -> None:
+        """A new version's table (plain assignments)."""
+        self.ranges = self.candidate = ranges
+        self.lookup, self.hyst = lookups
+        self.hold = int(hold)
+        self.off_table = 0
+
+    def revise(self, ranges: Ranges, lookups: Lookups | None) -> None:
+        """A rebuild's table: the candidate, and with its ``lookups_of`` (built while controlling) the
+        table in force."""
+        self.candidate = ranges
+        if lookups is not None:
+            self.ranges, (self.lookup, self.hyst) = ranges, lookups
+
+    def pick(self) -> list[int] | None:
+        """The lookup for the next step: the hysteresis variant of the current k until the hold is
+        spent, then the table's own (None: leave vLLM's as it is)."""
+        if self.hyst and self.cur_k is not None:
+            if self.off_table < self.hold:
+                return self.hyst.get(self.cur_k, self.lookup)
+            # The hold is spent: B has stayed off the k in force for hysteresis_hold_steps steps (a load
+            # that sits inside a range, not one that crosses its boundary). One step of the table as it
+            # is makes the table's k the current one.
+            self.off_table = 0
+        return self.lookup
+
+    def served(self, b: int, k: int | None) -> None:
+        """A step of ``b`` requests ran at ``k`` (not an exploration step): ``k`` becomes the current
+        one; the hold counts on while the table's lookup (which vLLM consulted at ``b``) gives another."""
+        self.cur_k = k
+        lk = self.lookup
+        if lk is not None and b < len(lk):
+            self.off_table = self.off_table + 1 if k != lk[b] else 0

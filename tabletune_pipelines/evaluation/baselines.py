@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -174,6 +175,7 @@ class NightjarPolicy:
 
 from tabletune_pipelines.controller.logic import Controller  # noqa: E402 (after the policies it selects)
 from tabletune_pipelines.controller.search import compact  # noqa: E402
+from tabletune_pipelines.controller.version import Installed  # noqa: E402
 
 #: Nightjar-style arm statistics exported for at most this many batch sizes (the most visited).
 EXPORT_ARMS = 32
@@ -200,6 +202,21 @@ def build_policy(name: str, start: Any, max_num_seqs: int,
     raise InvalidValueError(f"no baseline policy {name!r}")
 
 
+@dataclass(frozen=True)
+class PolicyInstalled(Installed):
+    """A version as ``PolicyController`` runs it: ``Installed`` and the baseline built with it."""
+
+    policy: TurboSpecPolicy | NightjarPolicy | None = None
+    """The baseline choosing k (None: TableTune's, or one that cannot run: the published table is served)."""
+    policy_name: str = "tabletune"
+    policy_k_steps: list[int] = field(default_factory=list)
+    """Steps served per k while the baseline runs (K + 1 counters, from 0)."""
+    policy_failed: str | None = None
+    """Why the baseline does not run (None: it runs, or the policy is TableTune's)."""
+    policy_build_error: Exception | None = None
+    """The exception building the baseline raised (counted and logged when the version is announced)."""
+
+
 class PolicyController(Controller):
     """``logic.Controller`` with the ``policy`` setting honoured: for ``turbospec``/``nightjar``
     the baseline chooses vLLM's lookup every step while the controller itself runs as in observe
@@ -214,30 +231,35 @@ class PolicyController(Controller):
     policy: TurboSpecPolicy | NightjarPolicy | None = None
     policy_name: str = "tabletune"
 
-    def _prepare(self, start: Any) -> dict[str, Any]:
+    def _prepare(self, start: Any) -> PolicyInstalled:
         # Built with the rest of the version (``Controller._prepare``: all or nothing). A baseline that
         # cannot be built is not a failed install: the version goes in force serving its published
-        # table, and ``_announce`` counts and logs the baseline's failure.
-        new = super()._prepare(start)
+        # table, and ``_announce`` counts and logs the baseline's failure. Under a baseline the version
+        # does not control (``version.prepare``): TableTune's rebuilds are observed.
+        base = super()._prepare(start)
+        new = PolicyInstalled(**{f.name: getattr(base, f.name) for f in fields(Installed)},
+                              policy_k_steps=[0] * (self._K + 1))
         name = start.settings.policy
-        new.update(policy=None, policy_name="tabletune", policy_k_steps=[0] * (self._K + 1), policy_failed=None,
-                   _policy_build_error=None)
         if name == "tabletune":
             return new
-        new.update(policy_name=name, controlling=False)  # the baseline decides; TableTune's rebuilds are observed
-        if not new["applying"]:
-            new["policy_failed"] = "the launch has no table, so k cannot change"
-            return new
+        if not new.applying:
+            return replace(new, policy_name=name, policy_failed="the launch has no table, so k cannot change")
         try:
-            new["policy"] = build_policy(name, start, self._n, self._K)
+            return replace(new, policy_name=name, policy=build_policy(name, start, self._n, self._K))
         except Exception as exc:  # noqa: BLE001 - the published table is served instead
-            new["_policy_build_error"] = exc
-            new["policy_failed"] = f"building the {name} policy: {type(exc).__name__}"
-        return new
+            return replace(new, policy_name=name, policy_build_error=exc,
+                           policy_failed=f"building the {name} policy: {type(exc).__name__}")
 
-    def _announce(self, start: Any) -> None:
-        super()._announce(start)
-        name, exc = self.policy_name, self.__dict__.pop("_policy_build_error", None)
+    def _commit(self, new: Installed) -> None:
+        assert isinstance(new, PolicyInstalled)
+        self.policy, self.policy_name, self.policy_failed = new.policy, new.policy_name, new.policy_failed
+        self.policy_k_steps = new.policy_k_steps
+        super()._commit(new)
+
+    def _announce(self, new: Installed) -> None:
+        super()._announce(new)
+        name = self.policy_name
+        exc = new.policy_build_error if isinstance(new, PolicyInstalled) else None
         if name == "tabletune":
             return
         if not self.applying:
@@ -247,7 +269,7 @@ class PolicyController(Controller):
             self.fail("building the " + name + " policy", exc)
         else:
             self.log.info("TableTune controller: policy %s chooses k (allowed k %s); the published table %s is "
-                          "the fallback", name, list(start.allowed_k), _ranges(self.ranges))
+                          "the fallback", name, list(new.start.allowed_k), _ranges(self.ranges))
 
     def _policy_failed(self, where: str, exc: BaseException) -> None:
         self.policy = None

@@ -181,5 +181,6 @@ def test_without_k_in_the_scheduler_output_the_longest_draft_counted_stands_for_
     spec, idx, sampled = {"a": [0, 0], "b": [0, 0, 0]}, {"a": 0, "b": 1}, [[1, 1], []]
     given.on_step(StepOutcome({"a": 1, "b": 1}, spec, idx, sampled, 2, 0, 7, clock[0]))
     missing.on_step(StepOutcome({"a": 1, "b": 1}, spec, idx, sampled, None, 0, 7, clock[0]))
-    assert missing._prev_k == missing._cur_k == 2
-    assert missing._hist_d == given._hist_d == [0, 0, 1, 0] and missing._hist_a == given._hist_a == [0, 1, 0, 0]
+    assert missing._prev_k == missing.table.cur_k == 2
+    e, g = missing.evidence, given.evidence
+    assert e.hist_d == g.hist_d == [0, 0, 1, 0] and e.hist_a == g.hist_a == [0, 1, 0, 0]

@@ -16,6 +16,7 @@ nothing fails installs all of the new version.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -28,7 +29,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tabletune_pipelines.controller import logic
+from tabletune_pipelines.controller import evidence, exploration, logic, search, version
 from tabletune_pipelines.controller.search import dense_from_ranges, vllm_lookup
 from tabletune_pipelines.controller.settings import BOUNDS, CONTROLLER_POLICIES, ControllerSettings
 from tabletune_pipelines.errors import FleetError, SettingsError
@@ -111,12 +112,12 @@ def assert_in_force(c: PolicyController, version: int, ranges, mapping: dict) ->
     assert c.fallback_reason is None and c.start is not None
     assert c.start.published.version == version and c.settings == expected
     assert c.ranges == ranges and c.applying
-    assert c._lookup == lookup_of(ranges)
+    assert c.table.lookup == lookup_of(ranges)
     st_ = json.loads(json.dumps(c.state()))  # exportable
     assert st_["published_version"] == version and st_["table"] == [list(r) for r in ranges]
     assert st_["mode"] == ("control" if c.controlling else "observe")
-    if c.controlling and c._hyst:
-        assert all(len(lk) == ENGINE.max_num_seqs + 1 for lk in c._hyst.values())
+    if c.controlling and c.table.hyst:
+        assert all(len(lk) == ENGINE.max_num_seqs + 1 for lk in c.table.hyst.values())
 
 
 @settings(max_examples=200, deadline=None)
@@ -152,7 +153,7 @@ def test_any_setting_the_fleet_accepts_installs_at_start_and_on_reload(first, se
         publish(path, ranges=V2, rates=RATES, allowed_k=ALL_K, controller=second, version=2)
         clock[0] += BOUNDS["poll_every_s"].high + 1  # the largest poll interval has passed
         FakeEngine(c, RATES, TRUE_T, clock=clock).run(1, 8)
-        assert c.reloads == 1 and c.errors == 0
+        assert c.counters.reloads == 1 and c.errors == 0
         assert_in_force(c, 2, V2, second)
         FakeEngine(c, RATES, TRUE_T, clock=clock).run(40, 8)
         c.rebuild(clock[0])
@@ -164,24 +165,37 @@ def test_any_setting_the_fleet_accepts_installs_at_start_and_on_reload(first, se
 
 #: Everything ``_prepare`` builds a version from, patched in turn to fail on its n-th call.
 BUILDERS = ["AcceptanceEstimator", "StepTimeModel", "dense_from_ranges", "vllm_lookup", "hysteresis_lookups"]
-VOLATILE = {"log", "_wall", "_clock", "_sig", "_next_poll", "_logged"}  # what judging a changed file updates
+#: The controller modules a version is built in (``version.prepare`` and the parts it builds).
+BUILT_IN = (logic, version, evidence, exploration, search)
+#: What judging a changed file updates (and the clock, the wall clock and the logger, which do not pickle).
+VOLATILE = {"log", "_clock", "watch", "notes"}
 
 
 def snapshot(c: PolicyController) -> bytes:
-    return pickle.dumps({k: v for k, v in vars(c).items() if k not in VOLATILE})
+    state = {k: v for k, v in vars(c).items() if k not in VOLATILE}
+    state["window"] = {k: v for k, v in vars(c.window).items() if k != "wall"}
+    return pickle.dumps(state)
 
 
+@contextlib.contextmanager
 def failing_on(name: str, nth: int):
-    real = getattr(logic, name)
+    """``name`` fails from its (nth + 1)-th call on, counted over every module that builds a version;
+    yields the count of calls."""
     calls = [0]
 
-    def fake(*args, **kwargs):
-        calls[0] += 1
-        if calls[0] > nth:
-            raise OverflowError(f"{name} failed (injected)")
-        return real(*args, **kwargs)
+    def failing(real):
+        def fake(*args, **kwargs):
+            calls[0] += 1
+            if calls[0] > nth:
+                raise OverflowError(f"{name} failed (injected)")
+            return real(*args, **kwargs)
+        return fake
 
-    return fake, calls
+    with contextlib.ExitStack() as stack:
+        for module in BUILT_IN:
+            if hasattr(module, name):
+                stack.enter_context(mock.patch.object(module, name, failing(getattr(module, name))))
+        yield calls
 
 
 @HYPOTHESIS
@@ -193,15 +207,14 @@ def test_a_reload_installs_all_of_a_new_version_or_none_of_it(builder, nth, seco
         publish(path, ranges=V1, rates=RATES, allowed_k=ALL_K, controller={"hysteresis": 3})
         c = make(path, clock)
         FakeEngine(c, RATES, TRUE_T, clock=clock).run(30, 8)
-        before, hyst_before = snapshot(c), dict(c._hyst)
+        before, hyst_before = snapshot(c), dict(c.table.hyst)
         publish(path, ranges=V2, rates=RATES, allowed_k=ALL_K, controller=second, version=2)
-        fake, calls = failing_on(builder, nth)
         records: list[logging.LogRecord] = []
         handler = logging.Handler()
         handler.emit = records.append  # type: ignore[method-assign]
         c.log.addHandler(handler)
         try:
-            with mock.patch.object(logic, builder, fake):
+            with failing_on(builder, nth) as calls:
                 c._poll(clock[0] + 1.0)
                 failed = calls[0] > nth
                 c._poll(clock[0] + 2.0)  # the same file again: judged once
@@ -209,14 +222,14 @@ def test_a_reload_installs_all_of_a_new_version_or_none_of_it(builder, nth, seco
             c.log.removeHandler(handler)
         if failed:
             assert snapshot(c) == before  # nothing of v2, and v1 untouched (counters, estimator, lookups)
-            assert c.start.published.version == 1 and c.ranges == V1 and c._lookup == lookup_of(V1)
-            assert c._hyst == hyst_before and c.state()["published_version"] == 1 and c.reloads == 0
+            assert c.start.published.version == 1 and c.ranges == V1 and c.table.lookup == lookup_of(V1)
+            assert c.table.hyst == hyst_before and c.state()["published_version"] == 1 and c.counters.reloads == 0
             warnings = [r.getMessage() for r in records if r.levelno >= logging.WARNING]
             assert len(warnings) == 1, warnings
             assert "keeping v1 and table [[1,8,3],[9,16,1]]" in warnings[0]
             assert f"{builder} failed (injected)" in warnings[0] and "could not be installed" in warnings[0]
         else:
-            assert c.reloads == 1
+            assert c.counters.reloads == 1
             assert_in_force(c, 2, V2, second)
 
 
@@ -254,8 +267,8 @@ def test_at_the_largest_hysteresis_the_controller_holds_any_k_in_use(tmp_path, c
                      controller={"hysteresis": 4096}), clock)
     assert c.controlling and c.settings.hysteresis == 4096
     # k = 3 and k = 1 are both in use: holding either keeps it at every batch size.
-    assert c._hyst[3] == [0] + [3] * 16 and c._hyst[1] == [0] + [1] * 16
-    assert c._hyst[2] == c._lookup  # k = 2 is used nowhere: the table's own lookup
+    assert c.table.hyst[3] == [0] + [3] * 16 and c.table.hyst[1] == [0] + [1] * 16
+    assert c.table.hyst[2] == c.table.lookup  # k = 2 is used nowhere: the table's own lookup
 
 
 def test_a_huge_poll_interval_is_refused_and_the_largest_one_still_loads_a_newer_table(tmp_path, clock):
@@ -277,9 +290,7 @@ def test_a_huge_poll_interval_is_refused_and_the_largest_one_still_loads_a_newer
 
 def test_a_failed_build_at_start_falls_back_to_the_engines_table_with_one_line(tmp_path, clock, caplog):
     path = publish(tmp_path / "pub.json", ranges=V1, rates=RATES, allowed_k=ALL_K)
-    fake, _ = failing_on("hysteresis_lookups", 0)
-    with caplog.at_level(logging.WARNING, logger="tabletune.controller"), \
-            mock.patch.object(logic, "hysteresis_lookups", fake):
+    with caplog.at_level(logging.WARNING, logger="tabletune.controller"), failing_on("hysteresis_lookups", 0):
         c = make(path, clock)
     assert c.start is None and c.next_lookup() is None and c.state()["mode"] == "fallback"
     assert c.ranges == ENGINE.launch_ranges
@@ -298,9 +309,7 @@ def test_a_half_install_of_the_old_kind_cannot_happen_on_reload(tmp_path, clock,
     eng.run(10, 8)
     handed = c.next_lookup()
     publish(path, ranges=V2, rates=RATES, allowed_k=ALL_K, version=2, controller={"hysteresis": 5})
-    fake, _ = failing_on("hysteresis_lookups", 0)
-    with caplog.at_level(logging.INFO, logger="tabletune.controller"), \
-            mock.patch.object(logic, "hysteresis_lookups", fake):
+    with caplog.at_level(logging.INFO, logger="tabletune.controller"), failing_on("hysteresis_lookups", 0):
         clock[0] += 2.0
         eng.run(1, 8)
     assert c.start.published.version == 1 and c.settings.hysteresis == 2 and c.ranges == V1
@@ -310,4 +319,4 @@ def test_a_half_install_of_the_old_kind_cannot_happen_on_reload(tmp_path, clock,
     clock[0] += 2.0
     eng.run(1, 8)
     assert c.start.published.version == 3 and c.settings.hysteresis == 5 and c.ranges == V2
-    assert c._lookup == lookup_of(V2)
+    assert c.table.lookup == lookup_of(V2)

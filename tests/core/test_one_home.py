@@ -238,9 +238,7 @@ CONCEPTS: dict[str, tuple[Finder, set[str], set[tuple[str, str]]]] = {
     "range expansion": (range_expander, {"tabletune_pipelines/core/table.py"}, set()),
     "range compaction": (range_compactor, {"tabletune_pipelines/core/table.py"}, set()),
     "table validation": (table_validator, {"tabletune_pipelines/core/table.py"}, set()),
-    "monotone rates": (monotone_rates, {"tabletune_pipelines/core/acceptance_estimate.py"}, {
-        ("tabletune_pipelines/controller/logic.py", "Controller._win_a_rate"),
-    }),
+    "monotone rates": (monotone_rates, {"tabletune_pipelines/core/acceptance_estimate.py"}, set()),
     "reading /version": (version_reader, {"tabletune_pipelines/engine/client.py"}, set()),
     "vLLM version comparison": (version_comparison, {"tabletune_pipelines/formats/identity_match.py"}, set()),
     "batch-size grid": (batch_size_grid, {"tabletune_pipelines/core/steptime.py"}, set()),
