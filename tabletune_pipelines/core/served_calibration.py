@@ -8,7 +8,9 @@ step counted (``evaluation.served.served_points``); ``ServedCalibration.offsets`
 into a correction of the priced E[T(B, k, P)], with its variance and the covariance between ks
 measured in the same rounds. ``StepCost.served(..., calibration=...)`` applies it.
 
-Pure numpy, no I/O.
+Pure numpy, no I/O. Every number of a point has its bounds in ``ServedPoint.BOUNDS``
+(``options.Bound``, the one rule of numbers read from outside: a calibration is read back from the
+store).
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from tabletune_pipelines.errors import InvalidValueError
+from tabletune_pipelines.options import BATCH_SIZE, DRAFT_LENGTH, STEP_MS, Bound, check_bounds, check_value
+from tabletune_pipelines.vocab import MAX_STEP_MS
 
 
 @dataclass(frozen=True)
@@ -43,20 +47,29 @@ class ServedPoint:
     """``(round key, ms)`` per window: the key names the launch and round, so that two ks measured
     in the same rounds are compared paired (``ServedCalibration.offsets``)."""
 
+    BOUNDS: ClassVar[dict[str, Bound]] = {
+        "k": DRAFT_LENGTH,
+        "batch": Bound(1.0, BATCH_SIZE.high, why="mean requests per step"),
+        "ms": STEP_MS,
+        "se_ms": Bound(0.0, MAX_STEP_MS, why="milliseconds"),
+        "rounds": Bound(2, 1_000_000, integer=True, why="a standard error across rounds needs at least 2"),
+        "load": Bound(0, BATCH_SIZE.high, integer=True, why="concurrent requests; 0: not recorded"),
+    }
+
     def __post_init__(self) -> None:
-        object.__setattr__(self, "per_round", tuple((str(key), float(v)) for key, v in self.per_round))
-        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 0:
-            raise InvalidValueError(f"served point: k = {self.k!r} must be an integer >= 0")
-        for name in ("batch", "ms", "se_ms"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise InvalidValueError(f"served point k = {self.k}: {name} = {v!r} must be a finite number >= 0")
-        if self.batch < 1 or self.ms <= 0:
-            raise InvalidValueError(f"served point k = {self.k}: batch = {self.batch!r} must be >= 1 and "
-                                    f"ms = {self.ms!r} > 0")
-        if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 2:
-            raise InvalidValueError(f"served point k = {self.k}: rounds = {self.rounds!r}; a standard error "
-                                    "across rounds needs at least 2")
+        check_bounds(self, where="served point", error=InvalidValueError)
+        rows = self.per_round
+        if isinstance(rows, (str, bytes, Mapping)) or not hasattr(rows, "__iter__"):
+            raise InvalidValueError(f"served point k = {self.k}: per_round must be a list of [round key, ms]")
+        out = []
+        for i, row in enumerate(rows):
+            if isinstance(row, (str, bytes)) or not hasattr(row, "__len__") or len(row) != 2:
+                raise InvalidValueError(f"served point k = {self.k}: per_round[{i}] = {row!r:.60} must be "
+                                        "[round key, ms]")
+            check_value(STEP_MS, f"per_round[{i}] ms", row[1], where=f"served point k = {self.k}",
+                        error=InvalidValueError)
+            out.append((str(row[0]), float(row[1])))
+        object.__setattr__(self, "per_round", tuple(out))
 
     def to_dict(self) -> dict[str, Any]:
         return {"k": self.k, "batch": round(float(self.batch), 3), "ms": round(float(self.ms), 4),
@@ -174,7 +187,7 @@ class ServedCalibration:
             pts = tuple(ServedPoint(k=p["k"], batch=p["batch"], ms=p["ms"], se_ms=p["se_ms"], rounds=p["rounds"],
                                     load=p.get("load", 0), per_round=tuple(tuple(x) for x in p.get("per_round", ())))
                         for p in d["points"])
-        except (KeyError, TypeError) as e:
+        except (KeyError, TypeError, AttributeError) as e:
             raise InvalidValueError(f"served calibration: malformed point ({e!r}); each needs k, batch, ms, "
                                     "se_ms and rounds") from None
         return cls(points=pts, source=str(d.get("source", "")))

@@ -7,7 +7,10 @@ a value of the wrong type or outside its bounds are errors that name the file, t
 the key (one line per problem). Values are not coerced: ``max_k: "3"`` or ``max_num_seqs: true``
 is an error, not a 3 or a 1. ``${VAR}`` and ``${VAR:-default}`` are expanded in ``endpoint``,
 ``model``, ``drafter`` and the paths (``TABLETUNE_HOME`` defaults to ``~/.tabletune``); an unset
-variable without a default is an error. Relative paths are resolved against the file's folder.
+variable without a default is an error. Relative paths are resolved against the file's folder. A
+path must not climb out of what it names: a variable whose value or default holds ``..``
+(``${WHO:-../..}``), or a path written under ``${TABLETUNE_HOME}`` that resolves outside the home
+folder, is an error naming the key.
 
 The YAML itself is read strictly too: a key written twice in one mapping, an alias (``*name``) or
 a merge key (``<<``), an integer of more than 32 digits, a file over ``MAX_FLEET_BYTES``, one that is
@@ -53,6 +56,7 @@ from pydantic_core import PydanticCustomError
 
 from tabletune_pipelines.errors import FleetError, LiveCountersError, SettingsError
 from tabletune_pipelines.formats.published import speculative_config_path as _companion_of
+from tabletune_pipelines.options import BATCH_SIZE
 from tabletune_pipelines.formats.strict_io import MAX_INT_DIGITS, FileTooLargeError, NotRegularFileError, read_bounded
 from tabletune_pipelines.vocab import (
     DEFAULT_CUDAGRAPH_MODE,
@@ -113,19 +117,41 @@ def _problem(message: str) -> PydanticCustomError:
     return PydanticCustomError("tabletune", "{message}", {"message": message})
 
 
-def _expand(value: str, key: str | None) -> str:
-    """``${VAR}`` / ``${VAR:-default}`` from the environment; an unset VAR is named."""
+def _expand(value: str, key: str | None, subs: list[tuple[str, str]] | None = None) -> str:
+    """``${VAR}`` / ``${VAR:-default}`` from the environment; an unset VAR is named. ``subs``: gets
+    each ``(written, what it became)``."""
     def repl(m: re.Match[str]) -> str:
         name, default = m.group(1), m.group(2)
         if os.environ.get(name):
-            return os.environ[name]
-        if name == "TABLETUNE_HOME":
-            return str(tabletune_home())
-        if default is not None:
-            return default
-        raise _problem(f"{key!r} uses ${{{name}}}, which is not set (set it or write ${{{name}:-default}})")
+            text = os.environ[name]
+        elif name == "TABLETUNE_HOME":
+            text = str(tabletune_home())
+        elif default is not None:
+            text = default
+        else:
+            raise _problem(f"{key!r} uses ${{{name}}}, which is not set (set it or write ${{{name}:-default}})")
+        if subs is not None:
+            subs.append((m.group(0), text))
+        return text
 
     return _VAR_RE.sub(repl, value)
+
+
+def _check_climb(value: str, expanded: str, subs: list[tuple[str, str]], key: str | None) -> None:
+    """A path whose variables climb out of where it is written is flagged: a substitution with a
+    ``..`` in it (``${WHO:-../..}``), or a path written under ``${TABLETUNE_HOME}`` that ends up
+    outside the home folder. TableTune writes these paths; one that leaves the folder it names is a
+    mistake (or a trap), not a place."""
+    for written, text in subs:
+        if ".." in Path(text).parts:
+            raise _problem(f"{key!r} = {value!r}: {written} expands to {text!r}, which climbs folders ('..'); a path "
+                           f"from a variable must not leave the folder it is written in (resolved: {expanded!r})")
+    if value.startswith("${TABLETUNE_HOME}"):
+        home = os.path.normpath(os.path.abspath(tabletune_home()))
+        target = os.path.normpath(os.path.abspath(Path(expanded).expanduser()))
+        if os.path.commonpath([home, target]) != home:
+            raise _problem(f"{key!r} = {value!r} leaves the TableTune home folder {home} (it resolves to {target}); "
+                           "write a path inside it, or an absolute path")
 
 
 def _check_name(value: str, key: str | None) -> str:
@@ -172,7 +198,10 @@ def _path(value: Any, info: ValidationInfo) -> Any:
     if not isinstance(value, str):
         return value  # the field's own type check names it
     _one_line(value, info.field_name)
-    p = Path(_expand(value, info.field_name)).expanduser()
+    subs: list[tuple[str, str]] = []
+    expanded = _expand(value, info.field_name, subs)
+    _check_climb(value, expanded, subs, info.field_name)
+    p = Path(expanded).expanduser()
     base = (info.context or {}).get("base_dir") or Path.cwd()
     return p if p.is_absolute() else Path(base) / p
 
@@ -217,7 +246,7 @@ class Deployment(_Schema):
     drafter: str | None = Field(description="Draft model; null for n-gram drafting (and only then).")
     method: Method = Field(description="vLLM speculative method (speculative_config.method).")
     max_k: int = Field(ge=1, le=16, description="Launch num_speculative_tokens: the largest k any table may use.")
-    max_num_seqs: int = Field(ge=1, le=4096, description="Largest batch size the table covers.")
+    max_num_seqs: int = Field(ge=BATCH_SIZE.low, le=BATCH_SIZE.high, description="Largest batch size the table covers.")
     logged_prompts: Path = Field(
         description="Folder of weekly prompt logs <logged_prompts>/<YYYY-MM-DD>.jsonl (the Monday, UTC, the week "
                     'starts), one {"prompt": "..."} per line (tabletune_pipelines/formats/prompts.py).')

@@ -34,8 +34,12 @@ drafted position 1 is a draft), window_end >= window_start, ``estimate`` in [0, 
 non-increasing, strict JSON (``strict_io.loads``: no NaN/Infinity, duplicate keys, nesting past 64
 levels or integers of more than 32 digits), a line at most ``MAX_LINE_BYTES`` (read line by line
 with that limit: a longer line is never held in memory whole), a regular file only (a named pipe
-is refused, never waited on). Blank lines are skipped. A half-written last
-line (the controller was killed mid-append) is reported and skipped, not fatal.
+is refused, never waited on). Blank lines are skipped. A half-written line (the controller was
+killed mid-append; the restarted controller starts a fresh line, so one can also sit between whole
+lines) is skipped and reported with its line number (``ReadResult.skipped_lines``), not fatal. A
+half-written line is the start of a JSON object cut off: it opens with ``{`` and the text ends before
+the object does. Any other line that is not JSON (garbage, a line ending where JSON cannot) is an
+error naming its line, wherever it is in the file.
 
 Rules checked across lines: the windows of one writer (same ``deployment`` and ``source``) are in
 time order and do not overlap (each starts at or after the previous one's end); a window exported
@@ -53,6 +57,7 @@ import hashlib
 import json
 import math
 import os
+import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -214,11 +219,34 @@ def _check_optional_fields(obj: dict[str, Any], positions: int, where: str) -> N
 class ReadResult:
     windows: tuple[CounterWindow, ...]
     skipped_partial_last_line: bool
-    """True when a torn line (a writer killed mid-append) was skipped."""
+    """True when a torn line (a writer killed mid-append) was skipped (``skipped_lines`` says which)."""
     fingerprint: str
     """sha256 of the lines read (identifies the input; a duplicate window does not change it)."""
     duplicates: int = 0
     """Windows skipped because the same window was already read (exported twice)."""
+    skipped_lines: tuple[int, ...] = ()
+    """Line numbers of the torn lines skipped (a writer killed mid-append)."""
+
+
+_LITERAL_RE = re.compile(r"(t(r(ue?)?)?|f(a(l(se?)?)?)?|n(u(ll?)?)?|[-+.eE0-9]*)")
+
+
+def is_torn(text: str) -> bool:
+    """Whether ``text`` (a line that is not JSON) is the start of a JSON object cut off: it opens with
+    ``{`` and the parser runs out of text (inside a string, a number or a literal, or between
+    tokens), rather than into a character JSON cannot have there."""
+    t = text.rstrip()
+    if not t.startswith("{"):
+        return False
+    try:
+        json.loads(t)
+    except json.JSONDecodeError as exc:
+        if exc.msg.startswith("Unterminated string"):
+            return True
+        return bool(_LITERAL_RE.fullmatch(t[exc.pos:]))
+    except ValueError:  # e.g. Python's limit on integer digits: whole text, not a cut one
+        return False
+    return False
 
 
 def _lines(fh: Any, where: str) -> Any:
@@ -272,7 +300,7 @@ def read_live_counters(path: str | os.PathLike[str], *, max_k: int | None = None
     except OSError as exc:
         raise LiveCountersError(f"cannot read live counters file {p}: {exc.strerror or exc}") from None
     windows: list[CounterWindow] = []
-    partial = False
+    skipped: list[int] = []
     duplicates = 0
     h = hashlib.sha256()
     seen: dict[tuple[Any, ...], tuple[int, bytes]] = {}
@@ -287,8 +315,9 @@ def read_live_counters(path: str | os.PathLike[str], *, max_k: int | None = None
             try:
                 line = bline.decode("utf-8")
             except UnicodeDecodeError as exc:
-                if not ended:  # a torn final line may have been cut inside a UTF-8 sequence
-                    partial = True
+                # A torn line may have been cut inside a UTF-8 sequence: only at its very end.
+                if exc.reason == "unexpected end of data" and is_torn(bline[:exc.start].decode("utf-8", "replace")):
+                    skipped.append(no)
                     continue
                 raise LiveCountersError(f"{where}: not UTF-8 (byte {exc.start})") from None
             try:
@@ -297,11 +326,12 @@ def read_live_counters(path: str | os.PathLike[str], *, max_k: int | None = None
                 raise LiveCountersError(f"{where}: not valid JSON ({exc})") from None
             except ValueError as exc:
                 # A torn line (a writer killed mid-append; a restarted writer starts on a new line)
-                # is a prefix of a line: it never ends with the closing brace. Skip it, report it.
-                if not line.rstrip().endswith("}"):
-                    partial = True
+                # is the start of a line cut off: skipped and reported by number. Anything else is an error.
+                if is_torn(line):
+                    skipped.append(no)
                     continue
-                raise LiveCountersError(f"{where}: not valid JSON ({exc})") from None
+                raise LiveCountersError(f"{where}: not a counters window: not valid JSON ({exc}), and not the start "
+                                        "of one cut off by a writer killed mid-append") from None
             w = parse_window(obj, where)
             if max_k is not None and len(w.drafted_per_pos) > max_k:
                 raise LiveCountersError(f"{where}: {len(w.drafted_per_pos)} draft positions, but the deployment's "
@@ -311,8 +341,8 @@ def read_live_counters(path: str | os.PathLike[str], *, max_k: int | None = None
                 continue
             h.update(bline)
             windows.append(w)
-    return ReadResult(windows=tuple(windows), skipped_partial_last_line=partial, fingerprint=h.hexdigest(),
-                      duplicates=duplicates)
+    return ReadResult(windows=tuple(windows), skipped_partial_last_line=bool(skipped), fingerprint=h.hexdigest(),
+                      duplicates=duplicates, skipped_lines=tuple(skipped))
 
 
 def iso_utc(dt: datetime) -> str:

@@ -246,7 +246,7 @@ def ingest_live_counters(store: Any, fleet: Fleet, week: str, bounds: tuple[date
             left_out[dep.name] = split.left_out
             log.warning(f"{dep.name}: {split.describe_left_out()}")
         if read.skipped_partial_last_line:
-            log.warning(f"{dep.name}: skipped a half-written last line in {dep.live_counters}")
+            log.warning(f"{dep.name}: skipped half-written line(s) {list(read.skipped_lines)} of {dep.live_counters}")
         if read.duplicates:
             log.warning(f"{dep.name}: {read.duplicates} window(s) of {dep.live_counters} were exported twice; "
                         "each is counted once")

@@ -18,6 +18,8 @@ can only shrink (delete its entry when the copy goes).
     a measurement's launch overrides         engine.plan.LaunchOverrides
     the gate thresholds and their defaults   tuning.gates.GateThresholds
     building an engine identity              engine.identity.engine_identity / deployment_identity
+    writing a whole file atomically          formats.strict_io.atomic_write_bytes / atomic_write_text
+                                             (it refuses a symbolic link at the path)
 """
 
 from __future__ import annotations
@@ -233,6 +235,17 @@ def identity_builder(node: ast.AST, stack: list[ast.AST]) -> bool:
                                            else getattr(node.func, "id", None)) == "EngineIdentity"
 
 
+def atomic_writer(node: ast.AST, stack: list[ast.AST]) -> bool:
+    """``os.replace(tmp, path)`` / ``os.rename(...)`` or ``tmp.replace(path)`` (a ``Path``'s, one
+    argument): a temp file renamed over its target, an atomic writer of its own."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("replace", "rename") and not node.keywords):
+        return False
+    if isinstance(node.func.value, ast.Name) and node.func.value.id == "os":
+        return True
+    return len(node.args) == 1 and not (isinstance(node.func.value, ast.Name) and node.func.value.id == "dataclasses")
+
+
 CONCEPTS: dict[str, tuple[Finder, set[str], set[tuple[str, str]]]] = {
     # concept: (finder, files allowed to hold it, known copies left elsewhere)
     "range expansion": (range_expander, {"tabletune_pipelines/core/table.py"}, set()),
@@ -246,6 +259,13 @@ CONCEPTS: dict[str, tuple[Finder, set[str], set[tuple[str, str]]]] = {
     "launch overrides": (launch_overrides, {"tabletune_pipelines/engine/plan.py"}, set()),
     "gate thresholds": (gate_threshold, {"tabletune_pipelines/tuning/gates.py"}, set()),
     "engine identity": (identity_builder, {"tabletune_pipelines/engine/identity.py"}, set()),
+    "atomic file writer": (atomic_writer, {"tabletune_pipelines/formats/strict_io.py"}, {
+        # Being reworked with the engine: the embedded default's prompt file, and the model folders
+        # built beside their final place (a folder swap plus its marker file).
+        ("tabletune_pipelines/engine/acceptance.py", "write_default_prompt_file"),
+        ("tabletune_pipelines/engine/real_model.py", "ensure_real_model"),
+        ("tabletune_pipelines/engine/tiny_models.py", "ensure_tiny_models"),
+    }),
 }
 
 
@@ -284,6 +304,8 @@ def test_the_finders_see_the_shapes_they_look_for():
         gate_threshold: "class P:\n    trap_margin: float = Field(default=0.03)\n",
         identity_builder: "def f(name, n):\n    return EngineIdentity(gpu='H200', vllm_version='0.26.0', model=name,\n"
                           "                          drafter=None, method='ngram', max_k=3, max_num_seqs=n)\n",
+        atomic_writer: "def f(path, text):\n    tmp = path.with_name(path.name + '.tmp')\n    tmp.write_text(text)\n"
+                       "    os.replace(tmp, path)\n",
     }
     for finder, code in samples.items():
         tree = ast.parse(code)
@@ -293,7 +315,8 @@ def test_the_finders_see_the_shapes_they_look_for():
             version_reader: "def f(endpoint):\n    return f'{endpoint}/version'\n",
             launch_overrides: "names = ('startup_timeout', 'kv_cache_space_gib', 'max_model_len')\n",
             gate_threshold: "class P:\n    max_predicted_loss: float = 0.03\n",
-            identity_builder: "from tabletune_pipelines import documents\nx = documents.EngineIdentity(**fields)\n"}
+            identity_builder: "from tabletune_pipelines import documents\nx = documents.EngineIdentity(**fields)\n",
+            atomic_writer: "def f(p, text):\n    tmp = p.with_suffix('.tmp')\n    tmp.write_text(text)\n    tmp.replace(p)\n"}
     for finder, code in more.items():
         assert any(finder(node, stack) for node, stack in _walk(ast.parse(code), [])), finder.__name__
     # The copies this suite replaced would be found.
@@ -310,6 +333,8 @@ EXCEPTION_CLASSES_ELSEWHERE: dict[tuple[str, str], str] = {
     ("tabletune_pipelines/formats/strict_io.py", "NotRegularFileError"): "strict_io's stdlib-shaped vocabulary (an OSError, "
     "like the OS's own refusals): every reader turns it into its own TableTuneError naming the file",
     ("tabletune_pipelines/formats/strict_io.py", "FileTooLargeError"): "as NotRegularFileError (an OSError)",
+    ("tabletune_pipelines/formats/strict_io.py", "NotAWriteTargetError"): "as NotRegularFileError (an OSError, the "
+    "one atomic writer's refusal of a link or a non-file: every writer turns it into its own TableTuneError)",
     ("tabletune_pipelines/formats/strict_io.py", "LineTooLongError"): "as NotRegularFileError (a ValueError)",
     ("tabletune_pipelines/formats/strict_io.py", "StrictJSONError"): "as NotRegularFileError (a ValueError, like "
     "json.JSONDecodeError)",
