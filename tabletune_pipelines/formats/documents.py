@@ -245,7 +245,7 @@ class StepTimeCell:
 
     def __post_init__(self) -> None:
         where = f" at B={self.batch_size}, k={self.k}"
-        validate_step_time(self.median_ms, where=where)
+        validate_step_time(self.median_ms, where=f" (median_ms){where}")
         # Every repetition is a step time too: the noise model, the re-measurement and the spread
         # use them, so one NaN, negative or absurd repetition would change the table silently.
         if isinstance(self.repetitions_ms, (str, bytes, Mapping)) or not hasattr(self.repetitions_ms, "__iter__"):

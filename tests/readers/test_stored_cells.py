@@ -33,8 +33,8 @@ BAD_ROWS = [
     ("zero repetition", "[0.0, 15.0, 15.1]", 15.0, None, "step time 0.0 ms (repetitions_ms[0])"),
     ("absurd repetition", "[15.0, 2e7, 15.1]", 15.0, None, "step time 20000000.0 ms (repetitions_ms[1]) at B=1, k=0 "
                                                           "is longer than 1e+07 ms"),
-    ("1e308 ms cell", "[1e308]", 1e308, None, "step time 1e+308 ms at B=1, k=0 is longer than 1e+07 ms"),
-    ("1e308 ms median", "[15.0]", 1e308, None, "step time 1e+308 ms at B=1, k=0 is longer than 1e+07 ms"),
+    ("1e308 ms cell", "[1e308]", 1e308, None, "step time 1e+308 ms (median_ms) at B=1, k=0 is longer than 1e+07 ms"),
+    ("1e308 ms median", "[15.0]", 1e308, None, "step time 1e+308 ms (median_ms) at B=1, k=0 is longer than 1e+07 ms"),
     ("NaN standard error", "[15.0, 15.1]", 15.0, "'nan'::DOUBLE", "stderr_ms = nan must be a finite number"),
     ("absurd standard error", "[15.0, 15.1]", 15.0, "1e308", "stderr_ms = 1e+308 must be a finite number"),
 ]
