@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from tabletune_pipelines.formats.documents import AcceptancePrior, EngineIdentity, StepTimeProfile
 from tabletune_pipelines.engine.client import EngineClient
@@ -31,7 +31,7 @@ from tabletune_pipelines.errors import (
 )
 from tabletune_pipelines.formats.fleet import Deployment, Fleet, tabletune_home
 from tabletune_pipelines.formats.identity_match import COMPARED_FIELDS, identity_mismatches
-from tabletune_pipelines.options import options_from_mapping
+from tabletune_pipelines.options import Bound, check_bounds, options_from_mapping
 
 __all__ = [
     "AcceptanceOptions", "CurrentIdentity", "Engine", "EndpointUnreachable", "LocalEngine", "EngineMismatchError", "ProfileOptions",
@@ -211,6 +211,15 @@ class AcceptanceOptions(LaunchOverrides):
     """Tokens generated per prompt; None = the engine's default."""
     seed: int = 0
     """Seed of the prompt sample and of sampling."""
+
+    BOUNDS: ClassVar[dict[str, Bound]] = {  # the launch overrides' are engine.plan.PROFILE_LIMITS
+        "max_tokens": Bound(1, 1_000_000, integer=True, optional=True, why="tokens generated per prompt"),
+        "seed": Bound(0, 2 ** 63 - 1, integer=True, why="a random seed"),
+    }
+
+    def __post_init__(self) -> None:
+        LaunchOverrides.__post_init__(self)
+        check_bounds(self, where="acceptance options", error=InvalidValueError)
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any] | None, *, where: str = "acceptance options") -> "AcceptanceOptions":
