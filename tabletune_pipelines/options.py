@@ -2,7 +2,7 @@
 
 A fleet file, a Dagster run or resource config and a published file hand TableTune plain mappings;
 the typed options classes (``engine.plan.ProfileOptions``, ``deployments.AcceptanceOptions``,
-``evaluation.served.ServedVerificationOptions``, ``controller.settings.ControllerSettings``) are read
+``tuning.served_verification.ServedVerificationOptions``, ``controller.settings.ControllerSettings``) are read
 from them by ``options_from_mapping`` alone: a mapping (or None for every default), no key the class
 does not know (each unknown key named, with ``where`` and the known keys), and every error of the
 class's own validation prefixed with ``where``. The error class is the caller's layer's
@@ -147,7 +147,8 @@ class Bound:
 
 def _num(x: float) -> str:
     """A bound as written: ``100000``, ``0.5``, ``1e+12``."""
-    return str(int(x)) if float(x).is_integer() and abs(x) < 1e7 else f"{x:g}"
+    return str(int(x)) if float(x).is_integer() and (abs(x) < 1e7 or isinstance(x, int) and abs(x) < 1e16) \
+        else f"{x:g}"
 
 
 def shown(value: Any) -> str:
