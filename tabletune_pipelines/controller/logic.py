@@ -54,14 +54,12 @@ from collections.abc import Callable
 from time import perf_counter
 from typing import Any
 
-import numpy as np
-
 from tabletune_pipelines.controller.evidence import Evidence
 from tabletune_pipelines.controller.exploration import Exploration
 from tabletune_pipelines.controller.flapping import FlapCounter
 from tabletune_pipelines.controller.loader import EngineFacts, StartPoint
 from tabletune_pipelines.controller.record import Counters, Notes, fmt_table
-from tabletune_pipelines.controller.search import Ranges, TableInForce, compact, dense_from_ranges, lookups_of
+from tabletune_pipelines.controller.search import TableInForce, compact, dense_from_ranges, lookups_of
 from tabletune_pipelines.controller.settings import ControllerSettings
 from tabletune_pipelines.controller.step import StepOutcome, count_drafts
 from tabletune_pipelines.controller.version import FileWatch, Installed, announce, prepare
@@ -128,20 +126,10 @@ class Controller:
         """The settings in force (the defaults while falling back)."""
         return self.version.settings if self.version else _DEFAULTS
 
-    @property
-    def controlling(self) -> bool:
-        return self.version is not None and self.version.controlling
-
-    @property
-    def applying(self) -> bool:
-        return self.version is not None and self.version.applying
-
-    @property
-    def ranges(self) -> Ranges:
-        """The table in force."""
-        return self.table.ranges
-
-    # The counters read most (``Counters`` holds them all).
+    # Read often from outside: the version's flags, the table in force, the counters (``Counters`` holds all).
+    controlling = property(lambda self: self.version is not None and self.version.controlling)
+    applying = property(lambda self: self.version is not None and self.version.applying)
+    ranges = property(lambda self: self.table.ranges)
     rebuilds = property(lambda self: self.counters.rebuilds)
     errors = property(lambda self: self.counters.errors)
     exports = property(lambda self: self.counters.exports)
@@ -161,8 +149,7 @@ class Controller:
         return prepare(start, self.engine, self.flaps, self.steps, note=self.notes.once)
 
     def _commit(self, new: Installed) -> None:
-        """Put a prepared version in force (plain assignments: nothing here can fail half-way), then
-        say so."""
+        """Put a prepared version in force (plain assignments: nothing can fail half-way), then say so."""
         self.version, self.evidence, self.exploration, self.flaps = new, new.evidence, new.exploration, new.flaps
         self.table.install(new.table, new.lookups, new.settings.hysteresis_hold_steps)
         self._next_rebuild = self.steps + int(new.settings.rebuild_every_steps)
@@ -188,9 +175,7 @@ class Controller:
             self.export(now, force=True)  # the old version's last window
             self.counters.reloads += 1
             self._commit(new)
-        # This version of the file is judged: not read again until it changes (a new version only once
-        # in force: if anything above raised, the next poll retries it).
-        self.watch.sig = sig
+        self.watch.sig = sig  # judged (a new version once in force: if anything above raised, polls retry it)
 
     # ------------------------------------------------------------------ the hot path
     def next_lookup(self) -> list[int] | None:
@@ -271,41 +256,27 @@ class Controller:
         s, t, n = v.settings, self.table, self._n
         budget = float(s.rebuild_budget_ms) / 1000.0
         rates = ev.estimator.estimate()  # type: ignore[union-attr]
-        chosen = self._choose(v, ev, rates) if perf_counter() - t0 <= budget else None
+        incumbent = dense_from_ranges(t.candidate, n)
+        chosen = v.choose(incumbent, rates, self.counters.rebuilds, self._prev_b) if perf_counter() - t0 <= budget else None
         elapsed = perf_counter() - t0
         if chosen is None or elapsed > budget:
             self.counters.skipped_rebuilds += 1
-            self.notes.once("budget", "TableTune controller: a rebuild took %.2f ms, over rebuild_budget_ms = %g; "
-                            "skipped, keeping table %s (further skips are only counted)", elapsed * 1000.0,
-                            s.rebuild_budget_ms, fmt_table(t.ranges))
+            self.notes.skipped(elapsed * 1000.0, s.rebuild_budget_ms, t.ranges)
             return
         new, old = compact(chosen), t.candidate
         changed = new != old
         if changed:
-            self.flaps.count(dense_from_ranges(old, n), chosen, self.counters.rebuilds)
+            self.flaps.count(incumbent, chosen, self.counters.rebuilds)
         # The lookups first: if building them failed, nothing below (halving, decay) has happened.
         control = v.controlling and changed
         lookups = lookups_of(new, n, v.allowed_k, s.hysteresis, applying=True, controlling=True) if control else None
-        live = ev.settle(s, rates, (dense_from_ranges(old, n), chosen) if control and s.step_time_correction else None)
+        live = ev.settle(s, rates, (incumbent, chosen) if control and s.step_time_correction else None)
         t.revise(new, lookups)
         self.counters.rebuilt((perf_counter() - t0) * 1000.0, changed=changed)
         self.notes.rebuilt(self.counters, self.steps, v, (old, new), rates, live, ev.model, self._clock())
 
-    def _choose(self, v: Installed, ev: Evidence, rates: np.ndarray) -> np.ndarray:
-        """k per batch size (index B - 1): the evidence rule revising the table in force (``Evidence.search``),
-        the exploration focused on the open decision at the batch size in service, and batch sizes that
-        do not flip back while the flap backoff holds the table, unless the gain is large."""
-        incumbent = dense_from_ranges(self.table.candidate, self._n)
-        found = ev.search(v.settings, v.start.allowed_k, rates, incumbent)
-        chosen = np.asarray(found.choice.chosen, dtype=np.int64)
-        if self.exploration is not None:
-            self.exploration.refocus(found, chosen, self._prev_b, v.settings)
-        return self.flaps.restrain(incumbent, chosen, self.counters.rebuilds, found)
-
     def flapping(self) -> dict[str, Any]:
-        """Switches of k (table changes at a batch size): total, per hour since the controller
-        started, flips back, the batch sizes that switched most and how many are held now
-        (``FlapCounter.summary``)."""
+        """Switches of k per batch size since the controller started, flips back, holds (``FlapCounter.summary``)."""
         return self.flaps.summary(self.counters.rebuilds, max(self._clock() - self._t_started, 1e-9) / 3600.0)
 
     # ------------------------------------------------------------------ export
@@ -341,10 +312,7 @@ class Controller:
     def fail(self, where: str, exc: BaseException) -> None:
         """An exception in a hook: count it, log the first of its kind, keep the last good table."""
         self.counters.errors += 1
-        if self.notes.first(f"error:{where}:{type(exc).__name__}", bounded=False):
-            self.log.warning("TableTune controller: %s failed (%r); serving goes on with table %s (further "
-                             "failures of this kind are only counted)", where, exc, fmt_table(self.table.ranges),
-                             exc_info=exc)
+        self.notes.failure(where, exc, self.table.ranges)
 
     def close(self) -> None:
         """At shutdown: write the last window."""

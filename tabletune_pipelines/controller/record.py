@@ -86,6 +86,18 @@ class Notes:
         if self.first(key):
             self.log.warning(msg, *args)
 
+    def failure(self, where: str, exc: BaseException, table: Sequence[Sequence[int]]) -> None:
+        """A hook failed: the first failure of each kind (hook and exception type) is logged with its
+        traceback, naming the ``table`` that stays in force."""
+        if self.first(f"error:{where}:{type(exc).__name__}", bounded=False):
+            self.log.warning("TableTune controller: %s failed (%r); serving goes on with table %s (further "
+                             "failures of this kind are only counted)", where, exc, fmt_table(table), exc_info=exc)
+
+    def skipped(self, ms: float, budget_ms: float, table: Sequence[Sequence[int]]) -> None:
+        """A rebuild over its budget was skipped (the first one is logged)."""
+        self.once("budget", "TableTune controller: a rebuild took %.2f ms, over rebuild_budget_ms = %g; skipped, "
+                  "keeping table %s (further skips are only counted)", ms, budget_ms, fmt_table(table))
+
     def summary_due(self, now: float, every_s: float) -> bool:
         """Whether a summary line is due at clock time ``now`` (then its time is taken)."""
         if now - self.last_summary < every_s:

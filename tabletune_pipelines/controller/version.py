@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from tabletune_pipelines.controller.evidence import Evidence
 from tabletune_pipelines.controller.exploration import Exploration
 from tabletune_pipelines.controller.flapping import FlapCounter
@@ -56,6 +58,17 @@ class Installed:
     @property
     def allowed_k(self) -> tuple[int, ...]:
         return tuple(self.start.allowed_k)
+
+    def choose(self, incumbent: np.ndarray, rates: np.ndarray, rebuild: int, b: int) -> np.ndarray:
+        """k per batch size (index B - 1) at rebuild number ``rebuild``: the evidence rule revising
+        ``incumbent`` (``Evidence.search``), the exploration focused on the open decision at batch
+        size ``b`` (the one in service), and batch sizes that do not flip back while the flap
+        backoff holds the table, unless the gain is large (``FlapCounter.restrain``)."""
+        found = self.evidence.search(self.settings, self.start.allowed_k, rates, incumbent)
+        chosen = np.asarray(found.choice.chosen, dtype=np.int64)
+        if self.exploration is not None:
+            self.exploration.refocus(found, chosen, b, self.settings)
+        return self.flaps.restrain(incumbent, chosen, rebuild, found)
 
 
 def prepare(start: StartPoint, engine: EngineFacts, flaps: FlapCounter, steps: int, *,
