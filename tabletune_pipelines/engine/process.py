@@ -23,6 +23,7 @@ CPU build ``set_synthetic_rates(...)`` changes the synthetic acceptance at runti
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import signal
 import socket
@@ -155,6 +156,23 @@ def group_alive(pgid: int) -> bool:
         return True
 
 
+LAUNCH_LOG_ENV = "TABLETUNE_LAUNCH_LOG"
+"""When set, every server that becomes healthy appends one JSON line (model, K, start-up seconds) to
+this file: the test suite counts its vLLM launches with it."""
+
+
+def _note_launch(config: ServerConfig, startup_s: float) -> None:
+    path = os.environ.get(LAUNCH_LOG_ENV)
+    if not path:
+        return
+    line = json.dumps({"model": config.model, "k": config.num_speculative_tokens, "startup_s": round(startup_s, 1)})
+    try:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+    except OSError:
+        pass  # counting launches never fails one
+
+
 class ServerProcess:
     """The lifecycle of one vLLM server subprocess: launch, health wait, stop, log."""
 
@@ -225,6 +243,7 @@ class ServerProcess:
             self.stop()
             raise
         self.startup_seconds = time.monotonic() - t0
+        _note_launch(self.config, self.startup_seconds)
         return self
 
     def _wait_healthy(self, t0: float) -> None:
