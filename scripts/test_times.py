@@ -26,8 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     cases = []
     for tc in root.iter("testcase"):
         name = f"{tc.get('classname', '')}::{tc.get('name', '')}"
-        module = tc.get("classname", "").rsplit(".", 1)[0] if "." in tc.get("classname", "") else tc.get("classname", "")
-        cases.append((float(tc.get("time") or 0.0), name, module.replace(".", "/") + ".py"))
+        parts = tc.get("classname", "").split(".")
+        upto = next((i for i, p in enumerate(parts) if p.startswith("test_")), len(parts) - 1)
+        cases.append((float(tc.get("time") or 0.0), name, "/".join(parts[:upto + 1]) + ".py"))
     per_file: dict[str, list[float]] = collections.defaultdict(list)
     for t, _, f in cases:
         per_file[f].append(t)
