@@ -60,10 +60,12 @@ def test_sample_mix_names_the_prompts_the_measurement_samples(tmp_path):
 
 
 def test_unknown_mixes_and_bad_weights_are_refused():
-    from tabletune_pipelines.errors import NotFoundError
+    from tabletune_pipelines.errors import InvalidValueError, NotFoundError
 
-    for bad in ("poetry", "code:-1", "code:x", ""):
-        with pytest.raises(NotFoundError):
+    with pytest.raises(NotFoundError):
+        pm.parse_weights("poetry")
+    for bad in ("code:-1", "code:x", "", "code:nan", "code:inf"):  # a weight, not a name: out of its bounds
+        with pytest.raises(InvalidValueError):
             pm.parse_weights(bad)
 
 
