@@ -4,7 +4,8 @@
 checks that it was made for *this* engine: the file must record its engine identity (a file without
 one could be any engine's table), and that identity must match the engine on every field the engine
 reports — GPU type, vLLM version (its public part: ``0.32.0+cpu`` matches ``0.32.0``), model,
-drafter, method, K (``num_speculative_tokens``) and max_num_seqs — by the one comparison
+drafter, method, K (``num_speculative_tokens``), max_num_seqs and the graph envelope (the CUDA-graph
+capture ceiling, the token budget where the file pins one) — by the one comparison
 ``tabletune_pipelines.formats.identity_match.identity_mismatches`` (the library's ``deployments.same_engine``
 uses it too). When the engine was told which deployment it serves (``TABLETUNE_DEPLOYMENT``), the
 file must be that deployment's; without that setting the deployment name cannot be checked, and the
@@ -56,11 +57,17 @@ class EngineFacts:
     """Accelerator type (``"cpu"``, or the GPU's model such as ``"NVIDIA H200"``; None: not known)."""
     deployment: str | None = None
     """The fleet deployment this engine serves (``TABLETUNE_DEPLOYMENT``; None: not configured, not checked)."""
+    capture_ceiling: int | None = None
+    """vLLM's ``max_cudagraph_capture_size`` (None: no graphs, or not known): a table priced at another
+    ceiling is refused."""
+    max_num_batched_tokens: int | None = None
+    """The scheduler's token budget per step (None: not known); compared where the file's identity pins one."""
 
     def identity_fields(self) -> dict[str, object]:
         """The engine identity fields this engine knows (what ``identity_mismatches`` compares)."""
         known = {"gpu": self.gpu, "vllm_version": self.vllm_version, "model": self.model, "drafter": self.drafter,
-                 "method": self.method, "max_k": self.max_k, "max_num_seqs": self.max_num_seqs}
+                 "method": self.method, "max_k": self.max_k, "max_num_seqs": self.max_num_seqs,
+                 "capture_ceiling": self.capture_ceiling, "max_num_batched_tokens": self.max_num_batched_tokens}
         return {k: v for k, v in known.items() if v is not None}
 
     @property

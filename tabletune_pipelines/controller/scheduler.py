@@ -83,7 +83,23 @@ def engine_facts(scheduler: Any) -> EngineFacts:
         vllm_version=version,
         gpu=engine_gpu(getattr(getattr(cfg, "device_config", None), "device_type", None)),
         deployment=os.environ.get(DEPLOYMENT_ENV) or None,
+        capture_ceiling=engine_capture_ceiling(cfg),
+        max_num_batched_tokens=_positive_int(getattr(scheduler.scheduler_config, "max_num_batched_tokens", None)),
     )
+
+
+def _positive_int(v: Any) -> int | None:
+    return int(v) if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+def engine_capture_ceiling(cfg: Any) -> int | None:
+    """vLLM's capture ceiling in tokens; None when the engine captures no CUDA graphs (eager, the
+    CPU build: vLLM sets the ceiling to 0 or leaves it unset, and ``cudagraph_mode`` NONE)."""
+    comp = getattr(cfg, "compilation_config", None)
+    mode = str(getattr(getattr(comp, "cudagraph_mode", None), "name", "") or "").upper()
+    if mode == "NONE":
+        return None
+    return _positive_int(getattr(comp, "max_cudagraph_capture_size", None))
 
 
 class _ControllerMixin:

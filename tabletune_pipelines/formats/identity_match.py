@@ -14,7 +14,9 @@ field cheaply, and n-gram drafting has no drafter. The rules per field:
 * ``model``, ``drafter``: the same string, or the same real path (``~`` expanded, symlinks resolved);
 * ``vllm_version``: the same public version (``0.32.0+cpu`` matches ``0.32.0``);
 * ``gpu``: ``same_gpu`` (a fleet's ``H200`` matches the driver's ``NVIDIA H200``; ``cpu`` only ``cpu``);
-* ``method``, ``max_k``, ``max_num_seqs``: equal.
+* ``method``, ``max_k``, ``max_num_seqs``, ``max_num_batched_tokens``: equal;
+* ``capture_ceiling``: the same ceiling as vLLM runs it (``vllm_capture_ceiling``: vLLM rounds a
+  ceiling down to its capture grid, so 1000 and 992 are one envelope).
 
 ``dtype``, ``cudagraph_mode`` and ``model_runner`` are part of an identity's key but not compared:
 the engine does not report them in a form that matches the fleet's (a launch's dtype ``auto``, a
@@ -30,11 +32,19 @@ from pathlib import Path
 from typing import Any
 
 COMPARED_FIELDS = ("gpu", "vllm_version", "model", "drafter", "method", "max_k", "max_num_seqs")
-"""The identity fields ``identity_mismatches`` compares, in the order it reports them."""
+"""The engine fields ``identity_mismatches`` compares, in the order it reports them (``same_engine``:
+a deployment is the same engine in any graph envelope)."""
+ENVELOPE_FIELDS = ("capture_ceiling", "max_num_batched_tokens")
+"""The graph envelope: a table is priced for one (docs/method.md, "What a served step costs"), so the
+controller, the rollback and a measuring launch compare it too (``ENGINE_AND_ENVELOPE``)."""
+ENGINE_AND_ENVELOPE = COMPARED_FIELDS + ENVELOPE_FIELDS
+"""What ``identity_mismatches`` compares by default: the engine and its graph envelope."""
 REQUIRED_FIELDS = ("gpu", "vllm_version", "model", "method", "max_k", "max_num_seqs")
 """Fields every ``EngineIdentity`` has (``drafter`` is None for n-gram): a file's identity without one is refused."""
 
-_LABELS = {"max_k": "K (num_speculative_tokens)", "vllm_version": "vLLM", "gpu": "GPU"}
+_LABELS = {"max_k": "K (num_speculative_tokens)", "vllm_version": "vLLM", "gpu": "GPU",
+           "capture_ceiling": "capture ceiling (max_cudagraph_capture_size)",
+           "max_num_batched_tokens": "token budget (max_num_batched_tokens)"}
 _VENDOR_WORDS = frozenset({"nvidia", "amd", "intel", "tesla"})
 _UNKNOWN_GPU = "gpu"
 """What ``engine.identity.accelerator_name`` records for a GPU whose model it could not read."""
@@ -78,7 +88,32 @@ def same_gpu(a: str, b: str) -> bool:
     return bool(wa) and bool(wb) and (wa <= wb or wb <= wa)
 
 
+def vllm_capture_ceiling(requested: int) -> int:
+    """The ceiling vLLM captures for a requested ``max_cudagraph_capture_size``: the largest size of
+    its capture grid within it (1, 2, 4, multiples of 8 below 256, of 16 from 256; vLLM 0.26/0.32
+    ``VllmConfig._set_cudagraph_sizes``, which logs "Truncating max_cudagraph_capture_size")."""
+    c = int(requested)
+    if c >= 256:
+        return 256 + 16 * ((c - 256) // 16)
+    if c >= 8:
+        return 8 * (c // 8)
+    return max((s for s in (1, 2, 4) if s <= c), default=c)
+
+
+def capture_grid_ceil(tokens: int) -> int:
+    """The smallest size of vLLM's capture grid holding ``tokens`` (the grid of ``vllm_capture_ceiling``):
+    a ceiling vLLM captures as asked, not truncated."""
+    t = max(1, int(tokens))
+    if t <= 4:
+        return next(s for s in (1, 2, 4) if s >= t)
+    if t <= 256:
+        return 8 * (-(-t // 8))
+    return 256 + 16 * (-(-(t - 256) // 16))
+
+
 def _same(field: str, a: Any, b: Any) -> bool:
+    if field == "capture_ceiling":
+        return vllm_capture_ceiling(a) == vllm_capture_ceiling(b)
     if field in ("model", "drafter"):
         return same_path(str(a), str(b))
     if field == "vllm_version":
@@ -89,11 +124,12 @@ def _same(field: str, a: Any, b: Any) -> bool:
 
 
 def _show(field: str, v: Any) -> str:
-    return str(v) if field in ("max_k", "max_num_seqs") else repr(v)
+    return str(v) if field in ("max_k", "max_num_seqs", *ENVELOPE_FIELDS) else repr(v)
 
 
 def identity_mismatches(made_for: Mapping[str, Any], running: Mapping[str, Any], *,
-                        fields: Iterable[str] = COMPARED_FIELDS, running_name: str = "this engine's") -> list[str]:
+                        fields: Iterable[str] = ENGINE_AND_ENVELOPE,
+                        running_name: str = "this engine's") -> list[str]:
     """What differs between the identity something was ``made_for`` and the one ``running``, one
     phrase per field (``"model '/m/a' != this engine's '/m/b'"``); empty when nothing known differs.
     Fields unknown on either side (absent or None) are not compared."""

@@ -304,8 +304,8 @@ def one_launch(identity: EngineIdentity, dep: Deployment | None, *, log: logging
     A verification whose acceptance is ``real`` (real weights, real prompts) cannot share it: the
     profile's launch rejects drafts synthetically, so that verification launches its own server."""
     check_local_engine(identity)
+    from tabletune_pipelines.engine.envelope_log import envelope_checked
     from tabletune_pipelines.engine.plan import plan_from_options, switching_config
-    from tabletune_pipelines.engine.process import VLLMServer
 
     opts = options or ProfileOptions()
     work = Path(work_dir or default_work_dir("flow"))
@@ -313,7 +313,7 @@ def one_launch(identity: EngineIdentity, dep: Deployment | None, *, log: logging
                                        _real_model_overrides(identity)))
     plan = plan_from_options(cfg, opts)
     ks = sorted({k for k in plan.ks if k is not None} | set(range(identity.max_k + 1)))
-    with VLLMServer(switching_config(cfg, ks, 0.0, str(work))) as server:
+    with envelope_checked(identity, log.info)(switching_config(cfg, ks, 0.0, str(work))) as server:
         log.info(f"one launch of {identity.key}: up in {server.startup_seconds:.0f} s; it serves the profile, "
                  "then the served verification")
         yield server
@@ -330,6 +330,7 @@ def profile(identity: EngineIdentity, dep: Deployment | None, store: Any, *, log
     ``server``: a running launch to profile on (``one_launch``) instead of launching one.
     """
     check_local_engine(identity)
+    from tabletune_pipelines.engine.envelope_log import envelope_checked
     from tabletune_pipelines.engine.plan import fixed_k_baseline_options, plan_from_options
     from tabletune_pipelines.engine.profiler import ProfileServers, profile_step_times, store_hooks
 
@@ -340,11 +341,12 @@ def profile(identity: EngineIdentity, dep: Deployment | None, store: Any, *, log
             opts = dataclasses.replace(opts, decision_rates=tuple(priors[0].rates[:identity.max_k]))
     cfg = _server_config(identity, dep, cache_dir or default_cache_dir(), work_dir or default_work_dir("profile"), {})
     result = profile_step_times(cfg, opts, hooks=store_hooks(store, identity, opts.mode), identity=identity,
-                                servers=ProfileServers(server=server), progress=log.info)
+                                servers=ProfileServers(server=server, factory=envelope_checked(identity, log.info)),
+                                progress=log.info)
     if opts.fixed_k_baseline and opts.mode != "fixed_k":
         fixed = fixed_k_baseline_options(opts, plan_from_options(opts.apply_to(cfg), opts))
         profile_step_times(cfg, fixed, hooks=store_hooks(store, identity, "fixed_k"), identity=identity,
-                           progress=log.info)
+                           servers=ProfileServers(factory=envelope_checked(identity, log.info)), progress=log.info)
     return result
 
 
@@ -356,6 +358,7 @@ def measure_acceptance(identity: EngineIdentity, dep: Deployment, prompts_file: 
     deployment's temperature."""
     check_local_engine(identity)
     from tabletune_pipelines.engine import acceptance as engine_acceptance
+    from tabletune_pipelines.engine.envelope_log import envelope_checked
 
     opts = options or AcceptanceOptions()
     if opts.max_model_len is None and (long := _real_model_overrides(identity)):  # real prompts run long
@@ -364,10 +367,11 @@ def measure_acceptance(identity: EngineIdentity, dep: Deployment, prompts_file: 
                          work_dir or default_work_dir("acceptance"), opts.server_overrides())
     log.info(f"measuring acceptance of {identity.key} on {prompts_file} (<= {dep.max_prompts} prompts)")
     extra = {"max_tokens": opts.max_tokens} if opts.max_tokens is not None else {}
-    return engine_acceptance.measure_acceptance_from_file(
-        cfg, prompts_file, n=dep.max_prompts, temperature=dep.temperature, week=week, deployment=dep.name,
-        source="measured", seed=opts.seed, **extra,
-    )
+    with envelope_checked(identity, log.info)(dataclasses.replace(cfg, table=None)) as server:  # fixed K
+        return engine_acceptance.measure_acceptance_from_file(
+            cfg, prompts_file, n=dep.max_prompts, temperature=dep.temperature, week=week, deployment=dep.name,
+            source="measured", seed=opts.seed, server=server, **extra,
+        )
 
 
 def verification_launch_table(max_num_seqs: int, max_k: int) -> tuple[tuple[int, int, int], ...]:
@@ -391,7 +395,7 @@ def verify_served(identity: EngineIdentity, dep: Deployment | None, table: Any, 
     verification launches its own (the shared launch rejects drafts synthetically)."""
     check_local_engine(identity)
     from tabletune_pipelines.engine.acceptance import write_default_prompt_file
-    from tabletune_pipelines.engine.process import VLLMServer
+    from tabletune_pipelines.engine.envelope_log import envelope_checked
     from tabletune_pipelines.evaluation.served import ServedVerificationOptions
     from tabletune_pipelines.evaluation.served import verify_served as run_verification
     from tabletune_pipelines.formats.prompts import load_prompts
@@ -432,7 +436,7 @@ def verify_served(identity: EngineIdentity, dep: Deployment | None, table: Any, 
             shared = False
     if shared:
         return _run_verification(server, table, identity, opts, prompts, acceptance, log)
-    with VLLMServer(cfg) as launched:
+    with envelope_checked(identity, log.info)(cfg) as launched:
         log.info(f"verification server up in {launched.startup_seconds:.0f} s")
         return dataclasses.replace(_run_verification(launched, table, identity, opts, prompts, acceptance, log),
                                    launch_s=launched.startup_seconds)
