@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tabletune_pipelines.formats.documents import EngineIdentity
+from tabletune_pipelines.errors import InvalidValueError
 from tabletune_pipelines.formats.fleet import Deployment, Fleet
 from tabletune_pipelines.tuning.build import BuildSettings, DefaultBuildSettings, build_table
 from tabletune_pipelines.tuning.deployments import LocalEngine, one_launch
@@ -69,7 +70,7 @@ def run_flow(store: Any, fleet: Fleet, dep: Deployment, engine: LocalEngine, *, 
     runs first in the derive step (e.g. writes the prior the table is derived for)."""
     unknown = [s for s in steps if s not in FLOW_STEPS]
     if unknown:
-        raise ValueError(f"flow steps {list(steps)}: unknown {unknown}; give some of {list(FLOW_STEPS)}")
+        raise InvalidValueError(f"flow steps {list(steps)}: unknown {unknown}; give some of {list(FLOW_STEPS)}")
     identity = engine.current_identity(dep)
     report = FlowReport(deployment=dep.name, identity=identity.key)
     t_all = time.monotonic()

@@ -125,7 +125,7 @@ def channel(tmp_path, monkeypatch):
 @pytest.mark.parametrize("body,message", RATE_CASES[:5] + RATE_CASES[9:], ids=[str(c[0])[:40] for c in
                                                                                  RATE_CASES[:5] + RATE_CASES[9:]])
 def test_the_plugin_refuses_bad_rates_and_keeps_the_ones_in_force(channel, body, message):
-    launch = torch.tensor(cpu_plugin._conditional([0.7, 0.5, 0.3]))
+    launch = torch.tensor(cpu_plugin.conditional_rates([0.7, 0.5, 0.3]))
     seq = channel.send({"rates": [0.9, 0.8, 0.1]})
     applied = cpu_plugin._runtime_rates(launch).tolist()
     assert channel.wait_ack(seq, timeout=1.0)["rates"] == [0.9, 0.8, 0.1]
