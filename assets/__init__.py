@@ -1,5 +1,5 @@
 """TableTune's software-defined assets and their checks (thin: they call the library and describe
-what it produced). ``orchestration/definitions.py`` discovers every asset in this package.
+what it produced). ``assets/definitions.py`` (the code location) discovers every asset in this folder.
 
 Lineage: logged_prompts → acceptance_prior ─┐
          controller_live_counters → live_acceptance_counters ─┤

@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 
 from tabletune_pipelines.evaluation.bench import ints, loadavg
-from tabletune_pipelines.evaluation.served import mean_se, rotated
+from tabletune_pipelines.tuning.served_verification import mean_se, rotated
 
 
 def main() -> int:

@@ -43,7 +43,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tabletune_pipelines.evaluation.served import mean_se, rotated
+from tabletune_pipelines.tuning.served_verification import mean_se, rotated
 
 ROOT = Path(__file__).resolve().parents[1]
 

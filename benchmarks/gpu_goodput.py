@@ -5,7 +5,7 @@
 One launch per engine (Qwen3-4B-shaped or Qwen3-30B-A3B-shaped target + EAGLE-3 head, dummy
 weights, Model Runner V2 with full CUDA graphs, synthetic acceptance fixed at launch), closed-loop
 load at each concurrency, tables hot-swapped between windows in rotating order
-(``tabletune_pipelines.evaluation.served``, the library's closed loop). The launch table lists every k (V2 captures full CUDA graphs only for
+(``tabletune_pipelines.tuning.served_verification``, the library's closed loop). The launch table lists every k (V2 captures full CUDA graphs only for
 k values in the launch table). Prints per load: goodput per policy with its standard error across
 rounds, the loss against the best fixed k, and the paired A/A difference of two names for one table.
 """
@@ -18,7 +18,8 @@ import os
 import time
 from pathlib import Path
 
-from tabletune_pipelines.evaluation.served import loss_table, paired_ratio, run_closed_loop, summarize
+from tabletune_pipelines.tuning.served_verification import paired_ratio, summarize
+from tabletune_pipelines.evaluation.served import loss_table, run_closed_loop
 
 ENGINES = {
     "dense": ("qwen3-4b", "qwen3-4b-eagle3"),

@@ -17,7 +17,7 @@ published before) and priced by what serving pays (``core.stepcost`` with the cl
 workload: 32-token prompts, 32-128 output tokens, mean 80). Wall time of profile + derive printed.
 
 ``judge``: ONE launch with synthetic acceptance (0.7, 0.5, 0.3), closed loop
-(``evaluation.served``) at each load, rounds in rotating order, every window checked against the
+(``tuning.served_verification``) at each load, rounds in rotating order, every window checked against the
 step log: fixed k = 1, 2, 3, the docs' table, the decode-only table and the served-priced table.
 Printed per load: goodput ± s.e. across rounds, loss against the best fixed k, and the served
 table's paired ratio to the best fixed k (by round) ± s.e. The launch's step log is kept beside the
@@ -39,7 +39,7 @@ launches as the drift check.
 ``steps``: from a judge's figures and kept step log, no engine: per policy and load, arrivals per step
 (mean and variance / mean, which the served pricing takes as Poisson), the fraction of steps above the
 capture ceiling against what Poisson arrivals with the same mean give, and the step time above and
-under the ceiling (``evaluation.served.step_mix``).
+under the ceiling (``tuning.served_verification.step_mix``).
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ from pathlib import Path
 from tabletune_pipelines.core.stepcost import Workload
 from tabletune_pipelines.core.table import expand_table
 from tabletune_pipelines.formats.documents import AcceptancePrior, StepTimeProfile
-from tabletune_pipelines.evaluation.served import loss_table, paired_ratio, run_closed_loop, summarize
+from tabletune_pipelines.tuning.served_verification import paired_ratio, summarize
+from tabletune_pipelines.evaluation.served import loss_table, run_closed_loop
 
 HERE = Path(__file__).resolve().parent
 
@@ -155,8 +156,8 @@ def derive_both(prof: StepTimeProfile, calibration=None):
 
 
 def calibration_from_judges(paths: list[str]):
-    """One ``ServedCalibration`` from judge JSONs (``evaluation.served.calibration_from_judges``)."""
-    from tabletune_pipelines.evaluation.served import calibration_from_judges as pooled
+    """One ``ServedCalibration`` from judge JSONs (``tuning.served_verification.calibration_from_judges``)."""
+    from tabletune_pipelines.tuning.served_verification import calibration_from_judges as pooled
 
     return pooled([(Path(p).name, json.loads(Path(p).read_text())) for p in paths])
 
@@ -337,7 +338,7 @@ def cmd_steps(args) -> int:
     import gzip
     import math
 
-    from tabletune_pipelines.evaluation.served import Window, step_mix
+    from tabletune_pipelines.tuning.served_verification import Window, step_mix
 
     d = json.loads(Path(args.tables).read_text())
     windows = [Window(**w) for w in d["windows"]]

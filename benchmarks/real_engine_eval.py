@@ -32,7 +32,7 @@ Per scenario:
    (``core.evidence.search_with_evidence``) with both rules. Then every table policy — fixed
    k = 0..K, the docs' dense example scaled to max_num_seqs, tuned (0.5% rule), tuned (evidence)
    and its A/A copy (two names for the same table) — hot-swapped between windows in rotating order
-   across ``--rounds`` rounds (``evaluation.served.measure_window``: kept tokens = Σ(b + a) over the
+   across ``--rounds`` rounds (``tuning.served_verification.measure_window``: kept tokens = Σ(b + a) over the
    step log, every step checked to have run the window's table).
 2. **Adaptive launches**, one per policy: the controller (control mode from the tuned table),
    TurboSpec-style and Nightjar-style (``controller: {policy: ...}``), each the production plugin
@@ -65,7 +65,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from tabletune_pipelines.evaluation.bench import ints, loadavg
-from tabletune_pipelines.evaluation.served import (
+from tabletune_pipelines.tuning.served_verification import (
     LoadGenerator,
     Window,
     counted_window,
@@ -199,6 +199,7 @@ def profile_served(srv, prompt, args) -> tuple[dict, dict, dict, tuple[float, ..
     from tabletune_pipelines.core.acceptance_estimate import rates_from_counts
     from tabletune_pipelines.core.evidence import SearchSettings, search_with_evidence
     from tabletune_pipelines.core.noise import rates_covariance
+    from tabletune_pipelines.core.steptime import every_batch_size
 
     t0 = time.monotonic()
     samples: dict[int, dict[int, list[float]]] = {k: {} for k in KS}
@@ -228,9 +229,8 @@ def profile_served(srv, prompt, args) -> tuple[dict, dict, dict, tuple[float, ..
             raise RuntimeError(f"the profiling pass saw no clean decode steps at k = {k}")
         m = [statistics.fmean(samples[k][b]) for b in bs]
         v = [statistics.variance(samples[k][b]) / len(samples[k][b]) for b in bs]
-        grid = np.arange(1, N + 1)
-        ms[i] = np.maximum.accumulate(np.interp(grid, bs, m))  # non-decreasing in B, as derive_table pools
-        var[i] = np.interp(grid, bs, v)
+        t, var[i] = every_batch_size(bs, [m, v], N)
+        ms[i] = np.maximum.accumulate(t)  # non-decreasing in B, as derive_table pools
     cov = np.zeros((len(KS), len(KS), N))
     for i in range(len(KS)):
         cov[i, i] = var[i]

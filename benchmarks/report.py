@@ -8,7 +8,7 @@ The page is generated, not written by hand: every figure on it comes from a file
 compares the markdown only (the picture depends on the installed matplotlib and fonts); the drift
 test ``tests/evaluation/test_results_page.py`` runs the same comparison.
 
-Paired ratios and standard errors come from ``tabletune_pipelines.evaluation.served``
+Paired ratios and standard errors come from ``tabletune_pipelines.tuning.served_verification``
 (``paired_ratio``, ``mean_se``, ``summarize``, and ``judge_load`` for the verdict at a 3 % tolerance),
 the same code the served verification publishes with. Only the commands are written here: a judge's
 JSON holds its windows and policies but not the command line that launched it.
@@ -121,7 +121,7 @@ def _load(path: Path) -> dict:
 
 
 def _windows(rows: Sequence[dict]):
-    from tabletune_pipelines.evaluation.served import Window
+    from tabletune_pipelines.tuning.served_verification import Window
 
     names = {f.name for f in fields(Window)}
     return [Window(**{k: v for k, v in w.items() if k in names}) for w in rows]
@@ -161,7 +161,7 @@ def _same_up_to(a, b, load: int) -> bool:
 def judged_rows(rel: str, date: str, ceiling: int, candidate: str = "served") -> list[dict]:
     """One row per load of a judge launch: the candidate against the best fixed k (``judge_load``) and
     against the docs' table (``paired_ratio``)."""
-    from tabletune_pipelines.evaluation.served import judge_load, paired_ratio, summarize
+    from tabletune_pipelines.tuning.served_verification import judge_load, paired_ratio, summarize
 
     doc = _load(H200 / rel)
     windows = _windows(doc["windows"])
@@ -207,7 +207,8 @@ def headline() -> list[str]:
            "clients (32-token prompts, 32–128 output tokens) and hot-swaps every policy in it, window by window, "
            "in an order that rotates from round to round; kept tokens are counted from the engine's step log, "
            "and every window is checked against it. Ratios are paired by round: the mean of (table / other) over "
-           "the rounds ± its standard error, rounds in brackets. Verdict: `evaluation.served.judge_load` at a "
+           "the rounds ± its standard error, rounds in brackets. Verdict: "
+           "`tuning.served_verification.judge_load` at a "
            "3 % tolerance, the rule the served verification publishes with: within 3 % when the paired 95 % "
            "interval lies above 0.97, a loss when it lies below, undecided when it straddles 0.97. *A/A*: at "
            "that load the table runs the best fixed k's k at every batch size a closed loop reaches, so the "
@@ -300,7 +301,7 @@ PICTURE_POLICIES = {"fixed_k1": "fixed k = 1", "fixed_k2": "fixed k = 2", "fixed
 
 
 def picture_series() -> tuple[list[int], dict[str, list[tuple[float, float]]], dict]:
-    from tabletune_pipelines.evaluation.served import summarize
+    from tabletune_pipelines.tuning.served_verification import summarize
 
     doc = _load(H200 / PICTURE_LAUNCH)
     summary = summarize(_windows(doc["windows"]))
@@ -367,7 +368,7 @@ def render_picture(path: Path) -> None:
 
 # ----------------------------------------------------------------------------- the controller
 def controller_section() -> list[str]:
-    from tabletune_pipelines.evaluation.served import mean_se
+    from tabletune_pipelines.tuning.served_verification import mean_se
 
     out = ["## The controller", "",
            "### Recovery and switches under steady load", "",
@@ -472,7 +473,7 @@ def flow_section() -> list[str]:
 
 # ----------------------------------------------------------------------------- the CPU build
 def cpu_section() -> list[str]:
-    from tabletune_pipelines.evaluation.served import judge_load, paired_ratio, summarize
+    from tabletune_pipelines.tuning.served_verification import judge_load, paired_ratio, summarize
 
     doc = _load(CPU_EVAL)
     meta = doc["meta"]

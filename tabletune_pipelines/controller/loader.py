@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from tabletune_pipelines.controller.settings import ControllerSettings
+from tabletune_pipelines.core.steptime import every_batch_size
 from tabletune_pipelines.errors import PublishedTableError, SettingsError
 from tabletune_pipelines.formats.identity_match import identity_mismatches as _mismatches
 from tabletune_pipelines.formats.identity_match import missing_fields
@@ -118,8 +119,7 @@ def profile_rows(pub: PublishedTable, ks: Sequence[int], n: int) -> np.ndarray |
         bs = sorted(cells)
         if bs[0] != 1 or bs[-1] < n:
             return f"its step-time profile of k = {k} covers B {bs[0]}..{bs[-1]}, not 1..{n}"
-        rows.append(np.interp(np.arange(1, n + 1, dtype=float), np.asarray(bs, dtype=float),
-                              np.asarray([cells[b] for b in bs], dtype=float)))
+        rows.append(every_batch_size(bs, [[cells[b] for b in bs]], n)[0])
     return np.vstack(rows)
 
 

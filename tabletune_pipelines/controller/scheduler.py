@@ -102,7 +102,7 @@ def engine_capture_ceiling(cfg: Any) -> int | None:
     return _positive_int(getattr(comp, "max_cudagraph_capture_size", None))
 
 
-class _ControllerMixin:
+class ControllerHooks:
     """The three hooks; mixed in front of vLLM's Scheduler / AsyncScheduler (cooperative super())."""
 
     _tt: Controller | None = None
@@ -159,11 +159,11 @@ class _ControllerMixin:
             base()
 
 
-class SyncControllerScheduler(_ControllerMixin, Scheduler):  # type: ignore[misc]
+class SyncControllerScheduler(ControllerHooks, Scheduler):  # type: ignore[misc]
     """vLLM ``Scheduler`` (sync scheduling) + the TableTune controller."""
 
 
-class AsyncControllerScheduler(_ControllerMixin, AsyncScheduler):  # type: ignore[misc]
+class AsyncControllerScheduler(ControllerHooks, AsyncScheduler):  # type: ignore[misc]
     """vLLM ``AsyncScheduler`` (async scheduling, vLLM's GPU default) + the TableTune controller."""
 
 

@@ -193,16 +193,14 @@ class NoisySurface:
 
     def dense(self, max_num_seqs: int) -> tuple[np.ndarray, np.ndarray]:
         """T and its variance for every B in 1..max_num_seqs, each shaped (len(ks), max_num_seqs)."""
-        self.surface().dense(max_num_seqs)  # the coverage check and its message
+        ms_dense = self.surface().dense(max_num_seqs)  # the coverage check and its message, and T
         xs = np.asarray(self.batch_sizes, dtype=float)
         b = np.arange(1, max_num_seqs + 1, dtype=float)
         hi = np.clip(np.searchsorted(xs, b, side="left"), 1, len(xs) - 1) if len(xs) > 1 else np.zeros(len(b), int)
         lo = hi - 1 if len(xs) > 1 else hi
-        ms_rows, var_rows = [], []
+        var_rows = []
         for row, var in zip(self.ms, self.var):
-            t = np.interp(b, xs, row)
             if len(xs) == 1:
-                ms_rows.append(t)
                 var_rows.append(np.full(len(b), var[0]))
                 continue
             gap = xs[hi] - xs[lo]
@@ -212,9 +210,8 @@ class NoisySurface:
                 curv = _second_differences(xs, row)
                 c = np.maximum(curv[lo], curv[hi])
                 v = v + (0.5 * c * (b - xs[lo]) * (xs[hi] - b)).clip(min=0.0) ** 2
-            ms_rows.append(t)
             var_rows.append(v)
-        return np.vstack(ms_rows), np.vstack(var_rows)
+        return ms_dense, np.vstack(var_rows)
 
     def dense_cov(self, max_num_seqs: int) -> tuple[np.ndarray, np.ndarray]:
         """T for every B and the covariance of T between k values at each B, shape (K, K, N):

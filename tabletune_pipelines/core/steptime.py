@@ -144,6 +144,17 @@ def weighted_non_decreasing_fit(values: Sequence[float], weights: Sequence[float
     return fit, total
 
 
+def every_batch_size(batch_sizes: Sequence[float], rows: Sequence[Sequence[float]] | np.ndarray,
+                     max_num_seqs: int) -> np.ndarray:
+    """Step times for every batch size 1..max_num_seqs from step times measured at ``batch_sizes``
+    (ascending), one row per k: linear interpolation between measured batch sizes, held flat past
+    the last one. Shape (len(rows), max_num_seqs). The one place a profile becomes step times for
+    every batch size (the table search, the noise model, the simulator's surfaces, the controller)."""
+    b = np.arange(1, max_num_seqs + 1, dtype=float)
+    xs = np.asarray(batch_sizes, dtype=float)
+    return np.vstack([np.interp(b, xs, np.asarray(row, dtype=float)) for row in rows])
+
+
 @dataclass(frozen=True)
 class StepTimeSurface:
     """Measured step times T(B, k) in milliseconds on a grid of batch sizes.
@@ -199,9 +210,7 @@ class StepTimeSurface:
                 f"profile only reaches batch size {self.max_batch_size} but the table must cover "
                 f"1..{max_num_seqs}; profile up to max_num_seqs"
             )
-        b = np.arange(1, max_num_seqs + 1, dtype=float)
-        xs = np.asarray(self.batch_sizes, dtype=float)
-        return np.vstack([np.interp(b, xs, row) for row in self.ms])
+        return every_batch_size(self.batch_sizes, self.ms, max_num_seqs)
 
     def at(self, k: int, batch_size: int) -> float:
         if k not in self.ks:

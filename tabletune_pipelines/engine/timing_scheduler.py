@@ -75,7 +75,7 @@ def build_lookup(table: list[list[int]], max_num_seqs: int, max_k: int) -> list[
     return [0, *expand_table(table, max_num_seqs, max_k)]
 
 
-class _TimingMixin:
+class TimingHooks:
     """Step recording + k control; mixed into vLLM's Scheduler / AsyncScheduler."""
 
     # Class-level defaults keep every hook safe even if _tt_init failed.
@@ -283,11 +283,11 @@ class _TimingMixin:
         self._tt_held = [r for r in self._tt_held if r.request_id not in ids]
 
 
-class TimingScheduler(_TimingMixin, Scheduler):  # type: ignore[misc,valid-type]
+class TimingScheduler(TimingHooks, Scheduler):  # type: ignore[misc,valid-type]
     """vLLM ``Scheduler`` + TableTune step log + runtime k switching (sync scheduling, e.g. CPU)."""
 
 
-class TimingAsyncScheduler(_TimingMixin, AsyncScheduler):  # type: ignore[misc,valid-type]
+class TimingAsyncScheduler(TimingHooks, AsyncScheduler):  # type: ignore[misc,valid-type]
     """Same as ``TimingScheduler`` on vLLM's ``AsyncScheduler`` (async scheduling, e.g. GPU)."""
 
 

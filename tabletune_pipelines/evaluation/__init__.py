@@ -1,9 +1,11 @@
 """Evaluation library (docs/evaluation.md): a documented GPU step-time cost model, step-time surfaces from
 the cost model or from stored profiles, and a closed-loop replay simulator that drives every
-policy, the production controller included; and ``served``: the closed-loop load generator, window
-measurement and step-log verification on a real server, and the served verification of a table
-before it is published (docs/evaluation.md, "Served verification"). Numpy + stdlib only (no Dagster,
-no vLLM), except ``scheduler`` (the evaluation's vLLM plugins, loaded inside the engine).
+policy, the production controller included; and ``served``: the measuring harness on a real server
+(every policy at every load, losses against the best fixed k, the envelope comparison) over
+``tuning.served_verification``, the served verification a table passes before it is published
+(docs/evaluation.md, "Served verification"). Numpy + stdlib only (no Dagster, no vLLM), except
+``scheduler`` (the evaluation's vLLM plugins, loaded inside the engine). This package sits on top of
+the import graph: nothing in ``tuning``, ``store``, ``controller`` or ``orchestration`` imports it.
 
 For the benchmarks and the engine tests: ``rig`` (a live engine running the controller, its
 closed-loop load, published versions and exported windows), ``synthetic`` (profiles, tables,

@@ -25,8 +25,12 @@ from typing import Any
 
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from tabletune_pipelines.controller.scheduler import AsyncControllerScheduler, SyncControllerScheduler, _ControllerMixin
-from tabletune_pipelines.engine.timing_scheduler import _TimingMixin
+from tabletune_pipelines.controller.scheduler import (
+    AsyncControllerScheduler,
+    ControllerHooks,
+    SyncControllerScheduler,
+)
+from tabletune_pipelines.engine.timing_scheduler import TimingHooks
 from tabletune_pipelines.evaluation.baselines import PolicyController
 
 ANCHOR_ENV = "TABLETUNE_EVAL_ANCHOR_FLAG"
@@ -54,7 +58,7 @@ class EvaluationScheduler:
         return (AsyncEvaluationScheduler if use_async else SyncEvaluationScheduler)(*args, **kwargs)
 
 
-class AnchoredEvaluationScheduler(_TimingMixin, _ControllerMixin, Scheduler):  # type: ignore[misc]
+class AnchoredEvaluationScheduler(TimingHooks, ControllerHooks, Scheduler):  # type: ignore[misc]
     """Step log + k control around the controller plugin with the baselines (sync scheduling: the
     CPU build), and anchor windows (module docstring)."""
 

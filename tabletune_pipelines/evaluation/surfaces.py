@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tabletune_pipelines.core.steptime import batch_size_grid, non_decreasing_fit
+from tabletune_pipelines.core.steptime import batch_size_grid, every_batch_size, non_decreasing_fit
 from tabletune_pipelines.formats.documents import StepTimeCell, StepTimeProfile
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.engine.identity import engine_identity
@@ -114,13 +114,12 @@ def from_profile(profile: StepTimeProfile, name: str | None = None) -> Surface:
         raise SurfaceError(f"profile {profile.identity.key} has k = {ks}; the simulator needs every k from 0 to K")
     rows, grid, dropped = clean_rows(cells)
     n = profile.identity.max_num_seqs
-    b = np.arange(1, n + 1, dtype=float)
-    ms = np.vstack([np.interp(b, np.asarray(grid, float), r) for r in rows])
+    ms = every_batch_size(grid, rows, n)
     ns = profile.no_spec_ms()
     nospec = None
     if ns and 1 in ns:
         xs = sorted(ns)
-        nospec = np.interp(b, np.asarray(xs, float), non_decreasing_fit(np.asarray([ns[x] for x in xs], float)))
+        nospec = every_batch_size(xs, [non_decreasing_fit(np.asarray([ns[x] for x in xs], float))], n)[0]
     ident = profile.identity
     return Surface(name=name or f"{ident.gpu}-{ident.model.rsplit('/', 1)[-1]}",
                    description=f"{ident.gpu}, vLLM {ident.vllm_version}, {ident.model.rsplit('/', 1)[-1]} + "

@@ -25,7 +25,7 @@ files written before them still load)::
                                    #   boundaries with gain and confidence, k within noise per B,
                                    #   number of ranges, cells re-measured, wall-timed cells)
      "served_verification": {...}} # new: the served goodput verification the table passed before it
-                                   #   was published (evaluation/served.py; see SERVED_VERIFICATION_FORMAT)
+                                   #   was published (tuning/served_verification.py; see SERVED_VERIFICATION_FORMAT)
 
 ``parse_published`` is the strict reader: it applies the publish gate's table rules (contiguous
 ranges covering exactly 1..max_num_seqs, no overlap, 0 <= k <= max_k), rejects NaN and Infinity,

@@ -25,8 +25,20 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from tabletune_pipelines.errors import TableTuneError
+from tabletune_pipelines.formats.fleet import load_fleet
+from tabletune_pipelines.formats.published import read_published_table
+from tabletune_pipelines.orchestration.jobs import PROFILE_AND_PUBLISH_ASSETS, WEEKLY_ACCEPTANCE_ASSETS
+from tabletune_pipelines.orchestration.partitions import last_complete_week, profile_run_config, register_identity
+from tabletune_pipelines.orchestration.resources import EngineResource, default_resources
+from tabletune_pipelines.orchestration.tags import ENGINE_TAG, run_tags
 
 #: Dagster's console logger at INFO (its DEBUG event stream is in the UI).
 LOGGERS = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
@@ -35,6 +47,8 @@ QUICK_PROFILE = {"batch_sizes": [1, 4, 16], "repetitions": 2, "accept_batch_size
 #: The full run also times fixed k (K = k, no table) for the engine-dependence check.
 FULL_PROFILE = {"fixed_k_baseline": True}
 REPO = Path(__file__).resolve().parents[2]
+#: The code location (``assets/definitions.py``), as ``dagster dev`` and the UI load it.
+WORKSPACE = REPO / "workspace.yaml"
 
 
 def _dagster_home() -> Path:
@@ -91,96 +105,124 @@ def _numbers(database: str, key: str, doc: dict, dep, engine) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """``--quick``, ``--week`` and ``--mix`` (module docstring)."""
     parser = argparse.ArgumentParser(prog="tabletune run", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small profile plan (3 batch sizes, 2 repetitions)")
     parser.add_argument("--week", help="week to measure acceptance for (Monday, YYYY-MM-DD); default last complete")
     parser.add_argument("--mix", default=DEFAULT_MIX,
                         help=f"mix of the sample week written when a week has no logged prompts (default {DEFAULT_MIX}; "
                              "mixes: code = HumanEval, prose = WritingBench)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    import dagster as dg
 
+def code_location_assets(workspace: Path = WORKSPACE) -> list[Any]:
+    """The assets of the code location ``workspace`` names (``python_file`` and its
+    ``working_directory``, both relative to the workspace file), loaded from the checkout as
+    ``dagster dev -w`` loads them: the Dagster definitions live in the top-level ``assets/``
+    folder, which this package never imports."""
+    import importlib
+
+    import yaml
+
+    location = yaml.safe_load(workspace.read_text())["load_from"][0]["python_file"]
+    root = (workspace.parent / location.get("working_directory", ".")).resolve()
+    module = (workspace.parent / location["relative_path"]).resolve().relative_to(root).with_suffix("")
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    return list(importlib.import_module(".".join(module.parts)).ASSETS)
+
+
+def write_sample_weeks(fleet: Any, week: str, mix: str) -> bool:
+    """A sample week of real prompts for every embedded deployment without logged prompts for
+    ``week`` (module docstring); False (and the error printed) when the mix cannot be written."""
     from tabletune_pipelines.formats import prompt_mixes
-    from tabletune_pipelines.errors import TableTuneError
-    from tabletune_pipelines.formats.fleet import load_fleet
-    from tabletune_pipelines.orchestration.definitions import ASSETS
-    from tabletune_pipelines.orchestration.jobs import PROFILE_AND_PUBLISH_ASSETS, WEEKLY_ACCEPTANCE_ASSETS
-    from tabletune_pipelines.orchestration.partitions import last_complete_week, profile_run_config, register_identity
-    from tabletune_pipelines.orchestration.resources import EngineResource, default_resources
-    from tabletune_pipelines.orchestration.tags import ENGINE_TAG, run_tags
-    from tabletune_pipelines.formats.published import read_published_table
-
-    dagster_home = _dagster_home()
-    fleet = load_fleet()
-    week = args.week or last_complete_week(datetime.now(timezone.utc))
-    resources = default_resources()
-    resources["engine"] = EngineResource(profile_options=QUICK_PROFILE if args.quick else FULL_PROFILE)
-    engine = resources["engine"]
-    print(f"[tabletune] fleet {fleet.source}; store {resources['duckdb'].database}; Dagster home {dagster_home}")
 
     for dep in fleet.deployments:
         f = dep.prompts_file(week)
         if dep.embedded and not f.exists():
             try:
-                prompt_mixes.write_week(f, args.mix, n=SAMPLE_WEEK_PROMPTS, seed=int(week.replace("-", "")))
+                prompt_mixes.write_week(f, mix, n=SAMPLE_WEEK_PROMPTS, seed=int(week.replace("-", "")))
             except TableTuneError as exc:
                 print(f"error: {exc}", file=sys.stderr)
-                return 2
+                return False
             print(f"[tabletune] {dep.name}: no logged prompts for the week of {week}; wrote a sample week of "
-                  f"{SAMPLE_WEEK_PROMPTS} real prompts ({args.mix}: code = HumanEval, prose = WritingBench) to {f} "
+                  f"{SAMPLE_WEEK_PROMPTS} real prompts ({mix}: code = HumanEval, prose = WritingBench) to {f} "
                   "(replace it with your logged prompts)")
+    return True
 
-    def fail(result: dg.ExecuteInProcessResult, what: str) -> int:
-        for ev in result.all_events:
-            if ev.event_type_value == "STEP_FAILURE":
-                data = ev.step_failure_data
-                desc = data.user_failure_data.description if data.user_failure_data else data.error.message
-                print(f"[tabletune] {what} failed in {ev.step_key}: {desc}", file=sys.stderr)
+
+def report_failure(result: dg.ExecuteInProcessResult, what: str) -> int:
+    """Print each failed step of ``result``; the exit status of a failed run (1)."""
+    for ev in result.all_events:
+        if ev.event_type_value == "STEP_FAILURE":
+            data = ev.step_failure_data
+            desc = data.user_failure_data.description if data.user_failure_data else data.error.message
+            print(f"[tabletune] {what} failed in {ev.step_key}: {desc}", file=sys.stderr)
+    return 1
+
+
+def print_published(dep: Any, resources: Mapping[str, Any], key: str) -> None:
+    """The published table of ``dep``, where it is, and what was measured (``_numbers``)."""
+    doc = read_published_table(dep.published_table)
+    print(f"\n[tabletune] {dep.name}: published table v{doc['version']} at {dep.published_table}")
+    print("  num_speculative_tokens_per_batch_size = " + json.dumps(doc["table"]["ranges"]))
+    print(f"  num_speculative_tokens = {doc['table']['max_k']}, acceptance prior {doc['table']['prior_id']} "
+          f"a = {[round(a, 3) for a in doc['table']['acceptance_rates']]}, predicted worst loss vs best "
+          f"fixed k {doc['table']['predicted_worst_loss']:.2%}")
+    print(f"[tabletune] --speculative-config for a deployment without the controller: "
+          f"{dep.speculative_config_path}")
+    try:
+        for line in _numbers(resources["duckdb"].database, key, doc, dep, resources["engine"]):
+            print(line)
+    except (TableTuneError, ValueError, KeyError) as exc:  # the table is published; only the summary failed
+        print(f"[tabletune] {dep.name}: could not summarise the measurements: {exc}", file=sys.stderr)
+
+
+def publish_deployment(assets: list[Any], dep: Any, resources: Mapping[str, Any], instance: dg.DagsterInstance) -> int:
+    """Profile the current engine identity of ``dep``, derive and publish its table (one run of
+    ``PROFILE_AND_PUBLISH_ASSETS``), then print it; 0 when published, 1 otherwise."""
+    try:
+        identity = resources["engine"].current_identity(dep)
+    except TableTuneError as exc:
+        print(f"[tabletune] {dep.name}: skipped, {exc}", file=sys.stderr)
         return 1
+    key = identity.key
+    register_identity(instance, key)
+    print(f"[tabletune] {dep.name}: profiling {key} (dtype {identity.dtype}"
+          + (", the fleet's choice" if dep.dtype else f": {_dtype_reason(dep)}")
+          + "), deriving and publishing its table ...", flush=True)
+    chain = dg.materialize(assets, selection=list(PROFILE_AND_PUBLISH_ASSETS), resources=resources,
+                           instance=instance, partition_key=key, raise_on_error=False, tags=run_tags(dep),
+                           run_config={**LOGGERS, **profile_run_config(dep.name, identity)})
+    if not chain.success:
+        return report_failure(chain, dep.name)
+    print_published(dep, resources, key)
+    return 0
 
+
+def main(argv: list[str] | None = None) -> int:
+    """The week's acceptance, then every deployment's profile, table and publication (module docstring)."""
+    args = parse_args(argv)
+    dagster_home = _dagster_home()
+    fleet = load_fleet()
+    week = args.week or last_complete_week(datetime.now(timezone.utc))
+    resources = default_resources()
+    resources["engine"] = EngineResource(profile_options=QUICK_PROFILE if args.quick else FULL_PROFILE)
+    print(f"[tabletune] fleet {fleet.source}; store {resources['duckdb'].database}; Dagster home {dagster_home}")
+    if not write_sample_weeks(fleet, week, args.mix):
+        return 2
+    assets = code_location_assets()
     with dg.DagsterInstance.get() as instance:
         print(f"[tabletune] measuring acceptance for the week of {week} ...", flush=True)
-        weekly = dg.materialize(ASSETS, selection=list(WEEKLY_ACCEPTANCE_ASSETS),
+        weekly = dg.materialize(assets, selection=list(WEEKLY_ACCEPTANCE_ASSETS),
                                 resources=resources, instance=instance, partition_key=week, raise_on_error=False,
                                 tags={ENGINE_TAG: next(iter(fleet.groups()))}, run_config=LOGGERS)
         if not weekly.success:
-            return fail(weekly, "acceptance")
-        status = 0
-        for dep in fleet.deployments:
-            try:
-                identity = engine.current_identity(dep)
-            except TableTuneError as exc:
-                print(f"[tabletune] {dep.name}: skipped, {exc}", file=sys.stderr)
-                status = 1
-                continue
-            key = identity.key
-            register_identity(instance, key)
-            print(f"[tabletune] {dep.name}: profiling {key} (dtype {identity.dtype}"
-                  + (", the fleet's choice" if dep.dtype else f": {_dtype_reason(dep)}")
-                  + "), deriving and publishing its table ...", flush=True)
-            chain = dg.materialize(ASSETS, selection=list(PROFILE_AND_PUBLISH_ASSETS), resources=resources,
-                                   instance=instance, partition_key=key, raise_on_error=False, tags=run_tags(dep),
-                                   run_config={**LOGGERS, **profile_run_config(dep.name, identity)})
-            if not chain.success:
-                status = fail(chain, dep.name)
-                continue
-            doc = read_published_table(dep.published_table)
-            print(f"\n[tabletune] {dep.name}: published table v{doc['version']} at {dep.published_table}")
-            print("  num_speculative_tokens_per_batch_size = " + json.dumps(doc["table"]["ranges"]))
-            print(f"  num_speculative_tokens = {doc['table']['max_k']}, acceptance prior {doc['table']['prior_id']} "
-                  f"a = {[round(a, 3) for a in doc['table']['acceptance_rates']]}, predicted worst loss vs best "
-                  f"fixed k {doc['table']['predicted_worst_loss']:.2%}")
-            print(f"[tabletune] --speculative-config for a deployment without the controller: "
-                  f"{dep.speculative_config_path}")
-            try:
-                for line in _numbers(resources["duckdb"].database, key, doc, dep, engine):
-                    print(line)
-            except (TableTuneError, ValueError, KeyError) as exc:  # the table is published; only the summary failed
-                print(f"[tabletune] {dep.name}: could not summarise the measurements: {exc}", file=sys.stderr)
+            return report_failure(weekly, "acceptance")
+        status = max((publish_deployment(assets, dep, resources, instance) for dep in fleet.deployments), default=0)
     print(f"\n[tabletune] open the UI on it:\n  DAGSTER_HOME={dagster_home} env --default-signal=INT,TERM "
-          f"{Path(sys.executable).parent / 'dagster'} dev -w {REPO / 'workspace.yaml'} -h 127.0.0.1 -p 3000")
+          f"{Path(sys.executable).parent / 'dagster'} dev -w {WORKSPACE} -h 127.0.0.1 -p 3000")
     return status
 
 

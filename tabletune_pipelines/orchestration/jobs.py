@@ -4,18 +4,17 @@ Every job, the rollback included, carries a default ``tabletune/engine`` tag so 
 hand from the UI queue behind the run of the same engine (tags.py): a rollback publishes to the
 deployment, so it must not overlap a re-tune of that engine publishing to it. That default comes
 from the fleet file, so the jobs are built by ``build_jobs`` when Dagster loads the code location
-(``definitions.defs``), never at import.
+(``assets/definitions.py``, ``defs``), never at import. The rollback op is an argument: it lives with
+the assets (``assets/publishing.py``), and this package never imports them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
-
-from assets.publishing import rollback_published_table_op
 
 PROFILE_AND_PUBLISH = "profile_and_publish"
 RETUNE = "retune_and_publish"
@@ -69,8 +68,9 @@ class Jobs:
         return [self.profile_and_publish, self.retune, self.weekly_acceptance, self.rollback]
 
 
-def build_jobs(tags: Mapping[str, str]) -> Jobs:
-    """Every job with ``tags`` as its default run tags (``tags.manual_run_tags`` of the fleet)."""
+def build_jobs(tags: Mapping[str, str], rollback_op: Callable[[], Any]) -> Jobs:
+    """Every job with ``tags`` as its default run tags (``tags.manual_run_tags`` of the fleet); the
+    rollback job runs ``rollback_op`` (``assets.publishing.rollback_published_table_op``)."""
     tags = dict(tags)
     built = {job.name: dg.define_asset_job(job.name, selection=dg.AssetSelection.assets(*job.assets), tags=tags,
                                            description=job.description) for job in ASSET_JOBS}
@@ -80,6 +80,6 @@ def build_jobs(tags: Mapping[str, str]) -> Jobs:
                         "the engine identity and prior it was published with. Queued by its tabletune/engine tag like "
                         "every run of the engine (give it the deployment's engine group in a fleet of several).")
     def rollback_published_table():
-        rollback_published_table_op()
+        rollback_op()
 
     return Jobs(built[PROFILE_AND_PUBLISH], built[RETUNE], built[WEEKLY_ACCEPTANCE], rollback_published_table)

@@ -26,7 +26,7 @@ from tabletune_pipelines.core.acceptance_estimate import DEFAULT_PRIOR_WEIGHT
 from tabletune_pipelines.core.evidence import DEFAULT_CONFIDENCE, DEFAULT_SEARCH_RULE
 from tabletune_pipelines.core.table import DEFAULT_STICKINESS
 from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, EngineIdentity, StepTimeProfile
-from tabletune_pipelines.evaluation.served import ServedVerification, ServedVerificationOptions
+from tabletune_pipelines.tuning.served_verification import ServedVerification, ServedVerificationOptions
 from tabletune_pipelines.formats.fleet import Deployment, Fleet, default_store_path, load_fleet
 from tabletune_pipelines.options import field_docs
 from tabletune_pipelines.store import TableTuneStore
@@ -60,8 +60,8 @@ class EngineResource(dg.ConfigurableResource):
     acceptance_options: dict[str, Any] = Field(
         default_factory=dict, description="deployments.AcceptanceOptions fields, e.g. max_tokens, seed.")
     served_verification: dict[str, Any] = Field(
-        default_factory=dict, description="evaluation.served.ServedVerificationOptions fields for the blocking check "
-                                          "served_goodput_verified before publishing, e.g. enabled (default true), "
+        default_factory=dict, description="tuning.served_verification.ServedVerificationOptions fields for the "
+                                          "blocking check served_goodput_verified before publishing, e.g. enabled (default true), "
                                           "budget_s (default 75 on the CPU build, 300 on a GPU), loads, rounds, "
                                           "window_s, tolerance (0.03), acceptance (auto|real|prior).")
 

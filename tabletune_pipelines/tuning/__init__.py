@@ -9,5 +9,6 @@ store, the fleet and the engine as arguments and return plain results. ``deploym
 engine: a fleet deployment → its engine identity, profile, acceptance measurement and served
 verification (``Engine``, what the pipeline's ``EngineResource`` and the CLI call); ``publishing``
 publishes a table to the deployments running its engine (and rolls back); ``run_report`` is what
-``tabletune run`` prints after publishing.
+``tabletune run`` prints after publishing; ``served_verification`` is the served check a table passes
+before it is published (the closed-loop load, the measured windows, the verdict).
 """

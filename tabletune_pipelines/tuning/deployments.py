@@ -386,7 +386,7 @@ def verify_served(identity: EngineIdentity, dep: Deployment | None, table: Any, 
                   log: logging.Logger, options: Any = None, cache_dir: str | Path | None = None,
                   work_dir: str | Path | None = None, server: Any = None) -> Any:
     """Launch the local engine of ``identity`` once and verify ``table`` (a ``DraftLengthTable``) by
-    served goodput against every fixed k (``evaluation.served.verify_served``; docs/evaluation.md,
+    served goodput against every fixed k (``tuning.served_verification.verify_served``; docs/evaluation.md,
     "Served verification"). The workload: the deployment's logged prompts of the prior's week when
     they exist, else the embedded default's prompt set. Acceptance (``options.acceptance``): real
     verification of the drafts, or synthetic at the prior's rates (``prior``; ``auto`` picks it for
@@ -396,8 +396,8 @@ def verify_served(identity: EngineIdentity, dep: Deployment | None, table: Any, 
     check_local_engine(identity)
     from tabletune_pipelines.engine.acceptance import write_default_prompt_file
     from tabletune_pipelines.engine.envelope_log import envelope_checked
-    from tabletune_pipelines.evaluation.served import ServedVerificationOptions
-    from tabletune_pipelines.evaluation.served import verify_served as run_verification
+    from tabletune_pipelines.tuning.served_verification import ServedVerificationOptions
+    from tabletune_pipelines.tuning.served_verification import verify_served as run_verification
     from tabletune_pipelines.formats.prompts import load_prompts
 
     opts = options or ServedVerificationOptions()
@@ -444,8 +444,8 @@ def verify_served(identity: EngineIdentity, dep: Deployment | None, table: Any, 
 
 def _run_verification(server: Any, table: Any, identity: EngineIdentity, opts: Any, prompts: Any, acceptance: str,
                       log: logging.Logger) -> Any:
-    """``evaluation.served.verify_served`` of ``table`` on a running ``server`` with ``opts``."""
-    from tabletune_pipelines.evaluation.served import verify_served as run_verification
+    """``tuning.served_verification.verify_served`` of ``table`` on a running ``server`` with ``opts``."""
+    from tabletune_pipelines.tuning.served_verification import verify_served as run_verification
 
     return run_verification(
         server, [list(r) for r in table.ranges], K=identity.max_k, max_num_seqs=identity.max_num_seqs,
@@ -475,7 +475,7 @@ class LocalEngine:
     acceptance_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """``AcceptanceOptions`` fields, e.g. max_tokens, seed."""
     served_verification: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    """``evaluation.served.ServedVerificationOptions`` fields of the check before publishing."""
+    """``tuning.served_verification.ServedVerificationOptions`` fields of the check before publishing."""
     where: str = "engine"
     """How error messages name this configuration (the pipeline: ``EngineResource``)."""
     server: Any = None
@@ -507,7 +507,7 @@ class LocalEngine:
                        work_dir=self._work("profile"), server=self.server)
 
     def served_verification_options(self) -> Any:
-        from tabletune_pipelines.evaluation.served import ServedVerificationOptions
+        from tabletune_pipelines.tuning.served_verification import ServedVerificationOptions
 
         return ServedVerificationOptions.from_mapping(self.served_verification,
                                                       where=f"{self.where} served_verification")

@@ -8,7 +8,7 @@ Blocking gates (``BLOCKING_GATES``): ``profile_complete``, ``prior_sane``, ``val
 ``predicted_loss_under_threshold``, ``table_supported_by_evidence``, ``cuda_graph_headroom``
 (docs/engine-facts.md, "the CUDA-graph capture-size cliff") and, right before publishing,
 ``served_goodput_verified`` (the table against every fixed k by served goodput in one launch,
-``evaluation.served``). Warning gates (they never block; they tell an operator where
+``tuning.served_verification``). Warning gates (they never block; they tell an operator where
 the method's assumptions may not hold): ``engine_dependence_trap`` (docs/method.md, "Limitations" 1)
 and ``k0_costs_vs_no_spec`` (docs/method.md, "Limitations" 3).
 """
@@ -34,7 +34,7 @@ from tabletune_pipelines.errors import TableTuneError
 from tabletune_pipelines.tuning.derive import table_step_and_tau
 
 if TYPE_CHECKING:
-    from tabletune_pipelines.evaluation.served import ServedVerification
+    from tabletune_pipelines.tuning.served_verification import ServedVerification
 
 GateName = Literal["profile_complete", "prior_sane", "valid_for_vllm", "predicted_loss_under_threshold",
                    "table_supported_by_evidence", "engine_dependence_trap", "k0_costs_vs_no_spec",
@@ -404,7 +404,7 @@ def fixed_launch_cells(profile_cells: Iterable[StepTimeCell]) -> dict[int, dict[
 
 def served_gate(result: "ServedVerification | None", *, disabled_reason: str = "") -> Gate:
     """Blocking: no fixed k serves more than the candidate by over the tolerance at a checked load
-    (``evaluation.served``; docs/evaluation.md, "Served verification"). A verification that reached no
+    (``tuning.served_verification``; docs/evaluation.md, "Served verification"). A verification that reached no
     verdict somewhere (``unverified``) lets the table through as a warning with its figures. ``result``
     None: not measured (``disabled_reason`` says why), which passes as NOT MEASURED like the other gates."""
     name: GateName = "served_goodput_verified"

@@ -1,7 +1,8 @@
 """Served goodput in one launch: the closed-loop load generator, the window measurement, the step-log
 verification of each window, and the served verification of a candidate table before it is published.
 
-The one copy of the closed-loop machinery (the benchmarks import it from here). No Dagster, no vLLM
+The one copy of the closed-loop machinery (the benchmarks and ``tuning.served_verification``, the measuring
+harness, import it from here). No Dagster, no vLLM
 import: ``server`` is anything with ``set_k(table=...)``, ``step_log_offset()``, ``read_steps(...)``
 and ``complete(...)``, i.e. ``engine.process.VLLMServer`` launched with TableTune's timing scheduler
 (``engine/timing_scheduler.py``) and a launch table (runtime k switching).
@@ -62,11 +63,11 @@ from tabletune_pipelines.options import Bound, check_bounds, options_from_mappin
 logger = logging.getLogger("tabletune.served")
 
 __all__ = [
-    "DEFAULTS", "EnvelopeAnswer", "LoadGenerator", "LoadVerdict", "PolicyGoodput", "PolicySummary",
-    "ServedVerification", "ServedVerificationOptions", "VerificationPlan", "Window", "compare_envelopes",
+    "DEFAULTS", "LoadGenerator", "LoadVerdict", "PolicyGoodput", "PolicySummary",
+    "ServedVerification", "ServedVerificationOptions", "VerificationPlan", "Window",
     "counted_window", "default_loads", "first_warmup", "fixed_name",
-    "judge", "judge_load", "loss_table", "mean_se", "measure_window", "paired_ratio", "plan_verification", "rotated",
-    "run_closed_loop", "summarize", "t_quantile", "table_mismatches", "verify_served",
+    "judge", "judge_load", "mean_se", "measure_window", "paired_ratio", "plan_verification", "rotated",
+    "summarize", "t_quantile", "table_mismatches", "verify_served", "window_progress_line",
 ]
 
 CANDIDATE = "table"
@@ -312,35 +313,11 @@ def measure_window(server: Any, policy: str, table: Sequence[Sequence[int]], *, 
     return w
 
 
-def _window_line(w: Window) -> str:
+def window_progress_line(w: Window) -> str:
+    """One measured window as the progress line the verification and the harness print."""
     return (f"load {w.load:>3} round {w.round} {w.policy:<14} {w.goodput:9.1f} tok/s  mean B {w.mean_batch:5.1f}  "
             f"steps {w.steps}" + ("" if w.table_verified
                                   else f"  TABLE MISMATCH {w.mismatched_steps} {w.mismatch_examples}"))
-
-
-def run_closed_loop(server: Any, policies: Mapping[str, Sequence[Sequence[int]]], loads: Sequence[int], *,
-                    vocab_size: int, max_num_seqs: int, max_k: int, rounds: int = 2, window_s: float = 4.0,
-                    settle_s: float = 0.5, warmup_s: float = 3.0, prompt_tokens: int = 32,
-                    output_tokens: tuple[int, int] = (32, 128), progress: Callable[[str], None] = print,
-                    prompt: Callable[[random.Random], Any] | None = None) -> list[Window]:
-    """Every policy at every load, ``rounds`` rounds in rotating order, in one launch."""
-    names = list(policies)
-    out: list[Window] = []
-    for load in loads:
-        gen = LoadGenerator(server, load, vocab_size, prompt_tokens, output_tokens, seed=load, prompt=prompt).start()
-        try:
-            time.sleep(warmup_s)
-            for r in range(rounds):
-                for name in rotated(names, r):
-                    w = measure_window(server, name, policies[name], load=load, round_=r, window_s=window_s,
-                                       settle_s=settle_s, max_num_seqs=max_num_seqs, max_k=max_k)
-                    out.append(w)
-                    progress(_window_line(w))
-        finally:
-            gen.stop()
-        if gen.errors:
-            progress(f"load {load}: {len(gen.errors)} client errors, first: {gen.errors[0]}")
-    return out
 
 
 @dataclass(frozen=True)
@@ -436,79 +413,6 @@ def calibration_from_judges(judges: Sequence[tuple[str, Mapping[str, Any]]]) -> 
                              + ", ".join(name for name, _ in judges))
 
 
-@dataclass(frozen=True)
-class EnvelopeAnswer:
-    """Whether raising the CUDA-graph capture ceiling beats lowering k at one load
-    (``compare_envelopes``): the best fixed k in each envelope's launch, and the best over all
-    against the best in the default envelope."""
-
-    load: int
-    default: str
-    """The label of the default envelope."""
-    best: Mapping[str, tuple[int, float, float, int]]
-    """Envelope label -> (best fixed k, its goodput, s.e. across rounds, rounds) in that envelope's launch."""
-    winner: str
-    """The envelope whose best fixed k served most."""
-    ratio: float
-    """Goodput of the winner's best fixed k / the default envelope's best fixed k."""
-    ratio_se: float
-    """Its standard error, unpaired (two launches): the relative s.e.s added in quadrature."""
-    anchor: tuple[int, float, float] | None
-    """The default's best k measured in the winner's launch too: (k, its goodput there / in the
-    default's launch, s.e.); launch-to-launch drift plus what the envelope did to that k."""
-
-    @property
-    def finding(self) -> bool:
-        """The winner beats the default beyond the noise: ratio − t·s.e. > 1, t Student's quantile
-        (``t_quantile``) at the fewer rounds of the two launches less one."""
-        rounds = min(self.best[self.default][3], self.best[self.winner][3])
-        return rounds >= 2 and self.ratio - t_quantile(rounds - 1) * self.ratio_se > 1.0
-
-    def sentence(self) -> str:
-        default = self.default
-        ks = "; ".join(f"{e}: k = {k} at {g:.0f} ± {se:.0f} tok/s ({n} rounds)"
-                       for e, (k, g, se, n) in self.best.items())
-        if self.winner == default:
-            return f"load {self.load}: keep {default} ({ks})"
-        verdict = "raise the ceiling" if self.finding else "within the launch-to-launch noise: not a finding"
-        extra = "" if self.anchor is None else (f"; k = {self.anchor[0]} in both launches: "
-                                                f"{self.anchor[1]:.3f} ± {self.anchor[2]:.3f}")
-        return (f"load {self.load}: {self.winner} / {default} = {self.ratio:.3f} ± {self.ratio_se:.3f} "
-                f"(unpaired): {verdict} ({ks}{extra})")
-
-
-def compare_envelopes(launches: Sequence[tuple[str, Mapping[str, Any]]], default: str) -> list[EnvelopeAnswer]:
-    """Raise the ceiling or lower k (docs/method.md, "The graph envelope"): ``launches`` are
-    ``(envelope label, judge document)`` pairs, one launch per envelope (``benchmarks/gpu_served.py
-    judge``: ``policies`` and ``windows``), ``default`` the label of the default envelope. At every
-    load all launches measured, the best fixed k of each (``summarize``: pooled goodput, s.e. across
-    rounds), and the best of all against the default's. Two launches cannot be paired by round, so
-    the ratio's s.e. is unpaired; launch-to-launch drift enters it only through ``anchor``."""
-    labels = [label for label, _ in launches]
-    if default not in labels:
-        raise InvalidValueError(f"default envelope {default!r} is not one of the launches {labels}")
-    per = {label: summarize(fixed_k_windows(doc)) for label, doc in launches}  # (fixed_k<k>, load) -> summary
-    loads = sorted(set.intersection(*({load for _, load in p} for p in per.values())))
-    out = []
-    for load in loads:
-        best = {}
-        for label in labels:
-            v = max((v for (_, at), v in per[label].items() if at == load), key=lambda v: v.goodput)
-            best[label] = (int(v.policy.removeprefix("fixed_k")), v.goodput, v.stderr, v.rounds)
-        winner = max(labels, key=lambda e: best[e][1])
-        (_, g0, s0, _), (_, g1, s1, _) = best[default], best[winner]
-        ratio = g1 / g0
-        se = ratio * math.hypot(s0 / g0, s1 / g1)
-        anchor = None
-        k0 = best[default][0]
-        there = per[winner].get((f"fixed_k{k0}", load))
-        if winner != default and there is not None:
-            a = there.goodput / g0
-            anchor = (k0, a, a * math.hypot(s0 / g0, there.stderr / there.goodput))
-        out.append(EnvelopeAnswer(load, default, best, winner, ratio, se, anchor))
-    return out
-
-
 def _by_round(windows: Sequence[Window], load: int) -> dict[str, dict[int, float]]:
     """policy -> round -> goodput of the verified windows at ``load``."""
     out: dict[str, dict[int, float]] = {}
@@ -536,18 +440,6 @@ def paired_ratio(windows: Sequence[Window], a: str, b: str, load: int) -> tuple[
     ratios = _ratios(by.get(a, {}), by.get(b, {}))
     m, se = mean_se(ratios)
     return m, se, len(ratios)
-
-
-def loss_table(summary: Mapping[tuple[str, int], PolicySummary], fixed: Sequence[str], policies: Sequence[str],
-               loads: Sequence[int]) -> dict[str, dict[int, float]]:
-    """Loss(policy, load) = 1 - goodput / best fixed k at that load (docs/method.md, evaluation)."""
-    out: dict[str, dict[int, float]] = {}
-    for load in loads:
-        best = max((summary[(f, load)].goodput for f in fixed if (f, load) in summary), default=float("nan"))
-        for p in policies:
-            if (p, load) in summary and best > 0:
-                out.setdefault(p, {})[load] = 1.0 - summary[(p, load)].goodput / best
-    return out
 
 
 # ============================================================================ the verdict (pure)
@@ -1060,7 +952,7 @@ def verify_served(server: Any, candidate_table: Sequence[Sequence[int]], *, K: i
                                        min_steps=min_steps)
                     spent.append(clock() - tw)
                     windows.append(w)
-                    say(f"[served] {clock() - t0:5.0f}/{plan.budget_s:.0f} s  " + _window_line(w))
+                    say(f"[served] {clock() - t0:5.0f}/{plan.budget_s:.0f} s  " + window_progress_line(w))
                 if r >= 1 and _progress(windows, load, same, fixed, tolerance, say).status != "inconclusive":
                     why = "decided"
                     break

@@ -36,7 +36,7 @@ class FakeBase:
         self.calls.append(("shutdown",))
 
 
-class Wrapped(adapter._ControllerMixin, FakeBase):
+class Wrapped(adapter.ControllerHooks, FakeBase):
     pass
 
 
@@ -105,7 +105,7 @@ def test_hooks_hand_over_the_lookup_and_swallow_errors(tmp_path, monkeypatch):
 
 
 def test_a_controller_that_cannot_start_leaves_vllm_alone(monkeypatch):
-    monkeypatch.setattr(adapter._ControllerMixin, "controller_cls",
+    monkeypatch.setattr(adapter.ControllerHooks, "controller_cls",
                         lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no")))
     s = Wrapped(vllm_config=config())
     assert s._tt is None

@@ -56,7 +56,7 @@ import logging, sys
 from pathlib import Path
 from tabletune_pipelines.controller import scheduler, logic
 from tabletune_pipelines.controller.loader import EngineFacts
-assert scheduler._ControllerMixin.controller_cls is logic.Controller
+assert scheduler.ControllerHooks.controller_cls is logic.Controller
 assert not [m for m in sys.modules if m.startswith("tabletune_pipelines.evaluation")]
 from tabletune_pipelines.evaluation.simulator import FakeEngine
 from tabletune_pipelines.evaluation.synthetic import linear_profile, publish
@@ -68,7 +68,7 @@ clock = [0.0]
 for policy in ("tabletune", "turbospec"):
     p = publish(Path({str(tmp_path)!r}) / (policy + ".json"), ranges=[(1, 16, 3)], rates=(0.7, 0.5, 0.3),
                 allowed_k=[0, 1, 2, 3], controller={{"policy": policy}})
-    c = scheduler._ControllerMixin.controller_cls(EngineFacts(
+    c = scheduler.ControllerHooks.controller_cls(EngineFacts(
         max_k=3, max_num_seqs=16, launch_ranges=((1, 1, 0), (2, 2, 1), (3, 3, 2), (4, 16, 3))), p,
         clock=lambda: clock[0], log=logging.getLogger("t"))
     FakeEngine(c, (0.7, 0.5, 0.3), lambda b, k: linear_profile()[k][b], clock=clock).run(300, 8)

@@ -26,6 +26,7 @@ WATCHED = (  # (file, top-level function)
     ("tabletune_pipelines/core/remeasure.py", "remeasure"),
     ("tabletune_pipelines/core/evidence.py", "search_with_evidence"),
     ("tabletune_pipelines/formats/published.py", "published_document"),
+    ("tabletune_pipelines/orchestration/embedded.py", "main"),
 )
 
 
@@ -49,6 +50,12 @@ def test_function_stays_short(path, name):
     assert lines <= MAX_LINES, f"{path}:{name} is {lines} lines (at most {MAX_LINES}): split it into named steps"
     assert params <= MAX_PARAMETERS, (f"{path}:{name} takes {params} parameters (at most {MAX_PARAMETERS}): pass "
                                       "the ones that travel together as one typed record")
+
+
+def test_the_main_command_is_named_steps_without_imports_of_its_own():
+    """``tabletune run`` (``embedded.main``) reads as its steps: it imports nothing itself."""
+    main = function("tabletune_pipelines/orchestration/embedded.py", "main")
+    assert [n for n in ast.walk(main) if isinstance(n, ast.Import | ast.ImportFrom)] == []
 
 
 def test_the_measure_counts_what_it_says():

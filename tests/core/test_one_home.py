@@ -162,6 +162,26 @@ def batch_size_grid(node: ast.AST, stack: list[ast.AST]) -> bool:
     return isinstance(node, ast.FunctionDef) and node.name.endswith("_grid")
 
 
+def _every_batch_size(e: ast.AST | None) -> bool:
+    return (isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr == "arange" and bool(e.args)
+            and isinstance(e.args[0], ast.Constant) and e.args[0].value == 1)
+
+
+def dense_step_times(node: ast.AST, stack: list[ast.AST]) -> bool:
+    """``np.interp`` onto ``np.arange(1, n + 1)``, directly or through a name the enclosing function
+    assigns it: measured step times turned into step times for every batch size by hand."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "interp"
+            and node.args):
+        return False
+    x = node.args[0]
+    if _every_batch_size(x):
+        return True
+    scope = next((s for s in reversed(stack) if isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef)), None)
+    return isinstance(x, ast.Name) and scope is not None and any(
+        isinstance(a, ast.Assign) and _every_batch_size(a.value)
+        and any(isinstance(t, ast.Name) and t.id == x.id for t in a.targets) for a in ast.walk(scope))
+
+
 PRIOR_PICKERS = {"applicable_priors", "latest_acceptance_prior", "first_sane_prior"}
 
 
@@ -255,6 +275,10 @@ CONCEPTS: dict[str, tuple[Finder, set[str], set[tuple[str, str]]]] = {
     "reading /version": (version_reader, {"tabletune_pipelines/engine/client.py"}, set()),
     "vLLM version comparison": (version_comparison, {"tabletune_pipelines/formats/identity_match.py"}, set()),
     "batch-size grid": (batch_size_grid, {"tabletune_pipelines/core/steptime.py"}, set()),
+    "profile to step times for every batch size": (dense_step_times, {"tabletune_pipelines/core/steptime.py"}, {
+        # Not a profile: the served offsets (served minus priced time per step) and their variances.
+        ("tabletune_pipelines/core/served_calibration.py", "ServedCalibration.offsets"),
+    }),
     "options from a mapping": (mapping_reader, {"tabletune_pipelines/options.py"}, set()),
     "launch overrides": (launch_overrides, {"tabletune_pipelines/engine/plan.py"}, set()),
     "gate thresholds": (gate_threshold, {"tabletune_pipelines/tuning/gates.py"}, set()),
@@ -297,6 +321,7 @@ def test_the_finders_see_the_shapes_they_look_for():
         version_reader: "def f(url):\n    return url + '/version'\n",
         version_comparison: "def f(a, here):\n    return here != a.vllm_version\n",
         batch_size_grid: "def method_grid(n):\n    return list(range(1, n + 1))\n",
+        dense_step_times: "def f(xs, row, n):\n    return np.interp(np.arange(1, n + 1, dtype=float), xs, row)\n",
         prior_picker: "def f(store, ident):\n    return store.latest_acceptance_prior()\n",
         mapping_reader: "def from_mapping(cls, data):\n    unknown = set(data) - {f.name for f in fields(cls)}\n"
                         "    if unknown:\n        raise ValueError(f'unknown key(s) {unknown}')\n",
@@ -313,6 +338,7 @@ def test_the_finders_see_the_shapes_they_look_for():
     more = {range_expander: "def f(ranges, n):\n    for s, e, k in ranges:\n        out[s - 1:e] = k\n",
             table_validator: "def f(a):\n    raise ValueError(f'gap between ranges {a} and {a}')\n",
             version_reader: "def f(endpoint):\n    return f'{endpoint}/version'\n",
+            dense_step_times: "def f(xs, rows, n):\n    b = np.arange(1, n + 1)\n    return [np.interp(b, xs, r) for r in rows]\n",
             launch_overrides: "names = ('startup_timeout', 'kv_cache_space_gib', 'max_model_len')\n",
             gate_threshold: "class P:\n    max_predicted_loss: float = 0.03\n",
             identity_builder: "from tabletune_pipelines import documents\nx = documents.EngineIdentity(**fields)\n",
@@ -535,7 +561,7 @@ RETIRED_MODULES = {  # old module: its new home
     "tabletune_pipelines.engine.step_scheduler": "engine.timing_scheduler (the profiler's timing plugin)",
 }
 RETIRED_NAMES = {  # old name, anywhere: the names it became
-    "AcceptanceMode": "vocab.DraftVerdict / evaluation.served.AcceptanceSource",
+    "AcceptanceMode": "vocab.DraftVerdict / tuning.served_verification.AcceptanceSource",
     "ACCEPTANCE_MODES": "vocab.DRAFT_VERDICTS",
     "GatePolicy": "tuning.gates.GateThresholds",
     "TuningPolicy": "orchestration.resources.TuningSettings",

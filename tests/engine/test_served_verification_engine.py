@@ -23,7 +23,7 @@ import pytest
 
 from tabletune_pipelines.tuning.deployments import identity_for
 from tabletune_pipelines.formats.fleet import load_fleet
-from tabletune_pipelines.orchestration.definitions import ASSETS
+from assets.definitions import ASSETS
 from tabletune_pipelines.orchestration.partitions import register_identity
 from tabletune_pipelines.formats.published import read_published_table
 from tabletune_pipelines.store import TableTuneStore
@@ -41,7 +41,7 @@ class SharedServerEngine(ScriptedEngine):
 
     def verify_served(self, identity, dep, table, prior, log):
         from tabletune_pipelines.engine.tiny_models import read_vocab_size
-        from tabletune_pipelines.evaluation.served import verify_served
+        from tabletune_pipelines.tuning.served_verification import verify_served
 
         srv = _SHARED["server"]
         opts = self.served_verification_options()

@@ -18,7 +18,7 @@ def stand_in_scheduler():
     """The timing mixin on a stand-in scheduler (K = 3, max_num_seqs 8), initialised from the
     environment the caller set (``ss.K_CONTROL_ENV``, ``ss.STEP_LOG_ENV``)."""
 
-    class Fake(ss._TimingMixin):
+    class Fake(ss.TimingHooks):
         num_spec_tokens = 3
         scheduler_config = SimpleNamespace(max_num_seqs=8)
         dynamic_sd_lookup = [0] + [3] * 8

@@ -10,15 +10,15 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from tabletune_pipelines.controller.scheduler import _ControllerMixin  # noqa: E402
-from tabletune_pipelines.engine.timing_scheduler import _TimingMixin  # noqa: E402
+from tabletune_pipelines.controller.scheduler import ControllerHooks  # noqa: E402
+from tabletune_pipelines.engine.timing_scheduler import TimingHooks  # noqa: E402
 from tabletune_pipelines.evaluation import scheduler  # noqa: E402
 from tabletune_pipelines.evaluation.baselines import PolicyController  # noqa: E402
 
 
 def test_the_anchored_plugin_is_the_timing_scheduler_around_the_controller_with_the_baselines():
     cls = scheduler.AnchoredEvaluationScheduler
-    assert cls.__mro__[1:3] == (_TimingMixin, _ControllerMixin)
+    assert cls.__mro__[1:3] == (TimingHooks, ControllerHooks)
     assert cls.controller_cls is PolicyController
     assert scheduler.ANCHOR_ENV == "TABLETUNE_EVAL_ANCHOR_FLAG"
 

@@ -1,5 +1,6 @@
-"""Served verification (evaluation/served.py): the window check, the paired statistics and the verdict
-with worked numbers, the budget plan, the result's published section. Pure logic, no engine."""
+"""Served verification (tuning/served_verification.py): the window check, the paired statistics and the verdict
+with worked numbers, the budget plan, the result's published section; the harness's envelope comparison
+(evaluation/served.py). Pure logic, no engine."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import time
 import pytest
 
 from tabletune_pipelines.errors import InvalidValueError, PublishedTableError
-from tabletune_pipelines.evaluation import served
-from tabletune_pipelines.evaluation.served import (
+from tabletune_pipelines.evaluation import served as harness
+from tabletune_pipelines.tuning import served_verification as served
+from tabletune_pipelines.tuning.served_verification import (
     ServedVerificationOptions,
     Window,
     default_loads,
@@ -131,7 +133,7 @@ def test_benchmarks_have_no_copy_of_the_closed_loop():
     for script in ("gpu_goodput.py", "real_engine_eval.py", "served_vs_profiled.py", "gpu_controller.py"):
         text = (bench / script).read_text()
         assert "from _closed_loop" not in text and "_closed_loop." not in text, script
-        assert "tabletune_pipelines.evaluation.served" in text, script
+        assert "tabletune_pipelines.tuning.served_verification" in text, script
 
 
 # -- the verdict, worked numbers ------------------------------------------------------------------
@@ -444,7 +446,7 @@ def test_plot_is_a_tabletune_png():
 
 
 def test_served_module_imports_without_dagster_duckdb_pandas_matplotlib():
-    code = ("import sys, tabletune_pipelines.evaluation.served\n"
+    code = ("import sys, tabletune_pipelines.tuning.served_verification, tabletune_pipelines.evaluation.served\n"
             "print(','.join(m for m in ('dagster', 'duckdb', 'pandas', 'matplotlib', 'vllm') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == ""
@@ -503,7 +505,7 @@ def test_compare_envelopes_worked_numbers():
     # default ceiling: k1 best (100, 110 -> 105 ± 5); raised: k3 best (160, 180 -> 170 ± 10), k1 there 100
     low = _judge_doc({"fixed_k1": [100, 110], "fixed_k3": [40, 50], "docs": [500, 500]})
     high = _judge_doc({"fixed_k1": [95, 105], "fixed_k3": [160, 180]})
-    (a,) = served.compare_envelopes([("512", low), ("1024", high)], default="512")
+    (a,) = harness.compare_envelopes([("512", low), ("1024", high)], default="512")
     assert a.load == 128 and a.winner == "1024"
     assert a.best == {"512": (1, 105.0, 5.0, 2), "1024": (3, 170.0, 10.0, 2)}  # the docs' table is not a fixed k
     assert a.ratio == pytest.approx(170 / 105)
@@ -519,13 +521,13 @@ def test_compare_envelopes_worked_numbers():
 def test_compare_envelopes_keeps_the_default_or_calls_noise_no_finding():
     low = _judge_doc({"fixed_k1": [100, 120], "fixed_k2": [90, 90]})
     same = _judge_doc({"fixed_k1": [90, 130], "fixed_k2": [100, 130]})  # 115 ± 15 vs 110 ± 10
-    (a,) = served.compare_envelopes([("512", low), ("1024", same)], default="512")
+    (a,) = harness.compare_envelopes([("512", low), ("1024", same)], default="512")
     assert a.winner == "1024" and not a.finding and "not a finding" in a.sentence()
     worse = _judge_doc({"fixed_k1": [50, 60]})
-    (b,) = served.compare_envelopes([("512", low), ("1024", worse)], default="512")
+    (b,) = harness.compare_envelopes([("512", low), ("1024", worse)], default="512")
     assert b.winner == "512" and b.ratio == 1.0 and b.anchor is None and b.sentence().startswith("load 128: keep 512")
     with pytest.raises(InvalidValueError, match="'2048'"):
-        served.compare_envelopes([("512", low)], default="2048")
+        harness.compare_envelopes([("512", low)], default="2048")
 
 
 def test_an_undecided_load_makes_the_table_unverified_and_the_file_says_so():

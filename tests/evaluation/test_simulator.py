@@ -100,7 +100,7 @@ def test_simulator_drives_the_production_controller_unchanged(tmp_path, surface)
     wl = sim.Workload((0.9, 0.8, 0.7), lengths=(8, 40))
     c_sim = factory()
     r = sim.simulate(surface, c_sim, 12, 400, wl, seed=5, trace=trace)
-    assert c_sim.controlling and c_sim.rebuilds >= 10 and c_sim.exploration_steps >= 30
+    assert c_sim.controlling and c_sim.rebuilds >= 10 and c_sim.counters.exploration_steps >= 30
     assert len(set(r.ks.tolist())) >= 2  # it changed k: something to compare
 
     direct = factory()
@@ -133,7 +133,7 @@ def test_simulated_figures_do_not_depend_on_how_busy_the_machine_is(tmp_path, su
     monkeypatch.setattr(logic.time, "perf_counter", lambda: float(next(ticks)))  # a second per call
     slow_controller = sim.ControllerFactory(path, surface.max_num_seqs, surface.max_k)()
     slow = sim.simulate(surface, slow_controller, 12, 400, wl, seed=5)
-    assert slow_controller.rebuilds >= 10 and slow_controller.skipped_rebuilds == 0
+    assert slow_controller.rebuilds >= 10 and slow_controller.counters.skipped_rebuilds == 0
     assert slow.ks.tolist() == quiet.ks.tolist() and slow.goodput == quiet.goodput
 
 
@@ -158,12 +158,12 @@ def test_the_simulator_prices_served_steps_with_the_one_step_cost_model():
     on decode steps alone the simulator (like the decode-only profile) ranks k = 3 first."""
     import json
 
-    from tabletune_pipelines.controller import logic
+    from tabletune_pipelines.controller import evidence
     from tabletune_pipelines.controller.step_correction import served_prior
     from tabletune_pipelines.core import stepcost
     from tabletune_pipelines.tuning import derive
 
-    assert sim.StepCost is logic.StepCost is derive.StepCost is stepcost.StepCost  # one model, three users
+    assert sim.StepCost is evidence.StepCost is derive.StepCost is stepcost.StepCost  # one model, three users
     doc = json.loads((H200 / "dense-served.json").read_text())
     prof = StepTimeProfile.from_dict(doc["profile"])
     surface = from_profile(prof)

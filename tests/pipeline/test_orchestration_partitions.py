@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dagster as dg
 
+from assets.definitions import jobs as code_location_jobs
 from tabletune_pipelines.tuning.deployments import identity_for
 from tabletune_pipelines.formats.documents import EngineIdentity
 from tabletune_pipelines.formats.fleet import load_fleet
@@ -17,7 +18,6 @@ from tabletune_pipelines.orchestration.jobs import (
     RETUNE,
     WEEKLY_ACCEPTANCE,
     WEEKLY_ACCEPTANCE_ASSETS,
-    build_jobs,
 )
 from tabletune_pipelines.orchestration.partitions import (
     ENGINE_IDENTITY_PARTITIONS_NAME,
@@ -44,7 +44,7 @@ def test_profile_run_config_carries_the_deployment_and_the_whole_identity(one_fl
 
 
 def test_every_asset_job_is_built_from_its_description():
-    jobs = build_jobs({"tabletune/engine": "local-cpu"})
+    jobs = code_location_jobs({"tabletune/engine": "local-cpu"})
     by_name = {j.name: j for j in ASSET_JOBS}
     assert [j.name for j in ASSET_JOBS] == [PROFILE_AND_PUBLISH, RETUNE, WEEKLY_ACCEPTANCE]
     assert by_name[PROFILE_AND_PUBLISH].assets == PROFILE_AND_PUBLISH_ASSETS

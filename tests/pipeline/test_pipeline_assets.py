@@ -14,8 +14,8 @@ import pytest
 from tabletune_pipelines.tuning.deployments import identity_for
 from tabletune_pipelines.formats.fleet import load_fleet
 from tabletune_pipelines.formats.live_counters import CounterWindow, window_line
-from tabletune_pipelines.orchestration.definitions import ASSETS
-from tabletune_pipelines.orchestration.jobs import PROFILE_AND_PUBLISH_ASSETS, build_jobs
+from assets.definitions import ASSETS, jobs
+from tabletune_pipelines.orchestration.jobs import PROFILE_AND_PUBLISH_ASSETS
 from tabletune_pipelines.orchestration.partitions import register_identity
 from tabletune_pipelines.formats.published import read_published_table
 from tests.pipeline.helpers import (
@@ -127,7 +127,7 @@ def test_full_chain_writes_duckdb_metadata_and_publishes(home, one_fleet, instan
                                                           "draft_length_table": {"config": {"allowed_ks": [1, 3]}}}})
     assert res.success
     assert read_published_table(dep.published_table)["version"] == 2
-    rb = build_jobs({}).rollback.execute_in_process(
+    rb = jobs({}).rollback.execute_in_process(
         run_config={"ops": {"rollback_published_table_op": {"config": {"deployment": "local-cpu"}}}},
         resources={k: resources[k] for k in ("duckdb", "fleet", "engine")}, instance=instance)
     assert rb.success

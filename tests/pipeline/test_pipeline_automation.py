@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 from datetime import datetime, timezone
+from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -42,7 +43,7 @@ def instance():
 
 def sensor(name: str) -> dg.SensorDefinition:
     """A sensor of the code location, as Dagster loads it."""
-    from tabletune_pipelines.orchestration.definitions import defs
+    from assets.definitions import defs
 
     return defs().resolve_sensor_def(name)
 
@@ -129,7 +130,7 @@ def test_weekly_schedule_measures_last_complete_week_per_engine_group(home):
                                deployment_dict("c", engine_group="gpu-box-2")])
     # Fleet engine groups: a and b have no engine_group -> their own names; c -> gpu-box-2.
     monday = datetime(2026, 11, 23, 3, 0, tzinfo=timezone.utc)
-    from tabletune_pipelines.orchestration.definitions import defs
+    from assets.definitions import defs
 
     ctx = dg.build_schedule_context(scheduled_execution_time=monday, repository_def=defs().get_repository_def(),
                                     resources={"fleet": FleetResource(path=str(fleet))})
@@ -144,7 +145,7 @@ def test_weekly_schedule_measures_last_complete_week_per_engine_group(home):
 def test_definitions_load_and_instance_config(home, tmp_path, monkeypatch):
     from pathlib import Path
 
-    from tabletune_pipelines.orchestration.definitions import defs
+    from assets.definitions import defs
 
     repo = Path(__file__).resolve().parents[2]
     jobs = {j.name for j in defs().get_repository_def().get_all_jobs()}
@@ -168,6 +169,9 @@ def test_definitions_load_and_instance_config(home, tmp_path, monkeypatch):
         assert not inst.telemetry_enabled
 
 
+CHECKOUT = str(Path(__file__).resolve().parents[2])
+"""The checkout: the code location (assets/) is loaded from it, as workspace.yaml says."""
+
 IMPORT_DEFINITIONS = """
 import os, sys
 import tabletune_pipelines.formats.fleet as fleet
@@ -177,7 +181,7 @@ fleet.load_fleet = lambda *a, **kw: calls.append(a) or real(*a, **kw)
 reads = []
 environ_get = os.environ.get
 os.environ.get = lambda key, *d: reads.append(key) or environ_get(key, *d)
-from tabletune_pipelines.orchestration.definitions import defs
+from assets.definitions import defs
 os.environ.get = environ_get
 at_import = (len(calls), sorted(k for k in reads if k.startswith("TABLETUNE")))
 assert defs().resolve_asset_graph().get_all_asset_keys()
@@ -187,7 +191,7 @@ print(at_import[0], len(calls), ",".join(at_import[1]) or "-")
 
 def test_importing_the_definitions_reads_nothing_and_loading_them_reads_the_fleet_once(tmp_path):
     home = tmp_path / "not_created"
-    env = {"PATH": "/usr/bin:/bin", "TABLETUNE_HOME": str(home), "HOME": str(tmp_path)}
+    env = {"PATH": "/usr/bin:/bin", "TABLETUNE_HOME": str(home), "HOME": str(tmp_path), "PYTHONPATH": CHECKOUT}
     out = subprocess.run([sys.executable, "-c", IMPORT_DEFINITIONS], env=env, capture_output=True, text=True,
                          check=True, cwd=tmp_path).stdout.split()
     assert out[-3:] == ["0", "1", "-"]  # import: no fleet read, no TABLETUNE_* variable; loading: one read
@@ -195,7 +199,7 @@ def test_importing_the_definitions_reads_nothing_and_loading_them_reads_the_flee
 
 
 LOAD_WITHOUT_FLEET = """
-from tabletune_pipelines.orchestration.definitions import defs
+from assets.definitions import defs
 d = defs()
 print(d.resolve_job_def("rollback_published_table").tags["tabletune/engine"],
       d.resolve_sensor_def("engine_upgrade_sensor").minimum_interval_seconds)
@@ -207,13 +211,13 @@ def test_the_definitions_load_with_the_fleet_file_missing(tmp_path):
     default engine tag is "manual"; runs report the missing file); a bad sensor interval fails the
     load with its message, never the import."""
     env = {"PATH": "/usr/bin:/bin", "TABLETUNE_HOME": str(tmp_path / "home"), "HOME": str(tmp_path),
-           "TABLETUNE_FLEET": str(tmp_path / "missing" / "fleet.yaml")}
+           "TABLETUNE_FLEET": str(tmp_path / "missing" / "fleet.yaml"), "PYTHONPATH": CHECKOUT}
     out = subprocess.run([sys.executable, "-c", LOAD_WITHOUT_FLEET], env=env, capture_output=True, text=True,
                          cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split()[-2:] == ["manual", "300"]
     env["TABLETUNE_SENSOR_INTERVAL_S"] = "soon"
-    imported = subprocess.run([sys.executable, "-c", "import tabletune_pipelines.orchestration.definitions"],
+    imported = subprocess.run([sys.executable, "-c", "import assets.definitions"],
                               env=env, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert imported.returncode == 0, imported.stderr[-3000:]
     loaded = subprocess.run([sys.executable, "-c", LOAD_WITHOUT_FLEET], env=env, capture_output=True, text=True,
@@ -222,7 +226,7 @@ def test_the_definitions_load_with_the_fleet_file_missing(tmp_path):
 
 
 def test_retune_after_weekly_acceptance_requests_one_run_per_running_identity(home, instance):
-    from tabletune_pipelines.orchestration.definitions import ASSETS
+    from assets.definitions import ASSETS
 
     fleet = write_fleet(home, [deployment_dict("a"), deployment_dict("b")])  # same engine identity
     write_prompts(load_fleet(fleet).deployment("a").prompts_file(WEEK))

@@ -16,8 +16,7 @@ import pytest
 from tabletune_pipelines.tuning.deployments import identity_for
 from tabletune_pipelines.formats.fleet import load_fleet
 from tabletune_pipelines.formats.live_counters import CounterWindow, window_line
-from tabletune_pipelines.orchestration.definitions import ASSETS, defs
-from tabletune_pipelines.orchestration.jobs import build_jobs
+from assets.definitions import ASSETS, defs, jobs
 from tabletune_pipelines.orchestration.partitions import register_identity
 from tabletune_pipelines.orchestration.tags import ENGINE_TAG, manual_run_tags, try_load_fleet
 from tabletune_pipelines.formats.published import read_published_table
@@ -59,7 +58,7 @@ def test_rollback_republishes_the_old_version_with_its_identity_and_prior(home, 
                           run_config={"ops": {"published_table": {"config": {"force": True}},
                                               "draft_length_table": {"config": {"allowed_ks": [1, 3]}}}}).success
     assert read_published_table(dep.published_table)["version"] == 2
-    rb = build_jobs({}).rollback.execute_in_process(
+    rb = jobs({}).rollback.execute_in_process(
         run_config={"ops": {"rollback_published_table_op": {"config": {"deployment": "local-cpu"}}}},
         resources={k: resources[k] for k in ("duckdb", "fleet", "engine")}, instance=instance,
         tags={ENGINE_TAG: dep.group})

@@ -69,6 +69,8 @@ def test_assets_hold_no_helper_functions():
     in the library, metadata builders in orchestration/metadata.py."""
     helpers = []
     for p in sorted((ROOT / "assets").rglob("*.py")):
+        if p.name == "definitions.py":  # the code location: composes assets, jobs and sensors; no asset logic
+            continue
         tree = ast.parse(p.read_text())
         for node in tree.body:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and not any(

@@ -66,10 +66,10 @@ def noisy_profile(noise: float = 0.05, seed: int = 0, reps: int = 3, batch_sizes
 def scripted_verification(identity: EngineIdentity, table, rates, opts):
     """A served verification of ``table`` from scripted windows (goodput B·τ(k)/T(B, k) of the scripted
     profile at B = load, 3 rounds, ±1% per round alike for every policy) judged by the real
-    ``evaluation.served.judge``."""
+    ``tuning.served_verification.judge``."""
     from tabletune_pipelines.core.goodput import tau_curve
     from tabletune_pipelines.core.table import expand_table
-    from tabletune_pipelines.evaluation import served
+    from tabletune_pipelines.tuning import served_verification as served
 
     K, M = identity.max_k, identity.max_num_seqs
     loads = tuple(opts.loads or served.default_loads(M))
