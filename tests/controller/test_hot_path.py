@@ -33,11 +33,12 @@ def outcomes(b: int, count: int, t0: float) -> list[StepOutcome]:
 
 
 def test_the_per_step_hooks_keep_nothing_and_do_not_grow_with_the_batch(tmp_path):
-    logging.getLogger("tabletune.controller").setLevel(logging.ERROR)
+    quiet = logging.getLogger("tabletune.tests.hot_path")  # its own logger: the controller's level stays as it is
+    quiet.setLevel(logging.ERROR)
     p = publish(tmp_path / "p.json", ranges=[(1, N, K)], rates=[0.7, 0.5, 0.3], profile=linear_profile(N, K),
                 allowed_k=[0, 1, 2, 3], n=N, k_max=K, identity=dict(IDENTITY, max_k=K, max_num_seqs=N), controller=QUIET)
     clock = [0.0]
-    c = Controller(EngineFacts(K, N, ((1, 1, 0), (2, 2, 1), (3, 3, 2), (4, N, K))), p, clock=lambda: clock[0])
+    c = Controller(EngineFacts(K, N, ((1, 1, 0), (2, 2, 1), (3, 3, 2), (4, N, K))), p, clock=lambda: clock[0], log=quiet)
     assert c.controlling and c.exploration is not None
     held, peaks = {}, {}
     tracemalloc.start()

@@ -60,7 +60,7 @@ def test_mixed_steps_run_in_the_same_launch_after_the_decode_cells_and_resume():
     assert switches == [0, 1, 3, 1, 3, 0] + [1, 3, 1, 3, 0] + [0, 1, 3] + [1, 3, 0] + [1, 3, 1]
     assert len(got) == 1 and list(prof.samples) == got[0]
     # A rerun with the stored samples measures none again.
-    _, launched = _run(ProfileOptions(), mixed=True, existing=prof.cells, existing_samples=[object()])
+    _, launched = _run(ProfileOptions(), mixed=True, existing=prof.cells, existing_samples=list(prof.samples))
     assert not launched or not [c for c in launched[0].calls if c[0] == "set_k"]
 
 

@@ -34,7 +34,8 @@ def test_the_engine_resource_is_the_library_engine_with_dagster_config():
     from tabletune_pipelines.tuning.build import DefaultBuildSettings
     from tabletune_pipelines.tuning.deployments import Engine, LocalEngine
 
-    library = {f.name: f for f in dataclasses.fields(LocalEngine) if f.name != "where"}
+    # ``where`` names the caller and ``server`` is a running launch (``tuning.flow``): neither is configuration
+    library = {f.name: f for f in dataclasses.fields(LocalEngine) if f.name not in ("where", "server")}
     assert set(library) == set(EngineResource.model_fields)
     for name, f in library.items():
         default = f.default_factory() if f.default is dataclasses.MISSING else f.default
