@@ -165,7 +165,10 @@ def _note_launch(config: ServerConfig, startup_s: float) -> None:
     path = os.environ.get(LAUNCH_LOG_ENV)
     if not path:
         return
-    line = json.dumps({"model": config.model, "k": config.num_speculative_tokens, "startup_s": round(startup_s, 1)})
+    # the test that launched it, when pytest runs it (docs/test-times.md counts launches per test)
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+    line = json.dumps({"model": config.model, "k": config.num_speculative_tokens, "startup_s": round(startup_s, 1),
+                       "max_num_seqs": config.max_num_seqs, "dtype": config.dtype, "test": test})
     try:
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(line + "\n")
