@@ -392,7 +392,8 @@ def verify_served(identity: EngineIdentity, dep: Deployment | None, table: Any, 
     verification of the drafts, or synthetic at the prior's rates (``prior``; ``auto`` picks it for
     dummy weights). Returns a ``ServedVerification`` with ``launch_s`` set. ``server``: the flow's
     running launch (``one_launch``) to verify on with the prior's rates switched in; a ``real``
-    verification launches its own (the shared launch rejects drafts synthetically)."""
+    verification launches its own (the shared launch rejects drafts synthetically). Where that
+    launch does not take the new rates, it is stopped before the verification's own launch starts."""
     check_local_engine(identity)
     from tabletune_pipelines.engine.acceptance import write_default_prompt_file
     from tabletune_pipelines.engine.envelope_log import envelope_checked
@@ -432,7 +433,8 @@ def verify_served(identity: EngineIdentity, dep: Deployment | None, table: Any, 
             server.set_synthetic_rates(overrides["synthetic_acceptance_rates"])
         except (EngineError, EngineConfigError) as exc:
             log.warning(f"the flow's launch did not switch its synthetic rates ({str(exc).splitlines()[0]}); "
-                        "the verification launches its own server")
+                        "stopping it, and the verification launches its own server")
+            server.stop()  # one launch at a time: two would share one GPU's memory (or the CPU's core 0)
             shared = False
     if shared:
         return _run_verification(server, table, identity, opts, prompts, acceptance, log)

@@ -166,3 +166,56 @@ def test_the_fleets_graph_envelope_reaches_every_measuring_launch(tmp_path, monk
                                                         8000, "gpu")
     cpu = deployments.identity_for(fleet(tmp_path).deployments[0], "0.32.0+cpu")
     assert deployments.compile_cache_env(cpu) == {}
+
+
+def test_a_shared_launch_that_refuses_the_rate_switch_is_stopped_before_the_verification_launches(tmp_path,
+                                                                                                   monkeypatch):
+    """The flow's launch did not take the prior's rates: the verification launches its own server, and
+    only after stopping the flow's (two launches at once share one GPU's memory)."""
+    import logging
+
+    from tabletune_pipelines.engine.envelope_log import envelope_checked  # noqa: F401 - patched below
+    from tabletune_pipelines.engine.installed import installed_vllm_version
+    from tabletune_pipelines.errors import EngineError
+    from types import SimpleNamespace
+
+    events: list[str] = []
+
+    class Shared:
+        def set_synthetic_rates(self, rates):
+            events.append("switch")
+            raise EngineError("the rate switch was not acknowledged within 30 s")
+
+        def stop(self):
+            events.append("stop shared")
+
+    class Launched(Exception):
+        pass
+
+    def factory(identity, progress):
+        def launch(cfg):
+            events.append("launch own")
+            raise Launched
+        return launch
+
+    monkeypatch.setattr("tabletune_pipelines.engine.envelope_log.envelope_checked", factory)
+    monkeypatch.setattr("tabletune_pipelines.engine.acceptance.write_default_prompt_file",
+                        lambda p: _prompts(tmp_path / "p.jsonl"))
+    monkeypatch.setattr(deployments, "_real_model_overrides", lambda identity: {})
+    dep = fleet(tmp_path).deployments[0]
+    ident = deployments.identity_for(dep, installed_vllm_version())
+    table = SimpleNamespace(ranges=((1, 16, 3),), acceptance_rates=(0.7, 0.5, 0.3))  # never served here
+    from tabletune_pipelines.tuning.served_verification import ServedVerificationOptions
+
+    with pytest.raises(Launched):
+        deployments.verify_served(ident, dep, table, None, log=logging.getLogger("t"), server=Shared(),
+                                  options=ServedVerificationOptions(acceptance="prior"), cache_dir=tmp_path,
+                                  work_dir=tmp_path / "v")
+    assert events == ["switch", "stop shared", "launch own"]
+
+
+def _prompts(path):
+    import json
+
+    path.write_text("".join(json.dumps({"prompt": f"p{i}"}) + "\n" for i in range(4)), encoding="utf-8")
+    return path
