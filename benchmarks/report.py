@@ -110,6 +110,12 @@ FLOWS = [
       "--remeasure-budget 20",
       "bash deploy/gpu/h200.sh flow moe --steps publish --verify-budget 200"]),
 ]
+#: The flow on one launch on an H100 (two device calls, the store kept between them): folder, date, calls.
+ONE_LAUNCH = ("2026-12-05-dense-one-launch-flow", "2026-12-05",
+              [("cold-profile-verify", "bash deploy/gpu/flow_call.sh dense 480 --verify-loads 128,64 "
+                "--verify-window 3 --verify-budget 140"),
+               ("warm-publish", "bash deploy/gpu/flow_call.sh dense 480 --steps publish --verify-loads 128,64 "
+                "--verify-window 3 --verify-budget 140")])
 CPU_EVAL = DATA / "cpu" / "real_engine_eval.json"
 ENGINE_NAMES = {"dense": "dense (Qwen3-4B shape + EAGLE-3)", "moe": "MoE (Qwen3-30B-A3B shape + EAGLE-3)"}
 VERDICT_WORDS = {"pass": "within 3 %", "fail": "**loss beyond the noise**", "inconclusive": "undecided"}
@@ -199,9 +205,8 @@ def tuned_tables() -> dict[str, tuple[str, list]]:
 def headline() -> list[str]:
     rows = [r for rel, date, ceiling, _ in LAUNCHES for r in judged_rows(rel, date, ceiling)]
     rows.sort(key=lambda r: (r["engine"], r["ceiling"], r["load"], r["date"]))
-    gpus = sorted(d.name.upper() for d in DATA.iterdir() if d.is_dir() and d.name != "cpu")
     out = ["## Headline: the tuned table against the best fixed k and the docs' table", "",
-           f"GPU: {', '.join(gpus)} (the only GPU in `benchmarks/data/`), vLLM 0.26.0, Model Runner V2, "
+           "GPU: H200 (every judge launch in `benchmarks/data/h200/`), vLLM 0.26.0, Model Runner V2, "
            "FULL_AND_PIECEWISE CUDA graphs at the default 512-token capture ceiling, dummy weights, synthetic "
            "acceptance (0.7, 0.5, 0.3), max_num_seqs 128, K = 3. Each launch serves a closed loop of `load` "
            "clients (32-token prompts, 32–128 output tokens) and hot-swaps every policy in it, window by window, "
@@ -471,6 +476,56 @@ def flow_section() -> list[str]:
     return out
 
 
+def _flow_log(path: Path) -> tuple[dict[str, float], list[str]]:
+    """A flow's printed log: the wall seconds of each ``[flow] <step>: N s`` line, and the served
+    verification's per-load lines (the last word on each load, and its stop reason)."""
+    import re
+
+    seconds, loads = {}, {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        m = re.search(r"\[flow\] (launch|profile|derive|publish): ([0-9.]+) s$", line)
+        if m:
+            seconds[m.group(1)] = float(m.group(2))
+        m = re.search(r"\[served\] load (\d+) after (\d+) round\(s\): (\w+): candidate / best fixed (k=\d) = "
+                      r"([0-9.]+) ± ([0-9.]+)", line)
+        if m:
+            loads[m.group(1)] = (f"load {m.group(1)}: {m.group(5)} ± {m.group(6)} of the best fixed {m.group(4)} "
+                                 f"after {m.group(2)} rounds, {m.group(3)}")
+        m = re.search(r"\[served\] load (\d+): rounds stopped \((\w+)\)", line)
+        if m and m.group(1) in loads:
+            loads[m.group(1)] += f" (stopped: {m.group(2)})"
+    return seconds, list(loads.values())
+
+
+def one_launch_section() -> list[str]:
+    folder, date, calls = ONE_LAUNCH
+    base = DATA / "h100" / folder
+    cold, verified = _flow_log(base / calls[0][0] / "stdout.log")
+    warm = {c: _load(base / c / "start.json")["startup_s"] for c, _ in calls}
+    pub = _load(base / calls[1][0] / "publish.json")
+    gate = pub["gates"]["served_goodput_verified"]
+    out = [f"## The flow on one launch (H100, {date})", "",
+           "The dense engine on an H100 (the device call landed on one; the fleet file says `gpu: H100`): one "
+           "vLLM launch serves the profile and then the served verification, the prior's acceptance switched in "
+           "at runtime (`benchmarks/gpu_flow.py`, `tuning/flow.py`). One run: a single wall time has no spread.", "",
+           "| step | wall time |", "|---|---|",
+           f"| launch, cold (compile caches empty) | {cold['launch']:.0f} s |",
+           f"| profile (32 cells, 2 repetitions, re-measurement) | {cold['profile']:.0f} s |",
+           f"| derive | {cold['derive']:.1f} s |",
+           "| launch, warm (compile caches of the first launch, under `$TABLETUNE_HOME/compile-cache/`) | "
+           + " and ".join(f"{warm[c]:.0f} s" for c, _ in calls) + " |", "",
+           "The served verification on the same launch, before the call's deadline stopped it: "
+           + "; ".join(verified) + ". Neither load was decided within the budget.", "",
+           f"The second call (publish only) started a warm launch in {pub['seconds']['launch']:.0f} s; that launch "
+           "did not acknowledge the rate switch within 30 s, the verification's own launch failed to start "
+           "beside it, and nothing was published (gate `served_goodput_verified`: "
+           + ("failed" if not gate["passed"] else "passed") + "). Where a launch refuses the switch, `verify_served` "
+           "stops it before starting its own (`tests/tuning/test_deployments.py`).", "",
+           f"Data: `benchmarks/data/h100/{folder}/` (printed logs, start-up and publish JSON). Reproduce:", "", "```"]
+    out += [cmd for _, cmd in calls] + ["```", ""]
+    return out
+
+
 # ----------------------------------------------------------------------------- the CPU build
 def cpu_section() -> list[str]:
     from tabletune_pipelines.tuning.served_verification import judge_load, paired_ratio, summarize
@@ -538,6 +593,7 @@ def render() -> str:
     lines += picture_section()
     lines += controller_section()
     lines += flow_section()
+    lines += one_launch_section()
     lines += cpu_section()
     lines += data_section()
     return "\n".join(lines).rstrip("\n") + "\n"
