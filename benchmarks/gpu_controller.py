@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     import logging
 
     logging.getLogger("tabletune.controller").setLevel(logging.WARNING)
-    from tabletune_pipelines.controller.settings import PUBLISHED_ENV
+    from tabletune_pipelines.formats.controller_settings import PUBLISHED_ENV
     from tabletune_pipelines.engine import ServerConfig, VLLMServer
     from tabletune_pipelines.evaluation.rig import Rig
     from tabletune_pipelines.evaluation.simulator import quartered

@@ -5,9 +5,10 @@ Turned on with ``--scheduler-cls tabletune_pipelines.controller.scheduler.Contro
 the env var ``TABLETUNE_PUBLISHED_TABLE`` naming the published file.
 
 Modules, one job each; only ``scheduler`` imports vLLM, the rest is numpy + stdlib and can be
-driven without an engine (tests, a simulator):
+driven without an engine (tests, a simulator). Its settings (``ControllerSettings``: every
+parameter, its default, strict parsing) are a format of the published file and the fleet file:
+``formats.controller_settings``.
 
-    settings   ControllerSettings: every parameter, its default, strict parsing
     loader     published file -> StartPoint (or the reason to fall back); the engine-identity check
     search     vLLM-layout lookups (the table's dense/range forms are core.table's; the search
                itself is core.evidence, the offline tuner's); TableInForce: the table in force,

@@ -22,7 +22,7 @@ import numpy as np
 
 from tabletune_pipelines.controller.loader import StartPoint
 from tabletune_pipelines.controller.observations import CostObserver
-from tabletune_pipelines.controller.settings import ControllerSettings
+from tabletune_pipelines.formats.controller_settings import ControllerSettings
 from tabletune_pipelines.controller.step import count_drafts, fold, longest
 from tabletune_pipelines.controller.step_correction import ServedPrior, StepTimeModel, served_prior
 from tabletune_pipelines.core.acceptance_estimate import AcceptanceEstimator, EstimatorConfig

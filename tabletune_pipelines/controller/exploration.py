@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from tabletune_pipelines.controller.search import vllm_lookup
-from tabletune_pipelines.controller.settings import ControllerSettings
+from tabletune_pipelines.formats.controller_settings import ControllerSettings
 
 Run = list[tuple[int, list[int]]]
 """One exploration run: per step, (k, the lookup that runs it)."""

@@ -60,7 +60,7 @@ from tabletune_pipelines.controller.flapping import FlapCounter
 from tabletune_pipelines.controller.loader import EngineFacts, StartPoint
 from tabletune_pipelines.controller.record import Counters, Notes, fmt_table
 from tabletune_pipelines.controller.search import TableInForce, compact, dense_from_ranges, lookups_of
-from tabletune_pipelines.controller.settings import ControllerSettings
+from tabletune_pipelines.formats.controller_settings import ControllerSettings
 from tabletune_pipelines.controller.step import StepOutcome, count_drafts
 from tabletune_pipelines.controller.version import FileWatch, Installed, announce, prepare
 from tabletune_pipelines.controller.window import ExportWindow

@@ -26,7 +26,7 @@ from tabletune_pipelines.controller.flapping import FlapCounter
 from tabletune_pipelines.controller.loader import EngineFacts, StartPoint, load_start
 from tabletune_pipelines.controller.record import Notes, fmt_rates, fmt_table
 from tabletune_pipelines.controller.search import Lookups, Ranges, lookups_of
-from tabletune_pipelines.controller.settings import ControllerSettings
+from tabletune_pipelines.formats.controller_settings import ControllerSettings
 
 
 @dataclass(frozen=True)

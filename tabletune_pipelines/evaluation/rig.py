@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tabletune_pipelines.controller.settings import PUBLISHED_ENV
+from tabletune_pipelines.formats.controller_settings import PUBLISHED_ENV
 from tabletune_pipelines.errors import LiveCountersError
 from tabletune_pipelines.tuning.served_verification import LoadGenerator
 from tabletune_pipelines.evaluation.synthetic import IDENTITY, LAUNCH, publish

@@ -54,6 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from pydantic import field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from tabletune_pipelines.formats.controller_settings import ControllerSettings
 from tabletune_pipelines.errors import FleetError, LiveCountersError, SettingsError
 from tabletune_pipelines.formats.published import speculative_config_path as _companion_of
 from tabletune_pipelines.options import BATCH_SIZE
@@ -288,7 +289,7 @@ class Deployment(_Schema):
         json_schema_extra={"propertyNames": {"not": {"enum": sorted(RESERVED_SPECULATIVE_KEYS)}}})
     controller: dict[str, Any] = Field(
         default_factory=dict, description="Settings of the online controller plugin (docs/controller.md; "
-                                          "tabletune_pipelines/controller/settings.py), except export_path: the "
+                                          "tabletune_pipelines/formats/controller_settings.py), except export_path: the "
                                           "controller exports to live_counters.",
         json_schema_extra={"propertyNames": {"not": {"enum": sorted(RESERVED_CONTROLLER_KEYS)}}})
     k8s: K8sPlacement | None = Field(default=None, description="Where this deployment's runs go on Kubernetes.")
@@ -341,10 +342,7 @@ class Deployment(_Schema):
                 raise _problem(f"'controller' sets {key!r}, which it may not override; set the deployment's "
                                f"{owner!r} (what the controller exports is what the pipeline reads)")
         _json_value(v, "controller")
-        # Lazy: stdlib-only, and the one vocabulary of these settings (the published file is checked
-        # against it again, inside vLLM).
-        from tabletune_pipelines.controller.settings import ControllerSettings
-
+        # The one vocabulary of these settings (the published file is checked against it again, inside vLLM).
         try:
             ControllerSettings.from_mapping(v, where="'controller'")
         except SettingsError as exc:

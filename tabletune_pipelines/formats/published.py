@@ -55,6 +55,7 @@ from tabletune_pipelines.formats.strict_io import atomic_write_bytes, atomic_wri
 from tabletune_pipelines.core.table import validate_table
 from tabletune_pipelines.errors import InvalidTableError, PublishedTableError, SettingsError
 from tabletune_pipelines.options import STEP_MS, Bound, check_value
+from tabletune_pipelines.formats.controller_settings import ControllerSettings
 
 PUBLISHED_SCHEMA = "tabletune.published_table"
 PUBLISHED_SCHEMA_VERSION = 1
@@ -463,9 +464,6 @@ def _controller_section(where: str, v: Any) -> dict[str, Any]:
     """``controller`` (optional): keys of ControllerSettings, checked by its own reader."""
     controller = dict(_obj(where, "controller", v or {}))
     if controller:
-        # Lazy: controller.settings is stdlib-only and defines the vocabulary of this mapping.
-        from tabletune_pipelines.controller.settings import ControllerSettings
-
         try:
             ControllerSettings.from_mapping(controller, where=f"{where}: controller")
         except SettingsError as exc:

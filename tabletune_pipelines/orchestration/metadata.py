@@ -32,15 +32,35 @@ from tabletune_pipelines.tuning.report import (
     accepted_work_text,
     boundaries_markdown,
     identity_markdown,
-    live_priors_markdown,
     loss_text,
     priors_markdown,
     profile_markdown,
-    publications_markdown,
     ranges_line,
     table_markdown,
     within_noise_markdown,
 )
+
+def live_priors_markdown(week: LiveWeek) -> str:
+    """One row per deployment with a live prior of the week: windows, counts, the stored prior and
+    how many windows of other engines were left out."""
+    rows = ["| deployment | windows | drafts | drafted_i | accepted_i | live prior | other engines' windows left out |",
+            "|---|---|---|---|---|---|---|"]
+    for i in week.ingested:
+        live = i.live
+        rates = [round(r, 3) for r in live.prior.rates]
+        rows.append(f"| {i.deployment} | {live.windows} | {live.prior.num_drafts} | {list(live.drafted)} | "
+                    f"{list(live.accepted)} | `{i.prior_id}`: {rates} — {live.basis} | {i.left_out} |")
+    return "\n".join(rows)
+
+
+def publications_markdown(publication: Publication) -> str:
+    """One row per target deployment: the version it holds now (``(unchanged)`` when it held the table
+    already), the published file and its ``--speculative-config`` companion."""
+    rows = ["| deployment | version | file | --speculative-config |", "|---|---|---|---|"]
+    rows += [f"| {t.deployment} | v{t.version}{' (unchanged)' if t.unchanged else ''} | `{t.path}` | "
+             f"`{t.speculative_config_path}` |" for t in publication.targets]
+    return "\n".join(rows)
+
 
 ROLLBACK_HOWTO = (
     "Roll back with the job `rollback_published_table` (config: `deployment`), e.g.\n\n"

@@ -10,7 +10,6 @@ import io
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from tabletune_pipelines.formats.strict_io import not_a_write_target
 
@@ -22,10 +21,6 @@ from tabletune_pipelines.core.table import expand_table
 from tabletune_pipelines.errors import PlotTargetError
 from tabletune_pipelines.formats.published import atomic_write_bytes
 from tabletune_pipelines.tuning.derive import TunedTable, table_step_and_tau
-
-if TYPE_CHECKING:
-    from tabletune_pipelines.tuning.publishing import Publication
-    from tabletune_pipelines.tuning.feedback import LiveWeek
 
 
 def table_markdown(ranges: Iterable[Iterable[int]]) -> str:
@@ -69,28 +64,6 @@ def priors_markdown(priors: Iterable[tuple[str, AcceptancePrior]]) -> str:
     for name, prior in priors:
         rows.append(f"| {name} | `{prior.prior_id}` | {[round(a, 3) for a in prior.rates]} | {prior.num_drafts} | "
                     f"{prior.prompt_count} |")
-    return "\n".join(rows)
-
-
-def live_priors_markdown(week: LiveWeek) -> str:
-    """One row per deployment with a live prior of the week: windows, counts, the stored prior and
-    how many windows of other engines were left out."""
-    rows = ["| deployment | windows | drafts | drafted_i | accepted_i | live prior | other engines' windows left out |",
-            "|---|---|---|---|---|---|---|"]
-    for i in week.ingested:
-        live = i.live
-        rates = [round(r, 3) for r in live.prior.rates]
-        rows.append(f"| {i.deployment} | {live.windows} | {live.prior.num_drafts} | {list(live.drafted)} | "
-                    f"{list(live.accepted)} | `{i.prior_id}`: {rates} — {live.basis} | {i.left_out} |")
-    return "\n".join(rows)
-
-
-def publications_markdown(publication: Publication) -> str:
-    """One row per target deployment: the version it holds now (``(unchanged)`` when it held the table
-    already), the published file and its ``--speculative-config`` companion."""
-    rows = ["| deployment | version | file | --speculative-config |", "|---|---|---|---|"]
-    rows += [f"| {t.deployment} | v{t.version}{' (unchanged)' if t.unchanged else ''} | `{t.path}` | "
-             f"`{t.speculative_config_path}` |" for t in publication.targets]
     return "\n".join(rows)
 
 

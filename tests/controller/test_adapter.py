@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from tabletune_pipelines.controller import scheduler as adapter  # noqa: E402
-from tabletune_pipelines.controller.settings import PUBLISHED_ENV  # noqa: E402
+from tabletune_pipelines.formats.controller_settings import PUBLISHED_ENV  # noqa: E402
 from tabletune_pipelines.evaluation.synthetic import publish# noqa: E402
 
 

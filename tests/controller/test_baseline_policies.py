@@ -7,7 +7,7 @@ import pytest
 
 from tabletune_pipelines.errors import SettingsError
 from tabletune_pipelines.controller.loader import EngineFacts
-from tabletune_pipelines.controller.settings import ControllerSettings
+from tabletune_pipelines.formats.controller_settings import ControllerSettings
 from tabletune_pipelines.controller.step import StepOutcome
 from tabletune_pipelines.evaluation import baselines
 from tabletune_pipelines.evaluation.baselines import PolicyController, TurboSpecPolicy

@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from tabletune_pipelines.controller.settings import PUBLISHED_ENV
+from tabletune_pipelines.formats.controller_settings import PUBLISHED_ENV
 from tabletune_pipelines.engine import ServerConfig, VLLMServer
 from tabletune_pipelines.evaluation.rig import SCHEDULER, Rig, closed_loop
 from tabletune_pipelines.evaluation.synthetic import IDENTITY, LAUNCH, linear_profile, true_table

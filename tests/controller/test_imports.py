@@ -14,6 +14,7 @@ import tabletune_pipelines.controller as pkg
 
 ROOT = Path(pkg.__file__).parent
 ALLOWED_TT = ("tabletune_pipelines.core", "tabletune_pipelines.formats.published",
+              "tabletune_pipelines.formats.controller_settings",
               "tabletune_pipelines.formats.live_counters", "tabletune_pipelines.formats.control_protocol",
               "tabletune_pipelines.errors", "tabletune_pipelines.vocab",
               "tabletune_pipelines.formats.identity_match", "tabletune_pipelines.options",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tabletune_pipelines.controller.settings import ControllerSettings
+from tabletune_pipelines.formats.controller_settings import ControllerSettings
 from tabletune_pipelines.errors import SettingsError
 
 
@@ -96,7 +96,7 @@ def test_every_number_has_bounds_and_the_docs_show_them():
     from dataclasses import fields
     from pathlib import Path
 
-    from tabletune_pipelines.controller.settings import BOUNDS
+    from tabletune_pipelines.formats.controller_settings import BOUNDS
 
     numeric = {f.name for f in fields(ControllerSettings) if f.type in ("int", "float")}
     assert numeric == set(BOUNDS)
@@ -108,7 +108,7 @@ def test_every_number_has_bounds_and_the_docs_show_them():
 
 
 def test_the_bounds_themselves_are_allowed():
-    from tabletune_pipelines.controller.settings import BOUNDS
+    from tabletune_pipelines.formats.controller_settings import BOUNDS
 
     low = {n: (b.high if b.low_open else (int(b.low) if b.integer else b.low)) for n, b in BOUNDS.items()}
     high = {n: int(b.high) if b.integer else b.high for n, b in BOUNDS.items()}

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 
 from tabletune_pipelines.controller import evidence, exploration, logic, search, version
 from tabletune_pipelines.controller.search import dense_from_ranges, vllm_lookup
-from tabletune_pipelines.controller.settings import BOUNDS, CONTROLLER_POLICIES, ControllerSettings
+from tabletune_pipelines.formats.controller_settings import BOUNDS, CONTROLLER_POLICIES, ControllerSettings
 from tabletune_pipelines.errors import FleetError, SettingsError
 from tabletune_pipelines.evaluation.baselines import PolicyController
 from tabletune_pipelines.evaluation.simulator import FakeEngine

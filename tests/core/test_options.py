@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tabletune_pipelines.controller.settings import ControllerSettings
+from tabletune_pipelines.formats.controller_settings import ControllerSettings
 from tabletune_pipelines.tuning.deployments import AcceptanceOptions
 from tabletune_pipelines.errors import EngineConfigError, SettingsError
 from tabletune_pipelines.engine.plan import ProfileOptions

@@ -20,8 +20,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tabletune_pipelines.controller.settings import BOUNDS as CONTROLLER_BOUNDS
-from tabletune_pipelines.controller.settings import ControllerSettings
+from tabletune_pipelines.formats.controller_settings import BOUNDS as CONTROLLER_BOUNDS
+from tabletune_pipelines.formats.controller_settings import ControllerSettings
 from tabletune_pipelines.core.served_calibration import ServedCalibration, ServedPoint
 from tabletune_pipelines.engine.plan import PROFILE_LIMITS, ProfileOptions, limit_problem
 from tabletune_pipelines.errors import TableTuneError

@@ -150,7 +150,7 @@ def test_rig_publishes_versions_and_reads_back_the_controllers_windows(tmp_path)
 def test_server_config_turns_the_controller_on_as_an_operator_would(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    from tabletune_pipelines.controller.settings import PUBLISHED_ENV
+    from tabletune_pipelines.formats.controller_settings import PUBLISHED_ENV
     from tabletune_pipelines.evaluation import rig
 
     monkeypatch.setattr(rig, "tiny", lambda: SimpleNamespace(target_dir=tmp_path / "t", draft_dir=tmp_path / "d"))
