@@ -80,6 +80,20 @@ def z_value(confidence: float, comparisons: int = 1) -> float:
     return NormalDist().inv_cdf(1.0 - (1.0 - confidence) / max(1, int(comparisons)))
 
 
+def units_to_detect(sd: float, effect: float, *, z_alpha: float = 1.96, z_power: float = 0.0,
+                    minimum: int = 2) -> int | None:
+    """How many independent units (rounds, groups, windows) a mean needs for an interval of half-width
+    ``z_alpha`` standard errors to clear ``effect``, the distance from the mean to the line it must be
+    told from, with probability ``NormalDist().cdf(z_power)`` (``z_power`` 0: half the time, at the
+    mean; 2.33: 99 %): ``ceil(((z_alpha + z_power) · sd / effect)²)``, at least ``minimum``. ``sd``:
+    one unit's standard deviation. None where ``effect`` is 0 or either is not finite (no n decides)."""
+    if not (math.isfinite(sd) and math.isfinite(effect)) or effect == 0:
+        return None
+    if sd < 0:
+        raise InvalidValueError(f"sd = {sd!r} must be >= 0")
+    return max(int(minimum), math.ceil(((z_alpha + z_power) * sd / abs(effect)) ** 2))
+
+
 def pooled_relative_variance(cells: Sequence[CellEstimate]) -> tuple[float | None, int]:
     """Pooled variance of one repetition relative to its median, and its degrees of freedom."""
     num = dof = 0.0

@@ -47,7 +47,12 @@ from tabletune_pipelines.errors import (
 )
 from tabletune_pipelines.engine.process import VLLMServer
 from tabletune_pipelines.formats.prompts import load_prompts
-from tabletune_pipelines.formats.strict_io import FileTooLargeError, NotRegularFileError, read_bounded
+from tabletune_pipelines.formats.strict_io import (
+    FileTooLargeError,
+    NotRegularFileError,
+    atomic_write_text,
+    read_bounded,
+)
 
 __all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_SAMPLE_SIZE", "SpecCounters", "load_prompts", "measure_acceptance",
            "fingerprint_key", "measure_acceptance_from_file", "parse_spec_counters", "prompt_fingerprint",
@@ -186,12 +191,7 @@ def write_default_prompt_file(path: str | Path, n: int = 400, seed: int = 7) -> 
         reps = rng.randint(2, 5)
         tail = " ".join(rng.choice(lines).split()[:6])
         out.append(json.dumps({"prompt": f"{tail}. " + ". ".join([phrase] * reps) + ".", "id": i}))
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(p.suffix + ".tmp")
-    tmp.write_text("\n".join(out) + "\n", encoding="utf-8")
-    tmp.replace(p)
-    return p
+    return atomic_write_text(path, "\n".join(out) + "\n")
 
 
 # --------------------------------------------------------------------------- metrics

@@ -55,6 +55,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from tabletune_pipelines.core.noise import units_to_detect
 from tabletune_pipelines.core.served_calibration import ServedCalibration, ServedPoint
 from tabletune_pipelines.core.table import expand_table
 from tabletune_pipelines.errors import InvalidValueError
@@ -545,10 +546,7 @@ def judge_load(load: int, candidate: Mapping[int, float], fixed: Mapping[str, Ma
 def rounds_to_decide(ratios_sd: float, ratio: float, tolerance: float, *, t: float = 1.96) -> int | None:
     """Paired rounds a decision needs at this spread: the n at which ``t·sd/sqrt(n)`` is smaller than
     the distance between the mean ratio and ``1 - tolerance`` (None when the mean sits on it)."""
-    gap = abs(ratio - (1.0 - tolerance))
-    if not (math.isfinite(ratios_sd) and math.isfinite(gap)) or gap <= 0:
-        return None
-    return max(2, math.ceil((t * ratios_sd / gap) ** 2))
+    return units_to_detect(ratios_sd, ratio - (1.0 - tolerance), z_alpha=t)
 
 
 def judge(windows: Sequence[Window], loads: Sequence[int], fixed: Sequence[str], *, candidate: str = CANDIDATE,

@@ -141,3 +141,28 @@ def test_a_single_accept_batch_size_fits_one_parameter():
     surface, accept, var = _profile(0.5, 0.0, 0.01, rng, bs=(8,))
     fit = fit_accepted_work(surface, accept, var)
     assert fit.params == 1 and fit.beta_ms == 0.0 and fit.cov[1, 1] == 0.0 and fit.significant
+
+
+# -- units_to_detect: the sample size of a test sized by power ------------------------------------------
+
+def test_units_to_detect_worked_numbers():
+    from tabletune_pipelines.core.noise import units_to_detect
+
+    # sd 0.10, effect 0.05: (1.96 · 0.10 / 0.05)² = 15.37 -> 16 at the mean; with 99 % power
+    # (z 2.326) (4.286 · 2)² = 73.5 -> 74
+    assert units_to_detect(0.10, 0.05) == 16
+    assert units_to_detect(0.10, 0.05, z_power=2.326) == 74
+    assert units_to_detect(0.10, -0.05) == 16  # the side does not matter
+    assert units_to_detect(0.0, 0.05) == 2 and units_to_detect(0.0, 0.05, minimum=5) == 5
+    assert units_to_detect(0.1, 0.0) is None and units_to_detect(float("nan"), 0.1) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(sd=st.floats(1e-3, 10.0), effect=st.floats(1e-3, 10.0), z=st.floats(0.0, 4.0))
+def test_units_to_detect_is_the_least_n_whose_interval_clears_the_effect(sd, effect, z):
+    from tabletune_pipelines.core.noise import units_to_detect
+
+    n = units_to_detect(sd, effect, z_power=z, minimum=1)
+    margin = (1.96 + z) * sd
+    assert margin / math.sqrt(n) <= effect * (1 + 1e-9)  # n units clear it ...
+    assert n == 1 or margin / math.sqrt(n - 1) > effect * (1 - 1e-9)  # ... and n - 1 do not

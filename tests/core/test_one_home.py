@@ -284,9 +284,8 @@ CONCEPTS: dict[str, tuple[Finder, set[str], set[tuple[str, str]]]] = {
     "gate thresholds": (gate_threshold, {"tabletune_pipelines/tuning/gates.py"}, set()),
     "engine identity": (identity_builder, {"tabletune_pipelines/engine/identity.py"}, set()),
     "atomic file writer": (atomic_writer, {"tabletune_pipelines/formats/strict_io.py"}, {
-        # Being reworked with the engine: the embedded default's prompt file, and the model folders
-        # built beside their final place (a folder swap plus its marker file).
-        ("tabletune_pipelines/engine/acceptance.py", "write_default_prompt_file"),
+        # The model folders built beside their final place (a folder swap plus its marker file): a
+        # folder, which the file writer does not replace.
         ("tabletune_pipelines/engine/real_model.py", "ensure_real_model"),
         ("tabletune_pipelines/engine/tiny_models.py", "ensure_tiny_models"),
     }),

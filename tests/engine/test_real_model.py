@@ -7,13 +7,18 @@ ONE server for the module. Each mix: ``N_PER_MIX`` prompts sampled with seed 0, 
 ``GROUPS`` groups of different prompts one after another (``acceptance.measure_acceptance`` per
 group), so each a_i has two intervals: Wilson on the pooled counts (drafts as trials, what a prior
 states) and batch means over the groups (prompts as the units, ``acceptance_ci.group_intervals``).
-The test asserts the two mixes differ beyond the wider (batch-means) intervals at every position.
-Work is counted in prompts and tokens, never seconds.
+The test asserts the two mixes differ beyond both intervals at one position at least. Work is
+counted in prompts and tokens, never seconds. ``N_PER_MIX`` is sized by power: the fewest prompts
+for which both intervals clear the difference measured on this engine (``real_model_variance.json``)
+with probability ``POWER`` (``prompts_needed``).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
+from pathlib import Path
 
 import pytest
 
@@ -28,9 +33,61 @@ from tabletune_pipelines.formats.documents import AcceptancePrior
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
 
-N_PER_MIX = 160
 GROUPS = 8
 MAX_TOKENS = 128
+#: The variances behind ``N_PER_MIX``, measured on this engine (``real_model_variance.json`` beside this
+#: file: per-group drafted and kept counts of both mixes; rewrite it with ``TABLETUNE_RECORD_VARIANCE=
+#: tests/engine/real_model_variance.json`` set while this test runs at ``RECORDED_N``).
+VARIANCE_FILE = Path(__file__).with_name("real_model_variance.json")
+#: The test must tell the mixes apart with this probability, where the difference is as large as measured.
+POWER = 0.999
+
+
+def prompts_needed(recorded: dict, power: float = POWER) -> int:
+    """Prompts per mix for both of the test's intervals (batch means over ``GROUPS`` groups, Student-t;
+    Wilson on the pooled drafts) to clear the recorded difference at one position with probability
+    ``power``: per position, the recorded half-widths scale as 1/sqrt(prompts) (``core.noise.
+    units_to_detect`` on one prompt's spread); the easiest position sets N, a multiple of ``GROUPS``."""
+    from statistics import NormalDist
+
+    from tabletune_pipelines.core.acceptance_ci import _t
+    from tabletune_pipelines.core.noise import units_to_detect
+
+    n0 = recorded["prompts_per_mix"]
+    code, prose = (_priors(recorded[m]) for m in ("code", "prose"))
+    z_power = NormalDist().inv_cdf(power)
+    t = _t(GROUPS - 1, 0.95)
+    best = None
+    for i, (c, p) in enumerate(zip(group_intervals(code), group_intervals(prose))):
+        effect = c.value - p.value
+        wc, wp = prior_intervals(_pooled(code))[i], prior_intervals(_pooled(prose))[i]
+        se_groups = math.hypot(c.hi - c.lo, p.hi - p.lo) / 2 / t  # the difference's standard error
+        se_wilson = ((wc.hi - wc.lo) + (wp.hi - wp.lo)) / 2 / 1.96  # non-overlap: the sum of half-widths
+        need = max(units_to_detect(se_groups * math.sqrt(n0), effect, z_alpha=t, z_power=z_power) or 10**9,
+                   units_to_detect(se_wilson * math.sqrt(n0), effect, z_power=z_power) or 10**9)
+        best = need if best is None else min(best, need)
+    return GROUPS * max(2, math.ceil(best / GROUPS))
+
+
+def _priors(groups: list[dict]) -> list[AcceptancePrior]:
+    return [AcceptancePrior(rates=tuple(a / max(d, 1) for a, d in zip(g["accepted"], g["drafted"])),
+                            num_drafts=g["num_drafts"], drafted_per_pos=tuple(g["drafted"]),
+                            accepted_per_pos=tuple(g["accepted"]), prompt_fingerprint="recorded",
+                            prompt_count=g["prompts"]) for g in groups]
+
+
+def _pooled(groups: list[AcceptancePrior]) -> AcceptancePrior:
+    k = len(groups[0].rates)
+    drafted = tuple(sum(g.drafted_per_pos[i] for g in groups) for i in range(k))
+    accepted = tuple(sum(g.accepted_per_pos[i] for g in groups) for i in range(k))
+    return AcceptancePrior(rates=tuple(a / max(d, 1) for a, d in zip(accepted, drafted)),
+                           num_drafts=sum(g.num_drafts for g in groups), drafted_per_pos=drafted,
+                           accepted_per_pos=accepted, prompt_fingerprint="pooled",
+                           prompt_count=sum(g.prompt_count for g in groups))
+
+
+RECORDED_N = 160  # the prompts per mix of the recorded run
+N_PER_MIX = prompts_needed(json.loads(VARIANCE_FILE.read_text())) if VARIANCE_FILE.is_file() else RECORDED_N
 
 
 @pytest.fixture(scope="module")
@@ -78,19 +135,25 @@ def _measure(server, mix: str):
     size = len(prompts) // GROUPS
     groups = [measure_acceptance(server, prompts[g * size:(g + 1) * size], temperature=0.0, max_tokens=MAX_TOKENS)
               for g in range(GROUPS)]
-    pooled = AcceptancePrior(
-        rates=tuple(sum(g.accepted_per_pos[i] for g in groups) / sum(g.drafted_per_pos[i] for g in groups)
-                    for i in range(3)),
-        num_drafts=sum(g.num_drafts for g in groups),
-        drafted_per_pos=tuple(sum(g.drafted_per_pos[i] for g in groups) for i in range(3)),
-        accepted_per_pos=tuple(sum(g.accepted_per_pos[i] for g in groups) for i in range(3)),
-        prompt_fingerprint="pooled", prompt_count=size * GROUPS)
-    return pooled, groups
+    return _pooled(groups), groups
+
+
+def _record(code_groups, prose_groups) -> None:
+    """Write the per-group counts of this run where ``TABLETUNE_RECORD_VARIANCE`` names a file."""
+    path = os.environ.get("TABLETUNE_RECORD_VARIANCE")
+    if not path:
+        return
+    rows = {name: [{"prompts": g.prompt_count, "num_drafts": g.num_drafts, "drafted": list(g.drafted_per_pos),
+                    "accepted": list(g.accepted_per_pos)} for g in groups]
+            for name, groups in (("code", code_groups), ("prose", prose_groups))}
+    Path(path).write_text(json.dumps({"prompts_per_mix": N_PER_MIX, "groups": GROUPS, "max_tokens": MAX_TOKENS,
+                                      "seed": 0, **rows}, indent=1) + "\n", encoding="utf-8")
 
 
 def test_acceptance_of_code_and_prose_differ_beyond_their_intervals(real_server):
     code, code_groups = _measure(real_server, "code")
     prose, prose_groups = _measure(real_server, "prose")
+    _record(code_groups, prose_groups)
     for name, pooled, groups in (("code (HumanEval)", code, code_groups), ("prose (WritingBench)", prose, prose_groups)):
         wil, grp = prior_intervals(pooled), group_intervals(groups)
         widen = [(g.hi - g.lo) / max(w.hi - w.lo, 1e-9) for w, g in zip(wil, grp)]
