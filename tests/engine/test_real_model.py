@@ -8,9 +8,9 @@ ONE server for the module. Each mix: ``N_PER_MIX`` prompts sampled with seed 0, 
 group), so each a_i has two intervals: Wilson on the pooled counts (drafts as trials, what a prior
 states) and batch means over the groups (prompts as the units, ``acceptance_ci.group_intervals``).
 The test asserts the two mixes differ beyond both intervals at one position at least. Work is
-counted in prompts and tokens, never seconds. ``N_PER_MIX`` is sized by power: the fewest prompts
-for which both intervals clear the difference measured on this engine (``real_model_variance.json``)
-with probability ``POWER`` (``prompts_needed``).
+counted in prompts and tokens, never seconds. ``N_PER_MIX`` is sized by power where variances are recorded: the
+fewest prompts for which both intervals clear the difference measured on this engine
+(``real_model_variance.json``) with probability ``POWER`` (``prompts_needed``).
 """
 
 from __future__ import annotations
@@ -35,9 +35,10 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
 
 GROUPS = 8
 MAX_TOKENS = 128
-#: The variances behind ``N_PER_MIX``, measured on this engine (``real_model_variance.json`` beside this
-#: file: per-group drafted and kept counts of both mixes; rewrite it with ``TABLETUNE_RECORD_VARIANCE=
-#: tests/engine/real_model_variance.json`` set while this test runs at ``RECORDED_N``).
+#: The variances behind ``N_PER_MIX``, measured on this engine: ``real_model_variance.json`` beside this
+#: file, per-group drafted and kept counts of both mixes, written by this test at ``RECORDED_N`` prompts
+#: with ``TABLETUNE_RECORD_VARIANCE=tests/engine/real_model_variance.json`` set. Without the file the
+#: test runs ``RECORDED_N`` prompts per mix.
 VARIANCE_FILE = Path(__file__).with_name("real_model_variance.json")
 #: The test must tell the mixes apart with this probability, where the difference is as large as measured.
 POWER = 0.999
@@ -168,3 +169,26 @@ def test_acceptance_of_code_and_prose_differ_beyond_their_intervals(real_server)
     print(f"[real] code - prose: {format_intervals(diff)}; Wilson intervals apart at a_{[i + 1 for i in wil]}, "
           f"difference (batch means) away from 0 at a_{[i + 1 for i in robust]}")
     assert set(wil) & set(robust), "the two mixes' acceptance should differ beyond their intervals at some position"
+
+
+def _recorded(code_rates, prose_rates, spread=0.04, seed=0):
+    import random
+
+    rng = random.Random(seed)
+
+    def groups(rates):
+        drafted = [300, 250, 200]
+        return [{"prompts": 20, "num_drafts": 300, "drafted": drafted,
+                 "accepted": [int(d * (r + rng.uniform(-spread, spread))) for d, r in zip(drafted, rates)]}
+                for _ in range(GROUPS)]
+    return {"prompts_per_mix": 160, "code": groups(code_rates), "prose": groups(prose_rates)}
+
+
+def test_prompts_needed_grows_with_the_power_asked_and_shrinks_with_the_difference():
+    """The sizing itself (no server): more power needs more prompts, a larger difference fewer, and
+    the answer is a multiple of the groups."""
+    rec = _recorded((0.70, 0.56, 0.46), (0.69, 0.60, 0.53))
+    half, sure = prompts_needed(rec, power=0.5), prompts_needed(rec, power=0.999)
+    assert half % GROUPS == 0 and sure % GROUPS == 0 and GROUPS * 2 <= half < sure
+    wider = prompts_needed(_recorded((0.70, 0.56, 0.40), (0.69, 0.62, 0.55)), power=0.999)
+    assert wider < sure
