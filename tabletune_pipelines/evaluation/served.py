@@ -54,7 +54,6 @@ def run_closed_loop(server: Any, policies: Mapping[str, Sequence[Sequence[int]]]
     return out
 
 
-
 def loss_table(summary: Mapping[tuple[str, int], PolicySummary], fixed: Sequence[str], policies: Sequence[str],
                loads: Sequence[int]) -> dict[str, dict[int, float]]:
     """Loss(policy, load) = 1 - goodput / best fixed k at that load (docs/method.md, evaluation)."""
@@ -65,7 +64,6 @@ def loss_table(summary: Mapping[tuple[str, int], PolicySummary], fixed: Sequence
             if (p, load) in summary and best > 0:
                 out.setdefault(p, {})[load] = 1.0 - summary[(p, load)].goodput / best
     return out
-
 
 
 @dataclass(frozen=True)
