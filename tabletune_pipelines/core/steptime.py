@@ -105,16 +105,11 @@ def non_decreasing_fit(values: Sequence[float]) -> np.ndarray:
 
     A decode step cannot get cheaper when more requests share it, so a measured dip in T over B is
     noise (cells vary 5–25% on our machines: docs/engine-facts.md, "Noise on 2 cores"). Pooling a dip with its neighbours keeps a
-    single noisy cell from carving a one-batch-size range into the table.
+    single noisy cell from carving a one-batch-size range into the table. The unweighted case of
+    ``weighted_non_decreasing_fit``.
     """
-    blocks: list[list[float]] = []  # [mean, count]
-    for v in values:
-        blocks.append([float(v), 1.0])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            m2, n2 = blocks.pop()
-            m1, n1 = blocks.pop()
-            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
-    return np.concatenate([np.full(int(n), m) for m, n in blocks]) if blocks else np.empty(0)
+    vals = [float(v) for v in values]
+    return weighted_non_decreasing_fit(vals, [1.0] * len(vals))[0]
 
 
 def weighted_non_decreasing_fit(values: Sequence[float], weights: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import statistics
 
 import pytest
 
@@ -151,3 +152,31 @@ def test_progress_lines_count_cells_and_estimate_time():
     prog = ProfilerProgress(total=4, done=2, printer=lines.append)
     prog.cell(StepTimeCell(k=1, batch_size=8, median_ms=5.0, repetitions_ms=(4.9, 5.0, 5.2)))
     assert lines and "3/4" in lines[0] and "k=1" in lines[0] and "ETA" in lines[0] and "spread  6.0%" in lines[0]
+
+
+class _DriftingServer(FakeServer):
+    """Each batch's steps run slower by the next of ``OFFSETS`` ms: repetitions of a cell differ."""
+
+    OFFSETS = (0.0, 3.0, 1.0, 0.5, 2.0)
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.n = 0
+
+    def read_steps(self, since=None, until=None, offset=0):
+        extra = self.OFFSETS[self.n % len(self.OFFSETS)]
+        self.n += 1
+        return [dict(s, dt=s["dt"] + extra) if s["new"] == 0 else s for s in super().read_steps(since, until, offset)]
+
+
+def test_a_cell_is_the_median_of_its_repetitions():
+    launched: list = []
+    servers = ProfileServers(factory=lambda cfg: _DriftingServer(cfg, launched=launched))
+    plan = dataclasses.replace(PLAN, repetitions=3)
+    prof = profile_step_times(CFG, dataclasses.replace(ProfileOptions(), mixed_steps=False), plan=plan,
+                              hooks=ProfileHooks(), servers=servers, identity=IDENT, vocab_size=100,
+                              progress=lambda m: None)
+    # The drift reached the repetitions: their fastest is not their median.
+    assert any(min(c.repetitions_ms) < statistics.median(c.repetitions_ms) for c in prof.cells)
+    for c in prof.cells:
+        assert c.median_ms == pytest.approx(statistics.median(c.repetitions_ms)), (c.k, c.batch_size, c.repetitions_ms)
