@@ -44,11 +44,8 @@ from tabletune_pipelines.orchestration.tags import ENGINE_TAG, run_tags
 LOGGERS = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 #: EngineResource profile_options (deployments.ProfileOptions fields) of ``--quick``.
 QUICK_PROFILE = {"batch_sizes": [1, 4, 16], "repetitions": 2, "accept_batch_sizes": [], "remeasure_budget_s": 30.0}
-#: The full run: 7 of the 16 batch sizes, step times in between interpolated linearly
-#: (``core.steptime.every_batch_size``, as past B = 16 on a GPU's grid), and fixed k timed too (K = k,
-#: no table) for the engine-dependence check. The pipeline's own default
-#: (``EngineResource``) measures every batch size up to 16.
-FULL_PROFILE = {"fixed_k_baseline": True, "batch_sizes": [1, 2, 4, 6, 8, 12, 16]}
+#: The full run also times fixed k (K = k, no table) for the engine-dependence check.
+FULL_PROFILE = {"fixed_k_baseline": True}
 REPO = Path(__file__).resolve().parents[2]
 #: The code location (``assets/definitions.py``), as ``dagster dev`` and the UI load it.
 WORKSPACE = REPO / "workspace.yaml"
