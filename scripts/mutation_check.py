@@ -81,7 +81,7 @@ def first_failure(output: str) -> str | None:
     return None
 
 
-def run_one(i: int, mut: Mutation, tree: Path, engine: bool) -> tuple[str, float]:
+def run_one(mut: Mutation, tree: Path, engine: bool) -> tuple[str, float]:
     src = tree / mut.path
     text = src.read_text()
     if text.count(mut.old) != 1:
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             print("|---|---|---|---|---|---|")
             missed = 0
             for i, mut in picked:
-                result, took = run_one(i, mut, tree, args.engine)
+                result, took = run_one(mut, tree, args.engine)
                 missed += not result.startswith("caught")
                 old, new = (x.splitlines()[-1].strip() for x in (mut.old, mut.new))
                 print(f"| {i} | {mut.part} | `{mut.path}`: `{old}` → `{new}` | {mut.what} | {result} | "

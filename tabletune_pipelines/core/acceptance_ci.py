@@ -75,25 +75,41 @@ def _t(df: int, confidence: float) -> float:
     return _T975[max(below)] if df < 30 else 1.96 + 2.4 / df
 
 
-def group_intervals(groups: Sequence, confidence: float = DEFAULT_CONFIDENCE) -> list[Interval]:
-    """Batch-means interval of the pooled a_i from G >= 2 per-group priors (module docstring)."""
+def group_standard_errors(groups: Sequence) -> list[tuple[float, float]]:
+    """Per position, the pooled a_i of G >= 2 groups (anything with ``drafted_per_pos`` and
+    ``accepted_per_pos``: priors, the controller's counter windows) and its batch-means standard
+    error (the ratio estimator over the groups as clusters); (0, inf) where nothing was drafted."""
     if len(groups) < 2:
-        raise InvalidValueError("group_intervals needs at least two groups")
-    k = min(len(g.rates) for g in groups)
+        raise InvalidValueError("batch means need at least two groups")
+    k = min(len(g.drafted_per_pos) for g in groups)
     out = []
     for i in range(k):
         d = [float(g.drafted_per_pos[i]) for g in groups]
         a = [float(g.accepted_per_pos[i]) for g in groups]
         n = sum(d)
         if n <= 0:
-            out.append(Interval(0.0, 0.0, 1.0))
+            out.append((0.0, math.inf))
             continue
         pooled = sum(a) / n
         G = len(groups)
         dbar = n / G
         # ratio-estimator variance of sum(a)/sum(d) over G clusters
         var = sum((ai - pooled * di) ** 2 for ai, di in zip(a, d)) / (G - 1) / G / dbar ** 2
-        half = _t(G - 1, confidence) * math.sqrt(var)
+        out.append((pooled, math.sqrt(var)))
+    return out
+
+
+def group_intervals(groups: Sequence, confidence: float = DEFAULT_CONFIDENCE) -> list[Interval]:
+    """Batch-means interval of the pooled a_i from G >= 2 per-group priors (module docstring)."""
+    if len(groups) < 2:
+        raise InvalidValueError("group_intervals needs at least two groups")
+    t = _t(len(groups) - 1, confidence)
+    out = []
+    for pooled, se in group_standard_errors(groups):
+        if math.isinf(se):
+            out.append(Interval(0.0, 0.0, 1.0))
+            continue
+        half = t * se
         out.append(Interval(pooled, max(0.0, pooled - half), min(1.0, pooled + half)))
     return out
 

@@ -120,3 +120,19 @@ def test_goodput_ratio_vs_docs_reads_the_evidence_where_the_tables_differ():
     assert cmp.ratio[:2].tolist() == [1.0, 1.0] and cmp.sd[:2].tolist() == [0.0, 0.0]
     assert cmp.ratio[2] == pytest.approx(1.3 / 1.1) and cmp.ratio[3] == pytest.approx(1.3)
     assert cmp.sd[3] == pytest.approx(1.3 * 0.02)
+
+
+def test_group_standard_errors_worked_numbers():
+    from types import SimpleNamespace
+
+    from tabletune_pipelines.core.acceptance_ci import group_standard_errors
+    from tabletune_pipelines.errors import InvalidValueError
+
+    g = [SimpleNamespace(drafted_per_pos=(10, 0), accepted_per_pos=(5, 0)),
+         SimpleNamespace(drafted_per_pos=(10, 0), accepted_per_pos=(9, 0))]
+    # pooled 14/20 = 0.7; ratio-estimator variance ((5 - 7)² + (9 - 7)²) / 1 / 2 / 10² = 0.04
+    (p0, se0), (p1, se1) = group_standard_errors(g)
+    assert p0 == pytest.approx(0.7) and se0 == pytest.approx(0.2)
+    assert p1 == 0.0 and se1 == float("inf")  # nothing drafted at the second position
+    with pytest.raises(InvalidValueError, match="at least two groups"):
+        group_standard_errors(g[:1])
