@@ -217,6 +217,10 @@ class ProfileOptions(PlanFields, LaunchOverrides):
     """Also time every k >= 1 in its own launch with K = k and no table, at four batch sizes
     (the engine-dependence check's baseline, docs/method.md, "Limitations" 1). Run by the caller
     with ``fixed_k_baseline_options``."""
+    fixed_k_ks: tuple[int, ...] | None = None
+    """The k the fixed-k baseline launches (each one of the plan's k >= 1); None = every k >= 1 of
+    the plan. Each is a launch: fewer k cost fewer launches, and the engine-dependence check then
+    compares the table with the best of these only."""
     warmup: bool | None = None
     """Run each (k, B) once untimed before its first timing; None = on a GPU yes (new batch
     shapes JIT-compile kernels there: docs/engine-facts.md, "GPU (H200, vLLM 0.26)"), on the CPU
@@ -245,8 +249,11 @@ class ProfileOptions(PlanFields, LaunchOverrides):
         LaunchOverrides.__post_init__(self)
         if self.mode not in PROFILE_MODES:
             raise EngineConfigError(f"mode = {self.mode!r} must be one of {PROFILE_MODES}")
-        for name in ("mixed_batch_sizes", "mixed_prefill_tokens"):
+        for name in ("mixed_batch_sizes", "mixed_prefill_tokens", "fixed_k_ks"):
             object.__setattr__(self, name, _ints(name, getattr(self, name)))
+        if self.fixed_k_ks is not None and (not self.fixed_k_ks or not all(1 <= k <= 64 for k in self.fixed_k_ks)):
+            raise EngineConfigError(f"fixed_k_ks = {list(self.fixed_k_ks)!r}: give draft lengths k in 1..64 (the "
+                                    "launches of the fixed-k baseline), or null for every k >= 1 of the plan")
         for name in ("remeasure_budget_s", "max_repetitions"):
             check_limit(name, getattr(self, name))
         for name in ("mixed_batch_sizes", "mixed_prefill_tokens"):
@@ -304,13 +311,19 @@ def plan_from_options(config: ServerConfig, options: PlanFields) -> ProfilePlan:
 
 
 def fixed_k_baseline_options(options: ProfileOptions, plan: ProfilePlan) -> ProfileOptions:
-    """The ``fixed_k`` run that backs ``options.fixed_k_baseline``: a launch per k >= 1 of the
-    plan, at four batch sizes of its grid (enough to show the engine-dependence trap; the full
-    grid would cost a launch per k for little more)."""
+    """The ``fixed_k`` run that backs ``options.fixed_k_baseline``: a launch per k of
+    ``options.fixed_k_ks`` (default: every k >= 1 of the plan), at four batch sizes of its grid
+    (enough to show the engine-dependence trap; the full grid would cost a launch per k for little
+    more). A k of ``fixed_k_ks`` the plan does not time raises ``EngineConfigError``."""
     bs = plan.batch_sizes
     sparse = tuple(sorted({bs[0], bs[len(bs) // 4], bs[len(bs) // 2], bs[-1]}))
-    return dataclasses.replace(options, mode="fixed_k", batch_sizes=sparse, ks=tuple(k for k in plan.ks if k >= 1),
-                               include_no_spec=False, accept_batch_sizes=(), fixed_k_baseline=False)
+    drafting = tuple(k for k in plan.ks if k >= 1)
+    ks = drafting if options.fixed_k_ks is None else tuple(sorted(set(options.fixed_k_ks)))
+    if not set(ks) <= set(drafting):
+        raise EngineConfigError(f"fixed_k_ks = {list(ks)!r}: {sorted(set(ks) - set(drafting))} not among the "
+                                f"plan's k >= 1 {list(drafting)}")
+    return dataclasses.replace(options, mode="fixed_k", batch_sizes=sparse, ks=ks, include_no_spec=False,
+                               accept_batch_sizes=(), fixed_k_baseline=False, fixed_k_ks=None)
 
 
 def rotations(items: Sequence[T], repetitions: int) -> list[list[T]]:

@@ -91,18 +91,21 @@ def drafting_requests_per_step(windows: Sequence[CounterWindow]) -> float:
 class Rig:
     """One server + its published file + export; publishes versions and waits on the export."""
 
-    def __init__(self, server: Any, published: Path, export: Path, method: str = "draft_model") -> None:
+    def __init__(self, server: Any, published: Path, export: Path, method: str = "draft_model",
+                 deployment: str = "test") -> None:
         self.server = server
         self.published = published
         self.export = export
         self.version = 0
         self.method = method
+        self.deployment = deployment
 
     def publish(self, **kw: Any) -> int:
-        """The next version (``synthetic.publish``; by default the rig's identity, every k allowed, an
-        export every 100 steps or second). Returns its version number."""
+        """The next version (``synthetic.publish``; by default the rig's identity and deployment, every k
+        allowed, an export every 100 steps or second). Returns its version number."""
         self.version += 1
         kw.setdefault("identity", identity(self.method))
+        kw.setdefault("deployment", self.deployment)
         kw.setdefault("allowed_k", [0, 1, 2, 3])
         ctl = {"export_every_steps": 100, "export_every_s": 1.0, **kw.pop("controller", {})}
         publish(self.published, version=self.version, controller=ctl, **kw)

@@ -77,10 +77,10 @@ REBUILD_BUDGET_MS = 60_000.0
 
 def publish(path: Path, *, ranges, rates, profile=None, version: int = 1, controller: dict | None = None,
             identity: dict | None = IDENTITY, prior_count: int = 0, allowed_k=None, n: int = N, k_max: int = K,
-            over_junk: bool = False, served_cost: dict | None = None) -> Path:
-    """Publish a table for the test engine (``profile``: T(B, k) as ``{k: {B: ms}}``, by default
-    ``linear_profile``). ``over_junk``: a deliberately broken file was left there, which publishing
-    refuses to replace: remove it first."""
+            over_junk: bool = False, served_cost: dict | None = None, deployment: str = "test") -> Path:
+    """Publish a table of ``deployment`` for the test engine (``profile``: T(B, k) as ``{k: {B: ms}}``,
+    by default ``linear_profile``). ``over_junk``: a deliberately broken file was left there, which
+    publishing refuses to replace: remove it first."""
     if over_junk:
         path.unlink(missing_ok=True)
     profile = linear_profile(n, k_max) if profile is None else profile
@@ -91,7 +91,7 @@ def publish(path: Path, *, ranges, rates, profile=None, version: int = 1, contro
     if served_cost:
         table["served_cost"] = served_cost
     doc = published_document(
-        PublishedVersion(deployment="test", version=version, table=table,
+        PublishedVersion(deployment=deployment, version=version, table=table,
                          speculative_config={"method": "draft_model", "num_speculative_tokens": k_max,
                                              "num_speculative_tokens_per_batch_size": [list(r) for r in ranges]},
                          published_at="2026-11-23T10:00:00Z"),

@@ -1,9 +1,10 @@
 """The adaptive baselines choose k inside real vLLM (CPU build), through the controller plugin.
 
-ONE server for the module: tiny target + 1-layer draft model, K = 3, launch table listing every k,
-synthetic acceptance (0.7, 0.5, 0.3), ``--scheduler-cls ...evaluation.scheduler.EvaluationScheduler``
-(the production plugin's hooks with the baselines enabled) and the published
-file named by ``TABLETUNE_PUBLISHED_TABLE`` (as an operator turns the controller on). Each test
+The controller tests' shared server (tests/controller/conftest.py): tiny target + 1-layer draft
+model, K = 3, launch table listing every k, synthetic acceptance (0.7, 0.5, 0.3) for this module,
+``--scheduler-cls ...evaluation.scheduler.EvaluationScheduler`` (the production plugin's hooks with
+the baselines enabled) and the published file named by ``TABLETUNE_PUBLISHED_TABLE`` (as an
+operator turns the controller on). Each test
 publishes a version with ``controller: {policy: ...}`` over a published table of k = 1 everywhere
 (the fallback); what is asserted comes from the controller's export.
 
@@ -20,13 +21,9 @@ import pytest
 
 from tabletune_pipelines.evaluation.baselines import TurboSpecPolicy
 from tabletune_pipelines.controller.search import compact
-from tabletune_pipelines.engine import VLLMServer
-from tabletune_pipelines.evaluation.rig import Rig, closed_loop, server_config
+from tabletune_pipelines.evaluation.rig import closed_loop
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
-
-#: The controller plugin with the baselines enabled (the production plugin only observes them).
-EVALUATION_SCHEDULER = "tabletune_pipelines.evaluation.scheduler.EvaluationScheduler"
 
 N = 16
 PROFILE = {k: {b: 10 + 0.2 * b + (0.2 + 1.0 * b) * k for b in range(1, N + 1)} for k in range(4)}
@@ -34,17 +31,10 @@ RATES = (0.7, 0.5, 0.3)
 
 
 @pytest.fixture(scope="module")
-def rig(tmp_path_factory):
-    wd = tmp_path_factory.mktemp("controller-baselines")
-    pub = wd / "local.json"
-    srv = VLLMServer(server_config(wd, pub, rates=RATES, cls=EVALUATION_SCHEDULER))
-    r = Rig(srv, pub, wd / "local.live.jsonl")
+def rig(controller_rig):
+    r = controller_rig(RATES)
     r.publish(ranges=[(1, N, 1)], rates=RATES, profile=PROFILE, controller={"mode": "observe"})
-    srv.start()
-    try:
-        yield r
-    finally:
-        srv.stop()
+    return r
 
 
 def serve(rig, version: int, clients: int, steps: int, warm: int = 0,

@@ -1,8 +1,9 @@
 """The controller on real vLLM (CPU build): the method's claims with a known ground truth.
 
-ONE server for the module: tiny target + 1-layer draft model, K = 3, launch table listing every k
-(``[[1,1,0],[2,2,1],[3,3,2],[4,16,3]]``), synthetic acceptance switched at runtime (the CPU plugin)
-as the known truth, ``--scheduler-cls ...ControllerScheduler`` (sync on the CPU build) and the
+The controller tests' shared server (tests/controller/conftest.py): tiny target + 1-layer draft
+model, K = 3, launch table listing every k (``[[1,1,0],[2,2,1],[3,3,2],[4,16,3]]``), synthetic
+acceptance switched at runtime (the CPU plugin) as the known truth, the controller plugin's hooks
+(sync on the CPU build; ``PolicyController`` with no baseline policy is ``Controller``) and the
 published file named by ``TABLETUNE_PUBLISHED_TABLE``. Each test publishes the next version while
 the engine serves 8 closed-loop clients; what is asserted is read from the controller's export.
 
@@ -21,8 +22,7 @@ import statistics
 import numpy as np
 import pytest
 
-from tabletune_pipelines.engine import VLLMServer
-from tabletune_pipelines.evaluation.rig import Rig, closed_loop, server_config
+from tabletune_pipelines.evaluation.rig import Rig, closed_loop
 from tabletune_pipelines.evaluation.simulator import quartered
 from tabletune_pipelines.evaluation.synthetic import N, linear_profile, true_table
 from tests.controller.references import on_robust_table, robust_choices, table_dense
@@ -38,13 +38,11 @@ describes (about 6000 steps each); 40000 steps at B = 1 take 2-3 minutes."""
 
 
 @pytest.fixture(scope="module")
-def rig(tmp_path_factory):
-    wd = tmp_path_factory.mktemp("controller-method")
-    pub = wd / "local.json"
-    srv = VLLMServer(server_config(wd, pub, rates=(0.3, 0.1, 0.05)))
-    r = Rig(srv, pub, wd / "local.live.jsonl")
-    r.publish(ranges=[(1, 16, 3)], rates=(0.9, 0.8, 0.7), controller={"step_time_correction": False})
-    srv.start()
+def rig(controller_rig):
+    r = controller_rig((0.3, 0.1, 0.05))
+    srv = r.server
+    r.log_from = len(r.log())  # the shared server's log before this module (other modules' lines)
+    r.first_version = r.publish(ranges=[(1, 16, 3)], rates=(0.9, 0.8, 0.7), controller={"step_time_correction": False})
     # Long requests (96-160 tokens): few admissions, so most steps are clean decode steps at B = 8 even
     # when the clients' threads get little CPU (with 32-64 tokens one run saw 1230 clean steps at B = 1
     # against 236 at B = 8).
@@ -53,7 +51,6 @@ def rig(tmp_path_factory):
         yield r
     finally:
         r.load.stop()
-        srv.stop()
         print(f"\n[controller-method] requests sent {r.load.sent}, completed {r.load.completed}, "
               f"errors {len(r.load.errors)}")
         assert not r.load.errors, r.load.errors[:3]
@@ -74,11 +71,12 @@ def test_known_truth_convergence(rig):
     truth = (0.3, 0.1, 0.05)  # the launch's synthetic rates; the prior says (0.9, 0.8, 0.7)
     ok = robust_choices(PROFILE, truth, TOL)
     hit, mine = rig.wait(lambda w: within(w.estimate, truth) and on_robust_table(w.controller["table"], ok),
-                         version=1, max_steps=2000)
+                         version=rig.first_version, max_steps=2000)
     assert hit is not None, (mine[-1].estimate, mine[-1].controller["table"], ok)
     report("convergence", hit, mine)
     assert hit.controller["table"] != [[1, 16, 3]] and hit.controller["errors"] == 0
-    assert rig.log().count("TableTune controller: rebuild") >= 2  # one INFO line per table change
+    # one INFO line per table change
+    assert rig.log()[rig.log_from:].count("TableTune controller: rebuild") >= 2
 
 
 def test_repair_from_the_table_shrunk_to_a_quarter(rig):

@@ -3,9 +3,10 @@ SmolLM2-135M-Instruct (``engine/real_model.py``), the traffic switched mid-run f
 completions (HumanEval, 32-48 tokens) to long writing requests (WritingBench English requests,
 192-256 tokens: ``prompt_mixes``); the estimate and the table follow.
 
-ONE server: the real model, ``method: ngram`` (prompt lookup 2..4), K = 3, real verification (no
-synthetic rates), greedy decoding that stops at the model's end of turn like a served request,
-``--scheduler-cls ...AsyncControllerScheduler``. Phase 1: 8 clients send HumanEval prompts; phase
+The session's real-model server (``real_model_server``, tests/conftest.py): the real model,
+``method: ngram`` (prompt lookup 2..4), K = 3, real verification (no synthetic rates),
+``--scheduler-cls ...AsyncControllerScheduler``; greedy decoding that stops at the model's end of
+turn like a served request. Phase 1: 8 clients send HumanEval prompts; phase
 2: WritingBench prompts. Nothing about either phase's acceptance is set by the test: "the truth" of
 a phase is its own acceptance counted in the controller's windows of the phase's second half
 (drafted/accepted per position). Tolerance (stated): â within (0.06, 0.08, 0.10) of it, or 3
@@ -34,10 +35,9 @@ from datetime import datetime, timezone
 
 import pytest
 
-from tabletune_pipelines.formats.controller_settings import PUBLISHED_ENV
-from tabletune_pipelines.engine import ServerConfig, VLLMServer
-from tabletune_pipelines.evaluation.rig import SCHEDULER, Rig, closed_loop
-from tabletune_pipelines.evaluation.synthetic import IDENTITY, LAUNCH, linear_profile, true_table
+from tabletune_pipelines.evaluation.rig import Rig, closed_loop
+from tabletune_pipelines.evaluation.synthetic import linear_profile, true_table
+from tests.conftest import current_version
 from tests.controller.references import on_robust_table, robust_choices, table_dense
 
 # The whole-test limit is a last resort (Rig.wait_steps guards stalls): this test took 1424 s alone on an
@@ -65,18 +65,6 @@ STALL_S = 300.0
 CODE_TOKENS, PROSE_TOKENS = (32, 48), (192, 256)
 #: The table must follow within this many controller steps of the switch (stated in the issue's note).
 FOLLOW_STEPS = 2500
-
-
-def real_server(tmp_path, published):
-    from tabletune_pipelines.engine.real_model import MAX_MODEL_LEN, ensure_real_model
-
-    m = ensure_real_model()  # the venv's one conversion, shared with tests/engine/test_real_model.py
-    cfg = ServerConfig(
-        model=str(m.model_dir), method="ngram", num_speculative_tokens=3, table=tuple(LAUNCH), max_num_seqs=16,
-        max_model_len=MAX_MODEL_LEN, dtype=m.dtype, work_dir=str(tmp_path), step_timing=False,
-        extra_args=("--scheduler-cls", SCHEDULER + "AsyncControllerScheduler"),
-        speculative_extra={"prompt_lookup_max": 4, "prompt_lookup_min": 2}, extra_env={PUBLISHED_ENV: str(published)})
-    return VLLMServer(cfg), dict(IDENTITY, model=str(m.model_dir), drafter=None, method="ngram", dtype=m.dtype)
 
 
 def mix_prompt(name):
@@ -135,14 +123,13 @@ def phase_difference(one, two):
     return z
 
 
-def test_estimate_and_table_follow_a_traffic_switch(tmp_path):
-    pub = tmp_path / "local.json"
-    srv, ident = real_server(tmp_path, pub)
-    rig = Rig(srv, pub, tmp_path / "local.live.jsonl", method="ngram")
+def test_estimate_and_table_follow_a_traffic_switch(real_model_server):
+    srv, ident = real_model_server.server, real_model_server.identity
+    rig = Rig(srv, real_model_server.published, real_model_server.export, method="ngram")
+    rig.version = current_version(rig.published)
     prior = (0.5, 0.4, 0.3)
-    rig.publish(ranges=true_table(PROFILE, prior), rates=prior, profile=PROFILE, identity=ident,
-                controller={"step_time_correction": False})
-    srv.start()
+    v = rig.publish(ranges=true_table(PROFILE, prior), rates=prior, profile=PROFILE, identity=ident,
+                    controller={"step_time_correction": False})
     load = closed_loop(srv, 8, prompt=mix_prompt("code"), ignore_eos=False, max_tokens=CODE_TOKENS).start()
     try:
         # Phases in engine steps, not seconds (a slower machine runs them longer, not shorter). The
@@ -156,9 +143,8 @@ def test_estimate_and_table_follow_a_traffic_switch(tmp_path):
         rig.wait_steps(PHASE_STEPS[1], timeout=STALL_S)
     finally:
         load.stop()
-        srv.stop()
     assert load.errors == [] and load.completed == load.sent
-    ws = [w for w in rig.windows() if w.table_version == 1]
+    ws = [w for w in rig.windows() if w.table_version == v]
     one = [w for w in ws if w.window_end <= switch]
     two = [w for w in ws if w.window_start >= switch]
     r1, d1 = phase_rates(one[len(one) // 2:])

@@ -21,8 +21,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from tabletune_pipelines.formats.documents import AcceptancePrior, EngineIdentity, StepTimeCell, StepTimeProfile
-from tabletune_pipelines.engine import VLLMServer
-from tabletune_pipelines.evaluation.rig import closed_loop, server_config, tiny
+from tabletune_pipelines.evaluation.rig import closed_loop, tiny
 from tabletune_pipelines.evaluation.synthetic import linear_profile
 from tabletune_pipelines.formats.live_counters import read_live_counters
 from tabletune_pipelines.formats.published import controller_fields, load_published
@@ -30,12 +29,12 @@ from tabletune_pipelines.store import TableTuneStore
 from tabletune_pipelines.tuning.derive import derive_table
 from tabletune_pipelines.tuning.feedback import live_prior, windows_in_week
 
+from tests.controller.conftest import DEPLOYMENT, published_path
+
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
-DEPLOYMENT = "local-cpu"
 
-
-def test_served_counters_change_the_next_published_table(tmp_path):
+def test_served_counters_change_the_next_published_table(controller_server, tmp_path):
     m = tiny()
     ident = EngineIdentity(gpu="cpu", vllm_version="0.32.0+cpu", model=str(m.target_dir), drafter=str(m.draft_dir),
                            method="draft_model", max_k=3, max_num_seqs=16)
@@ -49,8 +48,7 @@ def test_served_counters_change_the_next_published_table(tmp_path):
     key = store.upsert_identity(ident)
     store.write_profile_cells(ident, list(cells))
     store.write_acceptance_prior(measured, key)
-    pub, live = tmp_path / "published" / f"{DEPLOYMENT}.json", tmp_path / "live" / f"{DEPLOYMENT}.jsonl"
-    pub.parent.mkdir()
+    pub, live = published_path(controller_server), tmp_path / "live" / f"{DEPLOYMENT}.jsonl"
     live.parent.mkdir()  # the operator's folder for the export (the controller creates none)
     # Observe mode: the controller serves the published table as it is and only counts, so the
     # table served changes only through the pipeline (the loop under test, not the controller's own).
@@ -66,8 +64,8 @@ def test_served_counters_change_the_next_published_table(tmp_path):
     doc1 = publish(v1_table, measured)
     assert load_published(pub).controller["export_path"] == str(live)
 
-    srv = VLLMServer(server_config(tmp_path, pub, rates=(0.3, 0.1, 0.05)))
-    srv.start()
+    srv = controller_server
+    srv.set_synthetic_rates([0.3, 0.1, 0.05])
     load = closed_loop(srv, 8).start()
     try:
         # Serve until the export holds 8000 drafts at position 3 in at least 8 windows: a count of work,
@@ -99,17 +97,17 @@ def test_served_counters_change_the_next_published_table(tmp_path):
         assert all(a < b for a, b in zip(lp.prior.rates, measured.rates))  # moved towards the truth
         assert v2_table.ranges != v1_table.ranges
         doc2 = publish(v2_table, lp.prior)
-        assert doc2["version"] == 2 and doc2["prior"]["source"] == "live"
+        v2 = doc1["version"] + 1  # one above the shared file's version (the controller installs only newer ones)
+        assert doc2["version"] == v2 and doc2["prior"]["source"] == "live"
         # --- the serving engine picks the new version up
         deadline = time.monotonic() + 240  # one poll and the next window: seconds here, minutes on a slow machine
         got = None
         while time.monotonic() < deadline and got is None:
-            got = next((w for w in read_live_counters(live).windows if w.table_version == 2), None)
+            got = next((w for w in read_live_counters(live).windows if w.table_version == v2), None)
             time.sleep(0.5)
     finally:
         load.stop()
-        srv.stop()
     assert load.errors == [] and got is not None
-    assert got.controller["published_version"] == 2 and got.controller["prior"] == list(lp.prior.rates)
+    assert got.controller["published_version"] == v2 and got.controller["prior"] == list(lp.prior.rates)
     assert got.controller["table"] == [list(r) for r in v2_table.ranges]  # served now
-    assert "published v2 of local-cpu loaded" in srv.log_path.read_text()
+    assert f"published v{v2} of local-cpu loaded" in srv.log_path.read_text()

@@ -21,7 +21,6 @@ import pytest
 from tabletune_pipelines.engine.acceptance import (
     load_prompts,
     measure_acceptance,
-    measure_acceptance_from_file,
     prompt_fingerprint,
     sample_prompts,
 )
@@ -193,18 +192,6 @@ def test_kill_mid_profile_then_resume(shared_server, shared_config, tmp_path):
     after = {(c.k, c.batch_size): c.median_ms for c in store.profile_cells(identity.key, "one_launch")}
     for key, v in before.items():
         assert after[key] == v
-
-
-def test_ngram_acceptance_is_real_and_nontrivial(tiny_models, prompt_file, tmp_path):
-    cfg = ServerConfig(model=str(tiny_models.target_dir), method="ngram", num_speculative_tokens=3,
-                       speculative_extra={"prompt_lookup_max": 4, "prompt_lookup_min": 2}, max_num_seqs=8,
-                       work_dir=str(tmp_path))
-    prior = measure_acceptance_from_file(cfg, prompt_file, n=160, seed=0, max_tokens=48)
-    print("n-gram acceptance", prior.rates, prior.num_drafts, prior.drafted_per_pos, prior.accepted_per_pos)
-    assert prior.source == "measured" and prior.prompt_count == 160
-    assert 0.0 < prior.rates[0] < 1.0
-    assert prior.rates[0] >= prior.rates[1] >= prior.rates[2]
-    assert prior.num_drafts > 100
 
 
 def test_never_healthy_times_out_with_log_tail(tiny_models, tmp_path):

@@ -110,6 +110,13 @@ def test_fixed_k_baseline_options():
     assert fk.mode == "fixed_k" and fk.ks == (1, 2, 3) and fk.repetitions == 2
     assert fk.batch_sizes == (1, 5, 10, 32) and fk.accept_batch_sizes == () and not fk.include_no_spec
     assert not fk.fixed_k_baseline
+    # Only the k asked for: one launch each.
+    assert fixed_k_baseline_options(ProfileOptions(fixed_k_baseline=True, fixed_k_ks=[3, 1]), plan).ks == (1, 3)
+    with pytest.raises(EngineConfigError, match=r"fixed_k_ks = \[3\]: \[3\] not among the plan's k >= 1 \[1, 2\]"):
+        fixed_k_baseline_options(ProfileOptions(fixed_k_baseline=True, fixed_k_ks=[3]), default_plan(CFG, ks=[0, 1, 2]))
+    for bad in ([0], [], [65], [1.5], "3"):
+        with pytest.raises(EngineConfigError, match="fixed_k_ks"):
+            ProfileOptions.from_mapping({"fixed_k_ks": bad})
 
 
 def test_launch_table_lists_every_k():

@@ -152,6 +152,7 @@ def test_the_composed_parts_work_together_on_a_stand_in_process(tmp_path, monkey
     from tabletune_pipelines.engine.process import group_alive
 
     monkeypatch.setattr(process, "build_command", lambda cfg, port, device: [sys.executable, "-c", STANDIN, str(port)])
+    monkeypatch.delenv(process.LAUNCH_LOG_ENV, raising=False)  # not a vLLM launch: the suite's count leaves it out
     cfg = ServerConfig(model="org/name", drafter="org/draft", method="draft_model", num_speculative_tokens=3,
                        table=((1, 8, 3),), device="gpu", startup_timeout=60.0, work_dir=str(tmp_path))
     with VLLMServer(cfg) as srv:

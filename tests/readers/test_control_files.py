@@ -190,24 +190,16 @@ def test_the_timing_scheduler_refuses_bad_k_commands(tmp_path, monkeypatch):
 # -- one real engine ---------------------------------------------------------------------------------
 
 @pytest.mark.engine
-def test_a_running_cpu_engine_refuses_bad_rates_and_keeps_serving(tmp_path):
+def test_a_running_cpu_engine_refuses_bad_rates_and_keeps_serving(shared_server):
+    """On the suite's shared server (tests/conftest.py; its rates are put back at the end)."""
     from tabletune_pipelines.errors import ControlRejected
-    from tabletune_pipelines.engine import ServerConfig, VLLMServer
     from tabletune_pipelines.engine.installed import is_cpu_build
-    from tabletune_pipelines.engine.tiny_models import ensure_tiny_models
 
     if not is_cpu_build():
         pytest.skip("the synthetic-rates channel exists on vLLM's CPU build")
-    import os
-    import tempfile
-
-    models = ensure_tiny_models(os.environ.get("TABLETUNE_TINY_MODELS")
-                                or os.path.join(tempfile.gettempdir(), "tabletune-tiny-models"), "small")
-    cfg = ServerConfig(model=str(models.target_dir), drafter=str(models.draft_dir), method="draft_model",
-                       num_speculative_tokens=3, max_num_seqs=4, synthetic_acceptance_rates=(0.7, 0.5, 0.3),
-                       work_dir=str(tmp_path))
-    with VLLMServer(cfg) as server:
-        writer = server.control.rates_channel
+    server = shared_server
+    writer = server.control.rates_channel
+    try:
         for body, message in (({"rates": [0.5, 0.9, 0.1]}, "> rates[1]"), ({"rates": [0.5, 0.4]}, "has 2 values"),
                               ({"rates": [1.5, 0.4, 0.1]}, "in [0, 1]")):
             with pytest.raises(ControlRejected, match=message.replace("[", r"\[")):
@@ -216,3 +208,5 @@ def test_a_running_cpu_engine_refuses_bad_rates_and_keeps_serving(tmp_path):
         server.set_synthetic_rates([1.0, 1.0, 1.0])  # a good command is still applied
         out = server.complete("a b a b", max_tokens=8, ignore_eos=True)
         assert out["choices"][0]["text"] is not None
+    finally:
+        server.set_synthetic_rates(list(server.config.synthetic_acceptance_rates))

@@ -102,16 +102,21 @@ def test_engine_dependence_gate():
     assert not trap.passed and not trap.blocking and "slower at B =" in trap.description
     assert trap.figures["worst_slowdown"] == pytest.approx(0.3, abs=1e-9)
     assert all(f"| {b} |" in trap.comparison for b in (1, 4, 16))
+    # One launched k (``fixed_k_ks``): the table against that k alone, named in the description; the
+    # best of one k is never better than the best of three, so the slowdown is at most the 30 %.
+    one = engine_dependence_gate(table, {3: fast[3]}, 0.03, reject)
+    assert one.figures["fixed_k"] == [3] and "the best fixed k of [3]" in one.description
+    assert 0.0 <= one.figures["worst_slowdown"] <= 0.3 + 1e-9
     # The same step times under K = k: no slowdown.
     same = {k: {b: scripted_ms(k, b) for b in (1, 4, 16)} for k in (1, 2, 3)}
     assert engine_dependence_gate(table, same, 0.03, reject).passed
 
 
-def test_fixed_launch_cells_needs_two_k_and_rejected_drafts():
+def test_fixed_launch_cells_take_every_k_with_rejected_drafts():
     cells = [StepTimeCell(k=k, batch_size=4, median_ms=float(k), repetitions_ms=(float(k),), launch_k=k)
              for k in (1, 3)]
     assert fixed_launch_cells(cells) == {1: {4: 1.0}, 3: {4: 3.0}}
-    assert fixed_launch_cells(cells[:1]) == {}
+    assert fixed_launch_cells(cells[:1]) == {1: {4: 1.0}}  # one launched k (fixed_k_ks) is compared with
     accepted = [dataclasses.replace(c, acceptance="accept") for c in cells]
     assert fixed_launch_cells(accepted) == {}
 
