@@ -31,14 +31,6 @@ def pytest_terminal_summary(terminalreporter):  # noqa: ANN001
                                 f"({startup:.0f} s of start-up)")
 
 
-def current_version(path: Path) -> int:
-    """The version the published file at ``path`` holds (0 without one): a shared server's controller
-    installs only newer versions, so a test publishes above it."""
-    from tabletune_pipelines.formats.published import read_published_table
-
-    return int(read_published_table(path)["version"]) if path.is_file() else 0
-
-
 @pytest.fixture(scope="session")
 def tiny_models():
     """The small tiny-model set, cached across sessions (TABLETUNE_TINY_MODELS overrides the folder)."""
@@ -88,8 +80,8 @@ def real_model_server(tmp_path_factory):
     (``AsyncControllerScheduler``) reading the published file named by ``TABLETUNE_PUBLISHED_TABLE``.
     tests/controller/test_engine_traffic.py runs the controller on it; tests/engine/test_real_model.py
     measures acceptance on it under a published k = 3 everywhere in observe mode. Yields ``server``,
-    ``identity`` (the identity the controller reports, for published files), ``published`` and
-    ``export`` (the controller's default export path beside it)."""
+    ``identity`` (the identity the controller reports, for published files) and ``published``; a
+    ``Rig`` on them publishes above the version in force."""
     from types import SimpleNamespace
 
     from tabletune_pipelines.engine import ServerConfig, VLLMServer
@@ -109,7 +101,7 @@ def real_model_server(tmp_path_factory):
     srv = VLLMServer(cfg)
     srv.start()
     try:
-        yield SimpleNamespace(server=srv, published=published, export=wd / "local.live.jsonl",
+        yield SimpleNamespace(server=srv, published=published,
                               identity=dict(IDENTITY, model=str(m.model_dir), drafter=None, method="ngram",
                                             dtype=m.dtype))
     finally:

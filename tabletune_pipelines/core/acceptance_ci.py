@@ -101,11 +101,10 @@ def group_standard_errors(groups: Sequence) -> list[tuple[float, float]]:
 
 def group_intervals(groups: Sequence, confidence: float = DEFAULT_CONFIDENCE) -> list[Interval]:
     """Batch-means interval of the pooled a_i from G >= 2 per-group priors (module docstring)."""
-    if len(groups) < 2:
-        raise InvalidValueError("group_intervals needs at least two groups")
+    errors = group_standard_errors(groups)  # raises below two groups
     t = _t(len(groups) - 1, confidence)
     out = []
-    for pooled, se in group_standard_errors(groups):
+    for pooled, se in errors:
         if math.isinf(se):
             out.append(Interval(0.0, 0.0, 1.0))
             continue

@@ -24,11 +24,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tabletune_pipelines.controller.loader import default_export_path
 from tabletune_pipelines.formats.controller_settings import PUBLISHED_ENV
 from tabletune_pipelines.errors import LiveCountersError
 from tabletune_pipelines.tuning.served_verification import LoadGenerator
 from tabletune_pipelines.evaluation.synthetic import IDENTITY, LAUNCH, publish
 from tabletune_pipelines.formats.live_counters import CounterWindow, read_live_counters
+from tabletune_pipelines.formats.published import check_published_target
 
 __all__ = ["SCHEDULER", "Rig", "closed_loop", "drafting_requests_per_step", "identity", "server_config", "tiny"]
 
@@ -89,14 +91,18 @@ def drafting_requests_per_step(windows: Sequence[CounterWindow]) -> float:
 
 
 class Rig:
-    """One server + its published file + export; publishes versions and waits on the export."""
+    """One server + its published file + export; publishes versions and waits on the export.
 
-    def __init__(self, server: Any, published: Path, export: Path, method: str = "draft_model",
+    ``export`` None: the controller's default export path beside the published file. Versions go on
+    from the one the published file holds (0 without one): a server another rig published to
+    installs only newer versions."""
+
+    def __init__(self, server: Any, published: Path, export: Path | None = None, method: str = "draft_model",
                  deployment: str = "test") -> None:
         self.server = server
         self.published = published
-        self.export = export
-        self.version = 0
+        self.export = default_export_path(published) if export is None else export
+        self.version = check_published_target(published)
         self.method = method
         self.deployment = deployment
 

@@ -13,16 +13,14 @@ test_engine_robustness.py (its own launch: a launch table without k = 2, injecte
 test_engine_traffic.py (the real model).
 
 Each module takes a ``Rig`` from ``controller_rig``: it sets the module's synthetic rates and
-publishes versions of deployment ``DEPLOYMENT`` above whatever the file holds (the controller
-installs only newer versions)."""
+publishes versions of deployment ``DEPLOYMENT`` above whatever the file holds (``Rig``: the
+controller installs only newer versions)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-
-from tests.conftest import current_version
 
 EVALUATION_SCHEDULER = "tabletune_pipelines.evaluation.scheduler.EvaluationScheduler"
 DEPLOYMENT = "local-cpu"
@@ -53,15 +51,12 @@ def published_path(server) -> Path:
 
 @pytest.fixture(scope="module")
 def controller_rig(controller_server):
-    """``controller_rig(rates)``: a ``Rig`` on the shared server with synthetic acceptance ``rates``,
-    its next version one above the file's."""
+    """``controller_rig(rates)``: a ``Rig`` on the shared server with synthetic acceptance ``rates``
+    (its versions go on from the file's)."""
     from tabletune_pipelines.evaluation.rig import Rig
 
     def make(rates):
         controller_server.set_synthetic_rates(list(rates))
-        pub = published_path(controller_server)
-        rig = Rig(controller_server, pub, pub.with_name(pub.stem + ".live.jsonl"), deployment=DEPLOYMENT)
-        rig.version = current_version(pub)
-        return rig
+        return Rig(controller_server, published_path(controller_server), deployment=DEPLOYMENT)
 
     return make

@@ -37,7 +37,6 @@ import pytest
 
 from tabletune_pipelines.evaluation.rig import Rig, closed_loop
 from tabletune_pipelines.evaluation.synthetic import linear_profile, true_table
-from tests.conftest import current_version
 from tests.controller.references import on_robust_table, robust_choices, table_dense
 
 # The whole-test limit is a last resort (Rig.wait_steps guards stalls): this test took 1424 s alone on an
@@ -125,8 +124,7 @@ def phase_difference(one, two):
 
 def test_estimate_and_table_follow_a_traffic_switch(real_model_server):
     srv, ident = real_model_server.server, real_model_server.identity
-    rig = Rig(srv, real_model_server.published, real_model_server.export, method="ngram")
-    rig.version = current_version(rig.published)
+    rig = Rig(srv, real_model_server.published, method="ngram")
     prior = (0.5, 0.4, 0.3)
     v = rig.publish(ranges=true_table(PROFILE, prior), rates=prior, profile=PROFILE, identity=ident,
                     controller={"step_time_correction": False})

@@ -112,15 +112,14 @@ def real_server(real_model_server):
     for until the controller has loaded it."""
     import time
 
-    from tabletune_pipelines.evaluation.synthetic import publish
-    from tests.conftest import current_version
+    from tabletune_pipelines.evaluation.rig import Rig
 
-    srv, path = real_model_server.server, real_model_server.published
-    version = current_version(path) + 1
-    publish(path, ranges=[(1, 16, 3)], rates=(0.7, 0.6, 0.5), version=version, identity=real_model_server.identity,
-            allowed_k=[0, 1, 2, 3], controller={"mode": "observe"})
+    srv = real_model_server.server
+    rig = Rig(srv, real_model_server.published, method="ngram")
+    version = rig.publish(ranges=[(1, 16, 3)], rates=(0.7, 0.6, 0.5), identity=real_model_server.identity,
+                          controller={"mode": "observe"})
     deadline = time.monotonic() + 120
-    while f"published v{version} of test loaded" not in srv.log_path.read_text(errors="replace"):
+    while f"published v{version} of {rig.deployment} loaded" not in rig.log():
         assert time.monotonic() < deadline, srv.log_tail(30)
         srv.complete("The capital of France is", max_tokens=4)  # the controller polls the file inside steps
         time.sleep(0.5)
