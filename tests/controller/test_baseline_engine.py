@@ -1,12 +1,12 @@
 """The adaptive baselines choose k inside real vLLM (CPU build), through the controller plugin.
 
 The controller tests' shared server (tests/controller/conftest.py): tiny target + 1-layer draft
-model, K = 3, launch table listing every k, synthetic acceptance (0.7, 0.5, 0.3) for this module,
-``--scheduler-cls ...evaluation.scheduler.EvaluationScheduler`` (the production plugin's hooks with
-the baselines enabled) and the published file named by ``TABLETUNE_PUBLISHED_TABLE`` (as an
-operator turns the controller on). Each test
-publishes a version with ``controller: {policy: ...}`` over a published table of k = 1 everywhere
-(the fallback); what is asserted comes from the controller's export.
+model, K = 3, launch table listing every k, synthetic acceptance (0.7, 0.5, 0.3) for this module
+((0.95, 0.9, 0.85) while the Nightjar test runs), ``--scheduler-cls
+...evaluation.scheduler.EvaluationScheduler`` (the production plugin's hooks with the baselines
+enabled) and the published file named by ``TABLETUNE_PUBLISHED_TABLE`` (as an operator turns the
+controller on). Each test publishes a version with ``controller: {policy: ...}`` over a published
+table of k = 1 everywhere (the fallback); what is asserted comes from the controller's export.
 
 The published profile is the synthetic linear T(B, k) = 10 + 0.2·B + (0.2 + B)·k ms (TurboSpec's
 model basis, so its fit is exact): with the live per-token rate these rates give (about 0.68),
@@ -90,10 +90,25 @@ def test_turbospec_policy_chooses_k_in_the_engine(rig):
     assert [list(r) for r in compact(ref.next_lookup()[1:])] == both["policy_table"]
 
 
+# Nightjar's rates: near-full acceptance, so the expected tokens per step are tau = 1, 1.95, 2.85, 3.7
+# for k = 0..3 and the arms are far apart on this engine: in twelve runs of this test on one server
+# (2026-12-06, 2 cores, bf16) the most-pulled arm's mean reward was 12-32 % above the next arm's
+# (that arm was k = 3 in nine runs, k = 2 in three) and k = 0 was 25-50 % below it. With the
+# module's rates (0.7, 0.5, 0.3), tau(3) - tau(1) is 0.45 tokens and k = 1, 2, 3 land within a few
+# per cent of each other on the CPU build (mean rewards [164, 190, 181, 192] in a fresh-clone run):
+# UCB then alternates between near-tied arms and nothing about its choice can be asserted in 1200
+# busy wall-clock steps.
+NIGHTJAR_RATES = (0.95, 0.9, 0.85)
+
+
 def test_nightjar_policy_chooses_k_in_the_engine(rig):
-    v = rig.publish(ranges=[(1, N, 1)], rates=RATES, profile=PROFILE,
-                    controller={"policy": "nightjar", "nightjar_exploration": 0.2})
-    _, st = serve(rig, v, 4, 1200)
+    rig.server.set_synthetic_rates(list(NIGHTJAR_RATES))
+    try:
+        v = rig.publish(ranges=[(1, N, 1)], rates=NIGHTJAR_RATES, profile=PROFILE,
+                        controller={"policy": "nightjar", "nightjar_exploration": 0.2})
+        _, st = serve(rig, v, 4, 1200)
+    finally:
+        rig.server.set_synthetic_rates(list(RATES))
     arms = st["policy_arms"]
     top = max(arms, key=lambda b: sum(arms[b]["count"]))
     cnt, mean = arms[top]["count"], arms[top]["mean"]
@@ -103,14 +118,14 @@ def test_nightjar_policy_chooses_k_in_the_engine(rig):
     # Every arm was tried (the published table has k = 1 only), ...
     assert all(n > 0 for n in st["policy_k_steps"])
     assert all(n >= 1 for n in cnt) and sum(cnt) >= 100
-    # ... and UCB moves its pulls onto the better arms at its most-visited batch size: the arm with the
-    # best mean, among arms pulled often enough (10 %) for their mean to mean something, holds at least
-    # 30 % of the pulls (uniform pulls give each of the 4 arms 25 %, ± 1.5 % at 800 pulls) and more than
-    # the arm with the worst mean of all. (A rarely pulled arm's mean is a few wall-clock step
-    # intervals, as noisy as the machine is busy.) Not "the most pulled arm is within 10 % of the best":
-    # two arms 11 % apart shared the pulls in a fresh-clone run (pulls [44, 433, 74, 376], mean rewards
-    # [190, 235, 206, 264]); UCB does not separate arms that close in 1200 noisy steps.
-    measured = [i for i, (m, n) in enumerate(zip(mean, cnt)) if m is not None and n >= 0.10 * sum(cnt)]
-    best = max(measured, key=lambda i: mean[i])
-    worst = min((i for i, m in enumerate(mean) if m is not None), key=lambda i: mean[i])
-    assert cnt[best] >= 0.30 * sum(cnt) and (best == worst or cnt[best] > cnt[worst]), (cnt, mean)
+    # ... UCB concentrates at its most-visited batch size: one arm holds at least half of the pulls
+    # (uniform pulls give each of the 4 arms 25 %, +- 1.5 % at 800 pulls; the twelve runs: 73-98 %),
+    # and it is the arm that measured best among the arms pulled 10 times or more (the mean of a
+    # handful of pulls is a few wall-clock intervals, each as noisy as the machine is busy). Which k
+    # that is, is not asserted: wall-clock rewards at B = 1 include the prefills of arriving requests;
+    # in three of the twelve runs k = 3's first pulls measured low (229 against k = 2's 290 in one)
+    # and UCB at exploration 0.2 stayed on k = 2 (pulls [14, 4, 933, 40]): what UCB does with what
+    # it measured.
+    lead = max(range(len(cnt)), key=lambda i: cnt[i])
+    assert cnt[lead] >= 0.5 * sum(cnt), (cnt, mean)
+    assert mean[lead] == max(m for m, n in zip(mean, cnt) if n >= 10), (cnt, mean)
