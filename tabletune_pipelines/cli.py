@@ -407,7 +407,10 @@ def served_verdict(section: dict | None) -> tuple[str, list[str]]:
         ratio, se, best = r.get("ratio"), r.get("ratio_se"), r.get("best_fixed_k")
         figure = ("" if ratio is None else f": table / best fixed k{'' if best is None else f' (k={best})'} = "
                   f"{ratio:.3f}" + ("" if se is None else f" ± {se:.3f}"))
-        lines.append(f"load {r.get('load')}: {r.get('status')}{figure}")
+        ran = r.get("rounds")
+        done = ("" if not isinstance(ran, int) else
+                f" ({ran} paired round(s){', stopped by the budget' if r.get('stop') == 'budget' else ''})")
+        lines.append(f"load {r.get('load')}: {r.get('status')}{figure}{done}")
     stated = section.get("verdict")
     if isinstance(stated, str) and stated:
         return stated, lines
@@ -438,9 +441,11 @@ def _show_summary(pub: PublishedTable, dep: Deployment, notes: list[str], store:
         verdict += f": no verdict at load {', '.join(map(str, open_loads))}"
     lines.append(f"  served      {verdict}")
     if sv:
-        lines.append(f"              {sv.get('rounds')} round(s) of {sv.get('window_s')} s per policy at load "
+        cut = (f"; the {sv['budget_s']:g} s budget cut it short"
+               if sv.get("budget_cut") and isinstance(sv.get("budget_s"), (int, float)) else "")
+        lines.append(f"              up to {sv.get('rounds')} round(s) of {sv.get('window_s')} s per policy at load "
                      f"{', '.join(map(str, sv.get('loads') or []))} on {sv.get('device') or '?'}, acceptance "
-                     f"{sv.get('acceptance') or '?'}")
+                     f"{sv.get('acceptance') or '?'}{cut}")
     lines += [f"              {line}" for line in per_load]
     if sv.get("plot"):
         lines.append(f"              plot {dep.published_table.parent / sv['plot']}")

@@ -83,8 +83,9 @@ def test_the_summary_says_verified_unverified_or_failed(home, capsys):
     dep, *_ = publish(store=store, served=lambda r: _section(r, ["pass", "inconclusive"]))
     out = summary(capsys)
     assert "  served      unverified: no verdict at load 2\n" in out
-    assert "3 round(s) of 1.5 s per policy at load 1, 2 on cpu, acceptance real" in out
-    assert "load 1: pass: table / best fixed k (k=1) = 0.990 ± 0.010" in out and "load 2: inconclusive" in out
+    assert "up to 3 round(s) of 1.5 s per policy at load 1, 2 on cpu, acceptance real\n" in out
+    assert "load 1: pass: table / best fixed k (k=1) = 0.990 ± 0.010 (3 paired round(s))" in out
+    assert "load 2: inconclusive (3 paired round(s))" in out
     publish(store=store, served=lambda r: _section(r, ["pass", "pass"]))
     assert "  served      verified\n" in summary(capsys)
     publish(store=store, served=lambda r: _section(r, ["pass", "fail"]))
@@ -98,6 +99,22 @@ def test_a_stated_verdict_is_shown_as_it_is_else_judged_from_the_loads():
     assert served_verdict(_section([[1, 16, 1]], ["pass"]))[0] == "verified"
     assert served_verdict(_section([[1, 16, 1]], ["pass", "inconclusive"]))[0] == "unverified"
     assert served_verdict(_section([[1, 16, 1]], ["inconclusive"]))[0] == "unverified"
+
+
+def test_the_summary_says_how_many_rounds_each_load_ran_and_what_cut_them(home, capsys):
+    """The section's ``rounds`` is the most a load may run; what ran is each load's own count, and a
+    budget that stopped a load is said (a float32 CPU run: 1, 0 and 1 of up to 8 rounds)."""
+    def cut(r):
+        sec = _section(r, ["inconclusive", "inconclusive"], rounds=8, budget_cut=True, budget_s=90.0)
+        sec["per_load"][0].update(rounds=1, stop="budget", ratio=0.13)
+        sec["per_load"][1].update(rounds=0, stop="budget")
+        return sec
+    publish(served=cut)
+    out = summary(capsys)
+    assert ("up to 8 round(s) of 1.5 s per policy at load 1, 2 on cpu, acceptance real; "
+            "the 90 s budget cut it short") in out
+    assert "load 1: inconclusive: table / best fixed k (k=1) = 0.130 (1 paired round(s), stopped by the budget)" in out
+    assert "load 2: inconclusive (0 paired round(s), stopped by the budget)" in out
     assert served_verdict(_section([[1, 16, 1]], ["fail", "inconclusive"]))[0] == "failed"
 
 
