@@ -13,11 +13,12 @@ and hands over its ``complete`` (a tiny request makes an idle engine take a step
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from tabletune_pipelines.formats.control_protocol import ControlWriter, check_rates_command
-from tabletune_pipelines.core.table import validate_vllm_schedule
+from tabletune_pipelines.core.table import expand_table, validate_vllm_schedule
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.errors import ControlProtocolError, EngineConfigError, EngineError, InvalidCommand
 
@@ -41,6 +42,10 @@ class RuntimeControl:
         """The synthetic-rates channel (``control_protocol.SYNTHETIC_CONTROL_ENV``); None before ``open``."""
         self._complete = complete
         self._log_tail = log_tail
+        self.k_in_force: tuple[tuple[int, int, int], ...] | None = (
+            tuple(tuple(int(x) for x in r) for r in config.table) if config.table else None)
+        """The table the k channel last put in force (the launch table until ``set_k``): the synthetic
+        rates' nudge runs at a batch size where it drafts (``nudge_batch``)."""
 
     def open(self, k_control: Path, synthetic_control: Path) -> None:
         """Write to the channel files of a started launch from now on."""
@@ -73,6 +78,35 @@ class RuntimeControl:
             raise EngineError("the server is not started: start() it before switching k")
         self._request(self.k_channel, cmd, timeout, f"k control {cmd}",
                       poke=lambda: self._complete(NUDGE_PROMPT, max_tokens=1), pause=0.05)
+        M = int(self.config.max_num_seqs)
+        self.k_in_force = ((1, M, int(k)),) if k is not None else tuple(tuple(r) for r in cmd["table"])
+
+    def nudge_batch(self) -> int:
+        """The smallest batch size at which the k in force drafts (k > 0): the synthetic rates are read
+        only when drafts are verified, so a nudge at a batch size whose k is 0 (``[1, 1, 0]`` opens
+        every launch table that lists k = 0) never makes the engine read them. 1 when no table is
+        known (a fixed-K launch drafts at every batch size)."""
+        if not self.k_in_force:
+            return 1
+        K = int(self.config.num_speculative_tokens or 0)
+        lookup = expand_table([list(r) for r in self.k_in_force], int(self.config.max_num_seqs), K)
+        drafting = [b for b, k in enumerate(lookup, start=1) if k > 0]
+        if not drafting:
+            raise EngineConfigError(
+                f"synthetic rates are read when drafts are verified, and the k in force "
+                f"{[list(r) for r in self.k_in_force]} is 0 at every batch size: switch k (set_k) first")
+        return drafting[0]
+
+    def _nudge_drafting(self, n: int) -> None:
+        """``n`` short requests admitted in one step (``arm_gate``), so the engine runs a batch of n
+        that drafts and verifies."""
+        if n <= 1:
+            self._complete(NUDGE_PROMPT, max_tokens=4, ignore_eos=True)
+            return
+        self.arm_gate(n)
+        with ThreadPoolExecutor(max_workers=n) as pool:
+            for f in [pool.submit(self._complete, NUDGE_PROMPT, max_tokens=4, ignore_eos=True) for _ in range(n)]:
+                f.result()
 
     @property
     def can_switch_synthetic_rates(self) -> bool:
@@ -90,9 +124,11 @@ class RuntimeControl:
             rates = list(check_rates_command({"rates": [float(r) for r in rates]}, K))
         except (InvalidCommand, TypeError, ValueError) as exc:
             raise EngineConfigError(f"synthetic rates {rates!r:.200} refused: {exc}") from None
-        # The rates are read when drafts are verified: a short request makes that happen.
+        # The rates are read when drafts are verified: short requests at a batch size that drafts make
+        # that happen (a launch table opens with [1, 1, 0]: a lone request there never drafts).
+        n = self.nudge_batch()
         self._request(self.rates_channel, {"rates": rates}, timeout, f"synthetic rates {rates}",
-                      poke=lambda: self._complete(NUDGE_PROMPT, max_tokens=4, ignore_eos=True), pause=0.02)
+                      poke=lambda: self._nudge_drafting(n), pause=0.02)
 
     def arm_gate(self, n: int, timeout: float = 10.0) -> None:
         """Hold the next ``n`` arriving requests in the engine and admit them in one step.

@@ -87,13 +87,19 @@ SERVED_VERIFICATION_FORMAT = """\
   "per_load": [{"load": 16, "status": "pass" | "fail" | "inconclusive", "best_fixed_k": 2 (or null),
                 "ratio": 0.987 (or null), "ratio_se": 0.011 (or null), "rounds": 3, "t": 4.303 (or null),
                 "stop": "decided" | "rounds" | "budget" (optional: why the load's rounds stopped),
+                "candidate_is": "k=3" (optional, or null: the fixed k the table runs at this load's batch sizes;
+                                 the table is then judged against the other fixed k),
+                "references": {"docs' table": {"ratio": 1.12 (or null), "ratio_se": 0.03 (or null), "rounds": 4,
+                               "same_as": "table" | "k=1" | null}} (optional: paired ratios, not gating),
                 "goodput": {"k=0": [tok/s or null, s.e. or null, windows], "k=1": [...], ..., "table": [...]}}]}
 """
 """The ``served_verification`` section (optional; checked strictly by ``parse_published``)."""
 _SERVED_KEYS = {"passed", "verdict", "rule", "tolerance", "candidate", "candidate_is", "loads", "rounds", "window_s", "budget_s",
                 "elapsed_s", "budget_cut", "launch_s", "device", "acceptance", "excluded_windows", "client_errors",
                 "plot", "per_load"}
-_SERVED_LOAD_KEYS = {"load", "status", "best_fixed_k", "ratio", "ratio_se", "rounds", "t", "goodput", "stop"}
+_SERVED_LOAD_KEYS = {"load", "status", "best_fixed_k", "ratio", "ratio_se", "rounds", "t", "goodput", "stop",
+                     "candidate_is", "references"}
+_SERVED_REF_KEYS = {"ratio", "ratio_se", "rounds", "same_as"}
 _SERVED_STATUS = ("pass", "fail", "inconclusive")
 _SERVED_VERDICTS = ("verified", "unverified")  # a failed verification publishes nothing
 _SERVED_STOPS = ("decided", "rounds", "budget")
@@ -555,6 +561,15 @@ def _served_load_row(where: str, at: str, row: Any, load_set: set[int], max_k: i
         _int(where, f"{at}.rounds", r["rounds"], 0)
     if r.get("stop") is not None and r["stop"] not in _SERVED_STOPS:
         raise _fail(where, f"{at}.stop = {r['stop']!r:.40} must be one of {list(_SERVED_STOPS)}")
+    if r.get("candidate_is") is not None and (not isinstance(r["candidate_is"], str) or len(r["candidate_is"]) > 40):
+        raise _fail(where, f"{at}.candidate_is = {r['candidate_is']!r:.40} must be a policy name such as 'k=2'")
+    for name, ref in _obj(where, f"{at}.references", r.get("references", {})).items():
+        ref = _obj(where, f"{at}.references[{name!r:.40}]", ref, _SERVED_REF_KEYS)
+        _opt_num(where, f"{at}.references[{name!r:.40}].ratio", ref.get("ratio"), 0.0)
+        _opt_num(where, f"{at}.references[{name!r:.40}].ratio_se", ref.get("ratio_se"), 0.0)
+        _int(where, f"{at}.references[{name!r:.40}].rounds", ref.get("rounds", 0), 0)
+        if ref.get("same_as") is not None and not isinstance(ref["same_as"], str):
+            raise _fail(where, f"{at}.references[{name!r:.40}].same_as must be a policy name or null")
     for pol, cell in _obj(where, f"{at}.goodput", r["goodput"]).items():
         if not isinstance(cell, list) or len(cell) != 3:
             raise _fail(where, f"{at}.goodput[{pol!r:.40}] must be [goodput, s.e., windows]")

@@ -447,15 +447,19 @@ def verify_served(identity: EngineIdentity, dep: Deployment | None, table: Any, 
 def _run_verification(server: Any, table: Any, identity: EngineIdentity, opts: Any, prompts: Any, acceptance: str,
                       log: logging.Logger) -> Any:
     """``tuning.served_verification.verify_served`` of ``table`` on a running ``server`` with ``opts``."""
+    from tabletune_pipelines.tuning.run_report import docs_table
     from tabletune_pipelines.tuning.served_verification import verify_served as run_verification
 
+    M, K = identity.max_num_seqs, identity.max_k
+    within = {int(b): tuple(int(k) for k in ks) for b, ks in (getattr(table, "within_noise", None) or {}).items()}
     return run_verification(
-        server, [list(r) for r in table.ranges], K=identity.max_k, max_num_seqs=identity.max_num_seqs,
+        server, [list(r) for r in table.ranges], K=K, max_num_seqs=M,
         loads=opts.loads, rounds=opts.rounds, window_s=opts.window_s, budget_s=opts.budget_s,
         settle_s=opts.settle_s, warmup_s=opts.warmup_s,
         first_warmup_s=opts.first_warmup_s, min_steps=opts.min_steps, tolerance=opts.tolerance,
         prompt=lambda rng: rng.choice(prompts), output_tokens=tuple(opts.output_tokens), acceptance=acceptance,
-        progress=log.info)
+        progress=log.info, fixed_k=opts.fixed_k, within_noise=within,
+        references={"docs' table": docs_table(M, K)} if opts.compare_docs_table else None)
 
 
 # -- the engine without Dagster ------------------------------------------------------------

@@ -498,6 +498,12 @@ class LoadVerdict:
     """Paired rounds."""
     t: float | None = None
     """The Student-t quantile used (None with fewer than 2 paired rounds)."""
+    candidate_is: str | None = None
+    """The fixed-k policy the candidate equals over this load's batch sizes (``load_batch_sizes``): its
+    windows are that policy's, and it is judged against the best *other* fixed k (an A/A pair is no
+    evidence)."""
+    references: tuple["ReferenceRatio", ...] = ()
+    """The candidate against each reference table (e.g. the docs' table) at this load; not gating."""
 
     @property
     def loss(self) -> float | None:
@@ -507,6 +513,29 @@ class LoadVerdict:
     @property
     def best_fixed_k(self) -> int | None:
         return None if self.best_fixed is None else int(self.best_fixed.split("=", 1)[1])
+
+
+@dataclass(frozen=True)
+class ReferenceRatio:
+    """The candidate against one reference table at one load, paired by round."""
+
+    name: str
+    ratio: float | None
+    """Mean over rounds of candidate / reference (None: no paired round, or A/A)."""
+    ratio_se: float | None
+    rounds: int
+    same_as: str | None = None
+    """``candidate`` when the reference gives the candidate's k at every batch size of the load (A/A:
+    not measured), or the fixed-k policy whose windows stand for it."""
+
+    def line(self) -> str:
+        if self.same_as == CANDIDATE:
+            return f"vs {self.name}: A/A (the same k at this load's batch sizes; not measured)"
+        if self.ratio is None:
+            return f"vs {self.name}: no paired round"
+        se = "" if self.ratio_se is None or not math.isfinite(self.ratio_se) else f" ± {self.ratio_se:.3f}"
+        via = f", {self.name} is {self.same_as} here" if self.same_as else ""
+        return f"vs {self.name}: {self.ratio:.3f}{se} ({self.rounds} paired rounds{via})"
 
 
 def judge_load(load: int, candidate: Mapping[int, float], fixed: Mapping[str, Mapping[int, float]], *,
@@ -550,17 +579,39 @@ def rounds_to_decide(ratios_sd: float, ratio: float, tolerance: float, *, t: flo
 
 
 def judge(windows: Sequence[Window], loads: Sequence[int], fixed: Sequence[str], *, candidate: str = CANDIDATE,
-          tolerance: float) -> tuple[list[PolicyGoodput], list[LoadVerdict]]:
-    """Per load: every policy's mean goodput ± s.e. and the candidate's verdict (``judge_load``)."""
+          tolerance: float, same: Mapping[int, str | None] | None = None,
+          references: Mapping[int, Mapping[str, str | None]] | None = None
+          ) -> tuple[list[PolicyGoodput], list[LoadVerdict]]:
+    """Per load: every policy's mean goodput ± s.e. and the candidate's verdict (``judge_load``).
+    ``same``: per load, the fixed-k policy the candidate equals there (its windows are the candidate's,
+    and the candidate is judged against the best other fixed k). ``references``: per load, reference
+    name -> ``candidate`` (A/A), a fixed-k policy that stands for it, or None (measured as itself)."""
     goodput, verdicts = [], []
-    names = [candidate, *[f for f in fixed if f != candidate]]
+    same = same or {}
     for load in loads:
         by = _by_round(windows, load)
+        here = same.get(load)
+        cand = by.get(here, {}) if here else by.get(candidate, {})
+        refs = dict((references or {}).get(load, {}))
+        names = [candidate, *[f for f in fixed if f != candidate], *[r for r, via in refs.items() if via is None]]
         for name in names:
-            vals = list(by.get(name, {}).values())
+            vals = list((cand if name == candidate else by.get(name, {})).values())
             m, se = mean_se(vals)
-            goodput.append(PolicyGoodput(name, load, m, se, len(vals)))
-        verdicts.append(judge_load(load, by.get(candidate, {}), {f: by.get(f, {}) for f in fixed}, tolerance=tolerance))
+            if vals or name in (candidate, *fixed):
+                goodput.append(PolicyGoodput(name, load, m, se, len(vals)))
+        v = judge_load(load, cand, {f: by.get(f, {}) for f in fixed if f != here}, tolerance=tolerance)
+        if here:
+            v = dataclasses.replace(v, candidate_is=here, reason=v.reason + f" (the table is {here} at this load: "
+                                    f"judged against the other fixed k)")
+        ratios = []
+        for name, via in refs.items():
+            if via == CANDIDATE:
+                ratios.append(ReferenceRatio(name, None, None, 0, CANDIDATE))
+                continue
+            rs = _ratios(cand, by.get(via or name, {}))
+            m, se = mean_se(rs)
+            ratios.append(ReferenceRatio(name, m if rs else None, se if len(rs) > 1 else None, len(rs), via))
+        verdicts.append(dataclasses.replace(v, references=tuple(ratios)))
     return goodput, verdicts
 
 
@@ -599,6 +650,11 @@ budget lasts and the verdict is open (up to ``rounds``)."""
 SWAP_OVERHEAD_S = 0.2
 """What a table swap costs beyond settle + window (the k-control acknowledgement), for planning."""
 MIN_WINDOW_S = 1.0
+
+FixedKChoice = Literal["all", "plausible"]
+"""Which fixed k a load serves (``ServedVerificationOptions.fixed_k``): every k 0..K, or the k the
+profile cannot rule out there (``plausible_fixed_ks``)."""
+
 
 AcceptanceSource = Literal["auto", "real", "prior"]
 """Where served verification's acceptance comes from (``ServedVerificationOptions.acceptance``):
@@ -647,6 +703,13 @@ class ServedVerificationOptions:
     deployment loads dummy weights, else ``real``."""
     startup_timeout: float | None = None
     """Server start-up timeout of the verification launch; None = the ServerConfig's."""
+    fixed_k: FixedKChoice = "plausible"
+    """``plausible``: each load serves the fixed k the profile cannot rule out there
+    (``plausible_fixed_ks``: the table's k at the load's batch sizes, the k within noise of it, and
+    their neighbours); ``all``: every k 0..K at every load."""
+    compare_docs_table: bool = True
+    """Also compare the table with vLLM docs' example table at each load (paired ratio, not gating;
+    measured only where no served policy runs the same k)."""
 
     BOUNDS: ClassVar[dict[str, Bound]] = {  # every number of these options (``options.Bound``)
         "budget_s": Bound(0.0, 86_400.0, low_open=True, optional=True, why="seconds once the server is up; at most a day"),
@@ -678,6 +741,11 @@ class ServedVerificationOptions:
             raise InvalidValueError(f"served verification output_tokens = {self.output_tokens!r} must be 1 <= lo <= hi")
         if self.acceptance not in ("auto", "real", "prior"):
             raise InvalidValueError(f"served verification acceptance = {self.acceptance!r}: auto, real or prior")
+        if self.fixed_k not in ("all", "plausible"):
+            raise InvalidValueError(f"served verification fixed_k = {self.fixed_k!r:.80}: all or plausible")
+        for name in ("compare_docs_table",):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidValueError(f"served verification {name} = {getattr(self, name)!r:.80} must be true or false")
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any] | None, *, where: str = "served verification options"
@@ -816,7 +884,7 @@ class ServedVerification:
                               f"reached no verdict (the table publishes with this warning)",
                 "failed": f"served goodput NOT verified: a fixed k serves more than the table by over "
                           f"{self.tolerance:.0%} at load(s) {self.failed_loads}"}[self.verdict]
-        parts = [head, *[v.reason for v in self.verdicts]]
+        parts = [head, *[v.reason + "".join(f"; {r.line()}" for r in v.references) for v in self.verdicts]]
         if self.stop_reasons:
             parts.append("rounds stopped: " + ", ".join(f"load {ld} {why}" for ld, why in self.stop_reasons))
         if self.budget_cut:
@@ -839,7 +907,9 @@ class ServedVerification:
         for v in self.verdicts:
             per_load.append({
                 "load": v.load, "status": v.status, "best_fixed_k": v.best_fixed_k, "ratio": num(v.ratio),
-                "ratio_se": num(v.ratio_se), "rounds": v.rounds, "t": num(v.t, 3),
+                "ratio_se": num(v.ratio_se), "rounds": v.rounds, "t": num(v.t, 3), "candidate_is": v.candidate_is,
+                "references": {r.name: {"ratio": num(r.ratio), "ratio_se": num(r.ratio_se), "rounds": r.rounds,
+                                        "same_as": r.same_as} for r in v.references},
                 "goodput": {g.policy: [num(g.goodput, 2), num(g.stderr, 2), g.rounds]
                             for g in self.goodput if g.load == v.load},
             })
@@ -868,18 +938,68 @@ def first_warmup(server: Any, tables: Sequence[Sequence[Sequence[int]]], seconds
         sleep(share)
 
 
-def _policies(candidate: Sequence[Sequence[int]], max_k: int, max_num_seqs: int
-              ) -> tuple[dict[str, list[list[int]]], str | None]:
-    """The fixed k = 0..K policies plus the candidate (unless it equals one of them: then its windows
-    are that policy's, and the name of that policy comes back)."""
-    pols = {fixed_name(k): [[1, max_num_seqs, k]] for k in range(max_k + 1)}
-    lookup = expand_table([list(r) for r in candidate], max_num_seqs, max_k)
-    same = None
-    if len(set(lookup)) == 1:
-        same = fixed_name(lookup[0])
-    else:
-        pols = {CANDIDATE: [list(map(int, r)) for r in candidate], **pols}
-    return pols, same
+def load_batch_sizes(load: int) -> range:
+    """The batch sizes a closed loop of ``load`` requests runs at, for telling policies apart: from
+    ``load - load // 4`` to ``load`` (between an answer and the next request's prefill a client is
+    out of the batch: mean B 121 at load 128 on the H100, 2026-12-05)."""
+    return range(max(1, load - load // 4), load + 1)
+
+
+def k_over_load(table: Sequence[Sequence[int]], load: int, max_num_seqs: int, max_k: int) -> tuple[int, ...]:
+    """The k ``table`` runs at each of ``load_batch_sizes(load)``."""
+    lookup = expand_table([list(r) for r in table], max_num_seqs, max_k)
+    return tuple(lookup[b - 1] for b in load_batch_sizes(min(load, max_num_seqs)))
+
+
+def plausible_fixed_ks(candidate: Sequence[Sequence[int]], load: int, *, max_k: int, max_num_seqs: int,
+                       within_noise: Mapping[int, Sequence[int]] | None = None) -> tuple[int, ...]:
+    """The fixed k worth serving at ``load``: the k the candidate runs at the load's batch sizes, the k
+    the profile found within noise of them there (``within_noise``: batch size -> k, the table's
+    evidence), and each of those k's neighbours (goodput is unimodal in k, so the runner-up to the
+    best k is a neighbour). The rest lose beyond the profile's noise and are not served."""
+    ks = set(k_over_load(candidate, load, max_num_seqs, max_k))
+    for b in load_batch_sizes(min(load, max_num_seqs)):
+        ks |= {int(k) for k in (within_noise or {}).get(b, ())}
+    ks |= {k + d for k in ks for d in (-1, 1)}
+    return tuple(sorted(k for k in ks if 0 <= k <= max_k))
+
+
+@dataclass(frozen=True)
+class LoadPolicies:
+    """What one load serves and how its policies stand for each other (``load_policies``)."""
+
+    load: int
+    policies: dict[str, list[list[int]]]
+    """Served here, by name: the candidate (unless it equals a fixed k here), the fixed k, and the
+    references no served policy stands for."""
+    fixed: tuple[str, ...]
+    """The fixed-k policies served here."""
+    same: str | None
+    """The fixed-k policy the candidate equals at this load's batch sizes (it is not served itself)."""
+    references: dict[str, str | None]
+    """Reference name -> ``CANDIDATE`` (A/A), the fixed-k policy that stands for it, or None (served)."""
+
+
+def load_policies(candidate: Sequence[Sequence[int]], load: int, *, max_k: int, max_num_seqs: int,
+                  fixed_ks: Sequence[int], references: Mapping[str, Sequence[Sequence[int]]] | None = None
+                  ) -> LoadPolicies:
+    """The policies of one load: a pair that runs the same k at every batch size of the load
+    (``load_batch_sizes``) is one policy, measured once (an A/A pair is no evidence)."""
+    M, K = max_num_seqs, max_k
+    fixed = {fixed_name(k): [[1, M, int(k)]] for k in sorted(set(fixed_ks))}
+    ks = k_over_load(candidate, load, M, K)
+    same = next((n for n, t in fixed.items() if k_over_load(t, load, M, K) == ks), None)
+    policies = dict(fixed) if same else {CANDIDATE: [list(map(int, r)) for r in candidate], **fixed}
+    refs: dict[str, str | None] = {}
+    for name, table in (references or {}).items():
+        rk = k_over_load(table, load, M, K)
+        if rk == ks:
+            refs[name] = CANDIDATE
+            continue
+        refs[name] = next((n for n, t in fixed.items() if k_over_load(t, load, M, K) == rk), None)
+        if refs[name] is None:
+            policies[name] = [list(map(int, r)) for r in table]
+    return LoadPolicies(load, policies, tuple(fixed), same, refs)
 
 
 def verify_served(server: Any, candidate_table: Sequence[Sequence[int]], *, K: int, max_num_seqs: int,
@@ -889,32 +1009,52 @@ def verify_served(server: Any, candidate_table: Sequence[Sequence[int]], *, K: i
                   device: str | None = None, vocab_size: int = 2048,
                   prompt: Callable[[random.Random], Any] | None = None, output_tokens: tuple[int, int] = (32, 128),
                   acceptance: str = "", progress: Callable[[str], None] | None = None,
+                  fixed_k: FixedKChoice = "all", within_noise: Mapping[int, Sequence[int]] | None = None,
+                  references: Mapping[str, Sequence[Sequence[int]]] | None = None,
                   clock: Callable[[], float] = time.monotonic) -> ServedVerification:
-    """Run ``candidate_table`` against every fixed k in 0..K at ``loads`` inside one launch (``server``),
-    in rotating rounds until each load's verdict is decided, and judge it (module docstring). ``None``
-    options take the device's ``DEFAULTS`` (``device``: ``server.device`` when not given). Loads are
-    measured largest first, each with its share of the budget left, so a budget that runs out leaves
-    the smallest loads inconclusive."""
+    """Run ``candidate_table`` against the fixed k at ``loads`` inside one launch (``server``), in
+    rotating rounds until each load's verdict is decided, and judge it (module docstring). ``fixed_k``:
+    every k 0..K at every load, or the ``plausible_fixed_ks`` of each load (``within_noise``: the
+    table's evidence). ``references``: tables the candidate is compared with at each load (paired
+    ratios, not gating), served only where no served policy runs the same k. ``None`` options take
+    the device's ``DEFAULTS`` (``device``: ``server.device`` when not given). Loads are measured
+    largest first, each with its share of the budget left, so a budget that runs out leaves the
+    smallest loads inconclusive."""
     say = progress or logger.info
     device = device or getattr(server, "device", None) or "cpu"
     d = DEFAULTS.get(device, DEFAULTS["gpu"])
     loads = tuple(sorted({min(int(x), max_num_seqs) for x in (loads or default_loads(max_num_seqs))}, reverse=True))
-    policies, same = _policies(candidate_table, K, max_num_seqs)
+    per_load = {}
+    for load in loads:
+        ks = (range(K + 1) if fixed_k == "all" else
+              plausible_fixed_ks(candidate_table, load, max_k=K, max_num_seqs=max_num_seqs, within_noise=within_noise))
+        per_load[load] = load_policies(candidate_table, load, max_k=K, max_num_seqs=max_num_seqs, fixed_ks=ks,
+                                       references=references)
+    every = {n: t for lp in per_load.values() for n, t in lp.policies.items()}
+    lookup = expand_table([list(r) for r in candidate_table], max_num_seqs, K)
+    same = fixed_name(lookup[0]) if len(set(lookup)) == 1 else None
     most = rounds or d.rounds
-    plan = plan_verification(len(policies), loads, budget_s=budget_s or d.budget_s,
+    plan = plan_verification(max(len(lp.policies) for lp in per_load.values()), loads, budget_s=budget_s or d.budget_s,
                              rounds=min(most, PLANNED_ROUNDS), window_s=window_s or d.window_s,
                              settle_s=d.settle_s if settle_s is None else settle_s,
                              warmup_s=d.warmup_s if warmup_s is None else warmup_s)
     plan = dataclasses.replace(plan, rounds=most,
                                first_warmup_s=d.first_warmup_s if first_warmup_s is None else first_warmup_s)
     say(f"served verification of {[list(r) for r in candidate_table]}"
-        + (f" (= fixed {same})" if same else "") + f" against fixed k 0..{K} at loads {list(plan.loads)}: "
-        f"up to {plan.rounds} rounds (until decided) × {len(policies)} policies × {plan.window_s:g} s windows, "
+        + (f" (= fixed {same})" if same else "") + f" at loads {list(plan.loads)}: "
+        f"up to {plan.rounds} rounds (until decided) of {plan.window_s:g} s windows, "
         f"~{plan.estimated_s:.0f} s for {min(most, PLANNED_ROUNDS)} rounds "
         f"of a {plan.budget_s:.0f} s budget" + (f" ({plan.note})" if plan.note else "")
         + (f", after a {plan.first_warmup_s:g} s warm-up on every policy in turn" if plan.first_warmup_s else ""))
+    for load, lp in per_load.items():
+        skipped = sorted(set(range(K + 1)) - {int(f.split("=")[1]) for f in lp.fixed})
+        say(f"[served] load {load} serves {list(lp.policies)}"
+            + (f"; the table is {lp.same} at B = {load_batch_sizes(load).start}..{load}, judged against the other "
+               f"fixed k" if lp.same else "")
+            + (f"; fixed k = {skipped} lose beyond the profile's noise here, not served" if skipped else "")
+            + "".join(f"; {r} is " + ("the table here (A/A, not measured)" if via == CANDIDATE else f"{via} here")
+                      for r, via in lp.references.items() if via is not None))
     t0 = clock()
-    names = list(policies)
     fixed = [fixed_name(k) for k in range(K + 1)]
     windows: list[Window] = []
     errors: list[str] = []
@@ -923,6 +1063,8 @@ def verify_served(server: Any, candidate_table: Sequence[Sequence[int]], *, K: i
     per_window = plan.window_s + plan.settle_s + SWAP_OVERHEAD_S
     spent: list[float] = []  # wall seconds per window so far (swaps and extended windows included)
     for li, load in enumerate(plan.loads):
+        lp = per_load[load]
+        names = list(lp.policies)
         left = plan.budget_s - (clock() - t0)
         if left < plan.warmup_s + len(names) * per_window:
             break
@@ -934,7 +1076,7 @@ def verify_served(server: Any, candidate_table: Sequence[Sequence[int]], *, K: i
         try:
             if li == 0 and plan.first_warmup_s > 0:  # every k's shapes once, off the budget's clock
                 tw = clock()
-                first_warmup(server, [policies[n] for n in names], plan.first_warmup_s)
+                first_warmup(server, list(every.values()), plan.first_warmup_s)
                 t0 += clock() - tw
                 t_load += clock() - tw
             time.sleep(plan.warmup_s)
@@ -945,13 +1087,13 @@ def verify_served(server: Any, candidate_table: Sequence[Sequence[int]], *, K: i
                     break
                 for name in rotated(names, r + li):
                     tw = clock()
-                    w = measure_window(server, name, policies[name], load=load, round_=r, window_s=plan.window_s,
+                    w = measure_window(server, name, lp.policies[name], load=load, round_=r, window_s=plan.window_s,
                                        settle_s=plan.settle_s, max_num_seqs=max_num_seqs, max_k=K,
                                        min_steps=min_steps)
                     spent.append(clock() - tw)
                     windows.append(w)
                     say(f"[served] {clock() - t0:5.0f}/{plan.budget_s:.0f} s  " + window_progress_line(w))
-                if r >= 1 and _progress(windows, load, same, fixed, tolerance, say).status != "inconclusive":
+                if r >= 1 and _progress(windows, lp, fixed, tolerance, say).status != "inconclusive":
                     why = "decided"
                     break
         finally:
@@ -963,7 +1105,9 @@ def verify_served(server: Any, candidate_table: Sequence[Sequence[int]], *, K: i
             say(f"[served] load {load}: {len(gen.errors)} client errors, first: {gen.errors[0]}")
     cut = len(stops) < len(plan.loads) or any(why == "budget" for _, why in stops)
     elapsed = clock() - t0
-    goodput, verdicts = judge(_judged(windows, same), sorted(plan.loads), fixed, tolerance=tolerance)
+    goodput, verdicts = judge(windows, sorted(plan.loads), fixed, tolerance=tolerance,
+                              same={ld: lp.same for ld, lp in per_load.items()},
+                              references={ld: lp.references for ld, lp in per_load.items()})
     result = ServedVerification(
         candidate=tuple(tuple(int(x) for x in r) for r in candidate_table), max_k=K, max_num_seqs=max_num_seqs,
         plan=plan, goodput=tuple(goodput), verdicts=tuple(verdicts), tolerance=tolerance, elapsed_s=elapsed,
@@ -974,22 +1118,13 @@ def verify_served(server: Any, candidate_table: Sequence[Sequence[int]], *, K: i
     return result
 
 
-def _judged(windows: Sequence[Window], same: str | None) -> list[Window]:
-    """The windows to judge: the candidate's windows are the fixed policy's it equals (``same``)."""
-    out = list(windows)
-    if same is not None:
-        out += [dataclasses.replace(w, policy=CANDIDATE) for w in windows if w.policy == same]
-    return out
-
-
-def _progress(windows: Sequence[Window], load: int, same: str | None, fixed: Sequence[str], tolerance: float,
+def _progress(windows: Sequence[Window], lp: LoadPolicies, fixed: Sequence[str], tolerance: float,
               say: Callable[[str], None]) -> LoadVerdict:
     """The load's verdict so far, printed with the rounds a decision needs at the spread measured."""
-    by = _by_round(_judged(windows, same), load)
-    v = judge_load(load, by.get(CANDIDATE, {}), {f: by.get(f, {}) for f in fixed}, tolerance=tolerance)
+    _, (v,) = judge(windows, [lp.load], fixed, tolerance=tolerance, same={lp.load: lp.same})
     need = ""
     if v.status == "inconclusive" and v.ratio_se is not None and v.rounds >= 2:
         n = rounds_to_decide(v.ratio_se * math.sqrt(v.rounds), v.ratio, tolerance)
         need = f"; at this spread a verdict needs ~{n} rounds" if n is not None else "; the ratio sits on the line"
-    say(f"[served] load {load} after {v.rounds} round(s): {v.status}: {v.reason.split(': ', 1)[-1]}{need}")
+    say(f"[served] load {lp.load} after {v.rounds} round(s): {v.status}: {v.reason.split(': ', 1)[-1]}{need}")
     return v

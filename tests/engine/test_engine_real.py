@@ -60,6 +60,20 @@ def test_all_zero_rates_reject_everything_and_ones_accept_all(shared_server, pro
         shared_server.set_synthetic_rates([0.7, 0.5, 0.3])
 
 
+def test_rates_switch_is_acknowledged_where_a_lone_request_does_not_draft(shared_server):
+    # A launch table that lists k = 0 opens with [1, 1, 0]: a lone nudge runs at B = 1 with k = 0,
+    # never drafts, and the CPU plugin (like the GPU sampler wrap) reads the rates only when drafts
+    # are verified. The switch must still be acknowledged (it timed out on the GPU flow's warm launch).
+    try:
+        shared_server.set_k(table=[[1, 1, 0], [2, 8, 3]])
+        t0 = time.monotonic()
+        shared_server.set_synthetic_rates([0.6, 0.4, 0.2], timeout=60.0)
+        assert time.monotonic() - t0 < 60.0
+    finally:
+        shared_server.set_k(table=[[1, 8, 3]])
+        shared_server.set_synthetic_rates([0.7, 0.5, 0.3])
+
+
 def test_profile_one_launch_real(shared_server, shared_config, tmp_path):
     from tabletune_pipelines.store import TableTuneStore
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 
 import pytest
 
+from tabletune_pipelines.core.table import expand_table
 from tabletune_pipelines.formats.control_protocol import ControlReader
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.engine.runtime_control import NUDGE_PROMPT, RuntimeControl
@@ -90,3 +92,55 @@ def test_arm_gate_sends_without_waiting_and_only_for_a_batch(tmp_path):
     assert {k: v for k, v in json.loads(engine.k_path.read_text()).items() if k != "seq"} == {
         "gate": 4, "gate_timeout": 2.5}
     assert engine.nudges == []
+
+
+class DraftingEngine(Engine):
+    """Reads the synthetic-rates channel only in a step that drafts, like vLLM: the CPU plugin and the
+    GPU sampler wrap see the rates only when drafts are verified. A gate command makes the next step
+    a batch of n; otherwise each nudge runs alone (B = 1). The k in force follows the k channel."""
+
+    def __init__(self, tmp_path, table) -> None:
+        super().__init__(tmp_path)
+        self.table, self.batch = [list(r) for r in table], 1
+        self.batches: list[int] = []
+        self._lock = threading.Lock()
+
+    def complete(self, prompt, **kw):
+        with self._lock:
+            self.nudges.append((prompt, kw))
+            cmd = self.readers[0].poll()
+            if cmd is not None:
+                self.seen.append(cmd.body)
+                if "gate" in cmd.body:
+                    self.batch = int(cmd.body["gate"])
+                else:
+                    self.table = cmd.body.get("table") or [[1, 8, cmd.body["k"]]]
+                    self.readers[0].ack(cmd.seq)
+            self.batches.append(self.batch)
+            if expand_table(self.table, 8, 3)[self.batch - 1] > 0:
+                rates = self.readers[1].poll()
+                if rates is not None:
+                    self.seen.append(rates.body)
+                    self.readers[1].ack(rates.seq)
+        return {"choices": []}
+
+
+def test_synthetic_rates_reach_an_engine_whose_launch_table_starts_at_k_0(tmp_path):
+    # Every launch table that lists k = 0 opens with [1, 1, 0]: a lone nudge there never drafts, so
+    # the engine never reads the rates and the switch timed out (the GPU flow's warm launch, 2026-12-05).
+    launch = ((1, 1, 0), (2, 2, 1), (3, 8, 3))
+    engine = DraftingEngine(tmp_path, launch)
+    ctl = control(engine, dataclasses.replace(CFG, table=launch, max_num_seqs=8))
+    assert ctl.nudge_batch() == 2
+    ctl.set_synthetic_rates([0.7, 0.5, 0.3], timeout=3.0)
+    assert {"rates": [0.7, 0.5, 0.3]} in engine.seen and {"gate": 2, "gate_timeout": 10.0} in engine.seen
+    assert 2 in engine.batches
+    ctl.set_k(table=[[1, 4, 0], [5, 8, 2]], timeout=3.0)
+    assert ctl.nudge_batch() == 5
+    ctl.set_synthetic_rates([0.6, 0.4, 0.2], timeout=5.0)
+    assert engine.seen[-1] == {"rates": [0.6, 0.4, 0.2]}
+    ctl.set_k(0, timeout=3.0)
+    with pytest.raises(EngineConfigError, match=r"is 0 at every batch size: switch k \(set_k\) first"):
+        ctl.set_synthetic_rates([0.7, 0.5, 0.3], timeout=3.0)
+    ctl.set_k(3, timeout=3.0)
+    assert ctl.nudge_batch() == 1
