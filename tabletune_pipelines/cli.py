@@ -410,7 +410,19 @@ def served_verdict(section: dict | None) -> tuple[str, list[str]]:
         ran = r.get("rounds")
         done = ("" if not isinstance(ran, int) else
                 f" ({ran} paired round(s){', stopped by the budget' if r.get('stop') == 'budget' else ''})")
-        lines.append(f"load {r.get('load')}: {r.get('status')}{figure}{done}")
+        same = r.get("candidate_is")
+        aa = f"; the table is {same} here, judged against the other fixed k" if isinstance(same, str) else ""
+        refs = []
+        for name, ref in (r.get("references") or {}).items():
+            if not isinstance(ref, dict):
+                continue
+            if ref.get("same_as") == "table":
+                refs.append(f"vs {name}: A/A (the same k here)")
+            elif isinstance(ref.get("ratio"), (int, float)):
+                rse = ref.get("ratio_se")
+                refs.append(f"vs {name}: {ref['ratio']:.3f}" + (f" ± {rse:.3f}" if isinstance(rse, (int, float)) else "")
+                            + f" ({ref.get('rounds')} paired round(s))")
+        lines.append(f"load {r.get('load')}: {r.get('status')}{figure}{done}{aa}" + "".join(f"; {x}" for x in refs))
     stated = section.get("verdict")
     if isinstance(stated, str) and stated:
         return stated, lines

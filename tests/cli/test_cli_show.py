@@ -210,3 +210,18 @@ def test_show_opens_the_store_read_only(home, run_cli):
     proc = run_cli("show")
     assert proc.returncode == 0 and "goodput ratio " in proc.stdout, proc.stderr
     assert snapshot(home) == before  # same bytes, same mtime
+
+
+def test_the_summary_names_a_load_where_the_table_is_a_fixed_k_and_the_docs_tables_ratio(home, capsys):
+    def judged(r):
+        sec = _section(r, ["pass", "inconclusive"])
+        sec["per_load"][0].update(candidate_is="k=2", references={"docs' table": {
+            "ratio": None, "ratio_se": None, "rounds": 0, "same_as": "table"}})
+        sec["per_load"][1].update(references={"docs' table": {"ratio": 1.234, "ratio_se": 0.05, "rounds": 4,
+                                                              "same_as": "k=1"}})
+        return sec
+    publish(served=judged)
+    out = summary(capsys)
+    assert ("load 1: pass: table / best fixed k (k=1) = 0.990 ± 0.010 (3 paired round(s)); the table is k=2 here, "
+            "judged against the other fixed k; vs docs' table: A/A (the same k here)") in out
+    assert "load 2: inconclusive (3 paired round(s)); vs docs' table: 1.234 ± 0.050 (4 paired round(s))" in out
