@@ -520,7 +520,13 @@ def one_launch_section() -> list[str]:
            "did not acknowledge the rate switch within 30 s, the verification's own launch failed to start "
            "beside it, and nothing was published (gate `served_goodput_verified`: "
            + ("failed" if not gate["passed"] else "passed") + "). Where a launch refuses the switch, `verify_served` "
-           "stops it before starting its own (`tests/tuning/test_deployments.py`).", "",
+           "stops it before starting its own (`tests/tuning/test_deployments.py`). The cause: the launch table "
+           "opens with `[1, 1, 0]`, the switch's nudge was one request (B = 1, k = 0, no draft), and the rates are "
+           "read only when drafts are verified; with no profile before it, nothing else had drafted. The nudge "
+           "now runs a gated batch at the smallest B whose k > 0 (`RuntimeControl.nudge_batch`; "
+           "`tests/engine/test_runtime_control.py`, and on the CPU build's vLLM "
+           "`tests/engine/test_engine_real.py::test_rates_switch_is_acknowledged_where_a_lone_request_does_not_draft`).",
+           "",
            f"Data: `benchmarks/data/h100/{folder}/` (printed logs, start-up and publish JSON). Reproduce:", "", "```"]
     out += [cmd for _, cmd in calls] + ["```", ""]
     return out
