@@ -24,14 +24,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
+from tabletune_pipelines.core.stats import t_quantile
 from tabletune_pipelines.errors import InvalidValueError
 
 DEFAULT_CONFIDENCE = 0.95
-
-# Student-t 0.975 quantiles for small degrees of freedom (the rest: normal).
-_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 19: 2.093, 24: 2.064, 29: 2.045}
-
 
 @dataclass(frozen=True)
 class Interval:
@@ -66,15 +62,6 @@ def prior_intervals(prior, confidence: float = DEFAULT_CONFIDENCE) -> list[Inter
     return out
 
 
-def _t(df: int, confidence: float) -> float:
-    if abs(confidence - 0.95) > 1e-9:
-        return NormalDist().inv_cdf(0.5 + confidence / 2) * (1 + 1 / max(df, 1))  # rough, only 0.95 is tabulated
-    if df in _T975:
-        return _T975[df]
-    below = [k for k in _T975 if k < df]
-    return _T975[max(below)] if df < 30 else 1.96 + 2.4 / df
-
-
 def group_standard_errors(groups: Sequence) -> list[tuple[float, float]]:
     """Per position, the pooled a_i of G >= 2 groups (anything with ``drafted_per_pos`` and
     ``accepted_per_pos``: priors, the controller's counter windows) and its batch-means standard
@@ -102,7 +89,7 @@ def group_standard_errors(groups: Sequence) -> list[tuple[float, float]]:
 def group_intervals(groups: Sequence, confidence: float = DEFAULT_CONFIDENCE) -> list[Interval]:
     """Batch-means interval of the pooled a_i from G >= 2 per-group priors (module docstring)."""
     errors = group_standard_errors(groups)  # raises below two groups
-    t = _t(len(groups) - 1, confidence)
+    t = t_quantile(len(groups) - 1, confidence)
     out = []
     for pooled, se in errors:
         if math.isinf(se):

@@ -57,6 +57,7 @@ from typing import Any, ClassVar, Literal
 
 from tabletune_pipelines.core.noise import units_to_detect
 from tabletune_pipelines.core.served_calibration import ServedCalibration, ServedPoint
+from tabletune_pipelines.core.stats import mean_se, t_quantile
 from tabletune_pipelines.core.table import expand_table
 from tabletune_pipelines.errors import InvalidValueError
 from tabletune_pipelines.options import Bound, check_bounds, options_from_mapping
@@ -341,8 +342,7 @@ def summarize(windows: Sequence[Window]) -> dict[tuple[str, int], PolicySummary]
     out = {}
     for key, ws in groups.items():
         g = sum(w.kept_tokens for w in ws) / sum(w.seconds for w in ws)
-        vals = [w.goodput for w in ws]
-        se = statistics.stdev(vals) / math.sqrt(len(vals)) if len(vals) > 1 else float("nan")
+        _, se = mean_se(w.goodput for w in ws)
         out[key] = PolicySummary(key[0], key[1], g, se, len(ws))
     return out
 
@@ -427,14 +427,6 @@ def _ratios(a: Mapping[int, float], b: Mapping[int, float]) -> list[float]:
     return [a[r] / b[r] for r in sorted(set(a) & set(b)) if b[r] > 0]
 
 
-def mean_se(xs: Iterable[float]) -> tuple[float, float]:
-    """Mean and standard error of the non-NaN values (NaN, NaN when none; s.e. NaN for one)."""
-    xs = [x for x in xs if not math.isnan(x)]
-    if not xs:
-        return float("nan"), float("nan")
-    return statistics.fmean(xs), (statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else float("nan"))
-
-
 def paired_ratio(windows: Sequence[Window], a: str, b: str, load: int) -> tuple[float, float, int]:
     """Mean of per-round goodput ratios a/b at ``load`` (paired inside a round) and its standard error."""
     by = _by_round(windows, load)
@@ -444,21 +436,6 @@ def paired_ratio(windows: Sequence[Window], a: str, b: str, load: int) -> tuple[
 
 
 # ============================================================================ the verdict (pure)
-#: Student's t, one-sided 97.5% (two-sided 95%), by degrees of freedom; 1.96 beyond the table.
-_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042, 60: 2.000}
-
-
-def t_quantile(dof: int) -> float:
-    """Student's one-sided 97.5% quantile for ``dof`` degrees of freedom (the next tabulated dof
-    below, so never smaller than the exact value; 1.96 above 60)."""
-    if dof < 1:
-        raise InvalidValueError(f"dof = {dof} must be >= 1")
-    if dof > 60:
-        return 1.96
-    return _T975[max(d for d in _T975 if d <= dof)]
-
-
 Status = Literal["pass", "fail", "inconclusive"]
 ServedVerdict = Literal["verified", "unverified", "failed"]
 """A verification's outcome (``ServedVerification.verdict``)."""

@@ -65,3 +65,14 @@ def test_tau_rejects_k_beyond_rates():
     with pytest.raises(InvalidAcceptanceError, match="k = 4"):
         tau(A, 4)
     assert math.isclose(tau((), 0), 1.0)
+
+
+def test_one_student_t_never_below_the_exact_quantile():
+    from tabletune_pipelines.core.stats import t_quantile
+
+    # exact two-sided 95 % quantiles (3 decimals) at dof that the table does not list
+    exact = {21: 2.080, 22: 2.074, 25: 2.060, 35: 2.030, 50: 2.009, 100: 1.984, 200: 1.972, 10_000: 1.960}
+    for dof, t in exact.items():
+        assert t <= t_quantile(dof) <= t + 0.02, dof
+    assert [t_quantile(d) for d in (1, 2, 3, 10, 30)] == [12.706, 4.303, 3.182, 2.228, 2.042]
+    assert all(t_quantile(d) >= t_quantile(d + 1) for d in range(1, 500))

@@ -140,8 +140,8 @@ def test_benchmarks_have_no_copy_of_the_closed_loop():
 
 def test_t_quantiles():
     assert t_quantile(1) == 12.706 and t_quantile(2) == 4.303 and t_quantile(4) == 2.776
-    assert t_quantile(11) == 2.228  # the next tabulated dof below: never smaller than the exact 2.201
-    assert t_quantile(1000) == 1.96
+    assert t_quantile(11) == 2.201 and t_quantile(22) == 2.086  # 22: the next tabulated dof below (exact 2.074)
+    assert t_quantile(1000) == 1.96 + 2.4 / 1000  # above 120: within 0.001 above the exact 1.962
     with pytest.raises(ValueError):
         t_quantile(0)
 
