@@ -297,6 +297,13 @@ class StepTimeProfile(_Document):
         if self.mode not in PROFILE_MODES:
             raise DocumentError(f"step-time profile: mode = {self.mode!r} must be one of {PROFILE_MODES}")
         object.__setattr__(self, "samples", check_samples(self.samples, where="step-time profile"))
+        ident = self.identity
+        for i, sample in enumerate(self.samples):  # within the engine that measured them
+            if sample.k > ident.max_k or sample.batch > ident.max_num_seqs:
+                name, value, limit, what = (("k", sample.k, ident.max_k, "K (max_k)") if sample.k > ident.max_k
+                                            else ("batch", sample.batch, ident.max_num_seqs, "max_num_seqs"))
+                raise DocumentError(f"step-time profile of {ident.key}, samples[{i}]: {name} = {value} is above the "
+                                    f"identity's {what} = {limit}; that engine cannot have run such a step")
 
     def reject_cells(self) -> dict[int, dict[int, float]]:
         out: dict[int, dict[int, float]] = {}

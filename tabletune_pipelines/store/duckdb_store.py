@@ -48,6 +48,7 @@ from tabletune_pipelines.formats.documents import (
 from tabletune_pipelines.core.served_calibration import ServedCalibration
 from tabletune_pipelines.core.stepcost import StepSample
 from tabletune_pipelines.errors import (
+    DocumentError,
     NotFoundError,
     StoreCorruptError,
     StoredDataError,
@@ -661,14 +662,27 @@ class TableTuneStore:
                 [key, mode, int(s.batch), int(s.k), int(s.decode_tokens), int(s.prefill_tokens), float(s.ms),
                  now + timedelta(microseconds=i)])
 
-    def write_profiles(self, profiles: list[StepTimeProfile]) -> int:
+    def write_profiles(self, profiles: list[StepTimeProfile], sources: list[str] | None = None) -> int:
         """Store whole profiles (identity, cells and mixed-step samples) in one transaction: imported
-        profiles are all there or none is. A profile's cells replace stored measurements of the same
-        cells; its samples replace the identity's samples in its mode. Returns the cells written."""
+        profiles are all there or none is. A profile replaces the identity's profile in its mode
+        whole: every stored cell and sample of that (identity, mode) is deleted and the profile's
+        own are written, so the table derived afterwards comes from one measurement, never a mix of
+        two (docs/usage.md, "Moving profiles between stores"). Two profiles of one (identity, mode)
+        in one call are refused (``DocumentError`` naming both by ``sources``, e.g. the files they were
+        read from), and nothing is written. Returns the cells written."""
+        names = sources if sources is not None else [f"profiles[{i}]" for i in range(len(profiles))]
+        seen: dict[tuple[str, str], int] = {}
+        for i, profile in enumerate(profiles):
+            where = seen.setdefault((profile.identity.key, profile.mode), i)
+            if where != i:
+                raise DocumentError(f"{names[where]} and {names[i]} are both the profile of "
+                                    f"{profile.identity.key!r} in mode {profile.mode!r}; an import replaces a "
+                                    "profile whole, so import one of them; nothing was imported")
         with self._transaction() as conn:
             for profile in profiles:
                 key, mode = profile.identity.key, profile.mode
                 self._insert_identity(conn, profile.identity)
+                conn.execute("DELETE FROM step_time_cells WHERE identity_key = ? AND mode = ?", [key, mode])
                 for cell in profile.cells:
                     self._insert_cell(conn, key, mode, cell)
                 self._replace_samples(conn, key, mode, list(profile.samples))
