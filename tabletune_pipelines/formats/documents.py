@@ -570,6 +570,7 @@ class DraftLengthTable(_Document):
 
     BOUNDS: ClassVar[dict[str, Bound]] = {
         "max_num_seqs": BATCH_SIZE, "max_k": LAUNCH_K,
+        "acceptance_rates": Bound(0.0, 1.0, why="an acceptance rate"),
         "predicted_worst_loss": Bound(-1e3, 1e3, why="a fraction of goodput"),
         "confidence": Bound(0.5, 1.0, high_open=True, optional=True, why="a confidence level"),
         "predicted_worst_loss_lcb": Bound(-1e3, 1e3, optional=True, why="a fraction of goodput"),

@@ -484,6 +484,21 @@ class LocalEngine:
     """A running launch (``one_launch``) that profiles and verifies on instead of launching; None: each
     measurement launches its own."""
 
+    BOUNDS: ClassVar[dict[str, Bound]] = {  # ``options.check_bounds``: NaN, infinity and a bool are refused
+        "probe_timeout_s": Bound(0.0, 3600.0, low_open=True, why="seconds a /version probe may wait; at most an "
+                                                                  "hour"),
+    }
+
+    def __post_init__(self) -> None:
+        check_bounds(self, where=self.where, error=InvalidValueError)
+
+    def check_options(self) -> None:
+        """Every option mapping read by its class (``ProfileOptions``, ``AcceptanceOptions``,
+        ``ServedVerificationOptions``), so a bad number is refused before anything launches."""
+        ProfileOptions.from_mapping(self.profile_options, where=f"{self.where} profile_options")
+        AcceptanceOptions.from_mapping(self.acceptance_options, where=f"{self.where} acceptance_options")
+        self.served_verification_options()
+
     def _cache(self) -> str:
         return self.cache_dir or str(default_cache_dir())
 
