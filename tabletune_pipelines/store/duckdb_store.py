@@ -854,13 +854,16 @@ class TableTuneStore:
         note: str | None = None,
         document_fields: Mapping[str, Any] | None = None,
         companion: bool = True,
+        beside: Mapping[Path, bytes] | None = None,
     ) -> dict[str, Any]:
         """Record a new publication version and atomically export the file the controller reads
         (and, with ``companion``, its ``<stem>.speculative-config.json``).
 
         ``document_fields``: further keyword arguments of ``published.published_document``; the
         identity and prior among them are recorded with the version (``rollback`` re-publishes them).
-        Before anything is written (to the store or the files), ``export_path`` and its
+        ``beside``: further files the document refers to (the served verification's plot), written
+        with the others inside the transaction and put back with them when it fails; the caller has
+        checked that each may be replaced. Before anything is written (to the store or the files), ``export_path`` and its
         speculative-config companion must be free or TableTune's own files of this deployment
         (``published.check_publish_targets``): a PublishedTableError leaves both untouched.
 
@@ -895,7 +898,7 @@ class TableTuneStore:
                     **fields,
                 )
                 row = _PublicationRow(deployment, version, table.table_id, Path(export_path), published_at, note)
-                if self._publish_once(table, row, doc, companion):
+                if self._publish_once(table, row, doc, companion, dict(beside or {})):
                     return doc
                 on_disk = version  # taken by another publisher: the file is rewritten with a higher one
         raise StoreError(
@@ -917,17 +920,20 @@ class TableTuneStore:
         return version
 
     def _publish_once(self, table: DraftLengthTable, row: "_PublicationRow", doc: Mapping[str, Any],
-                      companion: bool) -> bool:
+                      companion: bool, beside: dict[Path, bytes]) -> bool:
         """The table row, the version row and the files in one transaction: the files are written
         inside it, and a failure anywhere (a file that cannot be written, a commit that fails) rolls
-        the rows back and puts the files back as they were. False when the version was taken."""
-        files = [row.path] + ([speculative_config_path(row.path)] if companion else [])
+        the rows back and puts every file back as it was, ``beside`` included. False when the version
+        was taken."""
+        files = [row.path] + ([speculative_config_path(row.path)] if companion else []) + list(beside)
         before = {p: _previous_bytes(p) for p in files}
         try:
             with self._transaction() as conn:
                 self._insert_table(conn, table)
                 if not self._insert_publication(conn, row, doc):
                     return False
+                for path, data in beside.items():  # first: the published file then refers to what is there
+                    atomic_write_bytes(path, data)
                 write_published_table(row.path, dict(doc))
                 if companion:
                     write_speculative_config_companion(row.path, doc)
