@@ -111,8 +111,14 @@ def _log() -> logging.Logger:
 def _deployment(args: argparse.Namespace) -> Deployment:
     from tabletune_pipelines.formats.fleet import load_fleet
 
+    from tabletune_pipelines.formats.live_counters import counters_damage
+
     fleet = load_fleet(args.fleet)
-    return fleet.deployment(args.deployment) if args.deployment else fleet.deployments[0]
+    dep = fleet.deployment(args.deployment) if args.deployment else fleet.deployments[0]
+    damage = counters_damage(dep.live_counters) if dep.live_counters is not None else None
+    if damage:  # the command goes on: the file is the deployment's, left behind by a crash or a rotation
+        print(f"note: {damage}", file=sys.stderr)
+    return dep
 
 
 def _store_path(args: argparse.Namespace) -> Path:
