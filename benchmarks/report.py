@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import MISSING, fields
 from pathlib import Path
 
-from tabletune_pipelines.errors import TableTuneError
+from tabletune_pipelines.errors import DataFileError
 from tabletune_pipelines.options import Bound, check_value
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,10 +137,6 @@ NONNEGATIVE = frozenset({
     "t_start", "wall_s", "window_s", "median_ms", "ms", "repetitions_ms", "batch", "batch_size", "max_num_seqs",
     "max_k", "K", "tolerance", "profile", "derive", "publish", "launch"})
 """Keys whose every number is a count, a duration or a rate: never negative, NaN or infinite."""
-
-
-class DataFileError(TableTuneError):
-    """A data file the page cannot be rendered from; the message names it."""
 
 
 _READ: list[str] = []

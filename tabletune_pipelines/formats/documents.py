@@ -618,7 +618,10 @@ class DraftLengthTable(_Document):
     @classmethod
     def _from_body(cls, body: dict[str, Any]) -> "DraftLengthTable":
         body["ranges"] = tuple(tuple(int(x) for x in r) for r in body["ranges"])
-        body["acceptance_rates"] = tuple(body.get("acceptance_rates", ()))
+        rates = body.get("acceptance_rates", ())
+        if not isinstance(rates, list | tuple):
+            raise DocumentError(f"draft-length table: acceptance_rates = {rates!r:.60} must be a list of rates")
+        body["acceptance_rates"] = tuple(rates)
         body["boundaries"] = tuple(Boundary(**b) for b in body.get("boundaries", ()))
         return cls(**body)
 

@@ -248,14 +248,18 @@ def _server_config(identity: EngineIdentity, dep: Deployment | None, cache_dir: 
     )
 
 
-def launch_envelope(identity: EngineIdentity) -> dict[str, int]:
+def launch_envelope(identity: EngineIdentity) -> dict[str, Any]:
     """The graph envelope the identity names, as ``ServerConfig`` fields: every launch that measures
-    an identity runs in its envelope. A capture ceiling other than vLLM's own rule
-    (``core.stepcost.default_capture_ceiling``) is passed as ``max_cudagraph_capture_size``; a token
-    budget as ``max_num_batched_tokens``; vLLM's defaults are left to vLLM."""
+    an identity runs in its envelope. A declared CUDA-graph mode (the fleet's ``cudagraph_mode``) is
+    passed as ``cudagraph_mode``; a capture ceiling other than vLLM's own rule
+    (``core.stepcost.default_capture_ceiling``) as ``max_cudagraph_capture_size``; a token budget as
+    ``max_num_batched_tokens``; vLLM's defaults are left to vLLM."""
     from tabletune_pipelines.core.stepcost import default_capture_ceiling
 
-    out: dict[str, int] = {}
+    out: dict[str, Any] = {}
+    mode = identity.cudagraph_mode
+    if mode is not None and mode.lower() not in ("none", "default"):  # "none": the identity of an eager engine
+        out["cudagraph_mode"] = mode
     ceiling = identity.capture_ceiling
     if ceiling is not None and ceiling != default_capture_ceiling(identity.max_num_seqs, identity.max_k):
         out["max_cudagraph_capture_size"] = int(ceiling)

@@ -1,4 +1,4 @@
-"""Hostile input, class 4 (issue 48): a half-written counters file does not lock out read-only commands.
+"""Hostile input, fourth round, class 4: a half-written counters file does not lock out read-only commands.
 
 A ``live_counters`` file emptied to 0 bytes (log rotation, a crash) or whose only line is a window cut
 off by a writer killed mid-append is still the deployment's counters file: the fleet loads, ``show``

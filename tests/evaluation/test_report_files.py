@@ -1,4 +1,4 @@
-"""Hostile input, class 5 (issue 48): the results renderer reads its data files like everything else.
+"""Hostile input, fourth round, class 5: the results renderer reads its data files like everything else.
 
 A data file under benchmarks/data that is missing, truncated, of the wrong shape or not UTF-8 gets one
 line naming the file (``error: <file>: ...``, exit status 2), not a traceback; a negative or impossible

@@ -1,4 +1,4 @@
-"""Hostile input, class 2 (issue 48): settings given through Dagster run config get the documents' bounds.
+"""Hostile input, fourth round, class 2: settings given through Dagster run config get the documents' bounds.
 
 Every numeric field of every resource and config class the UI or run config can set goes through
 ``options.check_bounds`` (``orchestration.resources.check_config``, called first by every asset): NaN,

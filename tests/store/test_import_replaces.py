@@ -1,4 +1,4 @@
-"""Hostile input, class 1 (issue 48): an import replaces the identity's profile whole.
+"""Hostile input, fourth round, class 1: an import replaces the identity's profile whole.
 
 An imported profile replaces the store's profile of its identity and mode, cells, samples and all,
 in one transaction; it never merges cell by cell into what the store holds, so the table derived

@@ -1,4 +1,4 @@
-"""Hostile input, class 3 (issue 48): a failed publication leaves every file as it was, plots included.
+"""Hostile input, fourth round, class 3: a failed publication leaves every file as it was, plots included.
 
 The served verification's plot is written by the store with the published file and its
 ``--speculative-config`` companion, inside the publication's transaction, and put back with them when
