@@ -65,7 +65,7 @@ def _profile_number(name: str):
     def parse(text: str) -> int | float:
         from tabletune_pipelines.engine.plan import PROFILE_LIMITS, limit_problem
 
-        integer = PROFILE_LIMITS[name][2]
+        integer = PROFILE_LIMITS[name].integer
         try:
             value: int | float = int(text) if integer else float(text)
         except ValueError:
