@@ -111,7 +111,6 @@ def _log() -> logging.Logger:
 
 def _deployment(args: argparse.Namespace) -> Deployment:
     from tabletune_pipelines.formats.fleet import load_fleet
-
     from tabletune_pipelines.formats.live_counters import counters_damage
 
     fleet = load_fleet(args.fleet)

@@ -27,11 +27,12 @@ from tabletune_pipelines.vocab import DEFAULT_REPETITIONS, PROFILE_MODES, Profil
 DEFAULT_REMEASURE_BUDGET_S = 120.0
 
 #: The range of every number ``ProfileOptions`` holds, as ``options.Bound``s (the rule of every number
-#: read from outside: NaN, infinity and a bool are refused by name). One validation: ``ProfileOptions``, ``ProfilePlan`` and ``deployments.AcceptanceOptions`` check their
-#: fields with ``limit_problem`` (through ``PlanFields`` and ``LaunchOverrides``), and so do the CLI's
-#: ``profile`` options (``--repetitions``, ``--max-repetitions``, ``--remeasure-budget``,
-#: ``--startup-timeout``), so a value that could not be meant (10^12 repetitions, a 1e300 s budget) is
-#: refused by name before an engine starts or the store is touched.
+#: read from outside: NaN, infinity and a bool are refused by name). One validation: ``ProfileOptions``,
+#: ``ProfilePlan`` and ``deployments.AcceptanceOptions`` check their fields with ``limit_problem``
+#: (through ``PlanFields`` and ``LaunchOverrides``), and so do the CLI's ``profile`` options
+#: (``--repetitions``, ``--max-repetitions``, ``--remeasure-budget``, ``--startup-timeout``), so a
+#: value that could not be meant (10^12 repetitions, a 1e300 s budget) is refused by name before an
+#: engine starts or the store is touched.
 PROFILE_LIMITS: dict[str, Bound] = {
     "repetitions": Bound(1, 100, integer=True, why="repetitions per cell; 100 make the median ~6x tighter than 3, "
                                                    "more only make the profile take hours"),

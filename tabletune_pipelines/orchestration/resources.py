@@ -160,7 +160,8 @@ def check_config(*configs: Any) -> None:
     keys = {EngineResource: "engine", TuningSettings: "policy", FleetResource: "fleet"}
     for config in configs:
         key = next((k for cls, k in keys.items() if isinstance(config, cls)), None)
-        where = f"resources: {key}: config ({type(config).__name__})" if key else f"run config ({type(config).__name__})"
+        name = type(config).__name__
+        where = f"resources: {key}: config ({name})" if key else f"run config ({name})"
         try:
             if hasattr(type(config), "BOUNDS"):  # a class with a numeric field declares them (tests/pipeline)
                 check_bounds(config, where=where, error=PipelineFailure)

@@ -863,9 +863,10 @@ class TableTuneStore:
         identity and prior among them are recorded with the version (``rollback`` re-publishes them).
         ``beside``: further files the document refers to (the served verification's plot), written
         with the others inside the transaction and put back with them when it fails; the caller has
-        checked that each may be replaced. Before anything is written (to the store or the files), ``export_path`` and its
-        speculative-config companion must be free or TableTune's own files of this deployment
-        (``published.check_publish_targets``): a PublishedTableError leaves both untouched.
+        checked that each may be replaced. Before anything is written (to the store or the files),
+        ``export_path`` and its speculative-config companion must be free or TableTune's own files of
+        this deployment (``published.check_publish_targets``): a PublishedTableError leaves both
+        untouched.
 
         One publication of a file at a time: the publication lock beside it
         (``published.publication_lock``) is held from the version allocation to the version row, so

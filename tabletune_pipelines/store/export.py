@@ -9,9 +9,10 @@ GPU node) travel: as data, loadable with ``StepTimeProfile.from_json`` and impor
 store with ``import_profiles``. A profile travels whole: its identity, its cells with their
 repetitions and its mixed-step samples (what the served step cost is fitted on), so the imported
 profile derives the table the source store derives. An imported profile replaces the store's
-profile of its identity and mode whole (cells, samples and all), never merges into it. Every number of an imported file is checked by
-the rules the writer's documents follow (``documents``: ``StepTimeCell``, ``SAMPLE_BOUNDS``); a file
-that breaks one is named with the field, and nothing is imported.
+profile of its identity and mode whole (cells, samples and all), never merges into it. Every number
+of an imported file is checked by the rules the writer's documents follow (``documents``:
+``StepTimeCell``, ``SAMPLE_BOUNDS``; a mixed-step sample also within the identity's K and
+max_num_seqs); a file that breaks one is named with the field, and nothing is imported.
 """
 
 from __future__ import annotations

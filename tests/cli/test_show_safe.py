@@ -81,7 +81,8 @@ deployments:
 
 @pytest.mark.parametrize("extra,differs", [
     ("", "capture ceiling (max_cudagraph_capture_size) 1024 != the deployment's 128"),
-    ("    max_cudagraph_capture_size: 256\n", "capture ceiling (max_cudagraph_capture_size) 1024 != the deployment's 256"),
+    ("    max_cudagraph_capture_size: 256\n",
+     "capture ceiling (max_cudagraph_capture_size) 1024 != the deployment's 256"),
 ])
 def test_show_notes_a_graph_envelope_other_than_the_fleets(home, tmp_path, capsys, extra, differs):
     fleet_path = tmp_path / "fleet.yaml"
