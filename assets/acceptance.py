@@ -6,7 +6,9 @@ from dagster_duckdb import DuckDBResource
 from assets import OWNERS
 from tabletune_pipelines.orchestration.metadata import describe_acceptance, failures
 from tabletune_pipelines.orchestration.partitions import weekly_partitions
-from tabletune_pipelines.orchestration.resources import EngineResource, FleetResource, TuningSettings, store_from
+from tabletune_pipelines.orchestration.resources import (
+    EngineResource, FleetResource, TuningSettings, check_config, store_from,
+)
 from tabletune_pipelines.tuning.measure import measure_week
 
 logged_prompts = dg.AssetSpec(
@@ -45,6 +47,7 @@ class AcceptanceConfig(dg.Config):
 def acceptance_prior(context: dg.AssetExecutionContext, config: AcceptanceConfig, duckdb: DuckDBResource,
                      fleet: FleetResource, engine: EngineResource, policy: TuningSettings):
     with failures():
+        check_config(config, fleet, engine, policy)
         week = measure_week(store_from(duckdb), fleet.load(), context.partition_key, engine,
                             deployments=config.deployments, min_drafts=policy.min_prior_drafts, log=context.log)
     yield describe_acceptance(week)

@@ -6,7 +6,9 @@ from dagster_duckdb import DuckDBResource
 from assets import OWNERS
 from tabletune_pipelines.orchestration.metadata import describe_live_priors, failures
 from tabletune_pipelines.orchestration.partitions import week_bounds, weekly_partitions
-from tabletune_pipelines.orchestration.resources import EngineResource, FleetResource, TuningSettings, store_from
+from tabletune_pipelines.orchestration.resources import (
+    EngineResource, FleetResource, TuningSettings, check_config, store_from,
+)
 from tabletune_pipelines.tuning.feedback import ingest_live_counters
 
 controller_live_counters = dg.AssetSpec(
@@ -46,6 +48,7 @@ def live_acceptance_counters(context: dg.AssetExecutionContext, config: Feedback
                              fleet: FleetResource, engine: EngineResource, policy: TuningSettings):
     week = context.partition_key
     with failures():
+        check_config(config, fleet, engine, policy)
         live = ingest_live_counters(store_from(duckdb), fleet.load(), week, week_bounds(week), engine,
                                     deployments=config.deployments, prior_weight=policy.prior_weight, log=context.log)
     return describe_live_priors(live)

@@ -6,7 +6,7 @@ from dagster_duckdb import DuckDBResource
 from assets import OWNERS
 from tabletune_pipelines.orchestration.metadata import describe_profile, failures
 from tabletune_pipelines.orchestration.partitions import engine_identity_partitions
-from tabletune_pipelines.orchestration.resources import EngineResource, FleetResource, store_from
+from tabletune_pipelines.orchestration.resources import EngineResource, FleetResource, check_config, store_from
 from tabletune_pipelines.tuning.measure import profile_identity
 
 
@@ -35,6 +35,7 @@ class ProfileConfig(dg.Config):
 def step_time_profile(context: dg.AssetExecutionContext, config: ProfileConfig, duckdb: DuckDBResource,
                       fleet: FleetResource, engine: EngineResource):
     with failures():
+        check_config(config, fleet, engine)
         run = profile_identity(store_from(duckdb), fleet.load(), context.partition_key, engine,
                                deployment=config.deployment, identity_json=config.identity_json, log=context.log)
     yield describe_profile(run)

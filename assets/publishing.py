@@ -12,7 +12,9 @@ from tabletune_pipelines.orchestration.metadata import (
     served_check,
 )
 from tabletune_pipelines.orchestration.partitions import engine_identity_partitions
-from tabletune_pipelines.orchestration.resources import EngineResource, FleetResource, TuningSettings, store_from
+from tabletune_pipelines.orchestration.resources import (
+    EngineResource, FleetResource, TuningSettings, check_config, store_from,
+)
 from tabletune_pipelines.orchestration.tags import engine_tag_warning
 from tabletune_pipelines.tuning.publishing import publish_table, rollback_table
 
@@ -54,6 +56,7 @@ class PublishConfig(dg.Config):
 def published_table(context: dg.AssetExecutionContext, config: PublishConfig, duckdb: DuckDBResource,
                     fleet: FleetResource, engine: EngineResource, policy: TuningSettings):
     with failures():
+        check_config(config, fleet, engine, policy)
         publication = publish_table(store_from(duckdb), fleet.load(), context.partition_key, engine,
                                     deployments=config.deployments, force=config.force,
                                     max_predicted_loss=policy.max_predicted_loss, log=context.log)
@@ -73,6 +76,7 @@ class RollbackConfig(dg.Config):
 def rollback_published_table_op(context: dg.OpExecutionContext, config: RollbackConfig, duckdb: DuckDBResource,
                                 fleet: FleetResource, engine: EngineResource):
     with failures():
+        check_config(config, fleet, engine)
         done = rollback_table(store_from(duckdb), fleet.load, config.deployment, engine, log=context.log)
     if warning := engine_tag_warning(context.run.tags, done.deployment, done.group):
         context.log.warning(warning)

@@ -2,20 +2,26 @@
 (``tuning.build.build_table``; the prior is ``tuning.gates.prior_for_table``'s, the rule
 ``tabletune table`` follows too)."""
 
+from typing import ClassVar
+
 import dagster as dg
 from dagster_duckdb import DuckDBResource
 
 from assets import OWNERS
 from tabletune_pipelines.orchestration.metadata import describe_table, failures
 from tabletune_pipelines.orchestration.partitions import engine_identity_partitions
-from tabletune_pipelines.orchestration.resources import TuningSettings, store_from
+from tabletune_pipelines.orchestration.resources import TuningSettings, check_config, store_from
+from tabletune_pipelines.options import Bound
 from tabletune_pipelines.tuning.build import build_table
+from tabletune_pipelines.tuning.derive import DeriveOptions
 
 
 class TableConfig(dg.Config):
     """Restrict the table's k values (default: every profiled k)."""
 
     allowed_ks: list[int] | None = None
+
+    BOUNDS: ClassVar[dict[str, Bound]] = {"allowed_ks": DeriveOptions.BOUNDS["allowed_ks"]}
 
 
 @dg.asset(
@@ -59,6 +65,7 @@ class TableConfig(dg.Config):
 def draft_length_table(context: dg.AssetExecutionContext, config: TableConfig, duckdb: DuckDBResource,
                        policy: TuningSettings):
     with failures():
+        check_config(config, policy)
         built = build_table(store_from(duckdb), context.partition_key, policy, allowed_ks=config.allowed_ks,
                             log=context.log)
     yield describe_table(built)

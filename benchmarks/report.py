@@ -21,8 +21,11 @@ import difflib
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from pathlib import Path
+
+from tabletune_pipelines.errors import DataFileError
+from tabletune_pipelines.options import Bound, check_value
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "benchmarks" / "data"
@@ -121,16 +124,122 @@ ENGINE_NAMES = {"dense": "dense (Qwen3-4B shape + EAGLE-3)", "moe": "MoE (Qwen3-
 VERDICT_WORDS = {"pass": "within 3 %", "fail": "**loss beyond the noise**", "inconclusive": "undecided"}
 
 
-# ----------------------------------------------------------------------------- helpers
+# ----------------------------------------------------------------------------- reading the data files
+# Every data file is read like every other input of TableTune: a regular file of bounded size, UTF-8,
+# strict JSON (NaN allowed: a policy that never ran has no goodput), a JSON object; a number under
+# a key that is a count, a time or a rate (``NONNEGATIVE``) finite and within ``options.Bound``s; a
+# key or index the page reads that is not there named with its file. Each problem is one line,
+# ``error: <file>: ...``, and exit status 2; nothing is written.
+MAX_DATA_BYTES = 64 * 1024 * 1024
+NONNEGATIVE = frozenset({
+    "budget_s", "elapsed_s", "goodput", "kept_tokens", "launch_s", "load", "loads", "mean_batch",
+    "mismatched_steps", "round", "rounds", "seconds", "settle_s", "startup_s", "steps", "stderr", "se", "t_end",
+    "t_start", "wall_s", "window_s", "median_ms", "ms", "repetitions_ms", "batch", "batch_size", "max_num_seqs",
+    "max_k", "K", "tolerance", "profile", "derive", "publish", "launch"})
+"""Keys whose every number is a count, a duration or a rate: never negative, NaN or infinite."""
+
+
+_READ: list[str] = []
+"""The data files read so far, in order (a failure the shape checks do not catch names the last)."""
+
+
+def _read_text(path: Path) -> str:
+    """The UTF-8 text of a data file (a regular file of at most ``MAX_DATA_BYTES``); errors name it."""
+    from tabletune_pipelines.formats.strict_io import FileTooLargeError, NotRegularFileError, read_bounded
+
+    name = _rel(path) if path.is_relative_to(ROOT) else str(path)
+    _READ.append(name)
+    try:
+        raw, _ = read_bounded(path, MAX_DATA_BYTES)
+    except FileNotFoundError:
+        raise DataFileError(f"{name}: data file missing; restore it (git checkout -- {name}) or rerun the "
+                            "command the page names for it") from None
+    except (IsADirectoryError, NotRegularFileError, FileTooLargeError) as exc:
+        raise DataFileError(f"{name}: {exc.strerror or exc}; not a data file") from None
+    except OSError as exc:
+        raise DataFileError(f"{name}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataFileError(f"{name}: not UTF-8 (byte {exc.start}); a data file is JSON or a printed log") from None
+
+
 def _load(path: Path) -> dict:
-    return json.loads(path.read_text())
+    """A data file's JSON object, checked (see above); a missing key or index names the file."""
+    from tabletune_pipelines.formats import strict_io
+
+    text = _read_text(path)
+    name = _READ[-1]
+    try:
+        doc = strict_io.loads(text, allow_nan=True)
+    except ValueError as exc:
+        raise DataFileError(f"{name}: not valid JSON ({' '.join(str(exc).split())}); truncated or edited?") from None
+    if not isinstance(doc, dict):
+        raise DataFileError(f"{name}: a JSON object expected, got a {type(doc).__name__}")
+    return _checked(doc, name, "")
+
+
+class _Object(dict):
+    """A JSON object of a data file: a key the page reads that is missing is named with the file."""
+
+    def __init__(self, data: dict, name: str, where: str) -> None:
+        super().__init__(data)
+        self._name, self._where = name, where
+
+    def __getitem__(self, key):
+        try:
+            return super().__getitem__(key)
+        except KeyError:
+            raise DataFileError(f"{self._name}: no {key!r} in {self._where or 'the top-level object'}; not the "
+                                "shape this page reads") from None
+
+
+class _Array(list):
+    """A JSON array of a data file: an index the page reads that is missing is named with the file."""
+
+    def __init__(self, data: list, name: str, where: str) -> None:
+        super().__init__(data)
+        self._name, self._where = name, where
+
+    def __getitem__(self, index):
+        try:
+            return super().__getitem__(index)
+        except IndexError:
+            raise DataFileError(f"{self._name}: {self._where} has {len(self)} entries, no [{index}]; not the shape "
+                                "this page reads") from None
+
+
+_AMOUNT = Bound(0.0, 1e15, why="a count, a duration or a rate")
+
+
+def _checked(value, name: str, where: str, key: str | None = None):
+    """``value`` with its objects and arrays wrapped (``_Object``, ``_Array``) and every number under a
+    ``NONNEGATIVE`` key checked by ``_AMOUNT``."""
+    if isinstance(value, dict):
+        return _Object({k: _checked(v, name, f"{where}.{k}" if where else k, k) for k, v in value.items()},
+                       name, where)
+    if isinstance(value, list):
+        return _Array([_checked(v, name, f"{where}[{i}]", key) for i, v in enumerate(value)], name, where)
+    if key in NONNEGATIVE and not isinstance(value, str) and value is not None:
+        check_value(_AMOUNT, where, value, where=name, error=DataFileError)
+    return value
 
 
 def _windows(rows: Sequence[dict]):
     from tabletune_pipelines.tuning.served_verification import Window
 
     names = {f.name for f in fields(Window)}
-    return [Window(**{k: v for k, v in w.items() if k in names}) for w in rows]
+    required = {f.name for f in fields(Window) if f.default is MISSING and f.default_factory is MISSING}
+    out = []
+    for i, w in enumerate(rows):
+        name, where = getattr(rows, "_name", "?"), f"{getattr(rows, '_where', 'windows')}[{i}]"
+        if not isinstance(w, dict) or not required <= set(w):
+            raise DataFileError(f"{name}: {where} is not a window (needs {sorted(required)})")
+        if w["mismatched_steps"] > w["steps"] or w.get("t_end", 0.0) < w.get("t_start", 0.0):
+            raise DataFileError(f"{name}: {where}: more mismatched steps than steps, or an end before its start; "
+                                "not a measured window")
+        out.append(Window(**{k: v for k, v in w.items() if k in names}))
+    return out
 
 
 def _by_round(windows, policy: str, load: int) -> dict[int, float]:
@@ -482,7 +591,7 @@ def _flow_log(path: Path) -> tuple[dict[str, float], list[str]]:
     import re
 
     seconds, loads = {}, {}
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in _read_text(path).splitlines():
         m = re.search(r"\[flow\] (launch|profile|derive|publish): ([0-9.]+) s$", line)
         if m:
             seconds[m.group(1)] = float(m.group(2))
@@ -609,7 +718,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--check", action="store_true", help="compare docs/results.md with what the data renders")
     args = ap.parse_args(argv)
-    text = render()
+    _READ.clear()
+    try:
+        text = render()
+    except DataFileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, StopIteration, ZeroDivisionError) as exc:
+        last = _READ[-1] if _READ else "benchmarks/data"
+        print(f"error: {last}: not the shape this page reads ({type(exc).__name__}: "
+              f"{' '.join(str(exc).split())[:160]}); the last data file read before the failure", file=sys.stderr)
+        return 2
     if args.check:
         old = PAGE.read_text() if PAGE.exists() else ""
         if old == text:

@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 from datetime import date
 from collections.abc import Iterator
@@ -64,7 +65,7 @@ def _profile_number(name: str):
     def parse(text: str) -> int | float:
         from tabletune_pipelines.engine.plan import PROFILE_LIMITS, limit_problem
 
-        integer = PROFILE_LIMITS[name][2]
+        integer = PROFILE_LIMITS[name].integer
         try:
             value: int | float = int(text) if integer else float(text)
         except ValueError:
@@ -110,9 +111,14 @@ def _log() -> logging.Logger:
 
 def _deployment(args: argparse.Namespace) -> Deployment:
     from tabletune_pipelines.formats.fleet import load_fleet
+    from tabletune_pipelines.formats.live_counters import counters_damage
 
     fleet = load_fleet(args.fleet)
-    return fleet.deployment(args.deployment) if args.deployment else fleet.deployments[0]
+    dep = fleet.deployment(args.deployment) if args.deployment else fleet.deployments[0]
+    damage = counters_damage(dep.live_counters) if dep.live_counters is not None else None
+    if damage:  # the command goes on: the file is the deployment's, left behind by a crash or a rotation
+        print(f"note: {damage}", file=sys.stderr)
+    return dep
 
 
 def _store_path(args: argparse.Namespace) -> Path:
@@ -340,21 +346,39 @@ def cmd_show(args: argparse.Namespace) -> int:
     dep = _deployment(args)
     pub = load_published(dep.published_table)  # the strict reader: a bad file is one error line
     notes = _whose_table(pub, dep)
-    if args.json:
+    if args.json:  # json.dumps escapes every control character and non-ASCII character
         for note in notes:  # stdout stays the document alone
-            print(f"note: {note}", file=sys.stderr)
+            print(terminal_safe(f"note: {note}"), file=sys.stderr)
         print(json.dumps(pub.document, indent=2))
         return 0
-    print("\n".join(_show_summary(pub, dep, notes, _store_for_show(args))))
+    print("\n".join(terminal_safe(line) for line in _show_summary(pub, dep, notes, _store_for_show(args))))
     return 0
+
+
+#: Characters a terminal acts on rather than shows: C0 controls but the tab (ESC starts an escape
+#: sequence), DEL, C1 controls (CSI, OSC) and the bidirectional overrides that reorder what follows.
+_TERMINAL_CONTROLS = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+#: A run of more digits than any figure ``show`` prints (a hand-edited 1e300 formatted as a fixed-point number).
+_LONG_NUMBER = re.compile(r"\d{25,}(?:\.\d+)?")
+
+
+def terminal_safe(line: str) -> str:
+    """One line of ``show``'s output as a terminal should print it: every character a terminal would
+    act on (an escape sequence from a hand-edited file, a newline inside a value) written as its
+    ``\\x..`` / ``\\u....`` escape, and a number of 25 digits or more in short scientific form."""
+    line = _TERMINAL_CONTROLS.sub(lambda m: json.dumps(m.group())[1:-1] if ord(m.group()) > 0x7f or
+                                  m.group() in "\n\r" else f"\\x{ord(m.group()):02x}", line)
+    return _LONG_NUMBER.sub(lambda m: f"{float(m.group()):.3g}", line)
 
 
 def _whose_table(pub: PublishedTable, dep: Deployment) -> list[str]:
     """Why the file at ``dep``'s path may not be ``dep``'s table: published for another deployment, or
     for another engine than the fleet entry describes (the controller's own comparison,
     ``controller.loader.identity_mismatches``; the vLLM version only where it is known here, for an
-    embedded deployment)."""
+    embedded deployment; the graph envelope, capture ceiling and token budget, the fleet's as the
+    engine would run it, ``engine.identity.capture_ceiling``)."""
     from tabletune_pipelines.controller.loader import DEPLOYMENT_ENV, EngineFacts, identity_mismatches
+    from tabletune_pipelines.engine.identity import capture_ceiling
 
     notes = []
     if pub.deployment != dep.name:
@@ -371,8 +395,11 @@ def _whose_table(pub: PublishedTable, dep: Deployment) -> list[str]:
 
         with contextlib.suppress(TableTuneError):
             version = installed_vllm_version()
+    ceiling = capture_ceiling(eager=dep.gpu == "cpu", explicit=dep.max_cudagraph_capture_size,
+                              max_num_seqs=dep.max_num_seqs, max_k=dep.max_k)
     facts = EngineFacts(max_k=dep.max_k, max_num_seqs=dep.max_num_seqs, launch_ranges=None, model=dep.model,
-                        method=dep.method, drafter=dep.drafter, vllm_version=version, gpu=dep.gpu)
+                        method=dep.method, drafter=dep.drafter, vllm_version=version, gpu=dep.gpu,
+                        capture_ceiling=ceiling, max_num_batched_tokens=dep.max_num_batched_tokens)
     bad = identity_mismatches(pub, facts)
     if bad:
         notes.append(f"it was made for another engine than deployment {dep.name!r} runs: "

@@ -114,6 +114,12 @@ class PublishedTableError(TableTuneError, ValueError):
     the table again."""
 
 
+class DataFileError(TableTuneError, ValueError):
+    """A benchmark data file the results page cannot be rendered from: missing, truncated, not UTF-8,
+    of another shape, or holding a negative or impossible count, duration or rate (names the file and
+    the field). Raised by ``benchmarks/report.py``; the user restores the file or reruns its command."""
+
+
 class LiveCountersError(TableTuneError, ValueError):
     """A live counters file that does not follow the format. Raised by ``live_counters`` (read by
     ``tuning/feedback`` and the evaluation rig); the user moves the named file aside or fixes its line."""

@@ -43,7 +43,8 @@ def options_from_mapping(cls: type[T], data: Mapping[str, Any] | None, *, where:
     """``cls(**data)`` for the dataclass ``cls``; None = every default.
 
     Not a mapping, or a key that is not a field of ``cls``, raises ``error`` naming ``where``, the
-    unknown key(s) and the known ones (``noun``: what a key is called, e.g. ``setting``). A
+    unknown key(s) and the known ones (``noun``: what a key is called, e.g. ``setting``). A field
+    typed ``bool`` takes only true or false (``"no"`` is refused, not read as on). A
     ``TableTuneError`` of the class's own validation is raised again, of its own class, with
     ``where: `` in front. ``exact_numbers``: JSON has one number type, so an integral float (3.0)
     becomes an ``int`` field's integer and an integer a ``float`` field's float, but only where the
@@ -60,6 +61,9 @@ def options_from_mapping(cls: type[T], data: Mapping[str, Any] | None, *, where:
     if unknown:
         raise error(f"{where}: unknown {noun}(s) {unknown}; known {noun}s: {names}")
     body = dict(data)
+    for f in fields:  # a bool is true or false: "no", 0 or "false" would count as on or be kept as text
+        if f.type in ("bool", bool) and f.name in body and type(body[f.name]) is not bool:
+            raise error(f"{where}: {f.name} = {shown(body[f.name])} must be true or false")
     if exact_numbers:
         for f in fields:
             v = body.get(f.name)

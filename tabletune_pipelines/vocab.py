@@ -66,6 +66,25 @@ DEVICES: tuple[str, ...] = get_args(Device)
 MODEL_RUNNERS: tuple[str, ...] = get_args(ModelRunner)
 CONTROLLER_MODES: tuple[str, ...] = get_args(ControllerMode)
 
+VLLM_CUDAGRAPH_MODES: tuple[str, ...] = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+"""vLLM's ``CUDAGraphMode`` names (``--compilation-config '{"cudagraph_mode": ...}'``): a fleet's
+``cudagraph_mode`` is one of them, in any case; launches pass it (``vllm_compilation_config``)."""
+VLLM_DTYPES: tuple[str, ...] = ("auto", "half", "float16", "bfloat16", "float", "float32")
+"""vLLM's ``--dtype`` choices: the model dtypes a fleet's ``dtype`` may name (``float8`` is a
+quantization or a KV-cache dtype, not a model dtype)."""
+
+
+def vllm_compilation_config(cudagraph_mode: str | None, capture_ceiling: int | None) -> dict[str, object]:
+    """The ``--compilation-config`` keys of a launch on a GPU, one rule for every measurement launch
+    and the published serving flags: the declared CUDA-graph mode (upper case: vLLM's
+    ``CUDAGraphMode`` name; left to vLLM when None or ``default``) and the capture ceiling when given
+    (none under mode ``none``: no graphs are captured)."""
+    mode = None if cudagraph_mode is None or cudagraph_mode.lower() == "default" else cudagraph_mode.upper()
+    out: dict[str, object] = {} if mode is None else {"cudagraph_mode": mode}
+    if capture_ceiling is not None and mode != "NONE":
+        out["max_cudagraph_capture_size"] = int(capture_ceiling)
+    return out
+
 # -- defaults ----------------------------------------------------------------------------------
 
 DEFAULT_SAMPLE_SIZE = 160

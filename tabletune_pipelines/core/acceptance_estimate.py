@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 
 from tabletune_pipelines.core.goodput import validate_acceptance
 from tabletune_pipelines.errors import InvalidAcceptanceError, InvalidValueError
+from tabletune_pipelines.options import Bound, check_bounds
 
 #: The prior counts as this many observations (docs/method.md, "Online controller").
 DEFAULT_PRIOR_WEIGHT = 2000.0
@@ -72,9 +73,13 @@ class EstimatorConfig:
     min_prior_weight: float = 1.0
     """Floor for the decayed prior weight (keeps never-drafted positions defined)."""
 
+    BOUNDS: ClassVar[dict[str, Bound]] = {  # ``options.check_bounds``: NaN, infinity and a bool are refused
+        "prior_weight": Bound(1e-3, 1e12, why="drafts the prior counts as; a week of serving drafts ~6e11 times"),
+        "min_prior_weight": Bound(1e-3, 1e12, why="drafts; the floor of the decayed prior weight"),
+    }
+
     def __post_init__(self) -> None:
-        if not self.prior_weight > 0:
-            raise InvalidValueError(f"prior_weight = {self.prior_weight!r} must be positive")
+        check_bounds(self, where="acceptance estimator", error=InvalidValueError)
         if not 0 < self.min_prior_weight <= self.prior_weight:
             raise InvalidValueError(
                 f"min_prior_weight = {self.min_prior_weight!r} must be in (0, prior_weight={self.prior_weight}]"

@@ -21,6 +21,7 @@ from pathlib import Path
 import tabletune_pipelines
 from tabletune_pipelines.formats.control_protocol import K_CONTROL_ENV, STEP_LOG_ENV, SYNTHETIC_CONTROL_ENV
 from tabletune_pipelines.engine.config import SERVED_MODEL_NAME, ServerConfig
+from tabletune_pipelines.vocab import vllm_compilation_config
 
 LAUNCHER_MODULE = "tabletune_pipelines.engine.launcher"
 """Module that runs vLLM's CLI on the CPU build (``python -m``)."""
@@ -71,9 +72,9 @@ def build_command(config: ServerConfig, port: int, device: str) -> list[str]:
         cmd.append("--no-enable-prefix-caching")
     if config.load_format is not None:
         cmd += ["--load-format", config.load_format]
-    if config.max_cudagraph_capture_size is not None and not (config.enforce_eager or device == "cpu"):
-        cmd += ["--compilation-config",
-                json.dumps({"max_cudagraph_capture_size": int(config.max_cudagraph_capture_size)}, separators=(",", ":"))]
+    compilation = vllm_compilation_config(config.cudagraph_mode, config.max_cudagraph_capture_size)
+    if compilation and not (config.enforce_eager or device == "cpu"):
+        cmd += ["--compilation-config", json.dumps(compilation, separators=(",", ":"))]
     if config.max_num_batched_tokens is not None:
         cmd += ["--max-num-batched-tokens", str(int(config.max_num_batched_tokens))]
     if config.step_timing:

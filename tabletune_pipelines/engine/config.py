@@ -20,6 +20,7 @@ from tabletune_pipelines.vocab import (
     METHODS,
     MODEL_DRAFTERS,
     MODEL_RUNNERS,
+    VLLM_CUDAGRAPH_MODES,
     Device,
     Method,
     ModelRunner,
@@ -82,6 +83,11 @@ class ServerConfig:
     graphs (docs/engine-facts.md, "Served steps are not profiled steps"). Ignored without graphs."""
     max_num_batched_tokens: int | None = None
     """``--max-num-batched-tokens``: the scheduler's token budget per step; None = vLLM's default."""
+    cudagraph_mode: str | None = None
+    """vLLM's ``CUDAGraphMode`` (``--compilation-config '{"cudagraph_mode": ...}'``, one of
+    ``vocab.VLLM_CUDAGRAPH_MODES`` in any case); None or ``default`` = vLLM's choice. Ignored without
+    graphs (the CPU build, ``enforce_eager``). A fleet deployment's ``cudagraph_mode`` reaches every
+    launch that measures its identity (``deployments.launch_envelope``)."""
     enforce_eager: bool = False
     """``--enforce-eager`` (no CUDA graphs / torch.compile). Off by default so GPU timing runs the
     CUDA-graph mode production uses; always on for the CPU build (docs/engine-facts.md, "CPU build")."""
@@ -131,6 +137,10 @@ class ServerConfig:
             _positive_int(name, getattr(self, name))
         if self.device not in DEVICES:
             raise EngineConfigError(f"device = {self.device!r} must be one of {DEVICES}")
+        if self.cudagraph_mode is not None and (not isinstance(self.cudagraph_mode, str) or self.cudagraph_mode.upper()
+                                                not in (*VLLM_CUDAGRAPH_MODES, "DEFAULT")):
+            raise EngineConfigError(f"cudagraph_mode = {self.cudagraph_mode!r:.60} must be one of vLLM's "
+                                    f"{list(VLLM_CUDAGRAPH_MODES)}, 'default' or None")
         if self.model_runner not in MODEL_RUNNERS:
             raise EngineConfigError(f"model_runner = {self.model_runner!r} must be one of {MODEL_RUNNERS}")
         if self.load_format is not None and (not isinstance(self.load_format, str) or not self.load_format.strip()):

@@ -11,7 +11,6 @@ in ``PlanFields``, and the server settings a measurement may override once, in `
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -21,44 +20,37 @@ from tabletune_pipelines.core.remeasure import DEFAULT_MAX_REPETITIONS
 from tabletune_pipelines.core.steptime import batch_size_grid
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.errors import EngineConfigError
-from tabletune_pipelines.options import options_from_mapping
+from tabletune_pipelines.options import Bound, options_from_mapping
 from tabletune_pipelines.vocab import DEFAULT_REPETITIONS, PROFILE_MODES, ProfileMode
 
 #: Default seconds of adaptive re-measurement after the first pass.
 DEFAULT_REMEASURE_BUDGET_S = 120.0
 
-#: The range of every number ``ProfileOptions`` holds: ``name: (low, high, integer, why)``. One
-#: validation: ``ProfileOptions``, ``ProfilePlan`` and ``deployments.AcceptanceOptions`` check their
-#: fields with ``limit_problem`` (through ``PlanFields`` and ``LaunchOverrides``), and so do the CLI's
-#: ``profile`` options (``--repetitions``, ``--max-repetitions``, ``--remeasure-budget``,
-#: ``--startup-timeout``), so a value that could not be meant (10^12 repetitions, a 1e300 s budget) is
-#: refused by name before an engine starts or the store is touched.
-PROFILE_LIMITS: dict[str, tuple[float, float, bool, str]] = {
-    "repetitions": (1, 100, True, "repetitions per cell; 100 make the median ~6x tighter than 3, more only make "
-                                  "the profile take hours"),
-    "max_repetitions": (1, 100, True, "the most repetitions re-measurement gives a cell"),
-    "prompt_tokens": (1, 32_768, True, "tokens of each timing prompt; the profile times decode steps"),
-    "remeasure_budget_s": (0.0, 86_400.0, False, "seconds of re-measurement, 0 = off; at most a day"),
-    "startup_timeout": (1.0, 3_600.0, False, "seconds a launch may take to become healthy; a cold GPU launch "
-                                             "with CUDA graphs takes 2-3 minutes, a slow CPU several"),
-    "kv_cache_space_gib": (1, 4_096, True, "GiB of CPU memory for the KV cache"),
-    "max_model_len": (1, 2 ** 24, True, "tokens of context"),
+#: The range of every number ``ProfileOptions`` holds, as ``options.Bound``s (the rule of every number
+#: read from outside: NaN, infinity and a bool are refused by name). One validation: ``ProfileOptions``,
+#: ``ProfilePlan`` and ``deployments.AcceptanceOptions`` check their fields with ``limit_problem``
+#: (through ``PlanFields`` and ``LaunchOverrides``), and so do the CLI's ``profile`` options
+#: (``--repetitions``, ``--max-repetitions``, ``--remeasure-budget``, ``--startup-timeout``), so a
+#: value that could not be meant (10^12 repetitions, a 1e300 s budget) is refused by name before an
+#: engine starts or the store is touched.
+PROFILE_LIMITS: dict[str, Bound] = {
+    "repetitions": Bound(1, 100, integer=True, why="repetitions per cell; 100 make the median ~6x tighter than 3, "
+                                                   "more only make the profile take hours"),
+    "max_repetitions": Bound(1, 100, integer=True, why="the most repetitions re-measurement gives a cell"),
+    "prompt_tokens": Bound(1, 32_768, integer=True, why="tokens of each timing prompt; the profile times decode "
+                                                        "steps"),
+    "remeasure_budget_s": Bound(0.0, 86_400.0, why="seconds of re-measurement, 0 = off; at most a day"),
+    "startup_timeout": Bound(1.0, 3_600.0, why="seconds a launch may take to become healthy; a cold GPU launch "
+                                               "with CUDA graphs takes 2-3 minutes, a slow CPU several"),
+    "kv_cache_space_gib": Bound(1, 4_096, integer=True, why="GiB of CPU memory for the KV cache"),
+    "max_model_len": Bound(1, 2 ** 24, integer=True, why="tokens of context"),
 }
 
 
 def limit_problem(name: str, value: Any) -> str | None:
     """None when ``value`` is within ``PROFILE_LIMITS[name]``, else what it must be (the text after
-    ``name = value``)."""
-    low, high, integer, why = PROFILE_LIMITS[name]
-    if integer:
-        ok = type(value) is int
-    else:  # a bool is not a number of seconds
-        ok = type(value) is int or (type(value) is float and math.isfinite(value))
-    if ok and low <= value <= high:
-        return None
-    if integer:
-        return f"must be an integer >= {int(low)} and <= {int(high)} ({why})"
-    return f"must be a finite number >= {low:g} and <= {high:g} ({why})"
+    ``name = value``): ``options.Bound.problem``."""
+    return PROFILE_LIMITS[name].problem(value)
 
 
 def check_limit(name: str, value: Any) -> None:

@@ -297,6 +297,13 @@ class StepTimeProfile(_Document):
         if self.mode not in PROFILE_MODES:
             raise DocumentError(f"step-time profile: mode = {self.mode!r} must be one of {PROFILE_MODES}")
         object.__setattr__(self, "samples", check_samples(self.samples, where="step-time profile"))
+        ident = self.identity
+        for i, sample in enumerate(self.samples):  # within the engine that measured them
+            if sample.k > ident.max_k or sample.batch > ident.max_num_seqs:
+                name, value, limit, what = (("k", sample.k, ident.max_k, "K (max_k)") if sample.k > ident.max_k
+                                            else ("batch", sample.batch, ident.max_num_seqs, "max_num_seqs"))
+                raise DocumentError(f"step-time profile of {ident.key}, samples[{i}]: {name} = {value} is above the "
+                                    f"identity's {what} = {limit}; that engine cannot have run such a step")
 
     def reject_cells(self) -> dict[int, dict[int, float]]:
         out: dict[int, dict[int, float]] = {}
@@ -563,6 +570,7 @@ class DraftLengthTable(_Document):
 
     BOUNDS: ClassVar[dict[str, Bound]] = {
         "max_num_seqs": BATCH_SIZE, "max_k": LAUNCH_K,
+        "acceptance_rates": Bound(0.0, 1.0, why="an acceptance rate"),
         "predicted_worst_loss": Bound(-1e3, 1e3, why="a fraction of goodput"),
         "confidence": Bound(0.5, 1.0, high_open=True, optional=True, why="a confidence level"),
         "predicted_worst_loss_lcb": Bound(-1e3, 1e3, optional=True, why="a fraction of goodput"),
@@ -610,7 +618,10 @@ class DraftLengthTable(_Document):
     @classmethod
     def _from_body(cls, body: dict[str, Any]) -> "DraftLengthTable":
         body["ranges"] = tuple(tuple(int(x) for x in r) for r in body["ranges"])
-        body["acceptance_rates"] = tuple(body.get("acceptance_rates", ()))
+        rates = body.get("acceptance_rates", ())
+        if not isinstance(rates, list | tuple):
+            raise DocumentError(f"draft-length table: acceptance_rates = {rates!r:.60} must be a list of rates")
+        body["acceptance_rates"] = tuple(rates)
         body["boundaries"] = tuple(Boundary(**b) for b in body.get("boundaries", ()))
         return cls(**body)
 

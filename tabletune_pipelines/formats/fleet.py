@@ -65,6 +65,8 @@ from tabletune_pipelines.vocab import (
     DEFAULT_SAMPLE_SIZE,
     DEFAULT_TEMPERATURE,
     STORE_FILENAME,
+    VLLM_CUDAGRAPH_MODES,
+    VLLM_DTYPES,
     Method,
     ModelRunner,
 )
@@ -258,18 +260,23 @@ class Deployment(_Schema):
         default=None,
         description="JSONL file the controller exports (format: tabletune_pipelines/formats/live_counters.py).")
     dtype: str | None = Field(
-        default=None, min_length=1, description="Model dtype; null: bfloat16 on a GPU and on a CPU with native bf16 "
-        "(avx512_bf16 or AMX), else float32 (tabletune_pipelines/engine/dtype.py). Part of the engine identity.")
+        default=None, min_length=1, description="Model dtype, one of vLLM's --dtype choices (auto, half, float16, "
+        "bfloat16, float, float32); null: bfloat16 on a GPU and on a CPU with native bf16 (avx512_bf16 or AMX), else "
+        "float32 (tabletune_pipelines/engine/dtype.py). Part of the engine identity.")
     cudagraph_mode: str | None = Field(
-        default=None, min_length=1, description='CUDA-graph mode of the serving path (part of the engine identity); '
-        'null: "none" on the CPU build (eager), "default" (whatever vLLM picks) on a GPU.')
+        default=None, min_length=1, description="CUDA-graph mode of the serving path, one of vLLM's CUDAGraphMode "
+        "names in any case (NONE, PIECEWISE, FULL, FULL_DECODE_ONLY, FULL_AND_PIECEWISE); passed to every measurement "
+        "launch on a GPU (--compilation-config cudagraph_mode) and to the published serving flags. Part of the engine "
+        'identity; null: "none" on the CPU build (eager), "default" (whatever vLLM picks) on a GPU.')
     max_cudagraph_capture_size: int | None = Field(
         default=None, ge=1, le=1_000_000, description="Largest CUDA-graph capture size in tokens the deployment serves "
-        "with (--compilation-config max_cudagraph_capture_size); null: vLLM's rule, min(max_num_seqs·(1+K)·2, 512). "
+        "with (--compilation-config max_cudagraph_capture_size), at most max_num_batched_tokens; null: vLLM's rule, "
+        "min(max_num_seqs·(1+K)·2, 512). "
         "Part of the engine identity (the graph envelope); ignored on the CPU build.")
     max_num_batched_tokens: int | None = Field(
-        default=None, ge=1, le=10_000_000, description="--max-num-batched-tokens the deployment serves with; null: "
-        "vLLM's default. Part of the engine identity when set.")
+        default=None, ge=1, le=10_000_000, description="--max-num-batched-tokens the deployment serves with, at least "
+        "max_num_seqs·(1+max_k) (one decode step of every request with its drafts); null: vLLM's default. Part of the "
+        "engine identity when set.")
     model_runner: ModelRunner = Field(
         default=DEFAULT_MODEL_RUNNER, description="vLLM model runner of measurement launches: auto (vLLM's "
                                                   "default), v1 or v2 (docs/engine-facts.md, \"GPU (H200, vLLM 0.26)\").")
@@ -322,7 +329,11 @@ class Deployment(_Schema):
     @field_validator("dtype", "cudagraph_mode", "load_format")
     @classmethod
     def _tokens(cls, v: str | None, info: ValidationInfo) -> str | None:
-        return _check_token(v, info.field_name)
+        v = _check_token(v, info.field_name)
+        vocabulary = {"dtype": VLLM_DTYPES, "cudagraph_mode": VLLM_CUDAGRAPH_MODES}.get(str(info.field_name))
+        if v is not None and vocabulary and v.upper() not in {x.upper() for x in vocabulary}:
+            raise _problem(f"{info.field_name!r} = {v!r} is not one of vLLM's {list(vocabulary)} (any case)")
+        return v
 
     @field_validator("speculative_config")
     @classmethod
@@ -380,6 +391,20 @@ class Deployment(_Schema):
     @classmethod
     def _empty_k8s(cls, v: Any) -> Any:
         return None if v == {} else v
+
+    @model_validator(mode="after")
+    def _graph_envelope(self) -> "Deployment":
+        # One decode step of every request with K drafts must fit the token budget (else the steps the
+        # table is measured on are split), and no graph is captured for more tokens than a step holds.
+        budget, ceiling = self.max_num_batched_tokens, self.max_cudagraph_capture_size
+        step = self.max_num_seqs * (1 + self.max_k)
+        if budget is not None and budget < step:
+            raise _problem(f"'max_num_batched_tokens' = {budget} is below max_num_seqs x (1 + max_k) = {step}: a "
+                           "decode step of every request with its drafts would not fit one step")
+        if budget is not None and ceiling is not None and ceiling > budget:
+            raise _problem(f"'max_cudagraph_capture_size' = {ceiling} is above 'max_num_batched_tokens' = {budget}: "
+                           "no step holds that many tokens (vLLM truncates the ceiling); set it at most the budget")
+        return self
 
     @model_validator(mode="after")
     def _drafter_matches_method(self) -> "Deployment":

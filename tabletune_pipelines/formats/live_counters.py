@@ -381,9 +381,18 @@ def window_line(window: CounterWindow) -> str:
 # export_path), so it may name a file TableTune did not write: a system file, the DuckDB store. The
 # controller appends only to a file that is absent (it creates it) or already a live counters file:
 # a regular file (not a symlink, folder, FIFO or device) whose first line is a window of this format.
-# An empty file is not one (TableTune never leaves one behind: a first write that fails removes the
-# file it created). ``append_line`` checks the descriptor it writes to; ``check_live_counters_target``
-# is the same check by path, for the fleet loader and the publish gate.
+# A counters file a crash or log rotation left behind is one too (``counters_damage`` says which):
+# emptied to 0 bytes, or a first line that is a window of this format cut off (a writer killed during
+# its first append). The controller recovers by appending: an emptied file is written from its start;
+# after a torn first line the next window starts on a fresh line (``append_line``), and readers skip
+# the torn line by number. Nothing is truncated or moved, so two writers cannot lose each other's
+# lines. Read-only commands load the fleet as usual and print one note naming the file. A file
+# that was never a counters file is still refused. ``append_line`` checks the descriptor it writes to;
+# ``check_live_counters_target`` is the same check by path, for the fleet loader and the publish gate.
+
+#: How a line of this format starts: the controller writes sorted keys (``window_line``), other
+#: writers of the format may put the schema first.
+_LINE_HEADS = ('{"accepted_per_pos":', '{"schema":')
 
 _WRITE_FLAGS = os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -399,15 +408,65 @@ def _not_a_file(st: os.stat_result) -> str | None:
     return reason + " (TableTune appends to files, not link targets)" if reason == "is a symbolic link" else reason
 
 
+def _torn_window(first: bytes) -> bool:
+    """Whether ``first`` (a file's first line) is a window of this format cut off by a writer killed
+    mid-append: the start of a JSON object (``is_torn``) that begins like a line of this format."""
+    try:
+        text = first.decode("utf-8")
+    except UnicodeDecodeError as exc:  # a cut may split a UTF-8 sequence: only at the very end
+        if exc.reason != "unexpected end of data":
+            return False
+        text = first[:exc.start].decode("utf-8")
+    t = re.sub(r"\s+", "", text)  # the heads in compact form; a torn line ends anywhere
+    return is_torn(text) and any(t.startswith(h) or h.startswith(t) for h in _LINE_HEADS)
+
+
+def _damage(size: int, head: bytes) -> str | None:
+    """What a crash or log rotation did to a counters file of ``size`` bytes starting with ``head``
+    (at most ``MAX_LINE_BYTES + 1`` bytes), or None when its first line is whole."""
+    if size == 0:
+        return "is empty (0 bytes: log rotation or a crash emptied it)"
+    first, newline, _ = head.partition(b"\n")
+    if _torn_window(first):
+        alone = not newline or not head[len(first) + 1:].strip()
+        return (f"has a half-written first line ({len(first)} bytes, a writer killed mid-append)"
+                + ("; it holds no whole window yet" if alone else "; the windows after it are read"))
+    return None
+
+
+def counters_damage(path: str | os.PathLike[str]) -> str | None:
+    """One line about a live counters file a crash or log rotation left behind (emptied, or a torn
+    first line), for read-only commands to print; None when it is absent, whole, or not a counters
+    file at all (``check_live_counters_target`` refuses that). Reads at most one line; never writes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if _not_a_file(st):
+            return None
+        damage = _damage(st.st_size, os.pread(fd, MAX_LINE_BYTES + 1, 0))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if damage is None:
+        return None
+    return (f"live counters file {os.fspath(path)} {damage}; the controller's next export appends after it and "
+            "readers skip the torn line (docs/operations.md)")
+
+
 def _not_ours(fd: int) -> str | None:
-    """Why the open regular file ``fd`` is not a live counters file (None: it is one)."""
+    """Why the open regular file ``fd`` is not a live counters file (None: it is one, whole or left
+    behind by a crash: ``_damage``)."""
     st = os.fstat(fd)
     reason = _not_a_file(st)
     if reason:
         return reason
-    if st.st_size == 0:
-        return "is empty"
     head = os.pread(fd, MAX_LINE_BYTES + 1, 0)
+    if _damage(st.st_size, head) is not None:
+        return None
     first, newline, _ = head.partition(b"\n")
     if b"\x00" in head:  # JSON text never holds one; a database's header can hold a newline before it
         return "is a binary file (it holds NUL bytes)"
@@ -485,7 +544,7 @@ def append_line(path: str | os.PathLike[str], line: str) -> None:
         if n != len(data):
             raise OSError(f"short write to {path}: {n} of {len(data)} bytes")
     except BaseException:
-        if created:  # never leave an empty or torn first line behind: it would refuse every later export
+        if created:  # never leave an empty or torn first line behind (readers would note it)
             _remove_if_same(p, fd)
         raise
     finally:

@@ -150,6 +150,9 @@ def parse_weights(spec: str | Mapping[str, float]) -> dict[str, float]:
             if not part:
                 continue
             name, _, w = part.partition(":")
+            if name.strip() in items:
+                raise InvalidValueError(f"{where}: {name.strip()!r} is named twice; give each mix once with its "
+                                        "weight")
             try:
                 items[name.strip()] = float(w) if w else 1.0
             except ValueError:

@@ -56,6 +56,7 @@ from tabletune_pipelines.core.table import validate_table
 from tabletune_pipelines.errors import InvalidTableError, PublishedTableError, SettingsError
 from tabletune_pipelines.options import STEP_MS, Bound, check_value
 from tabletune_pipelines.formats.controller_settings import ControllerSettings
+from tabletune_pipelines.vocab import vllm_compilation_config
 
 PUBLISHED_SCHEMA = "tabletune.published_table"
 PUBLISHED_SCHEMA_VERSION = 1
@@ -646,11 +647,10 @@ def serving_envelope(identity: Mapping[str, Any]) -> dict[str, Any]:
     engine the profile measured (its graph envelope and model runner, docs/method.md, "What a served
     step costs"). An operator who serves with them gets the step costs the table was derived from."""
     flags: list[str] = ["--max-num-seqs", str(int(identity["max_num_seqs"]))]
-    mode = str(identity.get("cudagraph_mode") or "none").lower()
-    ceiling = identity.get("capture_ceiling")
-    if ceiling is not None and mode != "none":
-        flags += ["--compilation-config", json.dumps({"max_cudagraph_capture_size": int(ceiling)},
-                                                     separators=(",", ":"))]
+    mode = str(identity.get("cudagraph_mode") or "none")
+    compilation = {} if mode.lower() == "none" else vllm_compilation_config(mode, identity.get("capture_ceiling"))
+    if compilation:  # what every measurement launch of the identity passed (engine/command.py)
+        flags += ["--compilation-config", json.dumps(compilation, separators=(",", ":"))]
     if identity.get("max_num_batched_tokens") is not None:
         flags += ["--max-num-batched-tokens", str(int(identity["max_num_batched_tokens"]))]
     env = {}

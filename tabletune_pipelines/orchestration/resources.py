@@ -15,20 +15,22 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import dagster as dg
 from dagster_duckdb import DuckDBResource
 from pydantic import Field
 
 from tabletune_pipelines.tuning import deployments
-from tabletune_pipelines.core.acceptance_estimate import DEFAULT_PRIOR_WEIGHT
+from tabletune_pipelines.core.acceptance_estimate import DEFAULT_PRIOR_WEIGHT, EstimatorConfig
 from tabletune_pipelines.core.evidence import DEFAULT_CONFIDENCE, DEFAULT_SEARCH_RULE
 from tabletune_pipelines.core.table import DEFAULT_STICKINESS
 from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, EngineIdentity, StepTimeProfile
 from tabletune_pipelines.tuning.served_verification import ServedVerification, ServedVerificationOptions
 from tabletune_pipelines.formats.fleet import Deployment, Fleet, default_store_path, load_fleet
-from tabletune_pipelines.options import field_docs
+from tabletune_pipelines.errors import PipelineFailure, TableTuneError
+from tabletune_pipelines.options import Bound, check_bounds, field_docs
+from tabletune_pipelines.tuning.derive import DeriveOptions
 from tabletune_pipelines.store import TableTuneStore
 from tabletune_pipelines.tuning.gates import GateThresholds
 
@@ -64,6 +66,9 @@ class EngineResource(dg.ConfigurableResource):
                                           "blocking check served_goodput_verified before publishing, e.g. enabled (default true), "
                                           "budget_s (default 75 on the CPU build, 300 on a GPU), loads, rounds, "
                                           "window_s, tolerance (0.03), acceptance (auto|real|prior).")
+
+    BOUNDS: ClassVar[dict[str, Bound]] = deployments.LocalEngine.BOUNDS
+    """The library engine's bounds (the option mappings are checked by their own classes: ``check_config``)."""
 
     def local(self) -> deployments.LocalEngine:
         """This configuration as the library's engine, which every call below goes to."""
@@ -132,9 +137,40 @@ class TuningSettings(dg.ConfigurableResource):
         "Observations the measured prior counts as when live counters are blended in (docs/method.md, "
         "\"Online controller\")."))
 
+    BOUNDS: ClassVar[dict[str, Bound]] = {
+        **GateThresholds.BOUNDS,
+        **{name: DeriveOptions.BOUNDS[name] for name in ("stickiness", "confidence")},
+        "prior_weight": EstimatorConfig.BOUNDS["prior_weight"],
+    }
+    """Each field's bounds, declared by the library class that uses it (``check_config`` walks them)."""
+
     def gates(self) -> GateThresholds:
         """The gate thresholds this resource is configured with."""
         return GateThresholds(**{f.name: getattr(self, f.name) for f in dataclasses.fields(GateThresholds)})
+
+
+def check_config(*configs: Any) -> None:
+    """Every numeric field of each Dagster resource or run config (``dg.ConfigurableResource``,
+    ``dg.Config``) through ``options.check_bounds`` by its class's ``BOUNDS``, the rule the documents
+    follow (NaN, infinity, a negative or an absurd value refused by name); an ``EngineResource``'s
+    option mappings are read by their own classes too (``LocalEngine.check_options``). The first
+    refusal is a ``PipelineFailure`` of one line naming the class, the field and the value, so the
+    step fails before it reads or writes anything. Every asset and op calls it first, inside
+    ``failures()``."""
+    keys = {EngineResource: "engine", TuningSettings: "policy", FleetResource: "fleet"}
+    for config in configs:
+        key = next((k for cls, k in keys.items() if isinstance(config, cls)), None)
+        name = type(config).__name__
+        where = f"resources: {key}: config ({name})" if key else f"run config ({name})"
+        try:
+            if hasattr(type(config), "BOUNDS"):  # a class with a numeric field declares them (tests/pipeline)
+                check_bounds(config, where=where, error=PipelineFailure)
+            if isinstance(config, EngineResource):
+                config.local().check_options()
+        except PipelineFailure:
+            raise
+        except TableTuneError as exc:  # its message names EngineResource and the option mapping
+            raise PipelineFailure(str(exc)) from None
 
 
 def default_resources() -> dict[str, Any]:

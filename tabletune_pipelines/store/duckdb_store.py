@@ -48,6 +48,7 @@ from tabletune_pipelines.formats.documents import (
 from tabletune_pipelines.core.served_calibration import ServedCalibration
 from tabletune_pipelines.core.stepcost import StepSample
 from tabletune_pipelines.errors import (
+    DocumentError,
     NotFoundError,
     StoreCorruptError,
     StoredDataError,
@@ -661,14 +662,27 @@ class TableTuneStore:
                 [key, mode, int(s.batch), int(s.k), int(s.decode_tokens), int(s.prefill_tokens), float(s.ms),
                  now + timedelta(microseconds=i)])
 
-    def write_profiles(self, profiles: list[StepTimeProfile]) -> int:
+    def write_profiles(self, profiles: list[StepTimeProfile], sources: list[str] | None = None) -> int:
         """Store whole profiles (identity, cells and mixed-step samples) in one transaction: imported
-        profiles are all there or none is. A profile's cells replace stored measurements of the same
-        cells; its samples replace the identity's samples in its mode. Returns the cells written."""
+        profiles are all there or none is. A profile replaces the identity's profile in its mode
+        whole: every stored cell and sample of that (identity, mode) is deleted and the profile's
+        own are written, so the table derived afterwards comes from one measurement, never a mix of
+        two (docs/usage.md, "Moving profiles between stores"). Two profiles of one (identity, mode)
+        in one call are refused (``DocumentError`` naming both by ``sources``, e.g. the files they were
+        read from), and nothing is written. Returns the cells written."""
+        names = sources if sources is not None else [f"profiles[{i}]" for i in range(len(profiles))]
+        seen: dict[tuple[str, str], int] = {}
+        for i, profile in enumerate(profiles):
+            where = seen.setdefault((profile.identity.key, profile.mode), i)
+            if where != i:
+                raise DocumentError(f"{names[where]} and {names[i]} are both the profile of "
+                                    f"{profile.identity.key!r} in mode {profile.mode!r}; an import replaces a "
+                                    "profile whole, so import one of them; nothing was imported")
         with self._transaction() as conn:
             for profile in profiles:
                 key, mode = profile.identity.key, profile.mode
                 self._insert_identity(conn, profile.identity)
+                conn.execute("DELETE FROM step_time_cells WHERE identity_key = ? AND mode = ?", [key, mode])
                 for cell in profile.cells:
                     self._insert_cell(conn, key, mode, cell)
                 self._replace_samples(conn, key, mode, list(profile.samples))
@@ -840,15 +854,19 @@ class TableTuneStore:
         note: str | None = None,
         document_fields: Mapping[str, Any] | None = None,
         companion: bool = True,
+        beside: Mapping[Path, bytes] | None = None,
     ) -> dict[str, Any]:
         """Record a new publication version and atomically export the file the controller reads
         (and, with ``companion``, its ``<stem>.speculative-config.json``).
 
         ``document_fields``: further keyword arguments of ``published.published_document``; the
         identity and prior among them are recorded with the version (``rollback`` re-publishes them).
-        Before anything is written (to the store or the files), ``export_path`` and its
-        speculative-config companion must be free or TableTune's own files of this deployment
-        (``published.check_publish_targets``): a PublishedTableError leaves both untouched.
+        ``beside``: further files the document refers to (the served verification's plot), written
+        with the others inside the transaction and put back with them when it fails; the caller has
+        checked that each may be replaced. Before anything is written (to the store or the files),
+        ``export_path`` and its speculative-config companion must be free or TableTune's own files of
+        this deployment (``published.check_publish_targets``): a PublishedTableError leaves both
+        untouched.
 
         One publication of a file at a time: the publication lock beside it
         (``published.publication_lock``) is held from the version allocation to the version row, so
@@ -881,7 +899,7 @@ class TableTuneStore:
                     **fields,
                 )
                 row = _PublicationRow(deployment, version, table.table_id, Path(export_path), published_at, note)
-                if self._publish_once(table, row, doc, companion):
+                if self._publish_once(table, row, doc, companion, dict(beside or {})):
                     return doc
                 on_disk = version  # taken by another publisher: the file is rewritten with a higher one
         raise StoreError(
@@ -903,17 +921,20 @@ class TableTuneStore:
         return version
 
     def _publish_once(self, table: DraftLengthTable, row: "_PublicationRow", doc: Mapping[str, Any],
-                      companion: bool) -> bool:
+                      companion: bool, beside: dict[Path, bytes]) -> bool:
         """The table row, the version row and the files in one transaction: the files are written
         inside it, and a failure anywhere (a file that cannot be written, a commit that fails) rolls
-        the rows back and puts the files back as they were. False when the version was taken."""
-        files = [row.path] + ([speculative_config_path(row.path)] if companion else [])
+        the rows back and puts every file back as it was, ``beside`` included. False when the version
+        was taken."""
+        files = [row.path] + ([speculative_config_path(row.path)] if companion else []) + list(beside)
         before = {p: _previous_bytes(p) for p in files}
         try:
             with self._transaction() as conn:
                 self._insert_table(conn, table)
                 if not self._insert_publication(conn, row, doc):
                     return False
+                for path, data in beside.items():  # first: the published file then refers to what is there
+                    atomic_write_bytes(path, data)
                 write_published_table(row.path, dict(doc))
                 if companion:
                     write_speculative_config_companion(row.path, doc)

@@ -8,9 +8,11 @@ identity and every cell's repetitions, so spread and standard error can be recom
 GPU node) travel: as data, loadable with ``StepTimeProfile.from_json`` and importable into another
 store with ``import_profiles``. A profile travels whole: its identity, its cells with their
 repetitions and its mixed-step samples (what the served step cost is fitted on), so the imported
-profile derives the table the source store derives. Every number of an imported file is checked by
-the rules the writer's documents follow (``documents``: ``StepTimeCell``, ``SAMPLE_BOUNDS``); a file
-that breaks one is named with the field, and nothing is imported.
+profile derives the table the source store derives. An imported profile replaces the store's
+profile of its identity and mode whole (cells, samples and all), never merges into it. Every number
+of an imported file is checked by the rules the writer's documents follow (``documents``:
+``StepTimeCell``, ``SAMPLE_BOUNDS``; a mixed-step sample also within the identity's K and
+max_num_seqs); a file that breaks one is named with the field, and nothing is imported.
 """
 
 from __future__ import annotations
@@ -86,9 +88,11 @@ def read_profile(path: str | Path) -> StepTimeProfile:
 def import_profiles(store: TableTuneStore, paths: list[str | Path]) -> int:
     """Write exported profile documents whole (identity, cells, mixed-step samples) into ``store``;
     returns the number of cells. Every file is read and checked first, then all go in one
-    transaction: a bad file imports nothing."""
+    transaction: a bad file imports nothing. Each profile replaces the store's profile of its
+    identity and mode whole (``TableTuneStore.write_profiles``): cells and samples the file does not
+    hold are gone afterwards, so the derived table is the file's."""
     profiles = [read_profile(p) for p in paths]
-    return store.write_profiles(profiles)
+    return store.write_profiles(profiles, sources=[f"profile file {p}" for p in paths])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -248,14 +248,18 @@ def _server_config(identity: EngineIdentity, dep: Deployment | None, cache_dir: 
     )
 
 
-def launch_envelope(identity: EngineIdentity) -> dict[str, int]:
+def launch_envelope(identity: EngineIdentity) -> dict[str, Any]:
     """The graph envelope the identity names, as ``ServerConfig`` fields: every launch that measures
-    an identity runs in its envelope. A capture ceiling other than vLLM's own rule
-    (``core.stepcost.default_capture_ceiling``) is passed as ``max_cudagraph_capture_size``; a token
-    budget as ``max_num_batched_tokens``; vLLM's defaults are left to vLLM."""
+    an identity runs in its envelope. A declared CUDA-graph mode (the fleet's ``cudagraph_mode``) is
+    passed as ``cudagraph_mode``; a capture ceiling other than vLLM's own rule
+    (``core.stepcost.default_capture_ceiling``) as ``max_cudagraph_capture_size``; a token budget as
+    ``max_num_batched_tokens``; vLLM's defaults are left to vLLM."""
     from tabletune_pipelines.core.stepcost import default_capture_ceiling
 
-    out: dict[str, int] = {}
+    out: dict[str, Any] = {}
+    mode = identity.cudagraph_mode
+    if mode is not None and mode.lower() not in ("none", "default"):  # "none": the identity of an eager engine
+        out["cudagraph_mode"] = mode
     ceiling = identity.capture_ceiling
     if ceiling is not None and ceiling != default_capture_ceiling(identity.max_num_seqs, identity.max_k):
         out["max_cudagraph_capture_size"] = int(ceiling)
@@ -487,6 +491,21 @@ class LocalEngine:
     server: Any = None
     """A running launch (``one_launch``) that profiles and verifies on instead of launching; None: each
     measurement launches its own."""
+
+    BOUNDS: ClassVar[dict[str, Bound]] = {  # ``options.check_bounds``: NaN, infinity and a bool are refused
+        "probe_timeout_s": Bound(0.0, 3600.0, low_open=True, why="seconds a /version probe may wait; at most an "
+                                                                  "hour"),
+    }
+
+    def __post_init__(self) -> None:
+        check_bounds(self, where=self.where, error=InvalidValueError)
+
+    def check_options(self) -> None:
+        """Every option mapping read by its class (``ProfileOptions``, ``AcceptanceOptions``,
+        ``ServedVerificationOptions``), so a bad number is refused before anything launches."""
+        ProfileOptions.from_mapping(self.profile_options, where=f"{self.where} profile_options")
+        AcceptanceOptions.from_mapping(self.acceptance_options, where=f"{self.where} acceptance_options")
+        self.served_verification_options()
 
     def _cache(self) -> str:
         return self.cache_dir or str(default_cache_dir())

@@ -25,7 +25,9 @@ confidence, the k within noise per B, the predicted worst loss with its bounds).
 from __future__ import annotations
 
 from collections.abc import Sequence
+import dataclasses
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -56,6 +58,7 @@ from tabletune_pipelines.core.noise import (
 from tabletune_pipelines.core.table import DEFAULT_STICKINESS, TableChoice, expand_table
 from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, StepTimeProfile
 from tabletune_pipelines.errors import InvalidAcceptanceError, InvalidValueError
+from tabletune_pipelines.options import DRAFT_LENGTH, Bound, check_bounds
 from tabletune_pipelines.vocab import SearchRule
 
 NO_ERROR_WARNING = ("the profile has no error estimates (no cell has two repetitions to compare): the table "
@@ -115,9 +118,17 @@ class DeriveOptions:
     """Served wall time per step measured for fixed k at a few loads, which corrects the priced
     E[T(B, k, P)] (``core.served_calibration.ServedCalibration``); None: the price alone. Needs a workload."""
 
+    BOUNDS: ClassVar[dict[str, Bound]] = {  # every number of the search (``options.check_bounds``)
+        "allowed_ks": dataclasses.replace(DRAFT_LENGTH, optional=True, why="a draft length; null: every profiled k"),
+        "stickiness": Bound(0.0, 10.0, why="a fraction of goodput; at 10 another k must be 11 times better, so the "
+                                           "table never changes"),
+        "confidence": Bound(0.5, 1.0, high_open=True, why="a confidence level; at 1 no bound is finite"),
+    }
+
     def __post_init__(self) -> None:
         if self.allowed_ks is not None:
             object.__setattr__(self, "allowed_ks", tuple(self.allowed_ks))
+        check_bounds(self, where="table search options", error=InvalidValueError)
 
 
 @dataclass(frozen=True)

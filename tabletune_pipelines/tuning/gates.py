@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, get_args
 
 from tabletune_pipelines.core.goodput import tau_curve, validate_acceptance
 from tabletune_pipelines.core.stepcost import Workload, default_capture_ceiling
@@ -30,7 +30,8 @@ from tabletune_pipelines.formats.documents import (
     StepTimeCell,
     StepTimeProfile,
 )
-from tabletune_pipelines.errors import TableTuneError
+from tabletune_pipelines.errors import InvalidValueError, TableTuneError
+from tabletune_pipelines.options import COUNT, Bound, check_bounds
 from tabletune_pipelines.tuning.derive import table_step_and_tau
 
 if TYPE_CHECKING:
@@ -85,6 +86,16 @@ class GateThresholds:
     """Warn when the table is this much slower than the best fixed k launched with K = k."""
     k0_margin: float = 0.10
     """Warn when no speculation beats the table, or k = 0 costs, by more than this."""
+
+    BOUNDS: ClassVar[dict[str, Bound]] = {  # every threshold (``options.check_bounds``: NaN, inf, a bool refused)
+        "max_predicted_loss": Bound(0.0, 1.0, why="a fraction of goodput; 1 lets any table through"),
+        "min_prior_drafts": COUNT,
+        "trap_margin": Bound(0.0, 1.0, why="a fraction of goodput"),
+        "k0_margin": Bound(0.0, 1.0, why="a fraction of goodput"),
+    }
+
+    def __post_init__(self) -> None:
+        check_bounds(self, where="gate thresholds", error=InvalidValueError)
 
 
 # -- profiles and priors -----------------------------------------------------------------------

@@ -32,7 +32,7 @@ from tabletune_pipelines.formats.published import (
     write_speculative_config_companion,
 )
 from tabletune_pipelines.tuning.gates import Gate, blocking_table_gates, served_gate
-from tabletune_pipelines.tuning.report import served_goodput_plot, write_plot
+from tabletune_pipelines.tuning.report import check_plot_target, served_goodput_plot
 
 
 # -- what a publication writes besides the table -------------------------------------------------
@@ -238,28 +238,35 @@ def _publish_one(store: Any, engine: Engine, table: DraftLengthTable, key: str, 
                  log: logging.Logger) -> Target:
     """One deployment's publication: the file, its companion and the version row, under one lock."""
     fields = publication_kwargs(dep, engine, table, store)
+    beside: dict[Path, bytes] = {}
     if served.section is not None:
-        plot_name = _write_served_plot(dep, served.plot, log)
+        plot = _served_plot_target(dep, served.plot, log)
+        if plot is not None:
+            beside[plot] = served.plot  # type: ignore[assignment]
         fields["document_fields"] = {**fields["document_fields"],
-                                     "served_verification": {**served.section, "plot": plot_name}}
+                                     "served_verification": {**served.section, "plot": plot and plot.name}}
+    # The plot is written by the store with the file, inside its transaction: a publication that fails
+    # puts it back too, so the old file never points at a new plot.
     doc = store.publish(dep.name, table, dep.published_table, note=f"identity {key}, prior {table.prior_id}",
-                        **fields)
+                        beside=beside, **fields)
     log.info(f"published {table.table_id} to {dep.name} as v{doc['version']}: {dep.published_table}")
     return Target(dep.name, doc["version"], dep.published_table, dep.speculative_config_path, unchanged=False)
 
 
-def _write_served_plot(dep: Deployment, png: bytes | None, log: logging.Logger) -> str | None:
-    """The plot beside the published table (``<stem>.served-verification.png``); its file name, or None."""
+def _served_plot_target(dep: Deployment, png: bytes | None, log: logging.Logger) -> Path | None:
+    """Where the plot goes beside the published table (``<stem>.served-verification.png``), checked by
+    ``report.check_plot_target`` (nothing there, or a plot TableTune wrote); None, with a warning, when
+    there is no plot or it may not be written there (the table publishes without it)."""
     if png is None:
         return None
     path = served_plot_path(dep.published_table)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)  # publishing creates it too
-        write_plot(path, png)
+        check_plot_target(path)
     except (TableTuneError, OSError) as exc:
         log.warning(f"{dep.name}: served verification plot not written ({exc})")
         return None
-    return path.name
+    return path
 
 
 # -- rollback ------------------------------------------------------------------------------------

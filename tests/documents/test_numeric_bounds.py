@@ -151,7 +151,8 @@ DOCUMENTS: dict[str, tuple[list[str], Any, Any]] = {
     "prior workload": (list(WORKLOAD_BOUNDS), lambda n, v: AcceptancePrior.from_dict(
         {**PRIOR.to_dict(), "workload": {**PRIOR.workload, n: v}}), _bound_rule(WORKLOAD_BOUNDS)),
     "draft-length table": (list(DraftLengthTable.BOUNDS),
-                           lambda n, v: DraftLengthTable.from_dict({**TABLE.to_dict(), n: v}),
+                           lambda n, v: DraftLengthTable.from_dict(
+                               {**TABLE.to_dict(), n: [v] if n == "acceptance_rates" else v}),
                            _bound_rule(DraftLengthTable.BOUNDS)),
     "served point": ([n for n in numeric_fields(ServedPoint) if n != "per_round"], lambda n, v: ServedCalibration.from_dict(
         {"points": [{**POINT, n: v}]}), lambda n, v: ServedPoint.BOUNDS[n].problem(v) is None),

@@ -144,8 +144,7 @@ def test_launch_configs():
 def test_the_largest_values_are_allowed_and_the_engine_ranges_are_one_rule():
     from tabletune_pipelines.engine.plan import PROFILE_LIMITS
 
-    top = ProfileOptions.from_mapping({n: (int(hi) if integer else hi) for n, (_, hi, integer, _) in
-                                       PROFILE_LIMITS.items()})
+    top = ProfileOptions.from_mapping({n: (int(b.high) if b.integer else b.high) for n, b in PROFILE_LIMITS.items()})
     assert top.repetitions == 100 and top.remeasure_budget_s == 86_400.0 and top.startup_timeout == 3_600.0
     opts = ProfileOptions(batch_sizes=(1, 8), ks=(0, 3), accept_batch_sizes=(1, 64))
     opts.check_engine(64, 3)

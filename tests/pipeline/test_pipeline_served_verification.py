@@ -76,6 +76,7 @@ def test_bad_served_verification_options_publish_nothing(home, one_fleet, instan
     res = run_identity(bad, instance, key, raise_on_error=False)
     assert not res.success
     failure = [e for e in res.all_events if e.event_type_value == "STEP_FAILURE"][0]
-    assert failure.step_key == "published_table"
+    # The engine resource is checked whole before the first step that uses it (check_config).
+    assert failure.step_key == "step_time_profile"
     assert "unknown key(s) ['budget']" in failure.step_failure_data.user_failure_data.description
     assert not load_fleet(one_fleet).deployment("local-cpu").published_table.exists()

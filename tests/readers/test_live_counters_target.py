@@ -75,7 +75,8 @@ FOREIGN = [
     ("a JSON array", lambda p: p.write_text("[1, 2, 3]\n"), "does not start with a line of schema"),
     ("counters of a newer format", lambda p: p.write_text(LINE.replace('"schema_version":1', '"schema_version":2')
                                                          + "\n"), "holds schema_version 2 counters"),
-    ("an empty file", lambda p: p.write_bytes(b""), "is empty"),
+    # An emptied file (log rotation, a crash) is the deployment's counters file: appended to
+    # (tests/cli/test_torn_counters_file.py).
     ("a first line longer than a window", lambda p: p.write_bytes(b"x" * (MAX_LINE_BYTES + 10)),
      f"has a first line longer than {MAX_LINE_BYTES} bytes"),
     ("a folder", lambda p: p.mkdir(), "is a folder"),
@@ -140,7 +141,7 @@ def test_a_first_write_that_fails_leaves_no_file_behind(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="short write"):
         append_line(target, LINE)
     monkeypatch.undo()
-    assert not target.exists()  # an empty or torn first line would refuse every later export
+    assert not target.exists()  # no torn first line left for readers to skip and commands to note
     append_line(target, LINE)
     assert len(read_live_counters(target).windows) == 1
 
