@@ -60,15 +60,19 @@ def test_all_zero_rates_reject_everything_and_ones_accept_all(shared_server, pro
         shared_server.set_synthetic_rates([0.7, 0.5, 0.3])
 
 
-def test_rates_switch_is_acknowledged_where_a_lone_request_does_not_draft(shared_server):
-    # A launch table that lists k = 0 opens with [1, 1, 0]: a lone nudge runs at B = 1 with k = 0,
-    # never drafts, and the CPU plugin (like the GPU sampler wrap) reads the rates only when drafts
-    # are verified. The switch must still be acknowledged (it timed out on the GPU flow's warm launch).
+def test_rates_switch_nudges_a_batch_that_drafts(shared_server):
+    # A launch table that lists k = 0 opens with [1, 1, 0]: a lone nudge runs at B = 1 with k = 0 and
+    # drafts nothing. On a GPU (Model Runner V2, vLLM 0.26: ``model_runner.sample`` calls the
+    # rejection sampler only when ``input_batch.num_draft_tokens > 0``) the rates are then never read
+    # and the switch timed out (the GPU flow's warm launch, 2026-12-05). The CPU build reads them in
+    # such a step too, so what is checked here is the cause itself: the nudge runs a step that drafts.
     try:
         shared_server.set_k(table=[[1, 1, 0], [2, 8, 3]])
+        offset = shared_server.step_log_offset()
         t0 = time.monotonic()
         shared_server.set_synthetic_rates([0.6, 0.4, 0.2], timeout=60.0)
-        assert time.monotonic() - t0 < 60.0
+        steps = shared_server.read_steps(since=t0, offset=offset)
+        assert any(s.get("b", 0) >= 2 and s.get("k", 0) > 0 for s in steps), steps[-10:]
     finally:
         shared_server.set_k(table=[[1, 8, 3]])
         shared_server.set_synthetic_rates([0.7, 0.5, 0.3])
