@@ -8,7 +8,8 @@ Targets: the per-step hook under 1% of a decode step; a rebuild under 1 ms at
 max_num_seqs 1024.
 
 1. Engine (one launch of the small tiny target + 1-layer draft, ``draft_model``, K = 3, launch
-   table listing every k, max_num_seqs = max(loads), the controller plugin in control mode). At
+   table listing every k, max_num_seqs = max(loads), the controller plugin in control mode, its
+   Prometheus series on and served through ``PROMETHEUS_MULTIPROC_DIR``). At
    each load L (L closed-loop clients), the controller's own export reports, per window: the mean
    and max time of its per-step hook (``hook_us_mean``/``hook_us_max``: the counting in
    ``update_from_output``, timed inside the engine process, not counting the building of the
@@ -60,7 +61,9 @@ def engine_part(loads: list[int], window_s: float) -> dict[int, dict[str, float]
     work = Path(tempfile.mkdtemp(prefix="tt-overhead-"))
     pub = work / "local.json"
     launch = ((1, 1, 0), (2, 2, 1), (3, 3, 2), (4, n, 3)) if n >= 4 else ((1, n, 3),)
-    srv = VLLMServer(server_config(work, pub, rates=(0.7, 0.5, 0.3), launch=launch, max_num_seqs=n))
+    (work / "prom").mkdir()  # the controller's Prometheus series reach /metrics, as in production (docs/metrics.md)
+    srv = VLLMServer(server_config(work, pub, rates=(0.7, 0.5, 0.3), launch=launch, max_num_seqs=n,
+                                   extra_env={"PROMETHEUS_MULTIPROC_DIR": str(work / "prom")}))
     rig = Rig(srv, pub, work / "local.live.jsonl")
     rig.publish(ranges=[(1, n, 3)], rates=(0.7, 0.5, 0.3), profile=linear_profile(n), n=n,
                 identity=dict(identity(), max_num_seqs=n), controller={"step_time_outlier_ratio": 50.0})
@@ -221,6 +224,7 @@ def metrics_ab(batch_sizes: list[int], max_k: int, n: int, steps: int, rounds: i
         print(f"| {b} | {m0:.2f} ± {e0:.2f} | {m1:.2f} ± {e1:.2f} | {dm:+.2f} ± {de:.2f} | "
               f"{dm / (H200_K3_MS[hb] * 1000):+.4%} of {H200_K3_MS[hb]} ms (B={hb}) |")
     times: dict[str, list[float]] = {"off": [], "on": []}
+    push: list[float] = []
     for i in range(rebuilds):
         for name in (("off", "on") if i % 2 == 0 else ("on", "off")):
             c, clock = arms[name]
@@ -230,12 +234,21 @@ def metrics_ab(batch_sizes: list[int], max_k: int, n: int, steps: int, rounds: i
             t = time.perf_counter()
             c.rebuild(clock[0])
             times[name].append((time.perf_counter() - t) * 1000.0)
+            if name == "on":  # the push of the state the rebuild just made, once more on its own
+                t = time.perf_counter()
+                c.metrics.state(c)
+                push.append((time.perf_counter() - t) * 1000.0)
     (r0, s0), (r1, s1) = mean_se(times["off"]), mean_se(times["on"])
+    pm, ps = mean_se(push)
+    push.sort()
     rd, rs = mean_se([y - x for x, y in zip(times["off"], times["on"])])
     print(f"\nrebuild ({rebuilds} per arm, interleaved): off {r0:.3f} ± {s0:.3f} ms (median "
           f"{statistics.median(times['off']):.3f}), on {r1:.3f} ± {s1:.3f} ms (median {statistics.median(times['on']):.3f}); "
           f"on − off {rd:+.3f} ± {rs:.3f} ms (paired); changes off {arms['off'][0].counters.table_changes}, "
           f"on {arms['on'][0].counters.table_changes}; load average {loadavg()}")
+    print(f"the series' state push at a rebuild, timed on its own ({len(push)} times): {pm:.3f} ± {ps:.3f} ms, "
+          f"median {statistics.median(push):.3f}, p99 {push[int(0.99 * (len(push) - 1))]:.3f} ms; per step at "
+          f"rebuild_every_steps 100: {pm * 10:.2f} µs")
 
 
 def main() -> int:

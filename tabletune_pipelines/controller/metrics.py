@@ -30,6 +30,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from tabletune_pipelines.controller.step import fold
 
 METRICS_ENV = "TABLETUNE_METRICS"
@@ -226,7 +228,7 @@ class PromSink:
         """The table in force at the last ``state`` or ``installed``."""
         self.seen_tables: set[tuple[Any, ...]] = set()
         """(table, prior id) of every version installed in this process: a newer one repeating them is a rollback."""
-        self.on = True
+        self.children: dict[tuple[int, tuple[str, ...]], Any] = {}
         s, lv = self.s, self.lv
         for src in SOURCES:
             s.source.labels(*lv, src)
@@ -246,19 +248,16 @@ class PromSink:
 
     def counts(self, per_cell: Sequence[tuple[int, list[int], list[int]]], steps: Sequence[Sequence[int]]) -> None:
         """The counts ``CellCounts.take`` handed over."""
-        s, lv, labels = self.s, self.lv, self.cells.labels
+        s, labels = self.s, self.cells.labels
         for c, d, a in per_cell:
             for i in range(len(d)):
                 if d[i]:
-                    s.drafted.labels(*lv, labels[c], CONTEXT_ALL, str(i + 1)).inc(d[i])
-                if a[i]:
-                    s.accepted.labels(*lv, labels[c], CONTEXT_ALL, str(i + 1)).inc(a[i])
-                elif d[i]:
-                    s.accepted.labels(*lv, labels[c], CONTEXT_ALL, str(i + 1))
+                    self._child(s.drafted, (labels[c], CONTEXT_ALL, str(i + 1))).inc(d[i])
+                    self._child(s.accepted, (labels[c], CONTEXT_ALL, str(i + 1))).inc(a[i])
         for c, row in enumerate(steps):
             for k, x in enumerate(row):
                 if x:
-                    s.steps.labels(*lv, labels[c], CONTEXT_ALL, str(k) if k <= self.cells.K else "unknown").inc(x)
+                    self._child(s.steps, (labels[c], CONTEXT_ALL, str(k) if k <= self.cells.K else "unknown")).inc(x)
 
     def installed(self, ctl: Any) -> None:
         """``ctl`` (a ``logic.Controller``) put a published version in force: the batch sizes whose k
@@ -286,7 +285,7 @@ class PromSink:
         for x in SOURCES:
             s.source.labels(*lv, x).set(1 if x == src else 0)
         for c, k in enumerate(table_k_per_cell(ranges, cells.cells)):
-            s.k.labels(*lv, cells.labels[c], CONTEXT_ALL).set(k)
+            self._child(s.k, (cells.labels[c], CONTEXT_ALL)).set(k)
         cn = ctl.counters
         self._bump("evidence", int(ctl.flaps.switches.sum()), s.switches.labels(*lv, "evidence"))
         self._bump("reversals", int(ctl.flaps.reversals), s.reversals.labels(*lv))
@@ -297,16 +296,23 @@ class PromSink:
         self._bump("refused", ctl.watch.refused, s.refused.labels(*lv))
         self._bump("errors", cn.errors, s.errors.labels(*lv))
         model = ctl.evidence.model
-        if model is not None:
-            for i, k in enumerate(model.ks):
-                for c, (lo, hi) in enumerate(cells.cells):
-                    cnt = model.count[i, lo - 1:hi]
-                    total = float(cnt.sum())
-                    if total > 0:
-                        live = float(model.sum_ms[i, lo - 1:hi].sum()) / total
-                        prof = float((model.profile[i, lo - 1:hi] * cnt).sum()) / total
-                        s.step_s.labels(*lv, cells.labels[c], CONTEXT_ALL, str(k)).set(live / 1000.0)
-                        s.profile_s.labels(*lv, cells.labels[c], CONTEXT_ALL, str(k)).set(prof / 1000.0)
+        if model is not None:  # per k and cell with measured steps: sums over each cell's batch sizes at once
+            starts = [lo - 1 for lo, _ in cells.cells]
+            cnt = np.add.reduceat(model.count, starts, axis=1)
+            live = np.add.reduceat(model.sum_ms, starts, axis=1)
+            prof = np.add.reduceat(model.profile * model.count, starts, axis=1)
+            for i, c in zip(*np.nonzero(cnt > 0)):
+                key = (cells.labels[c], CONTEXT_ALL, str(model.ks[i]))
+                self._child(s.step_s, key).set(float(live[i, c] / cnt[i, c]) / 1000.0)
+                self._child(s.profile_s, key).set(float(prof[i, c] / cnt[i, c]) / 1000.0)
+
+    def _child(self, metric: Any, key: tuple[str, ...]) -> Any:
+        """``metric.labels(engine labels..., *key)``, kept (a lookup instead of the label checks)."""
+        ck = (id(metric), key)
+        child = self.children.get(ck)
+        if child is None:
+            child = self.children[ck] = metric.labels(*self.lv, *key)
+        return child
 
 
 class Metrics:

@@ -26,7 +26,9 @@ controller, which counts them and logs the first of each kind; a controller that
 leaves vLLM's scheduler exactly as it is.
 
 Each step's outcome is handed to the controller as one ``step.StepOutcome``, built here once per
-step. The controller is ``logic.Controller`` (``controller_cls``). Nothing here imports the evaluation
+step. The controller's Prometheus series (``metrics.metrics_for``: vLLM's ``model_name`` and
+``engine`` labels from ``VllmConfig.model_config.served_model_name`` and
+``parallel_config.data_parallel_rank``; docs/metrics.md) are built here too. The controller is ``logic.Controller`` (``controller_cls``). Nothing here imports the evaluation
 package: the evaluation's TurboSpec-style and Nightjar-style baselines run in an engine only under
 ``tabletune_pipelines.evaluation.scheduler.EvaluationScheduler`` (the same three hooks, its
 ``controller_cls`` honouring the ``policy`` setting); under this plugin a published ``policy`` other
