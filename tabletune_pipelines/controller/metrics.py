@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from tabletune_pipelines.controller.step import fold
+from tabletune_pipelines.core.table import dense_from_ranges
 
 METRICS_ENV = "TABLETUNE_METRICS"
 """``0`` turns the controller's series off (default: on whenever the controller runs)."""
@@ -132,24 +133,12 @@ class CellCounts:
 
 def table_k_per_cell(ranges: Sequence[Sequence[int]], cells: Sequence[tuple[int, int]]) -> list[int]:
     """The k a table gives most often over each cell's batch sizes (ties: the larger k)."""
+    ks = dense_from_ranges(ranges, cells[-1][1]) if cells else np.zeros(0, dtype=np.int64)
     out = []
     for lo, hi in cells:
-        seen: dict[int, int] = {}
-        for s, e, k in ranges:
-            a, b = max(int(s), lo), min(int(e), hi)
-            if a <= b:
-                seen[int(k)] = seen.get(int(k), 0) + b - a + 1
-        out.append(max(seen, key=lambda k: (seen[k], k)) if seen else 0)
+        counts = np.bincount(ks[lo - 1:hi])
+        out.append(int(len(counts) - 1 - np.argmax(counts[::-1])))  # the last maximum: the larger k
     return out
-
-
-def dense(ranges: Sequence[Sequence[int]], n: int) -> list[int]:
-    """k per batch size (index B; 0 unused)."""
-    ks = [0] * (n + 1)
-    for s, e, k in ranges:
-        for b in range(max(1, int(s)), min(n, int(e)) + 1):
-            ks[b] = int(k)
-    return ks
 
 
 class Series:
@@ -249,11 +238,11 @@ class PromSink:
     def counts(self, per_cell: Sequence[tuple[int, list[int], list[int]]], steps: Sequence[Sequence[int]]) -> None:
         """The counts ``CellCounts.take`` handed over."""
         s, labels = self.s, self.cells.labels
-        for c, d, a in per_cell:
-            for i in range(len(d)):
-                if d[i]:
-                    self._child(s.drafted, (labels[c], CONTEXT_ALL, str(i + 1))).inc(d[i])
-                    self._child(s.accepted, (labels[c], CONTEXT_ALL, str(i + 1))).inc(a[i])
+        for cell, drafted, kept in per_cell:
+            for pos, (n_d, n_a) in enumerate(zip(drafted, kept), start=1):
+                if n_d:
+                    self._child(s.drafted, (labels[cell], CONTEXT_ALL, str(pos))).inc(n_d)
+                    self._child(s.accepted, (labels[cell], CONTEXT_ALL, str(pos))).inc(n_a)
         for c, row in enumerate(steps):
             for k, x in enumerate(row):
                 if x:
@@ -267,8 +256,7 @@ class PromSink:
         old = self.table or ctl.engine.launch_ranges or ((1, n, self.cells.K),)
         new = ctl.version.table
         key = (tuple(map(tuple, new)), ctl.version.start.published.prior.prior_id)
-        a, b = dense(old, n), dense(new, n)
-        changed = sum(1 for x in range(1, n + 1) if a[x] != b[x])
+        changed = int(np.count_nonzero(dense_from_ranges(old, n) != dense_from_ranges(new, n)))
         reason = "rollback" if key in self.seen_tables else "published"
         self.seen_tables.add(key)
         if changed:

@@ -195,6 +195,7 @@ def test_a_real_prometheus_scrapes_it_runs_the_rules_and_every_dashboard_query(c
     rig = controller_rig(RATES)
     host = controller_server.process.base_url.removeprefix("http://")
     prom = Prometheus(tmp_path, host, [RULES])
+    t0 = time.time()
     try:
         prom.wait('up{job="vllm"} == 1')
         # k = 1 everywhere with step times measured, then the same table judged on the published
@@ -203,6 +204,11 @@ def test_a_real_prometheus_scrapes_it_runs_the_rules_and_every_dashboard_query(c
         serve(rig, 6, 200)
         rig.publish(ranges=[(1, 16, 1)], rates=RATES, controller={"step_time_correction": False})
         serve(rig, 6, 500)
+        # then the drafts' acceptance drops to (0.2, 0.1, 0.05), and a version with that prior brings k down
+        low = (0.2, 0.1, 0.05)
+        controller_server.set_synthetic_rates(list(low))
+        rig.publish(ranges=[(1, 16, 3)], rates=low, controller={"step_time_correction": False})
+        serve(rig, 6, 400)
         for title, expr in dashboard_queries():
             res = prom.wait(expr, timeout=60)
             assert res, (title, expr)
@@ -215,10 +221,11 @@ def test_a_real_prometheus_scrapes_it_runs_the_rules_and_every_dashboard_query(c
         # the k in force over the run: k = 1 at first, more once the controller moved it
         rng = prom.api("query_range", query="max(tabletune_k)", start=str(time.time() - 600), end=str(time.time()),
                        step="1")["result"]
-        seen = {float(v) for _, v in rng[0]["values"]}
-        assert 1.0 in seen and max(seen) >= 2.0, seen
+        seen = [float(v) for _, v in rng[0]["values"]]
+        assert 1.0 in seen and max(seen) >= 2.0 and seen[-1] < max(seen), seen
+        span = int(time.time() - t0) + 10  # the graph spans the run
         url = (f"http://127.0.0.1:{prom.port}/graph?g0.expr={urllib.parse.quote('tabletune_k')}&g0.tab=0"
-               "&g0.stacked=0&g0.show_exemplars=0&g0.range_input=5m")
+               f"&g0.stacked=0&g0.show_exemplars=0&g0.range_input={span}s")
         screenshot(url, ARTIFACTS / "prometheus-k-in-force.png", tmp_path / "chromium-profile", size="1400,900")
     finally:
         prom.stop()
