@@ -8,7 +8,8 @@ Targets: the per-step hook under 1% of a decode step; a rebuild under 1 ms at
 max_num_seqs 1024.
 
 1. Engine (one launch of the small tiny target + 1-layer draft, ``draft_model``, K = 3, launch
-   table listing every k, max_num_seqs = max(loads), the controller plugin in control mode). At
+   table listing every k, max_num_seqs = max(loads), the controller plugin in control mode, its
+   Prometheus series on and served through ``PROMETHEUS_MULTIPROC_DIR``). At
    each load L (L closed-loop clients), the controller's own export reports, per window: the mean
    and max time of its per-step hook (``hook_us_mean``/``hook_us_max``: the counting in
    ``update_from_output``, timed inside the engine process, not counting the building of the
@@ -24,12 +25,21 @@ max_num_seqs 1024.
    H200 steps of vLLM 0.26 (docs/engine-facts.md, "GPU (H200, vLLM 0.26)": 4.7–10.5 ms at
    B = 1–128 with EAGLE-3) for reference.
 
+3. Prometheus series on and off (``--metrics-ab``), side by side in one run: two controllers on the
+   same published file, one with the series (``controller.metrics``, writing to a
+   ``PROMETHEUS_MULTIPROC_DIR`` as inside vLLM's engine core) and one without, driven by the same
+   fake steps in alternating rounds (which arm goes first alternates too). Per batch size: the
+   mean over rounds of each round's median hook µs per step, with its standard error, and the
+   paired difference on − off; then the rebuild's ms on and off, interleaved the same way (the
+   series are pushed at rebuilds). ``--metrics-ab`` alone skips parts 1 and 2.
+
 Every figure is printed with the machine's load average (docs/engine-facts.md, "Noise on 2 cores").
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import statistics
 import sys
 import tempfile
@@ -51,7 +61,9 @@ def engine_part(loads: list[int], window_s: float) -> dict[int, dict[str, float]
     work = Path(tempfile.mkdtemp(prefix="tt-overhead-"))
     pub = work / "local.json"
     launch = ((1, 1, 0), (2, 2, 1), (3, 3, 2), (4, n, 3)) if n >= 4 else ((1, n, 3),)
-    srv = VLLMServer(server_config(work, pub, rates=(0.7, 0.5, 0.3), launch=launch, max_num_seqs=n))
+    (work / "prom").mkdir()  # the controller's Prometheus series reach /metrics, as in production (docs/metrics.md)
+    srv = VLLMServer(server_config(work, pub, rates=(0.7, 0.5, 0.3), launch=launch, max_num_seqs=n,
+                                   extra_env={"PROMETHEUS_MULTIPROC_DIR": str(work / "prom")}))
     rig = Rig(srv, pub, work / "local.live.jsonl")
     rig.publish(ranges=[(1, n, 3)], rates=(0.7, 0.5, 0.3), profile=linear_profile(n), n=n,
                 identity=dict(identity(), max_num_seqs=n), controller={"step_time_outlier_ratio": 50.0})
@@ -141,6 +153,104 @@ def in_process(batch_sizes: list[int], max_k: int, n: int, steps: int, rounds: i
     return hook, times, c.counters.table_changes
 
 
+def mean_se(xs: list[float]) -> tuple[float, float]:
+    """Mean and its standard error."""
+    m = statistics.fmean(xs)
+    return m, (statistics.stdev(xs) / len(xs) ** 0.5 if len(xs) > 1 else float("nan"))
+
+
+def metrics_ab(batch_sizes: list[int], max_k: int, n: int, steps: int, rounds: int, rebuilds: int) -> None:
+    """Part 3 of the module docstring: the hook and the rebuild with the series on and off."""
+    import os
+    import random
+
+    work = Path(tempfile.mkdtemp(prefix="tt-overhead-ab-"))
+    os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(work / "prom"))  # before prometheus_client is imported
+    Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]).mkdir(parents=True, exist_ok=True)
+    from prometheus_client import CollectorRegistry
+
+    from tabletune_pipelines.controller.loader import EngineFacts
+    from tabletune_pipelines.controller.logic import Controller
+    from tabletune_pipelines.controller.metrics import CellCounts, Metrics, PromSink
+    from tabletune_pipelines.controller.step import StepOutcome
+    from tabletune_pipelines.evaluation.synthetic import IDENTITY, linear_profile, publish
+
+    launch = tuple((k + 1, k + 1, k) for k in range(max_k)) + ((max_k + 1, n, max_k),)
+    rates = [max(0.05, 0.9 - 0.1 * i) for i in range(max_k)]
+    profile = linear_profile(n, max_k)
+    log = logging.getLogger("tabletune.bench.ab")
+    log.setLevel(logging.ERROR)
+    arms = {}
+    for name in ("off", "on"):
+        p = publish(work / name / "p.json", ranges=[(1, n // 4, max_k), (n // 4 + 1, n // 2, 2), (n // 2 + 1, n, 1)],
+                    rates=rates, profile=profile, allowed_k=list(range(max_k + 1)), n=n, k_max=max_k,
+                    identity=dict(IDENTITY, max_k=max_k, max_num_seqs=n),
+                    controller={"rebuild_every_steps": 100_000, "export_every_steps": 1_000_000,
+                                "export_every_s": 3600.0, "step_time_outlier_ratio": 1000.0})
+        clock = [0.0]
+        cells = CellCounts(max_k, n)
+        mt = Metrics(cells, PromSink({"model_name": "bench", "engine": "0"}, cells, registry=CollectorRegistry(),
+                                     log=log), log) if name == "on" else None
+        arms[name] = (Controller(EngineFacts(max_k, n, launch), p, clock=lambda c=clock: c[0], log=log, metrics=mt),
+                      clock)
+    rng = random.Random(0)
+    print(f"\nPrometheus series on vs off, in process (max k {max_k}, max_num_seqs {n}, {rounds} rounds of {steps} "
+          f"steps per arm and batch size, arms alternating; multiprocess folder {os.environ['PROMETHEUS_MULTIPROC_DIR']}); "
+          f"load average {loadavg()}")
+    print("| B | hook µs/step off | on | on − off (paired) | on − off vs H200 step (k=3) |")
+    print("|---|---|---|---|---|")
+    for b in batch_sizes:
+        ids = [f"req-{i}" for i in range(b)]
+        idx = {r: i for i, r in enumerate(ids)}
+        nst = {r: 1 + max_k for r in ids}
+        spec = {r: [7] * max_k for r in ids}
+        variants = [[[1] * (1 + rng.randint(0, max_k)) for _ in ids] for _ in range(16)]
+        step_s = profile[max_k][b] / 1000.0
+        med: dict[str, list[float]] = {"off": [], "on": []}
+        for r in range(rounds):
+            for name in (("off", "on") if r % 2 == 0 else ("on", "off")):
+                c, clock = arms[name]
+                ts = []
+                for s_ in range(steps):
+                    clock[0] += step_s
+                    t = time.perf_counter_ns()
+                    c.next_lookup()
+                    c.on_step(StepOutcome(nst, spec, idx, variants[s_ % 16], max_k, 0, b * (1 + max_k), clock[0]))
+                    ts.append(time.perf_counter_ns() - t)
+                med[name].append(statistics.median(ts) / 1000.0)
+        (m0, e0), (m1, e1) = mean_se(med["off"]), mean_se(med["on"])
+        dm, de = mean_se([y - x for x, y in zip(med["off"], med["on"])])
+        hb = max((x for x in H200_K3_MS if x <= b), default=1)
+        print(f"| {b} | {m0:.2f} ± {e0:.2f} | {m1:.2f} ± {e1:.2f} | {dm:+.2f} ± {de:.2f} | "
+              f"{dm / (H200_K3_MS[hb] * 1000):+.4%} of {H200_K3_MS[hb]} ms (B={hb}) |")
+    times: dict[str, list[float]] = {"off": [], "on": []}
+    push: list[float] = []
+    for i in range(rebuilds):
+        for name in (("off", "on") if i % 2 == 0 else ("on", "off")):
+            c, clock = arms[name]
+            # Acceptance flips between high and low each time, so (nearly) every rebuild changes the table.
+            c.evidence.hist_d[max_k] += 20000
+            c.evidence.hist_a[max_k if i % 2 == 0 else 0] += 20000
+            t = time.perf_counter()
+            c.rebuild(clock[0])
+            times[name].append((time.perf_counter() - t) * 1000.0)
+            if name == "on":  # the push of the state the rebuild just made, once more on its own
+                t = time.perf_counter()
+                c.metrics.state(c)
+                push.append((time.perf_counter() - t) * 1000.0)
+    (r0, s0), (r1, s1) = mean_se(times["off"]), mean_se(times["on"])
+    pm, ps = mean_se(push)
+    push.sort()
+    rd, rs = mean_se([y - x for x, y in zip(times["off"], times["on"])])
+    print(f"\nrebuild ({rebuilds} per arm, interleaved): off {r0:.3f} ± {s0:.3f} ms (median "
+          f"{statistics.median(times['off']):.3f}), on {r1:.3f} ± {s1:.3f} ms (median {statistics.median(times['on']):.3f}); "
+          f"on − off {rd:+.3f} ± {rs:.3f} ms (paired); changes off {arms['off'][0].counters.table_changes}, "
+          f"on {arms['on'][0].counters.table_changes}; load average {loadavg()}")
+    print(f"the series' state push at a rebuild, timed on its own ({len(push)} times): {pm:.3f} ± {ps:.3f} ms, "
+          f"median {statistics.median(push):.3f}, p99 {push[int(0.99 * (len(push) - 1))]:.3f} ms; per step at "
+          f"rebuild_every_steps 100: {pm * 10:.2f} µs")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--no-engine", action="store_true", help="skip the vLLM part")
@@ -152,10 +262,15 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--rebuilds", type=int, default=500)
+    ap.add_argument("--metrics-ab", action="store_true", help="only part 3: the Prometheus series on vs off")
+    ap.add_argument("--ab-rounds", type=int, default=20, help="rounds per arm and batch size in part 3")
     args = ap.parse_args()
-    import logging
 
     logging.getLogger("tabletune.controller").setLevel(logging.WARNING)
+    if args.metrics_ab:
+        metrics_ab(ints(args.batch_sizes) or [1, 8], args.max_k, args.max_num_seqs, args.steps, args.ab_rounds,
+                   args.rebuilds)
+        return 0
     eng = {} if args.no_engine else engine_part(ints(args.loads) or [1, 8], args.window)
     bs = ints(args.batch_sizes) or [1, 8]
     hook, rb, changes = in_process(bs, args.max_k, args.max_num_seqs, args.steps, args.rounds, args.rebuilds)

@@ -58,6 +58,7 @@ from tabletune_pipelines.controller.evidence import Evidence
 from tabletune_pipelines.controller.exploration import Exploration
 from tabletune_pipelines.controller.flapping import FlapCounter
 from tabletune_pipelines.controller.loader import EngineFacts, StartPoint
+from tabletune_pipelines.controller.metrics import Metrics, note_install, note_state, take_counts
 from tabletune_pipelines.controller.record import Counters, Notes, fmt_table
 from tabletune_pipelines.controller.search import TableInForce, compact, dense_from_ranges, lookups_of
 from tabletune_pipelines.formats.controller_settings import ControllerSettings
@@ -80,8 +81,8 @@ class Controller:
 
     def __init__(self, engine: EngineFacts, published_path: str | os.PathLike[str] | None, *,
                  wall: Callable[[], float] = time.time, clock: Callable[[], float] = time.monotonic,
-                 log: logging.Logger | None = None, source: str | None = None) -> None:
-        self.engine = engine
+                 log: logging.Logger | None = None, source: str | None = None, metrics: Metrics | None = None) -> None:
+        self.engine, self.metrics = engine, metrics  # metrics: the Prometheus series (None: none)
         self.log = log or logger
         self._clock = clock
         K, n = int(engine.max_k), int(engine.max_num_seqs)
@@ -155,6 +156,7 @@ class Controller:
         self._next_rebuild = self.steps + int(new.settings.rebuild_every_steps)
         self.fallback_reason = None
         self._announce(new)
+        note_install(self.metrics, self)
 
     def _announce(self, new: Installed) -> None:
         """The log lines of a newly installed version (``version.announce``)."""
@@ -169,6 +171,7 @@ class Controller:
         res, sig = found
         new = self._try_prepare(res)
         if isinstance(new, str):  # the version in force stays whole
+            self.watch.refused += 1
             self.notes.once("install:" + new, "TableTune controller: not using the changed published file, keeping "
                             "v%d and table %s: %s", cur, fmt_table(self.table.ranges), new)
         else:
@@ -198,6 +201,8 @@ class Controller:
         self.steps += 1
         ev, win = self.evidence, self.window
         k_next, num_new, total_tokens = step.k_next, step.num_new, step.total_tokens
+        if self.metrics is not None:  # the step's cell and k; the counts before it are the cell before's
+            self.metrics.cells.enter(b, k_next, ev.hist_d, ev.hist_a)
         if k_next is not None:
             drafted, kept, _ = count_drafts(step.spec_tokens, step.req_id_to_index, step.sampled, self._K,
                                             ev.hist_d, ev.hist_a, self._anomaly)
@@ -245,11 +250,12 @@ class Controller:
         """Fold the counts in and, when a search is possible, rebuild the table (module docstring)."""
         t0 = perf_counter()
         ev = self.evidence
-        self.window.add_counts(*ev.take_counts())
+        self.window.add_counts(*take_counts(ev, self.metrics))
         ev.hand_over_costs()
         if self.version is not None and ev.estimator is not None and ev.model is not None:
             self._search(t0, self.version, ev)
         self.export(now)
+        note_state(self.metrics, self)
 
     def _search(self, t0: float, v: Installed, ev: Evidence) -> None:
         """Steps 3-5 of the module docstring, within ``rebuild_budget_ms`` of ``t0``."""
@@ -275,10 +281,6 @@ class Controller:
         self.counters.rebuilt((perf_counter() - t0) * 1000.0, changed=changed)
         self.notes.rebuilt(self.counters, self.steps, v, (old, new), rates, live, ev.model, self._clock())
 
-    def flapping(self) -> dict[str, Any]:
-        """Switches of k per batch size since the controller started, flips back, holds (``FlapCounter.summary``)."""
-        return self.flaps.summary(self.counters.rebuilds, max(self._clock() - self._t_started, 1e-9) / 3600.0)
-
     # ------------------------------------------------------------------ export
     def estimate(self) -> tuple[float, ...]:
         """â_i in force: the last rebuild's (the table was built from it), else the current blend
@@ -297,7 +299,9 @@ class Controller:
             "allowed_k": list(start.allowed_k) if start else [], "prior": list(start.prior) if start else [],
             **self.evidence.acceptance_state(), "steps": self.steps, **self.counters.exported(),
             "step_time_correction": bool(self.settings.step_time_correction), **self.window.hook_state(),
-            **self.flapping(), **self.evidence.step_time_state(),
+            **self.evidence.step_time_state(), "refused_files": self.watch.refused,
+            # switches of k per batch size since the controller started, flips back, holds
+            **self.flaps.summary(self.counters.rebuilds, max(self._clock() - self._t_started, 1e-9) / 3600.0),
         }
 
     def export(self, now: float, *, force: bool = False) -> bool:
@@ -305,7 +309,7 @@ class Controller:
         v, win = self.version, self.window
         if v is None or not win.due(now, v.settings, force):
             return False
-        win.add_counts(*self.evidence.take_counts(always=False))  # counts still in the histograms belong here too
+        win.add_counts(*take_counts(self.evidence, self.metrics, always=False))  # counts still in the histograms
         return win.write(now, v.start, self.estimate, self.state, self.counters, self.notes)
 
     # ------------------------------------------------------------------ failures

@@ -26,7 +26,9 @@ controller, which counts them and logs the first of each kind; a controller that
 leaves vLLM's scheduler exactly as it is.
 
 Each step's outcome is handed to the controller as one ``step.StepOutcome``, built here once per
-step. The controller is ``logic.Controller`` (``controller_cls``). Nothing here imports the evaluation
+step. The controller's Prometheus series (``metrics.metrics_for``: vLLM's ``model_name`` and
+``engine`` labels from ``VllmConfig.model_config.served_model_name`` and
+``parallel_config.data_parallel_rank``; docs/metrics.md) are built here too. The controller is ``logic.Controller`` (``controller_cls``). Nothing here imports the evaluation
 package: the evaluation's TurboSpec-style and Nightjar-style baselines run in an engine only under
 ``tabletune_pipelines.evaluation.scheduler.EvaluationScheduler`` (the same three hooks, its
 ``controller_cls`` honouring the ``policy`` setting); under this plugin a published ``policy`` other
@@ -45,6 +47,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 from tabletune_pipelines.controller.loader import DEPLOYMENT_ENV, EngineFacts
 from tabletune_pipelines.controller.logic import Controller
+from tabletune_pipelines.controller.metrics import metrics_for
 from tabletune_pipelines.formats.controller_settings import PUBLISHED_ENV
 from tabletune_pipelines.controller.step import StepOutcome
 from tabletune_pipelines.formats.identity_match import engine_gpu
@@ -116,7 +119,9 @@ class ControllerHooks:
             if not self.num_spec_tokens:
                 logger.warning("TableTune controller: this launch has no speculative decoding; controller off")
                 return
-            self._tt = self.controller_cls(engine_facts(self), os.environ.get(PUBLISHED_ENV) or None, log=logger)
+            facts = engine_facts(self)
+            self._tt = self.controller_cls(facts, os.environ.get(PUBLISHED_ENV) or None, log=logger,
+                                           metrics=metrics_for(self.vllm_config, facts.max_k, facts.max_num_seqs, logger))
             if self.dynamic_sd_lookup is None:
                 pass  # Controller logged that it can only observe
         except Exception as exc:  # noqa: BLE001 - a controller that cannot start must not stop vLLM

@@ -133,6 +133,8 @@ class FileWatch:
         """(inode, mtime, size) of the version of the file judged last."""
         self.next_at = 0.0
         """Clock time of the next look."""
+        self.refused = 0
+        """Changed files judged and not installed (refused, not newer, or not installable)."""
 
     def stat(self) -> tuple[int, int, int] | None:
         """The file's signature now (None: it is not there)."""
@@ -162,6 +164,8 @@ class FileWatch:
         if sig == self.sig:
             return None
         res = None if sig is None else load_start(self.path, engine)
+        if res is not None and (isinstance(res, str) or res.published.version <= current):
+            self.refused += 1
         if res is None:
             notes.once("gone", "TableTune controller: published file %s is gone; keeping table %s", self.path, table)
         elif isinstance(res, str):

@@ -1,8 +1,9 @@
 """ONE real vLLM server with the controller plugin for the controller's engine tests that share its
-settings (test_baseline_engine.py, test_engine_method.py, test_feedback_loop.py): tiny target +
+settings (test_baseline_engine.py, test_engine_method.py, test_feedback_loop.py,
+test_engine_metrics.py): tiny target +
 1-layer draft model, K = 3, the launch table listing every k (``synthetic.LAUNCH``), max_num_seqs
-16, synthetic acceptance switched at runtime (the CPU plugin), and the published file named by
-``TABLETUNE_PUBLISHED_TABLE``.
+16, synthetic acceptance switched at runtime (the CPU plugin), the published file named by
+``TABLETUNE_PUBLISHED_TABLE``, and ``PROMETHEUS_MULTIPROC_DIR`` set (the controller's series on /metrics).
 
 The scheduler is ``evaluation.scheduler.EvaluationScheduler``: the production plugin's hooks
 (``controller.scheduler``) with ``evaluation.baselines.PolicyController``, which is
@@ -34,8 +35,14 @@ def controller_server(tmp_path_factory):
     from tabletune_pipelines.engine import VLLMServer
     from tabletune_pipelines.evaluation.rig import server_config
 
+    from tabletune_pipelines.controller.metrics import MULTIPROC_ENV
+
     wd = tmp_path_factory.mktemp("controller-server")
-    srv = VLLMServer(server_config(wd, wd / "local.json", rates=(0.7, 0.5, 0.3), cls=EVALUATION_SCHEDULER))
+    # Prometheus's multiprocess folder (empty): the controller's series reach vLLM's /metrics from the
+    # engine core process (docs/metrics.md); test_engine_metrics.py scrapes them.
+    prom = tmp_path_factory.mktemp("controller-server-prometheus")
+    srv = VLLMServer(server_config(wd, wd / "local.json", rates=(0.7, 0.5, 0.3), cls=EVALUATION_SCHEDULER,
+                                   extra_env={MULTIPROC_ENV: str(prom)}))
     srv.start()
     try:
         yield srv

@@ -21,6 +21,7 @@ import time
 import pytest
 
 from tabletune_pipelines.engine import VLLMServer
+from tabletune_pipelines.engine.command import PACKAGE_ROOT
 from tabletune_pipelines.evaluation.rig import Rig, closed_loop, identity, server_config
 from tabletune_pipelines.evaluation.synthetic import publish
 
@@ -69,7 +70,9 @@ def test_engine_keeps_serving_through_bad_files_faults_and_a_dead_export(tmp_pat
     pub = tmp_path / "local.json"
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
-    env = {"PYTHONPATH": str(site), "TT_INJECT_FAULTS": "1"}
+    # the fault injector first, then this checkout's package (extra_env replaces the PYTHONPATH the
+    # launcher would have extended with it, and the engine would import the installed copy instead)
+    env = {"PYTHONPATH": os.pathsep.join([str(site), PACKAGE_ROOT]), "TT_INJECT_FAULTS": "1"}
     srv = VLLMServer(server_config(tmp_path, pub, launch=LAUNCH, rates=(0.5, 0.3, 0.1),
                                    cls="AsyncControllerScheduler", extra_env=env))
     rig = Rig(srv, pub, tmp_path / "local.live.jsonl")
@@ -134,5 +137,7 @@ def test_engine_keeps_serving_through_bad_files_faults_and_a_dead_export(tmp_pat
     once("kept > drafted")
     once("published v1 of test loaded")
     once("published v2 of test loaded")
+    # no PROMETHEUS_MULTIPROC_DIR on this launch: one line says the series do not reach /metrics
+    once("its Prometheus series stay in the engine core process, which vLLM's /metrics does not read")
     # The only tracebacks are the two injected faults' (each logged once); the bad files raised nothing.
     assert log.count("Traceback") == 2 and log.count("RuntimeError: injected fault") == 2

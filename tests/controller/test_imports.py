@@ -1,5 +1,7 @@
 """The controller runs inside vLLM: it may import only vLLM, numpy, the stdlib and TableTune's
-stdlib/numpy-only modules, and only the adapter may import vLLM (a simulator drives the rest)."""
+stdlib/numpy-only modules, and only the adapter may import vLLM (a simulator drives the rest).
+``metrics`` may import ``prometheus_client`` (installed with vLLM), lazily: loading the logic does
+not import it."""
 
 from __future__ import annotations
 
@@ -37,13 +39,15 @@ def test_only_allowed_imports(module):
     for name in imported(ROOT / f"{module}.py"):
         top = name.split(".")[0]
         ok = (top in sys.stdlib_module_names or top == "numpy" or (top == "vllm" and module == "scheduler")
+              or (top == "prometheus_client" and module == "metrics")
               or any(name == a or name.startswith(a + ".") for a in ALLOWED_TT))
         assert ok, f"controller/{module}.py imports {name}"
 
 
 def test_the_logic_loads_without_vllm_or_torch():
     code = ("import sys; import tabletune_pipelines.controller.logic; "
-            "print(','.join(m for m in ('vllm', 'torch', 'dagster', 'duckdb', 'pandas') if m in sys.modules))")
+            "print(','.join(m for m in ('vllm', 'torch', 'dagster', 'duckdb', 'pandas', 'prometheus_client') "
+            "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == ""
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.browser import screenshot
 from tests.pipeline.helpers import (
     WEEK,
     ScriptedEngine,
@@ -32,14 +33,6 @@ pytestmark = pytest.mark.dagster_e2e
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 ARTIFACTS = Path(os.environ.get("TABLETUNE_TEST_ARTIFACTS", REPO / "test-artifacts"))
-
-
-def chromium() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
 
 
 def free_port() -> int:
@@ -220,18 +213,8 @@ def test_webserver_daemon_sensor_run_and_lineage_screenshot(tmp_path, monkeypatc
             messages = json.dumps(logs["logsForRun"]["events"])
             assert "needs vLLM 0.99.0-e2e" in messages
 
-            browser = chromium()
-            assert browser is not None, "chromium is not installed: apt-get install -y chromium (Debian)"
-            shot = ARTIFACTS / "published_table_lineage.png"
-            shot.unlink(missing_ok=True)
             url = f"http://127.0.0.1:{port}/assets/published_table?view=lineage&lineageScope=upstream&lineageDepth=3"
-            subprocess.run(
-                [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--hide-scrollbars", f"--user-data-dir={tmp_path / 'chromium-profile'}", "--window-size=1600,1000",
-                 "--virtual-time-budget=25000", f"--screenshot={shot}", url],
-                check=True, timeout=120, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-            assert shot.exists() and shot.stat().st_size > 20_000, "the screenshot is missing or blank"
+            screenshot(url, ARTIFACTS / "published_table_lineage.png", tmp_path / "chromium-profile")
         except BaseException:
             print(procs.tails())
             raise
