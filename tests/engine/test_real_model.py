@@ -58,13 +58,13 @@ def prompts_needed(recorded: dict, power: float = POWER) -> int:
     units_to_detect`` on one prompt's spread); the easiest position sets N, a multiple of ``GROUPS``."""
     from statistics import NormalDist
 
-    from tabletune_pipelines.core.acceptance_ci import _t
+    from tabletune_pipelines.core.stats import t_quantile
     from tabletune_pipelines.core.noise import units_to_detect
 
     n0 = recorded["prompts_per_mix"]
     code, prose = (_priors(recorded[m]) for m in ("code", "prose"))
     z_power = NormalDist().inv_cdf(power)
-    t = _t(GROUPS - 1, 0.95)
+    t = t_quantile(GROUPS - 1)
     best = None
     for i, (c, p) in enumerate(zip(group_intervals(code), group_intervals(prose))):
         effect = c.value - p.value
