@@ -47,6 +47,11 @@ from tabletune_pipelines.vocab import SEARCH_RULES, SearchRule
 DEFAULT_CONFIDENCE = 0.95
 #: A decision is settled once no other k can be better than the chosen one by more than this.
 DEFAULT_TOLERANCE = 0.02
+#: The loss a profile's decision may leave (issue 47): candidate k whose gain over the chosen one is
+#: bounded by this at the search's confidence are tied, and a tie keeps the incumbent. The adaptive
+#: profile stops measuring a batch size's cells there (``core.remeasure``), and the run's summary
+#: names the ties (``EvidenceTable.ties``).
+ACCEPTED_LOSS = 0.01
 #: Default rule of the search (``vocab.SearchRule``).
 DEFAULT_SEARCH_RULE: SearchRule = "evidence"
 
@@ -188,6 +193,18 @@ class EvidenceTable:
                     worst = max(worst, up)
             if rivals:
                 out.append(Ambiguity(c + 1, k, tuple(rivals), math.expm1(worst)))
+        return out
+
+    def ties(self, tolerance: float = ACCEPTED_LOSS) -> list[tuple[int, ...]]:
+        """Per B (index B - 1): the allowed k tied with the chosen one within ``tolerance``, the chosen
+        k first: those that could be at least as good as it (``within_noise``) where none could beat
+        it by more than ``tolerance`` (the B is not ``ambiguous``); () where the chosen k stands alone
+        or the decision is still open."""
+        open_b = {a.batch_size for a in self.ambiguous(tolerance)}
+        out: list[tuple[int, ...]] = []
+        for b, (k, ok) in enumerate(zip(self.choice.chosen, self.within_noise()), start=1):
+            others = tuple(kk for kk in ok if kk != k)
+            out.append((int(k), *others) if others and b not in open_b else ())
         return out
 
     def summary(self, tolerance: float = DEFAULT_TOLERANCE) -> dict[str, object]:
