@@ -78,7 +78,8 @@ def _numbers(database: str, key: str, doc: dict, dep, engine) -> list[str]:
     """Acceptance with intervals, the sample's mix, and the goodput ratio against the docs' table."""
     from tabletune_pipelines.core.acceptance_ci import prior_intervals
     from tabletune_pipelines.formats.prompt_mixes import describe_mix, sample_mix
-    from tabletune_pipelines.tuning.run_report import compare_to_docs, comparison_lines
+    from tabletune_pipelines.core.evidence import ACCEPTED_LOSS
+    from tabletune_pipelines.tuning.run_report import compare_to_docs, comparison_lines, tie_lines
     from tabletune_pipelines.store.duckdb_store import TableTuneStore
     from tabletune_pipelines.tuning.derive import derive_table
 
@@ -102,6 +103,7 @@ def _numbers(database: str, key: str, doc: dict, dep, engine) -> list[str]:
     if tuned.evidence is not None:
         cmp = compare_to_docs(tuned.evidence, tuned.choice.ks, table["ranges"], table["max_num_seqs"], table["max_k"])
         lines += comparison_lines(cmp)
+        lines += tie_lines(tuned.evidence, ACCEPTED_LOSS)
     return lines
 
 

@@ -85,3 +85,39 @@ def comparison_lines(cmp: DocsComparison) -> list[str]:
     lines.append(f"  mean over B = 1..{len(cmp.ratio)}: {cmp.mean:.3f} ± {cmp.mean_sd:.3f} "
                  f"(serving the docs' table would cost {100 * (1 - 1 / cmp.mean):.1f}% of goodput at a uniform load)")
     return lines
+
+
+def tie_lines(evidence, tolerance: float) -> list[str]:
+    """The batch sizes where candidate k are tied with the table's k within ``tolerance`` at the
+    evidence rule's confidence (``EvidenceTable.ties``), grouped into ranges of equal candidates, and
+    those still open (a k could beat the table's by more than ``tolerance``)."""
+    ties = evidence.ties(tolerance)
+    groups: list[list] = []  # [first B, last B, candidates]
+    for b, cand in enumerate(ties, start=1):
+        if cand and groups and groups[-1][1] == b - 1 and groups[-1][2] == cand:
+            groups[-1][1] = b
+        elif cand:
+            groups.append([b, b, cand])
+    open_b = [a.batch_size for a in evidence.ambiguous(tolerance)]
+    conf = f"{evidence.confidence:.0%}"
+    if not groups:
+        lines = [f"  ties: none; at every batch size the table's k is ahead or no k is within {tolerance:.0%} of it"]
+    else:
+        where = "; ".join(f"B = {s}" + (f"-{e}" if e > s else "") + f": k = {', '.join(map(str, c))}"
+                          for s, e, c in groups)
+        lines = [f"  tied within {tolerance:.0%} (no k beats the table's by more, at {conf} confidence): {where} "
+                 f"(the table's k first); any of them serves as well there, and the table keeps the first"]
+    if open_b:
+        lines.append(f"  undecided at B = {_ranges_text(open_b)}: another k could beat the table's by more than "
+                     f"{tolerance:.0%}; more repetitions would settle it")
+    return lines
+
+
+def _ranges_text(bs: Sequence[int]) -> str:
+    out: list[list[int]] = []
+    for b in bs:
+        if out and out[-1][1] == b - 1:
+            out[-1][1] = b
+        else:
+            out.append([b, b])
+    return ", ".join(f"{s}-{e}" if e > s else f"{s}" for s, e in out)
