@@ -79,7 +79,7 @@ def _numbers(database: str, key: str, doc: dict, dep, engine) -> list[str]:
     from tabletune_pipelines.core.acceptance_ci import prior_intervals
     from tabletune_pipelines.formats.prompt_mixes import describe_mix, sample_mix
     from tabletune_pipelines.core.evidence import ACCEPTED_LOSS
-    from tabletune_pipelines.tuning.run_report import compare_to_docs, comparison_lines, tie_lines
+    from tabletune_pipelines.tuning.run_report import compare_to_docs, comparison_lines, no_verdict_lines, tie_lines
     from tabletune_pipelines.store.duckdb_store import TableTuneStore
     from tabletune_pipelines.tuning.derive import derive_table
 
@@ -98,6 +98,7 @@ def _numbers(database: str, key: str, doc: dict, dep, engine) -> list[str]:
     for i, iv in enumerate(ivs):
         lines.append(f"    a_{i + 1} = {iv.value:.3f}  95% interval [{iv.lo:.3f}, {iv.hi:.3f}]  "
                      f"({prior.accepted_per_pos[i]} of {prior.drafted_per_pos[i]} drafts kept)")
+    lines += [f"  {line}" for line in no_verdict_lines(doc.get("served_verification"))]
     lines.append(f"  table: {json.dumps(table['ranges'])}")
     tuned = derive_table(store.load_profile(key), prior)
     if tuned.evidence is not None:

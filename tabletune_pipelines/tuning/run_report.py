@@ -121,3 +121,25 @@ def _ranges_text(bs: Sequence[int]) -> str:
         else:
             out.append([b, b])
     return ", ".join(f"{s}-{e}" if e > s else f"{s}" for s, e in out)
+
+
+def no_verdict_lines(section: dict | None) -> list[str]:
+    """What the served verification could not decide, for the top of a summary (before the table):
+    the loads left without a verdict and what stopped their rounds, and the loads where the sizing
+    from the profile expected none (``served_verification.size_verification``). Empty when every load
+    reached a verdict, or when there is no verification section."""
+    if not isinstance(section, dict):
+        return []
+    rows = [r for r in section.get("per_load") or [] if isinstance(r, dict) and r.get("status") == "inconclusive"]
+    if not rows:
+        return []
+    why = {"budget": "stopped by the budget", "rounds": "the most rounds spent", "decided": "decided"}
+    loads = ", ".join(f"{r.get('load')} ({why.get(r.get('stop'), 'not reached')}, {r.get('rounds')} paired "
+                      f"round(s))" for r in rows)
+    budget = section.get("budget_s")
+    lines = [f"served verification reached NO VERDICT at load {loads}"
+             + (f" within its {budget:g} s budget" if isinstance(budget, (int, float)) else "")
+             + ": the table below is unverified there"]
+    lines += [f"  expected before measuring: {line}" for line in section.get("no_verdict_expected") or []
+              if isinstance(line, str)]
+    return lines
