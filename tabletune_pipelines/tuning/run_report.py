@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tabletune_pipelines.core.table import dense_from_ranges
+from tabletune_pipelines.core.table import compact_ranges, dense_from_ranges
 
 DOCS_EXAMPLE = ((1, 64, 3), (65, 128, 1), (129, 512, 0))
 
@@ -92,12 +92,8 @@ def tie_lines(evidence, tolerance: float) -> list[str]:
     evidence rule's confidence (``EvidenceTable.ties``), grouped into ranges of equal candidates, and
     those still open (a k could beat the table's by more than ``tolerance``)."""
     ties = evidence.ties(tolerance)
-    groups: list[list] = []  # [first B, last B, candidates]
-    for b, cand in enumerate(ties, start=1):
-        if cand and groups and groups[-1][1] == b - 1 and groups[-1][2] == cand:
-            groups[-1][1] = b
-        elif cand:
-            groups.append([b, b, cand])
+    kinds = sorted(set(ties))
+    groups = [(s, e, kinds[i]) for s, e, i in compact_ranges([kinds.index(c) for c in ties]) if kinds[i]]
     open_b = [a.batch_size for a in evidence.ambiguous(tolerance)]
     conf = f"{evidence.confidence:.0%}"
     if not groups:
@@ -114,13 +110,11 @@ def tie_lines(evidence, tolerance: float) -> list[str]:
 
 
 def _ranges_text(bs: Sequence[int]) -> str:
-    out: list[list[int]] = []
-    for b in bs:
-        if out and out[-1][1] == b - 1:
-            out[-1][1] = b
-        else:
-            out.append([b, b])
-    return ", ".join(f"{s}-{e}" if e > s else f"{s}" for s, e in out)
+    """Sorted batch sizes as ``1-4, 9``."""
+    marks = np.zeros(max(bs) + 1, dtype=np.int64)
+    marks[list(bs)] = 1
+    runs = [(s - 1, e - 1) for s, e, on in compact_ranges(marks.tolist()) if on]
+    return ", ".join(f"{s}-{e}" if e > s else f"{s}" for s, e in runs)
 
 
 def no_verdict_lines(section: dict | None) -> list[str]:
