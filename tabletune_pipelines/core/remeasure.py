@@ -350,13 +350,13 @@ def search_boundaries(
     report = BoundaryReport(coarse=coarse_batch_sizes(grid, coarse_points))
     done = {b for _, b in reps}
     todo = {b: "coarse" for b in report.coarse if b not in done}
-    t0 = clock()
     while True:
         for b, why in sorted(todo.items()):
             measure_batch(b)
             if why != "coarse":
                 report.added[b] = why
-        left = None if settings.budget_s is None else max(0.0, settings.budget_s - (clock() - t0))
+        # the budget counts the repetitions beyond the first pass only (the remeasure calls' own seconds)
+        left = None if settings.budget_s is None else max(0.0, settings.budget_s - report.remeasure.seconds)
         sub = remeasure(reps, measure, rates_options, max_num_seqs,
                         dataclasses.replace(settings, budget_s=left), on_update=on_update, clock=clock)
         if sub.stop_reason == "disabled":  # the budget is spent: say where decisions are still open

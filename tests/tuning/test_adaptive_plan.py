@@ -147,3 +147,30 @@ def test_the_run_summary_names_tied_batch_sizes_within_the_accepted_loss():
     # With 5 % errors nothing is settled within 1 %: the same surface is undecided, not tied.
     loose = search_with_evidence(ms, (0.05 * ms) ** 2, ks, rates, settings=SearchSettings())
     assert any(line.startswith("  undecided at B = ") for line in tie_lines(loose, ACCEPTED_LOSS))
+
+
+def test_the_budget_counts_repetitions_beyond_the_first_pass_only():
+    # Every first-pass measurement takes 100 s of the clock; each extra repetition 1 s. The 10 s
+    # budget must still buy extra repetitions after a first pass far longer than it.
+    now = [0.0]
+    rates = (0.8, 0.64, 0.512)
+    rng = np.random.default_rng(1)
+
+    def ms(k, b):  # k = 1 and k = 3 within 3 % of each other: open at 1 % with 20 % noise
+        return (10.0 + b) * (1.0 if k == 1 else 2.952 / 1.8 * 1.03)
+
+    grid, ks, reps = list(range(1, 9)), [1, 3], {}
+
+    def measure_batch(b):
+        now[0] += 100.0
+        for k in ks:
+            reps[(k, b)] = [ms(k, b) * (1 + 0.2 * rng.standard_normal()) for _ in range(3)]
+
+    def measure(k, b):
+        now[0] += 1.0
+        return ms(k, b) * (1 + 0.2 * rng.standard_normal())
+
+    report = search_boundaries(grid, measure_batch, reps, measure, [rates], 8,
+                               RemeasureSettings(max_repetitions=9, budget_s=10.0), clock=lambda: now[0])
+    assert 10 <= report.remeasure.measurements <= 12  # the 10 s budget, a round in progress finishing
+    assert report.remeasure.stop_reason == "budget"
