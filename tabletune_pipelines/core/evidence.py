@@ -47,7 +47,7 @@ from tabletune_pipelines.vocab import SEARCH_RULES, SearchRule
 DEFAULT_CONFIDENCE = 0.95
 #: A decision is settled once no other k can be better than the chosen one by more than this.
 DEFAULT_TOLERANCE = 0.02
-#: The loss a profile's decision may leave (issue 47): candidate k whose gain over the chosen one is
+#: The loss a profile's decision may leave: candidate k whose gain over the chosen one is
 #: bounded by this at the search's confidence are tied, and a tie keeps the incumbent. The adaptive
 #: profile stops measuring a batch size's cells there (``core.remeasure``), and the run's summary
 #: names the ties (``EvidenceTable.ties``).

@@ -341,7 +341,7 @@ def search_boundaries(
     on_update: Callable[[int, int, list[float]], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> BoundaryReport:
-    """The adaptive plan (issue 47, "boundaries, not grids"): the coarse batch sizes of ``grid``
+    """The adaptive plan ("boundaries, not grids"): the coarse batch sizes of ``grid``
     first, then ``next_batch_sizes`` until it is empty, each pass followed by ``remeasure`` (the
     sequential cells: repetitions only where a decision is open beyond the tolerance, the budget
     shared by all passes). ``measure_batch(B)`` measures every k at B once per repetition of the
