@@ -902,8 +902,11 @@ def size_verification(step_ms: Mapping[str, Mapping[str, float]], rates: Sequenc
         needs.append(LoadNeed(load, ratio, n))
     rounds = max([PLANNED_ROUNDS] + [n.rounds for n in needs if n.rounds is not None])
     per_window = window + d.settle_s + SWAP_OVERHEAD_S
-    budget = sum(d.warmup_s + (n.rounds or 2) * len(per_load[n.load].policies) * per_window for n in needs)
-    budget = min(max(budget, d.budget_s), BUDGET_CAP * d.budget_s)
+    # verify_served splits what is left equally among the loads still to measure: every load's share
+    # must hold the neediest load's rounds
+    neediest = max(d.warmup_s + min(n.rounds or 2, most_rounds) * len(per_load[n.load].policies) * per_window
+                   for n in needs)
+    budget = min(max(len(needs) * neediest, d.budget_s), BUDGET_CAP * d.budget_s)
     return VerificationSizing(window_s=window, rounds=min(rounds, most_rounds), budget_s=math.ceil(budget),
                               ratio_sd=sd, needs=tuple(needs))
 
@@ -1157,6 +1160,10 @@ def verify_served(server: Any, candidate_table: Sequence[Sequence[int]], *, K: i
                              rounds=planned, window_s=window_s or d.window_s,
                              settle_s=d.settle_s if settle_s is None else settle_s,
                              warmup_s=d.warmup_s if warmup_s is None else warmup_s)
+    if sizing is not None and (budget_s, window_s) == (sizing.budget_s, sizing.window_s):
+        # sized per load: the windows stay as sized; a load stops when decided or its share is spent
+        plan = dataclasses.replace(plan, window_s=sizing.window_s, budget_s=sizing.budget_s,
+                                   estimated_s=sizing.budget_s, note="")
     plan = dataclasses.replace(plan, rounds=most,
                                first_warmup_s=d.first_warmup_s if first_warmup_s is None else first_warmup_s)
     say(f"served verification of {[list(r) for r in candidate_table]}"

@@ -73,3 +73,14 @@ def test_no_verdict_lines_name_the_open_loads_and_what_stopped_them():
     assert "60 s budget" in lines[0] and lines[1] == "  expected before measuring: load 1: the profile predicts ..."
     section["per_load"][0]["status"] = "pass"
     assert no_verdict_lines(section) == [] and no_verdict_lines(None) == []
+
+
+def test_every_loads_share_of_the_budget_holds_the_neediest_loads_rounds():
+    d = served.DEFAULTS["cpu"]
+    per_load = _per_load([[1, 8, 3], [9, 16, 1]])
+    sizing = served.size_verification(_steps(k3_penalty=2.0), RATES, per_load, max_k=K, max_num_seqs=M,
+                                      device="cpu", tolerance=0.03, most_rounds=8)
+    per_window = sizing.window_s + d.settle_s + served.SWAP_OVERHEAD_S
+    need = max(d.warmup_s + (n.rounds or 2) * len(per_load[n.load].policies) * per_window for n in sizing.needs)
+    assert sizing.budget_s >= min(3 * need, served.BUDGET_CAP * d.budget_s) - 1
+    assert sizing.budget_s <= served.BUDGET_CAP * d.budget_s
