@@ -94,7 +94,6 @@ def tie_lines(evidence, tolerance: float) -> list[str]:
     ties = evidence.ties(tolerance)
     kinds = sorted(set(ties))
     groups = [(s, e, kinds[i]) for s, e, i in compact_ranges([kinds.index(c) for c in ties]) if kinds[i]]
-    open_b = [a.batch_size for a in evidence.ambiguous(tolerance)]
     conf = f"{evidence.confidence:.0%}"
     if not groups:
         lines = [f"  ties: none; at every batch size the table's k is ahead or no k is within {tolerance:.0%} of it"]
@@ -103,18 +102,24 @@ def tie_lines(evidence, tolerance: float) -> list[str]:
                           for s, e, c in groups)
         lines = [f"  tied within {tolerance:.0%} (no k beats the table's by more, at {conf} confidence): {where} "
                  f"(the table's k first); any of them serves as well there, and the table keeps the first"]
-    if open_b:
-        lines.append(f"  undecided at B = {_ranges_text(open_b)}: another k could beat the table's by more than "
-                     f"{tolerance:.0%}; more repetitions would settle it")
+    amb = evidence.ambiguous(tolerance)
+    if amb:
+        keys = [None] * len(ties)
+        for a in amb:
+            keys[a.batch_size - 1] = (a.chosen_k, a.rivals)
+        kinds_open = sorted({k for k in keys if k is not None})
+        parts = []
+        for s, e, i in compact_ranges([kinds_open.index(k) + 1 if k is not None else 0 for k in keys]):
+            if not i:
+                continue
+            chosen, rivals = kinds_open[i - 1]
+            worst = max(a.priority for a in amb if s <= a.batch_size <= e)
+            parts.append(f"B = {s}" + (f"-{e}" if e > s else "") + f": k = {', '.join(map(str, rivals))} could beat "
+                         f"the table's k = {chosen} by up to {worst:.1%}")
+        lines.append(f"  undecided (beyond {tolerance:.0%} at {conf} confidence): " + "; ".join(parts)
+                     + "; the profile cannot tell these apart: any of them may serve as well, and more repetitions "
+                       "(or the served verification) would settle it")
     return lines
-
-
-def _ranges_text(bs: Sequence[int]) -> str:
-    """Sorted batch sizes as ``1-4, 9``."""
-    marks = np.zeros(max(bs) + 1, dtype=np.int64)
-    marks[list(bs)] = 1
-    runs = [(s - 1, e - 1) for s, e, on in compact_ranges(marks.tolist()) if on]
-    return ", ".join(f"{s}-{e}" if e > s else f"{s}" for s, e in runs)
 
 
 def no_verdict_lines(section: dict | None) -> list[str]:
