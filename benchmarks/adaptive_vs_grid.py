@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                                  "cells_ms": {f"{c.k},{c.batch_size}": list(c.repetitions_ms) for c in prof.cells}}
         (out / f"{plan}.profile.json").write_text(prof.to_json(indent=1))
         print(f"{plan}: {wall:.0f} s, {len(prof.cells)} cells, B = {bs}, table {tuned.table.ranges}", flush=True)
+        (out / "result.json").write_text(json.dumps(result, indent=1))  # what is measured so far
     if {"adaptive", "grid"} <= set(tables):
         for judge, other in (("grid", "adaptive"), ("adaptive", "grid")):
             g = tables[judge].choice.goodput
