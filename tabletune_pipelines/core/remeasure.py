@@ -293,7 +293,8 @@ def next_batch_sizes(reps: Reps, rates_options: Sequence[Sequence[float]], max_n
                      settings: RemeasureSettings = RemeasureSettings(),
                      skipped: list[tuple[int, int]] | None = None) -> dict[int, str]:
     """Batch sizes of ``grid`` to measure next, -> ``bisect`` or ``verify``: between measured
-    neighbours whose chosen k differ anywhere over lo..hi (under any acceptance profile), their
+    neighbours where the chosen k or the best k (point estimates) differ anywhere over lo..hi (under
+    any acceptance profile), their
     midpoint, unless those k are tied within ``settings.tolerance`` there (then ``skipped`` gets
     (lo, hi)); and for a run of measured batch sizes with equal decisions and no measured batch size
     inside it, the run's midpoint. Empty: every boundary sits between neighbouring grid points or
@@ -302,10 +303,13 @@ def next_batch_sizes(reps: Reps, rates_options: Sequence[Sequence[float]], max_n
     evs = _dense_decisions(reps, rates_options, max_num_seqs, settings)
     want: dict[int, str] = {}
     changes: set[tuple[int, int]] = set()
+    # the table the evidence rule builds, and the best k on point estimates (the rule's walk keeps an
+    # incumbent, so a boundary the best k shows may not show in the table yet)
+    best = [tuple(ev.choice.ks[i] for i in ev.choice.goodput.argmax(axis=0)) for ev in evs]
     for lo, hi in zip(measured, measured[1:]):
         inside = [b for b in grid if lo < b < hi]
-        for ev in evs:
-            span = set(ev.choice.chosen[lo - 1:hi])
+        for ev, top in zip(evs, best):
+            span = set(ev.choice.chosen[lo - 1:hi]) | set(top[lo - 1:hi])
             if len(span) > 1:
                 changes.add((lo, hi))
                 if not inside:

@@ -1,6 +1,7 @@
 """The adaptive profile plan (``core.remeasure.search_boundaries``) against the full grid on the
 same data: the step-time profiles measured on a real H200 (benchmarks/data/h200/, every batch size
-of the grid, 3 repetitions each). The adaptive plan sees only the batch sizes it asks for; its table
+of the grid, 3 repetitions each) and the embedded default's full grid on the CPU build
+(benchmarks/data/cpu/2026-12-06-adaptive-vs-grid/). The adaptive plan sees only the batch sizes it asks for; its table
 must be the grid's table or lose at most the accepted loss (1 %) of goodput against it, judged on
 the grid's own cells, averaged over the batch sizes (a uniform load)."""
 
@@ -25,7 +26,9 @@ from tabletune_pipelines.formats.documents import AcceptancePrior, StepTimeProfi
 from tabletune_pipelines.tuning.derive import derive_table
 
 DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "h200"
-PROFILES = sorted(DATA.glob("**/*.one_launch.json"))
+#: The embedded default's full grid on the CPU build (benchmarks/adaptive_vs_grid.py, 2026-12-06).
+CPU_GRID = DATA.parent / "cpu" / "2026-12-06-adaptive-vs-grid" / "grid.profile.json"
+PROFILES = [*sorted(DATA.glob("**/*.one_launch.json")), CPU_GRID]
 
 
 def _prior(rates):
@@ -47,7 +50,7 @@ def _adaptive(prof: StepTimeProfile):
         for k in ks:
             reps[(k, b)] = list(full[(k, b)])
 
-    def measure(k, b):  # never called: the recorded cells have their 3 repetitions, the cap
+    def measure(k, b):  # never called: the first pass takes every recorded repetition, the cap is 3
         raise AssertionError("no repetition beyond the recorded ones")
 
     rates = [geometric_rates(p, max(ks)) for p in DEFAULT_DECISION_RATES]
@@ -60,7 +63,7 @@ def _adaptive(prof: StepTimeProfile):
     return report, grid, sub
 
 
-@pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.parent.name[:24] + "/" + p.name[:32])
+@pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.parent.name[:30] + "/" + p.name[:32])
 @pytest.mark.parametrize("p", DEFAULT_DECISION_RATES)
 def test_adaptive_table_is_the_grids_or_within_the_accepted_loss(path, p):
     prof = StepTimeProfile.from_json(path.read_text())
