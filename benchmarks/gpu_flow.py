@@ -79,7 +79,7 @@ def run(args: argparse.Namespace, log: logging.Logger) -> dict:
                        "accept_batch_sizes": (), "include_no_spec": False,
                        "remeasure_budget_s": args.remeasure_budget}
     verification = {k: v for k, v in {"budget_s": args.verify_budget, "loads": args.verify_loads,
-                                      "window_s": args.verify_window}.items() if v}
+                                      "window_s": args.verify_window, "fixed_k": args.verify_fixed_k}.items() if v}
     engine = LocalEngine(profile_options={k: v for k, v in profile_options.items() if v is not None},
                          served_verification=verification, where="gpu_flow")
     store = TableTuneStore(Path(args.db) if args.db else default_store_path())
@@ -113,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                          "the device's)")
     ap.add_argument("--verify-loads", type=_ints, default=None, help="verification loads (default 1, N/2, N)")
     ap.add_argument("--verify-window", type=float, default=None, help="seconds per verification window")
+    ap.add_argument("--verify-fixed-k", choices=("all", "plausible"), default=None,
+                    help="fixed k served per load: every k (default) or those the profile cannot rule out")
     ap.add_argument("--two-launches", action="store_true", help="profile and verify in separate launches")
     ap.add_argument("--rates", type=lambda s: tuple(float(x) for x in s.split(",")), default=(0.7, 0.5, 0.3))
     ap.add_argument("--prompt-tokens", type=int, default=32)

@@ -680,10 +680,11 @@ class ServedVerificationOptions:
     deployment loads dummy weights, else ``real``."""
     startup_timeout: float | None = None
     """Server start-up timeout of the verification launch; None = the ServerConfig's."""
-    fixed_k: FixedKChoice = "plausible"
-    """``plausible``: each load serves the fixed k the profile cannot rule out there
+    fixed_k: FixedKChoice = "all"
+    """``all``: every k 0..K at every load (each fixed k's windows then feed the served calibration);
+    ``plausible``: each load serves only the fixed k the profile cannot rule out there
     (``plausible_fixed_ks``: the table's k at the load's batch sizes, the k within noise of it, and
-    their neighbours); ``all``: every k 0..K at every load."""
+    their neighbours), fewer windows where time is short (a GPU call)."""
     compare_docs_table: bool = True
     """Also compare the table with vLLM docs' example table at each load (paired ratio, not gating;
     measured only where no served policy runs the same k)."""
