@@ -83,19 +83,16 @@ class RuntimeControl:
 
     def nudge_batch(self) -> int:
         """The smallest batch size at which the k in force drafts (k > 0): the synthetic rates are read
-        only when drafts are verified, so a nudge at a batch size whose k is 0 (``[1, 1, 0]`` opens
-        every launch table that lists k = 0) never makes the engine read them. 1 when no table is
-        known (a fixed-K launch drafts at every batch size)."""
+        when drafts are verified, so a nudge at a batch size whose k is 0 (``[1, 1, 0]`` opens every
+        launch table that lists k = 0) does not make a GPU engine read them. 1 when no table is known
+        (a fixed-K launch drafts at every batch size) or when the k in force is 0 everywhere: the CPU
+        build reads the rates even in a step without drafts, and elsewhere the switch times out with
+        its message."""
         if not self.k_in_force:
             return 1
         K = int(self.config.num_speculative_tokens or 0)
         lookup = expand_table([list(r) for r in self.k_in_force], int(self.config.max_num_seqs), K)
-        drafting = [b for b, k in enumerate(lookup, start=1) if k > 0]
-        if not drafting:
-            raise EngineConfigError(
-                f"synthetic rates are read when drafts are verified, and the k in force "
-                f"{[list(r) for r in self.k_in_force]} is 0 at every batch size: switch k (set_k) first")
-        return drafting[0]
+        return next((b for b, k in enumerate(lookup, start=1) if k > 0), 1)
 
     def _nudge_drafting(self, n: int) -> None:
         """``n`` short requests admitted in one step (``arm_gate``), so the engine runs a batch of n
