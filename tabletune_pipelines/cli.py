@@ -177,7 +177,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
                                          accept_batch_sizes=args.accept_batch_sizes,
                                          include_no_spec=not args.no_nospec,
                                          fixed_k_baseline=args.fixed_k_baseline,
-                                         startup_timeout=args.startup_timeout,
+                                         startup_timeout=args.startup_timeout, plan_search=args.plan,
                                          **({} if args.remeasure_budget is None
                                             else {"remeasure_budget_s": args.remeasure_budget}),
                                          **({} if args.max_repetitions is None
@@ -465,9 +465,12 @@ def _show_summary(pub: PublishedTable, dep: Deployment, notes: list[str], store:
     predicted to do and what serving measured, and where the file is."""
     from tabletune_pipelines.tuning.report import ranges_line
 
+    from tabletune_pipelines.tuning.run_report import no_verdict_lines
+
     doc = pub.document
     lines = [f"{dep.name}: draft-length table v{pub.version}, published {pub.published_at}"]
     lines += [f"NOTE: {n}" for n in notes]
+    lines += [f"NOTE: {n}" if not n.startswith(" ") else f"     {n}" for n in no_verdict_lines(pub.served_verification)]
     lines.append(f"  table       {ranges_line(pub.ranges)}   (K = {pub.max_k}, max_num_seqs = {pub.max_num_seqs})")
     lines.append(f"  engine      {_identity_line(pub)}")
     lines.append(f"              key {pub.identity_key}")
@@ -631,6 +634,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("profile", help="measure step times T(B, k) on the deployment's engine (resumable)")
     p.add_argument("--mode", default=DEFAULT_PROFILE_MODE, choices=PROFILE_MODES)
+    p.add_argument("--plan", default="adaptive", choices=("adaptive", "grid"),
+                   help="adaptive (default, one_launch mode): coarse batch sizes first, then bisection where the best "
+                        "k changes and repetitions until each decision is settled or tied within 1%%; grid: every "
+                        "batch size of --batch-sizes with --repetitions each")
     p.add_argument("--batch-sizes", type=_int_list(1),
                    help="comma-separated, each in 1..max_num_seqs (default: 1..16 then every 8 to max_num_seqs)")
     p.add_argument("--ks", type=_int_list(0), help="comma-separated k values, each in 0..max_k (default 0..max_k)")

@@ -218,7 +218,7 @@ class Controller:
             dt = now - last
             win.busy += dt
             if ev.costs is not None:  # which intervals observe T(B, k): CostObserver.observe
-                decode_only = num_new == 0 and total_tokens == b + drafted  # nothing admitted, no prefill
+                decode_only = step.decode_only(drafted)
                 dec = b - num_new + drafted  # the decoding requests' tokens and drafts (StepSample's)
                 ev.costs.observe(dt, b, k_next, self._prev_b, self._prev_k, decode_only, dec, total_tokens - dec)
         self._prev_b, self._prev_k = b, k_next

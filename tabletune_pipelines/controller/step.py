@@ -45,6 +45,11 @@ class StepOutcome:
     now: float
     """``time.monotonic()`` after ``update_from_output``: the end of the step."""
 
+    def decode_only(self, drafted: int) -> bool:
+        """Whether the step only decoded: nothing admitted and no prefill tokens, so its
+        ``total_tokens`` are one per request plus the ``drafted`` tokens it verified."""
+        return self.num_new == 0 and self.total_tokens == len(self.num_scheduled_tokens) + drafted
+
 
 def count_drafts(spec_tokens: Mapping[str, Sequence[Any]] | None, req_id_to_index: Mapping[str, int],
                  sampled: Sequence[Sequence[int]] | None, max_k: int, hist_d: list[int], hist_a: list[int],

@@ -47,6 +47,11 @@ from tabletune_pipelines.vocab import SEARCH_RULES, SearchRule
 DEFAULT_CONFIDENCE = 0.95
 #: A decision is settled once no other k can be better than the chosen one by more than this.
 DEFAULT_TOLERANCE = 0.02
+#: The loss a profile's decision may leave: candidate k whose gain over the chosen one is
+#: bounded by this at the search's confidence are tied, and a tie keeps the incumbent. The adaptive
+#: profile stops measuring a batch size's cells there (``core.remeasure``), and the run's summary
+#: names the ties (``EvidenceTable.ties``).
+ACCEPTED_LOSS = 0.01
 #: Default rule of the search (``vocab.SearchRule``).
 DEFAULT_SEARCH_RULE: SearchRule = "evidence"
 
@@ -190,6 +195,18 @@ class EvidenceTable:
                 out.append(Ambiguity(c + 1, k, tuple(rivals), math.expm1(worst)))
         return out
 
+    def ties(self, tolerance: float = ACCEPTED_LOSS) -> list[tuple[int, ...]]:
+        """Per B (index B - 1): the allowed k tied with the chosen one within ``tolerance``, the chosen
+        k first: those that could be at least as good as it (``within_noise``) where none could beat
+        it by more than ``tolerance`` (the B is not ``ambiguous``); () where the chosen k stands alone
+        or the decision is still open."""
+        open_b = {a.batch_size for a in self.ambiguous(tolerance)}
+        out: list[tuple[int, ...]] = []
+        for b, (k, ok) in enumerate(zip(self.choice.chosen, self.within_noise()), start=1):
+            others = tuple(kk for kk in ok if kk != k)
+            out.append((int(k), *others) if others and b not in open_b else ())
+        return out
+
     def summary(self, tolerance: float = DEFAULT_TOLERANCE) -> dict[str, object]:
         """Plain JSON figures: policy, confidence, loss and its bound, ranges, boundaries, k within noise."""
         within = self.within_noise()
@@ -310,7 +327,9 @@ def _merge_target(pick: np.ndarray, s: int, e: int, g: np.ndarray, log_ratio: np
     not allowed), so the evidence rule, revising, would keep the neighbours' k there; and (2) what
     the island's k gains over it, weighted by the steps served at each of its batch sizes, is within
     the stickiness of the goodput over all the steps served: a range that the served traffic does
-    not pay for. Otherwise the point test decides."""
+    not pay for. Otherwise the point test decides, and it too takes a neighbour's k only where no
+    allowed k beats that k beyond the evidence threshold at the range's batch sizes (``lcb``): a
+    merge into a k that a revision would move away from again is no merge."""
     own = int(pick[s])
     around = ([int(pick[s - 1])] if s > 0 else []) + ([int(pick[e])] if e < pick.size else [])
     if visits is not None and len(around) == 2 and around[0] == around[1]:
@@ -318,7 +337,7 @@ def _merge_target(pick: np.ndarray, s: int, e: int, g: np.ndarray, log_ratio: np
         gain = float(np.dot(visits[s:e], np.clip(log_ratio[own, nb, s:e], 0.0, None)))
         if not np.any(lcb[:, nb, s:e] > lim) and gain <= lim * float(visits.sum()):
             return nb
-    fits = [nb for nb in around if not np.any(log_ratio[own, nb, s:e] > lim)]
+    fits = [nb for nb in around if not np.any(log_ratio[own, nb, s:e] > lim) and not np.any(lcb[:, nb, s:e] > lim)]
     return max(fits, key=lambda nb: float(np.log(g[nb, s:e]).mean()), default=None)
 
 
@@ -331,7 +350,7 @@ def _merge_narrow(pick: np.ndarray, g: np.ndarray, log_ratio: np.ndarray, lcb: n
     island the served traffic does not pay for and the evidence does not hold is merged too
     (``_merge_target``). Narrowest ranges first, one merge at a time, until none qualifies: each
     merge removes a range, so this ends within the number of ranges. A narrow range stays where its
-    k is better than both neighbours'."""
+    k is better than a neighbour's, or where the evidence moves away from that neighbour's k."""
     pick = pick.copy()
     while True:
         starts, ends = range_bounds(pick)

@@ -18,6 +18,7 @@ starts from the stored repetitions).
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
@@ -232,3 +233,151 @@ def _measure_round(reps: Reps, measure: Callable[[int, int], float], pick: tuple
         if on_update is not None:
             on_update(k, b, reps[(k, b)])
     report.rounds += 1
+
+
+# -- boundaries, not grids -----------------------------------------------------------------------
+#: Batch sizes of the adaptive plan's first pass: this many points spread evenly over the grid
+#: (its smallest and largest among them).
+COARSE_POINTS = 5
+
+
+def coarse_batch_sizes(grid: Sequence[int], points: int = COARSE_POINTS) -> list[int]:
+    """``points`` batch sizes of ``grid`` spread evenly by index, the first and last included."""
+    g = sorted(set(int(b) for b in grid))
+    if len(g) <= points:
+        return g
+    return sorted({g[round(i * (len(g) - 1) / (points - 1))] for i in range(points)})
+
+
+@dataclass
+class BoundaryReport:
+    """What ``search_boundaries`` measured and why."""
+
+    coarse: list[int] = field(default_factory=list)
+    """Batch sizes of the first pass."""
+    added: dict[int, str] = field(default_factory=dict)
+    """Batch size -> why it was added: ``bisect`` (the best k changes between its neighbours) or
+    ``verify`` (the midpoint of a run of equal decisions)."""
+    skipped_ties: list[tuple[int, int]] = field(default_factory=list)
+    """(lo, hi) neighbours whose k differ but are tied within the tolerance over lo..hi: not bisected."""
+    remeasure: RemeasureReport = field(default_factory=RemeasureReport)
+    """The sequential repetitions over all passes (``remeasure``), its per-batch reasons from the last pass."""
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        """Every batch size measured, sorted."""
+        return sorted({*self.coarse, *self.added})
+
+
+def _dense_decisions(reps: Reps, rates_options: Sequence[Sequence[float]], max_num_seqs: int,
+                     settings: RemeasureSettings) -> list[EvidenceTable]:
+    """The evidence search on the measured cells under each acceptance profile."""
+    return [evidence_from_repetitions(reps, rates, max_num_seqs, threshold=settings.threshold,
+                                      confidence=settings.confidence) for rates in rates_options]
+
+
+def _tied(ev: EvidenceTable, ks: set[int], lo: int, hi: int, tolerance: float) -> bool:
+    """Whether every pair of ``ks`` is within ``tolerance`` of each other (point estimates) at every
+    B in lo..hi: a boundary placed anywhere between them then costs at most that."""
+    lim = math.log1p(tolerance)
+    idx = [ev.choice.ks.index(k) for k in ks]
+    block = ev.log_ratio[np.ix_(idx, idx, np.arange(lo - 1, hi))]
+    return bool(np.all(np.abs(block) <= lim))
+
+
+def _midpoint(inside: Sequence[int], lo: int, hi: int) -> int:
+    return min(inside, key=lambda b: (abs(b - (lo + hi) / 2), b))
+
+
+def next_batch_sizes(reps: Reps, rates_options: Sequence[Sequence[float]], max_num_seqs: int, grid: Sequence[int],
+                     settings: RemeasureSettings = RemeasureSettings(),
+                     skipped: list[tuple[int, int]] | None = None) -> dict[int, str]:
+    """Batch sizes of ``grid`` to measure next, -> ``bisect`` or ``verify``: between measured
+    neighbours where the chosen k or the best k (point estimates) differ anywhere over lo..hi (under
+    any acceptance profile), their
+    midpoint, unless those k are tied within ``settings.tolerance`` there (then ``skipped`` gets
+    (lo, hi)); and for a run of measured batch sizes with equal decisions and no measured batch size
+    inside it, the run's midpoint. Empty: every boundary sits between neighbouring grid points or
+    between tied k, and every run is verified."""
+    measured = sorted({b for _, b in reps})
+    evs = _dense_decisions(reps, rates_options, max_num_seqs, settings)
+    want: dict[int, str] = {}
+    changes: set[tuple[int, int]] = set()
+    # the table the evidence rule builds, and the best k on point estimates (the rule's walk keeps an
+    # incumbent, so a boundary the best k shows may not show in the table yet)
+    best = [tuple(ev.choice.ks[i] for i in ev.choice.goodput.argmax(axis=0)) for ev in evs]
+    for lo, hi in zip(measured, measured[1:]):
+        inside = [b for b in grid if lo < b < hi]
+        for ev, top in zip(evs, best):
+            span = set(ev.choice.chosen[lo - 1:hi]) | set(top[lo - 1:hi])
+            if len(span) > 1:
+                changes.add((lo, hi))
+                if not inside:
+                    continue
+                if _tied(ev, span, lo, hi, settings.tolerance):
+                    if skipped is not None and (lo, hi) not in skipped:
+                        skipped.append((lo, hi))
+                    continue
+                want[_midpoint(inside, lo, hi)] = "bisect"
+    start = 0
+    for i in range(1, len(measured) + 1):  # runs of equal decisions, split where a decision changes
+        if i < len(measured) and (measured[i - 1], measured[i]) not in changes:
+            continue
+        run = measured[start:i]
+        start = i
+        if len(run) == 2:
+            inside = [b for b in grid if run[0] < b < run[1]]
+            if inside:
+                want.setdefault(_midpoint(inside, run[0], run[1]), "verify")
+    return want
+
+
+def search_boundaries(
+    grid: Sequence[int],
+    measure_batch: Callable[[int], None],
+    reps: Reps,
+    measure: Callable[[int, int], float],
+    rates_options: Sequence[Sequence[float]],
+    max_num_seqs: int,
+    settings: RemeasureSettings = RemeasureSettings(),
+    *,
+    coarse_points: int = COARSE_POINTS,
+    on_update: Callable[[int, int, list[float]], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> BoundaryReport:
+    """The adaptive plan ("boundaries, not grids"): the coarse batch sizes of ``grid``
+    first, then ``next_batch_sizes`` until it is empty, each pass followed by ``remeasure`` (the
+    sequential cells: repetitions only where a decision is open beyond the tolerance, the budget
+    shared by all passes). ``measure_batch(B)`` measures every k at B once per repetition of the
+    first pass and puts the repetitions into ``reps`` (in place); ``measure(k, B)`` gives one more.
+    Batch sizes already in ``reps`` (a rerun) count as measured."""
+    report = BoundaryReport(coarse=coarse_batch_sizes(grid, coarse_points))
+    done = {b for _, b in reps}
+    todo = {b: "coarse" for b in report.coarse if b not in done}
+    while True:
+        for b, why in sorted(todo.items()):
+            measure_batch(b)
+            if why != "coarse":
+                report.added[b] = why
+        # the budget counts the repetitions beyond the first pass only (the remeasure calls' own seconds)
+        left = None if settings.budget_s is None else max(0.0, settings.budget_s - report.remeasure.seconds)
+        sub = remeasure(reps, measure, rates_options, max_num_seqs,
+                        dataclasses.replace(settings, budget_s=left), on_update=on_update, clock=clock)
+        if sub.stop_reason == "disabled":  # the budget is spent: say where decisions are still open
+            sub.per_batch = batch_stop_reasons(reps, rates_options, max_num_seqs, settings,
+                                               sorted({b for _, b in reps}), open_reason="budget")
+        _merge_report(report.remeasure, sub, budget_gone=left is not None and left <= 0)
+        todo = next_batch_sizes(reps, rates_options, max_num_seqs, grid, settings, report.skipped_ties)
+        todo = {b: why for b, why in todo.items() if b not in {bb for _, bb in reps}}
+        if not todo:
+            return report
+
+
+def _merge_report(total: RemeasureReport, sub: RemeasureReport, *, budget_gone: bool) -> None:
+    total.measurements += sub.measurements
+    total.rounds += sub.rounds
+    total.cells |= sub.cells
+    total.seconds += sub.seconds
+    total.ambiguous_left = sub.ambiguous_left
+    total.stop_reason = "budget" if budget_gone and sub.stop_reason == "disabled" else sub.stop_reason
+    total.per_batch = sub.per_batch

@@ -15,8 +15,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from tabletune_pipelines.core.evidence import ACCEPTED_LOSS
 from tabletune_pipelines.core.goodput import validate_acceptance
-from tabletune_pipelines.core.remeasure import DEFAULT_MAX_REPETITIONS
+from tabletune_pipelines.core.remeasure import DEFAULT_MAX_REPETITIONS, coarse_batch_sizes
 from tabletune_pipelines.core.steptime import batch_size_grid
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.errors import EngineConfigError
@@ -44,7 +45,12 @@ PROFILE_LIMITS: dict[str, Bound] = {
                                                "with CUDA graphs takes 2-3 minutes, a slow CPU several"),
     "kv_cache_space_gib": Bound(1, 4_096, integer=True, why="GiB of CPU memory for the KV cache"),
     "max_model_len": Bound(1, 2 ** 24, integer=True, why="tokens of context"),
+    "accepted_loss": Bound(0.0, 0.5, why="the goodput loss a tie may leave, 0.01 = 1 %"),
 }
+
+#: How a profile picks its batch sizes: ``adaptive`` (coarse batch sizes, then bisection where the
+#: best k changes; ``core.remeasure.search_boundaries``) or ``grid`` (every batch size of the grid).
+PLAN_SEARCHES = ("adaptive", "grid")
 
 
 def limit_problem(name: str, value: Any) -> str | None:
@@ -226,6 +232,15 @@ class ProfileOptions(PlanFields, LaunchOverrides):
     decision_rates: tuple[float, ...] | None = None
     """Acceptance rates a_1..a_K under which decisions are judged for re-measurement; None = a low,
     a middle and a high geometric profile (``core.remeasure.DEFAULT_DECISION_RATES``)."""
+    plan_search: str = "adaptive"
+    """``adaptive`` (``one_launch`` mode): the grid's coarse batch sizes first, then bisection between
+    neighbours whose best k differ and a check at the midpoint of every run of equal decisions, the
+    cells repeated until their decisions are settled or tied within ``accepted_loss`` (or the
+    re-measurement budget is spent: ``core.remeasure.search_boundaries``); ``grid``: every batch
+    size of ``batch_sizes`` with ``repetitions`` each, then the re-measurement."""
+    accepted_loss: float = ACCEPTED_LOSS
+    """Candidate k whose goodput gain over the chosen one is bounded by this (at the evidence rule's
+    confidence) are tied: a tie keeps the incumbent and needs no more repetitions."""
     mixed_steps: bool = True
     """Also time mixed steps (a decoding batch plus injected prompts, ``engine.mixed``) in the
     ``one_launch`` launch, for the served step-cost fit (``core.stepcost``)."""
@@ -246,8 +261,10 @@ class ProfileOptions(PlanFields, LaunchOverrides):
         if self.fixed_k_ks is not None and (not self.fixed_k_ks or not all(1 <= k <= 64 for k in self.fixed_k_ks)):
             raise EngineConfigError(f"fixed_k_ks = {list(self.fixed_k_ks)!r}: give draft lengths k in 1..64 (the "
                                     "launches of the fixed-k baseline), or null for every k >= 1 of the plan")
-        for name in ("remeasure_budget_s", "max_repetitions"):
+        for name in ("remeasure_budget_s", "max_repetitions", "accepted_loss"):
             check_limit(name, getattr(self, name))
+        if self.plan_search not in PLAN_SEARCHES:
+            raise EngineConfigError(f"plan_search = {self.plan_search!r} must be one of {PLAN_SEARCHES}")
         for name in ("mixed_batch_sizes", "mixed_prefill_tokens"):
             bad = [v for v in getattr(self, name) or () if not 1 <= v <= 1_000_000]
             if bad or getattr(self, name) == ():
@@ -297,6 +314,10 @@ def plan_from_options(config: ServerConfig, options: PlanFields) -> ProfilePlan:
     for name in ("batch_sizes", "ks", "accept_batch_sizes"):  # accept None: the plan's own default
         values = given[name] if given[name] is not None else defaults.get(name)
         given[name] = None if values is None else tuple(sorted(set(values)))
+    if given["accept_batch_sizes"] is None and getattr(options, "plan_search", "grid") == "adaptive" \
+            and getattr(options, "mode", "one_launch") == "one_launch":
+        coarse = coarse_batch_sizes(given["batch_sizes"])  # measured in any case: the adaptive plan starts there
+        given["accept_batch_sizes"] = tuple(sorted({coarse[0], coarse[len(coarse) // 2], coarse[-1]}))
     plan = ProfilePlan(**given)
     plan.check_engine(config.max_num_seqs, K)
     return plan

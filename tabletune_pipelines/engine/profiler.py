@@ -36,6 +36,7 @@ Every cell goes to ``hooks.on_cell`` the moment its last repetition is measured,
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import sys
 import time
@@ -45,12 +46,16 @@ from typing import Any
 
 from tabletune_pipelines.core.remeasure import (
     DEFAULT_DECISION_RATES,
+    BoundaryReport,
     RemeasureReport,
     RemeasureSettings,
     cells_behind,
+    coarse_batch_sizes,
     evidence_from_repetitions,
     geometric_rates,
+    next_batch_sizes,
     remeasure,
+    search_boundaries,
 )
 from tabletune_pipelines.core.stepcost import StepSample
 from tabletune_pipelines.core.steptime import median_step_time
@@ -156,7 +161,13 @@ class _Run:
         device = getattr(servers.server, "device", None) or resolve_device(target.config.device)
         self.warmup = target.options.warmup_for(device)
         self.have: dict[CellKey, StepTimeCell] = {cell_key(c): c for c in hooks.existing}
-        self.wanted = target.plan.cells(target.options.mode)
+        self.grid = target.plan.batch_sizes
+        """Every batch size the plan may measure; the adaptive search measures some of them (``self.plan``)."""
+        self.search_report: BoundaryReport | None = None
+        if self.adaptive_search:
+            start = set(coarse_batch_sizes(self.grid)) | set(self._complete_batch_sizes())
+            self.plan = dataclasses.replace(target.plan, batch_sizes=tuple(sorted(start)))
+        self.wanted = self.plan.cells(target.options.mode)
         self.todo = [key for key in self.wanted if key not in self.have]
         self.prog = ProfilerProgress(total=len(self.wanted), done=len(self.wanted) - len(self.todo),
                                      printer=progress or (lambda m: print(m, file=sys.stderr, flush=True)))
@@ -164,15 +175,40 @@ class _Run:
         self.samples: list[StepSample] = list(hooks.existing_samples)
         self.new_cells: list[StepTimeCell] = []
         self._warmed: dict[int, set[tuple[int | None, int]]] = {}
+        self._k_set: dict[int, int | None] = {}
+        """The k this run last set on each server (by id)."""
         self.fallbacks: dict[str, int] = {}
         """Repetitions that could not use the exact engine timing, by how they were timed instead."""
         self.remeasure_report: RemeasureReport | None = None
 
+    @property
+    def adaptive_search(self) -> bool:
+        """Whether the batch sizes come from the adaptive search (``ProfileOptions.plan_search``): in
+        ``one_launch`` mode, with two k or more and B = 1 in the grid (the search judges tables)."""
+        opts, ks = self.target.options, [k for k in self.target.plan.ks if k is not None]
+        return (opts.mode == "one_launch" and opts.plan_search == "adaptive" and len(ks) >= 2 and max(ks) >= 1
+                and self.grid[0] == 1)
+
+    def _complete_batch_sizes(self) -> list[int]:
+        """Batch sizes of the grid whose all-rejected cells are measured for every k of the plan."""
+        return [b for b in self.grid if all((k, b, "reject") in self.have for k in self.target.plan.ks)]
+
+    def _replan(self, batch_sizes: Sequence[int]) -> None:
+        """The plan's batch sizes become ``batch_sizes`` (the adaptive search added some)."""
+        self.plan = dataclasses.replace(self.plan, batch_sizes=tuple(sorted(set(batch_sizes))))
+        self.wanted = self.plan.cells(self.target.options.mode)
+        self.todo = [key for key in self.wanted if key not in self.have]
+        self.prog.total = len(self.wanted)
+
     def announce(self) -> None:
         """The opening progress line: how many cells, how many already measured, how."""
         n, left, plan = len(self.wanted), len(self.todo), self.plan
+        how = (f"adaptive plan: coarse B = {list(plan.batch_sizes)} of the grid's {len(self.grid)} batch sizes first, "
+               f"then bisection where the best k changes; {plan.repetitions} repetitions, then more until each "
+               f"decision is settled or tied within {self.target.options.accepted_loss:.0%}"
+               if self.adaptive_search else f"{plan.repetitions} repetitions")
         self.prog.say(f"[profile] {self.target.identity.key}: {n} cells, {n - left} already measured, "
-                      f"{left} to measure (mode {self.target.options.mode}, {plan.repetitions} repetitions, "
+                      f"{left} to measure (mode {self.target.options.mode}, {how}, "
                       f"warm-up {'on' if self.warmup else 'off'})")
 
     def pending_ks(self) -> tuple[list[int], list[int]]:
@@ -188,6 +224,13 @@ class _Run:
         cells = sorted(self.have.values(), key=lambda c: order.get(cell_key(c), len(order)))
         wall = [c for c in cells if c.timing == "wall"]
         rr = self.remeasure_report
+        sr = self.search_report
+        if sr is not None:
+            self.prog.say(f"[profile] adaptive plan: {len(self.plan.batch_sizes)} of {len(self.grid)} batch sizes "
+                          f"measured: coarse {sr.coarse}"
+                          + "".join(f", {b} ({why})" for b, why in sorted(sr.added.items()))
+                          + (f"; not bisected (k tied within {self.target.options.accepted_loss:.0%}): "
+                             + ", ".join(f"{lo}..{hi}" for lo, hi in sr.skipped_ties) if sr.skipped_ties else ""))
         self.prog.say(
             f"[profile] done: {len(self.new_cells)} cells measured in {time.monotonic() - self.prog.started:.0f} s"
             + (f" (+{rr.measurements} repetitions of {len(rr.cells)} cells re-measured)" if rr else "") + "; "
@@ -210,6 +253,12 @@ class _Run:
             self.on_cell(cell)
         self.prog.cell(cell, note)
 
+    def _switch(self, server: Any, k: int | None) -> None:
+        """``server.set_k(k)`` unless this run set it to k last."""
+        if self._k_set.get(id(server), object()) != k:
+            server.set_k(k)
+            self._k_set[id(server)] = k
+
     def _warm(self, server: Any, k: int | None, b: int) -> None:
         warmed = self._warmed.setdefault(id(server), set())
         if not self.warmup or (k, b) in warmed:
@@ -220,7 +269,6 @@ class _Run:
     def group(self, server: Any, ks: Sequence[int | None], batch_sizes: Sequence[int], acceptance: DraftVerdict,
               switch: bool, launch_k: int | None = None) -> None:
         """Measure every missing (k, B) of ``ks`` x ``batch_sizes`` on ``server``."""
-        current: list[Any] = [object()]
         for b in batch_sizes:
             pending = [k for k in ks if (k, b, acceptance) not in self.have]
             if not pending:
@@ -228,9 +276,8 @@ class _Run:
             reps: dict[int | None, list[Measurement]] = {k: [] for k in pending}
             for r, order in enumerate(rotations(pending, self.plan.repetitions)):
                 for k in order:
-                    if switch and k != current[0]:
-                        server.set_k(k)
-                        current[0] = k
+                    if switch:
+                        self._switch(server, k)
                     self._warm(server, k, b)
                     reps[k].append(measure_cell_once(
                         server, k, b, seed=_seed(b, k, r, acceptance), prompt_tokens=self.plan.prompt_tokens,
@@ -267,7 +314,7 @@ class _Run:
 
     # -- adaptive re-measurement ---------------------------------------------------------------
     def _reps(self, ks: Sequence[int]) -> dict[tuple[int, int], list[float]] | None:
-        """The all-rejected repetitions of the plan's grid, or None while a cell is missing."""
+        """The all-rejected repetitions of the plan's batch sizes, or None while a cell is missing."""
         reps = {}
         for k in ks:
             for b in self.plan.batch_sizes:
@@ -277,11 +324,13 @@ class _Run:
                 reps[(k, b)] = list(cell.repetitions_ms)
         return reps
 
-    def adaptive_settings(self, options: ProfileOptions) -> tuple[list[tuple[float, ...]], int] | None:
+    def adaptive_settings(self, options: ProfileOptions,
+                          budget: bool = True) -> tuple[list[tuple[float, ...]], int] | None:
         """(acceptance profiles to judge decisions under, largest batch size) or None when the plan
-        cannot give a table to judge (one k, or a grid without B = 1)."""
+        cannot give a table to judge (one k, or a grid without B = 1), or (``budget``) when the
+        re-measurement is off."""
         ks = [k for k in self.plan.ks if k is not None]
-        if len(ks) < 2 or self.plan.batch_sizes[0] != 1 or options.remeasure_budget_s <= 0:
+        if len(ks) < 2 or self.plan.batch_sizes[0] != 1 or (budget and options.remeasure_budget_s <= 0):
             return None
         kmax = max(ks)
         if kmax < 1:
@@ -290,7 +339,26 @@ class _Run:
             rates = [tuple(options.decision_rates)]
         else:
             rates = [geometric_rates(p, kmax) for p in DEFAULT_DECISION_RATES]
-        return rates, self.plan.batch_sizes[-1]
+        return rates, self.grid[-1]
+
+    def _settings(self, options: ProfileOptions) -> RemeasureSettings:
+        tolerance = options.accepted_loss if self.adaptive_search else RemeasureSettings().tolerance
+        return RemeasureSettings(max_repetitions=options.max_repetitions, budget_s=options.remeasure_budget_s,
+                                 tolerance=tolerance)
+
+    def search_pending(self, options: ProfileOptions) -> bool:
+        """Whether the adaptive search would measure something: a missing coarse cell, a batch size
+        to add (``core.remeasure.next_batch_sizes``) or an open decision."""
+        settings = self.adaptive_settings(options, budget=False)
+        reps = self._reps(self.plan.ks)
+        if settings is None or reps is None:
+            return True
+        try:
+            if next_batch_sizes(reps, settings[0], settings[1], self.grid, self._settings(options)):
+                return True
+        except TableTuneError:
+            return False
+        return self.remeasure_pending(options)
 
     def remeasure_pending(self, options: ProfileOptions) -> bool:
         """Whether some decision is ambiguous and a cell behind it may still get a repetition."""
@@ -299,10 +367,11 @@ class _Run:
         if settings is None or reps is None:
             return False
         rates_options, n = settings
+        tolerance = self._settings(options).tolerance
         try:
             for rates in rates_options:
                 ev = evidence_from_repetitions(reps, rates, n)
-                for b, (_, ks) in cells_behind(ev.ambiguous(), self.plan.batch_sizes).items():
+                for b, (_, ks) in cells_behind(ev.ambiguous(tolerance), self.plan.batch_sizes).items():
                     if any(len(reps[(k, b)]) < options.max_repetitions for k in ks):
                         return True
         except TableTuneError:
@@ -317,13 +386,35 @@ class _Run:
         if settings is None or reps is None:
             return
         rates_options, n = settings
-        current: list[Any] = [object()]
+        measure, update = self._remeasure_callbacks(server, reps)
+        self.prog.say(f"[profile] re-measuring ambiguous decisions for up to {options.remeasure_budget_s:.0f} s "
+                      f"(at most {options.max_repetitions} repetitions per cell)")
+        try:
+            report = remeasure(reps, measure, rates_options, n, self._settings(options), on_update=update)
+        except TableTuneError as exc:
+            self.prog.say(f"[profile] re-measurement skipped: {exc}")
+            return
+        self._say_remeasured(report)
+
+    def _say_remeasured(self, report: RemeasureReport) -> None:
+        self.remeasure_report = report
+        self.prog.say(f"[profile] re-measurement: {report.measurements} repetitions of {len(report.cells)} cells in "
+                      f"{report.seconds:.0f} s, {report.stop_reason}"
+                      + (f"; still open at B = {report.ambiguous_left}" if report.ambiguous_left else ""))
+        by_reason: dict[str, list[int]] = {}
+        for b, why in sorted(report.per_batch.items()):
+            by_reason.setdefault(why, []).append(b)
+        self.prog.say("[profile] re-measurement stopped per batch size: "
+                      + "; ".join(f"{why}: B = {bs}" for why, bs in by_reason.items()))
+
+    def _remeasure_callbacks(self, server: Any, reps: dict[tuple[int, int], list[float]]) -> tuple[
+            Callable[[int, int], float], Callable[[int, int, list[float]], None]]:
+        """``measure(k, B)`` (one more all-rejected repetition on ``server``) and ``update(k, B, values)``
+        (the cell with all its repetitions, to ``on_cell``) for ``core.remeasure``."""
         last: dict[tuple[int, int], Measurement] = {}
 
         def measure(k: int, b: int) -> float:
-            if k != current[0]:
-                server.set_k(k)
-                current[0] = k
+            self._switch(server, k)
             m = measure_cell_once(server, k, b, seed=_seed(b, k, len(reps[(k, b)]), "reject"),
                                   prompt_tokens=self.plan.prompt_tokens, vocab_size=self.vocab_size)
             self._count_fallbacks([m])
@@ -344,23 +435,35 @@ class _Run:
                           f"({len(vals)} reps, spread {cell.spread:.0%}, {m.timing}"
                           + (f" {m.engine_method}" if m.engine_method != "exact" else "") + ")")
 
-        self.prog.say(f"[profile] re-measuring ambiguous decisions for up to {options.remeasure_budget_s:.0f} s "
-                      f"(at most {options.max_repetitions} repetitions per cell)")
+        return measure, update
+
+    def search(self, server: Any, options: ProfileOptions) -> None:
+        """The adaptive plan on a server that runs every k of the plan with every draft rejected
+        (``core.remeasure.search_boundaries``): each batch size it picks measured at every k with the
+        plan's repetitions, then repetitions where a decision is open, within the re-measurement budget."""
+        rates_options, n = self.adaptive_settings(options, budget=False) or ([], self.grid[-1])
+        ks = list(self.plan.ks)
+        reps: dict[tuple[int, int], list[float]] = {}
+        for b in self._complete_batch_sizes():
+            for k in ks:
+                reps[(k, b)] = list(self.have[(k, b, "reject")].repetitions_ms)
+
+        def measure_batch(b: int) -> None:
+            self._replan([*self.plan.batch_sizes, b])
+            self.group(server, ks, [b], "reject", True)
+            for k in ks:
+                reps[(k, b)] = list(self.have[(k, b, "reject")].repetitions_ms)
+
+        measure, update = self._remeasure_callbacks(server, reps)
         try:
-            settings = RemeasureSettings(max_repetitions=options.max_repetitions, budget_s=options.remeasure_budget_s)
-            report = remeasure(reps, measure, rates_options, n, settings, on_update=update)
-        except TableTuneError as exc:
-            self.prog.say(f"[profile] re-measurement skipped: {exc}")
+            report = search_boundaries(self.grid, measure_batch, reps, measure, rates_options, n,
+                                       self._settings(options), on_update=update)
+        except TableTuneError as exc:  # the cells measured so far stay; the grid's coarse points are in the plan
+            self.prog.say(f"[profile] adaptive plan stopped: {exc}")
             return
-        self.remeasure_report = report
-        self.prog.say(f"[profile] re-measurement: {report.measurements} repetitions of {len(report.cells)} cells in "
-                      f"{report.seconds:.0f} s, {report.stop_reason}"
-                      + (f"; still open at B = {report.ambiguous_left}" if report.ambiguous_left else ""))
-        by_reason: dict[str, list[int]] = {}
-        for b, why in sorted(report.per_batch.items()):
-            by_reason.setdefault(why, []).append(b)
-        self.prog.say("[profile] re-measurement stopped per batch size: "
-                      + "; ".join(f"{why}: B = {bs}" for why, bs in by_reason.items()))
+        self.search_report = report
+        self._replan(report.batch_sizes)
+        self._say_remeasured(report.remeasure)
 
 
 def _check_given_server(server: Any, plan: ProfilePlan, K: int) -> None:
@@ -467,18 +570,23 @@ def _one_launch(run: _Run, reject_ks: list[int], accept_ks: list[int]) -> list[i
     switch at runtime (the CPU build, or a GPU through the timing scheduler), the all-accepted cells. A rerun of a complete first pass
     launches only if a decision is still ambiguous."""
     options, given = run.target.options, run.servers.server
-    adaptive = options.remeasure_budget_s > 0 and (bool(reject_ks) or run.remeasure_pending(options))
+    search = run.adaptive_search and (bool(reject_ks) or run.search_pending(options))
+    adaptive = (not run.adaptive_search and options.remeasure_budget_s > 0
+                and (bool(reject_ks) or run.remeasure_pending(options)))
     mixed = options.mixed_steps and not run.samples
-    if not (reject_ks or adaptive or mixed or (accept_ks and given is not None and given.can_switch_synthetic_rates)):
+    if not (reject_ks or adaptive or search or mixed
+            or (accept_ks and given is not None and given.can_switch_synthetic_rates)):
         return accept_ks
     srv = given or run.launch(switching_config(run.config, run.plan.ks, 0.0, run.work))
     zeros = [0.0] * run.K
     original_rates = list(srv.config.synthetic_acceptance_rates or zeros)
     try:
-        if reject_ks or adaptive:
+        if reject_ks or adaptive or search:
             if srv.can_switch_synthetic_rates and original_rates != zeros:
                 srv.set_synthetic_rates(zeros)
-            if reject_ks:
+            if search:
+                run.search(srv, options)
+            elif reject_ks:
                 run.group(srv, reject_ks, run.plan.batch_sizes, "reject", True)
             if adaptive:
                 run.remeasure(srv, options)
@@ -502,7 +610,7 @@ def _release(run: _Run, srv: Any, original_rates: list[float]) -> None:
     if srv is run.servers.server:
         if srv.can_switch_synthetic_rates and srv.is_alive():
             srv.set_synthetic_rates(original_rates)
-            srv.set_k(run.K)
+            run._switch(srv, run.K)
     else:
         srv.stop()
 
@@ -544,7 +652,8 @@ def _mixed_phase(run: _Run, srv: Any) -> None:
     out: list[StepSample] = []
     for i, b in enumerate(sizes):
         for k in ks[i % len(ks):] + ks[: i % len(ks)]:
-            srv.set_k(k)
+            srv.set_k(k)  # every time (a switch to the same k is harmless)
+            run._k_set[id(srv)] = k
             run._warm(srv, k, b)
             got = measure_mixed_steps(srv, k, b, ps, vocab_size=run.vocab_size, seed=_seed(b, k, 0, "mixed"))
             out.extend(got)

@@ -15,7 +15,7 @@ numpy, no vLLM. What each implements from its paper is in docs/evaluation.md, "B
   an empty output counts nothing).
 * ``NightjarPolicy`` ("Nightjar: Dynamic Adaptive Speculative Decoding for Large Language Models
   Serving", arXiv 2512.22420): an independent multi-armed bandit per batch size choosing k from
-  the observed goodput of its own steps. The paper's planner is a MAB per batch size; the exact
+  the observed goodput of its own decode-only steps. The paper's planner is a MAB per batch size; the exact
   bandit rule is not reproduced here: this is UCB1 (Auer et al. 2002) with exploration constant
   ``c`` on rewards normalised by the largest seen. Its offloading of the drafter under memory
   pressure is out of scope (no KV-cache model here).
@@ -56,12 +56,12 @@ class _Counts:
         self.hist_d = [0] * (self.max_k + 1)
         self.hist_a = [0] * (self.max_k + 1)
 
-    def __call__(self, step: StepOutcome) -> tuple[int, int]:
-        """(kept drafts, positions tried) of one step; a position is tried when it was drafted and
-        every draft before it was kept."""
-        _, kept, rejections = count_drafts(step.spec_tokens, step.req_id_to_index, step.sampled, self.max_k,
-                                              self.hist_d, self.hist_a)
-        return kept, kept + rejections
+    def __call__(self, step: StepOutcome) -> tuple[int, int, int]:
+        """(drafted tokens, kept drafts, positions tried) of one step; a position is tried when it
+        was drafted and every draft before it was kept."""
+        drafted, kept, rejections = count_drafts(step.spec_tokens, step.req_id_to_index, step.sampled, self.max_k,
+                                                 self.hist_d, self.hist_a)
+        return drafted, kept, kept + rejections
 
 
 class TurboSpecPolicy:
@@ -104,7 +104,7 @@ class TurboSpecPolicy:
         if not step.num_scheduled_tokens:
             return
         self.steps += 1
-        kept, tried = self._counts(step)
+        _, kept, tried = self._counts(step)
         if tried:
             self.kept = self.kept * self.forget + kept
             self.tried = self.tried * self.forget + tried
@@ -158,7 +158,9 @@ class NightjarPolicy:
         dt = now - last
         if dt <= 0:
             return
-        kept, _ = self._counts(step)
+        drafted, kept, _ = self._counts(step)
+        if not step.decode_only(drafted):
+            return  # an interval carrying prefills prices the arriving prompts, not the arm's k
         reward = (b + kept) / (b * dt)  # tokens per request per second: the step's goodput over B
         arm = self.ks.index(k)
         self.count[b, arm] += 1

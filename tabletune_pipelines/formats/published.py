@@ -85,6 +85,8 @@ SERVED_VERIFICATION_FORMAT = """\
   "excluded_windows": 0,              # windows the step-log check left out
   "client_errors": 0,
   "plot": "<stem>.served-verification.png" (or null; a file name beside the published table),
+  "no_verdict_expected": ["load 1: the profile predicts ..."] (optional: loads where the sizing from the
+                                      profile's step times expected no verdict within the most rounds),
   "per_load": [{"load": 16, "status": "pass" | "fail" | "inconclusive", "best_fixed_k": 2 (or null),
                 "ratio": 0.987 (or null), "ratio_se": 0.011 (or null), "rounds": 3, "t": 4.303 (or null),
                 "stop": "decided" | "rounds" | "budget" (optional: why the load's rounds stopped),
@@ -97,7 +99,7 @@ SERVED_VERIFICATION_FORMAT = """\
 """The ``served_verification`` section (optional; checked strictly by ``parse_published``)."""
 _SERVED_KEYS = {"passed", "verdict", "rule", "tolerance", "candidate", "candidate_is", "loads", "rounds", "window_s", "budget_s",
                 "elapsed_s", "budget_cut", "launch_s", "device", "acceptance", "excluded_windows", "client_errors",
-                "plot", "per_load"}
+                "plot", "per_load", "no_verdict_expected"}
 _SERVED_LOAD_KEYS = {"load", "status", "best_fixed_k", "ratio", "ratio_se", "rounds", "t", "goodput", "stop",
                      "candidate_is", "references"}
 _SERVED_REF_KEYS = {"ratio", "ratio_se", "rounds", "same_as"}
@@ -499,6 +501,11 @@ def _served_verification(where: str, v: Any, table: _TableFields) -> dict[str, A
     for name in ("candidate_is", "device", "acceptance", "plot"):
         if sv.get(name) is not None:
             _str(where, f"{key}.{name}", sv[name])
+    expected = sv.get("no_verdict_expected", [])
+    if not isinstance(expected, list):
+        raise _fail(where, f"{key}.no_verdict_expected must be a list of lines")
+    for i, line in enumerate(expected):
+        _str(where, f"{key}.no_verdict_expected[{i}]", line)
     if sv.get("plot") is not None and ("/" in sv["plot"] or "\\" in sv["plot"] or not sv["plot"].endswith(".png")):
         raise _fail(where, f"{key}.plot = {sv['plot']!r:.80} must be the file name of a PNG beside the published table")
     load_set = _served_loads(where, sv, table.max_num_seqs)

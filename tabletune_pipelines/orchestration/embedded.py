@@ -78,7 +78,8 @@ def _numbers(database: str, key: str, doc: dict, dep, engine) -> list[str]:
     """Acceptance with intervals, the sample's mix, and the goodput ratio against the docs' table."""
     from tabletune_pipelines.core.acceptance_ci import prior_intervals
     from tabletune_pipelines.formats.prompt_mixes import describe_mix, sample_mix
-    from tabletune_pipelines.tuning.run_report import compare_to_docs, comparison_lines
+    from tabletune_pipelines.core.evidence import ACCEPTED_LOSS
+    from tabletune_pipelines.tuning.run_report import compare_to_docs, comparison_lines, no_verdict_lines, tie_lines
     from tabletune_pipelines.store.duckdb_store import TableTuneStore
     from tabletune_pipelines.tuning.derive import derive_table
 
@@ -97,11 +98,13 @@ def _numbers(database: str, key: str, doc: dict, dep, engine) -> list[str]:
     for i, iv in enumerate(ivs):
         lines.append(f"    a_{i + 1} = {iv.value:.3f}  95% interval [{iv.lo:.3f}, {iv.hi:.3f}]  "
                      f"({prior.accepted_per_pos[i]} of {prior.drafted_per_pos[i]} drafts kept)")
+    lines += [f"  {line}" for line in no_verdict_lines(doc.get("served_verification"))]
     lines.append(f"  table: {json.dumps(table['ranges'])}")
     tuned = derive_table(store.load_profile(key), prior)
     if tuned.evidence is not None:
         cmp = compare_to_docs(tuned.evidence, tuned.choice.ks, table["ranges"], table["max_num_seqs"], table["max_k"])
         lines += comparison_lines(cmp)
+        lines += tie_lines(tuned.evidence, ACCEPTED_LOSS)
     return lines
 
 

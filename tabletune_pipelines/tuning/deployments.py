@@ -463,7 +463,18 @@ def _run_verification(server: Any, table: Any, identity: EngineIdentity, opts: A
         first_warmup_s=opts.first_warmup_s, min_steps=opts.min_steps, tolerance=opts.tolerance,
         prompt=lambda rng: rng.choice(prompts), output_tokens=tuple(opts.output_tokens), acceptance=acceptance,
         progress=log.info, fixed_k=opts.fixed_k, within_noise=within,
-        references={"docs' table": docs_table(M, K)} if opts.compare_docs_table else None)
+        references={"docs' table": docs_table(M, K)} if opts.compare_docs_table else None,
+        profile_steps=_profile_steps(table))
+
+
+def _profile_steps(table: Any) -> tuple[dict, tuple[float, ...]] | None:
+    """The table's decode step times and acceptance rates, for sizing the verification; None where
+    the table carries no step time for some k at some batch size."""
+    steps, rates = getattr(table, "step_ms", None), getattr(table, "acceptance_rates", None)
+    M, K = table.max_num_seqs, table.max_k
+    if not steps or not rates or any(str(b) not in steps.get(str(k), {}) for k in range(K + 1) for b in range(1, M + 1)):
+        return None
+    return steps, tuple(float(r) for r in rates)
 
 
 # -- the engine without Dagster ------------------------------------------------------------

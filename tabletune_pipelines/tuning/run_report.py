@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tabletune_pipelines.core.table import dense_from_ranges
+from tabletune_pipelines.core.table import compact_ranges, dense_from_ranges
 
 DOCS_EXAMPLE = ((1, 64, 3), (65, 128, 1), (129, 512, 0))
 
@@ -84,4 +84,61 @@ def comparison_lines(cmp: DocsComparison) -> list[str]:
                  f"the same k elsewhere")
     lines.append(f"  mean over B = 1..{len(cmp.ratio)}: {cmp.mean:.3f} ± {cmp.mean_sd:.3f} "
                  f"(serving the docs' table would cost {100 * (1 - 1 / cmp.mean):.1f}% of goodput at a uniform load)")
+    return lines
+
+
+def tie_lines(evidence, tolerance: float) -> list[str]:
+    """The batch sizes where candidate k are tied with the table's k within ``tolerance`` at the
+    evidence rule's confidence (``EvidenceTable.ties``), grouped into ranges of equal candidates, and
+    those still open (a k could beat the table's by more than ``tolerance``)."""
+    ties = evidence.ties(tolerance)
+    kinds = sorted(set(ties))
+    groups = [(s, e, kinds[i]) for s, e, i in compact_ranges([kinds.index(c) for c in ties]) if kinds[i]]
+    conf = f"{evidence.confidence:.0%}"
+    if not groups:
+        lines = [f"  ties: none; at every batch size the table's k is ahead or no k is within {tolerance:.0%} of it"]
+    else:
+        where = "; ".join(f"B = {s}" + (f"-{e}" if e > s else "") + f": k = {', '.join(map(str, c))}"
+                          for s, e, c in groups)
+        lines = [f"  tied within {tolerance:.0%} (no k beats the table's by more, at {conf} confidence): {where} "
+                 f"(the table's k first); any of them serves as well there, and the table keeps the first"]
+    amb = evidence.ambiguous(tolerance)
+    if amb:
+        keys = [None] * len(ties)
+        for a in amb:
+            keys[a.batch_size - 1] = (a.chosen_k, a.rivals)
+        kinds_open = sorted({k for k in keys if k is not None})
+        parts = []
+        for s, e, i in compact_ranges([kinds_open.index(k) + 1 if k is not None else 0 for k in keys]):
+            if not i:
+                continue
+            chosen, rivals = kinds_open[i - 1]
+            worst = max(a.priority for a in amb if s <= a.batch_size <= e)
+            parts.append(f"B = {s}" + (f"-{e}" if e > s else "") + f": k = {', '.join(map(str, rivals))} could beat "
+                         f"the table's k = {chosen} by up to {worst:.1%}")
+        lines.append(f"  undecided (beyond {tolerance:.0%} at {conf} confidence): " + "; ".join(parts)
+                     + "; the profile cannot tell these apart: any of them may serve as well, and more repetitions "
+                       "(or the served verification) would settle it")
+    return lines
+
+
+def no_verdict_lines(section: dict | None) -> list[str]:
+    """What the served verification could not decide, for the top of a summary (before the table):
+    the loads left without a verdict and what stopped their rounds, and the loads where the sizing
+    from the profile expected none (``served_verification.size_verification``). Empty when every load
+    reached a verdict, or when there is no verification section."""
+    if not isinstance(section, dict):
+        return []
+    rows = [r for r in section.get("per_load") or [] if isinstance(r, dict) and r.get("status") == "inconclusive"]
+    if not rows:
+        return []
+    why = {"budget": "stopped by the budget", "rounds": "the most rounds spent", "decided": "decided"}
+    loads = ", ".join(f"{r.get('load')} ({why.get(r.get('stop'), 'not reached')}, {r.get('rounds')} paired "
+                      f"round(s))" for r in rows)
+    budget = section.get("budget_s")
+    lines = [f"served verification reached NO VERDICT at load {loads}"
+             + (f" within its {budget:g} s budget" if isinstance(budget, (int, float)) else "")
+             + ": the table below is unverified there"]
+    lines += [f"  expected before measuring: {line}" for line in section.get("no_verdict_expected") or []
+              if isinstance(line, str)]
     return lines

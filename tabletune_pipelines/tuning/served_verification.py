@@ -788,6 +788,107 @@ def plan_verification(n_policies: int, loads: Sequence[int], *, budget_s: float,
     return VerificationPlan(loads, rounds, window_s, settle_s, warmup_s, budget_s, est, note)
 
 
+# ============================================================================ sizing from the profile
+RATIO_SD_PRIOR: dict[str, float] = {"cpu": 0.2, "gpu": 0.07}
+"""Per-round standard deviation of the paired ratio candidate / fixed k at the device's default
+window, before a launch has measured its own: the CPU build on 2 cores gave 0.03-0.35 at loads 1-16
+with 1.5 s windows (median about 0.2; 2026-12-03..06), the H200 0.045-0.23 at loads 32-128 with 5 s
+windows (2026-12-03/04). A window w times longer is taken to scale it by 1/sqrt(w)."""
+STEP_MARGIN = 1.5
+"""Served steps are slower than the profile's decode steps (prefill joins them): a window is sized
+for this many times the profile's slowest decode step at the load."""
+BUDGET_CAP = 2.0
+"""The sized budget is at most this many times the device's default budget."""
+
+
+@dataclass(frozen=True)
+class LoadNeed:
+    """What a load's verdict needs, predicted from the profile before anything is served."""
+
+    load: int
+    predicted_ratio: float | None
+    """The profile's goodput of the table over the best fixed k it is judged against at this load's
+    batch sizes (None: no fixed k to judge against)."""
+    rounds: int | None
+    """Paired rounds a verdict needs at the expected spread (None: more than the most allowed, or the
+    predicted ratio sits on the ``1 - tolerance`` line)."""
+
+
+@dataclass(frozen=True)
+class VerificationSizing:
+    """Windows, rounds and budget sized from the profile's step times and the loss to detect
+    (``size_verification``)."""
+
+    window_s: float
+    rounds: int
+    budget_s: float
+    ratio_sd: float
+    """The per-round spread of the paired ratio expected at ``window_s``."""
+    needs: tuple[LoadNeed, ...]
+
+    @property
+    def unreachable(self) -> list[LoadNeed]:
+        """Loads where no verdict is expected within the most rounds."""
+        return [n for n in self.needs if n.predicted_ratio is not None and n.rounds is None]
+
+    def lines(self, tolerance: float, most: int) -> list[str]:
+        """What the sizing expects, one line per load where no verdict is expected."""
+        return [f"load {n.load}: the profile predicts table / best fixed k = {n.predicted_ratio:.3f}, "
+                f"{abs(n.predicted_ratio - (1 - tolerance)):.3f} from the {1 - tolerance:.2f} line; at a per-round "
+                f"spread of {self.ratio_sd:.2f} a verdict needs more than {most} rounds: none is expected"
+                for n in self.unreachable]
+
+
+def _load_goodput(step_ms: Mapping[str, Mapping[str, float]], taus: Sequence[float], table: Sequence[Sequence[int]],
+                  load: int, max_num_seqs: int, max_k: int) -> float:
+    """Mean over the load's batch sizes of B·tau(k) / T(B, k) with ``table``'s k (the profile's decode steps)."""
+    ks = k_over_load(table, load, max_num_seqs, max_k)
+    bs = load_batch_sizes(min(load, max_num_seqs))
+    return statistics.fmean(b * taus[k] / float(step_ms[str(k)][str(b)]) for b, k in zip(bs, ks))
+
+
+def size_verification(step_ms: Mapping[str, Mapping[str, float]], rates: Sequence[float],
+                      per_load: Mapping[int, "LoadPolicies"], *, max_k: int, max_num_seqs: int, device: str,
+                      tolerance: float, most_rounds: int, min_steps: int | None = None) -> VerificationSizing:
+    """Windows long enough for ``min_steps`` of the slowest served k's steps at each load (the profile's
+    decode step times, ``STEP_MARGIN`` for prefill), the rounds each load's verdict needs to tell the
+    profile's predicted ratio from ``1 - tolerance`` at the expected per-round spread
+    (``RATIO_SD_PRIOR``, scaled to the window), and the budget those rounds take (at most
+    ``BUDGET_CAP`` times the device default). A load whose verdict needs more than ``most_rounds`` gets
+    two rounds (its measured spread may be smaller than expected) and is named (``unreachable``)."""
+    from tabletune_pipelines.core.goodput import tau_curve
+
+    d = DEFAULTS.get(device, DEFAULTS["gpu"])
+    steps = d.min_steps if min_steps is None else min_steps
+    taus = tau_curve(rates)
+    slowest = max(float(step_ms[str(k)][str(min(ld, max_num_seqs))])
+                  for ld, lp in per_load.items() for k in range(max_k + 1) if str(k) in step_ms)
+    window = max(d.window_s, math.ceil(steps * STEP_MARGIN * slowest / 100.0) / 10.0)
+    sd = RATIO_SD_PRIOR.get(device, RATIO_SD_PRIOR["gpu"]) * math.sqrt(d.window_s / window)
+    needs = []
+    for load, lp in sorted(per_load.items()):
+        cand = _load_goodput(step_ms, taus, lp.policies.get(CANDIDATE, lp.policies.get(lp.same or "", [])),
+                             load, max_num_seqs, max_k) if (CANDIDATE in lp.policies or lp.same) else None
+        others = [_load_goodput(step_ms, taus, lp.policies[f], load, max_num_seqs, max_k)
+                  for f in lp.fixed if f != lp.same]
+        if cand is None or not others:
+            needs.append(LoadNeed(load, None, None))
+            continue
+        ratio = cand / max(others)
+        n = next((r for r in range(2, most_rounds + 1)
+                  if t_quantile(r - 1) * sd / math.sqrt(r) < abs(ratio - (1.0 - tolerance))), None)
+        needs.append(LoadNeed(load, ratio, n))
+    rounds = max([PLANNED_ROUNDS] + [n.rounds for n in needs if n.rounds is not None])
+    per_window = window + d.settle_s + SWAP_OVERHEAD_S
+    # verify_served splits what is left equally among the loads still to measure: every load's share
+    # must hold the neediest load's rounds
+    neediest = max(d.warmup_s + min(n.rounds or 2, most_rounds) * len(per_load[n.load].policies) * per_window
+                   for n in needs)
+    budget = min(max(len(needs) * neediest, d.budget_s), BUDGET_CAP * d.budget_s)
+    return VerificationSizing(window_s=window, rounds=min(rounds, most_rounds), budget_s=math.ceil(budget),
+                              ratio_sd=sd, needs=tuple(needs))
+
+
 # ============================================================================ the result
 @dataclass(frozen=True)
 class ServedVerification:
@@ -817,6 +918,8 @@ class ServedVerification:
     stop_reasons: tuple[tuple[int, str], ...] = ()
     """(load, why its rounds stopped): ``decided``, ``rounds`` (the most per load) or ``budget``; a load
     the budget never reached is not listed."""
+    expected_open: tuple[str, ...] = ()
+    """Loads where the sizing expected no verdict within the most rounds, one line each (``size_verification``)."""
 
     @property
     def passed(self) -> bool:
@@ -867,6 +970,7 @@ class ServedVerification:
             parts.append("rounds stopped: " + ", ".join(f"load {ld} {why}" for ld, why in self.stop_reasons))
         if self.budget_cut:
             parts.append(f"the budget ({self.plan.budget_s:.0f} s) cut the measurement short")
+        parts += [f"expected before measuring: {line}" for line in self.expected_open]
         if self.plan.note:
             parts.append(self.plan.note)
         if self.excluded_windows:
@@ -902,6 +1006,7 @@ class ServedVerification:
             "budget_s": self.plan.budget_s, "elapsed_s": round(self.elapsed_s, 1), "budget_cut": self.budget_cut,
             "launch_s": num(self.launch_s, 1), "device": self.device or None, "acceptance": self.acceptance or None,
             "excluded_windows": self.excluded_windows, "client_errors": self.client_errors, "per_load": per_load,
+            **({"no_verdict_expected": list(self.expected_open)} if self.expected_open else {}),
         }
 
 
@@ -989,13 +1094,17 @@ def verify_served(server: Any, candidate_table: Sequence[Sequence[int]], *, K: i
                   acceptance: str = "", progress: Callable[[str], None] | None = None,
                   fixed_k: FixedKChoice = "all", within_noise: Mapping[int, Sequence[int]] | None = None,
                   references: Mapping[str, Sequence[Sequence[int]]] | None = None,
+                  profile_steps: tuple[Mapping[str, Mapping[str, float]], Sequence[float]] | None = None,
                   clock: Callable[[], float] = time.monotonic) -> ServedVerification:
     """Run ``candidate_table`` against the fixed k at ``loads`` inside one launch (``server``), in
     rotating rounds until each load's verdict is decided, and judge it (module docstring). ``fixed_k``:
     every k 0..K at every load, or the ``plausible_fixed_ks`` of each load (``within_noise``: the
     table's evidence). ``references``: tables the candidate is compared with at each load (paired
-    ratios, not gating), served only where no served policy runs the same k. ``None`` options take
-    the device's ``DEFAULTS`` (``device``: ``server.device`` when not given). Loads are measured
+    ratios, not gating), served only where no served policy runs the same k. ``profile_steps``: the
+    table's decode step times ``{k: {B: ms}}`` measured in this launch's profile and the acceptance
+    rates; with them the windows, rounds and budget not given are sized by ``size_verification`` (the
+    loss to detect is ``tolerance``), and the loads where no verdict is expected are named up front.
+    Other ``None`` options take the device's ``DEFAULTS`` (``device``: ``server.device`` when not given). Loads are measured
     largest first, each with its share of the budget left, so a budget that runs out leaves the
     smallest loads inconclusive."""
     say = progress or logger.info
@@ -1012,16 +1121,33 @@ def verify_served(server: Any, candidate_table: Sequence[Sequence[int]], *, K: i
     lookup = expand_table([list(r) for r in candidate_table], max_num_seqs, K)
     same = fixed_name(lookup[0]) if len(set(lookup)) == 1 else None
     most = rounds or d.rounds
+    sizing = None
+    if profile_steps is not None:
+        sizing = size_verification(profile_steps[0], profile_steps[1], per_load, max_k=K, max_num_seqs=max_num_seqs,
+                                   device=device, tolerance=tolerance, most_rounds=most, min_steps=min_steps)
+        budget_s, window_s = budget_s or sizing.budget_s, window_s or sizing.window_s
+        say(f"[served] sized from the profile's step times and the {tolerance:.0%} loss to detect: "
+            f"{window_s:g} s windows, a {budget_s:.0f} s budget, up to {sizing.rounds} planned rounds per load "
+            f"(expected per-round spread {sizing.ratio_sd:.2f}; "
+            + ", ".join(f"load {n.load}: " + ("no fixed k to judge against" if n.predicted_ratio is None else
+                                              f"predicted {n.predicted_ratio:.3f}, "
+                                              + (f"~{n.rounds} rounds" if n.rounds else "no verdict expected"))
+                        for n in sizing.needs) + ")")
+    planned = min(most, sizing.rounds if sizing is not None else PLANNED_ROUNDS)
     plan = plan_verification(max(len(lp.policies) for lp in per_load.values()), loads, budget_s=budget_s or d.budget_s,
-                             rounds=min(most, PLANNED_ROUNDS), window_s=window_s or d.window_s,
+                             rounds=planned, window_s=window_s or d.window_s,
                              settle_s=d.settle_s if settle_s is None else settle_s,
                              warmup_s=d.warmup_s if warmup_s is None else warmup_s)
+    if sizing is not None and (budget_s, window_s) == (sizing.budget_s, sizing.window_s):
+        # sized per load: the windows stay as sized; a load stops when decided or its share is spent
+        plan = dataclasses.replace(plan, window_s=sizing.window_s, budget_s=sizing.budget_s,
+                                   estimated_s=sizing.budget_s, note="")
     plan = dataclasses.replace(plan, rounds=most,
                                first_warmup_s=d.first_warmup_s if first_warmup_s is None else first_warmup_s)
     say(f"served verification of {[list(r) for r in candidate_table]}"
         + (f" (= fixed {same})" if same else "") + f" at loads {list(plan.loads)}: "
         f"up to {plan.rounds} rounds (until decided) of {plan.window_s:g} s windows, "
-        f"~{plan.estimated_s:.0f} s for {min(most, PLANNED_ROUNDS)} rounds "
+        f"~{plan.estimated_s:.0f} s for {planned} rounds "
         f"of a {plan.budget_s:.0f} s budget" + (f" ({plan.note})" if plan.note else "")
         + (f", after a {plan.first_warmup_s:g} s warm-up on every policy in turn" if plan.first_warmup_s else ""))
     for load, lp in per_load.items():
@@ -1091,7 +1217,7 @@ def verify_served(server: Any, candidate_table: Sequence[Sequence[int]], *, K: i
         plan=plan, goodput=tuple(goodput), verdicts=tuple(verdicts), tolerance=tolerance, elapsed_s=elapsed,
         budget_cut=cut, candidate_is=same, windows=tuple(windows), client_errors=len(errors),
         first_client_error=errors[0] if errors else "", device=device, acceptance=acceptance,
-        stop_reasons=tuple(stops))
+        stop_reasons=tuple(stops), expected_open=tuple(sizing.lines(tolerance, most)) if sizing else ())
     say(f"[served] {elapsed:.0f} s: {result.summary()}")
     return result
 

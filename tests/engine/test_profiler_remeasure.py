@@ -81,3 +81,57 @@ def test_only_ambiguous_cells_are_measured_again_in_the_same_launch_and_a_rerun_
 def test_zero_budget_turns_it_off():
     prof, launched, _ = _run(ProfileOptions(decision_rates=RATES, remeasure_budget_s=0))
     assert all(len(c.repetitions_ms) == 3 for c in prof.cells) and len(launched) == 1
+
+
+def boundary_ms(k, b):
+    """k = 3 40 % ahead of k = 1 per token at B <= 2, 40 % behind from B = 3 on (k = 0 far behind)."""
+    t1 = 5.0 + b
+    if k == 1:
+        return t1
+    if k == 3:
+        return t1 * 2.5 / 1.7 * (0.6 if b <= 2 else 1.4)
+    return t1 * 1.0 / 1.7 * 1.6
+
+
+class BoundaryServer(NoisyServer):
+    """The noisy fake with a boundary between B = 2 and B = 3."""
+
+    def read_steps(self, since=None, until=None, offset=0):
+        b, k = self._b, self.k_at(self._b)
+        ms = boundary_ms(k, b) * getattr(self, "_noise", 1.0)
+        return [{"b": b, "new": b, "dt": 30.0, "d": 0, "k": k}] + [
+            {"b": b, "new": 0, "dt": ms, "d": b * (k or 0), "k": k} for _ in range(20)]
+
+
+GRID8 = ProfilePlan(batch_sizes=tuple(range(1, 9)), ks=(0, 1, 3), repetitions=3, include_no_spec=True,
+                    accept_batch_sizes=())
+
+
+def _run_plan(options, plan, existing=()):
+    options = dataclasses.replace(options, mixed_steps=False)
+    launched: list[FakeServer] = []
+    lines: list[str] = []
+    prof = profile_step_times(CFG, options, plan=plan, hooks=ProfileHooks(existing=existing),
+                              servers=ProfileServers(factory=lambda cfg: BoundaryServer(cfg, launched=launched)),
+                              identity=IDENT, vocab_size=100, progress=lines.append)
+    return prof, launched, lines
+
+
+def test_the_adaptive_plan_bisects_to_the_boundary_and_measures_less_than_the_grid():
+    # k = 3 wins clearly at B <= 2, k = 1 from B = 3 on: the boundary is between 2 and 3.
+    opts = ProfileOptions(decision_rates=RATES, max_repetitions=6, remeasure_budget_s=30.0)
+    prof, launched, lines = _run_plan(opts, GRID8)
+    by_b = {}
+    for c in prof.cells:
+        by_b.setdefault(c.batch_size, set()).add(c.k)
+    measured = sorted(by_b)
+    assert {1, 2, 3, 8} <= set(measured) and len(measured) < 8  # coarse 1, 3, 5, 6, 8 and the bisection's 2
+    assert all(by_b[b] == {None, 0, 1, 3} for b in measured)  # every k, and the baseline at the same B only
+    assert len(launched) == 2  # the one launch for every k, and the no-speculation launch
+    assert any("adaptive plan:" in line and "(bisect)" in line for line in lines)
+    # The full grid stays an option: every batch size.
+    grid, _, _ = _run_plan(dataclasses.replace(opts, plan_search="grid"), GRID8)
+    assert sorted({c.batch_size for c in grid.cells}) == list(range(1, 9))
+    # A rerun from the stored cells measures no new batch size.
+    again, relaunched, _ = _run_plan(opts, GRID8, existing=prof.cells)
+    assert sorted({c.batch_size for c in again.cells}) == measured

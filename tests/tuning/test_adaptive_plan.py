@@ -1,0 +1,180 @@
+"""The adaptive profile plan (``core.remeasure.search_boundaries``) against the full grid on the
+same data: the step-time profiles measured on a real H200 (benchmarks/data/h200/, every batch size
+of the grid, 3 repetitions each) and the embedded default's full grid on the CPU build
+(benchmarks/data/cpu/2026-12-06-adaptive-vs-grid/). The adaptive plan sees only the batch sizes it asks for; its table
+must be the grid's table or lose at most the accepted loss (1 %) of goodput against it, judged on
+the grid's own cells, averaged over the batch sizes (a uniform load)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tabletune_pipelines.core.evidence import ACCEPTED_LOSS
+from tabletune_pipelines.core.remeasure import (
+    DEFAULT_DECISION_RATES,
+    RemeasureSettings,
+    coarse_batch_sizes,
+    geometric_rates,
+    next_batch_sizes,
+    search_boundaries,
+)
+from tabletune_pipelines.formats.documents import AcceptancePrior, StepTimeProfile
+from tabletune_pipelines.tuning.derive import derive_table
+
+DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "h200"
+#: The embedded default's full grid on the CPU build (benchmarks/adaptive_vs_grid.py, 2026-12-06).
+CPU_GRID = DATA.parent / "cpu" / "2026-12-06-adaptive-vs-grid" / "grid.profile.json"
+PROFILES = [*sorted(DATA.glob("**/*.one_launch.json")), CPU_GRID]
+
+
+def _prior(rates):
+    n = len(rates)
+    return AcceptancePrior(rates=tuple(rates), num_drafts=0, drafted_per_pos=(0,) * n, accepted_per_pos=(0,) * n,
+                           prompt_fingerprint="given", prompt_count=0, source="synthetic")
+
+
+def _adaptive(prof: StepTimeProfile):
+    """The adaptive plan replayed on the profile's recorded repetitions: (report, profile of what it measured)."""
+    full = {(c.k, c.batch_size): list(c.repetitions_ms) for c in prof.cells if c.acceptance == "reject"}
+    grid = sorted({b for _, b in full})
+    ks = sorted({k for k, _ in full})
+    reps: dict = {}
+    asked: list[int] = []
+
+    def measure_batch(b):
+        asked.append(b)
+        for k in ks:
+            reps[(k, b)] = list(full[(k, b)])
+
+    def measure(k, b):  # never called: the first pass takes every recorded repetition, the cap is 3
+        raise AssertionError("no repetition beyond the recorded ones")
+
+    rates = [geometric_rates(p, max(ks)) for p in DEFAULT_DECISION_RATES]
+    report = search_boundaries(grid, measure_batch, reps, measure, rates, prof.identity.max_num_seqs,
+                               RemeasureSettings(max_repetitions=3, tolerance=ACCEPTED_LOSS))
+    assert sorted(asked) == report.batch_sizes and len(set(asked)) == len(asked)  # each batch size once
+    kept = set(report.batch_sizes)
+    sub = dataclasses.replace(prof, cells=tuple(c for c in prof.cells
+                                                if c.acceptance != "reject" or c.batch_size in kept))
+    return report, grid, sub
+
+
+@pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.parent.name[:30] + "/" + p.name[:32])
+@pytest.mark.parametrize("p", DEFAULT_DECISION_RATES)
+def test_adaptive_table_is_the_grids_or_within_the_accepted_loss(path, p):
+    prof = StepTimeProfile.from_json(path.read_text())
+    report, grid, sub = _adaptive(prof)
+    prior = _prior(geometric_rates(p, prof.identity.max_k))
+    grid_t, adaptive_t = derive_table(prof, prior), derive_table(sub, prior)
+    g = grid_t.choice.goodput  # the grid's own cells judge both tables
+    ks = list(grid_t.choice.ks)
+    cols = np.arange(g.shape[1])
+    mine = g[[ks.index(k) for k in adaptive_t.choice.chosen], cols]
+    theirs = g[[ks.index(k) for k in grid_t.choice.chosen], cols]
+    loss = 1.0 - mine / theirs
+    assert adaptive_t.table.ranges == grid_t.table.ranges or float(loss.mean()) <= ACCEPTED_LOSS, (
+        adaptive_t.table.ranges, grid_t.table.ranges, float(loss.mean()))
+    assert set(coarse_batch_sizes(grid)) <= set(report.batch_sizes) <= set(grid)
+
+
+def test_the_adaptive_plan_measures_a_fraction_of_a_large_grid():
+    dense = next(p for p in PROFILES if "qwen3-4b" in p.name)
+    report, grid, _ = _adaptive(StepTimeProfile.from_json(dense.read_text()))
+    assert len(grid) == 30 and len(report.batch_sizes) <= len(grid) // 2
+
+
+def _surface_reps(ms_of, grid, ks, reps_n=3, noise=0.0, seed=0):
+    rng = np.random.default_rng(seed)
+    return {(k, b): [ms_of(k, b) * (1 + noise * rng.standard_normal()) for _ in range(reps_n)]
+            for k in ks for b in grid}
+
+
+def test_bisection_pins_a_boundary_between_neighbouring_grid_points():
+    # k = 3 is 20 % cheaper per token than k = 1 below B = 11 and 20 % dearer from it on.
+    rates = (0.8, 0.64, 0.512)  # tau(1) = 1.8, tau(3) = 2.952
+
+    def ms(k, b):
+        base = 10.0 + b
+        return base if k == 1 else base * 2.952 / 1.8 * (0.8 if b < 11 else 1.2)
+
+    grid, ks = list(range(1, 17)), [1, 3]
+    full = _surface_reps(ms, grid, ks)
+    reps: dict = {}
+
+    def measure_batch(b):
+        for k in ks:
+            reps[(k, b)] = list(full[(k, b)])
+
+    report = search_boundaries(grid, measure_batch, reps, lambda k, b: ms(k, b), [rates], 16,
+                               RemeasureSettings(max_repetitions=3))
+    assert {10, 11} <= set(report.batch_sizes)  # the boundary sits between measured neighbours
+    assert "bisect" in report.added.values() and len(report.batch_sizes) < len(grid)
+
+
+def test_tied_neighbours_are_not_bisected_and_a_run_is_verified_at_its_midpoint():
+    rates = (0.8, 0.64, 0.512)
+
+    def ms(k, b):  # k = 1 and k = 3 within 0.2 % of each other in goodput everywhere: a tie
+        base = 10.0 + b
+        return base if k == 1 else base * 2.952 / 1.8 * (1.0 + (0.002 if b % 2 else -0.002))
+
+    grid, ks = list(range(1, 17)), [1, 3]
+    reps = {key: v for key, v in _surface_reps(ms, grid, ks).items() if key[1] in (1, 16)}
+    skipped: list = []
+    want = next_batch_sizes(reps, [rates], 16, grid, RemeasureSettings(tolerance=ACCEPTED_LOSS), skipped)
+    assert "bisect" not in want.values()
+    # only the two ends measured: either one run to verify, or a tie between them that is not bisected
+    assert want == {8: "verify"} or (skipped == [(1, 16)] and want == {})
+
+
+def test_the_run_summary_names_tied_batch_sizes_within_the_accepted_loss():
+    from tabletune_pipelines.core.evidence import SearchSettings, search_with_evidence
+    from tabletune_pipelines.tuning.run_report import tie_lines
+
+    rates = (0.8, 0.64, 0.512)  # tau(1) = 1.8, tau(3) = 2.952
+    n, ks = 16, (1, 3)
+    t1 = np.array([10.0 + b for b in range(1, n + 1)])
+    # k = 3 far ahead below B = 9; from B = 9 on, k = 1 and k = 3 give the same goodput (a tie).
+    t3 = np.array([t * 2.952 / 1.8 * (0.7 if b < 9 else 1.0) for b, t in enumerate(t1, start=1)])
+    ms = np.vstack([t1, t3])
+    var = (0.001 * ms) ** 2  # 0.1 % standard errors: the tie is resolved within 1 %
+    ev = search_with_evidence(ms, var, ks, rates, settings=SearchSettings())
+    lines = tie_lines(ev, ACCEPTED_LOSS)
+    assert len(lines) == 1 and "tied within 1%" in lines[0] and "any of them serves as well" in lines[0]
+    tied = [b for b, c in enumerate(ev.ties(ACCEPTED_LOSS), start=1) if c]
+    assert tied and min(tied) >= 9 and "B = 1" not in lines[0].split(":", 1)[1].split(";")[0][:6]
+    # With 5 % errors nothing is settled within 1 %: the same surface is undecided, not tied.
+    loose = search_with_evidence(ms, (0.05 * ms) ** 2, ks, rates, settings=SearchSettings())
+    assert any(line.startswith("  undecided (beyond 1% at 95% confidence): B = ") and "could beat the table" in line
+               for line in tie_lines(loose, ACCEPTED_LOSS))
+
+
+def test_the_budget_counts_repetitions_beyond_the_first_pass_only():
+    # Every first-pass measurement takes 100 s of the clock; each extra repetition 1 s. The 10 s
+    # budget must still buy extra repetitions after a first pass far longer than it.
+    now = [0.0]
+    rates = (0.8, 0.64, 0.512)
+    rng = np.random.default_rng(1)
+
+    def ms(k, b):  # k = 1 and k = 3 within 3 % of each other: open at 1 % with 20 % noise
+        return (10.0 + b) * (1.0 if k == 1 else 2.952 / 1.8 * 1.03)
+
+    grid, ks, reps = list(range(1, 9)), [1, 3], {}
+
+    def measure_batch(b):
+        now[0] += 100.0
+        for k in ks:
+            reps[(k, b)] = [ms(k, b) * (1 + 0.2 * rng.standard_normal()) for _ in range(3)]
+
+    def measure(k, b):
+        now[0] += 1.0
+        return ms(k, b) * (1 + 0.2 * rng.standard_normal())
+
+    report = search_boundaries(grid, measure_batch, reps, measure, [rates], 8,
+                               RemeasureSettings(max_repetitions=9, budget_s=10.0), clock=lambda: now[0])
+    assert 10 <= report.remeasure.measurements <= 12  # the 10 s budget, a round in progress finishing
+    assert report.remeasure.stop_reason == "budget"
