@@ -53,13 +53,13 @@ from tabletune_pipelines.controller.step import StepOutcome
 from tabletune_pipelines.formats.identity_match import engine_gpu
 
 logger = logging.getLogger("tabletune.controller")
-if not logger.handlers and not logging.getLogger("tabletune").handlers:
-    # vLLM configures its own "vllm" logger only; give ours a handler so INFO lines reach the server log.
+if not logger.handlers and not logging.getLogger("tabletune").handlers and not logging.getLogger().handlers:
+    # vLLM configures its own "vllm" logger only; give ours a handler so INFO lines reach the server
+    # log. Where the process has configured logging (a root handler), the lines go there instead.
     _h = logging.StreamHandler()
     _h.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [tabletune.controller] %(message)s", "%m-%d %H:%M:%S"))
     logger.addHandler(_h)
     logger.setLevel(logging.INFO)
-    logger.propagate = False
 
 
 def engine_facts(scheduler: Any) -> EngineFacts:

@@ -118,14 +118,15 @@ def test_nightjar_policy_chooses_k_in_the_engine(rig):
     # Every arm was tried (the published table has k = 1 only), ...
     assert all(n > 0 for n in st["policy_k_steps"])
     assert all(n >= 1 for n in cnt) and sum(cnt) >= 100
-    # ... UCB concentrates at its most-visited batch size: one arm holds at least half of the pulls
-    # (uniform pulls give each of the 4 arms 25 %, +- 1.5 % at 800 pulls; the twelve runs: 73-98 %),
-    # and it is the arm that measured best among the arms pulled 10 times or more (the mean of a
-    # handful of pulls is a few wall-clock intervals, each as noisy as the machine is busy). Which k
-    # that is, is not asserted: wall-clock rewards at B = 1 include the prefills of arriving requests;
-    # in three of the twelve runs k = 3's first pulls measured low (229 against k = 2's 290 in one)
-    # and UCB at exploration 0.2 stayed on k = 2 (pulls [14, 4, 933, 40]): what UCB does with what
-    # it measured.
+    # ... UCB concentrates at its most-visited batch size: the two arms that measured best (of those
+    # pulled 10 times or more) hold at least 70 % of the pulls (uniform pulls give any two of the 4
+    # arms 50 %, +- 2.5 % at 400 pulls; 15 runs on 2 cores: 81-98 %), and the most-pulled arm measured within 10 % of the best of the
+    # arms pulled 10 times or more. Rewards come from decode-only steps (a step carrying prefills
+    # rewards nothing). Which k leads, and by how much, is not asserted: k = 2 and k = 3 measure
+    # within a few % of each other at B = 4 (262.7 against 266.4 tokens/s per request in one run,
+    # where k = 2 led with 258 pulls to 249), and UCB1's bound on a rival's pulls grows as 1/gap^2,
+    # so the lead arm's share ranges from 48 % to 94 % over the same runs (its mean: 0.986-1 of the best).
     lead = max(range(len(cnt)), key=lambda i: cnt[i])
-    assert cnt[lead] >= 0.5 * sum(cnt), (cnt, mean)
-    assert mean[lead] == max(m for m, n in zip(mean, cnt) if n >= 10), (cnt, mean)
+    best_two = sorted((i for i in range(len(cnt)) if cnt[i] >= 10), key=lambda i: mean[i], reverse=True)[:2]
+    assert sum(cnt[i] for i in best_two) >= 0.7 * sum(cnt), (cnt, mean)
+    assert mean[lead] >= 0.9 * max(m for m, n in zip(mean, cnt) if n >= 10), (cnt, mean)
