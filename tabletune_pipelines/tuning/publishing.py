@@ -219,7 +219,7 @@ def _keep_calibration(store: Any, key: str, table: DraftLengthTable, result: Any
     prices served steps with what serving measured (``core.served_calibration.ServedCalibration``). A pass or a
     fail alike: both measured every fixed k."""
     from tabletune_pipelines.core.served_calibration import ServedCalibration
-    from tabletune_pipelines.tuning.served_verification import fixed_name, served_points
+    from tabletune_pipelines.tuning.served_windows import fixed_name, served_points
 
     policies = {fixed_name(k): [[1, result.max_num_seqs, k]] for k in range(result.max_k + 1)}
     points = served_points(result.windows, policies)

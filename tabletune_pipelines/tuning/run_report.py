@@ -125,7 +125,7 @@ def tie_lines(evidence, tolerance: float) -> list[str]:
 def no_verdict_lines(section: dict | None) -> list[str]:
     """What the served verification could not decide, for the top of a summary (before the table):
     the loads left without a verdict and what stopped their rounds, and the loads where the sizing
-    from the profile expected none (``served_verification.size_verification``). Empty when every load
+    from the profile expected none (``served_plan.size_verification``). Empty when every load
     reached a verdict, or when there is no verification section."""
     if not isinstance(section, dict):
         return []

@@ -24,7 +24,7 @@ from tabletune_pipelines.errors import PipelineFailure
 from tabletune_pipelines.orchestration import resources as resources_module
 from tabletune_pipelines.orchestration.resources import EngineResource, check_config
 from tabletune_pipelines.tuning.deployments import AcceptanceOptions
-from tabletune_pipelines.tuning.served_verification import ServedVerificationOptions
+from tabletune_pipelines.tuning.served_plan import ServedVerificationOptions
 from tests.pipeline.helpers import make_resources
 from tests.pipeline.test_pipeline_assets import identity_key, run_identity, run_week, sql
 
