@@ -47,9 +47,10 @@ LOGGERS = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 QUICK_PROFILE = {"batch_sizes": [1, 4, 16], "repetitions": 2, "accept_batch_sizes": [], "remeasure_budget_s": 30.0}
 #: The full run also times fixed k (K = k, no table) for the engine-dependence check.
 FULL_PROFILE = {"fixed_k_baseline": True}
+#: The checkout, whose dagster.yaml seeds a new Dagster home (a wheel install has none: Dagster's defaults).
 REPO = Path(__file__).resolve().parents[2]
-#: The code location (``assets/definitions.py``), as ``dagster dev`` and the UI load it.
-WORKSPACE = REPO / "workspace.yaml"
+#: The code location's module, as ``workspace.yaml``, ``dg`` and the UI load it.
+CODE_LOCATION = "tabletune_pipelines.definitions"
 
 
 def _dagster_home() -> Path:
@@ -86,21 +87,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def code_location_assets(workspace: Path = WORKSPACE) -> list[Any]:
-    """The assets of the code location ``workspace`` names (``python_file`` and its
-    ``working_directory``, both relative to the workspace file), loaded from the checkout as
-    ``dagster dev -w`` loads them: the Dagster definitions live in the top-level ``assets/``
-    folder, which this package never imports."""
-    import importlib
+def code_location_assets() -> list[Any]:
+    """The assets of the code location, from the installed package (``tabletune_pipelines.definitions``,
+    the module ``workspace.yaml`` and ``dg`` load), so ``tabletune run`` works from any folder."""
+    from tabletune_pipelines.definitions import ASSETS
 
-    import yaml
-
-    location = yaml.safe_load(workspace.read_text())["load_from"][0]["python_file"]
-    root = (workspace.parent / location.get("working_directory", ".")).resolve()
-    module = (workspace.parent / location["relative_path"]).resolve().relative_to(root).with_suffix("")
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    return list(importlib.import_module(".".join(module.parts)).ASSETS)
+    return list(ASSETS)
 
 
 def write_sample_weeks(fleet: Any, week: str, mix: str) -> bool:
@@ -197,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             return report_failure(weekly, "acceptance")
         status = max((publish_deployment(assets, dep, resources, instance) for dep in fleet.deployments), default=0)
     print(f"\n[tabletune] open the UI on it:\n  DAGSTER_HOME={dagster_home} env --default-signal=INT,TERM "
-          f"{Path(sys.executable).parent / 'dagster'} dev -w {WORKSPACE} -h 127.0.0.1 -p 3000")
+          f"{Path(sys.executable).parent / 'dagster'} dev -m {CODE_LOCATION} -h 127.0.0.1 -p 3000")
     return status
 
 

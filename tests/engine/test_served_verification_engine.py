@@ -23,7 +23,7 @@ import pytest
 
 from tabletune_pipelines.tuning.deployments import identity_for
 from tabletune_pipelines.formats.fleet import load_fleet
-from assets.definitions import ASSETS
+from tabletune_pipelines.definitions import ASSETS
 from tabletune_pipelines.orchestration.partitions import register_identity
 from tabletune_pipelines.formats.published import read_published_table
 from tabletune_pipelines.store import TableTuneStore
