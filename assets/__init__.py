@@ -1,10 +1,8 @@
-"""TableTune's software-defined assets and their checks (thin: they call the library and describe
-what it produced). ``assets/definitions.py`` (the code location) discovers every asset in this folder.
+"""Where people look for TableTune's assets: a thin re-export of the package's Dagster code.
 
-Lineage: logged_prompts → acceptance_prior ─┐
-         controller_live_counters → live_acceptance_counters ─┤
-         step_time_profile ─────────────────────────────────┴→ draft_length_table → published_table
+The assets and their checks live in the package's ``defs/`` folder (``tabletune_pipelines/defs/``)
+and the code location in ``tabletune_pipelines/definitions.py``, so a wheel install loads them from
+any folder (``workspace.yaml``, ``dg``, ``tabletune run``). This folder holds no asset of its own:
+``assets.definitions`` re-exports the package's, for a ``dagster dev -f assets/definitions.py`` or
+an import from the checkout. The wheel does not install it.
 """
-
-OWNERS = ["team:tabletune"]
-"""Owners of every asset (shown in the UI)."""

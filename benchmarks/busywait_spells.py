@@ -35,7 +35,8 @@ from pathlib import Path
 from _busywait import server_env
 
 from tabletune_pipelines.evaluation.bench import loadavg
-from tabletune_pipelines.tuning.served_verification import mean_se, rotated
+from tabletune_pipelines.core.stats import mean_se
+from tabletune_pipelines.tuning.served_load import rotated
 
 SETTINGS = ("sleep", "yield")
 

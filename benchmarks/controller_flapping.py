@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 from tabletune_pipelines.evaluation.bench import loadavg
-from tabletune_pipelines.tuning.served_verification import mean_se
+from tabletune_pipelines.core.stats import mean_se
 
 POLICIES = {
     "backoff": {},

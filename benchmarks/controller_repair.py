@@ -44,7 +44,8 @@ import time
 from pathlib import Path
 
 from tabletune_pipelines.evaluation.bench import ints, loadavg
-from tabletune_pipelines.tuning.served_verification import mean_se, rotated
+from tabletune_pipelines.core.stats import mean_se
+from tabletune_pipelines.tuning.served_load import rotated
 
 
 def main() -> int:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from tabletune_pipelines.evaluation.bench import loadavg
-from tabletune_pipelines.tuning.served_verification import mean_se
+from tabletune_pipelines.core.stats import mean_se
 
 
 def matmul_ms(dtype, rounds: int, m: int = 16, k: int = 1024, n: int = 2816) -> list[float]:

@@ -43,7 +43,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from tabletune_pipelines.tuning.served_verification import mean_se, rotated
+from tabletune_pipelines.core.stats import mean_se
+from tabletune_pipelines.tuning.served_load import rotated
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -5,7 +5,7 @@
 One launch per engine (Qwen3-4B-shaped or Qwen3-30B-A3B-shaped target + EAGLE-3 head, dummy
 weights, Model Runner V2 with full CUDA graphs, synthetic acceptance fixed at launch), closed-loop
 load at each concurrency, tables hot-swapped between windows in rotating order
-(``tabletune_pipelines.tuning.served_verification``, the library's closed loop). The launch table lists every k (V2 captures full CUDA graphs only for
+(``tabletune_pipelines.tuning.served_load``, the library's closed loop). The launch table lists every k (V2 captures full CUDA graphs only for
 k values in the launch table). Prints per load: goodput per policy with its standard error across
 rounds, the loss against the best fixed k, and the paired A/A difference of two names for one table.
 """
@@ -18,7 +18,7 @@ import os
 import time
 from pathlib import Path
 
-from tabletune_pipelines.tuning.served_verification import paired_ratio, summarize
+from tabletune_pipelines.tuning.served_windows import policy_ratio, summarize
 from tabletune_pipelines.evaluation.served import loss_table, run_closed_loop
 
 ENGINES = {
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             cells.append("n/a" if s is None else f"{s.goodput:8.0f}±{s.stderr:5.0f} ({100 * losses.get(p, {}).get(load, float('nan')):5.1f}%)")
         worst = max(losses.get(p, {}).values(), default=float("nan"))
         print(f"  {p:<11} " + " | ".join(cells) + f" | worst {100 * worst:5.1f}%")
-    aa = {load: paired_ratio(windows, "docs", "docs_again", load) for load in loads}
+    aa = {load: policy_ratio(windows, "docs", "docs_again", load) for load in loads}
     print("  A/A (docs vs docs_again) paired ratio: " + ", ".join(f"L{l}: {r:.3f}±{se:.3f}" for l, (r, se, _) in aa.items()))
     Path(args.out).write_text(json.dumps({
         "engine": args.engine, "compilation_config": args.compilation_config, "rates": rates, "policies": policies, "loads": loads,

@@ -17,7 +17,7 @@ published before) and priced by what serving pays (``core.stepcost`` with the cl
 workload: 32-token prompts, 32-128 output tokens, mean 80). Wall time of profile + derive printed.
 
 ``judge``: ONE launch with synthetic acceptance (0.7, 0.5, 0.3), closed loop
-(``tuning.served_verification``) at each load, rounds in rotating order, every window checked against the
+(``tuning.served_load``) at each load, rounds in rotating order, every window checked against the
 step log: fixed k = 1, 2, 3, the docs' table, the decode-only table and the served-priced table.
 Printed per load: goodput ± s.e. across rounds, loss against the best fixed k, and the served
 table's paired ratio to the best fixed k (by round) ± s.e. The launch's step log is kept beside the
@@ -39,7 +39,7 @@ launches as the drift check.
 ``steps``: from a judge's figures and kept step log, no engine: per policy and load, arrivals per step
 (mean and variance / mean, which the served pricing takes as Poisson), the fraction of steps above the
 capture ceiling against what Poisson arrivals with the same mean give, and the step time above and
-under the ceiling (``tuning.served_verification.step_mix``).
+under the ceiling (``tuning.served_windows.step_mix``).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from pathlib import Path
 from tabletune_pipelines.core.stepcost import Workload
 from tabletune_pipelines.core.table import expand_table
 from tabletune_pipelines.formats.documents import AcceptancePrior, StepTimeProfile
-from tabletune_pipelines.tuning.served_verification import paired_ratio, summarize
+from tabletune_pipelines.tuning.served_windows import policy_ratio, summarize
 from tabletune_pipelines.evaluation.served import loss_table, run_closed_loop
 
 HERE = Path(__file__).resolve().parent
@@ -156,8 +156,8 @@ def derive_both(prof: StepTimeProfile, calibration=None):
 
 
 def calibration_from_judges(paths: list[str]):
-    """One ``ServedCalibration`` from judge JSONs (``tuning.served_verification.calibration_from_judges``)."""
-    from tabletune_pipelines.tuning.served_verification import calibration_from_judges as pooled
+    """One ``ServedCalibration`` from judge JSONs (``tuning.served_windows.calibration_from_judges``)."""
+    from tabletune_pipelines.tuning.served_windows import calibration_from_judges as pooled
 
     return pooled([(Path(p).name, json.loads(Path(p).read_text())) for p in paths])
 
@@ -277,12 +277,12 @@ def cmd_judge(args) -> int:
     verdict = {}
     for load in loads:
         best = max(fixed, key=lambda p: summary[(p, load)].goodput)
-        r, se, m = paired_ratio(windows, "served", best, load)
-        rd, sed, _ = paired_ratio(windows, "served", "docs", load)
+        r, se, m = policy_ratio(windows, "served", best, load)
+        rd, sed, _ = policy_ratio(windows, "served", "docs", load)
         verdict[load] = {"best": best, "ratio": r, "se": se, "rounds": m, "vs_docs": rd, "vs_docs_se": sed}
         say(f"    L{load}: vs {best} {r:.3f}±{se:.3f} ({m} rounds); vs docs {rd:.3f}±{sed:.3f}")
         for k in args.control_ks:
-            ra, sea, ma = paired_ratio(windows, f"control_k{k}", f"fixed_k{k}", load)
+            ra, sea, ma = policy_ratio(windows, f"control_k{k}", f"fixed_k{k}", load)
             verdict[load][f"control_k{k}"] = {"ratio": ra, "se": sea, "rounds": ma}
             say(f"    L{load}: A/A control_k{k} vs fixed_k{k} {ra:.3f}±{sea:.3f} ({ma} rounds): identical policies")
     (out / f"{args.engine}-judge.json").write_text(json.dumps({
@@ -338,7 +338,7 @@ def cmd_steps(args) -> int:
     import gzip
     import math
 
-    from tabletune_pipelines.tuning.served_verification import Window, step_mix
+    from tabletune_pipelines.tuning.served_windows import Window, step_mix
 
     d = json.loads(Path(args.tables).read_text())
     windows = [Window(**w) for w in d["windows"]]

@@ -32,7 +32,7 @@ Per scenario:
    (``core.evidence.search_with_evidence``) with both rules. Then every table policy — fixed
    k = 0..K, the docs' dense example scaled to max_num_seqs, tuned (0.5% rule), tuned (evidence)
    and its A/A copy (two names for the same table) — hot-swapped between windows in rotating order
-   across ``--rounds`` rounds (``tuning.served_verification.measure_window``: kept tokens = Σ(b + a) over the
+   across ``--rounds`` rounds (``tuning.served_windows.measure_window``: kept tokens = Σ(b + a) over the
    step log, every step checked to have run the window's table).
 2. **Adaptive launches**, one per policy: the controller (control mode from the tuned table),
    TurboSpec-style and Nightjar-style (``controller: {policy: ...}``), each the production plugin
@@ -65,14 +65,13 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from tabletune_pipelines.evaluation.bench import ints, loadavg
-from tabletune_pipelines.tuning.served_verification import (
-    LoadGenerator,
+from tabletune_pipelines.core.stats import mean_se
+from tabletune_pipelines.tuning.served_load import LoadGenerator, rotated
+from tabletune_pipelines.tuning.served_windows import (
     Window,
     counted_window,
-    mean_se,
     measure_window,
-    paired_ratio,
-    rotated,
+    policy_ratio,
     summarize,
 )
 from tabletune_pipelines.evaluation.synthetic import fixed_prior
@@ -394,10 +393,10 @@ def analyse(scn: dict, loads: Sequence[int]) -> dict:
     for i, a in enumerate(names):
         for b in names[i + 1:]:
             for load in loads:
-                r, se, n = paired_ratio(windows, a, b, load)
+                r, se, n = policy_ratio(windows, a, b, load)
                 res["pairs"].append({"a": a, "b": b, "load": load, "diff": r - 1.0, "se": se, "rounds": n})
     for load in loads:
-        r, se, n = paired_ratio(windows, AA, TUNED, load)
+        r, se, n = policy_ratio(windows, AA, TUNED, load)
         res["aa"][str(load)] = {"diff": r - 1.0, "se": se, "rounds": n}
     aa = [v for v in res["aa"].values() if not math.isnan(v["diff"])]
     res["aa_floor"] = max((abs(v["diff"]) for v in aa), default=float("nan"))

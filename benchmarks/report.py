@@ -8,8 +8,9 @@ The page is generated, not written by hand: every figure on it comes from a file
 compares the markdown only (the picture depends on the installed matplotlib and fonts); the drift
 test ``tests/evaluation/test_results_page.py`` runs the same comparison.
 
-Paired ratios and standard errors come from ``tabletune_pipelines.tuning.served_verification``
-(``paired_ratio``, ``mean_se``, ``summarize``, and ``judge_load`` for the verdict at a 3 % tolerance),
+Paired ratios and standard errors come from ``tabletune_pipelines.tuning.served_windows``
+(``policy_ratio``, ``summarize``), ``core.stats`` (``mean_se``) and ``tuning.served_verdict``
+(``judge_load`` for the verdict at a 3 % tolerance),
 the same code the served verification publishes with. Only the commands are written here: a judge's
 JSON holds its windows and policies but not the command line that launched it.
 """
@@ -226,7 +227,7 @@ def _checked(value, name: str, where: str, key: str | None = None):
 
 
 def _windows(rows: Sequence[dict]):
-    from tabletune_pipelines.tuning.served_verification import Window
+    from tabletune_pipelines.tuning.served_windows import Window
 
     names = {f.name for f in fields(Window)}
     required = {f.name for f in fields(Window) if f.default is MISSING and f.default_factory is MISSING}
@@ -275,8 +276,9 @@ def _same_up_to(a, b, load: int) -> bool:
 # ----------------------------------------------------------------------------- judged launches
 def judged_rows(rel: str, date: str, ceiling: int, candidate: str = "served") -> list[dict]:
     """One row per load of a judge launch: the candidate against the best fixed k (``judge_load``) and
-    against the docs' table (``paired_ratio``)."""
-    from tabletune_pipelines.tuning.served_verification import judge_load, paired_ratio, summarize
+    against the docs' table (``policy_ratio``)."""
+    from tabletune_pipelines.tuning.served_verdict import judge_load
+    from tabletune_pipelines.tuning.served_windows import policy_ratio, summarize
 
     doc = _load(H200 / rel)
     windows = _windows(doc["windows"])
@@ -291,7 +293,7 @@ def judged_rows(rel: str, date: str, ceiling: int, candidate: str = "served") ->
         best = v.best_fixed
         best_k = int(best.removeprefix("fixed_k")) if best else None
         same_docs = _same_up_to(policies[candidate], policies["docs"], load)
-        rd, sed, nd = paired_ratio(windows, candidate, "docs", load)
+        rd, sed, nd = policy_ratio(windows, candidate, "docs", load)
         rows.append({
             "engine": engine, "load": load, "date": date, "ceiling": ceiling, "table": policies[candidate],
             "best": best_k, "best_goodput": summary[(best, load)].goodput if best else float("nan"),
@@ -322,7 +324,7 @@ def headline() -> list[str]:
            "in an order that rotates from round to round; kept tokens are counted from the engine's step log, "
            "and every window is checked against it. Ratios are paired by round: the mean of (table / other) over "
            "the rounds ± its standard error, rounds in brackets. Verdict: "
-           "`tuning.served_verification.judge_load` at a "
+           "`tuning.served_verdict.judge_load` at a "
            "3 % tolerance, the rule the served verification publishes with: within 3 % when the paired 95 % "
            "interval lies above 0.97, a loss when it lies below, undecided when it straddles 0.97. *A/A*: at "
            "that load the table runs the best fixed k's k at every batch size a closed loop reaches, so the "
@@ -415,7 +417,7 @@ PICTURE_POLICIES = {"fixed_k1": "fixed k = 1", "fixed_k2": "fixed k = 2", "fixed
 
 
 def picture_series() -> tuple[list[int], dict[str, list[tuple[float, float]]], dict]:
-    from tabletune_pipelines.tuning.served_verification import summarize
+    from tabletune_pipelines.tuning.served_windows import summarize
 
     doc = _load(H200 / PICTURE_LAUNCH)
     summary = summarize(_windows(doc["windows"]))
@@ -482,7 +484,7 @@ def render_picture(path: Path) -> None:
 
 # ----------------------------------------------------------------------------- the controller
 def controller_section() -> list[str]:
-    from tabletune_pipelines.tuning.served_verification import mean_se
+    from tabletune_pipelines.core.stats import mean_se
 
     out = ["## The controller", "",
            "### Recovery and switches under steady load", "",
@@ -643,7 +645,8 @@ def one_launch_section() -> list[str]:
 
 # ----------------------------------------------------------------------------- the CPU build
 def cpu_section() -> list[str]:
-    from tabletune_pipelines.tuning.served_verification import judge_load, paired_ratio, summarize
+    from tabletune_pipelines.tuning.served_verdict import judge_load
+    from tabletune_pipelines.tuning.served_windows import policy_ratio, summarize
 
     doc = _load(CPU_EVAL)
     meta = doc["meta"]
@@ -664,7 +667,7 @@ def cpu_section() -> list[str]:
         for load in sorted({w.load for w in windows}):
             v = judge_load(load, _by_round(windows, "tuned (evidence)", load),
                            {p: _by_round(windows, p, load) for p in fixed}, tolerance=TOLERANCE)
-            rd, sed, nd = paired_ratio(windows, "tuned (evidence)", "docs' table", load)
+            rd, sed, nd = policy_ratio(windows, "tuned (evidence)", "docs' table", load)
             s = summary[(v.best_fixed, load)]
             se = v.ratio_se if v.ratio_se is not None else float("nan")
             out.append(f"| {name} | ({rates}) | {load} | {v.best_fixed.replace('k=', 'k = ')}, {s.goodput:.0f} ± "

@@ -15,7 +15,7 @@ same launch:
    accepted-work correction, adaptive re-measurement with ``--budget`` seconds). The tuner's T
    is ``tuning.derive_table`` of that profile under the known acceptance (corrected where the fit
    is significant).
-2. Closed loop (``tabletune_pipelines.tuning.served_verification.LoadGenerator``): at each load L (concurrent clients,
+2. Closed loop (``tabletune_pipelines.tuning.served_load.LoadGenerator``): at each load L (concurrent clients,
    prompts of 32 random token ids, ``max_tokens`` uniform in ``--output-tokens``, ``ignore_eos``)
    and in ``--rounds`` rounds, every (setting, fixed k) pair gets a window of ``--window`` s, the
    order of settings and k rotating per round. Measured from the step log over the window:
@@ -49,7 +49,8 @@ from pathlib import Path
 from _busywait import server_env
 
 from tabletune_pipelines.evaluation.bench import ints, loadavg
-from tabletune_pipelines.tuning.served_verification import LoadGenerator, counted_window, rotated
+from tabletune_pipelines.tuning.served_load import LoadGenerator, rotated
+from tabletune_pipelines.tuning.served_windows import counted_window
 from tabletune_pipelines.evaluation.synthetic import fixed_prior
 
 
@@ -76,7 +77,7 @@ def calibrated_ms(windows: list[dict], setting: str, load: int, cost, rates, wor
     from this setting's fixed-k windows at every load but ``load``: what the tuner would price ``load``
     at had a served verification measured only the other loads (None: too few windows)."""
     from tabletune_pipelines.core.served_calibration import ServedCalibration
-    from tabletune_pipelines.tuning.served_verification import Window, served_points
+    from tabletune_pipelines.tuning.served_windows import Window, served_points
 
     ws = []
     for w in windows:

@@ -17,7 +17,6 @@ import argparse
 import contextlib
 import json
 import logging
-import math
 import os
 import re
 import sys
@@ -421,179 +420,17 @@ def _store_for_show(args: argparse.Namespace) -> TableTuneStore | str:
         return f"the store could not be read ({(str(exc) or type(exc).__name__).splitlines()[0]})"
 
 
-def served_verdict(section: dict | None) -> tuple[str, list[str]]:
-    """The served verification's verdict and one line per load, in the document's words: ``verified``
-    (every load passed), ``unverified`` (none failed, some reached no verdict), ``failed``; ``not
-    verified yet`` when the file carries no verification. The ``verdict`` a section states is taken
-    as it is; a section without one (written before it existed) is judged from its loads."""
-    if section is None:
-        return "not verified yet", []
-    per_load = [r for r in section.get("per_load") or [] if isinstance(r, dict)]
-    lines = []
-    for r in per_load:
-        ratio, se, best = r.get("ratio"), r.get("ratio_se"), r.get("best_fixed_k")
-        figure = ("" if ratio is None else f": table / best fixed k{'' if best is None else f' (k={best})'} = "
-                  f"{ratio:.3f}" + ("" if se is None else f" ± {se:.3f}"))
-        ran = r.get("rounds")
-        done = ("" if not isinstance(ran, int) else
-                f" ({ran} paired round(s){', stopped by the budget' if r.get('stop') == 'budget' else ''})")
-        same = r.get("candidate_is")
-        aa = f"; the table is {same} here, judged against the other fixed k" if isinstance(same, str) else ""
-        refs = []
-        for name, ref in (r.get("references") or {}).items():
-            if not isinstance(ref, dict):
-                continue
-            if ref.get("same_as") == "table":
-                refs.append(f"vs {name}: A/A (the same k here)")
-            elif isinstance(ref.get("ratio"), (int, float)):
-                rse = ref.get("ratio_se")
-                refs.append(f"vs {name}: {ref['ratio']:.3f}" + (f" ± {rse:.3f}" if isinstance(rse, (int, float)) else "")
-                            + f" ({ref.get('rounds')} paired round(s))")
-        lines.append(f"load {r.get('load')}: {r.get('status')}{figure}{done}{aa}" + "".join(f"; {x}" for x in refs))
-    stated = section.get("verdict")
-    if isinstance(stated, str) and stated:
-        return stated, lines
-    if not section.get("passed"):
-        return "failed", lines
-    if not per_load or any(r.get("status") != "pass" for r in per_load):
-        return "unverified", lines
-    return "verified", lines
-
-
 def _show_summary(pub: PublishedTable, dep: Deployment, notes: list[str], store: TableTuneStore | str) -> list[str]:
-    """What ``tabletune show`` prints: the table first, then whose it is, what it came from, what it is
-    predicted to do and what serving measured, and where the file is."""
-    from tabletune_pipelines.tuning.report import ranges_line
+    """What ``tabletune show`` prints: whose table it is, then the run report (``run_report.measured_lines``:
+    the table, what it came from, what it is predicted to do, what serving measured, where the file is)."""
+    from tabletune_pipelines.tuning.deployments import AcceptanceOptions
+    from tabletune_pipelines.tuning.run_report import measured_lines
 
-    from tabletune_pipelines.tuning.run_report import no_verdict_lines
-
-    doc = pub.document
     lines = [f"{dep.name}: draft-length table v{pub.version}, published {pub.published_at}"]
     lines += [f"NOTE: {n}" for n in notes]
-    lines += [f"NOTE: {n}" if not n.startswith(" ") else f"     {n}" for n in no_verdict_lines(pub.served_verification)]
-    lines.append(f"  table       {ranges_line(pub.ranges)}   (K = {pub.max_k}, max_num_seqs = {pub.max_num_seqs})")
-    lines.append(f"  engine      {_identity_line(pub)}")
-    lines.append(f"              key {pub.identity_key}")
-    lines += _prior_lines(pub, store)
-    lines += _loss_lines(pub, doc, store)
-    verdict, per_load = served_verdict(pub.served_verification)
-    sv = pub.served_verification or {}
-    open_loads = [r.get("load") for r in sv.get("per_load") or [] if r.get("status") == "inconclusive"]
-    if open_loads and verdict != "failed":
-        verdict += f": no verdict at load {', '.join(map(str, open_loads))}"
-    lines.append(f"  served      {verdict}")
-    if sv:
-        cut = (f"; the {sv['budget_s']:g} s budget cut it short"
-               if sv.get("budget_cut") and isinstance(sv.get("budget_s"), (int, float)) else "")
-        lines.append(f"              up to {sv.get('rounds')} round(s) of {sv.get('window_s')} s per policy at load "
-                     f"{', '.join(map(str, sv.get('loads') or []))} on {sv.get('device') or '?'}, acceptance "
-                     f"{sv.get('acceptance') or '?'}{cut}")
-    lines += [f"              {line}" for line in per_load]
-    if sv.get("plot"):
-        lines.append(f"              plot {dep.published_table.parent / sv['plot']}")
-    lines.append(f"  file        {dep.published_table}")
+    lines += measured_lines(pub, dep, store, sample_seed=AcceptanceOptions().seed)
     lines.append("  (--json prints the whole document)")
     return lines
-
-
-def _identity_line(pub: PublishedTable) -> str:
-    i = pub.identity
-    if not i:
-        return "not recorded"
-    parts = [str(i.get("gpu", "?")), f"vLLM {i.get('vllm_version', '?')}", str(i.get("model", "?"))]
-    if i.get("drafter"):
-        parts.append(f"drafter {i['drafter']}")
-    parts.append(str(i.get("method", "?")))
-    parts += [f"{name} {i[name]}" for name in ("dtype", "cudagraph_mode") if i.get(name)]
-    return " · ".join(parts)
-
-
-def _prior_lines(pub: PublishedTable, store: TableTuneStore | str) -> list[str]:
-    """a_i with their 95 % (Wilson) intervals from the file's counts; the sample's size and week from
-    the store's copy of the prior when the store holds it."""
-    from tabletune_pipelines.core.acceptance_ci import prior_intervals
-
-    p = pub.prior
-    head = f"  prior       {p.prior_id or '?'} ({p.source or 'source not recorded'})"
-    stored = None
-    if not isinstance(store, str) and p.prior_id:
-        with contextlib.suppress(TableTuneError, KeyError):
-            stored = store.acceptance_prior(p.prior_id)
-    if stored is not None:
-        head += (f": {stored.prompt_count} prompts, {stored.num_drafts} drafts, "
-                 + (f"week of {stored.week}" if stored.week else "no week (ad hoc)"))
-    else:
-        head += f": {p.num_drafts} drafts" if p.num_drafts else ": counts not recorded"
-        head += f"; sample size and date: {store if isinstance(store, str) else 'the store does not hold it'}"
-    if not p.rates:
-        return [head, "              no acceptance rates recorded"]
-    counted = len(p.drafted_per_pos) >= len(p.rates) and any(p.drafted_per_pos)
-    if counted:
-        rates = " · ".join(f"a_{i + 1} {iv.value:.3f} [{iv.lo:.3f}, {iv.hi:.3f}]"
-                           for i, iv in enumerate(prior_intervals(p)))
-        return [head, f"              {rates}  (95% intervals)"]
-    return [head, "              " + " · ".join(f"a_{i + 1} {a:.3f}" for i, a in enumerate(p.rates))
-            + "  (no counts: no intervals)"]
-
-
-def _loss_lines(pub: PublishedTable, doc: dict, store: TableTuneStore | str) -> list[str]:
-    """The predicted worst loss against the best fixed k (the file's evidence) and the predicted goodput
-    against vLLM docs' example table (re-derived from the store's profile and prior, with its s.e.)."""
-    from tabletune_pipelines.tuning.run_report import docs_table
-
-    def number(x: object) -> float | None:  # the evidence section is checked as JSON only: read it with care
-        return float(x) if type(x) in (int, float) and math.isfinite(x) else None  # type: ignore[arg-type]
-
-    table, ev = doc.get("table") or {}, doc.get("evidence") or {}
-    loss = number(table.get("predicted_worst_loss", 0.0)) or 0.0
-    lcb, ucb, conf = (number(ev.get(k)) for k in ("predicted_worst_loss_lcb", "predicted_worst_loss_ucb", "confidence"))
-    bounds = (f" ({conf:.0%} bounds {lcb or 0.0:.2%}–{ucb:.2%})" if ev.get("has_error_estimates") is True
-              and ucb is not None and conf else " (no error estimates)")
-    lines = [f"  predicted   worst loss against the best fixed k at any B: {loss:.2%}{bounds}"]
-    docs = docs_table(pub.max_num_seqs, pub.max_k)
-    vs = f"              against vLLM docs' table {json.dumps(docs)}: "
-    if _same_dense(pub.ranges, docs, pub.max_num_seqs):
-        return [*lines, vs + "the same k at every batch size (ratio 1.000)"]
-    cmp = _docs_comparison(pub, docs, store)
-    if isinstance(cmp, str):
-        return [*lines, vs + f"not computed ({cmp})"]
-    diff = cmp.differing()
-    lo, hi = min(diff, key=lambda b: cmp.ratio[b - 1]), max(diff, key=lambda b: cmp.ratio[b - 1])
-    spread = " to ".join(f"{cmp.ratio[b - 1]:.3f} ± {cmp.sd[b - 1]:.3f} (B {b})" for b in dict.fromkeys((lo, hi)))
-    return [*lines, vs + f"goodput ratio {cmp.mean:.3f} ± {cmp.mean_sd:.3f} (this table / the docs', mean over "
-                         f"B 1-{pub.max_num_seqs}, ± s.e.)",
-            f"              where the k differ: {spread}; the same k at the other {pub.max_num_seqs - len(diff)} B"]
-
-
-def _same_dense(ranges, docs, n: int) -> bool:
-    from tabletune_pipelines.core.table import dense_from_ranges
-
-    return dense_from_ranges([list(r) for r in ranges], n).tolist() == dense_from_ranges(docs, n).tolist()
-
-
-def _docs_comparison(pub: PublishedTable, docs: list[list[int]], store: TableTuneStore | str):
-    """``run_report.compare_to_docs`` from the table's profile and prior in the store, or why not."""
-    if isinstance(store, str):
-        return store
-    from tabletune_pipelines.tuning.derive import derive_table
-    from tabletune_pipelines.tuning.run_report import compare_to_docs
-
-    try:
-        prior = store.acceptance_prior(pub.prior.prior_id or "")
-        profile = store.load_profile(pub.identity_key)
-        tuned = derive_table(profile, prior)
-    except (TableTuneError, KeyError) as exc:
-        first = str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc).splitlines()[0]
-        return f"the store at {store.path} lacks the table's profile or prior: {first}"
-    except (ValueError, ArithmeticError) as exc:  # numpy's LinAlgError is a ValueError
-        return f"the table's profile and prior do not derive here: {str(exc).splitlines()[0] if str(exc) else exc!r}"
-    if tuned.evidence is None:
-        return "the profile has no error estimates"
-    ks = list(tuned.choice.ks)
-    missing = sorted({k for _, _, k in [*pub.ranges, *docs]} - set(ks))
-    if missing:
-        return f"the stored profile has no k = {missing}"
-    return compare_to_docs(tuned.evidence, ks, pub.ranges, pub.max_num_seqs, pub.max_k)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -2,7 +2,7 @@
 
 A fleet file, a Dagster run or resource config and a published file hand TableTune plain mappings;
 the typed options classes (``engine.plan.ProfileOptions``, ``deployments.AcceptanceOptions``,
-``tuning.served_verification.ServedVerificationOptions``, ``formats.controller_settings.ControllerSettings``) are read
+``tuning.served_plan.ServedVerificationOptions``, ``formats.controller_settings.ControllerSettings``) are read
 from them by ``options_from_mapping`` alone: a mapping (or None for every default), no key the class
 does not know (each unknown key named, with ``where`` and the known keys), and every error of the
 class's own validation prefixed with ``where``. The error class is the caller's layer's

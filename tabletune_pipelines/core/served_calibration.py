@@ -4,7 +4,7 @@
 The price of ``core.stepcost`` sees what a step carries (decode tokens, prefill, graph mode), not
 what serving adds between steps (stalls, requests finishing, arrivals that bunch unlike Poisson).
 A closed loop that runs each fixed k at a few loads measures the wall time per step with every
-step counted (``tuning.served_verification.served_points``); ``ServedCalibration.offsets`` turns those points
+step counted (``tuning.served_windows.served_points``); ``ServedCalibration.offsets`` turns those points
 into a correction of the priced E[T(B, k, P)], with its variance and the covariance between ks
 measured in the same rounds. ``StepCost.served(..., calibration=...)`` applies it.
 
@@ -103,7 +103,7 @@ class ServedCalibration:
     """
 
     points: tuple[ServedPoint, ...]
-    """Fixed-k measurements (``tuning.served_verification.served_points``)."""
+    """Fixed-k measurements (``tuning.served_windows.served_points``)."""
     source: str = ""
     """Where the points come from, in words (shown in the table's provenance)."""
 

@@ -1,14 +1,17 @@
-"""Small-sample statistics every judgement shares: the mean with its standard error, and Student's t.
+"""Small-sample statistics every judgement shares: the mean with its standard error, the paired ratio,
+and Student's t.
 
 ``t_quantile`` is the one Student-t of the project: the served verification's verdicts, the
 acceptance intervals of grouped counts and the benchmarks' comparisons all take their t from it.
+``paired_ratios`` and ``paired_ratio`` pair two series by round (the served verification's verdicts
+and the benchmarks' comparisons of two policies).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from statistics import NormalDist
 
 from tabletune_pipelines.errors import InvalidValueError
@@ -41,3 +44,17 @@ def mean_se(xs: Iterable[float]) -> tuple[float, float]:
     if not xs:
         return float("nan"), float("nan")
     return statistics.fmean(xs), (statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else float("nan"))
+
+
+def paired_ratios(a: Mapping[int, float], b: Mapping[int, float]) -> list[float]:
+    """``a[r] / b[r]`` for every round ``r`` both series measured, in round order; a round where ``b``
+    is not positive is left out (no ratio)."""
+    return [a[r] / b[r] for r in sorted(set(a) & set(b)) if b[r] > 0]
+
+
+def paired_ratio(a: Mapping[int, float], b: Mapping[int, float]) -> tuple[float, float, int]:
+    """Mean of the paired ratios ``a / b`` (``paired_ratios``), its standard error (``mean_se``) and
+    the number of paired rounds."""
+    ratios = paired_ratios(a, b)
+    m, se = mean_se(ratios)
+    return m, se, len(ratios)

@@ -2,7 +2,7 @@
 the cost model or from stored profiles, and a closed-loop replay simulator that drives every
 policy, the production controller included; and ``served``: the measuring harness on a real server
 (every policy at every load, losses against the best fixed k, the envelope comparison) over
-``tuning.served_verification``, the served verification a table passes before it is published
+``tuning.served_*``, the served verification a table passes before it is published
 (docs/evaluation.md, "Served verification"). Numpy + stdlib only (no Dagster, no vLLM), except
 ``scheduler`` (the evaluation's vLLM plugins, loaded inside the engine). This package sits on top of
 the import graph: nothing in ``tuning``, ``store``, ``controller`` or ``orchestration`` imports it.

@@ -3,7 +3,7 @@ comma-separated list of integers (``--loads 1,4,16``) and the machine's load ave
 to every figure (noise on a shared machine). Stdlib only.
 
 The other shared pieces have their homes elsewhere: mean ± standard error is
-``tuning.served_verification.mean_se``, a prior with given rates ``evaluation.synthetic.fixed_prior``.
+``core.stats.mean_se``, a prior with given rates ``evaluation.synthetic.fixed_prior``.
 """
 
 from __future__ import annotations

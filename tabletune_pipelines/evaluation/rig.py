@@ -10,7 +10,7 @@ live-counters format the pipeline ingests) and the server log.
 
 ``server_config`` defaults to the tiny CPU models (``engine.tiny_models``) with synthetic acceptance
 and no timing scheduler (``step_timing=False``); the synthetic inputs it publishes come from
-``evaluation.synthetic``. The load is ``tuning.served_verification.LoadGenerator`` with the rig's settings
+``evaluation.synthetic``. The load is ``tuning.served_load.LoadGenerator`` with the rig's settings
 (``closed_loop``). No vLLM import here: the engine package is imported when a config is built.
 """
 
@@ -27,7 +27,7 @@ from typing import Any
 from tabletune_pipelines.controller.loader import default_export_path
 from tabletune_pipelines.formats.controller_settings import PUBLISHED_ENV
 from tabletune_pipelines.errors import LiveCountersError
-from tabletune_pipelines.tuning.served_verification import LoadGenerator
+from tabletune_pipelines.tuning.served_load import LoadGenerator
 from tabletune_pipelines.evaluation.synthetic import IDENTITY, LAUNCH, publish
 from tabletune_pipelines.formats.live_counters import CounterWindow, read_live_counters
 from tabletune_pipelines.formats.published import check_published_target

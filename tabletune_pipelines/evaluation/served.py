@@ -14,15 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from tabletune_pipelines.errors import InvalidValueError
-from tabletune_pipelines.tuning.served_verification import (
-    LoadGenerator,
+from tabletune_pipelines.core.stats import t_quantile
+from tabletune_pipelines.tuning.served_load import LoadGenerator, rotated
+from tabletune_pipelines.tuning.served_windows import (
     PolicySummary,
     Window,
     fixed_k_windows,
     measure_window,
-    rotated,
     summarize,
-    t_quantile,
     window_progress_line,
 )
 

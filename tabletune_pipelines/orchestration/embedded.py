@@ -4,10 +4,11 @@ Runs the whole pipeline once, in process, into a persistent Dagster instance (so
 afterwards): the last complete week's acceptance prior (and live counters, if the controller
 exported any), then for every deployment's current engine identity the step-time profile, the
 draft-length table and the published table. Real vLLM (the CPU build), the tiny local models,
-the DuckDB file under ``$TABLETUNE_HOME``. Ends by printing, per deployment, the measured
-acceptance a_i with its 95 % interval, the mix and size of the sample it was measured on, the
-published table and where it is, and the goodput ratio of that table against the docs' example
-table with its standard error (``run_report``).
+the DuckDB file under ``$TABLETUNE_HOME``. Ends by printing, per deployment, the
+published table and where it is, then what was measured (``run_report.measured_lines``, the lines
+``tabletune show`` prints): the acceptance a_i with their 95 % intervals, the size and mix of the
+sample they were measured on, the goodput ratio of the table against the docs' example table with
+its standard error, and the served verification's verdict.
 
 On a fresh machine there are no logged prompts yet: for ``endpoint: embedded`` deployments the
 week's prompt file is written as a sample week drawn from the real prompt mixes shipped in
@@ -46,9 +47,10 @@ LOGGERS = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 QUICK_PROFILE = {"batch_sizes": [1, 4, 16], "repetitions": 2, "accept_batch_sizes": [], "remeasure_budget_s": 30.0}
 #: The full run also times fixed k (K = k, no table) for the engine-dependence check.
 FULL_PROFILE = {"fixed_k_baseline": True}
+#: The checkout, whose dagster.yaml seeds a new Dagster home (a wheel install has none: Dagster's defaults).
 REPO = Path(__file__).resolve().parents[2]
-#: The code location (``assets/definitions.py``), as ``dagster dev`` and the UI load it.
-WORKSPACE = REPO / "workspace.yaml"
+#: The code location's module, as ``workspace.yaml``, ``dg`` and the UI load it.
+CODE_LOCATION = "tabletune_pipelines.definitions"
 
 
 def _dagster_home() -> Path:
@@ -74,40 +76,6 @@ DEFAULT_MIX = "code:0.5,prose:0.5"
 SAMPLE_WEEK_PROMPTS = 400
 
 
-def _numbers(database: str, key: str, doc: dict, dep, engine) -> list[str]:
-    """Acceptance with intervals, the sample's mix, and the goodput ratio against the docs' table."""
-    from tabletune_pipelines.core.acceptance_ci import prior_intervals
-    from tabletune_pipelines.formats.prompt_mixes import describe_mix, sample_mix
-    from tabletune_pipelines.core.evidence import ACCEPTED_LOSS
-    from tabletune_pipelines.tuning.run_report import compare_to_docs, comparison_lines, no_verdict_lines, tie_lines
-    from tabletune_pipelines.store.duckdb_store import TableTuneStore
-    from tabletune_pipelines.tuning.derive import derive_table
-
-    store = TableTuneStore(database, read_only=True)
-    table = doc["table"]
-    prior = store.acceptance_prior(table["prior_id"])
-    lines = [f"[tabletune] {dep.name}: what was measured"]
-    ivs = prior_intervals(prior)
-    where = f"{prior.source} prior"
-    if prior.week and prior.source == "measured" and dep.prompts_file(prior.week).is_file():
-        mix = sample_mix(dep.prompts_file(prior.week), dep.max_prompts, int(engine.acceptance_options.get("seed", 0)))
-        where += f", week of {prior.week}, sample of {prior.prompt_count} prompts: {describe_mix(mix)}"
-    else:
-        where += f" ({prior.prompt_count} prompts)" + (f", week of {prior.week}" if prior.week else "")
-    lines.append(f"  acceptance ({where}; {prior.num_drafts} drafts, temperature {prior.temperature:g}):")
-    for i, iv in enumerate(ivs):
-        lines.append(f"    a_{i + 1} = {iv.value:.3f}  95% interval [{iv.lo:.3f}, {iv.hi:.3f}]  "
-                     f"({prior.accepted_per_pos[i]} of {prior.drafted_per_pos[i]} drafts kept)")
-    lines += [f"  {line}" for line in no_verdict_lines(doc.get("served_verification"))]
-    lines.append(f"  table: {json.dumps(table['ranges'])}")
-    tuned = derive_table(store.load_profile(key), prior)
-    if tuned.evidence is not None:
-        cmp = compare_to_docs(tuned.evidence, tuned.choice.ks, table["ranges"], table["max_num_seqs"], table["max_k"])
-        lines += comparison_lines(cmp)
-        lines += tie_lines(tuned.evidence, ACCEPTED_LOSS)
-    return lines
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """``--quick``, ``--week`` and ``--mix`` (module docstring)."""
     parser = argparse.ArgumentParser(prog="tabletune run", description=__doc__.split("\n")[0])
@@ -119,21 +87,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def code_location_assets(workspace: Path = WORKSPACE) -> list[Any]:
-    """The assets of the code location ``workspace`` names (``python_file`` and its
-    ``working_directory``, both relative to the workspace file), loaded from the checkout as
-    ``dagster dev -w`` loads them: the Dagster definitions live in the top-level ``assets/``
-    folder, which this package never imports."""
-    import importlib
+def code_location_assets() -> list[Any]:
+    """The assets of the code location, from the installed package (``tabletune_pipelines.definitions``,
+    the module ``workspace.yaml`` and ``dg`` load), so ``tabletune run`` works from any folder."""
+    from tabletune_pipelines.definitions import ASSETS
 
-    import yaml
-
-    location = yaml.safe_load(workspace.read_text())["load_from"][0]["python_file"]
-    root = (workspace.parent / location.get("working_directory", ".")).resolve()
-    module = (workspace.parent / location["relative_path"]).resolve().relative_to(root).with_suffix("")
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    return list(importlib.import_module(".".join(module.parts)).ASSETS)
+    return list(ASSETS)
 
 
 def write_sample_weeks(fleet: Any, week: str, mix: str) -> bool:
@@ -166,17 +125,22 @@ def report_failure(result: dg.ExecuteInProcessResult, what: str) -> int:
 
 
 def print_published(dep: Any, resources: Mapping[str, Any], key: str) -> None:
-    """The published table of ``dep``, where it is, and what was measured (``_numbers``)."""
+    """The published table of ``dep``, where it is, and what was measured (``run_report.measured_lines``,
+    the lines ``tabletune show`` prints)."""
+    from tabletune_pipelines.formats.published import load_published
+    from tabletune_pipelines.store.duckdb_store import TableTuneStore
+    from tabletune_pipelines.tuning.run_report import measured_lines
+
     doc = read_published_table(dep.published_table)
     print(f"\n[tabletune] {dep.name}: published table v{doc['version']} at {dep.published_table}")
     print("  num_speculative_tokens_per_batch_size = " + json.dumps(doc["table"]["ranges"]))
-    print(f"  num_speculative_tokens = {doc['table']['max_k']}, acceptance prior {doc['table']['prior_id']} "
-          f"a = {[round(a, 3) for a in doc['table']['acceptance_rates']]}, predicted worst loss vs best "
-          f"fixed k {doc['table']['predicted_worst_loss']:.2%}")
     print(f"[tabletune] --speculative-config for a deployment without the controller: "
           f"{dep.speculative_config_path}")
+    print(f"[tabletune] {dep.name}: what was measured")
     try:
-        for line in _numbers(resources["duckdb"].database, key, doc, dep, resources["engine"]):
+        store = TableTuneStore(resources["duckdb"].database, read_only=True)
+        seed = int(resources["engine"].acceptance_options.get("seed", 0))
+        for line in measured_lines(load_published(dep.published_table), dep, store, sample_seed=seed):
             print(line)
     except (TableTuneError, ValueError, KeyError) as exc:  # the table is published; only the summary failed
         print(f"[tabletune] {dep.name}: could not summarise the measurements: {exc}", file=sys.stderr)
@@ -225,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             return report_failure(weekly, "acceptance")
         status = max((publish_deployment(assets, dep, resources, instance) for dep in fleet.deployments), default=0)
     print(f"\n[tabletune] open the UI on it:\n  DAGSTER_HOME={dagster_home} env --default-signal=INT,TERM "
-          f"{Path(sys.executable).parent / 'dagster'} dev -w {WORKSPACE} -h 127.0.0.1 -p 3000")
+          f"{Path(sys.executable).parent / 'dagster'} dev -m {CODE_LOCATION} -h 127.0.0.1 -p 3000")
     return status
 
 

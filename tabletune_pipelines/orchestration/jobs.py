@@ -4,8 +4,8 @@ Every job, the rollback included, carries a default ``tabletune/engine`` tag so 
 hand from the UI queue behind the run of the same engine (tags.py): a rollback publishes to the
 deployment, so it must not overlap a re-tune of that engine publishing to it. That default comes
 from the fleet file, so the jobs are built by ``build_jobs`` when Dagster loads the code location
-(``assets/definitions.py``, ``defs``), never at import. The rollback op is an argument: it lives with
-the assets (``assets/publishing.py``), and this package never imports them.
+(``tabletune_pipelines/definitions.py``, ``defs``), never at import. The rollback op is an argument:
+it lives with the assets (``defs/publishing.py``), and this package never imports them.
 """
 
 from __future__ import annotations

@@ -257,8 +257,9 @@ def _served_plot(publication: Publication) -> dict[str, dg.MetadataValue]:
 
 
 def describe_publication(publication: Publication) -> dg.MaterializeResult:
-    """``published_table``: where the table went, its ``--speculative-config``, how to roll back, and
-    the check ``served_goodput_verified``."""
+    """``published_table``: where the table went, its ``--speculative-config``, how to roll back, what
+    was measured (``Publication.report``, the lines ``tabletune run`` and ``tabletune show`` print),
+    and the check ``served_goodput_verified``."""
     check, gate = served_check(publication), publication.gate
     return dg.MaterializeResult(
         check_results=[check],
@@ -273,6 +274,8 @@ def describe_publication(publication: Publication) -> dg.MaterializeResult:
             "rollback": dg.MetadataValue.md(ROLLBACK_HOWTO),
             "skipped_deployments": dg.MetadataValue.json(list(publication.skipped)),
             "served_verification": dg.MetadataValue.text(gate.description),
+            **({"what_was_measured": dg.MetadataValue.md("```\n" + "\n".join(publication.report) + "\n```")}
+               if publication.report else {}),
             **({"served_goodput": dg.MetadataValue.md(gate.comparison)} if gate.comparison else {}),
             **{k: v for k, v in check.metadata.items() if k.startswith("served_goodput_plot")},
         },

@@ -26,7 +26,8 @@ from tabletune_pipelines.core.acceptance_estimate import DEFAULT_PRIOR_WEIGHT, E
 from tabletune_pipelines.core.evidence import DEFAULT_CONFIDENCE, DEFAULT_SEARCH_RULE
 from tabletune_pipelines.core.table import DEFAULT_STICKINESS
 from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, EngineIdentity, StepTimeProfile
-from tabletune_pipelines.tuning.served_verification import ServedVerification, ServedVerificationOptions
+from tabletune_pipelines.tuning.served_plan import ServedVerificationOptions
+from tabletune_pipelines.tuning.served_verdict import ServedVerification
 from tabletune_pipelines.formats.fleet import Deployment, Fleet, default_store_path, load_fleet
 from tabletune_pipelines.errors import PipelineFailure, TableTuneError
 from tabletune_pipelines.options import Bound, check_bounds, field_docs
@@ -62,7 +63,7 @@ class EngineResource(dg.ConfigurableResource):
     acceptance_options: dict[str, Any] = Field(
         default_factory=dict, description="deployments.AcceptanceOptions fields, e.g. max_tokens, seed.")
     served_verification: dict[str, Any] = Field(
-        default_factory=dict, description="tuning.served_verification.ServedVerificationOptions fields for the "
+        default_factory=dict, description="tuning.served_plan.ServedVerificationOptions fields for the "
                                           "blocking check served_goodput_verified before publishing, e.g. enabled (default true), "
                                           "budget_s (default 75 on the CPU build, 300 on a GPU), loads, rounds, "
                                           "window_s, tolerance (0.03), acceptance (auto|real|prior).")

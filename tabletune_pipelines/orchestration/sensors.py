@@ -9,7 +9,7 @@ requested twice). An unreachable endpoint is logged and reported in the skip rea
 fails the tick and does not move that deployment's cursor.
 
 Interval: ``TABLETUNE_SENSOR_INTERVAL_S`` (default 300 s), read when the code location loads
-(``assets/definitions.py`` ``defs`` calls ``build_sensors``), never at import.
+(``tabletune_pipelines/definitions.py`` ``defs`` calls ``build_sensors``), never at import.
 """
 
 import json
@@ -120,7 +120,7 @@ def request_retunes(context: dg.RunStatusSensorContext, fleet: FleetResource, en
 
 
 def build_sensors(jobs: Jobs, interval_s: int = DEFAULT_SENSOR_INTERVAL_S) -> list[dg.SensorDefinition]:
-    """The code location's sensors, requesting ``jobs`` (``assets/definitions.py`` ``defs`` builds them when it loads)."""
+    """The code location's sensors, requesting ``jobs`` (``tabletune_pipelines/definitions.py`` ``defs`` builds them when it loads)."""
     upgrade = dg.sensor(
         name="engine_upgrade_sensor",
         job=jobs.profile_and_publish,

@@ -9,6 +9,9 @@ store, the fleet and the engine as arguments and return plain results. ``deploym
 engine: a fleet deployment → its engine identity, profile, acceptance measurement and served
 verification (``Engine``, what the pipeline's ``EngineResource`` and the CLI call); ``publishing``
 publishes a table to the deployments running its engine (and rolls back); ``run_report`` is what
-``tabletune run`` prints after publishing; ``served_verification`` is the served check a table passes
-before it is published (the closed-loop load, the measured windows, the verdict).
+``tabletune run`` prints after publishing. The served check a table passes before it is published
+is five modules: ``served_load`` (the closed-loop load), ``served_windows`` (a measured window and
+what windows add up to), ``served_verdict`` (the verdict per load and the result), ``served_plan``
+(options, the policies of each load, the budget plan, the sizing from the profile) and
+``served_verification`` (the run loop, ``verify_on_server``).
 """

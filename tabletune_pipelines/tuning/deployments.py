@@ -390,7 +390,7 @@ def verify_served(identity: EngineIdentity, dep: Deployment | None, table: Any, 
                   log: logging.Logger, options: Any = None, cache_dir: str | Path | None = None,
                   work_dir: str | Path | None = None, server: Any = None) -> Any:
     """Launch the local engine of ``identity`` once and verify ``table`` (a ``DraftLengthTable``) by
-    served goodput against every fixed k (``tuning.served_verification.verify_served``; docs/evaluation.md,
+    served goodput against every fixed k (``tuning.served_verification.verify_on_server``; docs/evaluation.md,
     "Served verification"). The workload: the deployment's logged prompts of the prior's week when
     they exist, else the embedded default's prompt set. Acceptance (``options.acceptance``): real
     verification of the drafts, or synthetic at the prior's rates (``prior``; ``auto`` picks it for
@@ -401,8 +401,7 @@ def verify_served(identity: EngineIdentity, dep: Deployment | None, table: Any, 
     check_local_engine(identity)
     from tabletune_pipelines.engine.acceptance import write_default_prompt_file
     from tabletune_pipelines.engine.envelope_log import envelope_checked
-    from tabletune_pipelines.tuning.served_verification import ServedVerificationOptions
-    from tabletune_pipelines.tuning.served_verification import verify_served as run_verification
+    from tabletune_pipelines.tuning.served_plan import ServedVerificationOptions
     from tabletune_pipelines.formats.prompts import load_prompts
 
     opts = options or ServedVerificationOptions()
@@ -450,13 +449,13 @@ def verify_served(identity: EngineIdentity, dep: Deployment | None, table: Any, 
 
 def _run_verification(server: Any, table: Any, identity: EngineIdentity, opts: Any, prompts: Any, acceptance: str,
                       log: logging.Logger) -> Any:
-    """``tuning.served_verification.verify_served`` of ``table`` on a running ``server`` with ``opts``."""
+    """``tuning.served_verification.verify_on_server`` of ``table`` on a running ``server`` with ``opts``."""
     from tabletune_pipelines.tuning.run_report import docs_table
-    from tabletune_pipelines.tuning.served_verification import verify_served as run_verification
+    from tabletune_pipelines.tuning.served_verification import verify_on_server
 
     M, K = identity.max_num_seqs, identity.max_k
     within = {int(b): tuple(int(k) for k in ks) for b, ks in (getattr(table, "within_noise", None) or {}).items()}
-    return run_verification(
+    return verify_on_server(
         server, [list(r) for r in table.ranges], K=K, max_num_seqs=M,
         loads=opts.loads, rounds=opts.rounds, window_s=opts.window_s, budget_s=opts.budget_s,
         settle_s=opts.settle_s, warmup_s=opts.warmup_s,
@@ -496,7 +495,7 @@ class LocalEngine:
     acceptance_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """``AcceptanceOptions`` fields, e.g. max_tokens, seed."""
     served_verification: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    """``tuning.served_verification.ServedVerificationOptions`` fields of the check before publishing."""
+    """``tuning.served_plan.ServedVerificationOptions`` fields of the check before publishing."""
     where: str = "engine"
     """How error messages name this configuration (the pipeline: ``EngineResource``)."""
     server: Any = None
@@ -543,7 +542,7 @@ class LocalEngine:
                        work_dir=self._work("profile"), server=self.server)
 
     def served_verification_options(self) -> Any:
-        from tabletune_pipelines.tuning.served_verification import ServedVerificationOptions
+        from tabletune_pipelines.tuning.served_plan import ServedVerificationOptions
 
         return ServedVerificationOptions.from_mapping(self.served_verification,
                                                       where=f"{self.where} served_verification")

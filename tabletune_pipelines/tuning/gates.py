@@ -35,7 +35,7 @@ from tabletune_pipelines.options import COUNT, Bound, check_bounds
 from tabletune_pipelines.tuning.derive import table_step_and_tau
 
 if TYPE_CHECKING:
-    from tabletune_pipelines.tuning.served_verification import ServedVerification
+    from tabletune_pipelines.tuning.served_verdict import ServedVerification
 
 GateName = Literal["profile_complete", "prior_sane", "valid_for_vllm", "predicted_loss_under_threshold",
                    "table_supported_by_evidence", "engine_dependence_trap", "k0_costs_vs_no_spec",

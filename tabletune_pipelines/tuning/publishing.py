@@ -111,6 +111,9 @@ class Publication:
     """The ``--speculative-config`` of the first target, table included ({} when refused)."""
     refusal: str = ""
     """Why nothing was published (the served verification failed); '' when it was."""
+    report: tuple[str, ...] = ()
+    """What was measured, as ``tabletune run`` and ``tabletune show`` print it
+    (``run_report.measured_lines``), for the first target's file; () when refused."""
 
     @property
     def published(self) -> tuple[Target, ...]:
@@ -169,7 +172,19 @@ def publish_table(store: Any, fleet: Fleet, key: str, engine: Engine, *, deploym
         log.warning(f"publishing table {table.table_id} UNVERIFIED: {served.gate.description}")
     published = [_publish_one(store, engine, table, key, dep, served, log) for dep in to_publish]
     return dataclasses.replace(result, targets=(*unchanged, *published), speculative_config=table.speculative_config(
-        serving_speculative_config(targets[0], engine.local_model_path)))
+        serving_speculative_config(targets[0], engine.local_model_path)), report=_report(store, engine, targets[0]))
+
+
+def _report(store: Any, engine: Engine, dep: Deployment) -> tuple[str, ...]:
+    """``run_report.measured_lines`` of the file now at ``dep``'s path, or one line saying why not."""
+    from tabletune_pipelines.formats.published import load_published
+    from tabletune_pipelines.tuning.run_report import measured_lines
+
+    try:
+        seed = int(engine.acceptance_options.get("seed", 0))
+        return tuple(measured_lines(load_published(dep.published_table), dep, store, sample_seed=seed))
+    except (TableTuneError, ValueError, KeyError, OSError) as exc:  # published; only the summary failed
+        return (f"could not summarise the measurements: {exc}",)
 
 
 def _targets(fleet: Fleet, key: str, engine: Engine, names: Sequence[str],
@@ -219,7 +234,7 @@ def _keep_calibration(store: Any, key: str, table: DraftLengthTable, result: Any
     prices served steps with what serving measured (``core.served_calibration.ServedCalibration``). A pass or a
     fail alike: both measured every fixed k."""
     from tabletune_pipelines.core.served_calibration import ServedCalibration
-    from tabletune_pipelines.tuning.served_verification import fixed_name, served_points
+    from tabletune_pipelines.tuning.served_windows import fixed_name, served_points
 
     policies = {fixed_name(k): [[1, result.max_num_seqs, k]] for k in range(result.max_k + 1)}
     points = served_points(result.windows, policies)

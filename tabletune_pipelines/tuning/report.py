@@ -283,7 +283,7 @@ def _resolved(path: Path) -> Path:
 def served_goodput_plot(result, title: str) -> bytes:
     """PNG: served goodput vs load (closed-loop concurrency), one curve per fixed k with its
     standard error across rounds, the candidate table bold; failed loads marked. ``result`` is an
-    ``tuning.served_verification.ServedVerification``. Carries the mark ``write_plot`` recognises."""
+    ``tuning.served_verdict.ServedVerification``. Carries the mark ``write_plot`` recognises."""
     import matplotlib
 
     matplotlib.use("Agg")

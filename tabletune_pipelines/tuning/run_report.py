@@ -1,6 +1,10 @@
-"""What ``tabletune run`` shows a user after publishing: the measured acceptance per position with
-its interval and the mix it was measured on, the table, and what serving the docs' table instead
-would cost (docs/method.md, "How a table is judged").
+"""The run report, "what was measured": the one rendering of a published table that ``tabletune run``
+prints after publishing, ``tabletune show`` prints for the deployment's file and the UI shows as the
+``published_table`` metadata ``what_was_measured`` (``measured_lines``). It gives the table, the
+engine it was measured on, the measured acceptance per position with its interval and the mix of the
+sample it was measured on, the predicted loss and what serving the docs' table instead would cost
+(docs/method.md, "How a table is judged"), the batch sizes where k are tied or undecided, and the
+served verification's verdict per load.
 
 The docs' table is vLLM's documented example (``[[1, 64, 3], [65, 128, 1], [129, 512, 0]]``, the
 shape the project's GPU runs compare against), cut to the deployment's ``max_num_seqs`` and K.
@@ -13,13 +17,21 @@ same k the ratio is exactly 1.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tabletune_pipelines.core.table import compact_ranges, dense_from_ranges
+from tabletune_pipelines.errors import TableTuneError
+
+if TYPE_CHECKING:
+    from tabletune_pipelines.formats.fleet import Deployment
+    from tabletune_pipelines.formats.published import PublishedTable
 
 DOCS_EXAMPLE = ((1, 64, 3), (65, 128, 1), (129, 512, 0))
 
@@ -73,20 +85,6 @@ def compare_to_docs(evidence, ks: Sequence[int], table: Sequence[Sequence[int]],
     return DocsComparison(docs, ratio, sd)
 
 
-def comparison_lines(cmp: DocsComparison) -> list[str]:
-    diff = cmp.differing()
-    lines = [f"  the docs' example table here: {cmp.docs}"]
-    if not diff:
-        lines.append("  goodput vs the docs' table: the same k at every batch size, ratio 1.000 (nothing to gain or lose)")
-        return lines
-    per_b = ", ".join(f"B={b}: {cmp.ratio[b - 1]:.3f} ± {cmp.sd[b - 1]:.3f}" for b in diff)
-    lines.append(f"  goodput of this table / the docs' table (± standard error, from the profile and prior): {per_b}; "
-                 f"the same k elsewhere")
-    lines.append(f"  mean over B = 1..{len(cmp.ratio)}: {cmp.mean:.3f} ± {cmp.mean_sd:.3f} "
-                 f"(serving the docs' table would cost {100 * (1 - 1 / cmp.mean):.1f}% of goodput at a uniform load)")
-    return lines
-
-
 def tie_lines(evidence, tolerance: float) -> list[str]:
     """The batch sizes where candidate k are tied with the table's k within ``tolerance`` at the
     evidence rule's confidence (``EvidenceTable.ties``), grouped into ranges of equal candidates, and
@@ -125,7 +123,7 @@ def tie_lines(evidence, tolerance: float) -> list[str]:
 def no_verdict_lines(section: dict | None) -> list[str]:
     """What the served verification could not decide, for the top of a summary (before the table):
     the loads left without a verdict and what stopped their rounds, and the loads where the sizing
-    from the profile expected none (``served_verification.size_verification``). Empty when every load
+    from the profile expected none (``served_plan.size_verification``). Empty when every load
     reached a verdict, or when there is no verification section."""
     if not isinstance(section, dict):
         return []
@@ -142,3 +140,200 @@ def no_verdict_lines(section: dict | None) -> list[str]:
     lines += [f"  expected before measuring: {line}" for line in section.get("no_verdict_expected") or []
               if isinstance(line, str)]
     return lines
+
+
+# -- the run report -------------------------------------------------------------------------------
+
+def measured_lines(pub: PublishedTable, dep: Deployment, store: Any, *, sample_seed: int = 0) -> list[str]:
+    """What was measured for the published table ``pub`` at ``dep``'s path: the no-verdict notes
+    (``no_verdict_lines``), then one block per figure (table, engine, prior with its intervals and
+    its sample's mix, predicted loss against the best fixed k and the docs' table, ties, served
+    verdict, file). ``store``: the store the table was built from (read only), or a sentence saying
+    why there is none (each figure that needs it says so). ``sample_seed``: the acceptance
+    measurement's seed, which picks the sample whose mix is named. The same lines for ``run``,
+    ``show`` and the UI."""
+    from tabletune_pipelines.tuning.report import ranges_line
+
+    lines = [f"NOTE: {n}" if not n.startswith(" ") else f"     {n}" for n in no_verdict_lines(pub.served_verification)]
+    lines.append(f"  table       {ranges_line(pub.ranges)}   (K = {pub.max_k}, max_num_seqs = {pub.max_num_seqs})")
+    lines.append(f"  engine      {_identity_line(pub)}")
+    lines.append(f"              key {pub.identity_key}")
+    lines += _prior_lines(pub, dep, store, sample_seed)
+    lines += _loss_lines(pub, store)
+    lines += _served_lines(pub, dep)
+    lines.append(f"  file        {dep.published_table}")
+    return lines
+
+
+def served_verdict(section: dict | None) -> tuple[str, list[str]]:
+    """The served verification's verdict and one line per load, in the document's words: ``verified``
+    (every load passed), ``unverified`` (none failed, some reached no verdict), ``failed``; ``not
+    verified yet`` when the file carries no verification. The ``verdict`` a section states is taken
+    as it is; a section without one (written before it existed) is judged from its loads."""
+    if section is None:
+        return "not verified yet", []
+    per_load = [r for r in section.get("per_load") or [] if isinstance(r, dict)]
+    lines = []
+    for r in per_load:
+        ratio, se, best = r.get("ratio"), r.get("ratio_se"), r.get("best_fixed_k")
+        figure = ("" if ratio is None else f": table / best fixed k{'' if best is None else f' (k={best})'} = "
+                  f"{ratio:.3f}" + ("" if se is None else f" ± {se:.3f}"))
+        ran = r.get("rounds")
+        done = ("" if not isinstance(ran, int) else
+                f" ({ran} paired round(s){', stopped by the budget' if r.get('stop') == 'budget' else ''})")
+        same = r.get("candidate_is")
+        aa = f"; the table is {same} here, judged against the other fixed k" if isinstance(same, str) else ""
+        refs = []
+        for name, ref in (r.get("references") or {}).items():
+            if not isinstance(ref, dict):
+                continue
+            if ref.get("same_as") == "table":
+                refs.append(f"vs {name}: A/A (the same k here)")
+            elif isinstance(ref.get("ratio"), (int, float)):
+                rse = ref.get("ratio_se")
+                refs.append(f"vs {name}: {ref['ratio']:.3f}" + (f" ± {rse:.3f}" if isinstance(rse, (int, float)) else "")
+                            + f" ({ref.get('rounds')} paired round(s))")
+        lines.append(f"load {r.get('load')}: {r.get('status')}{figure}{done}{aa}" + "".join(f"; {x}" for x in refs))
+    stated = section.get("verdict")
+    if isinstance(stated, str) and stated:
+        return stated, lines
+    if not section.get("passed"):
+        return "failed", lines
+    if not per_load or any(r.get("status") != "pass" for r in per_load):
+        return "unverified", lines
+    return "verified", lines
+
+
+def _served_lines(pub: PublishedTable, dep: Deployment) -> list[str]:
+    verdict, per_load = served_verdict(pub.served_verification)
+    sv = pub.served_verification or {}
+    open_loads = [r.get("load") for r in sv.get("per_load") or [] if r.get("status") == "inconclusive"]
+    if open_loads and verdict != "failed":
+        verdict += f": no verdict at load {', '.join(map(str, open_loads))}"
+    lines = [f"  served      {verdict}"]
+    if sv:
+        cut = (f"; the {sv['budget_s']:g} s budget cut it short"
+               if sv.get("budget_cut") and isinstance(sv.get("budget_s"), (int, float)) else "")
+        lines.append(f"              up to {sv.get('rounds')} round(s) of {sv.get('window_s')} s per policy at load "
+                     f"{', '.join(map(str, sv.get('loads') or []))} on {sv.get('device') or '?'}, acceptance "
+                     f"{sv.get('acceptance') or '?'}{cut}")
+    lines += [f"              {line}" for line in per_load]
+    if sv.get("plot"):
+        lines.append(f"              plot {dep.published_table.parent / sv['plot']}")
+    return lines
+
+
+def _identity_line(pub: PublishedTable) -> str:
+    i = pub.identity
+    if not i:
+        return "not recorded"
+    parts = [str(i.get("gpu", "?")), f"vLLM {i.get('vllm_version', '?')}", str(i.get("model", "?"))]
+    if i.get("drafter"):
+        parts.append(f"drafter {i['drafter']}")
+    parts.append(str(i.get("method", "?")))
+    parts += [f"{name} {i[name]}" for name in ("dtype", "cudagraph_mode") if i.get(name)]
+    return " · ".join(parts)
+
+
+def _prior_lines(pub: PublishedTable, dep: Deployment, store: Any, sample_seed: int) -> list[str]:
+    """a_i with their 95 % (Wilson) intervals from the file's counts; the sample's size, week and mix
+    from the store's copy of the prior when the store holds it."""
+    from tabletune_pipelines.core.acceptance_ci import prior_intervals
+
+    p = pub.prior
+    head = f"  prior       {p.prior_id or '?'} ({p.source or 'source not recorded'})"
+    stored = None
+    if not isinstance(store, str) and p.prior_id:
+        with contextlib.suppress(TableTuneError, KeyError):
+            stored = store.acceptance_prior(p.prior_id)
+    if stored is not None:
+        head += (f": {stored.prompt_count} prompts, {stored.num_drafts} drafts, "
+                 + (f"week of {stored.week}" if stored.week else "no week (ad hoc)"))
+    else:
+        head += f": {p.num_drafts} drafts" if p.num_drafts else ": counts not recorded"
+        head += f"; sample size and date: {store if isinstance(store, str) else 'the store does not hold it'}"
+    lines = [head]
+    if not p.rates:
+        return [*lines, "              no acceptance rates recorded"]
+    counted = len(p.drafted_per_pos) >= len(p.rates) and any(p.drafted_per_pos)
+    if counted:
+        rates = " · ".join(f"a_{i + 1} {iv.value:.3f} [{iv.lo:.3f}, {iv.hi:.3f}]"
+                           for i, iv in enumerate(prior_intervals(p)))
+        lines.append(f"              {rates}  (95% intervals)")
+    else:
+        lines.append("              " + " · ".join(f"a_{i + 1} {a:.3f}" for i, a in enumerate(p.rates))
+                     + "  (no counts: no intervals)")
+    if stored is not None and stored.source == "measured" and stored.week:
+        from tabletune_pipelines.formats.prompt_mixes import describe_mix, sample_mix
+
+        prompts = dep.prompts_file(stored.week)
+        if prompts.is_file():
+            with contextlib.suppress(TableTuneError, OSError, ValueError):
+                mix = sample_mix(prompts, dep.max_prompts, sample_seed)
+                lines.append(f"              sample: {describe_mix(mix)} (of {prompts})")
+    return lines
+
+
+def _loss_lines(pub: PublishedTable, store: Any) -> list[str]:
+    """The predicted worst loss against the best fixed k (the file's evidence), the predicted goodput
+    against vLLM docs' example table and the ties (both re-derived from the store's profile and
+    prior, with their errors)."""
+    from tabletune_pipelines.core.evidence import ACCEPTED_LOSS
+
+    doc = pub.document
+
+    def number(x: object) -> float | None:  # the evidence section is checked as JSON only: read it with care
+        return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+    table, ev = doc.get("table") or {}, doc.get("evidence") or {}
+    loss = number(table.get("predicted_worst_loss", 0.0)) or 0.0
+    lcb, ucb, conf = (number(ev.get(k)) for k in ("predicted_worst_loss_lcb", "predicted_worst_loss_ucb", "confidence"))
+    bounds = (f" ({conf:.0%} bounds {lcb or 0.0:.2%}–{ucb:.2%})" if ev.get("has_error_estimates") is True
+              and ucb is not None and conf else " (no error estimates)")
+    lines = [f"  predicted   worst loss against the best fixed k at any B: {loss:.2%}{bounds}"]
+    docs = docs_table(pub.max_num_seqs, pub.max_k)
+    vs = f"              against vLLM docs' table {json.dumps(docs)}: "
+    tuned = _derived(pub, docs, store)
+    if _same_dense(pub.ranges, docs, pub.max_num_seqs):
+        lines.append(vs + "the same k at every batch size (ratio 1.000)")
+    elif isinstance(tuned, str):
+        lines.append(vs + f"not computed ({tuned})")
+    else:
+        cmp = compare_to_docs(tuned.evidence, list(tuned.choice.ks), pub.ranges, pub.max_num_seqs, pub.max_k)
+        diff = cmp.differing()
+        lo, hi = min(diff, key=lambda b: cmp.ratio[b - 1]), max(diff, key=lambda b: cmp.ratio[b - 1])
+        spread = " to ".join(f"{cmp.ratio[b - 1]:.3f} ± {cmp.sd[b - 1]:.3f} (B {b})" for b in dict.fromkeys((lo, hi)))
+        lines += [vs + f"goodput ratio {cmp.mean:.3f} ± {cmp.mean_sd:.3f} (this table / the docs', mean over "
+                       f"B 1-{pub.max_num_seqs}, ± s.e.)",
+                  f"              where the k differ: {spread}; the same k at the other {pub.max_num_seqs - len(diff)} B"]
+    if not isinstance(tuned, str):
+        lines += ["            " + line for line in tie_lines(tuned.evidence, ACCEPTED_LOSS)]
+    return lines
+
+
+def _same_dense(ranges: Sequence[Sequence[int]], docs: list[list[int]], n: int) -> bool:
+    return dense_from_ranges([list(r) for r in ranges], n).tolist() == dense_from_ranges(docs, n).tolist()
+
+
+def _derived(pub: PublishedTable, docs: list[list[int]], store: Any) -> Any:
+    """The table's profile and prior in the store, derived again (``derive_table``: its evidence
+    prices the docs' comparison and the ties), or why not."""
+    if isinstance(store, str):
+        return store
+    from tabletune_pipelines.tuning.derive import derive_table
+
+    try:
+        prior = store.acceptance_prior(pub.prior.prior_id or "")
+        profile = store.load_profile(pub.identity_key)
+        tuned = derive_table(profile, prior)
+    except (TableTuneError, KeyError) as exc:
+        first = str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc).splitlines()[0]
+        return f"the store at {store.path} lacks the table's profile or prior: {first}"
+    except (ValueError, ArithmeticError) as exc:  # numpy's LinAlgError is a ValueError
+        return f"the table's profile and prior do not derive here: {str(exc).splitlines()[0] if str(exc) else exc!r}"
+    if tuned.evidence is None:
+        return "the profile has no error estimates"
+    missing = sorted({k for _, _, k in [*pub.ranges, *docs]} - set(tuned.choice.ks))
+    if missing:
+        return f"the stored profile has no k = {missing}"
+    return tuned

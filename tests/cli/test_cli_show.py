@@ -9,11 +9,12 @@ import json
 
 import pytest
 
-from tabletune_pipelines.cli import main, served_verdict
+from tabletune_pipelines.cli import main
 from tabletune_pipelines.formats.fleet import default_store_path, load_fleet
 from tabletune_pipelines.formats.published import controller_fields, read_published_table
 from tabletune_pipelines.tuning.derive import derive_table
 from tabletune_pipelines.tuning.report import ranges_line
+from tabletune_pipelines.tuning.run_report import served_verdict
 from tests.cli.test_cli_evidence import IDENT, noisy_store
 
 
@@ -225,3 +226,36 @@ def test_the_summary_names_a_load_where_the_table_is_a_fixed_k_and_the_docs_tabl
     assert ("load 1: pass: table / best fixed k (k=1) = 0.990 ± 0.010 (3 paired round(s)); the table is k=2 here, "
             "judged against the other fixed k; vs docs' table: A/A (the same k here)") in out
     assert "load 2: inconclusive (3 paired round(s)); vs docs' table: 1.234 ± 0.050 (4 paired round(s))" in out
+
+
+def test_run_show_and_the_ui_print_the_same_run_report(home, capsys):
+    """One renderer (``run_report.measured_lines``): for the same stored run, ``tabletune run``'s
+    "what was measured" block, ``tabletune show``'s summary between its head line and its --json
+    hint, and the ``published_table`` metadata are the same lines."""
+    pytest.importorskip("dagster")
+    from types import SimpleNamespace
+
+    from tabletune_pipelines.orchestration.embedded import print_published
+    from tabletune_pipelines.formats.published import load_published
+    from tabletune_pipelines.tuning.run_report import measured_lines
+
+    store = noisy_store(default_store_path())
+    dep, table, prior = publish(store=store, served=lambda r: _section(r, ["pass", "inconclusive"]))
+    shown = summary(capsys).splitlines()
+    resources = {"duckdb": SimpleNamespace(database=str(default_store_path())),
+                 "engine": SimpleNamespace(acceptance_options={})}
+    print_published(dep, resources, IDENT.key)
+    out, err = capsys.readouterr()
+    assert err == ""
+    run = out.splitlines()
+    run = run[run.index(f"[tabletune] {dep.name}: what was measured") + 1:]
+    assert run == shown[1:-1]
+    # the block holds every figure: the no-verdict note, the a_i intervals, the docs' table, the ties, the verdict
+    assert run[0].startswith("NOTE: served verification reached NO VERDICT at load 2")
+    assert any("a_1 0.700 [0.687, 0.713]" in line for line in run)
+    assert any("against vLLM docs' table" in line for line in run)
+    assert any(line.lstrip().startswith(("ties:", "tied within")) for line in run)
+    assert "  served      unverified: no verdict at load 2" in run
+    # the UI's metadata renders the same lines from the same store
+    ui = measured_lines(load_published(dep.published_table), dep, store)
+    assert ui == run

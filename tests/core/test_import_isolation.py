@@ -1,7 +1,8 @@
 """The layers, checked by importing them in fresh interpreters.
 
-* Only the Dagster layer (``tabletune_pipelines/orchestration/`` and the top-level ``assets/``)
-  imports dagster: the tuner CLI runs on GPU nodes that have vLLM and no Dagster.
+* Only the Dagster layer (``tabletune_pipelines/orchestration/``, the code location
+  ``tabletune_pipelines/definitions.py`` with its ``defs/`` folder, and the top-level ``assets/``
+  that re-exports it) imports dagster: the tuner CLI runs on GPU nodes that have vLLM and no Dagster.
 * What runs inside vLLM serving processes (core, the documents, the published file, live counters,
   the control protocol, the controller) imports neither dagster, pandas nor duckdb.
 * The CLI's ``profile``, ``acceptance``, ``table`` and ``show`` run with Dagster impossible to import.
@@ -20,7 +21,7 @@ import pytest
 
 import tabletune_pipelines
 
-DAGSTER_LAYER = ("tabletune_pipelines.orchestration",)
+DAGSTER_LAYER = ("tabletune_pipelines.orchestration", "tabletune_pipelines.defs", "tabletune_pipelines.definitions")
 SERVING_SIDE = [
     "tabletune_pipelines",
     "tabletune_pipelines.core",

@@ -560,7 +560,7 @@ RETIRED_MODULES = {  # old module: its new home
     "tabletune_pipelines.engine.step_scheduler": "engine.timing_scheduler (the profiler's timing plugin)",
 }
 RETIRED_NAMES = {  # old name, anywhere: the names it became
-    "AcceptanceMode": "vocab.DraftVerdict / tuning.served_verification.AcceptanceSource",
+    "AcceptanceMode": "vocab.DraftVerdict / tuning.served_plan.AcceptanceSource",
     "ACCEPTANCE_MODES": "vocab.DRAFT_VERDICTS",
     "GatePolicy": "tuning.gates.GateThresholds",
     "TuningPolicy": "orchestration.resources.TuningSettings",

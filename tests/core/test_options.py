@@ -11,7 +11,7 @@ from tabletune_pipelines.tuning.deployments import AcceptanceOptions
 from tabletune_pipelines.errors import EngineConfigError, SettingsError
 from tabletune_pipelines.engine.plan import ProfileOptions
 from tabletune_pipelines.errors import InvalidValueError, TableTuneError
-from tabletune_pipelines.tuning.served_verification import ServedVerificationOptions
+from tabletune_pipelines.tuning.served_plan import ServedVerificationOptions
 from tabletune_pipelines.options import field_docs, options_from_mapping
 
 

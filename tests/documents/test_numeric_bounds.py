@@ -26,7 +26,7 @@ from tabletune_pipelines.core.served_calibration import ServedCalibration, Serve
 from tabletune_pipelines.engine.plan import PROFILE_LIMITS, ProfileOptions, limit_problem
 from tabletune_pipelines.errors import TableTuneError
 try:  # its home moves from evaluation.served to tuning.served_verification
-    from tabletune_pipelines.tuning.served_verification import ServedVerificationOptions
+    from tabletune_pipelines.tuning.served_plan import ServedVerificationOptions
 except ImportError:
     from tabletune_pipelines.evaluation.served import ServedVerificationOptions
 from tabletune_pipelines.formats.documents import (

@@ -19,7 +19,7 @@ from tabletune_pipelines.formats.prompt_mixes import parse_weights
 from tabletune_pipelines.formats.published import serving_envelope
 from tabletune_pipelines.orchestration.resources import EngineResource, check_config
 from tabletune_pipelines.tuning import deployments
-from tabletune_pipelines.tuning.served_verification import ServedVerificationOptions
+from tabletune_pipelines.tuning.served_plan import ServedVerificationOptions
 from tests.tuning.runs import fleet
 
 GPU = {"gpu": "H200", "model": "/m", "drafter": "/d", "method": "eagle3", "max_num_seqs": 128}

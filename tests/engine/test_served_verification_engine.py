@@ -23,7 +23,7 @@ import pytest
 
 from tabletune_pipelines.tuning.deployments import identity_for
 from tabletune_pipelines.formats.fleet import load_fleet
-from assets.definitions import ASSETS
+from tabletune_pipelines.definitions import ASSETS
 from tabletune_pipelines.orchestration.partitions import register_identity
 from tabletune_pipelines.formats.published import read_published_table
 from tabletune_pipelines.store import TableTuneStore
@@ -41,15 +41,15 @@ class SharedServerEngine(ScriptedEngine):
 
     def verify_served(self, identity, dep, table, prior, log):
         from tabletune_pipelines.engine.tiny_models import read_vocab_size
-        from tabletune_pipelines.tuning.served_verification import verify_served
+        from tabletune_pipelines.tuning.served_verification import verify_on_server
 
         srv = _SHARED["server"]
         opts = self.served_verification_options()
-        result = verify_served(srv, [list(r) for r in table.ranges], K=identity.max_k,
-                               max_num_seqs=identity.max_num_seqs, loads=opts.loads, rounds=opts.rounds,
-                               window_s=opts.window_s, budget_s=opts.budget_s, tolerance=opts.tolerance,
-                               vocab_size=read_vocab_size(srv.config.model) or 2048, acceptance="synthetic 1.0",
-                               progress=log.info)
+        result = verify_on_server(srv, [list(r) for r in table.ranges], K=identity.max_k,
+                                  max_num_seqs=identity.max_num_seqs, loads=opts.loads, rounds=opts.rounds,
+                                  window_s=opts.window_s, budget_s=opts.budget_s, tolerance=opts.tolerance,
+                                  vocab_size=read_vocab_size(srv.config.model) or 2048, acceptance="synthetic 1.0",
+                                  progress=log.info)
         _SHARED["result"] = result
         return result
 

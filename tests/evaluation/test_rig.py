@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from tabletune_pipelines.evaluation.rig import SCHEDULER, Rig, closed_loop, drafting_requests_per_step
-from tabletune_pipelines.tuning.served_verification import LoadGenerator
+from tabletune_pipelines.tuning.served_load import LoadGenerator
 from tabletune_pipelines.evaluation.simulator import FakeEngine, fake_controller
 from tabletune_pipelines.evaluation.synthetic import IDENTITY, linear_profile
 from tabletune_pipelines.formats.live_counters import CounterWindow

@@ -1,4 +1,4 @@
-"""Served verification (tuning/served_verification.py): the window check, the paired statistics and the verdict
+"""Served verification (tuning/served_*.py): the window check, the paired statistics and the verdict
 with worked numbers, the budget plan, the result's published section; the harness's envelope comparison
 (evaluation/served.py). Pure logic, no engine."""
 
@@ -15,17 +15,11 @@ import pytest
 
 from tabletune_pipelines.errors import InvalidValueError, PublishedTableError
 from tabletune_pipelines.evaluation import served as harness
-from tabletune_pipelines.tuning import served_verification as served
-from tabletune_pipelines.tuning.served_verification import (
-    ServedVerificationOptions,
-    Window,
-    default_loads,
-    judge,
-    judge_load,
-    paired_ratio,
-    plan_verification,
-    t_quantile,
-)
+from tabletune_pipelines.tuning import served_load, served_plan, served_verdict, served_verification, served_windows
+from tabletune_pipelines.core.stats import t_quantile
+from tabletune_pipelines.tuning.served_plan import ServedVerificationOptions, default_loads, plan_verification
+from tabletune_pipelines.tuning.served_verdict import judge, judge_load
+from tabletune_pipelines.tuning.served_windows import Window, policy_ratio
 from tabletune_pipelines.formats.published import parse_published
 
 
@@ -55,7 +49,7 @@ def test_window_counts_kept_tokens_and_checks_k_at_the_range_edges():
     table = [[1, 64, 3], [65, 128, 1]]
     steps = [{"b": 64, "k": 3, "a": 10, "dt": 20.0}, {"b": 65, "k": 1, "a": 5, "dt": 20.0},
              {"b": 128, "k": 1, "a": 7, "dt": 20.0}, {"b": 0, "k": 0, "a": 0, "dt": 1.0}]
-    w = served.measure_window(FakeServer(steps), "docs", table, load=128, round_=0, window_s=0.0,
+    w = served_windows.measure_window(FakeServer(steps), "docs", table, load=128, round_=0, window_s=0.0,
                               settle_s=0.0, max_num_seqs=128, max_k=3)
     assert w.mismatched_steps == 0 and w.table_verified
     assert w.kept_tokens == 64 + 10 + 65 + 5 + 128 + 7 and w.steps == 3
@@ -65,7 +59,7 @@ def test_window_counts_kept_tokens_and_checks_k_at_the_range_edges():
 
 def test_window_that_ran_another_table_fails_the_check():
     steps = [{"b": 8, "k": 3, "a": 0, "dt": 5.0}] * 3
-    w = served.measure_window(FakeServer(steps), "k1", [[1, 16, 1]], load=8, round_=0, window_s=0.0,
+    w = served_windows.measure_window(FakeServer(steps), "k1", [[1, 16, 1]], load=8, round_=0, window_s=0.0,
                               settle_s=0.0, max_num_seqs=16, max_k=3)
     assert w.mismatched_steps == 3 and not w.table_verified
     assert w.mismatch_examples[0] == [8, 3, 1, 0]
@@ -73,7 +67,7 @@ def test_window_that_ran_another_table_fails_the_check():
 
 def test_one_step_of_slack_for_the_swap():
     steps = [{"b": 8, "k": 3, "a": 0, "dt": 5.0}] + [{"b": 8, "k": 1, "a": 0, "dt": 5.0}] * 5
-    w = served.measure_window(FakeServer(steps), "k1", [[1, 16, 1]], load=8, round_=0, window_s=0.0,
+    w = served_windows.measure_window(FakeServer(steps), "k1", [[1, 16, 1]], load=8, round_=0, window_s=0.0,
                               settle_s=0.0, max_num_seqs=16, max_k=3)
     assert w.mismatched_steps == 1 and w.table_verified
 
@@ -88,24 +82,24 @@ def test_a_window_of_a_slow_engine_waits_for_min_steps_up_to_its_limit():
             self.calls += 1
             return [{"b": 4, "k": 1, "a": 1, "dt": 50.0}] * (3 if self.calls == 1 else 25)
 
-    steps, w = served.counted_window(Growing(), "k1", load=4, round_=0, window_s=0.01, min_steps=20)
+    steps, w = served_windows.counted_window(Growing(), "k1", load=4, round_=0, window_s=0.01, min_steps=20)
     assert len(steps) == 25 and w.steps == 25 and w.kept_tokens == 25 * 5 and abs(w.seconds - 1.25) < 1e-12
     assert 0.0 < w.t_start < w.t_end  # the span the window read, on the step log's clock
-    steps, w = served.counted_window(Growing(), "k1", load=4, round_=0, window_s=0.01, min_steps=20,
+    steps, w = served_windows.counted_window(Growing(), "k1", load=4, round_=0, window_s=0.01, min_steps=20,
                                      max_window_s=0.0)
     assert w.steps == 3  # the limit is reached: the window keeps what it has
 
 
 def test_round_orders_are_balanced_for_position_and_predecessor():
     # Worked example, 4 policies: 0, 1, 3, 2 shifted by the round.
-    assert served.rotated(["a", "b", "c", "d"], 0) == ["a", "b", "d", "c"]
-    assert served.rotated(["a", "b", "c", "d"], 1) == ["b", "c", "a", "d"]
-    assert served.rotated(["a", "b", "c"], 3) == ["c", "b", "a"]  # odd n: the second n rounds run backwards
-    assert served.rotated(["a"], 5) == ["a"] and served.rotated([], 2) == []
+    assert served_load.rotated(["a", "b", "c", "d"], 0) == ["a", "b", "d", "c"]
+    assert served_load.rotated(["a", "b", "c", "d"], 1) == ["b", "c", "a", "d"]
+    assert served_load.rotated(["a", "b", "c"], 3) == ["c", "b", "a"]  # odd n: the second n rounds run backwards
+    assert served_load.rotated(["a"], 5) == ["a"] and served_load.rotated([], 2) == []
     for n in range(2, 9):
         names = list(range(n))
         period = n if n % 2 == 0 else 2 * n
-        rounds = [served.rotated(names, r) for r in range(period)]
+        rounds = [served_load.rotated(names, r) for r in range(period)]
         assert all(sorted(o) == names for o in rounds)
         for pos in range(n):  # each policy in each position equally often
             assert sorted(o[pos] for o in rounds) == sorted(names * (period // n))
@@ -115,13 +109,13 @@ def test_round_orders_are_balanced_for_position_and_predecessor():
                 follows[(a, b)] = follows.get((a, b), 0) + 1
         # every ordered pair once (even n) or twice (odd n): no policy always follows the same one
         assert set(follows.values()) == {period // n} and len(follows) == n * (n - 1)
-        assert served.rotated(names, period + 1) == served.rotated(names, 1)
+        assert served_load.rotated(names, period + 1) == served_load.rotated(names, 1)
 
 
-def test_paired_ratio():
+def test_policy_ratio():
     ws = [Window("a", 1, r, kept, 1.0, 10, 1.0, 0) for r, kept in ((0, 110), (1, 90))] + \
          [Window("b", 1, r, 100, 1.0, 10, 1.0, 0) for r in (0, 1)]
-    ratio, se, n = paired_ratio(ws, "a", "b", 1)
+    ratio, se, n = policy_ratio(ws, "a", "b", 1)
     assert n == 2 and abs(ratio - 1.0) < 1e-12 and abs(se - 0.1) < 1e-12
 
 
@@ -133,7 +127,7 @@ def test_benchmarks_have_no_copy_of_the_closed_loop():
     for script in ("gpu_goodput.py", "real_engine_eval.py", "served_vs_profiled.py", "gpu_controller.py"):
         text = (bench / script).read_text()
         assert "from _closed_loop" not in text and "_closed_loop." not in text, script
-        assert "tabletune_pipelines.tuning.served_verification" in text, script
+        assert "tabletune_pipelines.tuning.served_load" in text, script
 
 
 # -- the verdict, worked numbers ------------------------------------------------------------------
@@ -175,10 +169,10 @@ def test_a_small_significant_loss_within_the_tolerance_passes():
 
 def test_rounds_to_decide_worked_numbers():
     # sd of the per-round ratio 0.05, mean 0.99, floor 0.97: (1.96 * 0.05 / 0.02)^2 = 24.01 -> 25 rounds
-    assert served.rounds_to_decide(0.05, 0.99, 0.03) == 25
+    assert served_verdict.rounds_to_decide(0.05, 0.99, 0.03) == 25
     # far from the line: at least 2 rounds
-    assert served.rounds_to_decide(0.01, 0.5, 0.03) == 2
-    assert served.rounds_to_decide(0.05, 0.97, 0.03) is None
+    assert served_verdict.rounds_to_decide(0.01, 0.5, 0.03) == 2
+    assert served_verdict.rounds_to_decide(0.05, 0.97, 0.03) is None
 
 
 def test_a_large_significant_loss_fails():
@@ -234,7 +228,7 @@ def test_default_loads_include_max_num_seqs():
 def test_plan_keeps_the_defaults_when_they_fit():
     p = plan_verification(4, (1, 8, 16), budget_s=1000, rounds=3, window_s=2.0, settle_s=0.5, warmup_s=2.0)
     assert (p.rounds, p.window_s, p.note) == (3, 2.0, "")
-    assert abs(p.estimated_s - 3 * (2.0 + 3 * 4 * (2.0 + 0.5 + served.SWAP_OVERHEAD_S))) < 1e-9
+    assert abs(p.estimated_s - 3 * (2.0 + 3 * 4 * (2.0 + 0.5 + served_plan.SWAP_OVERHEAD_S))) < 1e-9
 
 
 def test_plan_shortens_windows_before_it_drops_rounds_and_says_so():
@@ -246,7 +240,7 @@ def test_plan_shortens_windows_before_it_drops_rounds_and_says_so():
     # 3 rounds would need 0.5 s windows; 2 rounds: (60 / 3 - 2) / 10 - 0.7 = 1.1 s
     assert p.rounds == 2 and p.window_s == 1.1 and p.estimated_s <= 60
     p = plan_verification(5, (1, 8, 16), budget_s=20, rounds=3, window_s=2.0, settle_s=0.5, warmup_s=2.0)
-    assert p.rounds == 1 and p.window_s == served.MIN_WINDOW_S and "until the budget is spent" in p.note
+    assert p.rounds == 1 and p.window_s == served_plan.MIN_WINDOW_S and "until the budget is spent" in p.note
 
 
 def test_options_from_mapping_are_strict():
@@ -298,16 +292,16 @@ class ScriptedServer:
 
 
 def _verify(server, table, loads, monkeypatch, **kw):
-    real = served.LoadGenerator.__post_init__
+    real = served_load.LoadGenerator.__post_init__
 
     def remember(gen):
         server.load = gen.load  # the scripted step log follows the running load
         real(gen)
 
-    monkeypatch.setattr(served.LoadGenerator, "__post_init__", remember)
+    monkeypatch.setattr(served_load.LoadGenerator, "__post_init__", remember)
     kw.setdefault("first_warmup_s", 0.0)
-    return served.verify_served(server, table, K=3, max_num_seqs=8, loads=loads, rounds=2, window_s=0.01,
-                                settle_s=0.0, warmup_s=0.0, budget_s=60, progress=lambda s: None, **kw)
+    return served_verification.verify_on_server(server, table, K=3, max_num_seqs=8, loads=loads, rounds=2, window_s=0.01,
+                                               settle_s=0.0, warmup_s=0.0, budget_s=60, progress=lambda s: None, **kw)
 
 
 def test_the_first_warmup_runs_every_policy_before_any_window_and_is_off_the_budget(monkeypatch):
@@ -325,18 +319,18 @@ def test_the_first_warmup_runs_every_policy_before_any_window_and_is_off_the_bud
     assert res.plan.first_warmup_s == 0.5 and not res.budget_cut
     # the warm-up is not charged to the budget: a warm-up that takes 1000 s on the verification's clock
     # leaves a 60 s budget uncut and the measuring time short
-    jump, real_warmup = [0.0], served.first_warmup
+    jump, real_warmup = [0.0], served_verification.first_warmup
 
     def slow_warmup(server, tables, seconds):
         real_warmup(server, tables, 0.0)
         jump[0] += 1000.0
 
-    monkeypatch.setattr(served, "first_warmup", slow_warmup)
+    monkeypatch.setattr(served_verification, "first_warmup", slow_warmup)
     res = _verify(srv, [[1, 6, 2], [7, 8, 1]], (8,), monkeypatch, first_warmup_s=0.5,
                   clock=lambda: time.monotonic() + jump[0])
     assert jump[0] == 1000.0 and not res.budget_cut and res.elapsed_s < 60 and len(res.windows) == 10
     # none asked: the device default; 0 turns it off (no extra swaps)
-    assert served.DEFAULTS["gpu"].first_warmup_s == 30.0
+    assert served_plan.DEFAULTS["gpu"].first_warmup_s == 30.0
     swaps.clear()
     _verify(srv, [[1, 6, 2], [7, 8, 1]], (8,), monkeypatch)
     assert len(swaps) == 2 * 5
@@ -349,7 +343,7 @@ def test_first_warmup_shares_its_seconds_among_the_tables():
         def set_k(self, *, table):
             calls.append(table)
 
-    served.first_warmup(S(), [[[1, 8, 0]], [[1, 8, 1]], [[1, 8, 2]], [[1, 8, 3]]], 30.0, sleep=slept.append)
+    served_verification.first_warmup(S(), [[[1, 8, 0]], [[1, 8, 1]], [[1, 8, 2]], [[1, 8, 3]]], 30.0, sleep=slept.append)
     assert [t[0][2] for t in calls] == [0, 1, 2, 3] and slept == [7.5] * 4
     with pytest.raises(InvalidValueError, match="first_warmup_s"):
         ServedVerificationOptions(first_warmup_s=-1)
@@ -398,8 +392,8 @@ def _section():
     ws = [Window(n, load, r, 100 * (2 if n == "k=2" or n == "table" else 1), 1.0, 10, 1.0, 0)
           for load in loads for r in range(3) for n in ("k=0", "k=1", "k=2", "k=3", "table")]
     goodput, verdicts = judge(ws, loads, ["k=0", "k=1", "k=2", "k=3"], tolerance=0.03)
-    plan = served.VerificationPlan(loads, 3, 1.5, 0.4, 1.5, 75.0, 60.0)
-    return served.ServedVerification(candidate=((1, 8, 2),), max_k=3, max_num_seqs=8, plan=plan,
+    plan = served_plan.VerificationPlan(loads, 3, 1.5, 0.4, 1.5, 75.0, 60.0)
+    return served_verdict.ServedVerification(candidate=((1, 8, 2),), max_k=3, max_num_seqs=8, plan=plan,
                                      goodput=tuple(goodput), verdicts=tuple(verdicts), tolerance=0.03,
                                      elapsed_s=55.0, budget_cut=False, candidate_is="k=2", windows=tuple(ws))
 
@@ -465,14 +459,14 @@ def test_step_mix_counts_arrivals_and_the_steps_above_the_ceiling():
     steps = [{"b": 100, "new": 0, "tok": 400, "dt": 10.0}, {"b": 100, "new": 2, "tok": 513, "dt": 30.0},
              {"b": 100, "new": 4, "tok": 600, "dt": 50.0}, {"b": 100, "new": 2, "tok": 512, "dt": 20.0},
              {"b": 0, "new": 9, "tok": 9999, "dt": 1.0}]
-    m = served.step_mix(steps, 512)
+    m = served_windows.step_mix(steps, 512)
     assert m.steps == 4 and m.arrivals_mean == 2.0 and m.arrivals_dispersion == pytest.approx(1.0)
     assert m.over_ceiling == 0.5 and m.ms_over == 40.0 and m.ms_under == 15.0
     # Regular arrivals (always 2) are under-dispersed; with no step above the ceiling its mean is nan.
-    even = served.step_mix([{"b": 8, "new": 2, "tok": 100, "dt": 5.0}] * 3, 512)
+    even = served_windows.step_mix([{"b": 8, "new": 2, "tok": 100, "dt": 5.0}] * 3, 512)
     assert even.arrivals_dispersion == 0.0 and even.over_ceiling == 0.0 and math.isnan(even.ms_over)
     with pytest.raises(InvalidValueError, match="ceiling = 0"):
-        served.step_mix(steps, 0)
+        served_windows.step_mix(steps, 0)
 
 
 def test_a_window_records_its_time_span_so_a_kept_step_log_can_be_cut_by_window():
@@ -487,15 +481,15 @@ def test_served_points_are_wall_ms_per_step_of_fixed_k_paired_by_round():
          [Window("k3", 6, r, 100, s, 100, 5.0, 0) for r, s in ((0, 1.0), (1, 1.1))] + \
          [Window("mixed", 6, r, 100, 1.0, 100, 5.0, 0) for r in (0, 1)] + \
          [Window("k3", 6, 2, 100, 1.0, 100, 5.0, 9)]           # unverified (9 mismatched steps): left out
-    pts = {p.k: p for p in served.served_points(ws, policies)}
+    pts = {p.k: p for p in served_windows.served_points(ws, policies)}
     assert set(pts) == {1, 3}                                   # the two-range table is not a fixed k
     assert pts[1].ms == pytest.approx(22.0) and pts[1].se_ms == pytest.approx(2.0 / 3 ** 0.5)
     assert pts[1].batch == pytest.approx(6.0) and pts[1].rounds == 3 and pts[1].load == 6
     assert dict(pts[3].per_round) == pytest.approx({"r0": 10.0, "r1": 11.0})
-    named = served.served_points(ws, policies, launch=lambda w: "A")
+    named = served_windows.served_points(ws, policies, launch=lambda w: "A")
     assert [key for key, _ in named[0].per_round] == ["Ar0", "Ar1", "Ar2"]
-    assert served.served_points(ws, policies, min_rounds=3)[0].k == 1 and len(served.served_points(ws, policies, min_rounds=3)) == 1
-    assert served.fixed_k_of([[1, 8, 2]]) == 2 and served.fixed_k_of([[2, 8, 2]]) is None
+    assert served_windows.served_points(ws, policies, min_rounds=3)[0].k == 1 and len(served_windows.served_points(ws, policies, min_rounds=3)) == 1
+    assert served_windows.fixed_k_of([[1, 8, 2]]) == 2 and served_windows.fixed_k_of([[2, 8, 2]]) is None
 
 
 def _judge_doc(goodputs: dict[str, list[int]], load: int = 128) -> dict:
@@ -542,8 +536,8 @@ def test_an_undecided_load_makes_the_table_unverified_and_the_file_says_so():
     ws = [Window(n, 8, r, (90.0 if r % 2 else 110.0) if n == "table" else 100.0, 1.0, 10, 1.0, 0)
           for r in range(4) for n in ("k=0", "k=1", "k=2", "k=3", "table")]
     goodput, verdicts = judge(ws, loads, ["k=0", "k=1", "k=2", "k=3"], tolerance=0.03)
-    plan = served.VerificationPlan(loads, 4, 1.5, 0.4, 1.5, 75.0, 60.0)
-    res = served.ServedVerification(candidate=((1, 4, 2), (5, 8, 1)), max_k=3, max_num_seqs=8, plan=plan,
+    plan = served_plan.VerificationPlan(loads, 4, 1.5, 0.4, 1.5, 75.0, 60.0)
+    res = served_verdict.ServedVerification(candidate=((1, 4, 2), (5, 8, 1)), max_k=3, max_num_seqs=8, plan=plan,
                                     goodput=tuple(goodput), verdicts=tuple(verdicts), tolerance=0.03,
                                     elapsed_s=55.0, budget_cut=True, windows=tuple(ws),
                                     stop_reasons=((8, "budget"),))

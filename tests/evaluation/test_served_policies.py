@@ -6,14 +6,9 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tabletune_pipelines.tuning.served_verification import (
-    CANDIDATE,
-    Window,
-    judge,
-    load_batch_sizes,
-    load_policies,
-    plausible_fixed_ks,
-)
+from tabletune_pipelines.tuning.served_plan import load_batch_sizes, load_policies, plausible_fixed_ks
+from tabletune_pipelines.tuning.served_verdict import judge
+from tabletune_pipelines.tuning.served_windows import CANDIDATE, Window
 
 TABLE = [[1, 96, 3], [97, 128, 2]]
 DOCS = [[1, 64, 3], [65, 128, 1]]

@@ -84,7 +84,7 @@ class ScriptedEngine(EngineResource):
         return scripted_profile(identity, store, self.batch_sizes, self.fail_after_cells)
 
     def verify_served(self, identity, dep, table, prior, log):
-        """Scripted windows judged by the real ``tuning.served_verification.judge``
+        """Scripted windows judged by the real ``tuning.served_verdict.judge``
         (``samples.scripted_verification``)."""
         self._calls.append(("verify_served", identity.key, table.table_id))
         return scripted_verification(identity, table, self.rates, self.served_verification_options())

@@ -25,7 +25,9 @@ from tabletune_pipelines.orchestration.metadata import (
     served_check,
     table_metadata,
 )
+from tabletune_pipelines.formats.published import load_published
 from tabletune_pipelines.tuning.publishing import publish_table, rollback_table
+from tabletune_pipelines.tuning.run_report import measured_lines
 from tabletune_pipelines.tuning.build import build_table
 from tabletune_pipelines.tuning.feedback import ingest_live_counters
 from tabletune_pipelines.tuning.measure import measure_week, profile_identity
@@ -41,7 +43,8 @@ TABLE_KEYS = SHARED | {
     "goodput_plot_path"}
 PUBLISHED_KEYS = SHARED | {
     "publications", "published", "unchanged", "dagster/row_count", "speculative_config", "rollback",
-    "skipped_deployments", "served_verification", "served_goodput", "served_goodput_plot", "served_goodput_plot_path"}
+    "skipped_deployments", "served_verification", "served_goodput", "served_goodput_plot", "served_goodput_plot_path",
+    "what_was_measured"}
 
 
 @pytest.fixture
@@ -90,6 +93,11 @@ def test_table_and_publication_keep_their_keys_and_share_one_description_of_the_
                         max_predicted_loss=SETTINGS.gates().max_predicted_loss, log=Log())
     pub_md = describe_publication(pub)
     assert set(pub_md.metadata) == PUBLISHED_KEYS
+    # what was measured: the run report's lines (run_report.measured_lines, as run and show print them)
+    dep = world.fleet.deployment(pub.targets[0].deployment)
+    report = measured_lines(load_published(dep.published_table), dep, world.store)
+    assert report[0].startswith("  table       B 1") and f"  file        {dep.published_table}" in report
+    assert pub_md.metadata["what_was_measured"].value == "```\n" + "\n".join(report) + "\n```"
     assert set(table_metadata(built.table)) == SHARED
     for k in SHARED:  # the same table, described once
         assert table_md.metadata[k] == pub_md.metadata[k], k

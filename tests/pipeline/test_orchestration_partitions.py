@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from assets.definitions import jobs as code_location_jobs
+from tabletune_pipelines.definitions import jobs as code_location_jobs
 from tabletune_pipelines.tuning.deployments import identity_for
 from tabletune_pipelines.formats.documents import EngineIdentity
 from tabletune_pipelines.formats.fleet import load_fleet

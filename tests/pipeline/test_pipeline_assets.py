@@ -14,7 +14,7 @@ import pytest
 from tabletune_pipelines.tuning.deployments import identity_for
 from tabletune_pipelines.formats.fleet import load_fleet
 from tabletune_pipelines.formats.live_counters import CounterWindow, window_line
-from assets.definitions import ASSETS, jobs
+from tabletune_pipelines.definitions import ASSETS, jobs
 from tabletune_pipelines.orchestration.jobs import PROFILE_AND_PUBLISH_ASSETS
 from tabletune_pipelines.orchestration.partitions import register_identity
 from tabletune_pipelines.formats.published import read_published_table

@@ -43,7 +43,7 @@ def instance():
 
 def sensor(name: str) -> dg.SensorDefinition:
     """A sensor of the code location, as Dagster loads it."""
-    from assets.definitions import defs
+    from tabletune_pipelines.definitions import defs
 
     return defs().resolve_sensor_def(name)
 
@@ -130,7 +130,7 @@ def test_weekly_schedule_measures_last_complete_week_per_engine_group(home):
                                deployment_dict("c", engine_group="gpu-box-2")])
     # Fleet engine groups: a and b have no engine_group -> their own names; c -> gpu-box-2.
     monday = datetime(2026, 11, 23, 3, 0, tzinfo=timezone.utc)
-    from assets.definitions import defs
+    from tabletune_pipelines.definitions import defs
 
     ctx = dg.build_schedule_context(scheduled_execution_time=monday, repository_def=defs().get_repository_def(),
                                     resources={"fleet": FleetResource(path=str(fleet))})
@@ -145,7 +145,7 @@ def test_weekly_schedule_measures_last_complete_week_per_engine_group(home):
 def test_definitions_load_and_instance_config(home, tmp_path, monkeypatch):
     from pathlib import Path
 
-    from assets.definitions import defs
+    from tabletune_pipelines.definitions import defs
 
     repo = Path(__file__).resolve().parents[2]
     jobs = {j.name for j in defs().get_repository_def().get_all_jobs()}
@@ -170,7 +170,7 @@ def test_definitions_load_and_instance_config(home, tmp_path, monkeypatch):
 
 
 CHECKOUT = str(Path(__file__).resolve().parents[2])
-"""The checkout: the code location (assets/) is loaded from it, as workspace.yaml says."""
+"""The checkout, on the subprocesses' PYTHONPATH: the package under test (an installed copy may be another checkout's)."""
 
 IMPORT_DEFINITIONS = """
 import os, sys
@@ -181,7 +181,7 @@ fleet.load_fleet = lambda *a, **kw: calls.append(a) or real(*a, **kw)
 reads = []
 environ_get = os.environ.get
 os.environ.get = lambda key, *d: reads.append(key) or environ_get(key, *d)
-from assets.definitions import defs
+from tabletune_pipelines.definitions import defs
 os.environ.get = environ_get
 at_import = (len(calls), sorted(k for k in reads if k.startswith("TABLETUNE")))
 assert defs().resolve_asset_graph().get_all_asset_keys()
@@ -199,7 +199,7 @@ def test_importing_the_definitions_reads_nothing_and_loading_them_reads_the_flee
 
 
 LOAD_WITHOUT_FLEET = """
-from assets.definitions import defs
+from tabletune_pipelines.definitions import defs
 d = defs()
 print(d.resolve_job_def("rollback_published_table").tags["tabletune/engine"],
       d.resolve_sensor_def("engine_upgrade_sensor").minimum_interval_seconds)
@@ -217,7 +217,7 @@ def test_the_definitions_load_with_the_fleet_file_missing(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split()[-2:] == ["manual", "300"]
     env["TABLETUNE_SENSOR_INTERVAL_S"] = "soon"
-    imported = subprocess.run([sys.executable, "-c", "import assets.definitions"],
+    imported = subprocess.run([sys.executable, "-c", "import tabletune_pipelines.definitions"],
                               env=env, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert imported.returncode == 0, imported.stderr[-3000:]
     loaded = subprocess.run([sys.executable, "-c", LOAD_WITHOUT_FLEET], env=env, capture_output=True, text=True,
@@ -226,7 +226,7 @@ def test_the_definitions_load_with_the_fleet_file_missing(tmp_path):
 
 
 def test_retune_after_weekly_acceptance_requests_one_run_per_running_identity(home, instance):
-    from assets.definitions import ASSETS
+    from tabletune_pipelines.definitions import ASSETS
 
     fleet = write_fleet(home, [deployment_dict("a"), deployment_dict("b")])  # same engine identity
     write_prompts(load_fleet(fleet).deployment("a").prompts_file(WEEK))

@@ -118,7 +118,7 @@ def seed_local_deployment(dagster_home: Path, tt_home: Path, fleet: Path) -> str
     from tabletune_pipelines.tuning.deployments import identity_for
     from tabletune_pipelines.engine.installed import installed_vllm_version
     from tabletune_pipelines.formats.fleet import load_fleet
-    from assets.definitions import ASSETS
+    from tabletune_pipelines.definitions import ASSETS
     from tabletune_pipelines.orchestration.partitions import register_identity
 
     version = installed_vllm_version()

@@ -16,7 +16,7 @@ import pytest
 from tabletune_pipelines.tuning.deployments import identity_for
 from tabletune_pipelines.formats.fleet import load_fleet
 from tabletune_pipelines.formats.live_counters import CounterWindow, window_line
-from assets.definitions import ASSETS, defs, jobs
+from tabletune_pipelines.definitions import ASSETS, defs, jobs
 from tabletune_pipelines.orchestration.partitions import register_identity
 from tabletune_pipelines.orchestration.tags import ENGINE_TAG, manual_run_tags, try_load_fleet
 from tabletune_pipelines.formats.published import read_published_table

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tabletune_pipelines.formats.fleet import load_fleet
-from assets.definitions import ASSETS
+from tabletune_pipelines.definitions import ASSETS
 from tabletune_pipelines.formats.published import read_published_table
 from tests.pipeline.helpers import WEEK, ScriptedEngine, make_resources, write_prompts
 from tests.pipeline.test_pipeline_assets import identity_key, run_identity, sql

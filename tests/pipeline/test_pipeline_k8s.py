@@ -96,7 +96,7 @@ def test_sensor_run_requests_carry_the_k8s_tag(home):
     import dagster as dg
 
     from tabletune_pipelines.orchestration.resources import FleetResource
-    from assets.definitions import defs
+    from tabletune_pipelines.definitions import defs
 
     with VersionServer("0.32.0") as srv, dg.DagsterInstance.ephemeral() as inst:
         fleet = write_fleet(home, [deployment_dict("g", endpoint=srv.url, gpu="A10G",

@@ -31,7 +31,7 @@ from dagster_duckdb import DuckDBResource
 from tabletune_pipelines.tuning.deployments import current_identity
 from tabletune_pipelines.formats.fleet import load_fleet
 from tabletune_pipelines.formats.live_counters import CounterWindow, window_line
-from assets.definitions import ASSETS
+from tabletune_pipelines.definitions import ASSETS
 from tabletune_pipelines.orchestration.partitions import register_identity
 from tabletune_pipelines.orchestration.resources import EngineResource, FleetResource, TuningSettings
 from tabletune_pipelines.formats.published import read_published_table

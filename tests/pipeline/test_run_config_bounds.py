@@ -18,13 +18,13 @@ import re
 import dagster as dg
 import pytest
 
-import assets
+from tabletune_pipelines import defs as defs_folder
 from tabletune_pipelines.engine.plan import ProfileOptions
 from tabletune_pipelines.errors import PipelineFailure
 from tabletune_pipelines.orchestration import resources as resources_module
 from tabletune_pipelines.orchestration.resources import EngineResource, check_config
 from tabletune_pipelines.tuning.deployments import AcceptanceOptions
-from tabletune_pipelines.tuning.served_verification import ServedVerificationOptions
+from tabletune_pipelines.tuning.served_plan import ServedVerificationOptions
 from tests.pipeline.helpers import make_resources
 from tests.pipeline.test_pipeline_assets import identity_key, run_identity, run_week, sql
 
@@ -37,8 +37,8 @@ OPTION_MAPPINGS = {"profile_options": ProfileOptions, "acceptance_options": Acce
 
 def config_classes() -> list[type]:
     """Every Dagster resource and run-config class of the code location (found, not listed)."""
-    modules = [resources_module] + [importlib.import_module(f"assets.{m.name}")
-                                    for m in pkgutil.iter_modules(assets.__path__)]
+    modules = [resources_module] + [importlib.import_module(f"tabletune_pipelines.defs.{m.name}")
+                                    for m in pkgutil.iter_modules(defs_folder.__path__)]
     found = {}
     for module in modules:
         for _, cls in inspect.getmembers(module, inspect.isclass):

@@ -169,7 +169,7 @@ def test_the_feedback_asset_counts_a_twice_exported_window_once(home):
     import duckdb
 
     from tabletune_pipelines.formats.fleet import load_fleet
-    from assets.definitions import ASSETS
+    from tabletune_pipelines.definitions import ASSETS
     from tests.pipeline.helpers import deployment_dict, make_resources, write_fleet
 
     from tabletune_pipelines.tuning.deployments import identity_for
@@ -196,7 +196,7 @@ def test_the_feedback_asset_fails_on_overlapping_windows_naming_the_line(home):
     import dagster as dg
 
     from tabletune_pipelines.formats.fleet import load_fleet
-    from assets.definitions import ASSETS
+    from tabletune_pipelines.definitions import ASSETS
     from tests.pipeline.helpers import deployment_dict, make_resources, write_fleet
 
     fleet_path = write_fleet(home, [deployment_dict("local-cpu")])

@@ -157,7 +157,7 @@ def test_the_writer_alone_refuses_too(site):
 
 
 def test_the_published_table_asset_refuses_and_leaves_the_file(home):
-    from assets.definitions import ASSETS
+    from tabletune_pipelines.definitions import ASSETS
     from tests.pipeline.helpers import deployment_dict, make_resources, write_fleet
 
     victim = home / "victim.json"

@@ -10,7 +10,7 @@ from typing import Any
 
 from tabletune_pipelines.tuning.deployments import identity_for
 from tabletune_pipelines.errors import EndpointUnreachable, EngineCrashedError
-from tabletune_pipelines.tuning.served_verification import ServedVerificationOptions
+from tabletune_pipelines.tuning.served_plan import ServedVerificationOptions
 from tabletune_pipelines.formats.fleet import Fleet, parse_fleet
 from tabletune_pipelines.store import TableTuneStore
 from tabletune_pipelines.tuning.build import DefaultBuildSettings

@@ -66,29 +66,29 @@ def noisy_profile(noise: float = 0.05, seed: int = 0, reps: int = 3, batch_sizes
 def scripted_verification(identity: EngineIdentity, table, rates, opts):
     """A served verification of ``table`` from scripted windows (goodput B·τ(k)/T(B, k) of the scripted
     profile at B = load, 3 rounds, ±1% per round alike for every policy) judged by the real
-    ``tuning.served_verification.judge``."""
+    ``tuning.served_verdict.judge``."""
     from tabletune_pipelines.core.goodput import tau_curve
     from tabletune_pipelines.core.table import expand_table
-    from tabletune_pipelines.tuning import served_verification as served
+    from tabletune_pipelines.tuning import served_plan, served_verdict, served_windows
 
     K, M = identity.max_k, identity.max_num_seqs
-    loads = tuple(opts.loads or served.default_loads(M))
+    loads = tuple(opts.loads or served_plan.default_loads(M))
     taus = tau_curve(tuple(rates[:K]))
     lookup = expand_table([list(r) for r in table.ranges], M, K)
 
     def window(policy, k, load, r):
         g = 1000.0 * load * taus[k] / scripted_ms(k, load) * (1.0 + 0.01 * ((r + load) % 3 - 1))
-        return served.Window(policy, load, r, int(round(g * 2.0)), 2.0, 100, float(load), 0)
+        return served_windows.Window(policy, load, r, int(round(g * 2.0)), 2.0, 100, float(load), 0)
 
     windows = []
     for load in loads:
         for r in range(3):
-            windows += [window(served.fixed_name(k), k, load, r) for k in range(K + 1)]
-            windows.append(window(served.CANDIDATE, lookup[load - 1], load, r))
-    goodput, verdicts = served.judge(windows, loads, [served.fixed_name(k) for k in range(K + 1)],
+            windows += [window(served_windows.fixed_name(k), k, load, r) for k in range(K + 1)]
+            windows.append(window(served_windows.CANDIDATE, lookup[load - 1], load, r))
+    goodput, verdicts = served_verdict.judge(windows, loads, [served_windows.fixed_name(k) for k in range(K + 1)],
                                      tolerance=opts.tolerance)
-    plan = served.VerificationPlan(loads, 3, 2.0, 0.0, 0.0, opts.budget_s or 75.0, 0.0)
-    return served.ServedVerification(
+    plan = served_plan.VerificationPlan(loads, 3, 2.0, 0.0, 0.0, opts.budget_s or 75.0, 0.0)
+    return served_verdict.ServedVerification(
         candidate=tuple(tuple(r) for r in table.ranges), max_k=K, max_num_seqs=M, plan=plan, goodput=tuple(goodput),
         verdicts=tuple(verdicts), tolerance=opts.tolerance, elapsed_s=0.0, budget_cut=False,
         windows=tuple(windows), device="scripted", acceptance="scripted")

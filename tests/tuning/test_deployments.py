@@ -205,7 +205,7 @@ def test_a_shared_launch_that_refuses_the_rate_switch_is_stopped_before_the_veri
     dep = fleet(tmp_path).deployments[0]
     ident = deployments.identity_for(dep, installed_vllm_version())
     table = SimpleNamespace(ranges=((1, 16, 3),), acceptance_rates=(0.7, 0.5, 0.3))  # never served here
-    from tabletune_pipelines.tuning.served_verification import ServedVerificationOptions
+    from tabletune_pipelines.tuning.served_plan import ServedVerificationOptions
 
     with pytest.raises(Launched):
         deployments.verify_served(ident, dep, table, None, log=logging.getLogger("t"), server=Shared(),

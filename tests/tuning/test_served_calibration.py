@@ -11,7 +11,7 @@ import pytest
 from tabletune_pipelines.core.served_calibration import ServedCalibration
 from tabletune_pipelines.core.stepcost import Workload
 from tabletune_pipelines.errors import InvalidValueError
-from tabletune_pipelines.tuning.served_verification import calibration_from_judges
+from tabletune_pipelines.tuning.served_windows import calibration_from_judges
 from tabletune_pipelines.formats.documents import StepTimeProfile
 from tabletune_pipelines.tuning.derive import DeriveOptions, derive_table
 from tests.tuning.test_h200_profiles import DATA, _prior

@@ -1,11 +1,11 @@
-"""The served verification sized from the profile (``served_verification.size_verification``) and the
+"""The served verification sized from the profile (``served_plan.size_verification``) and the
 no-verdict note printed before the table (``run_report.no_verdict_lines``)."""
 
 from __future__ import annotations
 
 import math
 
-from tabletune_pipelines.tuning import served_verification as served
+from tabletune_pipelines.tuning import served_plan
 from tabletune_pipelines.tuning.run_report import no_verdict_lines
 
 M, K = 16, 3
@@ -21,20 +21,20 @@ def _steps(slow: float = 1.0, k3_penalty: float = 1.0):
 def _per_load(table, loads=(1, 8, 16)):
     out = {}
     for load in loads:
-        ks = served.plausible_fixed_ks(table, load, max_k=K, max_num_seqs=M)
-        out[load] = served.load_policies(table, load, max_k=K, max_num_seqs=M, fixed_ks=ks)
+        ks = served_plan.plausible_fixed_ks(table, load, max_k=K, max_num_seqs=M)
+        out[load] = served_plan.load_policies(table, load, max_k=K, max_num_seqs=M, fixed_ks=ks)
     return out
 
 
 def test_windows_grow_with_the_profiles_step_times():
     table = [[1, 16, 3]]
-    fast = served.size_verification(_steps(slow=0.3), RATES, _per_load(table), max_k=K, max_num_seqs=M, device="cpu",
+    fast = served_plan.size_verification(_steps(slow=0.3), RATES, _per_load(table), max_k=K, max_num_seqs=M, device="cpu",
                                     tolerance=0.03, most_rounds=8)
-    slow = served.size_verification(_steps(slow=10.0), RATES, _per_load(table), max_k=K, max_num_seqs=M,
+    slow = served_plan.size_verification(_steps(slow=10.0), RATES, _per_load(table), max_k=K, max_num_seqs=M,
                                      device="cpu", tolerance=0.03, most_rounds=8)
     # 20 steps x 1.5 x the slowest step (k = 3 at B = 16: 62 ms x 1.3 = 80.6 ms; x 0.3 = 24 ms: 0.7 s, under the
     # default 1.5 s; x 10 = 806 ms: 24.2 s)
-    assert fast.window_s == served.DEFAULTS["cpu"].window_s
+    assert fast.window_s == served_plan.DEFAULTS["cpu"].window_s
     assert slow.window_s == math.ceil(20 * 1.5 * 806.0 / 100) / 10
     assert slow.ratio_sd < fast.ratio_sd  # longer windows, smaller expected spread per round
 
@@ -44,23 +44,23 @@ def test_a_table_far_from_the_line_is_decidable_and_one_on_it_is_named_before_me
     # next to k = 2 (tau 2.44 / 1.2 vs 1.8 / 1.1: 1.24x). A table equal to a fixed k is judged against the
     # other plausible fixed k.
     steps = _steps(k3_penalty=2.0)
-    far = served.size_verification(steps, RATES, _per_load([[1, 16, 2]]), max_k=K, max_num_seqs=M, device="cpu",
+    far = served_plan.size_verification(steps, RATES, _per_load([[1, 16, 2]]), max_k=K, max_num_seqs=M, device="cpu",
                                    tolerance=0.03, most_rounds=8)
     for need in far.needs:
         assert need.predicted_ratio is not None and need.predicted_ratio > 1.0
     # a table of k = 1 against k = 2: predicted ratio 0.81, far below the 0.97 line: a verdict (fail) is reachable
-    losing = served.size_verification(steps, RATES, _per_load([[1, 16, 1]]), max_k=K, max_num_seqs=M,
+    losing = served_plan.size_verification(steps, RATES, _per_load([[1, 16, 1]]), max_k=K, max_num_seqs=M,
                                       device="cpu", tolerance=0.03, most_rounds=8)
     assert all(n.rounds is not None and n.predicted_ratio < 0.9 for n in losing.needs)
-    assert losing.budget_s >= served.DEFAULTS["cpu"].budget_s and losing.unreachable == []
+    assert losing.budget_s >= served_plan.DEFAULTS["cpu"].budget_s and losing.unreachable == []
     # a table 1 % ahead of its rival: 0.04 from the line, beyond 8 rounds at a 0.2 spread
     close = {str(k): dict(row) for k, row in _steps().items()}
     for b in range(1, M + 1):  # k = 2 made 1 % worse than k = 3 per token, so the table k = 3 is ahead by ~1 %
         close["2"][str(b)] = close["3"][str(b)] * 2.44 / 2.952 * 1.01
-    tight = served.size_verification(close, RATES, _per_load([[1, 16, 3]]), max_k=K, max_num_seqs=M, device="cpu",
+    tight = served_plan.size_verification(close, RATES, _per_load([[1, 16, 3]]), max_k=K, max_num_seqs=M, device="cpu",
                                      tolerance=0.03, most_rounds=8)
     assert tight.unreachable and all("none is expected" in line for line in tight.lines(0.03, 8))
-    assert tight.budget_s <= served.BUDGET_CAP * served.DEFAULTS["cpu"].budget_s
+    assert tight.budget_s <= served_plan.BUDGET_CAP * served_plan.DEFAULTS["cpu"].budget_s
 
 
 def test_no_verdict_lines_name_the_open_loads_and_what_stopped_them():
@@ -76,11 +76,11 @@ def test_no_verdict_lines_name_the_open_loads_and_what_stopped_them():
 
 
 def test_every_loads_share_of_the_budget_holds_the_neediest_loads_rounds():
-    d = served.DEFAULTS["cpu"]
+    d = served_plan.DEFAULTS["cpu"]
     per_load = _per_load([[1, 8, 3], [9, 16, 1]])
-    sizing = served.size_verification(_steps(k3_penalty=2.0), RATES, per_load, max_k=K, max_num_seqs=M,
+    sizing = served_plan.size_verification(_steps(k3_penalty=2.0), RATES, per_load, max_k=K, max_num_seqs=M,
                                       device="cpu", tolerance=0.03, most_rounds=8)
-    per_window = sizing.window_s + d.settle_s + served.SWAP_OVERHEAD_S
+    per_window = sizing.window_s + d.settle_s + served_plan.SWAP_OVERHEAD_S
     need = max(d.warmup_s + (n.rounds or 2) * len(per_load[n.load].policies) * per_window for n in sizing.needs)
-    assert sizing.budget_s >= min(3 * need, served.BUDGET_CAP * d.budget_s) - 1
-    assert sizing.budget_s <= served.BUDGET_CAP * d.budget_s
+    assert sizing.budget_s >= min(3 * need, served_plan.BUDGET_CAP * d.budget_s) - 1
+    assert sizing.budget_s <= served_plan.BUDGET_CAP * d.budget_s

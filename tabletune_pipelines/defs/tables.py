@@ -7,7 +7,7 @@ from typing import ClassVar
 import dagster as dg
 from dagster_duckdb import DuckDBResource
 
-from assets import OWNERS
+from tabletune_pipelines.defs import OWNERS
 from tabletune_pipelines.orchestration.metadata import describe_table, failures
 from tabletune_pipelines.orchestration.partitions import engine_identity_partitions
 from tabletune_pipelines.orchestration.resources import TuningSettings, check_config, store_from

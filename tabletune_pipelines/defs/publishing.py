@@ -4,7 +4,7 @@ Both call ``tabletune_pipelines.tuning.publishing`` (``publish_table``, ``rollba
 import dagster as dg
 from dagster_duckdb import DuckDBResource
 
-from assets import OWNERS
+from tabletune_pipelines.defs import OWNERS
 from tabletune_pipelines.orchestration.metadata import (
     describe_publication,
     describe_rollback,

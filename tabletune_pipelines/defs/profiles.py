@@ -3,7 +3,7 @@
 import dagster as dg
 from dagster_duckdb import DuckDBResource
 
-from assets import OWNERS
+from tabletune_pipelines.defs import OWNERS
 from tabletune_pipelines.orchestration.metadata import describe_profile, failures
 from tabletune_pipelines.orchestration.partitions import engine_identity_partitions
 from tabletune_pipelines.orchestration.resources import EngineResource, FleetResource, check_config, store_from
