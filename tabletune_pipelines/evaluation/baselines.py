@@ -15,7 +15,7 @@ numpy, no vLLM. What each implements from its paper is in docs/evaluation.md, "B
   an empty output counts nothing).
 * ``NightjarPolicy`` ("Nightjar: Dynamic Adaptive Speculative Decoding for Large Language Models
   Serving", arXiv 2512.22420): an independent multi-armed bandit per batch size choosing k from
-  the observed goodput of its own decode-only steps. The paper's planner is a MAB per batch size; the exact
+  the observed goodput of its own steps. The paper's planner is a MAB per batch size; the exact
   bandit rule is not reproduced here: this is UCB1 (Auer et al. 2002) with exploration constant
   ``c`` on rewards normalised by the largest seen. Its offloading of the drafter under memory
   pressure is out of scope (no KV-cache model here).
@@ -158,9 +158,7 @@ class NightjarPolicy:
         dt = now - last
         if dt <= 0:
             return
-        drafted, kept, _ = self._counts(step)
-        if not step.decode_only(drafted):
-            return  # an interval carrying prefills prices the arriving prompts, not the arm's k
+        _, kept, _ = self._counts(step)
         reward = (b + kept) / (b * dt)  # tokens per request per second: the step's goodput over B
         arm = self.ks.index(k)
         self.count[b, arm] += 1

@@ -55,15 +55,3 @@ def test_nightjar_ucb_finds_the_better_k_at_its_batch_size():
     assert np.mean(np.array(ks[50:]) == 1) > 0.8
     assert nj.count[2].sum() == 299 and nj.count[2, 0] >= 1  # k = 0 was tried
     assert nj.next_lookup()[3] == 1 and nj.count[3].sum() == 0  # other batch sizes learn on their own
-
-
-def test_nightjar_rewards_only_steps_that_only_decode():
-    nj = NightjarPolicy(8, (0, 1), c=0.5)
-    sampled, spec = [[1, 1], [1, 1]], {"a": [0], "b": [0]}
-    nj.on_step(StepOutcome({"a": 1, "b": 1}, spec, {"a": 0, "b": 1}, sampled, 1, 0, 4, 0.0))  # the clock starts
-    # A request admitted (num_new = 1), then a chunk of prefill (total_tokens above B + drafted): no reward.
-    nj.on_step(StepOutcome({"a": 1, "b": 64}, spec, {"a": 0, "b": 1}, sampled, 1, 1, 66, 0.5))
-    nj.on_step(StepOutcome({"a": 1, "b": 1}, spec, {"a": 0, "b": 1}, sampled, 1, 0, 40, 1.0))
-    assert nj.count[2].sum() == 0 and nj.r_max == 0.0
-    nj.on_step(StepOutcome({"a": 1, "b": 1}, spec, {"a": 0, "b": 1}, sampled, 1, 0, 4, 1.010))  # decode only
-    assert nj.count[2, 1] == 1 and nj.total[2, 1] == pytest.approx(4 / (2 * 0.010))
