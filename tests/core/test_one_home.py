@@ -467,8 +467,8 @@ RECORDS = {  # record: the file that defines it
     "CounterWindow": "tabletune_pipelines/formats/live_counters.py",
     "DeriveOptions": "tabletune_pipelines/tuning/derive.py",
     "RemeasureSettings": "tabletune_pipelines/core/remeasure.py",
-    "ProfileHooks": "tabletune_pipelines/engine/profiler.py",
-    "ProfileServers": "tabletune_pipelines/engine/profiler.py",
+    "ProfileHooks": "tabletune_pipelines/engine/profile_run.py",
+    "ProfileServers": "tabletune_pipelines/engine/profile_run.py",
 }
 
 
