@@ -364,7 +364,7 @@ EXCEPTION_CLASSES_ELSEWHERE: dict[tuple[str, str], str] = {
     ("tabletune_pipelines/formats/strict_io.py", "StrictJSONError"): "as NotRegularFileError (a ValueError, like "
     "json.JSONDecodeError)",
     ("tabletune_pipelines/formats/strict_io.py", "DuplicateKeyError"): "as StrictJSONError",
-    ("tabletune_pipelines/formats/fleet.py", "_YAMLRefused"): "raised inside PyYAML's loader, so a yaml.YAMLError that the "
+    ("tabletune_pipelines/formats/fleet_yaml.py", "_YAMLRefused"): "raised inside PyYAML's loader, so a yaml.YAMLError that the "
     "fleet reader turns into a FleetError; errors.py is stdlib-only and cannot import yaml",
 }
 
