@@ -62,7 +62,6 @@ from tabletune_pipelines.errors import FleetError, LiveCountersError, SettingsEr
 from tabletune_pipelines.formats.published import speculative_config_path as _companion_of
 from tabletune_pipelines.options import BATCH_SIZE
 from tabletune_pipelines.vocab import (
-    DEFAULT_CUDAGRAPH_MODE,
     DEFAULT_MODEL_RUNNER,
     DEFAULT_SAMPLE_SIZE,
     DEFAULT_TEMPERATURE,
