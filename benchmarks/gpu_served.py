@@ -102,7 +102,8 @@ def server_config(args, rates, work: Path):
 def cmd_profile(args) -> int:
     from tabletune_pipelines.engine import VLLMServer
     from tabletune_pipelines.engine.plan import ProfileOptions, ProfilePlan
-    from tabletune_pipelines.engine.profiler import ProfileHooks, ProfileServers, profile_step_times
+    from tabletune_pipelines.engine.profile_run import ProfileHooks, ProfileServers
+    from tabletune_pipelines.engine.profiler import profile_step_times
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

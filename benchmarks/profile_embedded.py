@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     from tabletune_pipelines.engine.config import ServerConfig
     from tabletune_pipelines.engine.identity import engine_identity
     from tabletune_pipelines.engine.plan import ProfileOptions, default_plan
-    from tabletune_pipelines.engine.profiler import ProfileHooks, profile_step_times, store_hooks
+    from tabletune_pipelines.engine.profile_run import ProfileHooks
+    from tabletune_pipelines.engine.profiler import profile_step_times, store_hooks
     from tabletune_pipelines.engine.tiny_models import ensure_tiny_models
 
     out = Path(args.out)

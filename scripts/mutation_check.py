@@ -50,7 +50,7 @@ MUTATIONS = (
              ("tests/controller",)),
     Mutation("controller", "tabletune_pipelines/controller/flapping.py", "return rebuild < self.held_until",
              "return False", "the flapping hold never holds", ("tests/controller",)),
-    Mutation("profiler", "tabletune_pipelines/engine/profiler.py",
+    Mutation("profiler", "tabletune_pipelines/engine/profile_run.py",
              "self._count_fallbacks(ms)\n        cell = StepTimeCell(k=k, batch_size=b, median_ms=median_step_time(vals),",
              "self._count_fallbacks(ms)\n        cell = StepTimeCell(k=k, batch_size=b, median_ms=min(vals),",
              "a cell's value is its fastest repetition, not the median", ("tests/engine", "tests/store")),

@@ -4,7 +4,7 @@ message names the file, key or value at fault and says what to do; the CLI print
 
 Stdlib only: the controller (a vLLM plugin) and the engine-side plugins import it. Every
 ``TableTuneError`` subclass is defined here, grouped by the layer that raises it; each docstring
-says who raises it and what the user does about it. ``tests/core/test_one_home.py`` fails when an
+says who raises it and what the user does about it. ``tests/architecture/test_one_home.py`` fails when an
 exception class is defined anywhere else (strict_io's stdlib-shaped errors excepted, with reasons),
 ``tests/core/test_error_hierarchy.py`` when product code raises a bare ``ValueError``,
 ``RuntimeError``, ``TypeError`` or ``KeyError``.

@@ -40,15 +40,16 @@ if TYPE_CHECKING:
     from tabletune_pipelines.engine.config import ServerConfig
     from tabletune_pipelines.engine.plan import ProfileOptions
     from tabletune_pipelines.engine.process import VLLMServer
-    from tabletune_pipelines.engine.profiler import ProfileHooks, ProfileServers, profile_step_times
+    from tabletune_pipelines.engine.profile_run import ProfileHooks, ProfileServers
+    from tabletune_pipelines.engine.profiler import profile_step_times
 
 _EXPORTS = {
     "ServerConfig": "tabletune_pipelines.engine.config",
     "VLLMServer": "tabletune_pipelines.engine.process",
     "ProfileOptions": "tabletune_pipelines.engine.plan",
     "profile_step_times": "tabletune_pipelines.engine.profiler",
-    "ProfileHooks": "tabletune_pipelines.engine.profiler",
-    "ProfileServers": "tabletune_pipelines.engine.profiler",
+    "ProfileHooks": "tabletune_pipelines.engine.profile_run",
+    "ProfileServers": "tabletune_pipelines.engine.profile_run",
     "measure_acceptance": "tabletune_pipelines.engine.acceptance",
 }
 

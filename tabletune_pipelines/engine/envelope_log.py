@@ -210,7 +210,7 @@ def _show(envelope: Mapping[str, Any]) -> str:
 
 
 def envelope_checked(identity: EngineIdentity, note: Callable[[str], None] | None = None) -> Callable[[Any], Any]:
-    """A ``VLLMServer`` factory (``engine.profiler.ProfileServers.factory``, or ``factory(cfg)`` as a
+    """A ``VLLMServer`` factory (``engine.profile_run.ProfileServers.factory``, or ``factory(cfg)`` as a
     context manager) whose servers check their envelope against ``identity`` once healthy; a server
     that runs another envelope is stopped and ``EngineMismatchError`` raised."""
     from tabletune_pipelines.engine.process import VLLMServer

@@ -32,438 +32,37 @@ them under mode ``"fixed_k"`` with the production profile's identity.
 
 Every cell goes to ``hooks.on_cell`` the moment its last repetition is measured, and cells passed in
 ``hooks.existing`` are skipped, so a rerun after a crash resumes where it stopped (``store_hooks``).
+
+This module holds the protocol's entry point (``profile_step_times``), one function per launch
+strategy and ``store_hooks``; one run's inputs and state (``ProfileHooks``, ``ProfileServers``,
+``ProfileRun``) are in ``engine.profile_run``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import statistics
-import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
-from tabletune_pipelines.core.remeasure import (
-    DEFAULT_DECISION_RATES,
-    BoundaryReport,
-    RemeasureReport,
-    RemeasureSettings,
-    cells_behind,
-    coarse_batch_sizes,
-    evidence_from_repetitions,
-    geometric_rates,
-    next_batch_sizes,
-    remeasure,
-    search_boundaries,
-)
 from tabletune_pipelines.core.stepcost import StepSample
-from tabletune_pipelines.core.steptime import median_step_time
 from tabletune_pipelines.formats.documents import EngineIdentity, StepTimeCell, StepTimeProfile
-from tabletune_pipelines.engine.cell import Measurement, measure_cell_once, warm_up
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.engine.identity import engine_identity
-from tabletune_pipelines.engine.installed import resolve_device
 from tabletune_pipelines.engine.mixed import default_mixed_batch_sizes, default_mixed_prefill_tokens, measure_mixed_steps
 from tabletune_pipelines.engine.plan import (
-    CellKey,
     ProfileOptions,
     ProfilePlan,
     fixed_k_config,
     no_spec_config,
     per_k_config,
     plan_from_options,
-    rotations,
     switching_config,
 )
-from tabletune_pipelines.engine.process import VLLMServer
-from tabletune_pipelines.engine.progress import ProfilerProgress
+from tabletune_pipelines.engine.profile_run import ProfileHooks, ProfileRun, ProfileServers, ProfileTarget, cell_seed
 from tabletune_pipelines.engine.tiny_models import read_vocab_size
-from tabletune_pipelines.errors import EngineConfigError, TableTuneError
-from tabletune_pipelines.vocab import DraftVerdict
+from tabletune_pipelines.errors import EngineConfigError
 
-__all__ = ["CellKey", "ProfileHooks", "ProfileOptions", "ProfilePlan", "ProfileServers", "cell_key",
-           "profile_step_times", "store_hooks"]
-
-
-def cell_key(cell: StepTimeCell) -> CellKey:
-    """(k, batch size, acceptance) of a cell."""
-    return (cell.k, cell.batch_size, cell.acceptance)
-
-
-def _seed(b: int, k: int | None, rep: int, acceptance: str) -> int:
-    return b * 1000 + (0 if k is None else k + 1) * 10 + rep + (500_000 if acceptance == "accept" else 0)
-
-
-@dataclass(frozen=True)
-class ProfileHooks:
-    """Where a profile's measurements come from and go to: what a rerun keeps, and who gets each new
-    measurement the moment it exists (``store_hooks`` backs both with a ``TableTuneStore``)."""
-
-    existing: tuple[StepTimeCell, ...] = ()
-    """Cells measured before: kept, not measured again (a rerun after a crash resumes where it stopped)."""
-    on_cell: Callable[[StepTimeCell], None] | None = None
-    """Called with every new cell as soon as its last repetition is measured, and with every
-    re-measured cell (all its repetitions)."""
-    existing_samples: tuple[StepSample, ...] = ()
-    """Mixed-step samples measured before: kept, and the mixed steps are not measured again."""
-    on_samples: Callable[[list[StepSample]], None] | None = None
-    """Called once with all the mixed-step samples of the run."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "existing", tuple(self.existing))
-        object.__setattr__(self, "existing_samples", tuple(self.existing_samples))
-
-
-@dataclass(frozen=True)
-class ProfileServers:
-    """The servers a profile runs on: running ones to use instead of launching, and how to launch the others."""
-
-    server: VLLMServer | None = None
-    """A running launch of the profiled config with a table and synthetic rates (``one_launch``;
-    not stopped). Its rates are switched to 0 / 1 at runtime and restored afterwards; on a GPU its
-    table must list every k of the plan."""
-    nospec_server: VLLMServer | None = None
-    """A running server without speculation for the baseline cells (not stopped)."""
-    factory: Callable[[ServerConfig], VLLMServer] = VLLMServer
-    """Makes the server of each launch (started and stopped by the profiler)."""
-
-
-@dataclass(frozen=True)
-class _Target:
-    """What one ``profile_step_times`` call measures."""
-
-    config: ServerConfig
-    """The launch config, the options' server overrides applied."""
-    options: ProfileOptions
-    """The profile's options (mode, warm-up, re-measurement, mixed steps)."""
-    plan: ProfilePlan
-    """The cells to measure and how often."""
-    identity: EngineIdentity
-    """The engine the cells belong to."""
-    vocab_size: int
-    """Token ids of the timing prompts are drawn below this."""
-
-    @property
-    def K(self) -> int:
-        """The launch K."""
-        return int(self.config.num_speculative_tokens or 0)
-
-
-class _Run:
-    """State of one ``profile_step_times`` call."""
-
-    def __init__(self, target: _Target, hooks: ProfileHooks, servers: ProfileServers,
-                 progress: Callable[[str], None] | None) -> None:
-        self.target, self.hooks, self.servers = target, hooks, servers
-        self.plan, self.K, self.vocab_size = target.plan, target.K, target.vocab_size
-        self.config, self.work = target.config, target.config.work_dir
-        device = getattr(servers.server, "device", None) or resolve_device(target.config.device)
-        self.warmup = target.options.warmup_for(device)
-        self.have: dict[CellKey, StepTimeCell] = {cell_key(c): c for c in hooks.existing}
-        self.grid = target.plan.batch_sizes
-        """Every batch size the plan may measure; the adaptive search measures some of them (``self.plan``)."""
-        self.search_report: BoundaryReport | None = None
-        if self.adaptive_search:
-            start = set(coarse_batch_sizes(self.grid)) | set(self._complete_batch_sizes())
-            self.plan = dataclasses.replace(target.plan, batch_sizes=tuple(sorted(start)))
-        self.wanted = self.plan.cells(target.options.mode)
-        self.todo = [key for key in self.wanted if key not in self.have]
-        self.prog = ProfilerProgress(total=len(self.wanted), done=len(self.wanted) - len(self.todo),
-                                     printer=progress or (lambda m: print(m, file=sys.stderr, flush=True)))
-        self.on_cell = hooks.on_cell
-        self.samples: list[StepSample] = list(hooks.existing_samples)
-        self.new_cells: list[StepTimeCell] = []
-        self._warmed: dict[int, set[tuple[int | None, int]]] = {}
-        self._k_set: dict[int, int | None] = {}
-        """The k this run last set on each server (by id)."""
-        self.fallbacks: dict[str, int] = {}
-        """Repetitions that could not use the exact engine timing, by how they were timed instead."""
-        self.remeasure_report: RemeasureReport | None = None
-
-    @property
-    def adaptive_search(self) -> bool:
-        """Whether the batch sizes come from the adaptive search (``ProfileOptions.plan_search``): in
-        ``one_launch`` mode, with two k or more and B = 1 in the grid (the search judges tables)."""
-        opts, ks = self.target.options, [k for k in self.target.plan.ks if k is not None]
-        return (opts.mode == "one_launch" and opts.plan_search == "adaptive" and len(ks) >= 2 and max(ks) >= 1
-                and self.grid[0] == 1)
-
-    def _complete_batch_sizes(self) -> list[int]:
-        """Batch sizes of the grid whose all-rejected cells are measured for every k of the plan."""
-        return [b for b in self.grid if all((k, b, "reject") in self.have for k in self.target.plan.ks)]
-
-    def _replan(self, batch_sizes: Sequence[int]) -> None:
-        """The plan's batch sizes become ``batch_sizes`` (the adaptive search added some)."""
-        self.plan = dataclasses.replace(self.plan, batch_sizes=tuple(sorted(set(batch_sizes))))
-        self.wanted = self.plan.cells(self.target.options.mode)
-        self.todo = [key for key in self.wanted if key not in self.have]
-        self.prog.total = len(self.wanted)
-
-    def announce(self) -> None:
-        """The opening progress line: how many cells, how many already measured, how."""
-        n, left, plan = len(self.wanted), len(self.todo), self.plan
-        how = (f"adaptive plan: coarse B = {list(plan.batch_sizes)} of the grid's {len(self.grid)} batch sizes first, "
-               f"then bisection where the best k changes; {plan.repetitions} repetitions, then more until each "
-               f"decision is settled or tied within {self.target.options.accepted_loss:.0%}"
-               if self.adaptive_search else f"{plan.repetitions} repetitions")
-        self.prog.say(f"[profile] {self.target.identity.key}: {n} cells, {n - left} already measured, "
-                      f"{left} to measure (mode {self.target.options.mode}, {how}, "
-                      f"warm-up {'on' if self.warmup else 'off'})")
-
-    def pending_ks(self) -> tuple[list[int], list[int]]:
-        """(k values with all-rejected cells to measure, k >= 1 with all-accepted cells to measure)."""
-        plan = self.plan
-        reject = [k for k in plan.ks if any((k, b, "reject") in self.todo for b in plan.batch_sizes)]
-        accept = [k for k in plan.ks if k >= 1 and any((k, b, "accept") in self.todo for b in plan.accept_batch_sizes)]
-        return reject, accept
-
-    def measured(self) -> StepTimeProfile:
-        """The profile (every cell, in the plan's order) after the closing progress line."""
-        order = {key: i for i, key in enumerate(self.wanted)}
-        cells = sorted(self.have.values(), key=lambda c: order.get(cell_key(c), len(order)))
-        wall = [c for c in cells if c.timing == "wall"]
-        rr = self.remeasure_report
-        sr = self.search_report
-        if sr is not None:
-            self.prog.say(f"[profile] adaptive plan: {len(self.plan.batch_sizes)} of {len(self.grid)} batch sizes "
-                          f"measured: coarse {sr.coarse}"
-                          + "".join(f", {b} ({why})" for b, why in sorted(sr.added.items()))
-                          + (f"; not bisected (k tied within {self.target.options.accepted_loss:.0%}): "
-                             + ", ".join(f"{lo}..{hi}" for lo, hi in sr.skipped_ties) if sr.skipped_ties else ""))
-        self.prog.say(
-            f"[profile] done: {len(self.new_cells)} cells measured in {time.monotonic() - self.prog.started:.0f} s"
-            + (f" (+{rr.measurements} repetitions of {len(rr.cells)} cells re-measured)" if rr else "") + "; "
-            f"repetitions timed by the draft-count fit: {self.fallbacks.get('fit', 0)}, by the wall clock: "
-            f"{self.fallbacks.get('wall', 0)}; wall-timed cells in the profile: {len(wall)}"
-            + (f" at B = {sorted({c.batch_size for c in wall})}" if wall else ""))
-        return StepTimeProfile(identity=self.target.identity, cells=tuple(cells), mode=self.target.options.mode,
-                               samples=tuple(self.samples))
-
-    def launch(self, cfg: ServerConfig) -> VLLMServer:
-        srv = self.servers.factory(cfg)
-        srv.start()
-        self.prog.say(f"[profile] server up in {srv.startup_seconds:.1f} s (log {srv.log_path})")
-        return srv
-
-    def emit(self, cell: StepTimeCell, note: str = "") -> None:
-        self.have[cell_key(cell)] = cell
-        self.new_cells.append(cell)
-        if self.on_cell is not None:
-            self.on_cell(cell)
-        self.prog.cell(cell, note)
-
-    def _switch(self, server: Any, k: int | None) -> None:
-        """``server.set_k(k)`` unless this run set it to k last."""
-        if self._k_set.get(id(server), object()) != k:
-            server.set_k(k)
-            self._k_set[id(server)] = k
-
-    def _warm(self, server: Any, k: int | None, b: int) -> None:
-        warmed = self._warmed.setdefault(id(server), set())
-        if not self.warmup or (k, b) in warmed:
-            return
-        warm_up(server, b, prompt_tokens=self.plan.prompt_tokens, vocab_size=self.vocab_size)
-        warmed.add((k, b))
-
-    def group(self, server: Any, ks: Sequence[int | None], batch_sizes: Sequence[int], acceptance: DraftVerdict,
-              switch: bool, launch_k: int | None = None) -> None:
-        """Measure every missing (k, B) of ``ks`` x ``batch_sizes`` on ``server``."""
-        for b in batch_sizes:
-            pending = [k for k in ks if (k, b, acceptance) not in self.have]
-            if not pending:
-                continue
-            reps: dict[int | None, list[Measurement]] = {k: [] for k in pending}
-            for r, order in enumerate(rotations(pending, self.plan.repetitions)):
-                for k in order:
-                    if switch:
-                        self._switch(server, k)
-                    self._warm(server, k, b)
-                    reps[k].append(measure_cell_once(
-                        server, k, b, seed=_seed(b, k, r, acceptance), prompt_tokens=self.plan.prompt_tokens,
-                        vocab_size=self.vocab_size, all_accepted=acceptance == "accept"))
-            for k in pending:
-                self.emit(*self._cell(reps[k], k, b, acceptance, launch_k))
-
-    def _cell(self, ms: list[Measurement], k: int | None, b: int, acceptance: DraftVerdict,
-              launch_k: int | None) -> tuple[StepTimeCell, str]:
-        vals = tuple(round(m.step_ms, 4) for m in ms)
-        late = sum(1 for m in ms if not m.admitted_together)
-        self._count_fallbacks(ms)
-        cell = StepTimeCell(k=k, batch_size=b, median_ms=median_step_time(vals), repetitions_ms=vals,
-                            acceptance=acceptance,
-                            launch_k=None if k is None else (self.K if launch_k is None else launch_k),
-                            timing="engine" if all(m.timing == "engine" for m in ms) else "wall")
-        walls = [m.wall_ms for m in ms if m.wall_ms]
-        note = f"  wall {statistics.median(walls):.2f} ms" if walls else ""
-        if late:
-            note += f"  late-admission reps {late}"
-        fitted = sum(1 for m in ms if m.engine_method == "fit")
-        if fitted:
-            note += f"  draft-count fit reps {fitted}"
-        wall_reps = [m.engine_method for m in ms if m.timing == "wall"]
-        if wall_reps:
-            note += f"  WALL-timed reps {len(wall_reps)} ({wall_reps[0]})"
-        return cell, note
-
-    def _count_fallbacks(self, ms: Sequence[Measurement]) -> None:
-        for m in ms:
-            key = "wall" if m.timing == "wall" else ("fit" if m.engine_method == "fit" else None)
-            if key:
-                self.fallbacks[key] = self.fallbacks.get(key, 0) + 1
-
-    # -- adaptive re-measurement ---------------------------------------------------------------
-    def _reps(self, ks: Sequence[int]) -> dict[tuple[int, int], list[float]] | None:
-        """The all-rejected repetitions of the plan's batch sizes, or None while a cell is missing."""
-        reps = {}
-        for k in ks:
-            for b in self.plan.batch_sizes:
-                cell = self.have.get((k, b, "reject"))
-                if cell is None or not cell.repetitions_ms:
-                    return None
-                reps[(k, b)] = list(cell.repetitions_ms)
-        return reps
-
-    def adaptive_settings(self, options: ProfileOptions,
-                          budget: bool = True) -> tuple[list[tuple[float, ...]], int] | None:
-        """(acceptance profiles to judge decisions under, largest batch size) or None when the plan
-        cannot give a table to judge (one k, or a grid without B = 1), or (``budget``) when the
-        re-measurement is off."""
-        ks = [k for k in self.plan.ks if k is not None]
-        if len(ks) < 2 or self.plan.batch_sizes[0] != 1 or (budget and options.remeasure_budget_s <= 0):
-            return None
-        kmax = max(ks)
-        if kmax < 1:
-            return None
-        if options.decision_rates is not None:
-            rates = [tuple(options.decision_rates)]
-        else:
-            rates = [geometric_rates(p, kmax) for p in DEFAULT_DECISION_RATES]
-        return rates, self.grid[-1]
-
-    def _settings(self, options: ProfileOptions) -> RemeasureSettings:
-        tolerance = options.accepted_loss if self.adaptive_search else RemeasureSettings().tolerance
-        return RemeasureSettings(max_repetitions=options.max_repetitions, budget_s=options.remeasure_budget_s,
-                                 tolerance=tolerance)
-
-    def search_pending(self, options: ProfileOptions) -> bool:
-        """Whether the adaptive search would measure something: a missing coarse cell, a batch size
-        to add (``core.remeasure.next_batch_sizes``) or an open decision."""
-        settings = self.adaptive_settings(options, budget=False)
-        reps = self._reps(self.plan.ks)
-        if settings is None or reps is None:
-            return True
-        try:
-            if next_batch_sizes(reps, settings[0], settings[1], self.grid, self._settings(options)):
-                return True
-        except TableTuneError:
-            return False
-        return self.remeasure_pending(options)
-
-    def remeasure_pending(self, options: ProfileOptions) -> bool:
-        """Whether some decision is ambiguous and a cell behind it may still get a repetition."""
-        settings = self.adaptive_settings(options)
-        reps = self._reps(self.plan.ks)
-        if settings is None or reps is None:
-            return False
-        rates_options, n = settings
-        tolerance = self._settings(options).tolerance
-        try:
-            for rates in rates_options:
-                ev = evidence_from_repetitions(reps, rates, n)
-                for b, (_, ks) in cells_behind(ev.ambiguous(tolerance), self.plan.batch_sizes).items():
-                    if any(len(reps[(k, b)]) < options.max_repetitions for k in ks):
-                        return True
-        except TableTuneError:
-            return False
-        return False
-
-    def remeasure(self, server: Any, options: ProfileOptions) -> None:
-        """More repetitions where decisions are ambiguous (``core.remeasure``), on a server that
-        runs every k of the plan with every draft rejected."""
-        settings = self.adaptive_settings(options)
-        reps = self._reps(self.plan.ks)
-        if settings is None or reps is None:
-            return
-        rates_options, n = settings
-        measure, update = self._remeasure_callbacks(server, reps)
-        self.prog.say(f"[profile] re-measuring ambiguous decisions for up to {options.remeasure_budget_s:.0f} s "
-                      f"(at most {options.max_repetitions} repetitions per cell)")
-        try:
-            report = remeasure(reps, measure, rates_options, n, self._settings(options), on_update=update)
-        except TableTuneError as exc:
-            self.prog.say(f"[profile] re-measurement skipped: {exc}")
-            return
-        self._say_remeasured(report)
-
-    def _say_remeasured(self, report: RemeasureReport) -> None:
-        self.remeasure_report = report
-        self.prog.say(f"[profile] re-measurement: {report.measurements} repetitions of {len(report.cells)} cells in "
-                      f"{report.seconds:.0f} s, {report.stop_reason}"
-                      + (f"; still open at B = {report.ambiguous_left}" if report.ambiguous_left else ""))
-        by_reason: dict[str, list[int]] = {}
-        for b, why in sorted(report.per_batch.items()):
-            by_reason.setdefault(why, []).append(b)
-        self.prog.say("[profile] re-measurement stopped per batch size: "
-                      + "; ".join(f"{why}: B = {bs}" for why, bs in by_reason.items()))
-
-    def _remeasure_callbacks(self, server: Any, reps: dict[tuple[int, int], list[float]]) -> tuple[
-            Callable[[int, int], float], Callable[[int, int, list[float]], None]]:
-        """``measure(k, B)`` (one more all-rejected repetition on ``server``) and ``update(k, B, values)``
-        (the cell with all its repetitions, to ``on_cell``) for ``core.remeasure``."""
-        last: dict[tuple[int, int], Measurement] = {}
-
-        def measure(k: int, b: int) -> float:
-            self._switch(server, k)
-            m = measure_cell_once(server, k, b, seed=_seed(b, k, len(reps[(k, b)]), "reject"),
-                                  prompt_tokens=self.plan.prompt_tokens, vocab_size=self.vocab_size)
-            self._count_fallbacks([m])
-            last[(k, b)] = m
-            return m.step_ms
-
-        def update(k: int, b: int, values: list[float]) -> None:
-            old = self.have[(k, b, "reject")]
-            vals = tuple(round(v, 4) for v in values)
-            m = last[(k, b)]
-            cell = StepTimeCell(k=k, batch_size=b, median_ms=median_step_time(vals), repetitions_ms=vals,
-                                acceptance="reject", launch_k=old.launch_k,
-                                timing="wall" if old.timing == "wall" or m.timing == "wall" else "engine")
-            self.have[cell_key(cell)] = cell
-            if self.on_cell is not None:
-                self.on_cell(cell)
-            self.prog.say(f"[profile] re-measured k={k} B={b}: {cell.median_ms:.2f} ms ± {cell.stderr_ms or 0:.2f} "
-                          f"({len(vals)} reps, spread {cell.spread:.0%}, {m.timing}"
-                          + (f" {m.engine_method}" if m.engine_method != "exact" else "") + ")")
-
-        return measure, update
-
-    def search(self, server: Any, options: ProfileOptions) -> None:
-        """The adaptive plan on a server that runs every k of the plan with every draft rejected
-        (``core.remeasure.search_boundaries``): each batch size it picks measured at every k with the
-        plan's repetitions, then repetitions where a decision is open, within the re-measurement budget."""
-        rates_options, n = self.adaptive_settings(options, budget=False) or ([], self.grid[-1])
-        ks = list(self.plan.ks)
-        reps: dict[tuple[int, int], list[float]] = {}
-        for b in self._complete_batch_sizes():
-            for k in ks:
-                reps[(k, b)] = list(self.have[(k, b, "reject")].repetitions_ms)
-
-        def measure_batch(b: int) -> None:
-            self._replan([*self.plan.batch_sizes, b])
-            self.group(server, ks, [b], "reject", True)
-            for k in ks:
-                reps[(k, b)] = list(self.have[(k, b, "reject")].repetitions_ms)
-
-        measure, update = self._remeasure_callbacks(server, reps)
-        try:
-            report = search_boundaries(self.grid, measure_batch, reps, measure, rates_options, n,
-                                       self._settings(options), on_update=update)
-        except TableTuneError as exc:  # the cells measured so far stay; the grid's coarse points are in the plan
-            self.prog.say(f"[profile] adaptive plan stopped: {exc}")
-            return
-        self.search_report = report
-        self._replan(report.batch_sizes)
-        self._say_remeasured(report.remeasure)
+__all__ = ["profile_step_times", "store_hooks"]
 
 
 def _check_given_server(server: Any, plan: ProfilePlan, K: int) -> None:
@@ -516,11 +115,11 @@ def profile_step_times(
     plan = plan or plan_from_options(config, options)
     if options.mode == "fixed_k":
         _check_fixed_k(plan, servers)
-    target = _Target(config=config, options=options, plan=plan, identity=identity or engine_identity(config),
+    target = ProfileTarget(config=config, options=options, plan=plan, identity=identity or engine_identity(config),
                      vocab_size=(read_vocab_size(config.model) or 2048) if vocab_size is None else vocab_size)
     if servers.server is not None:
         _check_given_server(servers.server, plan, target.K)
-    run = _Run(target, hooks, servers, progress)
+    run = ProfileRun(target, hooks, servers, progress)
     run.announce()
     reject_ks, accept_ks = run.pending_ks()
     accept_ks = _LAUNCH_STRATEGIES[options.mode](run, reject_ks, accept_ks)
@@ -542,7 +141,7 @@ def _check_fixed_k(plan: ProfilePlan, servers: ProfileServers) -> None:
 # -- one function per launch strategy: each measures the all-rejected cells of ``reject_ks`` (and
 # whatever else its launch can) and returns the k values whose all-accepted cells are still to do.
 
-def _fixed_k_launches(run: _Run, reject_ks: list[int], accept_ks: list[int]) -> list[int]:
+def _fixed_k_launches(run: ProfileRun, reject_ks: list[int], accept_ks: list[int]) -> list[int]:
     """``fixed_k``: a launch per k >= 1 with K = k and no table (plan.cells("fixed_k") holds k >= 1 only)."""
     for k in reject_ks:
         srv = run.launch(fixed_k_config(run.config, k, run.work))
@@ -553,7 +152,7 @@ def _fixed_k_launches(run: _Run, reject_ks: list[int], accept_ks: list[int]) -> 
     return []
 
 
-def _per_k_launches(run: _Run, reject_ks: list[int], accept_ks: list[int]) -> list[int]:
+def _per_k_launches(run: ProfileRun, reject_ks: list[int], accept_ks: list[int]) -> list[int]:
     """``launch_per_k``: a launch per k, each with the launch K and the table ``[[1, N, k]]``."""
     for k in reject_ks:
         srv = run.launch(per_k_config(run.config, k, run.work))
@@ -564,7 +163,7 @@ def _per_k_launches(run: _Run, reject_ks: list[int], accept_ks: list[int]) -> li
     return accept_ks
 
 
-def _one_launch(run: _Run, reject_ks: list[int], accept_ks: list[int]) -> list[int]:
+def _one_launch(run: ProfileRun, reject_ks: list[int], accept_ks: list[int]) -> list[int]:
     """``one_launch``: every k in one launch whose table lists them all, switched at runtime: the
     all-rejected cells, the adaptive re-measurement, the mixed steps and, where the synthetic rates
     switch at runtime (the CPU build, or a GPU through the timing scheduler), the all-accepted cells. A rerun of a complete first pass
@@ -601,21 +200,21 @@ def _one_launch(run: _Run, reject_ks: list[int], accept_ks: list[int]) -> list[i
     return accept_ks
 
 
-_LAUNCH_STRATEGIES: dict[str, Callable[[_Run, list[int], list[int]], list[int]]] = {
+_LAUNCH_STRATEGIES: dict[str, Callable[[ProfileRun, list[int], list[int]], list[int]]] = {
     "one_launch": _one_launch, "launch_per_k": _per_k_launches, "fixed_k": _fixed_k_launches}
 
 
-def _release(run: _Run, srv: Any, original_rates: list[float]) -> None:
+def _release(run: ProfileRun, srv: Any, original_rates: list[float]) -> None:
     """Stop a server launched here; leave a given one as it was found (its rates and K restored)."""
     if srv is run.servers.server:
         if srv.can_switch_synthetic_rates and srv.is_alive():
             srv.set_synthetic_rates(original_rates)
-            run._switch(srv, run.K)
+            run.switch_k(srv, run.K)
     else:
         srv.stop()
 
 
-def _no_spec_launch(run: _Run) -> None:
+def _no_spec_launch(run: ProfileRun) -> None:
     """The baseline cells (``k=None``) on a server without speculation."""
     given = run.servers.nospec_server
     srv = given or run.launch(no_spec_config(run.config, run.work))
@@ -626,7 +225,7 @@ def _no_spec_launch(run: _Run) -> None:
             srv.stop()
 
 
-def _all_accepted_launch(run: _Run, accept_ks: list[int]) -> None:
+def _all_accepted_launch(run: ProfileRun, accept_ks: list[int]) -> None:
     """The all-accepted cells in a launch with synthetic rates 1 (where they could not be switched to 1 at runtime)."""
     srv = run.launch(switching_config(run.config, [k for k in run.plan.ks if k >= 1], 1.0, run.work))
     try:
@@ -635,7 +234,7 @@ def _all_accepted_launch(run: _Run, accept_ks: list[int]) -> None:
         srv.stop()
 
 
-def _mixed_phase(run: _Run, srv: Any) -> None:
+def _mixed_phase(run: ProfileRun, srv: Any) -> None:
     """Mixed steps at every k of the plan and the mixed batch sizes (``engine.mixed``), all handed
     to ``on_samples`` at once."""
     zeros = [0.0] * run.K
@@ -653,9 +252,9 @@ def _mixed_phase(run: _Run, srv: Any) -> None:
     for i, b in enumerate(sizes):
         for k in ks[i % len(ks):] + ks[: i % len(ks)]:
             srv.set_k(k)  # every time (a switch to the same k is harmless)
-            run._k_set[id(srv)] = k
-            run._warm(srv, k, b)
-            got = measure_mixed_steps(srv, k, b, ps, vocab_size=run.vocab_size, seed=_seed(b, k, 0, "mixed"))
+            run.k_set[id(srv)] = k
+            run.warm(srv, k, b)
+            got = measure_mixed_steps(srv, k, b, ps, vocab_size=run.vocab_size, seed=cell_seed(b, k, 0, "mixed"))
             out.extend(got)
             run.prog.say(f"[profile] mixed k={k} B={b}: {sum(1 for s in got if s.prefill_tokens)} mixed steps, "
                          f"{sum(1 for s in got if not s.prefill_tokens)} decode steps")

@@ -6,7 +6,12 @@ Importing this package imports nothing; each module below is imported on its own
                       strict JSON (stdlib only)
     documents         the JSON documents (identity, profile, prior, table), typed dataclasses with
                       schema versions (numpy + stdlib)
+    document_base     what every document shares: the JSON round-trip with its schema check, digests
+                      and slugs (stdlib only)
     fleet             the fleet file (YAML): its schema (pydantic) and loader
+    fleet_yaml        the fleet file's strict YAML reading (duplicate keys, aliases, merge keys refused)
+    fleet_checks      the fleet file's checks of single values (names, vLLM tokens, one-line strings,
+                      JSON values)
     prompts           the prompt-file reader (JSONL, one {"prompt": ...} per line; stdlib only)
     prompt_mixes      the real prompt mixes read from installed packages' data files, and the
                       sample weeks written from them (prompt files with a "mix" label)

@@ -6,22 +6,19 @@ missing or wrong field fails with a ``DocumentError`` that names it. Every numbe
 its bounds declared once, in its class's ``BOUNDS`` (``options.Bound``; the mixed-step samples of a
 profile in ``SAMPLE_BOUNDS``, a prior's workload in ``WORKLOAD_BOUNDS``), and is checked when the
 document is built: by the writer that builds it, and by every reader (the store, an imported file).
+The JSON round-trip and schema check every document shares is ``formats.document_base.Document``.
 Numpy and stdlib only.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-import math
 import numbers
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
-from tabletune_pipelines.formats import strict_io
+from tabletune_pipelines.formats.document_base import SCHEMA_VERSION, Document, digest, slug
 from tabletune_pipelines.core.goodput import validate_acceptance, validate_step_time
 from tabletune_pipelines.core.evidence import Boundary
 from tabletune_pipelines.core.noise import CellEstimate
@@ -43,8 +40,6 @@ from tabletune_pipelines.errors import (
     DocumentError,
     EmptyProfileError,
     InvalidStepTimeError,
-    SchemaVersionError,
-    TableTuneError,
 )
 from tabletune_pipelines.vocab import (
     DRAFT_VERDICTS,
@@ -67,85 +62,12 @@ from tabletune_pipelines.vocab import (
     TimingSource,
 )
 
-SCHEMA_VERSION = 1
-
-__all__ = ["PROFILE_MODES", "SCHEMA_VERSION", "AcceptancePrior", "DraftLengthTable", "EngineIdentity",
+__all__ = ["PROFILE_MODES", "AcceptancePrior", "DraftLengthTable", "EngineIdentity",
            "StepTimeCell", "StepTimeProfile"]
-
-T = TypeVar("T", bound="_Document")
-
-
-def _digest(obj: Any, n: int = 12) -> str:
-    blob = json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(blob).hexdigest()[:n]
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _slug(text: str) -> str:
-    tail = text.rstrip("/").split("/")[-1] or text
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", tail)[:40] or "none"
-
-
-class _Document:
-    """JSON round-trip with a schema tag and version."""
-
-    SCHEMA: ClassVar[str]
-
-    def to_dict(self) -> dict[str, Any]:
-        body = dataclasses.asdict(self)  # type: ignore[call-overload]
-        return {"schema": self.SCHEMA, "schema_version": SCHEMA_VERSION, **body}
-
-    def to_json(self, **kwargs: Any) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True, **kwargs)
-
-    @classmethod
-    def _check_header(cls, data: Mapping[str, Any]) -> dict[str, Any]:
-        if not isinstance(data, Mapping):
-            raise SchemaVersionError(f"expected a JSON object for {cls.SCHEMA}, got {type(data).__name__}")
-        body = dict(data)
-        schema = body.pop("schema", None)
-        version = body.pop("schema_version", None)
-        if schema != cls.SCHEMA:
-            raise SchemaVersionError(f"document has schema {schema!r}, expected {cls.SCHEMA!r}")
-        if version != SCHEMA_VERSION:
-            raise SchemaVersionError(
-                f"{cls.SCHEMA} document has schema_version {version!r}; this TableTune reads version "
-                f"{SCHEMA_VERSION} (upgrade TableTune or re-export the document)"
-            )
-        return body
-
-    @classmethod
-    def from_json(cls: type[T], text: str) -> T:
-        try:
-            # TableTune's own documents (json.dumps may have written NaN); depth, digits and
-            # duplicate keys are bounded as in every reader (strict_io).
-            data = strict_io.loads(text, allow_nan=True)
-        except ValueError as exc:  # json.JSONDecodeError and strict_io.StrictJSONError
-            raise SchemaVersionError(f"not valid JSON for {cls.SCHEMA}: {exc}") from None
-        return cls.from_dict(data)
-
-    @classmethod
-    def from_dict(cls: type[T], data: Mapping[str, Any]) -> T:
-        """Load a document; a missing, unknown or mistyped field is a ``DocumentError`` naming it."""
-        body = cls._check_header(data)
-        try:
-            return cls._from_body(body)
-        except (KeyError, TypeError, ValueError) as exc:
-            if isinstance(exc, TableTuneError):
-                raise
-            what = f"lacks the field {exc.args[0]!r}" if isinstance(exc, KeyError) else str(exc)
-            raise DocumentError(f"{cls.SCHEMA} document {what}; re-export it with this TableTune") from None
-
-    @classmethod
-    def _from_body(cls: type[T], body: dict[str, Any]) -> T:
-        return cls(**body)
 
 
 @dataclass(frozen=True)
-class EngineIdentity(_Document):
+class EngineIdentity(Document):
     """Everything that changes step times: a profile is valid for exactly one identity."""
 
     SCHEMA: ClassVar[str] = "tabletune.engine_identity"
@@ -200,8 +122,8 @@ class EngineIdentity(_Document):
     def key(self) -> str:
         """Readable, stable partition key: ``gpu__vllm__model__drafter__method__kK__nN__hash``."""
         parts = [
-            _slug(self.gpu), "vllm-" + _slug(self.vllm_version), _slug(self.model),
-            _slug(self.drafter or "none"), _slug(self.method), f"k{self.max_k}", f"n{self.max_num_seqs}",
+            slug(self.gpu), "vllm-" + slug(self.vllm_version), slug(self.model),
+            slug(self.drafter or "none"), slug(self.method), f"k{self.max_k}", f"n{self.max_num_seqs}",
         ]
         fields = dataclasses.asdict(self)
         if fields["model_runner"] == DEFAULT_MODEL_RUNNER:
@@ -210,7 +132,7 @@ class EngineIdentity(_Document):
         for name in ("capture_ceiling", "max_num_batched_tokens"):  # likewise (the graph envelope)
             if fields[name] is None:
                 del fields[name]
-        return "__".join(parts) + "__" + _digest(fields, 8)
+        return "__".join(parts) + "__" + digest(fields, 8)
 
 
 @dataclass(frozen=True)
@@ -278,7 +200,7 @@ class StepTimeCell:
 
 
 @dataclass(frozen=True)
-class StepTimeProfile(_Document):
+class StepTimeProfile(Document):
     """All cells measured for one engine identity."""
 
     SCHEMA: ClassVar[str] = "tabletune.step_time_profile"
@@ -420,7 +342,7 @@ def sample_from_dict(data: Any, *, where: str) -> StepSample:
 
 
 @dataclass(frozen=True)
-class AcceptancePrior(_Document):
+class AcceptancePrior(Document):
     """Per-position survival a_1..a_K measured on a prompt set. Stores the prompt set's
     fingerprint and size, never the prompts."""
 
@@ -486,7 +408,7 @@ class AcceptancePrior(_Document):
         body = self.to_dict()
         if body.get("workload") is None:  # added later: leaving it out keeps stored priors' ids
             body.pop("workload", None)
-        return f"prior-{body.get('week') or 'adhoc'}-{_digest(body, 10)}"
+        return f"prior-{body.get('week') or 'adhoc'}-{digest(body, 10)}"
 
     @classmethod
     def _from_body(cls, body: dict[str, Any]) -> "AcceptancePrior":
@@ -519,7 +441,7 @@ def check_workload(workload: Any, *, where: str) -> None:
 
 
 @dataclass(frozen=True)
-class DraftLengthTable(_Document):
+class DraftLengthTable(Document):
     """A tuned ``num_speculative_tokens_per_batch_size`` with its provenance."""
 
     SCHEMA: ClassVar[str] = "tabletune.draft_length_table"
@@ -613,7 +535,7 @@ class DraftLengthTable(_Document):
         body = self.to_dict()
         if not body.get("served_cost"):  # added later: leaving it out keeps stored tables' ids
             body.pop("served_cost", None)
-        return "table-" + _digest(body, 12)
+        return "table-" + digest(body, 12)
 
     @classmethod
     def _from_body(cls, body: dict[str, Any]) -> "DraftLengthTable":

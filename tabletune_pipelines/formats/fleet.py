@@ -38,29 +38,30 @@ points at another file; ``deploy/k8s/fleet.example.yaml`` shows a GPU fleet)::
         published_table: ${TABLETUNE_HOME}/published/local-cpu.json
 
 Stdlib, pyyaml and pydantic only (no Dagster): the tuner CLI loads it on machines without Dagster.
+
+This module holds the schema (the models and their validators), the paths' variable expansion and
+the loader; the strict YAML reading is ``formats.fleet_yaml``, the checks of single values
+``formats.fleet_checks``.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo
 from pydantic import field_validator, model_validator
-from pydantic_core import PydanticCustomError
 
 from tabletune_pipelines.formats.controller_settings import ControllerSettings
+from tabletune_pipelines.formats.fleet_checks import check_name, check_token, json_value, one_line, problem
+from tabletune_pipelines.formats.fleet_yaml import read_fleet_yaml
 from tabletune_pipelines.errors import FleetError, LiveCountersError, SettingsError
 from tabletune_pipelines.formats.published import speculative_config_path as _companion_of
 from tabletune_pipelines.options import BATCH_SIZE
-from tabletune_pipelines.formats.strict_io import MAX_INT_DIGITS, FileTooLargeError, NotRegularFileError, read_bounded
 from tabletune_pipelines.vocab import (
-    DEFAULT_CUDAGRAPH_MODE,
     DEFAULT_MODEL_RUNNER,
     DEFAULT_SAMPLE_SIZE,
     DEFAULT_TEMPERATURE,
@@ -80,13 +81,6 @@ FLEET_SCHEMA_VERSION = 1
 EMBEDDED = "embedded"
 #: Repository root fleet file, used when TABLETUNE_FLEET is not set.
 DEFAULT_FLEET_PATH = Path(__file__).resolve().parents[2] / "fleet.yaml"
-#: Deployment and engine-group names: they become run tags, Kubernetes label values (63 characters
-#: at most), partition keys and file names, so they start with a letter or digit.
-_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
-#: Values passed to vLLM as option values (dtype, cudagraph mode, load format): one plain token.
-_TOKEN_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
-#: A fleet file is a few kB; a larger one is not a fleet file.
-MAX_FLEET_BYTES = 4 * 1024 * 1024
 #: Upper bounds of values that have the right type but could not be meant (an acceptance run of
 #: 10^6 prompts, a temperature at which sampling is uniform noise).
 MAX_PROMPTS = 100_000
@@ -115,11 +109,6 @@ def default_store_path() -> Path:
 
 # -- value checks shared by the models -----------------------------------------------------------
 
-def _problem(message: str) -> PydanticCustomError:
-    """A validation error whose message is final (``_describe`` prefixes only file and deployment)."""
-    return PydanticCustomError("tabletune", "{message}", {"message": message})
-
-
 def _expand(value: str, key: str | None, subs: list[tuple[str, str]] | None = None) -> str:
     """``${VAR}`` / ``${VAR:-default}`` from the environment; an unset VAR is named. ``subs``: gets
     each ``(written, what it became)``."""
@@ -132,7 +121,7 @@ def _expand(value: str, key: str | None, subs: list[tuple[str, str]] | None = No
         elif default is not None:
             text = default
         else:
-            raise _problem(f"{key!r} uses ${{{name}}}, which is not set (set it or write ${{{name}:-default}})")
+            raise problem(f"{key!r} uses ${{{name}}}, which is not set (set it or write ${{{name}:-default}})")
         if subs is not None:
             subs.append((m.group(0), text))
         return text
@@ -147,60 +136,20 @@ def _check_climb(value: str, expanded: str, subs: list[tuple[str, str]], key: st
     mistake (or a trap), not a place."""
     for written, text in subs:
         if ".." in Path(text).parts:
-            raise _problem(f"{key!r} = {value!r}: {written} expands to {text!r}, which climbs folders ('..'); a path "
+            raise problem(f"{key!r} = {value!r}: {written} expands to {text!r}, which climbs folders ('..'); a path "
                            f"from a variable must not leave the folder it is written in (resolved: {expanded!r})")
     if value.startswith("${TABLETUNE_HOME}"):
         home = os.path.normpath(os.path.abspath(tabletune_home()))
         target = os.path.normpath(os.path.abspath(Path(expanded).expanduser()))
         if os.path.commonpath([home, target]) != home:
-            raise _problem(f"{key!r} = {value!r} leaves the TableTune home folder {home} (it resolves to {target}); "
+            raise problem(f"{key!r} = {value!r} leaves the TableTune home folder {home} (it resolves to {target}); "
                            "write a path inside it, or an absolute path")
-
-
-def _check_name(value: str, key: str | None) -> str:
-    # fullmatch: a trailing newline must not pass the way it does with ``re.match(...$)``.
-    if not _NAME_RE.fullmatch(value):
-        raise _problem(f"{key!r} = {value!r} may only use letters, digits, '.', '_' and '-', must start with a "
-                       "letter or digit, and may be at most 63 characters long")
-    return value
-
-
-def _check_token(value: str | None, key: str | None) -> str | None:
-    if value is not None and not _TOKEN_RE.fullmatch(value):
-        raise _problem(f"{key!r} = {value!r} must be one word of letters, digits, '.', '_', '+' and '-' that starts "
-                       "with a letter or digit (vLLM gets it as an option value)")
-    return value
-
-
-def _one_line(value: str, key: str | None, limit: int = 4096) -> str:
-    if not value.strip() or len(value) > limit or any(ord(c) < 32 or ord(c) == 127 for c in value):
-        raise _problem(f"{key!r} = {value!r:.80} must be a non-empty line of at most {limit} characters without "
-                       "control characters")
-    return value
-
-
-def _json_value(value: Any, where: str, depth: int = 0) -> None:
-    """Values that go into JSON documents and vLLM's --speculative-config: finite numbers, plain JSON
-    types, at most 8 levels deep (the mapping's keys are strings by the field's type)."""
-    if depth > 8:
-        raise _problem(f"{where!r} is nested more than 8 levels deep")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise _problem(f"{where!r} = {value!r} must be a finite number (JSON has no NaN or Infinity)")
-    if isinstance(value, dict):
-        for k, v in value.items():
-            _json_value(v, f"{where}.{k}", depth + 1)
-    elif isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            _json_value(v, f"{where}[{i}]", depth + 1)
-    elif value is not None and not isinstance(value, (str, int, float, bool)):
-        raise _problem(f"{where!r} = {value!r:.80} is a {type(value).__name__}; use a string, number, true/false, "
-                       "null, list or mapping")
 
 
 def _path(value: Any, info: ValidationInfo) -> Any:
     if not isinstance(value, str):
         return value  # the field's own type check names it
-    _one_line(value, info.field_name)
+    one_line(value, info.field_name)
     subs: list[tuple[str, str]] = []
     expanded = _expand(value, info.field_name, subs)
     _check_climb(value, expanded, subs, info.field_name)
@@ -304,7 +253,7 @@ class Deployment(_Schema):
     @field_validator("name", "engine_group")
     @classmethod
     def _names(cls, v: str, info: ValidationInfo) -> str:
-        return _check_name(v, info.field_name) if v else v
+        return check_name(v, info.field_name) if v else v
 
     @field_validator("endpoint", "model", "drafter", mode="before")
     @classmethod
@@ -315,24 +264,24 @@ class Deployment(_Schema):
     @classmethod
     def _not_an_option(cls, v: str | None, info: ValidationInfo) -> str | None:
         if v is not None and (not v.strip() or v.startswith("-")):
-            raise _problem(f"{info.field_name!r} = {v!r} must be a model name or path (vLLM would read a leading "
+            raise problem(f"{info.field_name!r} = {v!r} must be a model name or path (vLLM would read a leading "
                            "'-' as an option)")
-        return v if v is None else _one_line(v, info.field_name)
+        return v if v is None else one_line(v, info.field_name)
 
     @field_validator("gpu")
     @classmethod
     def _gpu(cls, v: str) -> str:
         if v.startswith("-"):
-            raise _problem(f"'gpu' = {v!r} must be an accelerator name, not an option")
-        return _one_line(v, "gpu", 128)
+            raise problem(f"'gpu' = {v!r} must be an accelerator name, not an option")
+        return one_line(v, "gpu", 128)
 
     @field_validator("dtype", "cudagraph_mode", "load_format")
     @classmethod
     def _tokens(cls, v: str | None, info: ValidationInfo) -> str | None:
-        v = _check_token(v, info.field_name)
+        v = check_token(v, info.field_name)
         vocabulary = {"dtype": VLLM_DTYPES, "cudagraph_mode": VLLM_CUDAGRAPH_MODES}.get(str(info.field_name))
         if v is not None and vocabulary and v.upper() not in {x.upper() for x in vocabulary}:
-            raise _problem(f"{info.field_name!r} = {v!r} is not one of vLLM's {list(vocabulary)} (any case)")
+            raise problem(f"{info.field_name!r} = {v!r} is not one of vLLM's {list(vocabulary)} (any case)")
         return v
 
     @field_validator("speculative_config")
@@ -341,8 +290,8 @@ class Deployment(_Schema):
         for key, owner in RESERVED_SPECULATIVE_KEYS.items():
             if key in v:
                 where = f"set it with the deployment's {owner!r}" if owner else "TableTune writes the table itself"
-                raise _problem(f"'speculative_config' sets {key!r}, which it may not override; {where}")
-        _json_value(v, "speculative_config")
+                raise problem(f"'speculative_config' sets {key!r}, which it may not override; {where}")
+        json_value(v, "speculative_config")
         return v
 
     @field_validator("controller")
@@ -350,14 +299,14 @@ class Deployment(_Schema):
     def _controller_settings(cls, v: dict[str, Any]) -> dict[str, Any]:
         for key, owner in RESERVED_CONTROLLER_KEYS.items():
             if key in v:
-                raise _problem(f"'controller' sets {key!r}, which it may not override; set the deployment's "
+                raise problem(f"'controller' sets {key!r}, which it may not override; set the deployment's "
                                f"{owner!r} (what the controller exports is what the pipeline reads)")
-        _json_value(v, "controller")
+        json_value(v, "controller")
         # The one vocabulary of these settings (the published file is checked against it again, inside vLLM).
         try:
             ControllerSettings.from_mapping(v, where="'controller'")
         except SettingsError as exc:
-            raise _problem(str(exc)) from None
+            raise problem(str(exc)) from None
         return v
 
     @field_validator("endpoint")
@@ -365,7 +314,7 @@ class Deployment(_Schema):
     def _endpoint(cls, v: str) -> str:
         v = v.rstrip("/")
         if v != EMBEDDED and not _URL_RE.fullmatch(v):
-            raise _problem(f"'endpoint' = {v!r} must be 'embedded' or an http(s):// URL of a vLLM server")
+            raise problem(f"'endpoint' = {v!r} must be 'embedded' or an http(s):// URL of a vLLM server")
         return v
 
     @field_validator("logged_prompts", "published_table", "live_counters", mode="before")
@@ -384,7 +333,7 @@ class Deployment(_Schema):
             try:
                 check_live_counters_target(v)
             except LiveCountersError as exc:
-                raise _problem(f"'live_counters': {exc}") from None
+                raise problem(f"'live_counters': {exc}") from None
         return v
 
     @field_validator("k8s", mode="before")
@@ -399,19 +348,19 @@ class Deployment(_Schema):
         budget, ceiling = self.max_num_batched_tokens, self.max_cudagraph_capture_size
         step = self.max_num_seqs * (1 + self.max_k)
         if budget is not None and budget < step:
-            raise _problem(f"'max_num_batched_tokens' = {budget} is below max_num_seqs x (1 + max_k) = {step}: a "
+            raise problem(f"'max_num_batched_tokens' = {budget} is below max_num_seqs x (1 + max_k) = {step}: a "
                            "decode step of every request with its drafts would not fit one step")
         if budget is not None and ceiling is not None and ceiling > budget:
-            raise _problem(f"'max_cudagraph_capture_size' = {ceiling} is above 'max_num_batched_tokens' = {budget}: "
+            raise problem(f"'max_cudagraph_capture_size' = {ceiling} is above 'max_num_batched_tokens' = {budget}: "
                            "no step holds that many tokens (vLLM truncates the ceiling); set it at most the budget")
         return self
 
     @model_validator(mode="after")
     def _drafter_matches_method(self) -> "Deployment":
         if self.method == "ngram" and self.drafter:
-            raise _problem(f"'drafter' = {self.drafter!r} must be null for method 'ngram'")
+            raise problem(f"'drafter' = {self.drafter!r} must be null for method 'ngram'")
         if self.method != "ngram" and not self.drafter:
-            raise _problem(f"'drafter' is null but method {self.method!r} needs a draft model")
+            raise problem(f"'drafter' is null but method {self.method!r} needs a draft model")
         return self
 
     @property
@@ -460,18 +409,18 @@ class Fleet(_Schema):
     @classmethod
     def _version(cls, v: int) -> int:
         if v != FLEET_SCHEMA_VERSION:
-            raise _problem(f"schema_version {v!r} is not supported (this TableTune reads {FLEET_SCHEMA_VERSION})")
+            raise problem(f"schema_version {v!r} is not supported (this TableTune reads {FLEET_SCHEMA_VERSION})")
         return v
 
     @field_validator("deployments")
     @classmethod
     def _unique(cls, v: tuple[Deployment, ...], info: ValidationInfo) -> tuple[Deployment, ...]:
         if not v:
-            raise _problem("'deployments' is empty; describe at least one deployment")
+            raise problem("'deployments' is empty; describe at least one deployment")
         seen: set[str] = set()
         for d in v:
             if d.name in seen:
-                raise _problem(f"deployment name {d.name!r} appears twice; give each deployment its own name")
+                raise problem(f"deployment name {d.name!r} appears twice; give each deployment its own name")
             seen.add(d.name)
         # Files TableTune writes: never shared between deployments or two keys, never the store or
         # the fleet file itself (publishing would replace them).
@@ -483,7 +432,7 @@ class Fleet(_Schema):
             for path, key in d.written_files():
                 r = _resolved(path)
                 if r in others:
-                    raise _problem(f"deployment {d.name!r}: {key} = {str(path)!r} is also {others[r]}; give each "
+                    raise problem(f"deployment {d.name!r}: {key} = {str(path)!r} is also {others[r]}; give each "
                                    "file TableTune writes its own path")
                 others[r] = f"deployment {d.name!r}'s {key}"
         return v
@@ -579,52 +528,6 @@ def _describe(err: Mapping[str, Any], data: Any, source: str) -> str:
     return f"{where}: {what}"
 
 
-class _YAMLRefused(yaml.YAMLError):
-    """YAML that a fleet file may not use (a duplicate key, an alias, a merge key)."""
-
-    def __init__(self, what: str, mark: Any) -> None:
-        super().__init__(what)
-        self.what, self.line = what, (mark.line + 1 if mark is not None else None)
-
-
-class StrictLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses duplicate keys, aliases and merge keys (each names its line)."""
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            raise _YAMLRefused(f"alias *{event.anchor} (a fleet file may not use YAML aliases or anchors; write "
-                               "the value out)", event.start_mark)
-        return super().compose_node(parent, index)
-
-    def construct_yaml_int(self, node: Any) -> Any:
-        # Python refuses to build an integer of more than 4300 decimal digits (a ValueError), and a
-        # long one is no fleet value: the bound every reader has (strict_io.MAX_INT_DIGITS).
-        digits = len(str(node.value).lstrip("+-").replace("_", ""))
-        if digits > MAX_INT_DIGITS:
-            raise _YAMLRefused(f"an integer of {digits} digits (at most {MAX_INT_DIGITS} are allowed)", node.start_mark)
-        return super().construct_yaml_int(node)
-
-    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-        if isinstance(node, yaml.MappingNode):
-            first: dict[Any, int] = {}
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    raise _YAMLRefused("merge key '<<' (write the keys out)", key_node.start_mark)
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    if key in first:
-                        raise _YAMLRefused(f"key {key!r} appears twice in one mapping (first on line {first[key]}); "
-                                           "write each key once", key_node.start_mark)
-                    first[key] = key_node.start_mark.line + 1
-                except TypeError:
-                    pass  # an unhashable key: SafeLoader names it below
-        return super().construct_mapping(node, deep)
-
-
-StrictLoader.add_constructor("tag:yaml.org,2002:int", StrictLoader.construct_yaml_int)
-
-
 def parse_fleet(data: Any, source: str = "<string>", base_dir: Path | None = None) -> Fleet:
     """Validate a parsed fleet document strictly; every problem is one line of the FleetError."""
     context: dict[str, Any] = {"base_dir": base_dir or Path.cwd()}
@@ -645,35 +548,7 @@ def load_fleet(path: str | os.PathLike[str] | None = None) -> Fleet:
     Relative paths inside the file are resolved against the file's folder.
     """
     p = Path(path or os.environ.get("TABLETUNE_FLEET") or DEFAULT_FLEET_PATH).expanduser()
-    try:
-        raw, _ = read_bounded(p, MAX_FLEET_BYTES)  # a regular file only: a named pipe is never waited on
-    except FileNotFoundError:
-        raise FleetError(f"fleet file {p} does not exist (set TABLETUNE_FLEET or pass --fleet)") from None
-    except IsADirectoryError:
-        raise FleetError(f"fleet file {p} is a folder; pass the YAML file (set TABLETUNE_FLEET or --fleet)") from None
-    except NotRegularFileError as exc:
-        raise FleetError(f"fleet file {p} is {exc.kind}, not a regular file; it was not read. Pass the YAML "
-                         "file (set TABLETUNE_FLEET or --fleet)") from None
-    except FileTooLargeError:
-        raise FleetError(f"fleet file {p} is larger than {MAX_FLEET_BYTES} bytes; not a fleet file") from None
-    except OSError as exc:
-        raise FleetError(f"cannot read fleet file {p}: {exc.strerror or exc}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise FleetError(f"fleet file {p} is not UTF-8 text (bad byte at offset {exc.start}, line {line}); "
-                         "re-encode it as UTF-8") from None
-    try:
-        data = yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
-    except _YAMLRefused as exc:
-        raise FleetError(f"fleet file {p}, line {exc.line}: {exc.what}") from None
-    except yaml.YAMLError as exc:
-        raise FleetError(f"fleet file {p} is not valid YAML: {' '.join(str(exc).split())}") from None
-    except RecursionError:
-        raise FleetError(f"fleet file {p} is nested too deeply to be a fleet file") from None
-    except ValueError as exc:  # a value YAML itself cannot build (the integer bound above catches the known one)
-        raise FleetError(f"fleet file {p} is not valid YAML: {' '.join(str(exc).split())[:200]}") from None
+    data = read_fleet_yaml(p)
     return parse_fleet(data, source=str(p), base_dir=p.resolve().parent)
 
 

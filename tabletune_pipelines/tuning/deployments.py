@@ -336,7 +336,8 @@ def profile(identity: EngineIdentity, dep: Deployment | None, store: Any, *, log
     check_local_engine(identity)
     from tabletune_pipelines.engine.envelope_log import envelope_checked
     from tabletune_pipelines.engine.plan import fixed_k_baseline_options, plan_from_options
-    from tabletune_pipelines.engine.profiler import ProfileServers, profile_step_times, store_hooks
+    from tabletune_pipelines.engine.profile_run import ProfileServers
+    from tabletune_pipelines.engine.profiler import profile_step_times, store_hooks
 
     opts = options or ProfileOptions()
     if opts.decision_rates is None:  # re-measure where decisions are close under the acceptance the store knows

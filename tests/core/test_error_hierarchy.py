@@ -9,7 +9,7 @@ Read from the source (AST, no import) of the library and the Dagster layer (``as
 * classes that callers written before the hierarchy catch as ``ValueError`` still are one.
 
 That no exception class is defined outside ``errors.py`` is a one-home detector in
-``tests/core/test_one_home.py`` ("exception classes").
+``tests/architecture/test_one_home.py`` ("exception classes").
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import tabletune_pipelines.errors as errors
-from tests.core.test_one_home import trees as scanned_trees
+from tests.architecture.test_one_home import trees as scanned_trees
 
 ROOT = Path(__file__).resolve().parents[2]
 

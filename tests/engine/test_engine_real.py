@@ -28,7 +28,8 @@ from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.engine.identity import engine_identity
 from tabletune_pipelines.engine.plan import ProfileOptions, default_plan
 from tabletune_pipelines.engine.process import VLLMServer, group_alive
-from tabletune_pipelines.engine.profiler import ProfileServers, profile_step_times, store_hooks
+from tabletune_pipelines.engine.profile_run import ProfileServers
+from tabletune_pipelines.engine.profiler import profile_step_times, store_hooks
 from tabletune_pipelines.errors import EngineError, EngineStartupTimeout
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]

@@ -10,7 +10,8 @@ import pytest
 from tabletune_pipelines.formats.documents import EngineIdentity
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.engine.plan import ProfileOptions, ProfilePlan
-from tabletune_pipelines.engine.profiler import ProfileHooks, ProfileServers, profile_step_times
+from tabletune_pipelines.engine.profile_run import ProfileHooks, ProfileServers
+from tabletune_pipelines.engine.profiler import profile_step_times
 from tabletune_pipelines.engine.progress import ProfilerProgress
 from tabletune_pipelines.formats.documents import StepTimeCell
 from tabletune_pipelines.errors import EngineConfigError

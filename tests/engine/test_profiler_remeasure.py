@@ -11,7 +11,8 @@ import numpy as np
 from tabletune_pipelines.formats.documents import EngineIdentity, StepTimeCell
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.engine.plan import ProfileOptions, ProfilePlan
-from tabletune_pipelines.engine.profiler import ProfileHooks, ProfileServers, profile_step_times
+from tabletune_pipelines.engine.profile_run import ProfileHooks, ProfileServers
+from tabletune_pipelines.engine.profiler import profile_step_times
 from tests.engine.fakes import FakeServer
 
 CFG = ServerConfig(model="/m", drafter="/d", method="draft_model", num_speculative_tokens=3, max_num_seqs=8,

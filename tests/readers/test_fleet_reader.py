@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from tabletune_pipelines.errors import FleetError, TableTuneError
-from tabletune_pipelines.formats.fleet import MAX_FLEET_BYTES, fleet_json_schema, load_fleet, parse_fleet
+from tabletune_pipelines.formats.fleet import fleet_json_schema, load_fleet, parse_fleet
+from tabletune_pipelines.formats.fleet_yaml import MAX_FLEET_BYTES
 from tests.readers.conftest import assert_one_error, snapshot
 
 GOOD = """\

@@ -7,10 +7,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = ROOT / "tabletune_pipelines"
-MODULES = sorted(p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")
-                 if p.name != "__init__.py" and "__pycache__" not in p.parts)
+from tests.architecture.scan import REPOSITORY as ROOT, python_files, write_tree
+
+
+def modules(root: Path) -> list[str]:
+    """Every module of the package under ``root``, relative to the package, ``__init__`` left out."""
+    package = root / "tabletune_pipelines"
+    return [p.relative_to(package).as_posix() for p in python_files(package) if p.name != "__init__.py"]
 
 
 def named(module: str, text: str) -> bool:
@@ -18,10 +21,23 @@ def named(module: str, text: str) -> bool:
     return re.search(rf"(?<![\w]){re.escape(Path(module).stem)}(\.py)?(?!\w)", text) is not None
 
 
+def modules_missing_from_map(root: Path) -> list[str]:
+    """The modules of the package under ``root`` that its docs/architecture.md does not name."""
+    text = (root / "docs" / "architecture.md").read_text(encoding="utf-8")
+    return [m for m in modules(root) if not named(m, text)]
+
+
 def test_every_module_is_on_the_map():
-    text = (ROOT / "docs" / "architecture.md").read_text()
-    missing = [m for m in MODULES if not named(m, text)]
+    missing = modules_missing_from_map(ROOT)
     assert not missing, f"docs/architecture.md does not name {missing}"
+
+
+def test_the_map_check_reports_a_module_left_off(tmp_path):
+    write_tree(tmp_path, {"tabletune_pipelines/__init__.py": "", "tabletune_pipelines/core/table.py": "",
+                          "tabletune_pipelines/core/table_extra.py": "",
+                          "docs/architecture.md": "`tabletune_pipelines/core/table.py`: the table; see missing.py\n"})
+    assert modules_missing_from_map(tmp_path) == ["core/table_extra.py"]
+    assert paths_that_do_not_exist(tmp_path) == ["missing.py"]
 
 
 def test_the_readme_points_to_the_map_and_every_docs_page():
@@ -43,7 +59,7 @@ def test_the_check_sees_a_missing_module():
 
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 #: A path with a folder: tabletune_pipelines/core/table.py, assets/tables.py, core/evidence.py,
-#: controller/, benchmarks/evaluate.py, tests/core/test_import_isolation.py.
+#: controller/, benchmarks/evaluate.py, tests/architecture/test_import_isolation.py.
 PATH = re.compile(r"(?<![\w./<>-])((?:[A-Za-z_][\w-]*/)+(?:[\w-]+\.(?:py|md|sh|json|yaml))?)(?![\w/])")
 #: A bare module file name: published.py, live_counters.py.
 BARE = re.compile(r"(?<![\w./<>-])([A-Za-z_]\w*\.py)\b")
@@ -68,13 +84,18 @@ def test_the_path_parser_sees_the_forms_the_page_uses():
     assert bare == {"published.py"}
 
 
+def paths_that_do_not_exist(root: Path) -> list[str]:
+    """The paths and bare module names in ``root``'s docs/architecture.md that name no file under ``root``."""
+    paths, bare = named_paths((root / "docs" / "architecture.md").read_text(encoding="utf-8"))
+    missing = sorted(p for p in paths if not any((root / base / p).exists() for base in BASES))
+    files = {f.name for d in SEARCHED for f in (root / d).rglob("*.py")}
+    return missing + sorted(b for b in bare if b not in files)
+
+
 def test_architecture_names_only_modules_that_exist():
-    text = ARCHITECTURE.read_text(encoding="utf-8")
-    paths, bare = named_paths(text)
+    paths, _ = named_paths(ARCHITECTURE.read_text(encoding="utf-8"))
     assert any(p.startswith("tabletune_pipelines/") for p in paths) and any(p.startswith("assets/") for p in paths)
-    missing = sorted(p for p in paths if not any((ROOT / base / p).exists() for base in BASES))
-    files = {f.name for d in SEARCHED for f in (ROOT / d).rglob("*.py")}
-    missing += sorted(b for b in bare if b not in files)
+    missing = paths_that_do_not_exist(ROOT)
     assert not missing, f"docs/architecture.md names paths that do not exist: {missing}"
 
 

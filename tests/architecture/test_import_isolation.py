@@ -22,6 +22,8 @@ import pytest
 
 import tabletune_pipelines
 
+from tests.architecture.scan import write_tree
+
 DAGSTER_LAYER = ("tabletune_pipelines.orchestration", "tabletune_pipelines.defs", "tabletune_pipelines.definitions",
                  "tabletune_pipelines.embedded")
 SERVING_SIDE = [
@@ -34,6 +36,7 @@ SERVING_SIDE = [
     "tabletune_pipelines.errors",
     "tabletune_pipelines.vocab",
     "tabletune_pipelines.formats.documents",
+    "tabletune_pipelines.formats.document_base",
     "tabletune_pipelines.options",
     "tabletune_pipelines.formats.published",
     "tabletune_pipelines.formats.live_counters",
@@ -78,31 +81,44 @@ def test_the_walk_sees_every_layer():
     assert not any(m.startswith(DAGSTER_LAYER) for m in mods)
 
 
-def test_no_module_outside_the_dagster_layer_imports_dagster():
-    # One interpreter imports them one by one and names the first import after which dagster is
-    # loaded (that module, or one it imports, pulled it in).
+def modules_pulling_in(modules: list[str], heavy: tuple[str, ...], path: Path | None = None) -> list[str]:
+    """The first of ``modules``, imported one by one in a fresh interpreter (``path`` first on its
+    ``sys.path``), after which one of ``heavy`` is loaded (that module, or one it imports, pulled it
+    in); empty when none does."""
     code = textwrap.dedent(f"""
         import importlib, json, sys
+        if {str(path) if path else None!r}:
+            sys.path.insert(0, {str(path)!r})
         culprits = []
-        for name in {library_modules()!r}:
+        for name in {modules!r}:
             importlib.import_module(name)
-            if "dagster" in sys.modules:
+            if any(h in sys.modules for h in {heavy!r}):
                 culprits.append(name)
                 break
         print(json.dumps(culprits))
     """)
     proc = _python(code)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [], "importing this module pulled in dagster"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_no_module_outside_the_dagster_layer_imports_dagster():
+    assert modules_pulling_in(library_modules(), ("dagster",)) == [], "importing this module pulled in dagster"
 
 
 @pytest.mark.parametrize("module", SERVING_SIDE)
 def test_serving_side_modules_import_without_dagster_pandas_duckdb(module):
-    code = (f"import sys, {module}\n"
-            f"print(','.join(sorted(m for m in {HEAVY!r} if m in sys.modules)))\n")
-    proc = _python(code)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "", f"importing {module} pulled in {proc.stdout.strip()}"
+    assert modules_pulling_in([module], HEAVY) == [], f"importing {module} pulled in one of {HEAVY}"
+
+
+def test_the_isolation_check_reports_a_module_that_pulls_in_a_heavy_package(tmp_path):
+    """The rule can fail: in a synthetic package, the module that imports (a stand-in for) duckdb
+    through another is named, and the clean one before it is not."""
+    write_tree(tmp_path, {"fakepkg/__init__.py": "", "fakepkg/clean.py": "import json\n",
+                          "fakepkg/store.py": "from fakepkg import db\n", "fakepkg/db.py": "import duckdb\n",
+                          "duckdb/__init__.py": ""})
+    assert modules_pulling_in(["fakepkg.clean", "fakepkg.store"], ("duckdb",), tmp_path) == ["fakepkg.store"]
+    assert modules_pulling_in(["fakepkg.clean"], ("duckdb",), tmp_path) == []
 
 
 def test_cli_tuner_paths_run_without_dagster(tmp_path):

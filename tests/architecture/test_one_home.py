@@ -32,7 +32,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.architecture.scan import REPOSITORY as ROOT, write_tree
+
 SCANNED = ("tabletune_pipelines", "assets", "benchmarks")
 
 Finder = Callable[[ast.AST, list[ast.AST]], bool]
@@ -40,12 +41,13 @@ Finder = Callable[[ast.AST, list[ast.AST]], bool]
 
 
 @cache
-def trees(dirs: tuple[str, ...] = SCANNED) -> dict[str, ast.Module]:
+def trees(dirs: tuple[str, ...] = SCANNED, root: Path = ROOT) -> dict[str, ast.Module]:
+    """file (relative to ``root``) -> its parsed source, for every ``.py`` file under ``dirs``."""
     out = {}
     for d in dirs:
-        for p in sorted((ROOT / d).rglob("*.py")):
+        for p in sorted((root / d).rglob("*.py")):
             if "__pycache__" not in p.parts:
-                out[p.relative_to(ROOT).as_posix()] = ast.parse(p.read_text(), filename=str(p))
+                out[p.relative_to(root).as_posix()] = ast.parse(p.read_text(), filename=str(p))
     return out
 
 
@@ -60,10 +62,10 @@ def _where(stack: list[ast.AST]) -> str:
     return ".".join(names) or "<module>"
 
 
-def copies(finder: Finder, dirs: tuple[str, ...] = SCANNED) -> set[tuple[str, str]]:
+def copies(finder: Finder, dirs: tuple[str, ...] = SCANNED, root: Path = ROOT) -> set[tuple[str, str]]:
     """(file, enclosing class/function) of every node ``finder`` flags in the files under ``dirs``."""
     found = set()
-    for path, tree in trees(dirs).items():
+    for path, tree in trees(dirs, root).items():
         docstrings = {id(n.body[0].value) for n, _ in _walk(tree, [])
                       if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
                       and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
@@ -292,12 +294,33 @@ CONCEPTS: dict[str, tuple[Finder, set[str], set[tuple[str, str]]]] = {
 }
 
 
+def concept_breaches(concept: str, root: Path = ROOT) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
+    """(copies of ``concept`` under ``root`` outside its homes and not known, known copies that are gone)."""
+    finder, homes, known = CONCEPTS[concept]
+    found = {c for c in copies(finder, root=root) if c[0] not in homes}
+    return found - known, known - found
+
+
 @pytest.mark.parametrize("concept", list(CONCEPTS))
 def test_one_home_per_concept(concept):
-    finder, homes, known = CONCEPTS[concept]
-    found = {c for c in copies(finder) if c[0] not in homes}
-    assert found - known == set(), f"a second {concept} (its home: {', '.join(sorted(homes))}): {sorted(found - known)}"
-    assert known - found == set(), f"gone, delete from KNOWN: {sorted(known - found)}"
+    homes = CONCEPTS[concept][1]
+    second, gone = concept_breaches(concept)
+    assert second == set(), f"a second {concept} (its home: {', '.join(sorted(homes))}): {sorted(second)}"
+    assert gone == set(), f"gone, delete from KNOWN: {sorted(gone)}"
+
+
+def test_the_one_home_check_reports_a_second_copy_in_a_tree(tmp_path):
+    expander = ("def dense(ranges, n):\n    ks = [0] * n\n    for s, e, k in ranges:\n"
+                "        for b in range(s, e + 1):\n            ks[b - 1] = k\n    return ks\n")
+    write_tree(tmp_path, {"tabletune_pipelines/core/table.py": expander,
+                          "tabletune_pipelines/tuning/derive.py": "class Table:\n" + expander.replace("\n", "\n    ")
+                          .replace("def dense", "    def dense"),
+                          "tabletune_pipelines/errors.py": "class TableTuneError(Exception): ...\n",
+                          "tabletune_pipelines/engine/x.py": "class LaunchFailed(RuntimeError): ...\n"})
+    assert concept_breaches("range expansion", tmp_path) == ({("tabletune_pipelines/tuning/derive.py", "Table.dense")},
+                                                            set())
+    assert {c for c in exception_classes(trees(root=tmp_path)) if c[0] != ERRORS_HOME} == {
+        ("tabletune_pipelines/engine/x.py", "LaunchFailed")}
 
 
 def test_the_asset_and_the_cli_pick_a_tables_prior_by_the_one_rule():
@@ -364,7 +387,7 @@ EXCEPTION_CLASSES_ELSEWHERE: dict[tuple[str, str], str] = {
     ("tabletune_pipelines/formats/strict_io.py", "StrictJSONError"): "as NotRegularFileError (a ValueError, like "
     "json.JSONDecodeError)",
     ("tabletune_pipelines/formats/strict_io.py", "DuplicateKeyError"): "as StrictJSONError",
-    ("tabletune_pipelines/formats/fleet.py", "_YAMLRefused"): "raised inside PyYAML's loader, so a yaml.YAMLError that the "
+    ("tabletune_pipelines/formats/fleet_yaml.py", "_YAMLRefused"): "raised inside PyYAML's loader, so a yaml.YAMLError that the "
     "fleet reader turns into a FleetError; errors.py is stdlib-only and cannot import yaml",
 }
 
@@ -467,8 +490,8 @@ RECORDS = {  # record: the file that defines it
     "CounterWindow": "tabletune_pipelines/formats/live_counters.py",
     "DeriveOptions": "tabletune_pipelines/tuning/derive.py",
     "RemeasureSettings": "tabletune_pipelines/core/remeasure.py",
-    "ProfileHooks": "tabletune_pipelines/engine/profiler.py",
-    "ProfileServers": "tabletune_pipelines/engine/profiler.py",
+    "ProfileHooks": "tabletune_pipelines/engine/profile_run.py",
+    "ProfileServers": "tabletune_pipelines/engine/profile_run.py",
 }
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.architecture.scan import REPOSITORY as ROOT, write_tree
 
 # -- the patterns ------------------------------------------------------------------------------
 
@@ -70,13 +70,13 @@ DATA = ROOT / "benchmarks" / "data"
 PENDING: frozenset[str] = frozenset()
 
 
-def checked_files() -> list[Path]:
+def checked_files(root: Path = ROOT) -> list[Path]:
     """The README, every page of docs/, and the Python of the package, the Dagster assets, the
-    benchmarks and the tests (comments, docstrings and code alike)."""
-    files = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+    benchmarks and the tests (comments, docstrings and code alike) under ``root``."""
+    files = [root / "README.md"] + sorted((root / "docs").glob("*.md"))
     for folder in ("tabletune_pipelines", "assets", "benchmarks", "tests"):
-        files += sorted(f for f in (ROOT / folder).rglob("*.py") if ".venv" not in f.parts)
-    return [f for f in files if f.resolve() != SELF and f.relative_to(ROOT).as_posix() not in PENDING]
+        files += sorted(f for f in (root / folder).rglob("*.py") if ".venv" not in f.parts)
+    return [f for f in files if f.resolve() != SELF and f.relative_to(root).as_posix() not in PENDING]
 
 
 def data_paths() -> list[str]:
@@ -84,12 +84,12 @@ def data_paths() -> list[str]:
     return sorted(p.relative_to(ROOT).as_posix() for p in DATA.rglob("*"))
 
 
-def offending_lines(files: list[Path], find) -> list[str]:
+def offending_lines(files: list[Path], find, root: Path = ROOT) -> list[str]:
     bad = []
     for f in files:
         for no, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
             for hit in find(line):
-                bad.append(f"{f.relative_to(ROOT)}:{no}: {hit!r} in {line.strip()[:120]!r}")
+                bad.append(f"{f.relative_to(root)}:{no}: {hit!r} in {line.strip()[:120]!r}")
     return bad
 
 
@@ -141,7 +141,7 @@ def test_the_scan_covers_readme_docs_code_and_tests_but_not_itself():
     assert {"README.md", "docs/controller.md", "tabletune_pipelines/controller/logic.py",
             "tests/controller/test_logic.py", "benchmarks/evaluate.py"} <= names
     assert any(n.startswith("assets/") for n in names)
-    assert "tests/core/test_no_build_history.py" not in names
+    assert "tests/architecture/test_no_build_history.py" not in names
     assert data_paths(), "benchmarks/data/ holds no files to check"
 
 
@@ -169,3 +169,14 @@ def test_pending_files_exist():
     """An entry of PENDING whose file is gone (renamed, removed) is stale."""
     missing = sorted(p for p in PENDING if not (ROOT / p).is_file())
     assert not missing, f"PENDING names files that do not exist: {missing}"
+
+
+def test_the_scans_report_build_history_in_a_tree(tmp_path):
+    write_tree(tmp_path, {"README.md": "# T\nThe flapping bound (issue 18).\n",
+                          "docs/method.md": "Measured in this session.\n",
+                          "tabletune_pipelines/core/x.py": "# vLLM issue #54418 is upstream\nx = 1\n"})
+    files = checked_files(tmp_path)
+    assert offending_lines(files, project_issue_citations, tmp_path) == [
+        "README.md:2: 'issue 18' in 'The flapping bound (issue 18).'"]
+    assert offending_lines(files, build_sessions, tmp_path) == [
+        "docs/method.md:1: 'this session' in 'Measured in this session.'"]

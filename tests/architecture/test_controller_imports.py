@@ -5,43 +5,58 @@ not import it."""
 
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-import tabletune_pipelines.controller as pkg
+from tests.architecture.scan import REPOSITORY as ROOT, imports_of_file, python_files, write_tree
 
-ROOT = Path(pkg.__file__).parent
 ALLOWED_TT = ("tabletune_pipelines.core", "tabletune_pipelines.formats.published",
               "tabletune_pipelines.formats.controller_settings",
               "tabletune_pipelines.formats.live_counters", "tabletune_pipelines.formats.control_protocol",
               "tabletune_pipelines.errors", "tabletune_pipelines.vocab",
               "tabletune_pipelines.formats.identity_match", "tabletune_pipelines.options",
               "tabletune_pipelines.controller")
-MODULES = sorted(p.stem for p in ROOT.glob("*.py") if p.stem != "__init__")
 
 
-def imported(path: Path) -> set[str]:
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.add(node.module)
-    return out
+def controller_import_breaches(root: Path) -> list[str]:
+    """Every import of a module under ``root``'s ``tabletune_pipelines/controller/`` that the
+    controller may not make: only the stdlib, numpy, ``ALLOWED_TT``, vLLM in ``scheduler`` and
+    ``prometheus_client`` in ``metrics``."""
+    bad = []
+    for path in python_files(root / "tabletune_pipelines" / "controller"):
+        name, found = imports_of_file(path, root)
+        module = name.rsplit(".", 1)[-1]
+        for imp in found:
+            top = imp.module.split(".")[0]
+            ok = (top in sys.stdlib_module_names or top == "numpy" or (top == "vllm" and module == "scheduler")
+                  or (top == "prometheus_client" and module == "metrics")
+                  or any(imp.module == a or imp.module.startswith(a + ".") for a in ALLOWED_TT))
+            if not ok:
+                bad.append(f"controller/{path.name} imports {imp.module}")
+    return bad
 
 
-@pytest.mark.parametrize("module", MODULES)
-def test_only_allowed_imports(module):
-    for name in imported(ROOT / f"{module}.py"):
-        top = name.split(".")[0]
-        ok = (top in sys.stdlib_module_names or top == "numpy" or (top == "vllm" and module == "scheduler")
-              or (top == "prometheus_client" and module == "metrics")
-              or any(name == a or name.startswith(a + ".") for a in ALLOWED_TT))
-        assert ok, f"controller/{module}.py imports {name}"
+def test_only_allowed_imports():
+    assert {p.stem for p in python_files(ROOT / "tabletune_pipelines" / "controller")} >= {"logic", "scheduler"}
+    bad = controller_import_breaches(ROOT)
+    assert bad == [], bad
+
+
+@pytest.mark.parametrize("path, code, breach", [
+    ("logic.py", "import vllm\n", "controller/logic.py imports vllm"),
+    ("logic.py", "def f():\n    from ..engine import cell\n", "controller/logic.py imports tabletune_pipelines.engine"),
+    ("search.py", "import pandas as pd\n", "controller/search.py imports pandas"),
+    ("loader.py", "from tabletune_pipelines.formats.fleet import load_fleet\n",
+     "controller/loader.py imports tabletune_pipelines.formats.fleet"),
+])
+def test_the_controller_import_check_reports_a_breach(tmp_path, path, code, breach):
+    ok = {"scheduler.py": "import vllm\nfrom tabletune_pipelines.core import table\n",
+          "metrics.py": "import json\nimport numpy\ndef f():\n    import prometheus_client\n"}
+    write_tree(tmp_path, {f"tabletune_pipelines/controller/{k}": v for k, v in {**ok, path: code}.items()})
+    assert controller_import_breaches(tmp_path) == [breach]
 
 
 def test_the_logic_loads_without_vllm_or_torch():
@@ -81,7 +96,6 @@ for policy in ("tabletune", "turbospec"):
     assert c.controlling == (policy == "tabletune"), (policy, c.controlling)
 print(",".join(m for m in sys.modules if m.startswith("tabletune_pipelines.evaluation")))
 """
-    root = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=300)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip() == "", f"the production plugin imported {out.stdout.strip()}"

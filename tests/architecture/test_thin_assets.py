@@ -8,7 +8,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.architecture.scan import REPOSITORY as ROOT, python_files, write_tree
+
 MAX_LINES = 20
 DECORATORS = {"asset", "op", "multi_asset"}
 """Dagster decorators whose functions must be thin (``@dg.asset``, ``@dg.asset(...)``, ``@asset`` ...)."""
@@ -35,16 +36,33 @@ def dagster_functions(source: str) -> list[tuple[str, int]]:
     return out
 
 
-def scanned() -> dict[str, list[tuple[str, int]]]:
-    return {p.relative_to(ROOT).as_posix(): dagster_functions(p.read_text())
-            for p in sorted((ROOT / "tabletune_pipelines" / "defs").rglob("*.py")) if "__pycache__" not in p.parts}
+def scanned(root: Path = ROOT) -> dict[str, list[tuple[str, int]]]:
+    """file -> (name, lines) of its asset and op functions, for every file of ``root``'s ``defs/`` folder."""
+    return {p.relative_to(root).as_posix(): dagster_functions(p.read_text())
+            for p in python_files(root / "tabletune_pipelines" / "defs")}
+
+
+def too_long(root: Path) -> list[str]:
+    """Every asset or op function of ``root``'s ``defs/`` folder over ``MAX_LINES`` lines."""
+    return [f"{path}: {name} has {n} lines" for path, found in scanned(root).items() for name, n in found
+            if n > MAX_LINES]
+
+
+def helpers(root: Path) -> list[str]:
+    """Every top-level function of ``root``'s ``defs/`` folder that is no asset or op."""
+    out = []
+    for p in python_files(root / "tabletune_pipelines" / "defs"):
+        for node in ast.parse(p.read_text()).body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and not any(
+                    _decorator_name(d) in DECORATORS for d in node.decorator_list):
+                out.append(f"{p.relative_to(root).as_posix()}: {node.name}")
+    return out
 
 
 def test_every_asset_and_op_function_is_at_most_20_lines():
-    too_long = [f"{path}: {name} has {n} lines"
-                for path, found in scanned().items() for name, n in found if n > MAX_LINES]
-    assert not too_long, (f"asset/op functions over {MAX_LINES} lines (move the logic into the library and the "
-                          f"metadata into orchestration/metadata.py): {too_long}")
+    too_long_now = too_long(ROOT)
+    assert not too_long_now, (f"asset/op functions over {MAX_LINES} lines (move the logic into the library and the "
+                          f"metadata into orchestration/metadata.py): {too_long_now}")
 
 
 def test_the_scan_sees_every_asset_and_op():
@@ -67,11 +85,14 @@ def test_the_scan_flags_a_long_function_under_each_decorator_form():
 def test_assets_hold_no_helper_functions():
     """A helper beside an asset would only move its logic out of the count: library functions live
     in the library, metadata builders in orchestration/metadata.py."""
-    helpers = []
-    for p in sorted((ROOT / "tabletune_pipelines" / "defs").rglob("*.py")):
-        tree = ast.parse(p.read_text())
-        for node in tree.body:
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and not any(
-                    _decorator_name(d) in DECORATORS for d in node.decorator_list):
-                helpers.append(f"{p.relative_to(ROOT).as_posix()}: {node.name}")
-    assert not helpers, f"functions in tabletune_pipelines/defs/ that are no asset or op: {helpers}"
+    found = helpers(ROOT)
+    assert not found, f"functions in tabletune_pipelines/defs/ that are no asset or op: {found}"
+
+
+def test_the_thin_asset_checks_report_a_long_asset_and_a_helper(tmp_path):
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_LINES))
+    write_tree(tmp_path, {"tabletune_pipelines/defs/tables.py": (
+        f"import dagster as dg\n\n@dg.asset\ndef table(context):\n{body}\n\n"
+        "@dg.asset\ndef thin(context):\n    return 1\n\ndef helper():\n    return 2\n")})
+    assert too_long(tmp_path) == [f"tabletune_pipelines/defs/tables.py: table has {MAX_LINES + 1} lines"]
+    assert helpers(tmp_path) == ["tabletune_pipelines/defs/tables.py: helper"]
