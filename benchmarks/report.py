@@ -1,12 +1,14 @@
-"""Render docs/results.md and docs/img/goodput-vs-batch.png from the JSON in benchmarks/data/.
+"""Render docs/results.md, the README's headline and docs/img/goodput-vs-batch.png from benchmarks/data/.
 
-    python benchmarks/report.py            # write docs/results.md and docs/img/goodput-vs-batch.png
-    python benchmarks/report.py --check    # exit 1 with a diff when the committed page differs
+    python benchmarks/report.py            # write docs/results.md, README.md's headline block and the picture
+    python benchmarks/report.py --check    # exit 1 with a diff when the page or the README block differs
 
 The page is generated, not written by hand: every figure on it comes from a file under
-``benchmarks/data/``, and every table names that file and the command that measured it. ``--check``
+``benchmarks/data/``, and every table names that file and the command that measured it. The README's
+headline (the caption under its picture and the paragraph after it) is rendered from the same rows,
+between the markers ``README_BEGIN`` and ``README_END``; the rest of README.md is kept. ``--check``
 compares the markdown only (the picture depends on the installed matplotlib and fonts); the drift
-test ``tests/evaluation/test_results_page.py`` runs the same comparison.
+test ``tests/evaluation/test_results_page.py`` runs the same comparison (``check``).
 
 Paired ratios and standard errors come from ``tabletune_pipelines.tuning.served_windows``
 (``policy_ratio``, ``summarize``), ``core.stats`` (``mean_se``) and ``tuning.served_verdict``
@@ -32,6 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "benchmarks" / "data"
 H200 = DATA / "h200"
 PAGE = ROOT / "docs" / "results.md"
+README = ROOT / "README.md"
+README_BEGIN, README_END = "<!-- report:headline -->", "<!-- /report:headline -->"
 PICTURE = ROOT / "docs" / "img" / "goodput-vs-batch.png"
 TOLERANCE = 0.03
 MAX_NUM_SEQS, K = 128, 3
@@ -121,7 +125,10 @@ ONE_LAUNCH = ("2026-12-05-dense-one-launch-flow", "2026-12-05",
                ("warm-publish", "bash deploy/gpu/flow_call.sh dense 480 --steps publish --verify-loads 128,64 "
                 "--verify-window 3 --verify-budget 140")])
 CPU_EVAL = DATA / "cpu" / "real_engine_eval.json"
-ENGINE_NAMES = {"dense": "dense (Qwen3-4B shape + EAGLE-3)", "moe": "MoE (Qwen3-30B-A3B shape + EAGLE-3)"}
+ENGINE_SHAPES = {"dense": "Qwen3-4B shape + EAGLE-3", "moe": "Qwen3-30B-A3B shape + EAGLE-3"}
+ENGINE_NAMES = {"dense": f"dense ({ENGINE_SHAPES['dense']})", "moe": f"MoE ({ENGINE_SHAPES['moe']})"}
+#: The README's MoE sentence: the tables file judged as "a calibrated table", then the recalibrated one.
+README_MOE_TABLES = ("benchmarks/data/h200/moe-served-calibrated-all.json", CALIBRATED_ALL)
 VERDICT_WORDS = {"pass": "within 3 %", "fail": "**loss beyond the noise**", "inconclusive": "undecided"}
 
 
@@ -274,9 +281,9 @@ def _same_up_to(a, b, load: int) -> bool:
 
 
 # ----------------------------------------------------------------------------- judged launches
-def judged_rows(rel: str, date: str, ceiling: int, candidate: str = "served") -> list[dict]:
+def judged_rows(rel: str, date: str, ceiling: int, candidate: str = "served", tables: str = "") -> list[dict]:
     """One row per load of a judge launch: the candidate against the best fixed k (``judge_load``) and
-    against the docs' table (``policy_ratio``)."""
+    against the docs' table (``policy_ratio``); ``tables`` is the tables file the launch judged."""
     from tabletune_pipelines.tuning.served_verdict import judge_load
     from tabletune_pipelines.tuning.served_windows import policy_ratio, summarize
 
@@ -301,7 +308,8 @@ def judged_rows(rel: str, date: str, ceiling: int, candidate: str = "served") ->
             "ratio": v.ratio if v.ratio is not None else float("nan"),
             "se": v.ratio_se if v.ratio_se is not None else float("nan"), "rounds": v.rounds,
             "status": v.status, "aa": best is not None and _same_up_to(policies[candidate], policies[best], load),
-            "docs": None if same_docs else (rd, sed, nd), "file": rel,
+            "docs": None if same_docs else (rd, sed, nd), "file": rel, "tables": tables,
+            "docs_table": policies["docs"],
         })
     return rows
 
@@ -313,9 +321,33 @@ def tuned_tables() -> dict[str, tuple[str, list]]:
             for engine in ("dense", "moe")}
 
 
-def headline() -> list[str]:
-    rows = [r for rel, date, ceiling, _ in LAUNCHES for r in judged_rows(rel, date, ceiling)]
+def launch_rows() -> list[dict]:
+    """Every judged load of every launch in ``LAUNCHES``, by engine, ceiling, load and date."""
+    rows = [r for rel, date, ceiling, args in LAUNCHES for r in judged_rows(rel, date, ceiling, tables=_tables(args))]
     rows.sort(key=lambda r: (r["engine"], r["ceiling"], r["load"], r["date"]))
+    return rows
+
+
+def _tables(args: str) -> str:
+    """The tables file a judge's arguments name (``--tables <file>``)."""
+    return args.split("--tables ")[1].split()[0]
+
+
+def best_row(rows: Sequence[dict]) -> dict | None:
+    """The row with the most paired rounds (the latest on a tie), or None."""
+    return max(rows, key=lambda r: (r["rounds"], r["date"])) if rows else None
+
+
+def chosen_rows(rows: Sequence[dict], tuned: dict[str, tuple[str, list]]) -> dict[tuple[str, int], dict | None]:
+    """(engine, load) -> the headline's row: per load, the launch with the most paired rounds whose table
+    runs the engine's tuned table's k at every batch size up to the load (512-token ceiling)."""
+    return {(engine, load): best_row([r for r in rows if r["engine"] == engine and r["load"] == load
+                                      and r["ceiling"] == 512 and _same_up_to(r["table"], table, load)])
+            for engine, (_, table) in tuned.items()
+            for load in sorted({r["load"] for r in rows if r["engine"] == engine})}
+
+
+def headline(rows: Sequence[dict]) -> list[str]:
     out = ["## Headline: the tuned table against the best fixed k and the docs' table", "",
            "GPU: H200 (every judge launch in `benchmarks/data/h200/`), vLLM 0.26.0, Model Runner V2, "
            "FULL_AND_PIECEWISE CUDA graphs at the default 512-token capture ceiling, dummy weights, synthetic "
@@ -341,18 +373,14 @@ def headline() -> list[str]:
         "a launch counts when its table runs the same k at every batch size up to the load):", "",
         "| engine | load | table / best fixed k | table / docs' table | verdict | launch |",
         "|---|---|---|---|---|---|"]
-    for engine, (_, table) in tuned.items():
-        for load in sorted({r["load"] for r in rows if r["engine"] == engine}):
-            here = [r for r in rows if r["engine"] == engine and r["load"] == load and r["ceiling"] == 512
-                    and _same_up_to(r["table"], table, load)]
-            if not here:
-                out.append(f"| {engine_short(engine)} | {load} | not judged | | | |")
-                continue
-            r = max(here, key=lambda r: (r["rounds"], r["date"]))
-            docs = "=" if r["docs"] is None else _ratio(*r["docs"])
-            out.append(f"| {engine_short(engine)} | {load} | {_ratio(r['ratio'], r['se'], r['rounds'])} of k = "
-                       f"{r['best']} | {docs} | {VERDICT_WORDS[r['status']]}{' (A/A)' if r['aa'] else ''} | "
-                       f"{r['date']}, `{r['file'].split('/')[0]}` |")
+    for (engine, load), r in chosen_rows(rows, tuned).items():
+        if r is None:
+            out.append(f"| {engine_short(engine)} | {load} | not judged | | | |")
+            continue
+        docs = "=" if r["docs"] is None else _ratio(*r["docs"])
+        out.append(f"| {engine_short(engine)} | {load} | {_ratio(r['ratio'], r['se'], r['rounds'])} of k = "
+                   f"{r['best']} | {docs} | {VERDICT_WORDS[r['status']]}{' (A/A)' if r['aa'] else ''} | "
+                   f"{r['date']}, `{r['file'].split('/')[0]}` |")
     out += ["", "### Every judged launch", ""]
     for engine in ("dense", "moe"):
         mine = [r for r in rows if r["engine"] == engine and r["ceiling"] == 512]
@@ -689,6 +717,85 @@ def cpu_section() -> list[str]:
     return out
 
 
+# ----------------------------------------------------------------------------- the README's headline
+def _k_at(table, load: int) -> int:
+    from tabletune_pipelines.core.table import expand_table
+
+    return int(expand_table(table, MAX_NUM_SEQS, K)[load - 1])
+
+
+def _ratio2(r: float, se: float) -> str:
+    return f"{r:.2f} ± {se:.2f}"
+
+
+def _rounds(rows: Sequence[dict]) -> str:
+    """'10 paired rounds each, 2026-12-03' when every row shares rounds and date, else each row's."""
+    if len({(r["rounds"], r["date"]) for r in rows}) == 1:
+        return f"{_n(rows[0]['rounds'], 'paired round')}{' each' if len(rows) > 1 else ''}, {rows[0]['date']}"
+    return "paired rounds: " + "; ".join(f"load {r['load']}: {r['rounds']}, {r['date']}" for r in rows)
+
+
+def readme_headline(rows: Sequence[dict]) -> list[str]:
+    """The README's caption under the picture and its headline paragraph, from the rows the page's
+    headline is rendered from: the dense figures are the headline table's rows (the highest load where
+    the tuned table leaves k = K; the load where it gains most on the docs' table), the MoE figures the
+    launches that judged ``README_MOE_TABLES``."""
+    import textwrap
+
+    pic = next(r for r in rows if r["file"] == PICTURE_LAUNCH)
+    pic_rounds = max(w["round"] for w in _load(H200 / PICTURE_LAUNCH)["windows"]) + 1
+    caption = (f"*Served goodput on one H200 ({engine_short(pic['engine'])} {ENGINE_SHAPES[pic['engine']]}, "
+               "acceptance (0.7, 0.5, 0.3)) against the load, the batch the engine runs: the tuned table, each "
+               f"fixed k and the docs' table in one launch ({pic['date']}, {_n(pic_rounds, 'round')}; rendered by "
+               "`benchmarks/report.py` from `benchmarks/data/h200/`).*")
+
+    tuned = tuned_tables()
+    dense = [r for (e, _), r in chosen_rows(rows, tuned).items() if e == "dense" and r is not None]
+    table = tuned["dense"][1]
+    a = max((r for r in dense if _k_at(table, r["load"]) < K), key=lambda r: r["load"])
+    b = max((r for r in dense if r["docs"] is not None), key=lambda r: r["docs"][0])
+    if a["file"] == b["file"] and a["rounds"] == b["docs"][2]:
+        when, at_a, at_b = f"in {_n(a['rounds'], 'paired round')} ({a['date']})", "", ""
+    else:
+        when, at_a, at_b = "", f" ({_rounds([a])})", f" ({_n(b['docs'][2], 'paired round')}, {b['date']})"
+    text = (f"Measured on that H200{' ' + when if when else ''}, the dense table is "
+            f"{_ratio(a['ratio'], a['se'])} of the best fixed k at load {a['load']}{at_a}, where it leaves "
+            f"k = {K} for k = {_k_at(table, a['load'])}, and {_ratio2(*b['docs'][:2])} of the docs' table at load "
+            f"{b['load']}{at_b}, where the docs' table drops to k = {_k_at(b['docs_table'], b['load'])}.")
+
+    moe = [r for r in rows if r["engine"] == "moe" and r["ceiling"] == 512]
+    calibrated = [r for r in moe if r["tables"] == README_MOE_TABLES[0]]
+    recalibrated = [r for r in moe if r["tables"] == README_MOE_TABLES[1]]
+    gain = best_row([r for r in calibrated if r["load"] == max(
+        (r for r in calibrated if r["docs"] is not None), key=lambda r: r["docs"][0])["load"]])
+    top = max(r["load"] for r in calibrated)
+    high = best_row([r for r in calibrated if r["load"] == top])
+    other = best_row([r for r in recalibrated if r["load"] == top])
+    lost = (f"but lost {100 * (1 - high['ratio']):.0f} % at load {top} ({_ratio(high['ratio'], high['se'])})"
+            if high["status"] == "fail" else f"and is {_ratio(high['ratio'], high['se'])} at load {top}")
+    text += (f" On the MoE ({ENGINE_SHAPES['moe']}) a calibrated table, {_table(gain['table'])}, is "
+             f"{_ratio(gain['ratio'], gain['se'])} of the best fixed k and {_ratio2(*gain['docs'][:2])} of the "
+             f"docs' table at load {gain['load']}, {lost}; the recalibrated table {_table(other['table'])} is "
+             f"{_ratio(other['ratio'], other['se'])} there ({_rounds([gain, high, other])}). Every judged load, "
+             "with its data file and the command that reproduces it: [docs/results.md](docs/results.md).")
+
+    def wrap(t: str) -> list[str]:
+        return textwrap.wrap(t, width=100, break_long_words=False, break_on_hyphens=False)
+    return [README_BEGIN, *wrap(caption), "", *wrap(text), README_END]
+
+
+def splice_readme(readme: str, block: Sequence[str], name: str = "README.md") -> str:
+    """``readme`` with the lines between ``README_BEGIN`` and ``README_END`` (markers included) replaced
+    by ``block``; a README without exactly one pair of markers is an error naming it."""
+    lines = readme.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if line.strip() == README_BEGIN]
+    ends = [i for i, line in enumerate(lines) if line.strip() == README_END]
+    if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
+        raise DataFileError(f"{name}: needs one {README_BEGIN} line followed by one {README_END} line, found "
+                            f"{len(starts)} and {len(ends)}; the headline block goes between them")
+    return "".join(lines[:starts[0]]) + "\n".join(block) + "\n" + "".join(lines[ends[0] + 1:])
+
+
 # ----------------------------------------------------------------------------- the page
 def data_section() -> list[str]:
     big = sorted(_rel(p) for p in DATA.rglob("*") if p.is_file() and p.stat().st_size > 1_000_000)
@@ -702,12 +809,14 @@ def data_section() -> list[str]:
             "`benchmarks/simulator.md`.", ""]
 
 
-def render() -> str:
+def render(rows: Sequence[dict] | None = None) -> str:
+    """docs/results.md: every section, from the data."""
+    rows = launch_rows() if rows is None else rows
     lines = ["# Results", "",
              "Generated by `python benchmarks/report.py` from the JSON in `benchmarks/data/`; "
              "`python benchmarks/report.py --check` fails when this page differs from what the data renders. "
              "Method: docs/evaluation.md.", ""]
-    lines += headline()
+    lines += headline(rows)
     lines += picture_section()
     lines += controller_section()
     lines += flow_section()
@@ -717,13 +826,42 @@ def render() -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
+def rendered(page: Path, readme: Path) -> dict[Path, tuple[str, str]]:
+    """path -> (committed text, rendered text) for the results page and the README (its headline block
+    rendered, the rest kept)."""
+    rows = launch_rows()
+    old_readme = _read_text(readme)
+    name = _READ[-1]
+    new = {page: render(rows), readme: splice_readme(old_readme, readme_headline(rows), name)}
+    return {path: (old_readme if path == readme else (path.read_text() if path.exists() else ""), text)
+            for path, text in new.items()}
+
+
+def check(page: Path = PAGE, readme: Path = README) -> list[str]:
+    """The unified diff between the committed results page and README and what the data renders (empty
+    when both match); raises ``DataFileError`` where the data cannot be read."""
+    out: list[str] = []
+    for path, (old, new) in rendered(page, readme).items():
+        if old != new:
+            name = _rel(path) if path.is_relative_to(ROOT) else str(path)
+            out += difflib.unified_diff(old.splitlines(True), new.splitlines(True),
+                                        name + " (committed)", name + " (rendered)")
+            out.append(f"\n{name} differs from what benchmarks/data renders: run `python benchmarks/report.py`.\n")
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--check", action="store_true", help="compare docs/results.md with what the data renders")
+    ap.add_argument("--check", action="store_true",
+                    help="compare docs/results.md and README.md's headline block with what the data renders")
     args = ap.parse_args(argv)
     _READ.clear()
     try:
-        text = render()
+        if args.check:
+            diff = check(PAGE, README)
+            sys.stdout.writelines(diff)
+            return 1 if diff else 0
+        texts = rendered(PAGE, README)
     except DataFileError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -732,19 +870,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {last}: not the shape this page reads ({type(exc).__name__}: "
               f"{' '.join(str(exc).split())[:160]}); the last data file read before the failure", file=sys.stderr)
         return 2
-    if args.check:
-        old = PAGE.read_text() if PAGE.exists() else ""
-        if old == text:
-            return 0
-        name = _rel(PAGE) if PAGE.is_relative_to(ROOT) else str(PAGE)
-        sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), text.splitlines(True),
-                                                   name + " (committed)", name + " (rendered)"))
-        print(f"\n{name} differs from what benchmarks/data renders: run `python benchmarks/report.py`.")
-        return 1
-    PAGE.parent.mkdir(parents=True, exist_ok=True)
-    PAGE.write_text(text)
+    for path, (_, text) in texts.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
     render_picture(PICTURE)
-    print(f"wrote {_rel(PAGE)} ({text.count(chr(10))} lines) and {_rel(PICTURE)}")
+    print(f"wrote {_rel(PAGE)} ({texts[PAGE][1].count(chr(10))} lines), the headline block of {_rel(README)} "
+          f"and {_rel(PICTURE)}")
     return 0
 
 

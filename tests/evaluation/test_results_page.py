@@ -1,5 +1,6 @@
-"""docs/results.md is what benchmarks/report.py renders from benchmarks/data/: a hand edit, or data
-added without a re-render, fails here. No engine, no picture (the comparison is the markdown only)."""
+"""docs/results.md and README.md's headline block are what benchmarks/report.py renders from
+benchmarks/data/: a hand edit, or data added without a re-render, fails here. No engine, no picture
+(the comparison is the markdown only)."""
 
 from __future__ import annotations
 
@@ -32,14 +33,52 @@ def test_the_committed_page_is_what_the_data_renders(report, rendered):
     assert committed == rendered, "docs/results.md differs from the data: run `python benchmarks/report.py`"
 
 
-def test_check_fails_on_a_hand_edit(report, rendered, tmp_path, monkeypatch, capsys):
-    page = tmp_path / "results.md"
-    monkeypatch.setattr(report, "PAGE", page)
-    page.write_text(rendered)
-    assert report.main(["--check"]) == 0
-    page.write_text(rendered.replace("| dense | 512 | 1 |", "| dense | 512 | 2 |", 1))
-    assert report.main(["--check"]) == 1
-    assert "| dense | 512 | 2 |" in capsys.readouterr().out
+def test_the_committed_readme_block_is_what_the_data_renders(report):
+    assert report.check(report.PAGE, report.README) == []
+
+
+@pytest.fixture
+def copies(report, tmp_path):
+    """The committed results page and README, copied into tmp_path (they match the data, above)."""
+    page, readme = tmp_path / "results.md", tmp_path / "README.md"
+    page.write_text(report.PAGE.read_text())
+    readme.write_text(report.README.read_text())
+    return page, readme
+
+
+def test_check_fails_on_a_hand_edit(report, copies):
+    page, readme = copies
+    assert report.check(page, readme) == []
+    page.write_text(page.read_text().replace("| dense | 512 | 1 |", "| dense | 512 | 2 |", 1))
+    diff = "".join(report.check(page, readme))
+    assert "-| dense | 512 | 2 |" in diff and "+| dense | 512 | 1 |" in diff
+    assert "README" not in diff
+
+
+def test_check_fails_on_a_hand_edited_readme_figure(report, copies):
+    """The README's headline says the dense table is 0.985 ± 0.021 of the best fixed k at load 128
+    (2026-12-02-dense-judge-L96-L128, 6 rounds); typed as 0.995 the check fails and shows both."""
+    page, readme = copies
+    text = readme.read_text()
+    block = text[text.index(report.README_BEGIN):text.index(report.README_END)]
+    assert "0.985 ± 0.021 of the best" in block and "6 paired rounds (2026-12-02)" in block
+    assert "1.31 ± 0.03 of the docs' table at" in block and "lost 10 % at load 128 (0.899 ± 0.026)" in block
+    readme.write_text(text.replace("0.985 ± 0.021", "0.995 ± 0.021", 1))
+    diff = "".join(report.check(page, readme))
+    assert "-Measured on that H200 in 6 paired rounds (2026-12-02), the dense table is 0.995 ± 0.021" in diff
+    assert "+Measured on that H200 in 6 paired rounds (2026-12-02), the dense table is 0.985 ± 0.021" in diff
+    assert "results.md" not in diff.replace("[docs/results.md](docs/results.md)", "")
+    # text outside the markers is the README's own: an edit there is kept, not a drift
+    readme.write_text(text.replace("# TableTune", "# TableTune, edited", 1))
+    assert report.check(page, readme) == []
+
+
+def test_a_readme_without_its_markers_is_named(report, copies):
+    page, readme = copies
+    readme.write_text(readme.read_text().replace(report.README_END, "", 1))
+    with pytest.raises(report.DataFileError, match=r"README\.md: needs one <!-- report:headline --> line "
+                                                   r"followed by one <!-- /report:headline --> line, found 1 and 0"):
+        report.check(page, readme)
 
 
 def test_the_page_fits_and_leads_with_the_headline(rendered):
