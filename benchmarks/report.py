@@ -13,18 +13,20 @@ test ``tests/evaluation/test_results_page.py`` runs the same comparison (``check
 Paired ratios and standard errors come from ``tabletune_pipelines.tuning.served_windows``
 (``policy_ratio``, ``summarize``), ``core.stats`` (``mean_se``) and ``tuning.served_verdict``
 (``judge_load`` for the verdict at a 3 % tolerance),
-the same code the served verification publishes with. Only the commands are written here: a judge's
-JSON holds its windows and policies but not the command line that launched it.
+the same code the served verification publishes with. A judge's JSON holds its windows and policies but
+not the command line that launched it: the ``meta.json`` beside it does (``Launch``, ``read_launch``).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import difflib
 import json
+import re
 import sys
 from collections.abc import Sequence
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
 from tabletune_pipelines.errors import DataFileError
@@ -42,55 +44,9 @@ MAX_NUM_SEQS, K = 128, 3
 JUDGE = "python benchmarks/gpu_served.py judge"
 CALIBRATED_ALL = "benchmarks/data/h200/2026-12-03-moe-served-calibration/moe-served-calibrated-all.json"
 
-#: Every judge launch on the H200: data (relative to benchmarks/data/h200), date, capture ceiling, and
-#: the arguments after ``python benchmarks/gpu_served.py judge`` (each with ``--out $OUT``).
-LAUNCHES: list[tuple[str, str, int, str]] = [
-    ("dense-served-judge.json", "2026-12-01", 512,
-     '--engine dense --tables benchmarks/data/h200/dense-served.json --loads "1,32:1.5;64,96,128:3.5" --rounds 3'),
-    ("2026-12-02-dense-judge-L96-L128/dense-judge.json", "2026-12-02", 512,
-     '--engine dense --tables benchmarks/data/h200/dense-served.json --loads "128:3.5;96:3.5" --rounds 6'),
-    ("2026-12-02-moe-judge-L96-L128/moe-judge.json", "2026-12-02", 512,
-     '--engine moe --tables benchmarks/data/h200/moe-served.json --loads "128:3.5;96:3.5" --rounds 5 '
-     "--first-warmup-s 45"),
-    ("2026-12-02-dense-judge-capture1024-L128/dense-judge.json", "2026-12-02", 1024,
-     '--engine dense --capture-size 1024 --tables benchmarks/data/h200/dense-served.json --loads "128:3.5" '
-     "--rounds 5"),
-    ("2026-12-03-dense-judge-L1-L32-L64/dense-judge.json", "2026-12-03", 512,
-     '--engine dense --tables benchmarks/data/h200/dense-served.json --loads "64:3.5;1,32:3" --rounds 5'),
-    ("2026-12-03-moe-judge-L64-L96/moe-judge.json", "2026-12-03", 512,
-     '--engine moe --tables benchmarks/data/h200/moe-served.json --loads "96:5;64:3.5" --rounds 6 '
-     "--first-warmup-s 45"),
-    ("2026-12-03-moe-judge-calibrated-L96-L128/moe-judge.json", "2026-12-03", 512,
-     '--engine moe --tables benchmarks/data/h200/moe-served.json --calibrate-first "128:4:4" --calibrate '
-     "benchmarks/data/h200/2026-12-03-moe-judge-L64-L96/moe-judge.json,"
-     'benchmarks/data/h200/2026-12-02-moe-judge-L96-L128/moe-judge.json --loads "128:4;96:4" --rounds 4 '
-     "--first-warmup-s 45"),
-    ("2026-12-03-moe-judge-L96/moe-judge.json", "2026-12-03", 512,
-     '--engine moe --tables benchmarks/data/h200/moe-served-calibrated-all.json --loads "96:5" --rounds 10 '
-     "--first-warmup-s 45"),
-    ("2026-12-03-moe-judge-L128-two-range-table/moe-judge.json", "2026-12-03", 512,
-     '--engine moe --tables benchmarks/data/h200/moe-served-calibrated-all.json --loads "128:5" --rounds 10 '
-     "--first-warmup-s 45"),
-    ("2026-12-03-moe-judge-L128/moe-judge.json", "2026-12-03", 512,
-     f'--engine moe --tables {CALIBRATED_ALL} --loads "128:4.5" --rounds 10 --first-warmup-s 45'),
-    ("2026-12-03-dense-judge-L32-L64-k123/dense-judge.json", "2026-12-03", 512,
-     '--engine dense --tables benchmarks/data/h200/dense-served.json --loads "64:5.5;32:5.5" --rounds 8'),
-    ("2026-12-03-moe-judge-capture1024-L128/moe-judge.json", "2026-12-03", 1024,
-     f'--engine moe --capture-size 1024 --fixed-ks 1,3 --tables {CALIBRATED_ALL} --loads "128:4" --rounds 8 '
-     "--first-warmup-s 40"),
-    ("2026-12-03-dense-judge-L32-L64-k23/dense-judge.json", "2026-12-03", 512,
-     '--engine dense --tables benchmarks/data/h200/dense-served.json --loads "64:5;32:5" --rounds 9 --fixed-ks 2,3'),
-    ("2026-12-03-dense-judge-L32/dense-judge.json", "2026-12-03", 512,
-     '--engine dense --tables benchmarks/data/h200/dense-served.json --loads "32:5" --rounds 12 --fixed-ks 2,3'),
-    ("2026-12-03-moe-judge-L1-L32/moe-judge.json", "2026-12-03", 512,
-     f'--engine moe --tables {CALIBRATED_ALL} --loads "32:4;1:4" --rounds 5 --fixed-ks 1,2,3'),
-    ("2026-12-04-moe-judge-L32/moe-judge.json", "2026-12-04", 512,
-     f'--engine moe --tables {CALIBRATED_ALL} --loads "32:4" --rounds 6 --fixed-ks 2,3'),
-]
-#: The MoE tables the controller ended on, judged as static tables in a launch of their own.
-ENDED = ("2026-12-04-moe-judge-controller-ended-L128/moe-judge.json", "2026-12-04",
-         "--engine moe --tables benchmarks/data/h200/2026-12-04-moe-controller-steady-island-merge/"
-         'moe-controller-ended.json --loads "128:4" --rounds 5 --fixed-ks 1,2 --first-warmup-s 30')
+#: Every judge launch on the H200 is described by a ``meta.json`` beside its data (in its folder; for a
+#: launch whose JSON sits at the top of benchmarks/data/h200/, ``<name>.meta.json``): see ``Launch``.
+META = "meta.json"
 #: The launch the picture draws: every load from 1 to 128 in one launch.
 PICTURE_LAUNCH = "dense-served-judge.json"
 
@@ -280,6 +236,115 @@ def _same_up_to(a, b, load: int) -> bool:
     return list(expand_table(a, MAX_NUM_SEQS, K)[:load]) == list(expand_table(b, MAX_NUM_SEQS, K)[:load])
 
 
+# ----------------------------------------------------------------------------- the launches' meta.json
+@dataclass(frozen=True)
+class Launch:
+    """One judge launch on the H200 (``gpu_served.py judge``), as the ``meta.json`` beside its data says."""
+
+    file: str
+    """Its judge JSON, relative to benchmarks/data/h200/ (the meta's ``data``, a file beside the meta)."""
+    command: str
+    """The full command line that measured it: ``python benchmarks/gpu_served.py judge ... --out $OUT``."""
+    date: str
+    """The day it ran, ``YYYY-MM-DD`` (the folder's date where the folder name starts with one)."""
+    ceiling: int
+    """The CUDA-graph capture ceiling in tokens: the command's ``--capture-size``, 512 without one."""
+    tables: str
+    """The tables file it judged, relative to the checkout: the command's ``--tables``."""
+    judged: str
+    """``tuned`` (a launch of the headline) or ``controller-ended`` (the tables the controller ended on)."""
+    sequence: int
+    """Its place in the order the judge launches ran, 1 first (the order their data was committed in)."""
+    commit: str | None
+    """The commit that added its data (a short hash), or None where that is not known."""
+
+
+JUDGED = ("tuned", "controller-ended")
+_META_FIELDS = {"data": str, "command": str, "date": str, "ceiling": int, "tables": str, "judged": str,
+                "sequence": int, "commit": (str, type(None))}
+
+
+def _option(command: str, flag: str) -> str | None:
+    """The value after ``flag`` in a command line (quotes kept), or None."""
+    parts = command.split()
+    return parts[parts.index(flag) + 1] if flag in parts[:-1] else None
+
+
+def read_launch(path: Path, root: Path = H200) -> Launch:
+    """A launch's ``meta.json`` under ``root``, checked: every field present, of its type and agreeing with the command
+    line and the files beside it; one ``DataFileError`` naming the file and the field otherwise."""
+    doc = _load(path)
+    name = _READ[-1]
+
+    def bad(key: str, why: str) -> DataFileError:
+        return DataFileError(f"{name}: field {key!r}: {why}")
+
+    for key in doc:
+        if key not in _META_FIELDS:
+            raise bad(key, f"not a field of a launch's meta.json (its fields: {', '.join(_META_FIELDS)})")
+    for key, kind in _META_FIELDS.items():
+        if key not in doc:
+            raise bad(key, f"missing (a launch's meta.json has {', '.join(_META_FIELDS)})")
+        value = doc[key]
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise bad(key, f"{value!r} is not " + {str: "a string", int: "an integer"}.get(kind, "a string or null"))
+    data, command, date = doc["data"], doc["command"], doc["date"]
+    if "/" in data or not (path.parent / data).is_file():
+        raise bad("data", f"{data!r} is not a file beside {path.name}")
+    if path.name != META and path.name != f"{Path(data).stem}.{META}":
+        raise bad("data", f"{data!r} is not the file {path.name} is named for")
+    if not (command.startswith(JUDGE + " ") and command.endswith(" --out $OUT")):
+        raise bad("command", f"{command[:60]!r}... is not `{JUDGE} ... --out $OUT`")
+    try:
+        datetime.date.fromisoformat(date)
+        if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", date):
+            raise ValueError
+    except ValueError:
+        raise bad("date", f"{date!r} is not a date (YYYY-MM-DD)") from None
+    folder_date = re.match(r"\d{4}-\d{2}-\d{2}", path.parent.name)
+    if path.name == META and folder_date and folder_date.group(0) != date:
+        raise bad("date", f"{date!r} differs from the folder's date {folder_date.group(0)!r}")
+    capture = _option(command, "--capture-size")
+    if str(doc["ceiling"]) != (capture or "512"):
+        raise bad("ceiling", f"{doc['ceiling']!r} differs from the command's capture ceiling {capture or '512 (default)'}")
+    if doc["tables"] != _option(command, "--tables"):
+        raise bad("tables", f"{doc['tables']!r} differs from the command's --tables {_option(command, '--tables')!r}")
+    if not (ROOT / doc["tables"]).is_file():
+        raise bad("tables", f"{doc['tables']!r} is not a file in the checkout")
+    if doc["judged"] not in JUDGED:
+        raise bad("judged", f"{doc['judged']!r} is not one of {', '.join(JUDGED)}")
+    if doc["sequence"] < 1:
+        raise bad("sequence", f"{doc['sequence']!r} is below 1")
+    commit = doc["commit"]
+    if commit is not None and not re.fullmatch(r"[0-9a-f]{7,40}", commit):
+        raise bad("commit", f"{commit!r} is not a commit hash (7 to 40 hex digits) or null")
+    file = (path.parent / data).relative_to(root).as_posix() if path.is_relative_to(root) else data
+    return Launch(file=file, command=command, date=date, ceiling=doc["ceiling"], tables=doc["tables"],
+                  judged=doc["judged"], sequence=doc["sequence"], commit=commit)
+
+
+def launches(judged: str = "tuned", root: Path = H200) -> list[Launch]:
+    """The judge launches under ``root`` whose meta says ``judged``, in the order they ran (``sequence``);
+    two launches with one sequence number are an error naming both."""
+    paths = [*sorted(root.glob(f"*/{META}")), *sorted(root.glob(f"*.{META}"))]
+    every = [read_launch(p, root) for p in paths]
+    seen: dict[int, Path] = {}
+    for path, launch in zip(paths, every):
+        if launch.sequence in seen:
+            first, name = (_rel(q) if q.is_relative_to(ROOT) else str(q) for q in (seen[launch.sequence], path))
+            raise DataFileError(f"{name}: field 'sequence': {launch.sequence} is also {first}'s")
+        seen[launch.sequence] = path
+    return sorted((x for x in every if x.judged == judged), key=lambda x: x.sequence)
+
+
+def ended_launch() -> Launch:
+    """The one launch that judged the tables the controller ended on."""
+    ended = launches("controller-ended")
+    if len(ended) != 1:
+        raise DataFileError(f"benchmarks/data/h200: {len(ended)} launches judged 'controller-ended', one expected")
+    return ended[0]
+
+
 # ----------------------------------------------------------------------------- judged launches
 def judged_rows(rel: str, date: str, ceiling: int, candidate: str = "served", tables: str = "") -> list[dict]:
     """One row per load of a judge launch: the candidate against the best fixed k (``judge_load``) and
@@ -322,15 +387,10 @@ def tuned_tables() -> dict[str, tuple[str, list]]:
 
 
 def launch_rows() -> list[dict]:
-    """Every judged load of every launch in ``LAUNCHES``, by engine, ceiling, load and date."""
-    rows = [r for rel, date, ceiling, args in LAUNCHES for r in judged_rows(rel, date, ceiling, tables=_tables(args))]
+    """Every judged load of every headline launch (``launches``), by engine, ceiling, load and date."""
+    rows = [r for x in launches() for r in judged_rows(x.file, x.date, x.ceiling, tables=x.tables)]
     rows.sort(key=lambda r: (r["engine"], r["ceiling"], r["load"], r["date"]))
     return rows
-
-
-def _tables(args: str) -> str:
-    """The tables file a judge's arguments name (``--tables <file>``)."""
-    return args.split("--tables ")[1].split()[0]
 
 
 def best_row(rows: Sequence[dict]) -> dict | None:
@@ -411,7 +471,7 @@ def headline(rows: Sequence[dict]) -> list[str]:
                    f"{_ratio(r['ratio'], r['se'], r['rounds'])} | {docs} | {verdict} | `{r['file']}` |")
     out += ["", "Reproduce (one launch per line; `$OUT` a fresh folder; `bash deploy/gpu/h200.sh` runs the same on "
             "the GPU machine):", "", "```"]
-    out += [f"{JUDGE} {args} --out $OUT   # {rel.split('/')[0]}" for rel, _, _, args in LAUNCHES]
+    out += [f"{x.command}   # {x.file.split('/')[0]}" for x in launches()]
     out += ["```", ""]
     return out
 
@@ -425,9 +485,9 @@ def flow_publishes() -> list[tuple[str, dict]]:
     return out
 
 
-def window_phrase(args: str) -> str:
+def window_phrase(command: str) -> str:
     """'1.5-s windows at loads 1 and 32, 3.5-s at 64, 96 and 128' from a judge's ``--loads`` argument."""
-    groups = [g.split(":") for g in args.split('--loads "')[1].split('"')[0].split(";")]
+    groups = [g.split(":") for g in command.split('--loads "')[1].split('"')[0].split(";")]
 
     def loads(s: str) -> str:
         xs = s.split(",")
@@ -458,18 +518,18 @@ def picture_series() -> tuple[list[int], dict[str, list[tuple[float, float]]], d
 def picture_section() -> list[str]:
     loads, series, policies = picture_series()
     rounds = max(w["round"] for w in _load(H200 / PICTURE_LAUNCH)["windows"]) + 1
-    args = next(a for rel, _, _, a in LAUNCHES if rel == PICTURE_LAUNCH)
+    command = next(x.command for x in launches() if x.file == PICTURE_LAUNCH)
     out = ["## Goodput against load, one launch", "",
            "![goodput against load: the tuned table and each fixed k](img/goodput-vs-batch.png)", "",
            f"The dense engine at loads {', '.join(map(str, loads))} in one launch ({rounds} rounds; "
-           f"{window_phrase(args)}). Goodput in kept tokens per second, pooled over the rounds ± the "
+           f"{window_phrase(command)}). Goodput in kept tokens per second, pooled over the rounds ± the "
            f"standard error across rounds. The tuned table is {_table(policies['served'])}" + same_k(loads, policies)
            + ".", "",
            "| policy | " + " | ".join(f"load {load}" for load in loads) + " |", "|---|" + "---|" * len(loads)]
     for p, label in PICTURE_POLICIES.items():
         if p in series:
             out.append(f"| {label} | " + " | ".join(f"{g:.0f} ± {se:.0f}" for g, se in series[p]) + " |")
-    out += ["", f"Data: `benchmarks/data/h200/{PICTURE_LAUNCH}`. Reproduce: `{JUDGE} {args} --out $OUT`.", ""]
+    out += ["", f"Data: `benchmarks/data/h200/{PICTURE_LAUNCH}`. Reproduce: `{command}`.", ""]
     return out
 
 
@@ -567,8 +627,9 @@ def controller_section() -> list[str]:
                    f"{h['step_ms']:.2f} ms at B = {h['step_b']}, k = {h['k']} | {100 * h['ratio']:.2f} % |")
     out += ["", "Data and commands: the steady-load launches above (`--hook-loads`).", ""]
 
-    rel, date, args = ENDED
-    rows = judged_rows(rel, date, 512) + judged_rows(rel, date, 512, candidate="decode_only")
+    ended = ended_launch()
+    rel, date = ended.file, ended.date
+    rows = judged_rows(rel, date, ended.ceiling) + judged_rows(rel, date, ended.ceiling, candidate="decode_only")
     out += ["### The tables the controller ended on, as static tables", "",
             f"The MoE's two ended tables judged in a launch of their own ({date}, the judge's workload: 32-token "
             "prompts, 32–128 output tokens; the controller's launch sends 16-token prompts and 48–96 tokens).", "",
@@ -579,7 +640,7 @@ def controller_section() -> list[str]:
         out.append(f"| {_table(r['table'])} | {r['load']} | k = {r['best']}, {r['best_goodput']:.0f} ± "
                    f"{r['best_se']:.0f} | {_ratio(r['ratio'], r['se'], r['rounds'])} | {docs} | "
                    f"{VERDICT_WORDS[r['status']]} |")
-    out += ["", f"Data: `benchmarks/data/h200/{rel}`. Reproduce: `{JUDGE} {args} --out $OUT`.", ""]
+    out += ["", f"Data: `benchmarks/data/h200/{rel}`. Reproduce: `{ended.command}`.", ""]
     return out
 
 
