@@ -2,6 +2,7 @@
 
     python benchmarks/evaluate.py            # ~1-2 min on 2 cores
     python benchmarks/evaluate.py --quick    # fewer steps and loads (a smoke run, not for claims)
+    python benchmarks/evaluate.py --check    # exit 1 with a diff when benchmarks/simulator.md differs
 
 Per surface (three cost-model surfaces, ``tabletune_pipelines.evaluation.costmodel``, and the two
 H200 profiles in ``benchmarks/data/h200``), every policy runs in the replay simulator
@@ -15,7 +16,9 @@ Then the real-engine section (``<!-- real-engine:begin/end -->``, at the top) fr
 ``benchmarks/data/cpu/real_engine_eval.json`` (written by ``benchmarks/real_engine_eval.py``;
 ``--real-only`` re-renders just that section). Text outside the ``<!-- simulator:begin/end -->``
 and real-engine markers of an existing page is kept. The measured results page, docs/results.md, is
-rendered from benchmarks/data by ``benchmarks/report.py``.
+rendered from benchmarks/data by ``benchmarks/report.py``. ``--check`` renders into a temporary
+folder (the same minutes as a full run: too slow for a unit test) and compares the markdown only;
+the plots depend on the installed matplotlib.
 """
 
 from __future__ import annotations
@@ -555,6 +558,34 @@ def render_real_engine(out: Path, data: Path = REAL_JSON) -> bool:
     return True
 
 
+def check(args: argparse.Namespace) -> int:
+    """Render the page as ``main`` would, into a copy of ``args.out`` in a temporary folder, and print
+    the unified diff against ``args.out``: 0 when they match, 1 when they differ (nothing is written)."""
+    import difflib
+    import shutil
+
+    with tempfile.TemporaryDirectory(prefix="tt-eval-check-") as d:
+        copy = Path(d) / args.out.name
+        if args.out.exists():
+            shutil.copyfile(args.out, copy)
+        argv = ["--out", str(copy), "--seed", str(args.seed), "--real-engine-json", str(args.real_engine_json)]
+        argv += ["--quick"] * args.quick + ["--real-only"] * args.real_only
+        with contextlib.redirect_stdout(io.StringIO()):
+            rc = main(argv)
+        if rc != 0:
+            return rc
+        new = copy.read_text()
+    old = args.out.read_text() if args.out.exists() else ""
+    if old == new:
+        print(f"{args.out} is what benchmarks/evaluate.py renders")
+        return 0
+    name = str(args.out.relative_to(HERE.parent)) if args.out.is_relative_to(HERE.parent) else str(args.out)
+    sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), new.splitlines(True),
+                                               name + " (committed)", name + " (rendered)"))
+    print(f"\n{name} differs from what benchmarks/evaluate.py renders: run `python benchmarks/evaluate.py`.")
+    return 1
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer loads and steps (smoke run)")
@@ -563,7 +594,11 @@ def main(argv=None) -> int:
     ap.add_argument("--real-engine-json", type=Path, default=REAL_JSON,
                     help="benchmarks/real_engine_eval.py's output, rendered as the real-engine section")
     ap.add_argument("--real-only", action="store_true", help="only re-render the real-engine section (seconds)")
+    ap.add_argument("--check", action="store_true",
+                    help="render into a temporary folder and compare with --out (a diff and exit 1 on a difference)")
     args = ap.parse_args(argv)
+    if args.check:
+        return check(args)
     t_start = time.time()
     if args.real_only:
         ok = render_real_engine(args.out, args.real_engine_json)

@@ -1,28 +1,32 @@
-"""Render docs/results.md and docs/img/goodput-vs-batch.png from the JSON in benchmarks/data/.
+"""Render docs/results.md, the README's headline and docs/img/goodput-vs-batch.png from benchmarks/data/.
 
-    python benchmarks/report.py            # write docs/results.md and docs/img/goodput-vs-batch.png
-    python benchmarks/report.py --check    # exit 1 with a diff when the committed page differs
+    python benchmarks/report.py            # write docs/results.md, README.md's headline block and the picture
+    python benchmarks/report.py --check    # exit 1 with a diff when the page or the README block differs
 
 The page is generated, not written by hand: every figure on it comes from a file under
-``benchmarks/data/``, and every table names that file and the command that measured it. ``--check``
+``benchmarks/data/``, and every table names that file and the command that measured it. The README's
+headline (the caption under its picture and the paragraph after it) is rendered from the same rows,
+between the markers ``README_BEGIN`` and ``README_END``; the rest of README.md is kept. ``--check``
 compares the markdown only (the picture depends on the installed matplotlib and fonts); the drift
-test ``tests/evaluation/test_results_page.py`` runs the same comparison.
+test ``tests/evaluation/test_results_page.py`` runs the same comparison (``check``).
 
 Paired ratios and standard errors come from ``tabletune_pipelines.tuning.served_windows``
 (``policy_ratio``, ``summarize``), ``core.stats`` (``mean_se``) and ``tuning.served_verdict``
 (``judge_load`` for the verdict at a 3 % tolerance),
-the same code the served verification publishes with. Only the commands are written here: a judge's
-JSON holds its windows and policies but not the command line that launched it.
+the same code the served verification publishes with. A judge's JSON holds its windows and policies but
+not the command line that launched it: the ``meta.json`` beside it does (``Launch``, ``read_launch``).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import difflib
 import json
+import re
 import sys
 from collections.abc import Sequence
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
 from tabletune_pipelines.errors import DataFileError
@@ -32,61 +36,17 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "benchmarks" / "data"
 H200 = DATA / "h200"
 PAGE = ROOT / "docs" / "results.md"
+README = ROOT / "README.md"
+README_BEGIN, README_END = "<!-- report:headline -->", "<!-- /report:headline -->"
 PICTURE = ROOT / "docs" / "img" / "goodput-vs-batch.png"
 TOLERANCE = 0.03
 MAX_NUM_SEQS, K = 128, 3
 JUDGE = "python benchmarks/gpu_served.py judge"
 CALIBRATED_ALL = "benchmarks/data/h200/2026-12-03-moe-served-calibration/moe-served-calibrated-all.json"
 
-#: Every judge launch on the H200: data (relative to benchmarks/data/h200), date, capture ceiling, and
-#: the arguments after ``python benchmarks/gpu_served.py judge`` (each with ``--out $OUT``).
-LAUNCHES: list[tuple[str, str, int, str]] = [
-    ("dense-served-judge.json", "2026-12-01", 512,
-     '--engine dense --tables benchmarks/data/h200/dense-served.json --loads "1,32:1.5;64,96,128:3.5" --rounds 3'),
-    ("2026-12-02-dense-judge-L96-L128/dense-judge.json", "2026-12-02", 512,
-     '--engine dense --tables benchmarks/data/h200/dense-served.json --loads "128:3.5;96:3.5" --rounds 6'),
-    ("2026-12-02-moe-judge-L96-L128/moe-judge.json", "2026-12-02", 512,
-     '--engine moe --tables benchmarks/data/h200/moe-served.json --loads "128:3.5;96:3.5" --rounds 5 '
-     "--first-warmup-s 45"),
-    ("2026-12-02-dense-judge-capture1024-L128/dense-judge.json", "2026-12-02", 1024,
-     '--engine dense --capture-size 1024 --tables benchmarks/data/h200/dense-served.json --loads "128:3.5" '
-     "--rounds 5"),
-    ("2026-12-03-dense-judge-L1-L32-L64/dense-judge.json", "2026-12-03", 512,
-     '--engine dense --tables benchmarks/data/h200/dense-served.json --loads "64:3.5;1,32:3" --rounds 5'),
-    ("2026-12-03-moe-judge-L64-L96/moe-judge.json", "2026-12-03", 512,
-     '--engine moe --tables benchmarks/data/h200/moe-served.json --loads "96:5;64:3.5" --rounds 6 '
-     "--first-warmup-s 45"),
-    ("2026-12-03-moe-judge-calibrated-L96-L128/moe-judge.json", "2026-12-03", 512,
-     '--engine moe --tables benchmarks/data/h200/moe-served.json --calibrate-first "128:4:4" --calibrate '
-     "benchmarks/data/h200/2026-12-03-moe-judge-L64-L96/moe-judge.json,"
-     'benchmarks/data/h200/2026-12-02-moe-judge-L96-L128/moe-judge.json --loads "128:4;96:4" --rounds 4 '
-     "--first-warmup-s 45"),
-    ("2026-12-03-moe-judge-L96/moe-judge.json", "2026-12-03", 512,
-     '--engine moe --tables benchmarks/data/h200/moe-served-calibrated-all.json --loads "96:5" --rounds 10 '
-     "--first-warmup-s 45"),
-    ("2026-12-03-moe-judge-L128-two-range-table/moe-judge.json", "2026-12-03", 512,
-     '--engine moe --tables benchmarks/data/h200/moe-served-calibrated-all.json --loads "128:5" --rounds 10 '
-     "--first-warmup-s 45"),
-    ("2026-12-03-moe-judge-L128/moe-judge.json", "2026-12-03", 512,
-     f'--engine moe --tables {CALIBRATED_ALL} --loads "128:4.5" --rounds 10 --first-warmup-s 45'),
-    ("2026-12-03-dense-judge-L32-L64-k123/dense-judge.json", "2026-12-03", 512,
-     '--engine dense --tables benchmarks/data/h200/dense-served.json --loads "64:5.5;32:5.5" --rounds 8'),
-    ("2026-12-03-moe-judge-capture1024-L128/moe-judge.json", "2026-12-03", 1024,
-     f'--engine moe --capture-size 1024 --fixed-ks 1,3 --tables {CALIBRATED_ALL} --loads "128:4" --rounds 8 '
-     "--first-warmup-s 40"),
-    ("2026-12-03-dense-judge-L32-L64-k23/dense-judge.json", "2026-12-03", 512,
-     '--engine dense --tables benchmarks/data/h200/dense-served.json --loads "64:5;32:5" --rounds 9 --fixed-ks 2,3'),
-    ("2026-12-03-dense-judge-L32/dense-judge.json", "2026-12-03", 512,
-     '--engine dense --tables benchmarks/data/h200/dense-served.json --loads "32:5" --rounds 12 --fixed-ks 2,3'),
-    ("2026-12-03-moe-judge-L1-L32/moe-judge.json", "2026-12-03", 512,
-     f'--engine moe --tables {CALIBRATED_ALL} --loads "32:4;1:4" --rounds 5 --fixed-ks 1,2,3'),
-    ("2026-12-04-moe-judge-L32/moe-judge.json", "2026-12-04", 512,
-     f'--engine moe --tables {CALIBRATED_ALL} --loads "32:4" --rounds 6 --fixed-ks 2,3'),
-]
-#: The MoE tables the controller ended on, judged as static tables in a launch of their own.
-ENDED = ("2026-12-04-moe-judge-controller-ended-L128/moe-judge.json", "2026-12-04",
-         "--engine moe --tables benchmarks/data/h200/2026-12-04-moe-controller-steady-island-merge/"
-         'moe-controller-ended.json --loads "128:4" --rounds 5 --fixed-ks 1,2 --first-warmup-s 30')
+#: Every judge launch on the H200 is described by a ``meta.json`` beside its data (in its folder; for a
+#: launch whose JSON sits at the top of benchmarks/data/h200/, ``<name>.meta.json``): see ``Launch``.
+META = "meta.json"
 #: The launch the picture draws: every load from 1 to 128 in one launch.
 PICTURE_LAUNCH = "dense-served-judge.json"
 
@@ -121,7 +81,10 @@ ONE_LAUNCH = ("2026-12-05-dense-one-launch-flow", "2026-12-05",
                ("warm-publish", "bash deploy/gpu/flow_call.sh dense 480 --steps publish --verify-loads 128,64 "
                 "--verify-window 3 --verify-budget 140")])
 CPU_EVAL = DATA / "cpu" / "real_engine_eval.json"
-ENGINE_NAMES = {"dense": "dense (Qwen3-4B shape + EAGLE-3)", "moe": "MoE (Qwen3-30B-A3B shape + EAGLE-3)"}
+ENGINE_SHAPES = {"dense": "Qwen3-4B shape + EAGLE-3", "moe": "Qwen3-30B-A3B shape + EAGLE-3"}
+ENGINE_NAMES = {"dense": f"dense ({ENGINE_SHAPES['dense']})", "moe": f"MoE ({ENGINE_SHAPES['moe']})"}
+#: The README's MoE sentence: the tables file judged as "a calibrated table", then the recalibrated one.
+README_MOE_TABLES = ("benchmarks/data/h200/moe-served-calibrated-all.json", CALIBRATED_ALL)
 VERDICT_WORDS = {"pass": "within 3 %", "fail": "**loss beyond the noise**", "inconclusive": "undecided"}
 
 
@@ -273,10 +236,119 @@ def _same_up_to(a, b, load: int) -> bool:
     return list(expand_table(a, MAX_NUM_SEQS, K)[:load]) == list(expand_table(b, MAX_NUM_SEQS, K)[:load])
 
 
+# ----------------------------------------------------------------------------- the launches' meta.json
+@dataclass(frozen=True)
+class Launch:
+    """One judge launch on the H200 (``gpu_served.py judge``), as the ``meta.json`` beside its data says."""
+
+    file: str
+    """Its judge JSON, relative to benchmarks/data/h200/ (the meta's ``data``, a file beside the meta)."""
+    command: str
+    """The full command line that measured it: ``python benchmarks/gpu_served.py judge ... --out $OUT``."""
+    date: str
+    """The day it ran, ``YYYY-MM-DD`` (the folder's date where the folder name starts with one)."""
+    ceiling: int
+    """The CUDA-graph capture ceiling in tokens: the command's ``--capture-size``, 512 without one."""
+    tables: str
+    """The tables file it judged, relative to the checkout: the command's ``--tables``."""
+    judged: str
+    """``tuned`` (a launch of the headline) or ``controller-ended`` (the tables the controller ended on)."""
+    sequence: int
+    """Its place in the order the judge launches ran, 1 first (the order their data was committed in)."""
+    commit: str | None
+    """The commit that added its data (a short hash), or None where that is not known."""
+
+
+JUDGED = ("tuned", "controller-ended")
+_META_FIELDS = {"data": str, "command": str, "date": str, "ceiling": int, "tables": str, "judged": str,
+                "sequence": int, "commit": (str, type(None))}
+
+
+def _option(command: str, flag: str) -> str | None:
+    """The value after ``flag`` in a command line (quotes kept), or None."""
+    parts = command.split()
+    return parts[parts.index(flag) + 1] if flag in parts[:-1] else None
+
+
+def read_launch(path: Path, root: Path = H200) -> Launch:
+    """A launch's ``meta.json`` under ``root``, checked: every field present, of its type and agreeing with the command
+    line and the files beside it; one ``DataFileError`` naming the file and the field otherwise."""
+    doc = _load(path)
+    name = _READ[-1]
+
+    def bad(key: str, why: str) -> DataFileError:
+        return DataFileError(f"{name}: field {key!r}: {why}")
+
+    for key in doc:
+        if key not in _META_FIELDS:
+            raise bad(key, f"not a field of a launch's meta.json (its fields: {', '.join(_META_FIELDS)})")
+    for key, kind in _META_FIELDS.items():
+        if key not in doc:
+            raise bad(key, f"missing (a launch's meta.json has {', '.join(_META_FIELDS)})")
+        value = doc[key]
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise bad(key, f"{value!r} is not " + {str: "a string", int: "an integer"}.get(kind, "a string or null"))
+    data, command, date = doc["data"], doc["command"], doc["date"]
+    if "/" in data or not (path.parent / data).is_file():
+        raise bad("data", f"{data!r} is not a file beside {path.name}")
+    if path.name != META and path.name != f"{Path(data).stem}.{META}":
+        raise bad("data", f"{data!r} is not the file {path.name} is named for")
+    if not (command.startswith(JUDGE + " ") and command.endswith(" --out $OUT")):
+        raise bad("command", f"{command[:60]!r}... is not `{JUDGE} ... --out $OUT`")
+    try:
+        datetime.date.fromisoformat(date)
+        if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", date):
+            raise ValueError
+    except ValueError:
+        raise bad("date", f"{date!r} is not a date (YYYY-MM-DD)") from None
+    folder_date = re.match(r"\d{4}-\d{2}-\d{2}", path.parent.name)
+    if path.name == META and folder_date and folder_date.group(0) != date:
+        raise bad("date", f"{date!r} differs from the folder's date {folder_date.group(0)!r}")
+    capture = _option(command, "--capture-size")
+    if str(doc["ceiling"]) != (capture or "512"):
+        raise bad("ceiling", f"{doc['ceiling']!r} differs from the command's capture ceiling {capture or '512 (default)'}")
+    if doc["tables"] != _option(command, "--tables"):
+        raise bad("tables", f"{doc['tables']!r} differs from the command's --tables {_option(command, '--tables')!r}")
+    if not (ROOT / doc["tables"]).is_file():
+        raise bad("tables", f"{doc['tables']!r} is not a file in the checkout")
+    if doc["judged"] not in JUDGED:
+        raise bad("judged", f"{doc['judged']!r} is not one of {', '.join(JUDGED)}")
+    if doc["sequence"] < 1:
+        raise bad("sequence", f"{doc['sequence']!r} is below 1")
+    commit = doc["commit"]
+    if commit is not None and not re.fullmatch(r"[0-9a-f]{7,40}", commit):
+        raise bad("commit", f"{commit!r} is not a commit hash (7 to 40 hex digits) or null")
+    file = (path.parent / data).relative_to(root).as_posix() if path.is_relative_to(root) else data
+    return Launch(file=file, command=command, date=date, ceiling=doc["ceiling"], tables=doc["tables"],
+                  judged=doc["judged"], sequence=doc["sequence"], commit=commit)
+
+
+def launches(judged: str = "tuned", root: Path = H200) -> list[Launch]:
+    """The judge launches under ``root`` whose meta says ``judged``, in the order they ran (``sequence``);
+    two launches with one sequence number are an error naming both."""
+    paths = [*sorted(root.glob(f"*/{META}")), *sorted(root.glob(f"*.{META}"))]
+    every = [read_launch(p, root) for p in paths]
+    seen: dict[int, Path] = {}
+    for path, launch in zip(paths, every):
+        if launch.sequence in seen:
+            first, name = (_rel(q) if q.is_relative_to(ROOT) else str(q) for q in (seen[launch.sequence], path))
+            raise DataFileError(f"{name}: field 'sequence': {launch.sequence} is also {first}'s")
+        seen[launch.sequence] = path
+    return sorted((x for x in every if x.judged == judged), key=lambda x: x.sequence)
+
+
+def ended_launch() -> Launch:
+    """The one launch that judged the tables the controller ended on."""
+    ended = launches("controller-ended")
+    if len(ended) != 1:
+        raise DataFileError(f"benchmarks/data/h200: {len(ended)} launches judged 'controller-ended', one expected")
+    return ended[0]
+
+
 # ----------------------------------------------------------------------------- judged launches
-def judged_rows(rel: str, date: str, ceiling: int, candidate: str = "served") -> list[dict]:
+def judged_rows(rel: str, date: str, ceiling: int, candidate: str = "served", tables: str = "") -> list[dict]:
     """One row per load of a judge launch: the candidate against the best fixed k (``judge_load``) and
-    against the docs' table (``policy_ratio``)."""
+    against the docs' table (``policy_ratio``); ``tables`` is the tables file the launch judged."""
     from tabletune_pipelines.tuning.served_verdict import judge_load
     from tabletune_pipelines.tuning.served_windows import policy_ratio, summarize
 
@@ -301,7 +373,8 @@ def judged_rows(rel: str, date: str, ceiling: int, candidate: str = "served") ->
             "ratio": v.ratio if v.ratio is not None else float("nan"),
             "se": v.ratio_se if v.ratio_se is not None else float("nan"), "rounds": v.rounds,
             "status": v.status, "aa": best is not None and _same_up_to(policies[candidate], policies[best], load),
-            "docs": None if same_docs else (rd, sed, nd), "file": rel,
+            "docs": None if same_docs else (rd, sed, nd), "file": rel, "tables": tables,
+            "docs_table": policies["docs"],
         })
     return rows
 
@@ -313,9 +386,28 @@ def tuned_tables() -> dict[str, tuple[str, list]]:
             for engine in ("dense", "moe")}
 
 
-def headline() -> list[str]:
-    rows = [r for rel, date, ceiling, _ in LAUNCHES for r in judged_rows(rel, date, ceiling)]
+def launch_rows() -> list[dict]:
+    """Every judged load of every headline launch (``launches``), by engine, ceiling, load and date."""
+    rows = [r for x in launches() for r in judged_rows(x.file, x.date, x.ceiling, tables=x.tables)]
     rows.sort(key=lambda r: (r["engine"], r["ceiling"], r["load"], r["date"]))
+    return rows
+
+
+def best_row(rows: Sequence[dict]) -> dict | None:
+    """The row with the most paired rounds (the latest on a tie), or None."""
+    return max(rows, key=lambda r: (r["rounds"], r["date"])) if rows else None
+
+
+def chosen_rows(rows: Sequence[dict], tuned: dict[str, tuple[str, list]]) -> dict[tuple[str, int], dict | None]:
+    """(engine, load) -> the headline's row: per load, the launch with the most paired rounds whose table
+    runs the engine's tuned table's k at every batch size up to the load (512-token ceiling)."""
+    return {(engine, load): best_row([r for r in rows if r["engine"] == engine and r["load"] == load
+                                      and r["ceiling"] == 512 and _same_up_to(r["table"], table, load)])
+            for engine, (_, table) in tuned.items()
+            for load in sorted({r["load"] for r in rows if r["engine"] == engine})}
+
+
+def headline(rows: Sequence[dict]) -> list[str]:
     out = ["## Headline: the tuned table against the best fixed k and the docs' table", "",
            "GPU: H200 (every judge launch in `benchmarks/data/h200/`), vLLM 0.26.0, Model Runner V2, "
            "FULL_AND_PIECEWISE CUDA graphs at the default 512-token capture ceiling, dummy weights, synthetic "
@@ -341,18 +433,14 @@ def headline() -> list[str]:
         "a launch counts when its table runs the same k at every batch size up to the load):", "",
         "| engine | load | table / best fixed k | table / docs' table | verdict | launch |",
         "|---|---|---|---|---|---|"]
-    for engine, (_, table) in tuned.items():
-        for load in sorted({r["load"] for r in rows if r["engine"] == engine}):
-            here = [r for r in rows if r["engine"] == engine and r["load"] == load and r["ceiling"] == 512
-                    and _same_up_to(r["table"], table, load)]
-            if not here:
-                out.append(f"| {engine_short(engine)} | {load} | not judged | | | |")
-                continue
-            r = max(here, key=lambda r: (r["rounds"], r["date"]))
-            docs = "=" if r["docs"] is None else _ratio(*r["docs"])
-            out.append(f"| {engine_short(engine)} | {load} | {_ratio(r['ratio'], r['se'], r['rounds'])} of k = "
-                       f"{r['best']} | {docs} | {VERDICT_WORDS[r['status']]}{' (A/A)' if r['aa'] else ''} | "
-                       f"{r['date']}, `{r['file'].split('/')[0]}` |")
+    for (engine, load), r in chosen_rows(rows, tuned).items():
+        if r is None:
+            out.append(f"| {engine_short(engine)} | {load} | not judged | | | |")
+            continue
+        docs = "=" if r["docs"] is None else _ratio(*r["docs"])
+        out.append(f"| {engine_short(engine)} | {load} | {_ratio(r['ratio'], r['se'], r['rounds'])} of k = "
+                   f"{r['best']} | {docs} | {VERDICT_WORDS[r['status']]}{' (A/A)' if r['aa'] else ''} | "
+                   f"{r['date']}, `{r['file'].split('/')[0]}` |")
     out += ["", "### Every judged launch", ""]
     for engine in ("dense", "moe"):
         mine = [r for r in rows if r["engine"] == engine and r["ceiling"] == 512]
@@ -383,7 +471,7 @@ def headline() -> list[str]:
                    f"{_ratio(r['ratio'], r['se'], r['rounds'])} | {docs} | {verdict} | `{r['file']}` |")
     out += ["", "Reproduce (one launch per line; `$OUT` a fresh folder; `bash deploy/gpu/h200.sh` runs the same on "
             "the GPU machine):", "", "```"]
-    out += [f"{JUDGE} {args} --out $OUT   # {rel.split('/')[0]}" for rel, _, _, args in LAUNCHES]
+    out += [f"{x.command}   # {x.file.split('/')[0]}" for x in launches()]
     out += ["```", ""]
     return out
 
@@ -397,9 +485,9 @@ def flow_publishes() -> list[tuple[str, dict]]:
     return out
 
 
-def window_phrase(args: str) -> str:
+def window_phrase(command: str) -> str:
     """'1.5-s windows at loads 1 and 32, 3.5-s at 64, 96 and 128' from a judge's ``--loads`` argument."""
-    groups = [g.split(":") for g in args.split('--loads "')[1].split('"')[0].split(";")]
+    groups = [g.split(":") for g in command.split('--loads "')[1].split('"')[0].split(";")]
 
     def loads(s: str) -> str:
         xs = s.split(",")
@@ -430,18 +518,18 @@ def picture_series() -> tuple[list[int], dict[str, list[tuple[float, float]]], d
 def picture_section() -> list[str]:
     loads, series, policies = picture_series()
     rounds = max(w["round"] for w in _load(H200 / PICTURE_LAUNCH)["windows"]) + 1
-    args = next(a for rel, _, _, a in LAUNCHES if rel == PICTURE_LAUNCH)
+    command = next(x.command for x in launches() if x.file == PICTURE_LAUNCH)
     out = ["## Goodput against load, one launch", "",
            "![goodput against load: the tuned table and each fixed k](img/goodput-vs-batch.png)", "",
            f"The dense engine at loads {', '.join(map(str, loads))} in one launch ({rounds} rounds; "
-           f"{window_phrase(args)}). Goodput in kept tokens per second, pooled over the rounds ± the "
+           f"{window_phrase(command)}). Goodput in kept tokens per second, pooled over the rounds ± the "
            f"standard error across rounds. The tuned table is {_table(policies['served'])}" + same_k(loads, policies)
            + ".", "",
            "| policy | " + " | ".join(f"load {load}" for load in loads) + " |", "|---|" + "---|" * len(loads)]
     for p, label in PICTURE_POLICIES.items():
         if p in series:
             out.append(f"| {label} | " + " | ".join(f"{g:.0f} ± {se:.0f}" for g, se in series[p]) + " |")
-    out += ["", f"Data: `benchmarks/data/h200/{PICTURE_LAUNCH}`. Reproduce: `{JUDGE} {args} --out $OUT`.", ""]
+    out += ["", f"Data: `benchmarks/data/h200/{PICTURE_LAUNCH}`. Reproduce: `{command}`.", ""]
     return out
 
 
@@ -539,8 +627,9 @@ def controller_section() -> list[str]:
                    f"{h['step_ms']:.2f} ms at B = {h['step_b']}, k = {h['k']} | {100 * h['ratio']:.2f} % |")
     out += ["", "Data and commands: the steady-load launches above (`--hook-loads`).", ""]
 
-    rel, date, args = ENDED
-    rows = judged_rows(rel, date, 512) + judged_rows(rel, date, 512, candidate="decode_only")
+    ended = ended_launch()
+    rel, date = ended.file, ended.date
+    rows = judged_rows(rel, date, ended.ceiling) + judged_rows(rel, date, ended.ceiling, candidate="decode_only")
     out += ["### The tables the controller ended on, as static tables", "",
             f"The MoE's two ended tables judged in a launch of their own ({date}, the judge's workload: 32-token "
             "prompts, 32–128 output tokens; the controller's launch sends 16-token prompts and 48–96 tokens).", "",
@@ -551,7 +640,7 @@ def controller_section() -> list[str]:
         out.append(f"| {_table(r['table'])} | {r['load']} | k = {r['best']}, {r['best_goodput']:.0f} ± "
                    f"{r['best_se']:.0f} | {_ratio(r['ratio'], r['se'], r['rounds'])} | {docs} | "
                    f"{VERDICT_WORDS[r['status']]} |")
-    out += ["", f"Data: `benchmarks/data/h200/{rel}`. Reproduce: `{JUDGE} {args} --out $OUT`.", ""]
+    out += ["", f"Data: `benchmarks/data/h200/{rel}`. Reproduce: `{ended.command}`.", ""]
     return out
 
 
@@ -689,6 +778,85 @@ def cpu_section() -> list[str]:
     return out
 
 
+# ----------------------------------------------------------------------------- the README's headline
+def _k_at(table, load: int) -> int:
+    from tabletune_pipelines.core.table import expand_table
+
+    return int(expand_table(table, MAX_NUM_SEQS, K)[load - 1])
+
+
+def _ratio2(r: float, se: float) -> str:
+    return f"{r:.2f} ± {se:.2f}"
+
+
+def _rounds(rows: Sequence[dict]) -> str:
+    """'10 paired rounds each, 2026-12-03' when every row shares rounds and date, else each row's."""
+    if len({(r["rounds"], r["date"]) for r in rows}) == 1:
+        return f"{_n(rows[0]['rounds'], 'paired round')}{' each' if len(rows) > 1 else ''}, {rows[0]['date']}"
+    return "paired rounds: " + "; ".join(f"load {r['load']}: {r['rounds']}, {r['date']}" for r in rows)
+
+
+def readme_headline(rows: Sequence[dict]) -> list[str]:
+    """The README's caption under the picture and its headline paragraph, from the rows the page's
+    headline is rendered from: the dense figures are the headline table's rows (the highest load where
+    the tuned table leaves k = K; the load where it gains most on the docs' table), the MoE figures the
+    launches that judged ``README_MOE_TABLES``."""
+    import textwrap
+
+    pic = next(r for r in rows if r["file"] == PICTURE_LAUNCH)
+    pic_rounds = max(w["round"] for w in _load(H200 / PICTURE_LAUNCH)["windows"]) + 1
+    caption = (f"*Served goodput on one H200 ({engine_short(pic['engine'])} {ENGINE_SHAPES[pic['engine']]}, "
+               "acceptance (0.7, 0.5, 0.3)) against the load, the batch the engine runs: the tuned table, each "
+               f"fixed k and the docs' table in one launch ({pic['date']}, {_n(pic_rounds, 'round')}; rendered by "
+               "`benchmarks/report.py` from `benchmarks/data/h200/`).*")
+
+    tuned = tuned_tables()
+    dense = [r for (e, _), r in chosen_rows(rows, tuned).items() if e == "dense" and r is not None]
+    table = tuned["dense"][1]
+    a = max((r for r in dense if _k_at(table, r["load"]) < K), key=lambda r: r["load"])
+    b = max((r for r in dense if r["docs"] is not None), key=lambda r: r["docs"][0])
+    if a["file"] == b["file"] and a["rounds"] == b["docs"][2]:
+        when, at_a, at_b = f"in {_n(a['rounds'], 'paired round')} ({a['date']})", "", ""
+    else:
+        when, at_a, at_b = "", f" ({_rounds([a])})", f" ({_n(b['docs'][2], 'paired round')}, {b['date']})"
+    text = (f"Measured on that H200{' ' + when if when else ''}, the dense table is "
+            f"{_ratio(a['ratio'], a['se'])} of the best fixed k at load {a['load']}{at_a}, where it leaves "
+            f"k = {K} for k = {_k_at(table, a['load'])}, and {_ratio2(*b['docs'][:2])} of the docs' table at load "
+            f"{b['load']}{at_b}, where the docs' table drops to k = {_k_at(b['docs_table'], b['load'])}.")
+
+    moe = [r for r in rows if r["engine"] == "moe" and r["ceiling"] == 512]
+    calibrated = [r for r in moe if r["tables"] == README_MOE_TABLES[0]]
+    recalibrated = [r for r in moe if r["tables"] == README_MOE_TABLES[1]]
+    gain = best_row([r for r in calibrated if r["load"] == max(
+        (r for r in calibrated if r["docs"] is not None), key=lambda r: r["docs"][0])["load"]])
+    top = max(r["load"] for r in calibrated)
+    high = best_row([r for r in calibrated if r["load"] == top])
+    other = best_row([r for r in recalibrated if r["load"] == top])
+    lost = (f"but lost {100 * (1 - high['ratio']):.0f} % at load {top} ({_ratio(high['ratio'], high['se'])})"
+            if high["status"] == "fail" else f"and is {_ratio(high['ratio'], high['se'])} at load {top}")
+    text += (f" On the MoE ({ENGINE_SHAPES['moe']}) a calibrated table, {_table(gain['table'])}, is "
+             f"{_ratio(gain['ratio'], gain['se'])} of the best fixed k and {_ratio2(*gain['docs'][:2])} of the "
+             f"docs' table at load {gain['load']}, {lost}; the recalibrated table {_table(other['table'])} is "
+             f"{_ratio(other['ratio'], other['se'])} there ({_rounds([gain, high, other])}). Every judged load, "
+             "with its data file and the command that reproduces it: [docs/results.md](docs/results.md).")
+
+    def wrap(t: str) -> list[str]:
+        return textwrap.wrap(t, width=100, break_long_words=False, break_on_hyphens=False)
+    return [README_BEGIN, *wrap(caption), "", *wrap(text), README_END]
+
+
+def splice_readme(readme: str, block: Sequence[str], name: str = "README.md") -> str:
+    """``readme`` with the lines between ``README_BEGIN`` and ``README_END`` (markers included) replaced
+    by ``block``; a README without exactly one pair of markers is an error naming it."""
+    lines = readme.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if line.strip() == README_BEGIN]
+    ends = [i for i, line in enumerate(lines) if line.strip() == README_END]
+    if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
+        raise DataFileError(f"{name}: needs one {README_BEGIN} line followed by one {README_END} line, found "
+                            f"{len(starts)} and {len(ends)}; the headline block goes between them")
+    return "".join(lines[:starts[0]]) + "\n".join(block) + "\n" + "".join(lines[ends[0] + 1:])
+
+
 # ----------------------------------------------------------------------------- the page
 def data_section() -> list[str]:
     big = sorted(_rel(p) for p in DATA.rglob("*") if p.is_file() and p.stat().st_size > 1_000_000)
@@ -702,12 +870,14 @@ def data_section() -> list[str]:
             "`benchmarks/simulator.md`.", ""]
 
 
-def render() -> str:
+def render(rows: Sequence[dict] | None = None) -> str:
+    """docs/results.md: every section, from the data."""
+    rows = launch_rows() if rows is None else rows
     lines = ["# Results", "",
              "Generated by `python benchmarks/report.py` from the JSON in `benchmarks/data/`; "
              "`python benchmarks/report.py --check` fails when this page differs from what the data renders. "
              "Method: docs/evaluation.md.", ""]
-    lines += headline()
+    lines += headline(rows)
     lines += picture_section()
     lines += controller_section()
     lines += flow_section()
@@ -717,13 +887,42 @@ def render() -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
+def rendered(page: Path, readme: Path) -> dict[Path, tuple[str, str]]:
+    """path -> (committed text, rendered text) for the results page and the README (its headline block
+    rendered, the rest kept)."""
+    rows = launch_rows()
+    old_readme = _read_text(readme)
+    name = _READ[-1]
+    new = {page: render(rows), readme: splice_readme(old_readme, readme_headline(rows), name)}
+    return {path: (old_readme if path == readme else (path.read_text() if path.exists() else ""), text)
+            for path, text in new.items()}
+
+
+def check(page: Path = PAGE, readme: Path = README) -> list[str]:
+    """The unified diff between the committed results page and README and what the data renders (empty
+    when both match); raises ``DataFileError`` where the data cannot be read."""
+    out: list[str] = []
+    for path, (old, new) in rendered(page, readme).items():
+        if old != new:
+            name = _rel(path) if path.is_relative_to(ROOT) else str(path)
+            out += difflib.unified_diff(old.splitlines(True), new.splitlines(True),
+                                        name + " (committed)", name + " (rendered)")
+            out.append(f"\n{name} differs from what benchmarks/data renders: run `python benchmarks/report.py`.\n")
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--check", action="store_true", help="compare docs/results.md with what the data renders")
+    ap.add_argument("--check", action="store_true",
+                    help="compare docs/results.md and README.md's headline block with what the data renders")
     args = ap.parse_args(argv)
     _READ.clear()
     try:
-        text = render()
+        if args.check:
+            diff = check(PAGE, README)
+            sys.stdout.writelines(diff)
+            return 1 if diff else 0
+        texts = rendered(PAGE, README)
     except DataFileError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -732,19 +931,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {last}: not the shape this page reads ({type(exc).__name__}: "
               f"{' '.join(str(exc).split())[:160]}); the last data file read before the failure", file=sys.stderr)
         return 2
-    if args.check:
-        old = PAGE.read_text() if PAGE.exists() else ""
-        if old == text:
-            return 0
-        name = _rel(PAGE) if PAGE.is_relative_to(ROOT) else str(PAGE)
-        sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), text.splitlines(True),
-                                                   name + " (committed)", name + " (rendered)"))
-        print(f"\n{name} differs from what benchmarks/data renders: run `python benchmarks/report.py`.")
-        return 1
-    PAGE.parent.mkdir(parents=True, exist_ok=True)
-    PAGE.write_text(text)
+    for path, (_, text) in texts.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
     render_picture(PICTURE)
-    print(f"wrote {_rel(PAGE)} ({text.count(chr(10))} lines) and {_rel(PICTURE)}")
+    print(f"wrote {_rel(PAGE)} ({texts[PAGE][1].count(chr(10))} lines), the headline block of {_rel(README)} "
+          f"and {_rel(PICTURE)}")
     return 0
 
 
