@@ -267,9 +267,10 @@ def _n(n: int, word: str) -> str:
 
 
 def _same_up_to(a, b, load: int) -> bool:
-    from tabletune_pipelines.core.table import expand_table
+    from tabletune_pipelines.core.table import DraftTable
 
-    return list(expand_table(a, MAX_NUM_SEQS, K)[:load]) == list(expand_table(b, MAX_NUM_SEQS, K)[:load])
+    ka, kb = (DraftTable.from_entries(t).vllm_lookup(MAX_NUM_SEQS, K)[1:load + 1] for t in (a, b))
+    return ka == kb
 
 
 # ----------------------------------------------------------------------------- judged launches

@@ -566,9 +566,9 @@ def _loss_lines(pub: PublishedTable, doc: dict, store: TableTuneStore | str) -> 
 
 
 def _same_dense(ranges, docs, n: int) -> bool:
-    from tabletune_pipelines.core.table import dense_from_ranges
+    from tabletune_pipelines.core.table import DraftTable
 
-    return dense_from_ranges([list(r) for r in ranges], n).tolist() == dense_from_ranges(docs, n).tolist()
+    return not DraftTable.from_entries([list(r) for r in ranges]).diff(DraftTable.from_entries(docs), n)
 
 
 def _docs_comparison(pub: PublishedTable, docs: list[list[int]], store: TableTuneStore | str):

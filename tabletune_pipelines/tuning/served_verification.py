@@ -58,7 +58,7 @@ from typing import Any, ClassVar, Literal
 from tabletune_pipelines.core.noise import units_to_detect
 from tabletune_pipelines.core.served_calibration import ServedCalibration, ServedPoint
 from tabletune_pipelines.core.stats import mean_se, t_quantile
-from tabletune_pipelines.core.table import expand_table
+from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.errors import InvalidValueError
 from tabletune_pipelines.options import Bound, check_bounds, options_from_mapping
 
@@ -257,7 +257,7 @@ def table_mismatches(steps: Sequence[Mapping[str, Any]], table: Sequence[Sequenc
                      max_k: int) -> list[list[int]]:
     """The steps that did not run the k ``table`` gives for their batch size, as
     [b, k run, k the table gives, new requests in the step] (the step-log verification)."""
-    lookup = expand_table([list(r) for r in table], max_num_seqs, max_k)
+    lookup = DraftTable.from_entries([list(r) for r in table]).vllm_lookup(max_num_seqs, max_k)[1:]
     bad = []
     for s in steps:
         b = int(s["b"])
@@ -1030,7 +1030,7 @@ def load_batch_sizes(load: int) -> range:
 
 def k_over_load(table: Sequence[Sequence[int]], load: int, max_num_seqs: int, max_k: int) -> tuple[int, ...]:
     """The k ``table`` runs at each of ``load_batch_sizes(load)``."""
-    lookup = expand_table([list(r) for r in table], max_num_seqs, max_k)
+    lookup = DraftTable.from_entries([list(r) for r in table]).vllm_lookup(max_num_seqs, max_k)[1:]
     return tuple(lookup[b - 1] for b in load_batch_sizes(min(load, max_num_seqs)))
 
 
@@ -1118,7 +1118,7 @@ def verify_served(server: Any, candidate_table: Sequence[Sequence[int]], *, K: i
         per_load[load] = load_policies(candidate_table, load, max_k=K, max_num_seqs=max_num_seqs, fixed_ks=ks,
                                        references=references)
     every = {n: t for lp in per_load.values() for n, t in lp.policies.items()}
-    lookup = expand_table([list(r) for r in candidate_table], max_num_seqs, K)
+    lookup = DraftTable.from_entries([list(r) for r in candidate_table]).vllm_lookup(max_num_seqs, K)[1:]
     same = fixed_name(lookup[0]) if len(set(lookup)) == 1 else None
     most = rounds or d.rounds
     sizing = None
