@@ -55,6 +55,7 @@ from tabletune_pipelines.core.noise import (
     median_variances,
     rates_covariance,
 )
+from tabletune_pipelines.core.steptime import StepTimes
 from tabletune_pipelines.core.table import DEFAULT_STICKINESS, DraftTable, TableChoice
 from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, StepTimeProfile
 from tabletune_pipelines.errors import InvalidAcceptanceError, InvalidValueError
@@ -232,7 +233,8 @@ def _search(surface: _StepSurface, prior: AcceptancePrior, options: DeriveOption
                  if options.prior_error and noisy.has_errors else None)
     settings = SearchSettings(allowed_ks=options.allowed_ks, threshold=options.stickiness,
                               confidence=options.confidence, policy=options.policy)
-    return search_with_evidence(surface.ms, surface.cov if noisy.has_errors else None, noisy.ks, prior.rates,
+    times = StepTimes(noisy.ks, surface.ms, surface.cov if noisy.has_errors else None)
+    return search_with_evidence(times, prior.rates,
                                 rates_cov=rates_cov, settings=settings)
 
 

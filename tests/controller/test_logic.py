@@ -458,7 +458,7 @@ def test_the_rebuild_runs_the_offline_search_on_its_inputs(tmp_path, clock, monk
         again = evidence.search_with_evidence(*args, **kw)  # the same function on the same inputs
         assert again.choice.chosen == out.choice.chosen
     assert [tuple(r) for r in c.table.candidate] == [tuple(r) for r in DraftTable.from_dense(calls[-1][2].choice.chosen).entries()]
-    assert np.any(calls[-1][0][1])  # the step-time spread is in the evidence (correction is on)
+    assert calls[-1][0][0].has_errors  # the step-time spread is in the evidence (correction is on)
 
 
 def test_flapping_is_counted_and_a_flip_back_is_held(tmp_path, clock):
@@ -733,6 +733,7 @@ def test_a_published_served_model_prices_the_cliff_before_any_step_is_seen(tmp_p
     evidence search on exactly ``StepCost.served`` of the published model."""
     from tabletune_pipelines.controller.step_correction import served_prior
     from tabletune_pipelines.core.evidence import SearchSettings, search_with_evidence
+    from tabletune_pipelines.core.steptime import StepTimes
     from tabletune_pipelines.core.stepcost import StepCost
 
     b = 12
@@ -748,7 +749,7 @@ def test_a_published_served_model_prices_the_cliff_before_any_step_is_seen(tmp_p
     cost = StepCost(ks=(1, 2, 3), decode_ms=times, envelope=sp.envelope, fits=sp.fits).served(
         c.estimate(), c.evidence.workload())
     assert cost.extra_ms[2, b - 1] > 10.0  # k = 3 at B = 12: most served steps fall off the graphs
-    ref = search_with_evidence(cost.ms, None, (1, 2, 3), c.estimate(), incumbent=table_dense(decode_only),
+    ref = search_with_evidence(StepTimes((1, 2, 3), cost.ms, None), c.estimate(), incumbent=table_dense(decode_only),
                                settings=SearchSettings(confidence=0.95))
     assert table_dense(c.ranges)[b - 1] == ref.choice.chosen[b - 1]
 
