@@ -38,7 +38,7 @@ import numpy as np
 
 from tabletune_pipelines.evaluation.baselines import NightjarPolicy, TurboSpecPolicy
 from tabletune_pipelines.formats.documents import AcceptancePrior, StepTimeProfile
-from tabletune_pipelines.core.table import compact_ranges, expand_table
+from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.evaluation import costmodel as cm
 from tabletune_pipelines.evaluation import simulator as sim
 from tabletune_pipelines.evaluation.surfaces import Surface, from_cost_model, from_profile
@@ -95,7 +95,7 @@ def scaled(ranges, n: int) -> list[list[int]]:
 
 def cut(ranges, n: int, K: int) -> list[list[int]]:
     """Ranges cut to 1..n with k capped at K (the table's dense form and back: ``core.table``)."""
-    return compact_ranges(expand_table(ranges, n, K))
+    return DraftTable.from_dense(DraftTable.from_entries(ranges).vllm_lookup(n, K)[1:]).entries()
 
 
 def fmt_table(r) -> str:

@@ -52,7 +52,7 @@ import time
 from pathlib import Path
 
 from tabletune_pipelines.core.stepcost import Workload
-from tabletune_pipelines.core.table import expand_table
+from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.formats.documents import AcceptancePrior, StepTimeProfile
 from tabletune_pipelines.tuning.served_windows import policy_ratio, summarize
 from tabletune_pipelines.evaluation.served import loss_table, run_closed_loop
@@ -296,7 +296,7 @@ def policies_at(policies: dict, load: int, n: int, K: int) -> tuple[dict, dict]:
     """The policies a closed loop of ``load`` clients tells apart: it never runs more than ``load``
     requests, so the docs' table, where it runs the served table's k at every B <= load, is that
     policy there (measured once; its windows are the served table's). Returns (measured, alias -> same)."""
-    upto = {p: expand_table(t, n, K)[:load] for p, t in policies.items()}
+    upto = {p: DraftTable.from_entries(t).vllm_lookup(n, K)[1:load + 1] for p, t in policies.items()}
     alias = {p: "served" for p in ("docs",) if p in policies and "served" in policies and upto[p] == upto["served"]}
     return {p: t for p, t in policies.items() if p not in alias}, alias
 

@@ -45,12 +45,12 @@ def load_profiles() -> dict[str, "object"]:
 
 def predicted_losses(tuned, table) -> np.ndarray:
     """Per B: 1 - G(table's k) / max over k of G, from the profile the table was derived on."""
-    from tabletune_pipelines.core.table import expand_table
+    from tabletune_pipelines.core.table import DraftTable
 
     g = tuned.choice.goodput
     ks = list(tuned.choice.ks)
     M = g.shape[1]
-    dense = expand_table(table, M, max(ks))
+    dense = DraftTable.from_entries(table).vllm_lookup(M, max(ks))[1:]
     return np.array([1.0 - g[ks.index(dense[b]), b] / g[:, b].max() for b in range(M)])
 
 

@@ -59,25 +59,23 @@ def loss_on(table, profile, prior) -> float:
     """Worst loss over B of ``table``'s k against the best k at B, on ``profile``'s step times."""
     import numpy as np
 
-    from tabletune_pipelines.core.table import expand_table
     from tabletune_pipelines.tuning.derive import derive_table
 
     ref = derive_table(profile, prior)  # the same corrected, non-decreasing T the tuner would use
     g = ref.choice.goodput
     ks = list(ref.choice.ks)
-    dense_k = expand_table([list(r) for r in table.ranges], table.max_num_seqs, table.max_k)
+    dense_k = table.draft.dense(table.max_num_seqs, table.max_k).tolist()
     return float(max(1.0 - g[ks.index(k), b] / g[:, b].max() for b, k in enumerate(dense_k)))
 
 
 def gap_on(a, b, profile, prior) -> float:
     """Worst over B of |1 - G(table a) / G(table b)| on ``profile``: how far apart two tables are."""
-    from tabletune_pipelines.core.table import expand_table
     from tabletune_pipelines.tuning.derive import derive_table
 
     ref = derive_table(profile, prior)
     g, ks = ref.choice.goodput, list(ref.choice.ks)
-    ka = expand_table([list(r) for r in a.ranges], a.max_num_seqs, a.max_k)
-    kb = expand_table([list(r) for r in b.ranges], b.max_num_seqs, b.max_k)
+    ka = a.draft.dense(a.max_num_seqs, a.max_k).tolist()
+    kb = b.draft.dense(b.max_num_seqs, b.max_k).tolist()
     return float(max(abs(1.0 - g[ks.index(x), i] / g[ks.index(y), i]) for i, (x, y) in enumerate(zip(ka, kb))))
 
 

@@ -56,10 +56,10 @@ FIXED_PRIORS = {
 
 def _cross_loss(table_ranges, dense_ms, ks, rates, max_num_seqs, max_k):
     """Worst and mean goodput loss of ``table_ranges`` judged on step times ``dense_ms`` (rows = ks)."""
-    from tabletune_pipelines.core.table import expand_table, goodput_matrix
+    from tabletune_pipelines.core.table import DraftTable, goodput_matrix
 
     g = goodput_matrix(dense_ms, ks, rates)
-    chosen = expand_table([list(r) for r in table_ranges], max_num_seqs, max_k)
+    chosen = DraftTable.from_entries([list(r) for r in table_ranges]).vllm_lookup(max_num_seqs, max_k)[1:]
     loss = [1.0 - g[ks.index(k), b] / g[:, b].max() for b, k in enumerate(chosen)]
     return max(loss), sum(loss) / len(loss)
 

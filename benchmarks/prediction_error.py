@@ -115,7 +115,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from tabletune_pipelines.core.goodput import tau_curve
     from tabletune_pipelines.core.steptime import accepted_work_correction
-    from tabletune_pipelines.core.table import expand_table
     from tabletune_pipelines.engine import ProfileServers, ServerConfig, VLLMServer, profile_step_times
     from tabletune_pipelines.engine.identity import engine_identity
     from tabletune_pipelines.engine.plan import default_plan
@@ -164,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         for key, rates in zip(keys, rate_sets):
             tuned = derive_table(before, fixed_prior(rates))  # the table is tuned before anything runs
             setups[key] = {"rates": rates, "table": tuned.table.as_vllm(),
-                           "table_k": expand_table([list(r) for r in tuned.table.ranges], M, K)}
+                           "table_k": tuned.table.draft.vllm_lookup(M, K)[1:]}
         policies = [(f"k={k}", k) for k in fixed_ks] + [("table", None)]
         data: dict[tuple[str, int, str], list[dict]] = {(key, b, p): [] for key in keys for b in bs for p, _ in policies}
         reps = {b: max(3, math.ceil(args.min_tokens / (b * N))) for b in bs}

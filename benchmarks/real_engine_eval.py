@@ -198,7 +198,7 @@ def profile_served(srv, prompt, args) -> tuple[dict, dict, dict, tuple[float, ..
     from tabletune_pipelines.core.acceptance_estimate import rates_from_counts
     from tabletune_pipelines.core.evidence import SearchSettings, search_with_evidence
     from tabletune_pipelines.core.noise import rates_covariance
-    from tabletune_pipelines.core.steptime import every_batch_size
+    from tabletune_pipelines.core.steptime import StepTimes, every_batch_size
 
     t0 = time.monotonic()
     samples: dict[int, dict[int, list[float]]] = {k: {} for k in KS}
@@ -234,8 +234,9 @@ def profile_served(srv, prompt, args) -> tuple[dict, dict, dict, tuple[float, ..
     for i in range(len(KS)):
         cov[i, i] = var[i]
     rcov = rates_covariance(rates, dp, dp[0])
-    ev = search_with_evidence(ms, cov, KS, rates, rates_cov=rcov, settings=SearchSettings(policy="evidence"))
-    rule = search_with_evidence(ms, cov, KS, rates, rates_cov=rcov, settings=SearchSettings(policy="stickiness"))
+    ev = search_with_evidence(StepTimes(KS, ms, cov), rates, rates_cov=rcov, settings=SearchSettings(policy="evidence"))
+    rule = search_with_evidence(StepTimes(KS, ms, cov), rates, rates_cov=rcov,
+                                settings=SearchSettings(policy="stickiness"))
     dense = {int(k): {b: float(ms[i, b - 1]) for b in range(1, N + 1)} for i, k in enumerate(KS)}
     info = {"source": "served steps' intervals per (B, k) in a profiling pass of the table launch (the profiler's "
                       "all-rejected timing needs synthetic rejection, absent with real n-gram verification); "

@@ -231,9 +231,10 @@ def _n(n: int, word: str) -> str:
 
 
 def _same_up_to(a, b, load: int) -> bool:
-    from tabletune_pipelines.core.table import expand_table
+    from tabletune_pipelines.core.table import DraftTable
 
-    return list(expand_table(a, MAX_NUM_SEQS, K)[:load]) == list(expand_table(b, MAX_NUM_SEQS, K)[:load])
+    ka, kb = (DraftTable.from_entries(t).vllm_lookup(MAX_NUM_SEQS, K)[1:load + 1] for t in (a, b))
+    return ka == kb
 
 
 # ----------------------------------------------------------------------------- the launches' meta.json
@@ -780,9 +781,9 @@ def cpu_section() -> list[str]:
 
 # ----------------------------------------------------------------------------- the README's headline
 def _k_at(table, load: int) -> int:
-    from tabletune_pipelines.core.table import expand_table
+    from tabletune_pipelines.core.table import DraftTable
 
-    return int(expand_table(table, MAX_NUM_SEQS, K)[load - 1])
+    return DraftTable.from_entries([list(r) for r in table]).k_at(load)
 
 
 def _ratio2(r: float, se: float) -> str:

@@ -26,7 +26,8 @@ from tabletune_pipelines.formats.controller_settings import ControllerSettings
 from tabletune_pipelines.controller.step import count_drafts, fold, longest
 from tabletune_pipelines.controller.step_correction import ServedPrior, StepTimeModel, served_prior
 from tabletune_pipelines.core.acceptance_estimate import AcceptanceEstimator, EstimatorConfig
-from tabletune_pipelines.core.evidence import SearchSettings, as_covariance, search_with_evidence
+from tabletune_pipelines.core.evidence import SearchSettings, search_with_evidence
+from tabletune_pipelines.core.steptime import StepTimes, as_covariance
 from tabletune_pipelines.core.noise import rates_covariance
 from tabletune_pipelines.core.stepcost import StepCost, Workload
 
@@ -184,7 +185,7 @@ class Evidence:
         cov = rates_covariance(rates, drafted_per_pos=n_eff.tolist())
         search = SearchSettings(allowed_ks=allowed_k, threshold=float(s.stickiness),
                                 confidence=float(s.evidence_confidence), min_range=model.pool_width())
-        return search_with_evidence(times, var, allowed_k, rates, rates_cov=cov, settings=search,
+        return search_with_evidence(StepTimes(allowed_k, times, var), rates, rates_cov=cov, settings=search,
                                     incumbent=incumbent,
                                     visits=model.all_count.sum(axis=0) if s.merge_islands else None)
 

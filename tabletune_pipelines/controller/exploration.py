@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from tabletune_pipelines.controller.search import vllm_lookup
+from tabletune_pipelines.core.table import vllm_layout
 from tabletune_pipelines.formats.controller_settings import ControllerSettings
 
 Run = list[tuple[int, list[int]]]
@@ -37,10 +37,10 @@ class Exploration:
         self.run = int(settings.exploration_run_steps)
         self.ks = tuple(int(k) for k in ks)
         self.kmax = max(self.ks)
-        self.top = vllm_lookup(np.full(self.n, self.kmax))
+        self.top = vllm_layout(np.full(self.n, self.kmax))
         """The lookup of the largest allowed k."""
         others = [k for k in sorted(ks, reverse=True) if k != self.kmax] if with_others else []
-        self.cycle: list[Run] = ([[(self.kmax, self.top)] * self.run + [(k, vllm_lookup(np.full(self.n, k)))] * self.run
+        self.cycle: list[Run] = ([[(self.kmax, self.top)] * self.run + [(k, vllm_layout(np.full(self.n, k)))] * self.run
                                   for k in others] or [[(self.kmax, self.top)] * self.run])
         self.seq: Run = self.cycle[0]
         """The run in progress."""
@@ -99,7 +99,7 @@ class Exploration:
         best = (open_decision(ev, chosen, b, self.ks, float(settings.stickiness))
                 if settings.step_time_correction and 1 <= b <= self.n else None)
         self.focus = (None if best is None else
-                      [(self.kmax, self.top)] * self.run + [(best, vllm_lookup(np.full(self.n, best)))] * self.run)
+                      [(self.kmax, self.top)] * self.run + [(best, vllm_layout(np.full(self.n, best)))] * self.run)
 
 
 def open_decision(ev: Any, chosen: np.ndarray, b: int, allowed_k: Sequence[int], stickiness: float) -> int | None:

@@ -60,7 +60,7 @@ from tabletune_pipelines.controller.flapping import FlapCounter
 from tabletune_pipelines.controller.loader import EngineFacts, StartPoint
 from tabletune_pipelines.controller.metrics import Metrics, note_install, note_state, take_counts
 from tabletune_pipelines.controller.record import Counters, Notes, fmt_table
-from tabletune_pipelines.controller.search import TableInForce, compact, dense_from_ranges, lookups_of
+from tabletune_pipelines.controller.search import TableInForce, compact, dense_of, lookups_of
 from tabletune_pipelines.formats.controller_settings import ControllerSettings
 from tabletune_pipelines.controller.step import StepOutcome, count_drafts
 from tabletune_pipelines.controller.version import FileWatch, Installed, announce, prepare
@@ -262,7 +262,7 @@ class Controller:
         s, t, n = v.settings, self.table, self._n
         budget = float(s.rebuild_budget_ms) / 1000.0
         rates = ev.estimator.estimate()  # type: ignore[union-attr]
-        incumbent = dense_from_ranges(t.candidate, n)
+        incumbent = dense_of(t.candidate, n)
         chosen = v.choose(incumbent, rates, self.counters.rebuilds, self._prev_b) if perf_counter() - t0 <= budget else None
         elapsed = perf_counter() - t0
         if chosen is None or elapsed > budget:

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from tabletune_pipelines.controller.step import fold
-from tabletune_pipelines.core.table import dense_from_ranges
+from tabletune_pipelines.core.table import DraftTable
 
 METRICS_ENV = "TABLETUNE_METRICS"
 """``0`` turns the controller's series off (default: on whenever the controller runs)."""
@@ -133,7 +133,7 @@ class CellCounts:
 
 def table_k_per_cell(ranges: Sequence[Sequence[int]], cells: Sequence[tuple[int, int]]) -> list[int]:
     """The k a table gives most often over each cell's batch sizes (ties: the larger k)."""
-    ks = dense_from_ranges(ranges, cells[-1][1]) if cells else np.zeros(0, dtype=np.int64)
+    ks = DraftTable.from_entries(list(ranges)).dense(cells[-1][1]) if cells else np.zeros(0, dtype=np.int64)
     out = []
     for lo, hi in cells:
         counts = np.bincount(ks[lo - 1:hi])
@@ -256,7 +256,7 @@ class PromSink:
         old = self.table or ctl.engine.launch_ranges or ((1, n, self.cells.K),)
         new = ctl.version.table
         key = (tuple(map(tuple, new)), ctl.version.start.published.prior.prior_id)
-        changed = int(np.count_nonzero(dense_from_ranges(old, n) != dense_from_ranges(new, n)))
+        changed = len(DraftTable.from_entries(list(old)).diff(DraftTable.from_entries(list(new)), n))
         reason = "rollback" if key in self.seen_tables else "published"
         self.seen_tables.add(key)
         if changed:

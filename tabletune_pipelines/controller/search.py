@@ -1,9 +1,9 @@
 """The lookups the controller hands vLLM, sized for the rebuild budget, and the table in force
 (``TableInForce``: its lookup, its hysteresis variants and the hold that limits them).
 
-The table's dense and range forms are ``core.table``'s (``dense_from_ranges``, vectorised;
-``compact_ranges``); ``dense_from_ranges`` is re-exported here and ``compact`` gives the ranges as
-tuples.
+The table's dense and range forms are ``core.table.DraftTable``'s (``dense``, vectorised;
+``from_dense``); ``compact`` gives the ranges as tuples, and vLLM's layout is
+``core.table.vllm_layout``.
 
 The table search itself is the offline tuner's (``core.evidence.search_with_evidence``, revising
 the table in force; vectorised over B).
@@ -18,10 +18,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tabletune_pipelines.core.table import compact_ranges, dense_from_ranges
+from tabletune_pipelines.core.table import DraftTable, vllm_layout
 
-__all__ = ["Lookups", "Ranges", "TableInForce", "compact", "dense_from_ranges", "hysteresis_lookups", "lookups_of",
-           "vllm_lookup"]
+__all__ = ["Lookups", "Ranges", "TableInForce", "compact", "dense_of", "hysteresis_lookups", "lookups_of"]
 
 Ranges = tuple[tuple[int, int, int], ...]
 """A table as ``((start, end, k), ...)``, the form the controller compares and stores."""
@@ -30,15 +29,15 @@ Lookups = tuple[list[int] | None, dict[int, list[int]]]
 """A table's vLLM lookup and its hysteresis variants per current k (None, {}: k cannot change)."""
 
 
-def compact(chosen: Sequence[int]) -> tuple[tuple[int, int, int], ...]:
-    """``core.table.compact_ranges`` as tuples ``((start, end, k), ...)``, the form the controller
-    compares and stores (a published file's ranges); () for no batch size."""
-    return tuple((s, e, k) for s, e, k in compact_ranges(chosen)) if len(chosen) else ()
+def compact(chosen: Sequence[int]) -> Ranges:
+    """``core.table.DraftTable.from_dense`` as tuples ``((start, end, k), ...)``, the form the
+    controller compares and stores (a published file's ranges); () for no batch size."""
+    return DraftTable.from_dense(chosen).entry_tuples() if len(chosen) else ()  # type: ignore[return-value]
 
 
-def vllm_lookup(dense: np.ndarray) -> list[int]:
-    """vLLM's lookup list (index = batch size, index 0 unused) from dense k (index B - 1)."""
-    return [0, *np.asarray(dense, dtype=np.int64).tolist()]
+def dense_of(ranges: Ranges, n: int) -> np.ndarray:
+    """k per batch size B = 1..n (index B - 1) of the controller's ranges: ``DraftTable.dense``."""
+    return DraftTable.from_entries(list(ranges)).dense(n)
 
 
 def hysteresis_lookups(dense: np.ndarray, ks: Sequence[int], h: int) -> dict[int, list[int]]:
@@ -54,7 +53,7 @@ def hysteresis_lookups(dense: np.ndarray, ks: Sequence[int], h: int) -> dict[int
         # near[j]: some batch size within h of B = j + 1 uses k (a windowed count via a cumulative sum)
         cs = np.concatenate([[0], np.cumsum(dense == k)])
         near = cs[hi] - cs[lo] > 0
-        out[int(k)] = vllm_lookup(np.where(near, k, dense))
+        out[int(k)] = vllm_layout(np.where(near, k, dense))
     return out
 
 
@@ -63,8 +62,8 @@ def lookups_of(ranges: Ranges, n: int, ks: Sequence[int], h: int, *, applying: b
     variants for the allowed ``ks`` and hysteresis ``h``; (None, {}) when k cannot change."""
     if not applying:
         return None, {}
-    dense = dense_from_ranges(ranges, n)
-    return vllm_lookup(dense), (hysteresis_lookups(dense, ks, int(h)) if controlling else {})
+    dense = dense_of(ranges, n)
+    return vllm_layout(dense), (hysteresis_lookups(dense, ks, int(h)) if controlling else {})
 
 
 class TableInForce:

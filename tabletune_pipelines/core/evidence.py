@@ -38,6 +38,7 @@ import numpy as np
 
 from tabletune_pipelines.core.goodput import tau_curve
 from tabletune_pipelines.core.noise import z_value
+from tabletune_pipelines.core.steptime import StepTimes, as_covariance
 from tabletune_pipelines.core.table import (DEFAULT_STICKINESS, TableChoice, choose_draft_lengths, goodput_matrix,
                                             range_bounds)
 from tabletune_pipelines.errors import EmptyProfileError, InvalidStepTimeError, InvalidValueError
@@ -221,18 +222,6 @@ class EvidenceTable:
             "within_noise": {str(b): list(ks) for b, ks in enumerate(within, start=1)},
             "ambiguous_batch_sizes": [a.batch_size for a in self.ambiguous(tolerance)],
         }
-
-
-def as_covariance(step_cov: np.ndarray) -> np.ndarray:
-    """Step-time (co)variances as covariances between k at each B, shape (K, K, N): variances
-    (K, N) go on the diagonal; a (K, K, N) array is returned as it is."""
-    cov = np.asarray(step_cov, dtype=float)
-    if cov.ndim != 2:
-        return cov
-    K, n = cov.shape
-    full = np.zeros((K, K, n))
-    full[np.arange(K), np.arange(K)] = cov
-    return full
 
 
 def log_ratio_sd(step_ms: np.ndarray, step_cov: np.ndarray, ks: Sequence[int], rates: Sequence[float],
@@ -445,9 +434,7 @@ DEFAULT_SEARCH_SETTINGS = SearchSettings()
 
 
 def search_with_evidence(
-    step_ms_dense: np.ndarray,
-    step_cov_dense: np.ndarray | None,
-    ks: Sequence[int],
+    times: StepTimes,
     rates: Sequence[float],
     *,
     rates_cov: np.ndarray | None = None,
@@ -455,10 +442,10 @@ def search_with_evidence(
     incumbent: Sequence[int] | None = None,
     visits: np.ndarray | Sequence[float] | None = None,
 ) -> EvidenceTable:
-    """The table search of the module docstring on dense T (K, N) and its (co)variances, decided
-    by ``settings`` (the allowed k, the threshold, the confidence and the rule).
+    """The table search of the module docstring on ``times`` (T at every batch size and its
+    (co)variances), decided by ``settings`` (the allowed k, the threshold, the confidence and the rule).
 
-    ``step_cov_dense`` None (or all zero) means no error estimates: the evidence rule then
+    ``times.cov`` None (or all zero) means no error estimates: the evidence rule then
     decides on point estimates, which is the stickiness rule. ``policy="stickiness"`` runs the
     method's rule (``core.table.choose_draft_lengths``) and reports the same evidence for its
     boundaries.
@@ -479,17 +466,16 @@ def search_with_evidence(
     does not leave the table cut into short ranges of ks the evidence cannot tell apart.
     Only the evidence policy takes an incumbent.
     """
-    ks = tuple(int(k) for k in ks)
+    ks, t = times.ks, times.ms
     threshold, confidence, policy = settings.threshold, settings.confidence, settings.policy
-    t = np.asarray(step_ms_dense, dtype=float)
     allowed = tuple(sorted(set(ks) if settings.allowed_ks is None else {int(k) for k in settings.allowed_ks}))
     rows = [i for i, k in enumerate(ks) if k in allowed]
     if not rows:
         raise EmptyProfileError(f"none of the allowed k values {list(allowed)} was profiled (profiled: {list(ks)})")
     allowed = tuple(ks[i] for i in rows)
     g = goodput_matrix(t, ks, rates)
-    cov = np.zeros(t.shape) if step_cov_dense is None else step_cov_dense
-    has_errors = bool(np.any(np.asarray(cov) > 0)) or bool(rates_cov is not None and np.any(rates_cov))
+    cov = np.zeros(t.shape) if times.cov is None else times.cov
+    has_errors = times.has_errors or bool(rates_cov is not None and np.any(rates_cov))
     sd = log_ratio_sd(t, cov, ks, rates, rates_cov)
     logg = np.log(g)
     log_ratio = logg[:, None, :] - logg[None, :, :]

@@ -38,6 +38,7 @@ import numpy as np
 
 from tabletune_pipelines.core.goodput import validate_acceptance
 from tabletune_pipelines.core.steptime import (
+    StepTimes,
     StepTimeSurface,
     median_se_factor,
     weighted_non_decreasing_fit,
@@ -226,6 +227,11 @@ class NoisySurface:
                 v = v + (0.5 * c * (b - xs[lo]) * (xs[hi] - b)).clip(min=0.0) ** 2
             var_rows.append(v)
         return ms_dense, np.vstack(var_rows)
+
+    def step_times(self, max_num_seqs: int) -> StepTimes:
+        """T for every B in 1..max_num_seqs with its covariances between k (``dense_cov``)."""
+        ms, cov = self.dense_cov(max_num_seqs)
+        return StepTimes(self.ks, ms, cov)
 
     def dense_cov(self, max_num_seqs: int) -> tuple[np.ndarray, np.ndarray]:
         """T for every B and the covariance of T between k values at each B, shape (K, K, N):

@@ -64,8 +64,7 @@ def evidence_from_repetitions(reps: Mapping[tuple[int, int], Sequence[float]], r
     surface = NoisySurface.from_cells(cells)
     if non_decreasing:
         surface = surface.non_decreasing()
-    ms, cov = surface.dense_cov(max_num_seqs)
-    return search_with_evidence(ms, cov, surface.ks, rates,
+    return search_with_evidence(surface.step_times(max_num_seqs), rates,
                                 settings=SearchSettings(threshold=threshold, confidence=confidence))
 
 

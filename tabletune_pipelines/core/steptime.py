@@ -1,6 +1,7 @@
 """Step-time math (docs/method.md, "Step time T(B, k)"): the (t65 - t1)/64 protocol, medians, the
-batch-size grid, interpolation of T(B, k) between measured batch sizes, and the accepted-work
-correction.
+batch-size grid, interpolation of T(B, k) between measured batch sizes, the accepted-work
+correction, and ``StepTimes``, T(cell, k) at every batch size with its uncertainty (what the table
+search judges).
 """
 
 from __future__ import annotations
@@ -247,3 +248,74 @@ def accepted_work_correction(
         dense[i] += np.interp(b, xs, extra) * frac_kept
     return dense
 
+
+
+def as_covariance(step_cov: np.ndarray) -> np.ndarray:
+    """Step-time (co)variances as covariances between k at each B, shape (K, K, N): variances
+    (K, N) go on the diagonal; a (K, K, N) array is returned as it is."""
+    cov = np.asarray(step_cov, dtype=float)
+    if cov.ndim != 2:
+        return cov
+    K, n = cov.shape
+    full = np.zeros((K, K, n))
+    full[np.arange(K), np.arange(K)] = cov
+    return full
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """T(cell, k) for every batch size B = 1..N with its uncertainty: the surface the table search
+    judges (``core.evidence.search_with_evidence``). One column per batch size; the values are
+    checked where goodput is computed (``core.table.goodput_matrix``)."""
+
+    ks: tuple[int, ...]
+    """Draft lengths, one per row of ``ms``."""
+    ms: np.ndarray
+    """Step time in ms, shape (len(ks), N); column B - 1 is batch size B."""
+    cov: np.ndarray | None = None
+    """Variances (len(ks), N) or covariances between k at each B (len(ks), len(ks), N), ms²; None:
+    no error estimates (the search then decides on point estimates)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ks", tuple(int(k) for k in self.ks))
+        ms = np.asarray(self.ms, dtype=float)
+        if ms.ndim != 2 or ms.shape[0] != len(self.ks):
+            raise InvalidStepTimeError(f"step times have shape {ms.shape}; expected ({len(self.ks)}, N), one row "
+                                       f"per k of {list(self.ks)}")
+        object.__setattr__(self, "ms", ms)
+        if self.cov is not None:
+            K, n = ms.shape
+            cov = np.asarray(self.cov, dtype=float)
+            if cov.shape not in ((K, n), (K, K, n)):
+                raise InvalidStepTimeError(f"step-time covariance has shape {cov.shape}; expected {(K, n)} or "
+                                           f"{(K, K, n)}")
+            object.__setattr__(self, "cov", cov)
+
+    @property
+    def max_batch_size(self) -> int:
+        """N: the largest batch size the surface covers."""
+        return int(self.ms.shape[1])
+
+    @property
+    def has_errors(self) -> bool:
+        """Whether some step time has a positive variance."""
+        return self.cov is not None and bool(np.any(self.cov > 0))
+
+    def covariance(self) -> np.ndarray:
+        """Covariances between k at each B, shape (K, K, N) (zeros without error estimates)."""
+        K, n = self.ms.shape
+        return np.zeros((K, K, n)) if self.cov is None else as_covariance(self.cov)
+
+    def variance(self) -> np.ndarray:
+        """The variance of every step time, shape (K, N) (zeros without error estimates)."""
+        cov = self.covariance()
+        return np.stack([cov[i, i] for i in range(len(self.ks))])
+
+    def at(self, k: int, batch_size: int) -> tuple[float, float]:
+        """T(batch_size, k) in ms and its variance."""
+        if k not in self.ks:
+            raise InvalidValueError(f"k = {k!r} is not one of the surface's {list(self.ks)}")
+        if not 1 <= int(batch_size) <= self.max_batch_size:
+            raise InvalidValueError(f"batch size {batch_size!r} is outside 1..{self.max_batch_size}")
+        i, j = self.ks.index(k), int(batch_size) - 1
+        return float(self.ms[i, j]), float(self.variance()[i, j])

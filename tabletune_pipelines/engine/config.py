@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tabletune_pipelines.core.table import validate_vllm_schedule
+from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.errors import EngineConfigError, TableTuneError
 from tabletune_pipelines.vocab import (
     DEVICES,
@@ -197,7 +197,7 @@ class ServerConfig:
     def _check_table_and_rates(self) -> None:
         if self.table is not None:
             try:
-                parsed = validate_vllm_schedule([list(r) for r in self.table])
+                parsed = DraftTable.from_entries([list(r) for r in self.table]).entry_tuples()
             except TableTuneError as exc:
                 raise EngineConfigError(f"table = {self.table!r}: {exc}") from None
             for start, end, k in parsed:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tabletune_pipelines.formats.control_protocol import ControlWriter, check_rates_command
-from tabletune_pipelines.core.table import expand_table, validate_vllm_schedule
+from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.errors import ControlProtocolError, EngineConfigError, EngineError, InvalidCommand
 
@@ -73,7 +73,7 @@ class RuntimeControl:
                     f"k = {k!r} is outside 0..num_speculative_tokens = {self.config.num_speculative_tokens}")
             cmd["k"] = int(k)
         else:
-            cmd["table"] = [list(map(int, r)) for r in validate_vllm_schedule([list(r) for r in table])]
+            cmd["table"] = DraftTable.from_entries([list(r) for r in table]).entries()
         if self.k_channel is None:
             raise EngineError("the server is not started: start() it before switching k")
         self._request(self.k_channel, cmd, timeout, f"k control {cmd}",
@@ -91,8 +91,8 @@ class RuntimeControl:
         if not self.k_in_force:
             return 1
         K = int(self.config.num_speculative_tokens or 0)
-        lookup = expand_table([list(r) for r in self.k_in_force], int(self.config.max_num_seqs), K)
-        return next((b for b, k in enumerate(lookup, start=1) if k > 0), 1)
+        lookup = DraftTable.from_entries([list(r) for r in self.k_in_force]).vllm_lookup(int(self.config.max_num_seqs), K)
+        return next((b for b, k in enumerate(lookup[1:], start=1) if k > 0), 1)
 
     def _nudge_drafting(self, n: int) -> None:
         """``n`` short requests admitted in one step (``arm_gate``), so the engine runs a batch of n

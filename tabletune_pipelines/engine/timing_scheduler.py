@@ -68,11 +68,11 @@ __all__ = ["K_CONTROL_ENV", "STEP_LOG_ENV", "AutoTimingScheduler", "TimingAsyncS
 
 
 def build_lookup(table: list[list[int]], max_num_seqs: int, max_k: int) -> list[int]:
-    """vLLM's dense lookup (index = batch size, index 0 unused) for ``table``: ``core.table.expand_table``,
+    """vLLM's dense lookup (index = batch size, index 0 unused) for ``table``: ``core.table.DraftTable``'s,
     the one expansion (equal to vLLM's ``build_dynamic_sd_schedule_lookup``; tests compare both)."""
-    from tabletune_pipelines.core.table import expand_table  # lazy, like control_protocol's check: core needs numpy
+    from tabletune_pipelines.core.table import DraftTable  # lazy, like control_protocol's check: core needs numpy
 
-    return [0, *expand_table(table, max_num_seqs, max_k)]
+    return DraftTable.from_entries(table).vllm_lookup(max_num_seqs, max_k)
 
 
 class TimingHooks:

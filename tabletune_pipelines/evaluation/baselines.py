@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from tabletune_pipelines.controller.step import StepOutcome, count_drafts
+from tabletune_pipelines.core.table import vllm_layout
 from tabletune_pipelines.errors import EmptyProfileError, InvalidValueError, PublishedTableError
 
 
@@ -95,7 +96,7 @@ class TurboSpecPolicy:
 
     def _build(self) -> list[int]:
         best = np.argmax(self.tau()[:, None] / self.t_lin, axis=0)  # B cancels at a fixed B
-        return [0, *self.ks[best].tolist()]
+        return vllm_layout(self.ks[best])
 
     def next_lookup(self) -> list[int]:
         return self._lookup
@@ -130,7 +131,7 @@ class NightjarPolicy:
         self.r_max = 0.0
         self.steps = 0
         # Untried arms go first, the largest k first (index = batch size, vLLM's layout).
-        self._lookup = [0] + [self.ks[-1]] * self.n
+        self._lookup = vllm_layout(np.full(self.n, self.ks[-1]))
         self._last_t: float | None = None
         self._pending: tuple[int, int] | None = None
 

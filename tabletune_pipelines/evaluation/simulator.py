@@ -52,7 +52,7 @@ from tabletune_pipelines.controller.logic import Controller
 from tabletune_pipelines.controller.step import StepOutcome
 from tabletune_pipelines.core.stepcost import GraphEnvelope, PrefillFit, StepCost
 from tabletune_pipelines.errors import InvalidValueError
-from tabletune_pipelines.core.table import dense_from_ranges
+from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.evaluation.surfaces import Surface
 from tabletune_pipelines.evaluation.synthetic import ENGINE, REBUILD_BUDGET_MS
 from tabletune_pipelines.formats.published import PublishedVersion, published_document, write_published_table
@@ -83,8 +83,8 @@ class TablePolicy:
     @classmethod
     def from_ranges(cls, name: str, ranges: Sequence[Sequence[int]], n: int, max_k: int) -> "TablePolicy":
         """The table ``ranges`` (covering 1..n) over B = 1..n, k capped at ``max_k``
-        (``core.table.dense_from_ranges``)."""
-        return cls(name, tuple(int(k) for k in dense_from_ranges(ranges, n, max_k)))
+        (``core.table.DraftTable.dense``)."""
+        return cls(name, tuple(int(k) for k in DraftTable.from_entries([list(r) for r in ranges]).dense(n, max_k)))
 
 
 @dataclass(frozen=True)

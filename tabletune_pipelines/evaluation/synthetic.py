@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tabletune_pipelines.controller.loader import EngineFacts
-from tabletune_pipelines.core.table import choose_draft_lengths, compact_ranges
+from tabletune_pipelines.core.table import DraftTable, choose_draft_lengths
 from tabletune_pipelines.formats.published import PublishedVersion, published_document, write_published_table
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ def dense(profile: dict[int, dict[int, float]], ks: Sequence[int], n: int = N) -
 
 def true_table(profile, rates, ks=(0, 1, 2, 3), n: int = N, stickiness: float = 0.005) -> list[list[int]]:
     """The table core.table's search builds from ``profile`` and ``rates`` (the reference)."""
-    return compact_ranges(choose_draft_lengths(dense(profile, ks, n), ks, rates, stickiness=stickiness).chosen)
+    return DraftTable.from_dense(choose_draft_lengths(dense(profile, ks, n), ks, rates, stickiness=stickiness).chosen).entries()
 
 
 def fixed_prior(rates: Sequence[float]) -> "AcceptancePrior":

@@ -116,11 +116,11 @@ def check_k_command(body: Mapping[str, Any], *, max_k: int, max_num_seqs: int) -
     if k is not None and (not _is_int(k) or not 0 <= k <= max_k):
         raise InvalidCommand(f"'k' = {k!r:.40} must be an integer in 0..{max_k} (the launch's num_speculative_tokens)")
     if body.get("table") is not None:
-        from tabletune_pipelines.core.table import validate_vllm_schedule  # lazy: core needs numpy
+        from tabletune_pipelines.core.table import DraftTable  # lazy: core needs numpy
         from tabletune_pipelines.errors import InvalidTableError
 
         try:
-            parsed = validate_vllm_schedule(body["table"])
+            parsed = DraftTable.from_entries(body["table"]).entries()
         except InvalidTableError as exc:
             raise InvalidCommand(f"'table': {exc}") from None
         over = [list(r) for r in parsed if r[2] > max_k]

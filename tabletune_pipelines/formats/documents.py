@@ -24,7 +24,7 @@ from tabletune_pipelines.core.evidence import Boundary
 from tabletune_pipelines.core.noise import CellEstimate
 from tabletune_pipelines.core.stepcost import GraphEnvelope, StepSample, Workload
 from tabletune_pipelines.core.steptime import StepTimeSurface, median_standard_error, relative_spread
-from tabletune_pipelines.core.table import validate_table
+from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.options import (
     BATCH_SIZE,
     COUNT,
@@ -502,10 +502,16 @@ class DraftLengthTable(Document):
 
     def __post_init__(self) -> None:
         check_bounds(self, where="draft-length table", error=DocumentError)
-        validate_table([list(r) for r in self.ranges], self.max_num_seqs, self.max_k)
+        DraftTable.from_entries([list(r) for r in self.ranges], max_num_seqs=self.max_num_seqs, max_k=self.max_k)
         if self.search_policy not in SEARCH_RULES:
             raise DocumentError(f"draft-length table: search_policy = {self.search_policy!r} must be one of "
                                 f"{SEARCH_RULES}")
+
+    @property
+    def draft(self) -> DraftTable:
+        """``ranges`` as the table type (validated by the publish gate's rules)."""
+        return DraftTable.from_entries([list(r) for r in self.ranges], max_num_seqs=self.max_num_seqs,
+                                       max_k=self.max_k)
 
     @property
     def evidence_supported(self) -> bool:

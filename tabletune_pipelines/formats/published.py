@@ -1,7 +1,7 @@
 """The published-table file: what the pipeline exports and the controller loads as its prior.
 
 The controller inside vLLM reads it with this very module, so it imports only the stdlib and
-numpy-only ``core.table`` (whose ``validate_table`` is the one table validator). Writes are atomic
+numpy-only ``core.table`` (whose ``DraftTable.from_entries`` is the one table validator). Writes are atomic
 (``strict_io.atomic_write_text``: temp file in the same folder, fsync, rename, fsync of the folder;
 a symbolic link at the path is refused): a reader in another process sees either the previous
 complete file or the new complete file, never a torn one.
@@ -52,7 +52,7 @@ from typing import Any
 
 from tabletune_pipelines.formats import strict_io
 from tabletune_pipelines.formats.strict_io import atomic_write_bytes, atomic_write_text  # the one writer
-from tabletune_pipelines.core.table import validate_table
+from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.errors import InvalidTableError, PublishedTableError, SettingsError
 from tabletune_pipelines.options import STEP_MS, Bound, check_value
 from tabletune_pipelines.formats.controller_settings import ControllerSettings
@@ -225,8 +225,8 @@ def _rates(where: str, key: str, v: Any) -> tuple[float, ...]:
 
 
 def validate_ranges(where: str, ranges: Any, max_num_seqs: int, max_k: int) -> tuple[tuple[int, int, int], ...]:
-    """``table.ranges`` of a file, by the publish gate's rules (``core.table.validate_table``, the one
-    table validator), after the strict JSON shape: a non-empty list of ``[start, end, k]`` lists of
+    """``table.ranges`` of a file, by the publish gate's rules (``core.table.DraftTable.from_entries``,
+    the one table validator), after the strict JSON shape: a non-empty list of ``[start, end, k]`` lists of
     integers (no booleans, floats or strings, which vLLM's ``int()`` would accept)."""
     if not isinstance(ranges, list) or not ranges:
         raise _fail(where, f"table.ranges must be a non-empty list of [start, end, k], got {ranges!r:.80}")
@@ -236,7 +236,7 @@ def validate_ranges(where: str, ranges: Any, max_num_seqs: int, max_k: int) -> t
         for j, x in enumerate(entry):
             _int(where, f"table.ranges[{i}][{j}]", x)
     try:
-        return tuple(validate_table(ranges, max_num_seqs, max_k))
+        return DraftTable.from_entries(ranges, max_num_seqs=max_num_seqs, max_k=max_k).entry_tuples()
     except InvalidTableError as exc:
         raise _fail(where, f"table.ranges: {exc}") from None
 

@@ -55,7 +55,8 @@ from tabletune_pipelines.core.noise import (
     median_variances,
     rates_covariance,
 )
-from tabletune_pipelines.core.table import DEFAULT_STICKINESS, TableChoice, expand_table
+from tabletune_pipelines.core.steptime import StepTimes
+from tabletune_pipelines.core.table import DEFAULT_STICKINESS, DraftTable, TableChoice
 from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, StepTimeProfile
 from tabletune_pipelines.errors import InvalidAcceptanceError, InvalidValueError
 from tabletune_pipelines.options import DRAFT_LENGTH, Bound, check_bounds
@@ -232,7 +233,8 @@ def _search(surface: _StepSurface, prior: AcceptancePrior, options: DeriveOption
                  if options.prior_error and noisy.has_errors else None)
     settings = SearchSettings(allowed_ks=options.allowed_ks, threshold=options.stickiness,
                               confidence=options.confidence, policy=options.policy)
-    return search_with_evidence(surface.ms, surface.cov if noisy.has_errors else None, noisy.ks, prior.rates,
+    times = StepTimes(noisy.ks, surface.ms, surface.cov if noisy.has_errors else None)
+    return search_with_evidence(times, prior.rates,
                                 rates_cov=rates_cov, settings=settings)
 
 
@@ -305,7 +307,7 @@ def _served_summary(cost: StepCost, served: ServedCost | None, workload: Workloa
     """The table's ``served_cost`` provenance (empty without a workload)."""
     if served is None or workload is None:
         return {}
-    dense_k = expand_table([list(r) for r in ranges], n, max(ks))
+    dense_k = DraftTable.from_entries([list(r) for r in ranges]).vllm_lookup(n, max(ks))[1:]
     bs = sorted({max(1, min(n, int(round(f * n)) if isinstance(f, float) else f)) for f in _SHOWN_AT})
     return {
         "workload": workload.to_dict(),
@@ -340,7 +342,7 @@ def _fit_summary(fit: AcceptedWorkFit | None, max_num_seqs: int) -> dict:
 
 def table_step_and_tau(table: DraftLengthTable) -> tuple[np.ndarray, np.ndarray]:
     """Per B (index B-1): the step time of the table's k and tau of that k."""
-    dense_k = expand_table([list(r) for r in table.ranges], table.max_num_seqs, table.max_k)
+    dense_k = table.draft.dense(table.max_num_seqs, table.max_k).tolist()
     taus = tau_curve(table.acceptance_rates)
     t = np.array([table.step_ms[str(k)][str(b)] for b, k in enumerate(dense_k, start=1)])
     tau = np.array([taus[k] for k in dense_k])

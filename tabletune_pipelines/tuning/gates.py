@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, get_args
 
 from tabletune_pipelines.core.goodput import tau_curve, validate_acceptance
 from tabletune_pipelines.core.stepcost import Workload, default_capture_ceiling
-from tabletune_pipelines.core.table import expand_table, validate_table, validate_vllm_schedule
+from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.formats.documents import (
     AcceptancePrior,
     DraftLengthTable,
@@ -242,8 +242,7 @@ def table_gates(table: DraftLengthTable, max_predicted_loss: float) -> list[Gate
     """vLLM's validation, and the predicted loss threshold (see ``blocking_table_gates`` for all)."""
     gates = []
     try:
-        validate_vllm_schedule([list(r) for r in table.ranges])
-        validate_table([list(r) for r in table.ranges], table.max_num_seqs, table.max_k)
+        DraftTable.from_entries([list(r) for r in table.ranges], max_num_seqs=table.max_num_seqs, max_k=table.max_k)
         gates.append(Gate("valid_for_vllm", True, f"{len(table.ranges)} ranges cover 1..{table.max_num_seqs}, "
                                                   f"k <= {table.max_k}"))
     except TableTuneError as exc:
@@ -272,7 +271,7 @@ def engine_dependence_gate(table: DraftLengthTable, fixed_cells: Mapping[int, Ma
                                 "engine-dependence trap (docs/method.md, \"Limitations\" 1) cannot be checked; profile "
                                 "in fixed_k mode (EngineResource fixed_k_baseline, or `tabletune profile --mode "
                                 "fixed_k`) to measure it", {"status": "not measured"})
-    dense_k = expand_table([list(r) for r in table.ranges], table.max_num_seqs, table.max_k)
+    dense_k = table.draft.dense(table.max_num_seqs, table.max_k).tolist()
     taus = tau_curve(table.acceptance_rates)
     rows, worst, worst_b = [], 0.0, None
     for b in sorted(set.intersection(*[set(v) for v in fixed_cells.values()])):
@@ -308,7 +307,7 @@ def k0_gate(table: DraftLengthTable, no_spec_ms: Mapping[int, float], k0_ms: Map
         return Gate(name, True, f"{NOT_MEASURED}: the profile has no no-speculation baseline cells",
                     {"status": "not measured"})
     t, tau = table_step_and_tau(table)
-    dense_k = expand_table([list(r) for r in table.ranges], table.max_num_seqs, table.max_k)
+    dense_k = table.draft.dense(table.max_num_seqs, table.max_k).tolist()
     rows, losing, k0_costly, worst_overhead = [], [], [], 0.0
     for b in sorted(no_spec_ms):
         if b > table.max_num_seqs:
@@ -370,7 +369,7 @@ def cuda_graph_headroom_gate(table: DraftLengthTable, cudagraph_mode: str, *, ca
     env = served.get("envelope") or {}
     cap = int(capture_size or env.get("capture_ceiling") or default_capture_ceiling(table.max_num_seqs, table.max_k))
     suggested = table.max_num_seqs * (1 + table.max_k) * 2
-    dense_k = expand_table([list(r) for r in table.ranges], table.max_num_seqs, table.max_k)
+    dense_k = table.draft.dense(table.max_num_seqs, table.max_k).tolist()
     over_cap = [(b, k) for b, k in enumerate(dense_k, start=1) if k > 0 and b * (1 + k) + prefill_tokens > cap]
     priced = [t for t in (served.get("fits") or {}) if t.endswith(">none") and not t.startswith("none")]
     if served:

@@ -17,7 +17,6 @@ import numpy as np
 
 from tabletune_pipelines.core.goodput import tau_curve
 from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, EngineIdentity, StepTimeProfile
-from tabletune_pipelines.core.table import expand_table
 from tabletune_pipelines.errors import PlotTargetError
 from tabletune_pipelines.formats.published import atomic_write_bytes
 from tabletune_pipelines.tuning.derive import TunedTable, table_step_and_tau
@@ -112,7 +111,7 @@ def within_noise_markdown(table: DraftLengthTable) -> str:
     if not table.within_noise:
         return "not recorded"
     lines = ["| batch sizes | chosen k | k within noise |", "|---|---|---|"]
-    dense_k = expand_table([list(r) for r in table.ranges], table.max_num_seqs, table.max_k)
+    dense_k = table.draft.dense(table.max_num_seqs, table.max_k).tolist()
     run: tuple[int, int, tuple[int, ...]] | None = None
     start = 1
     for b in range(1, table.max_num_seqs + 1):

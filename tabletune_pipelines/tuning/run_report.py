@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tabletune_pipelines.core.table import compact_ranges, dense_from_ranges
+from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.errors import TableTuneError
 
 if TYPE_CHECKING:
@@ -73,7 +73,8 @@ def compare_to_docs(evidence, ks: Sequence[int], table: Sequence[Sequence[int]],
     """``evidence``: the ``EvidenceTable`` of ``derive_table`` (its ``log_ratio`` and ``log_sd``, (K, K, N))."""
     ks = [int(k) for k in ks]
     docs = docs_table(max_num_seqs, max_k)
-    mine, theirs = dense_from_ranges(table, max_num_seqs).tolist(), dense_from_ranges(docs, max_num_seqs).tolist()
+    mine = DraftTable.from_entries([list(r) for r in table]).dense(max_num_seqs).tolist()
+    theirs = DraftTable.from_entries(docs).dense(max_num_seqs).tolist()
     lr, ls = np.asarray(evidence.log_ratio), np.asarray(evidence.log_sd)
     ratio, sd = np.ones(max_num_seqs), np.zeros(max_num_seqs)
     for b in range(max_num_seqs):
@@ -91,7 +92,8 @@ def tie_lines(evidence, tolerance: float) -> list[str]:
     those still open (a k could beat the table's by more than ``tolerance``)."""
     ties = evidence.ties(tolerance)
     kinds = sorted(set(ties))
-    groups = [(s, e, kinds[i]) for s, e, i in compact_ranges([kinds.index(c) for c in ties]) if kinds[i]]
+    runs = DraftTable.from_dense([kinds.index(c) for c in ties]).entries()
+    groups = [(s, e, kinds[i]) for s, e, i in runs if kinds[i]]
     conf = f"{evidence.confidence:.0%}"
     if not groups:
         lines = [f"  ties: none; at every batch size the table's k is ahead or no k is within {tolerance:.0%} of it"]
@@ -107,7 +109,8 @@ def tie_lines(evidence, tolerance: float) -> list[str]:
             keys[a.batch_size - 1] = (a.chosen_k, a.rivals)
         kinds_open = sorted({k for k in keys if k is not None})
         parts = []
-        for s, e, i in compact_ranges([kinds_open.index(k) + 1 if k is not None else 0 for k in keys]):
+        open_runs = DraftTable.from_dense([kinds_open.index(k) + 1 if k is not None else 0 for k in keys]).entries()
+        for s, e, i in open_runs:
             if not i:
                 continue
             chosen, rivals = kinds_open[i - 1]
@@ -312,7 +315,7 @@ def _loss_lines(pub: PublishedTable, store: Any) -> list[str]:
 
 
 def _same_dense(ranges: Sequence[Sequence[int]], docs: list[list[int]], n: int) -> bool:
-    return dense_from_ranges([list(r) for r in ranges], n).tolist() == dense_from_ranges(docs, n).tolist()
+    return not DraftTable.from_entries([list(r) for r in ranges]).diff(DraftTable.from_entries(docs), n)
 
 
 def _derived(pub: PublishedTable, docs: list[list[int]], store: Any) -> Any:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from tabletune_pipelines.core.stats import t_quantile
-from tabletune_pipelines.core.table import expand_table
+from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.errors import InvalidValueError
 from tabletune_pipelines.options import Bound, check_bounds, options_from_mapping
 from tabletune_pipelines.tuning.served_windows import CANDIDATE, fixed_name
@@ -232,7 +232,7 @@ def load_batch_sizes(load: int) -> range:
 
 def k_over_load(table: Sequence[Sequence[int]], load: int, max_num_seqs: int, max_k: int) -> tuple[int, ...]:
     """The k ``table`` runs at each of ``load_batch_sizes(load)``."""
-    lookup = expand_table([list(r) for r in table], max_num_seqs, max_k)
+    lookup = DraftTable.from_entries([list(r) for r in table]).vllm_lookup(max_num_seqs, max_k)[1:]
     return tuple(lookup[b - 1] for b in load_batch_sizes(min(load, max_num_seqs)))
 
 

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from tabletune_pipelines.core.table import expand_table
+from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.tuning.served_load import LoadGenerator, rotated
 from tabletune_pipelines.tuning.served_plan import (
     DEFAULTS,
@@ -99,7 +99,7 @@ def verify_on_server(server: Any, candidate_table: Sequence[Sequence[int]], *, K
         per_load[load] = load_policies(candidate_table, load, max_k=K, max_num_seqs=max_num_seqs, fixed_ks=ks,
                                        references=references)
     every = {n: t for lp in per_load.values() for n, t in lp.policies.items()}
-    lookup = expand_table([list(r) for r in candidate_table], max_num_seqs, K)
+    lookup = DraftTable.from_entries([list(r) for r in candidate_table]).vllm_lookup(max_num_seqs, K)[1:]
     same = fixed_name(lookup[0]) if len(set(lookup)) == 1 else None
     most = rounds or d.rounds
     sizing = None

@@ -26,7 +26,7 @@ from typing import Any
 
 from tabletune_pipelines.core.served_calibration import ServedCalibration, ServedPoint
 from tabletune_pipelines.core.stats import mean_se, paired_ratio
-from tabletune_pipelines.core.table import expand_table
+from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.errors import InvalidValueError
 
 __all__ = [
@@ -100,7 +100,7 @@ def table_mismatches(steps: Sequence[Mapping[str, Any]], table: Sequence[Sequenc
                      max_k: int) -> list[list[int]]:
     """The steps that did not run the k ``table`` gives for their batch size, as
     [b, k run, k the table gives, new requests in the step] (the step-log verification)."""
-    lookup = expand_table([list(r) for r in table], max_num_seqs, max_k)
+    lookup = DraftTable.from_entries([list(r) for r in table]).vllm_lookup(max_num_seqs, max_k)[1:]
     bad = []
     for s in steps:
         b = int(s["b"])

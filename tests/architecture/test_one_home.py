@@ -6,9 +6,9 @@ lists the copies still left in files being reworked elsewhere: each must still b
 can only shrink (delete its entry when the copy goes).
 
     concept                                  home
-    validating a table's ranges              core.table.validate_table / validate_vllm_schedule
-    ranges -> k per batch size (expanding)   core.table.dense_from_ranges / expand_table
-    k per batch size -> ranges (compacting)  core.table.compact_ranges
+    validating a table's ranges              core.table.DraftTable.from_entries
+    ranges -> k per batch size (expanding)   core.table.DraftTable.dense / vllm_lookup
+    k per batch size -> ranges (compacting)  core.table.DraftTable.from_dense
     counts -> monotone acceptance rates      core.acceptance_estimate.rates_from_counts / monotone_rates
     reading GET /version                     engine.client.version_from_answer
     comparing vLLM versions of identities    identity_match.identity_mismatches

@@ -4,14 +4,14 @@ real-engine tests through the same ``tabletune_pipelines.tuning.deployments`` fu
 import json
 
 from tabletune_pipelines.cli import main
-from tabletune_pipelines.core.table import validate_table
+from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.store import TableTuneStore
 
 
 def test_table_as_vllm_json(seeded, capsys):
     assert main(["table", "--format", "vllm"]) == 0
     table = json.loads(capsys.readouterr().out)
-    validate_table(table, 16, 3)
+    DraftTable.from_entries(table, max_num_seqs=16, max_k=3)
     assert table[0][2] == 3 and table[-1][2] == 1
 
 
@@ -23,7 +23,7 @@ def test_table_text_plot_and_save(seeded, tmp_path, capsys):
     spec_line = next(line for line in out.splitlines() if line.startswith("vLLM --speculative-config: "))
     spec = json.loads(spec_line.split(": ", 1)[1])
     assert spec["num_speculative_tokens"] == 3
-    validate_table(spec["num_speculative_tokens_per_batch_size"], 16, 3)
+    DraftTable.from_entries(spec["num_speculative_tokens_per_batch_size"], max_num_seqs=16, max_k=3)
     assert spec["method"] == "ngram"  # the deployment's own speculative config is kept
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert TableTuneStore(seeded).query("SELECT count(*) FROM draft_length_tables") == [(1,)]
@@ -34,7 +34,7 @@ def test_table_with_an_explicit_prior_and_identity(seeded, capsys):
     prior = store.latest_acceptance_prior()
     (key,) = store.identity_keys()
     assert main(["table", "--format", "vllm", "--prior", prior.prior_id, "--identity", key]) == 0
-    validate_table(json.loads(capsys.readouterr().out), 16, 3)
+    DraftTable.from_entries(json.loads(capsys.readouterr().out), max_num_seqs=16, max_k=3)
 
 
 def test_table_without_a_store_does_not_create_one(home, capsys):

@@ -8,7 +8,7 @@ import itertools
 
 import numpy as np
 
-from tabletune_pipelines.core.table import dense_from_ranges, goodput_matrix
+from tabletune_pipelines.core.table import DraftTable, goodput_matrix
 from tabletune_pipelines.evaluation.synthetic import N, dense
 
 
@@ -33,8 +33,8 @@ def robust_choices(profile, rates, tol, ks=(0, 1, 2, 3), n: int = N) -> list[set
 
 
 def table_dense(ranges, n: int = N) -> list[int]:
-    """k per B = 1..n (index B - 1) of a table's ranges, as a list (``core.table.dense_from_ranges``)."""
-    return [int(k) for k in dense_from_ranges(ranges, n)]
+    """k per B = 1..n (index B - 1) of a table's ranges, as a list (``core.table.DraftTable.dense``)."""
+    return [int(k) for k in DraftTable.from_entries([list(r) for r in ranges]).dense(n)]
 
 
 def on_robust_table(ranges, choices) -> bool:

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from tabletune_pipelines.controller.loader import EngineFacts
-from tabletune_pipelines.controller.search import compact, dense_from_ranges
+from tabletune_pipelines.controller.search import compact, dense_of
 from tabletune_pipelines.controller.step import StepOutcome
-from tabletune_pipelines.core.table import compact_ranges
+from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.evaluation.simulator import FakeEngine, fake_controller, quartered
 from tabletune_pipelines.evaluation.synthetic import ENGINE, LAUNCH, N, linear_profile, publish, true_table
 from tabletune_pipelines.formats.live_counters import read_live_counters
@@ -37,7 +37,7 @@ def robust_choices(profile, rates, tol=TOL, n=16):
 
 
 def table_k(c, n=16) -> list[int]:
-    return dense_from_ranges(c.ranges, n).tolist()
+    return dense_of(c.ranges, n).tolist()
 
 
 @pytest.fixture
@@ -457,8 +457,8 @@ def test_the_rebuild_runs_the_offline_search_on_its_inputs(tmp_path, clock, monk
         assert kw["rates_cov"] is not None and np.any(kw["rates_cov"])  # acceptance counts carry their error
         again = evidence.search_with_evidence(*args, **kw)  # the same function on the same inputs
         assert again.choice.chosen == out.choice.chosen
-    assert [tuple(r) for r in c.table.candidate] == [tuple(r) for r in compact_ranges(calls[-1][2].choice.chosen)]
-    assert np.any(calls[-1][0][1])  # the step-time spread is in the evidence (correction is on)
+    assert [tuple(r) for r in c.table.candidate] == [tuple(r) for r in DraftTable.from_dense(calls[-1][2].choice.chosen).entries()]
+    assert calls[-1][0][0].has_errors  # the step-time spread is in the evidence (correction is on)
 
 
 def test_flapping_is_counted_and_a_flip_back_is_held(tmp_path, clock):
@@ -473,7 +473,7 @@ def test_flapping_is_counted_and_a_flip_back_is_held(tmp_path, clock):
     def drive(wants):
         inst = []
         for want in wants:
-            old = dense_from_ranges(c.table.candidate, 16)
+            old = dense_of(c.table.candidate, 16)
             new = c.flaps.allow(old, want, c.rebuilds)  # what Controller._choose does (no gain clears 10 %)
             c.flaps.count(old, new, c.rebuilds)
             c.table.candidate = compact(new)
@@ -497,7 +497,7 @@ def test_flapping_is_counted_and_a_flip_back_is_held(tmp_path, clock):
     assert flips <= 3000 // 512 + 2, (flips, c.flaps.level)
     # A flip back after a quiet spell longer than the longest hold starts again at 8 rebuilds.
     c.counters.rebuilds = c.flaps.held_until + 1025
-    k_now = int(dense_from_ranges(c.table.candidate, 16)[0])
+    k_now = int(dense_of(c.table.candidate, 16)[0])
     back = next(k for k in (1, 2, 3) if k != k_now and c.flaps.had[1] >> k & 1)
     assert drive([np.full(16, back)]) == [back] and c.flaps.level == 1
     off = fake_controller(publish(tmp_path / "off.json", ranges=[(1, 16, 1)], rates=rates, allowed_k=[1, 2],
@@ -733,6 +733,7 @@ def test_a_published_served_model_prices_the_cliff_before_any_step_is_seen(tmp_p
     evidence search on exactly ``StepCost.served`` of the published model."""
     from tabletune_pipelines.controller.step_correction import served_prior
     from tabletune_pipelines.core.evidence import SearchSettings, search_with_evidence
+    from tabletune_pipelines.core.steptime import StepTimes
     from tabletune_pipelines.core.stepcost import StepCost
 
     b = 12
@@ -748,7 +749,7 @@ def test_a_published_served_model_prices_the_cliff_before_any_step_is_seen(tmp_p
     cost = StepCost(ks=(1, 2, 3), decode_ms=times, envelope=sp.envelope, fits=sp.fits).served(
         c.estimate(), c.evidence.workload())
     assert cost.extra_ms[2, b - 1] > 10.0  # k = 3 at B = 12: most served steps fall off the graphs
-    ref = search_with_evidence(cost.ms, None, (1, 2, 3), c.estimate(), incumbent=table_dense(decode_only),
+    ref = search_with_evidence(StepTimes((1, 2, 3), cost.ms, None), c.estimate(), incumbent=table_dense(decode_only),
                                settings=SearchSettings(confidence=0.95))
     assert table_dense(c.ranges)[b - 1] == ref.choice.chosen[b - 1]
 

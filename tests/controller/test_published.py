@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tabletune_pipelines.core.table import validate_table
+from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.errors import PublishedTableError, TableTuneError
 from tabletune_pipelines.formats.published import (
     PublishedVersion,
@@ -150,10 +150,10 @@ ranges_st = st.lists(st.tuples(st.integers(-1, 20), st.integers(-1, 20), st.inte
 @settings(max_examples=300, deadline=None)
 @given(ranges_st, st.integers(1, 20), st.integers(1, 4))
 def test_table_rules_match_the_publish_gate(ranges, n, k_max):
-    """The file's reader accepts exactly the integer tables core.table.validate_table accepts."""
+    """The file's reader accepts exactly the integer tables core.table.DraftTable.from_entries accepts."""
     table = [list(r) for r in ranges]
     try:
-        validate_table(table, n, k_max)
+        DraftTable.from_entries(table, max_num_seqs=n, max_k=k_max)
         gate_ok = True
     except TableTuneError:
         gate_ok = False

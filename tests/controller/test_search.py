@@ -8,20 +8,19 @@ from hypothesis import strategies as st
 
 from tabletune_pipelines.controller.search import (
     compact,
-    dense_from_ranges,
+    dense_of,
     hysteresis_lookups,
-    vllm_lookup,
 )
 from tabletune_pipelines.core.acceptance_estimate import BoundaryHysteresis
-from tabletune_pipelines.core.table import compact_ranges
+from tabletune_pipelines.core.table import DraftTable, vllm_layout
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(0, 3), min_size=1, max_size=40))
 def test_compact_and_dense_round_trip(ks):
-    assert [list(r) for r in compact(ks)] == compact_ranges(ks)
-    assert dense_from_ranges(compact(ks), len(ks)).tolist() == ks
-    assert vllm_lookup(np.asarray(ks))[1:] == ks
+    assert [list(r) for r in compact(ks)] == DraftTable.from_dense(ks).entries()
+    assert dense_of(compact(ks), len(ks)).tolist() == ks
+    assert vllm_layout(np.asarray(ks))[1:] == ks
 
 
 @settings(max_examples=300, deadline=None)

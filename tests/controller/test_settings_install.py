@@ -30,7 +30,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tabletune_pipelines.controller import evidence, exploration, logic, search, version
-from tabletune_pipelines.controller.search import dense_from_ranges, vllm_lookup
+from tabletune_pipelines.controller.search import dense_of
+from tabletune_pipelines.core.table import vllm_layout
 from tabletune_pipelines.formats.controller_settings import BOUNDS, CONTROLLER_POLICIES, ControllerSettings
 from tabletune_pipelines.errors import FleetError, SettingsError
 from tabletune_pipelines.evaluation.baselines import PolicyController
@@ -102,7 +103,7 @@ HYPOTHESIS = settings(max_examples=100, deadline=None, suppress_health_check=[He
 
 
 def lookup_of(ranges) -> list[int]:
-    return vllm_lookup(dense_from_ranges(ranges, ENGINE.max_num_seqs))
+    return vllm_layout(dense_of(ranges, ENGINE.max_num_seqs))
 
 
 def assert_in_force(c: PolicyController, version: int, ranges, mapping: dict) -> None:
@@ -164,7 +165,7 @@ def test_any_setting_the_fleet_accepts_installs_at_start_and_on_reload(first, se
 # -- all or nothing -----------------------------------------------------------------------------------
 
 #: Everything ``_prepare`` builds a version from, patched in turn to fail on its n-th call.
-BUILDERS = ["AcceptanceEstimator", "StepTimeModel", "dense_from_ranges", "vllm_lookup", "hysteresis_lookups"]
+BUILDERS = ["AcceptanceEstimator", "StepTimeModel", "dense_of", "vllm_layout", "hysteresis_lookups"]
 #: The controller modules a version is built in (``version.prepare`` and the parts it builds).
 BUILT_IN = (logic, version, evidence, exploration, search)
 #: What judging a changed file updates (and the clock, the wall clock and the logger, which do not pickle).

@@ -20,7 +20,7 @@ from tabletune_pipelines.core.evidence import DEFAULT_CONFIDENCE, SearchSettings
 from tabletune_pipelines.core.goodput import tau_curve
 from tabletune_pipelines.core.noise import z_value
 from tabletune_pipelines.core.remeasure import evidence_from_repetitions
-from tabletune_pipelines.core.steptime import median_se_factor
+from tabletune_pipelines.core.steptime import StepTimes, median_se_factor
 from tabletune_pipelines.core.table import DEFAULT_STICKINESS, choose_draft_lengths
 from tabletune_pipelines.errors import InvalidValueError
 
@@ -132,7 +132,7 @@ def test_finds_every_true_switch_whose_gain_exceeds_three_times_the_noise(s, slo
 def test_boundaries_report_gain_bound_and_confidence():
     t = np.array([[10.0] * 8, [20.0] * 4 + [5.0] * 4])  # k = 3 slow up to B = 4, fast from B = 5 on
     var = np.full_like(t, 0.01)
-    ev = search_with_evidence(t, var, (1, 3), RATES, settings=SearchSettings(threshold=0.005))
+    ev = search_with_evidence(StepTimes((1, 3), t, var), RATES, settings=SearchSettings(threshold=0.005))
     assert ev.ranges == [[1, 4, 1], [5, 8, 3]]
     (b,) = ev.boundaries
     assert (b.batch_size, b.from_k, b.to_k) == (5, 1, 3)
@@ -147,7 +147,7 @@ def test_boundaries_report_gain_bound_and_confidence():
 def test_without_error_estimates_the_evidence_rule_is_the_point_rule():
     rng = np.random.default_rng(3)
     t = 5.0 + rng.random((4, 16)) * 3
-    ev = search_with_evidence(t, None, KS, RATES)
+    ev = search_with_evidence(StepTimes(KS, t, None), RATES)
     assert not ev.has_errors
     assert ev.choice.chosen == choose_draft_lengths(t, KS, RATES).chosen
     assert ev.worst_loss_ucb == pytest.approx(ev.worst_loss)
@@ -160,10 +160,10 @@ def test_the_stickiness_policy_reports_its_unsupported_boundaries():
     t3 = np.where(np.arange(8) < 4, 20.0, TAUS[3] / TAUS[1] * 10.0 / 1.02)
     t = np.vstack([t1, t3])
     var = (0.1 * t) ** 2
-    sticky = search_with_evidence(t, var, (1, 3), RATES, settings=SearchSettings(policy="stickiness"))
+    sticky = search_with_evidence(StepTimes((1, 3), t, var), RATES, settings=SearchSettings(policy="stickiness"))
     assert sticky.ranges == [[1, 4, 1], [5, 8, 3]] and not sticky.supported
     assert sticky.boundaries[0].gain == pytest.approx(0.02) and sticky.boundaries[0].gain_lcb < 0
-    evidence = search_with_evidence(t, var, (1, 3), RATES)
+    evidence = search_with_evidence(StepTimes((1, 3), t, var), RATES)
     assert evidence.ranges == [[1, 8, 1]] and evidence.supported
     assert evidence.within_noise()[6] == (1, 3)
     assert evidence.ambiguous(0.01)[0].rivals == (3,)
@@ -174,8 +174,8 @@ def test_prior_counts_widen_the_bounds():
     var = np.full_like(t, 0.04)
     from tabletune_pipelines.core.noise import rates_covariance
 
-    exact = search_with_evidence(t, var, (1, 3), RATES)
-    few = search_with_evidence(t, var, (1, 3), RATES, rates_cov=rates_covariance(RATES, (50, 50, 50)))
+    exact = search_with_evidence(StepTimes((1, 3), t, var), RATES)
+    few = search_with_evidence(StepTimes((1, 3), t, var), RATES, rates_cov=rates_covariance(RATES, (50, 50, 50)))
     assert few.log_sd[1, 0, 0] > exact.log_sd[1, 0, 0]
     assert few.log_ratio[1, 0, 0] == pytest.approx(exact.log_ratio[1, 0, 0])
 
@@ -197,21 +197,21 @@ def test_revising_a_table_worked_example():
     #   B = 2: (2/4, 3/4, 3.5/6) = (.500, .750, .583): k = 1 beats k = 2 by 28.6 %.
     t = np.array([[4.0, 4.0], [4.5, 4.0], [5.0, 6.0]])
     ks, rates = (0, 1, 2), (0.5, 0.25)
-    ev = search_with_evidence(t, None, ks, rates, incumbent=[1, 2])
+    ev = search_with_evidence(StepTimes(ks, t, None), rates, incumbent=[1, 2])
     assert ev.choice.chosen == (2, 1)
-    assert search_with_evidence(t, None, ks, rates, incumbent=[2, 1]).choice.chosen == (2, 1)
+    assert search_with_evidence(StepTimes(ks, t, None), rates, incumbent=[2, 1]).choice.chosen == (2, 1)
     # 3 % relative error on both cells at B = 1: sd of the log ratio sqrt(2) * 0.03 = 0.042, z = 1.96
     # (95 %, two other k): the 5.0 % gain's lower bound is log(1.05) - 0.083 < log(1.005): keep k = 1.
     var = np.zeros_like(t)
     var[1, 0], var[2, 0] = (0.03 * 4.5) ** 2, (0.03 * 5.0) ** 2
-    noisy = search_with_evidence(t, var, ks, rates, incumbent=[1, 2])
+    noisy = search_with_evidence(StepTimes(ks, t, var), rates, incumbent=[1, 2])
     assert noisy.choice.chosen == (1, 1)
     # The offline walk over B, on the same inputs, keeps k from B = 1 to B = 2 instead: it has no table
     # in force, its k kept at B = 2 is B = 1's pick.
-    assert search_with_evidence(t, var, ks, rates).choice.chosen[0] == 2
+    assert search_with_evidence(StepTimes(ks, t, var), rates).choice.chosen[0] == 2
     # An incumbent k that is not allowed has no claim: the best point estimate is taken there.
     only_0_2 = SearchSettings(allowed_ks=(0, 2))
-    assert search_with_evidence(t, var, ks, rates, settings=only_0_2, incumbent=[1, 1]).choice.chosen == (2, 2)
+    assert search_with_evidence(StepTimes(ks, t, var), rates, settings=only_0_2, incumbent=[1, 1]).choice.chosen == (2, 2)
 
 
 @st.composite
@@ -233,8 +233,8 @@ def revisions(draw):
 @given(revisions())
 def test_revising_changes_k_only_on_evidence_and_is_stable(p):
     t, ks, rates, var, inc, stick = p
-    exact = search_with_evidence(t, None, ks, rates, settings=SearchSettings(threshold=stick), incumbent=inc)
-    noisy = search_with_evidence(t, var, ks, rates, settings=SearchSettings(threshold=stick), incumbent=inc)
+    exact = search_with_evidence(StepTimes(ks, t, None), rates, settings=SearchSettings(threshold=stick), incumbent=inc)
+    noisy = search_with_evidence(StepTimes(ks, t, var), rates, settings=SearchSettings(threshold=stick), incumbent=inc)
     g = exact.choice.goodput
     for b, (k0, k1, kn) in enumerate(zip(inc, exact.choice.chosen, noisy.choice.chosen)):
         i0, best = ks.index(k0), g[:, b].max()
@@ -255,7 +255,7 @@ def test_revising_changes_k_only_on_evidence_and_is_stable(p):
     # Revising the revised table with the same evidence changes nothing (no flapping on unchanged data).
     # (A property here because every cell has the same relative error: a k not clear of the old k is
     # then not clear of the new one either, which beats the old one.)
-    again = search_with_evidence(t, var, ks, rates, settings=SearchSettings(threshold=stick),
+    again = search_with_evidence(StepTimes(ks, t, var), rates, settings=SearchSettings(threshold=stick),
                                  incumbent=noisy.choice.chosen)
     assert again.choice.chosen == noisy.choice.chosen
 
@@ -263,9 +263,9 @@ def test_revising_changes_k_only_on_evidence_and_is_stable(p):
 def test_revising_refuses_a_wrong_shape_and_the_stickiness_policy():
     t = np.ones((2, 4))
     with pytest.raises(InvalidValueError, match="incumbent has 3 batch sizes"):
-        search_with_evidence(t, None, (1, 3), RATES, incumbent=[1, 1, 1])
+        search_with_evidence(StepTimes((1, 3), t, None), RATES, incumbent=[1, 1, 1])
     with pytest.raises(InvalidValueError, match="evidence policy only"):
-        search_with_evidence(t, None, (1, 3), RATES, settings=SearchSettings(policy="stickiness"),
+        search_with_evidence(StepTimes((1, 3), t, None), RATES, settings=SearchSettings(policy="stickiness"),
                              incumbent=[1, 1, 1, 1])
 
 
@@ -280,19 +280,19 @@ def test_a_revision_moves_to_the_k_below_unless_the_best_beats_it_beyond_the_evi
     e1, e3 = 1.7, 2.5  # tau(1), tau(3): 1 + the rates up to k
     assert tau_curve(rates).tolist() == pytest.approx([1.0, 1.7, 2.2, 2.5])
     t = np.array([[10.0, 10.0], [10.0, 10.0], [20.0, e3 / e1 * 10.0 / 1.03]])
-    exact = search_with_evidence(t, None, ks, rates, incumbent=[1, 0])
+    exact = search_with_evidence(StepTimes(ks, t, None), rates, incumbent=[1, 0])
     assert exact.choice.goodput[2, 1] / exact.choice.goodput[1, 1] == pytest.approx(1.03)
     assert exact.choice.chosen == (1, 3)
     var = np.zeros_like(t)
     var[1, 1], var[2, 1] = (0.03 * t[1, 1]) ** 2, (0.03 * t[2, 1]) ** 2
-    noisy = search_with_evidence(t, var, ks, rates, incumbent=[1, 0])
+    noisy = search_with_evidence(StepTimes(ks, t, var), rates, incumbent=[1, 0])
     assert noisy.choice.chosen == (1, 1)
     # Where the best clears the k below beyond the evidence (a 30 % gain), it is taken.
     t2 = t.copy()
     t2[2, 1] = e3 / e1 * 10.0 / 1.30
     var2 = var.copy()
     var2[2, 1] = (0.03 * t2[2, 1]) ** 2
-    assert search_with_evidence(t2, var2, ks, rates, incumbent=[1, 0]).choice.chosen == (1, 3)
+    assert search_with_evidence(StepTimes(ks, t2, var2), rates, incumbent=[1, 0]).choice.chosen == (1, 3)
 
 
 def test_a_range_narrower_than_min_range_takes_the_neighbours_k_unless_its_own_is_better():
@@ -309,17 +309,17 @@ def test_a_range_narrower_than_min_range_takes_the_neighbours_k_unless_its_own_i
     g3 = np.where(np.arange(1, n + 1) <= 3, 1.10, 1 / 1.10) * g12
     t = np.stack([tau[1] / g12, tau[2] / g12, tau[3] / g3])
     inc = [3, 3, 3, 1, 2, 2, 1, 2]
-    kept = search_with_evidence(t, None, ks, rates, incumbent=inc)
+    kept = search_with_evidence(StepTimes(ks, t, None), rates, incumbent=inc)
     assert kept.choice.chosen == tuple(inc)  # the evidence rule alone keeps the alternation
-    merged = search_with_evidence(t, None, ks, rates, settings=SearchSettings(min_range=4), incumbent=inc)
+    merged = search_with_evidence(StepTimes(ks, t, None), rates, settings=SearchSettings(min_range=4), incumbent=inc)
     assert merged.ranges == [[1, 3, 3], [4, 8, 2]]
     # A wider min_range does not take B = 1-3 either: k = 3 is better than its only neighbour there.
-    assert search_with_evidence(t, None, ks, rates, settings=SearchSettings(min_range=8),
+    assert search_with_evidence(StepTimes(ks, t, None), rates, settings=SearchSettings(min_range=8),
                                 incumbent=inc).ranges == [[1, 3, 3], [4, 8, 2]]
     # ... but a k = 3 only 0.3 % better (under the 0.5 % stickiness) is merged away.
     g3b = np.where(np.arange(1, n + 1) <= 3, 1.003, 1 / 1.10) * g12
     t2 = np.stack([tau[1] / g12, tau[2] / g12, tau[3] / g3b])
-    assert search_with_evidence(t2, None, ks, rates, settings=SearchSettings(min_range=4),
+    assert search_with_evidence(StepTimes(ks, t2, None), rates, settings=SearchSettings(min_range=4),
                                 incumbent=inc).ranges == [[1, 8, 2]]
     with pytest.raises(InvalidValueError, match="min_range = 0"):
         SearchSettings(min_range=0)
@@ -352,17 +352,17 @@ def test_a_narrow_island_the_traffic_does_not_pay_for_merges_unless_the_evidence
     flat, busy = np.full(n, 10.0), np.where(np.arange(1, n + 1) == 5, 90.0, 10.0 / 9)
     run = SearchSettings(min_range=4)
     t, var = profile(5, 1.03)
-    assert search_with_evidence(t, var, ks, rates, incumbent=island, visits=flat).ranges == kept  # min_range 1
-    assert search_with_evidence(t, var, ks, rates, settings=run, incumbent=island, visits=flat).ranges == [[1, 10, 2]]
-    assert search_with_evidence(t, var, ks, rates, settings=run, incumbent=island, visits=busy).ranges == kept
-    assert search_with_evidence(t, var, ks, rates, settings=run, incumbent=island).ranges == kept
+    assert search_with_evidence(StepTimes(ks, t, var), rates, incumbent=island, visits=flat).ranges == kept  # min_range 1
+    assert search_with_evidence(StepTimes(ks, t, var), rates, settings=run, incumbent=island, visits=flat).ranges == [[1, 10, 2]]
+    assert search_with_evidence(StepTimes(ks, t, var), rates, settings=run, incumbent=island, visits=busy).ranges == kept
+    assert search_with_evidence(StepTimes(ks, t, var), rates, settings=run, incumbent=island).ranges == kept
     t, var = profile(5, 1.10)
-    assert search_with_evidence(t, var, ks, rates, settings=run, incumbent=island, visits=flat).ranges == kept
+    assert search_with_evidence(StepTimes(ks, t, var), rates, settings=run, incumbent=island, visits=flat).ranges == kept
     t, var = profile(10, 1.03)
-    assert search_with_evidence(t, var, ks, rates, settings=run, incumbent=[2] * 9 + [1],
+    assert search_with_evidence(StepTimes(ks, t, var), rates, settings=run, incumbent=[2] * 9 + [1],
                                 visits=flat).ranges == [[1, 9, 2], [10, 10, 1]]
     with pytest.raises(InvalidValueError, match="visits must be 10"):
-        search_with_evidence(t, var, ks, rates, settings=run, incumbent=island, visits=[1.0] * 9)
+        search_with_evidence(StepTimes(ks, t, var), rates, settings=run, incumbent=island, visits=[1.0] * 9)
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
@@ -371,7 +371,7 @@ def test_after_the_merge_a_narrow_range_is_better_than_each_neighbour_and_a_revi
     t, ks, rates, var, inc, stick = p
     visits = None if traffic is None else np.asarray(traffic[:t.shape[1]], dtype=float)
     run = SearchSettings(threshold=stick, min_range=m)
-    ev = search_with_evidence(t, var, ks, rates, settings=run, incumbent=inc, visits=visits)
+    ev = search_with_evidence(StepTimes(ks, t, var), rates, settings=run, incumbent=inc, visits=visits)
     lim = math.log1p(stick)
     chosen = ev.choice.chosen
     for s, e, k in ev.ranges:
@@ -392,7 +392,7 @@ def test_after_the_merge_a_narrow_range_is_better_than_each_neighbour_and_a_revi
             assert np.any(lcb > lim) or gain > lim * visits.sum(), (ev.ranges, k, around)
     # Revising the result with the same evidence changes nothing: the merge never undoes a move the
     # evidence rule would make again.
-    again = search_with_evidence(t, var, ks, rates, settings=run, incumbent=chosen, visits=visits)
+    again = search_with_evidence(StepTimes(ks, t, var), rates, settings=run, incumbent=chosen, visits=visits)
     assert again.choice.chosen == chosen
 
 
@@ -405,8 +405,8 @@ def test_a_narrow_range_is_not_merged_into_a_k_the_evidence_moves_away_from():
     t[:, 21] = [2.0, 4.5, 5.5, 8.0]
     run = SearchSettings(threshold=0.05, min_range=2)
     inc = [0] * 21 + [1, 0, 0]
-    ev = search_with_evidence(t, (0.05 * t) ** 2, [0, 1, 2, 3], (0.875, 0.875, 0.5), settings=run, incumbent=inc)
+    ev = search_with_evidence(StepTimes([0, 1, 2, 3], t, (0.05 * t) ** 2), (0.875, 0.875, 0.5), settings=run, incumbent=inc)
     assert ev.ranges == [[1, 21, 3], [22, 22, 1], [23, 24, 3]]
-    again = search_with_evidence(t, (0.05 * t) ** 2, [0, 1, 2, 3], (0.875, 0.875, 0.5), settings=run,
+    again = search_with_evidence(StepTimes([0, 1, 2, 3], t, (0.05 * t) ** 2), (0.875, 0.875, 0.5), settings=run,
                                  incumbent=ev.choice.chosen)
     assert again.ranges == ev.ranges

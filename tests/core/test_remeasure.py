@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from tabletune_pipelines.core.goodput import tau_curve
 from tabletune_pipelines.core.remeasure import RemeasureSettings, cells_behind, evidence_from_repetitions, remeasure
 from tabletune_pipelines.core.evidence import Ambiguity
-from tabletune_pipelines.core.table import choose_draft_lengths, compact_ranges
+from tabletune_pipelines.core.table import DraftTable, choose_draft_lengths
 
 KS = (0, 1, 2, 3)
 RATES = (0.7, 0.5, 0.3)
@@ -52,7 +52,7 @@ class Engine:
 def test_adaptive_reaches_the_table_of_three_times_the_repetitions_with_at_most_half_the_measurements(
         boundary, slope, seed):
     t = surface(boundary, 0.30, slope)
-    truth = compact_ranges(choose_draft_lengths(t, KS, RATES).chosen)
+    truth = DraftTable.from_dense(choose_draft_lengths(t, KS, RATES).chosen).entries()
     uniform_engine = Engine(t, 0.10, seed)
     uniform = evidence_from_repetitions(uniform_engine.uniform(9), RATES, N).ranges
     assume(uniform == truth)  # nine repetitions everywhere settle it (in ~99 % of the cases) ...
@@ -114,7 +114,7 @@ def test_which_it_is_the_same_table_sooner_and_a_better_table_in_the_same_time(c
     uniform_hits = adaptive_hits = 0
     for boundary, slope, seed in cases:
         t = surface(boundary, 0.30, slope)
-        truth = compact_ranges(choose_draft_lengths(t, KS, RATES).chosen)
+        truth = DraftTable.from_dense(choose_draft_lengths(t, KS, RATES).chosen).entries()
         # Same table sooner.
         nine = Engine(t, 0.10, seed)
         if evidence_from_repetitions(nine.uniform(9), RATES, N).ranges == truth:

@@ -4,6 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tabletune_pipelines.core.steptime import (
+    StepTimes,
     StepTimeSurface,
     accepted_work_correction,
     batch_size_grid,
@@ -110,3 +111,40 @@ def test_noisy_dip_does_not_carve_a_one_batch_size_range():
     assert [15, 15, 1] in raw.ranges
     smooth = build_table(StepTimeSurface.from_cells(cells).non_decreasing(), rates, 16)
     assert smooth.ranges == [[1, 16, 3]]
+
+
+# -- StepTimes: T at every batch size with its uncertainty ------------------------------------------
+
+def test_step_times_hold_t_and_its_variance_per_k_and_batch_size():
+    ms = np.array([[10.0, 12.0, 14.0], [11.0, 14.0, 18.0]])
+    var = np.array([[0.25, 0.36, 0.49], [1.0, 0.0, 4.0]])
+    t = StepTimes((0, 3), ms, var)
+    assert t.max_batch_size == 3 and t.has_errors
+    assert t.at(3, 3) == (18.0, 4.0) and t.at(0, 2) == (12.0, 0.36)
+    cov = t.covariance()
+    assert cov.shape == (2, 2, 3) and cov[1, 1, 2] == 4.0 and cov[0, 1, 2] == 0.0
+    assert t.variance().tolist() == var.tolist()
+    bare = StepTimes([0, 3], ms)
+    assert bare.ks == (0, 3) and not bare.has_errors and bare.variance().tolist() == [[0.0] * 3] * 2
+    assert not StepTimes((0, 3), ms, np.zeros((2, 3))).has_errors
+    full = np.zeros((2, 2, 3))
+    full[0, 1] = full[1, 0] = 0.1
+    full[0, 0], full[1, 1] = var[0], var[1]
+    assert StepTimes((0, 3), ms, full).covariance()[0, 1, 0] == 0.1
+
+
+@pytest.mark.parametrize("args,needle", [
+    (((0, 1, 3), np.ones((2, 3))), "shape \\(2, 3\\); expected \\(3, N\\)"),
+    (((0, 3), np.ones((2, 3)), np.ones((2, 4))), "covariance has shape \\(2, 4\\)"),
+])
+def test_step_times_of_the_wrong_shape_name_it(args, needle):
+    with pytest.raises(InvalidStepTimeError, match=needle):
+        StepTimes(*args)
+
+
+def test_step_times_lookups_outside_the_surface_are_refused():
+    t = StepTimes((0, 3), np.ones((2, 4)))
+    with pytest.raises(InvalidValueError, match="k = 2 is not one of"):
+        t.at(2, 1)
+    with pytest.raises(InvalidValueError, match="batch size 5 is outside 1..4"):
+        t.at(0, 5)

@@ -1,4 +1,5 @@
-"""Table search, compaction and validation; property tests and agreement with vLLM's own validator."""
+"""Table search, the table type (``DraftTable``: validation, lookups, compaction, the 3- and 5-item
+forms, diff); worked numbers, property tests and agreement with vLLM's own validator."""
 
 import importlib.util
 
@@ -7,14 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tabletune_pipelines.core.table import (
-    allowed_ks_from_table,
-    choose_draft_lengths,
-    compact_ranges,
-    expand_table,
-    validate_table,
-    validate_vllm_schedule,
-)
+from tabletune_pipelines.core.table import Axes, DraftTable, TableChange, choose_draft_lengths
 from tabletune_pipelines.errors import InvalidTableError
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
@@ -41,8 +35,9 @@ def test_built_tables_are_valid_near_optimal_and_use_allowed_ks(inp):
     choice = choose_draft_lengths(times, ks, rates, allowed_ks=allowed)
     ranges = choice.ranges
     # Covers 1..max_num_seqs with valid, contiguous ranges.
-    assert validate_table(ranges, max_num_seqs, max(max(ks), 1)) == [tuple(r) for r in ranges]
-    assert expand_table(ranges, max_num_seqs, max(max(ks), 1)) == list(choice.chosen)
+    table = DraftTable.from_entries(ranges, max_num_seqs=max_num_seqs, max_k=max(max(ks), 1))
+    assert table.entries() == ranges
+    assert table.vllm_lookup(max_num_seqs, max(max(ks), 1))[1:] == list(choice.chosen)
     permitted = set(ks) if allowed is None else set(allowed)
     assert set(choice.chosen) <= permitted
     # Each chosen k is within 0.5% of the best allowed goodput at its batch size.
@@ -79,10 +74,10 @@ def test_crossover_table_from_design_cpu_measurements():
     assert choice.ranges[0][:2] == [1, choice.ranges[0][1]] and choice.ranges[-1][1] == 16
 
 
-def test_compact_ranges():
-    assert compact_ranges([3, 3, 1, 1, 1, 0]) == [[1, 2, 3], [3, 5, 1], [6, 6, 0]]
+def test_from_dense_compacts_runs_of_equal_k():
+    assert DraftTable.from_dense([3, 3, 1, 1, 1, 0]).entries() == [[1, 2, 3], [3, 5, 1], [6, 6, 0]]
     with pytest.raises(InvalidTableError):
-        compact_ranges([])
+        DraftTable.from_dense([])
 
 
 @pytest.mark.parametrize(
@@ -103,12 +98,12 @@ def test_compact_ranges():
 )
 def test_bad_tables_name_the_problem(table, needle):
     with pytest.raises(InvalidTableError, match=needle):
-        validate_table(table, 8, 3)
+        DraftTable.from_entries(table, max_num_seqs=8, max_k=3)
 
 
 def test_allowed_ks_from_docs_table():
     docs_eagle3 = [[1, 16, 5], [17, 32, 4], [33, 64, 3], [65, 128, 1], [129, 512, 0]]
-    assert allowed_ks_from_table(docs_eagle3) == [0, 1, 3, 4, 5]
+    assert DraftTable.from_entries(docs_eagle3).allowed_ks() == [0, 1, 3, 4, 5]
 
 
 # -- agreement with vLLM ---------------------------------------------------------------------
@@ -136,12 +131,13 @@ def test_validator_and_expansion_agree_with_vllm(table, max_num_seqs, max_k):
     except (ValueError, TypeError):
         theirs = None
     try:
-        ours = validate_vllm_schedule(table)
+        ours = [tuple(e) for e in DraftTable.from_entries(table).entries()]
     except InvalidTableError:
         ours = None
     assert ours == theirs
     if theirs is not None:
-        assert expand_table(table, max_num_seqs, max_k) == build_dynamic_sd_schedule_lookup(table, max_num_seqs, max_k)[1:]
+        ours_lookup = DraftTable.from_entries(table).vllm_lookup(max_num_seqs, max_k)
+        assert ours_lookup == build_dynamic_sd_schedule_lookup(table, max_num_seqs, max_k)
 
 
 @pytest.mark.skipif(not HAVE_VLLM, reason="vLLM not installed here")
@@ -149,9 +145,158 @@ def test_vllm_agreement_on_named_examples():
     from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule
 
     good = [[1, 64, 3], [65, 128, 1], [129, 512, 0]]
-    assert validate_vllm_schedule(good) == validate_and_normalize_dynamic_sd_schedule(good)
+    ours = [tuple(e) for e in DraftTable.from_entries(good).entries()]
+    assert ours == validate_and_normalize_dynamic_sd_schedule(good)
     for bad in ([[1, 4, 3], [4, 8, 1]], [[2, 8, 1]], []):
         with pytest.raises(ValueError):
             validate_and_normalize_dynamic_sd_schedule(bad)
         with pytest.raises(InvalidTableError):
-            validate_vllm_schedule(bad)
+            DraftTable.from_entries(bad)
+
+
+# -- the table type: worked numbers ------------------------------------------------------------------
+
+DOCS = [[1, 64, 3], [65, 128, 1], [129, 512, 0]]
+#: Two batch-size ranges by three context buckets (the 5-item form).
+GRID = [[1, 16, 1, 1024, 3], [1, 16, 1025, 4096, 2], [1, 16, 4097, 32768, 0],
+        [17, 64, 1, 1024, 1], [17, 64, 1025, 4096, 1], [17, 64, 4097, 32768, 0]]
+
+
+def test_a_3_item_table_gives_k_per_batch_size_for_every_context():
+    t = DraftTable.from_entries(DOCS)
+    assert t.axes == Axes(((1, 64), (65, 128), (129, 512)))
+    assert t.ks == ((3,), (1,), (0,))
+    assert [t.k_at(b) for b in (1, 64, 65, 128, 129, 512, 600)] == [3, 3, 1, 1, 0, 0, 0]
+    assert t.k_at(70, ctx=100_000) == 1  # context is not read without a context axis
+    assert t.cell(1) == 1 and t.allowed_ks() == [0, 1, 3]
+    assert t.entries() == DOCS and t.entry_tuples() == ((1, 64, 3), (65, 128, 1), (129, 512, 0))
+
+
+def test_a_gap_carries_the_previous_k_forward_as_vllm_does():
+    t = DraftTable.from_entries([[1, 4, 3], [8, 10, 1]])
+    assert t.dense(12).tolist() == [3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1]
+    assert t.vllm_lookup(12, 2) == [0, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1]
+    with pytest.raises(InvalidTableError, match="gap between ranges \\[1, 4, 3\\] and \\[8, 10, 1\\]"):
+        DraftTable.from_entries([[1, 4, 3], [8, 10, 1]], max_num_seqs=10, max_k=3)
+
+
+def test_a_5_item_table_gives_k_per_batch_size_and_context():
+    t = DraftTable.from_entries(GRID, allow_context=True)
+    assert t.axes.context == ((1, 1024), (1025, 4096), (4097, 32768))
+    assert t.axes.shape == (2, 3) and t.ks == ((3, 2, 0), (1, 1, 0))
+    assert [t.k_at(8, c) for c in (1, 1024, 1025, 4096, 4097, 10**6)] == [3, 3, 2, 2, 0, 0]
+    assert [t.k_at(b, 2000) for b in (1, 16, 17, 64, 100)] == [2, 2, 1, 1, 1]
+    assert t.cell(0, 1) == 2 and t.allowed_ks() == [0, 1, 2, 3]
+    assert t.dense(3).tolist() == [[3, 2, 0]] * 3
+    assert t.vllm_lookup(2) == [[0, 0, 0], [3, 2, 0], [3, 2, 0]]
+    assert t.entries() == GRID
+    with pytest.raises(InvalidTableError, match="needs the context length"):
+        t.k_at(8)
+
+
+@pytest.mark.parametrize("entries,needle", [
+    ([[1, 8, 3], [9, 16, 1, 100, 2]], "3-item"),  # a 5-item entry where context is not allowed
+    (GRID[:2] + GRID[3:], "must be rectangular"),
+    ([[1, 8, 2, 100, 3]], "starts at 2; the buckets must be contiguous from 1"),
+    ([[1, 8, 1, 100, 3], [1, 8, 200, 300, 1]], "starts at 200"),
+    ([[1, 8, 1, 100, 3], [1, 8, 1, 100, 1]], "repeats the cell"),
+    ([[1, 8, 50, 10, 3]], "context bucket 50..10"),
+    ([[1, 8, 1, 100, 3], [9, 16, 2]], "mix 3-item and 5-item"),
+    ([[1, 8, 1, 100, 9]], "k = 9"),
+])
+def test_bad_5_item_tables_name_the_problem(entries, needle):
+    allow = needle != "3-item"
+    with pytest.raises(InvalidTableError, match=needle):
+        DraftTable.from_entries(entries, allow_context=allow, max_num_seqs=8 if needle == "k = 9" else None,
+                                max_k=3 if needle == "k = 9" else None)
+
+
+@pytest.mark.parametrize("axes,needle", [
+    (dict(batch=()), "empty"),
+    (dict(batch=((2, 8),)), "starts at 2"),
+    (dict(batch=((1, 8), (5, 9))), "\\[1, 8\\] and \\[5, 9\\] overlap"),
+    (dict(batch=((1, 0),)), "must be positive"),
+    (dict(batch=((1, 8),), context=((1, 10), (12, 20))), "starts at 12"),
+    (dict(batch=((1, 8),), context=()), "context axis is empty"),
+])
+def test_bad_axes_name_the_bad_value(axes, needle):
+    with pytest.raises(InvalidTableError, match=needle):
+        Axes(**axes)
+
+
+def test_a_grid_of_the_wrong_shape_is_refused():
+    with pytest.raises(InvalidTableError, match="not 2 x 1"):
+        DraftTable(Axes(((1, 4), (5, 8))), ((3,),))
+    with pytest.raises(InvalidTableError, match="k = -1"):
+        DraftTable(Axes(((1, 4),)), ((-1,),))
+
+
+def test_diff_names_each_cell_that_changes():
+    a = DraftTable.from_entries([[1, 4, 3], [5, 8, 1]])
+    b = DraftTable.from_entries([[1, 3, 3], [4, 8, 1]])
+    assert a.diff(b) == (TableChange(4, None, 3, 1),)
+    assert b.diff(a) == (TableChange(4, None, 1, 3),)
+    assert a.diff(a) == () and a.diff(b, n=3) == ()
+    # A 3-item table against a 5-item one: the 3-item k holds in every bucket.
+    g = DraftTable.from_entries([[1, 8, 1, 100, 3], [1, 8, 101, 200, 0]], allow_context=True)
+    flat = DraftTable.from_entries([[1, 8, 3]])
+    assert flat.diff(g) == tuple(TableChange(b, (101, 200), 3, 0) for b in range(1, 9))
+
+
+# -- the table type: properties ----------------------------------------------------------------------
+
+@st.composite
+def tables_3(draw):
+    """A valid 3-item table (gaps allowed, as vLLM allows them)."""
+    n = draw(st.integers(1, 6))
+    starts = sorted(draw(st.sets(st.integers(2, 60), max_size=n - 1)) | {1})
+    out = []
+    for i, s in enumerate(starts):
+        nxt = starts[i + 1] if i + 1 < len(starts) else s + draw(st.integers(0, 20)) + 1
+        e = draw(st.integers(s, nxt - 1))
+        out.append([s, e, draw(st.integers(0, 5))])
+    return out
+
+
+@st.composite
+def tables_5(draw):
+    """A valid 5-item table: contiguous batch ranges by contiguous context buckets from 1."""
+    cuts = sorted(draw(st.sets(st.integers(2, 40), max_size=4)))
+    batch = list(zip([1, *cuts], [c - 1 for c in cuts] + [draw(st.integers(max([1, *cuts]), 64))]))
+    ccuts = sorted(draw(st.sets(st.integers(2, 9000), max_size=3)))
+    ctx = list(zip([1, *ccuts], [c - 1 for c in ccuts] + [draw(st.integers(max([1, *ccuts]), 10_000))]))
+    return [[lo, hi, c0, c1, draw(st.integers(0, 4))] for lo, hi in batch for c0, c1 in ctx]
+
+
+@settings(max_examples=200, deadline=None)
+@given(tables_3())
+def test_3_item_entries_round_trip_and_the_dense_lookup_is_k_at(entries):
+    t = DraftTable.from_entries(entries)
+    assert t.entries() == entries and DraftTable.from_entries(t.entries()) == t
+    n = entries[-1][1] + 5
+    lookup = t.vllm_lookup(n)
+    assert lookup[0] == 0 and len(lookup) == n + 1
+    assert lookup[1:] == [t.k_at(b) for b in range(1, n + 1)] == t.dense(n).tolist()
+    assert DraftTable.from_dense(t.dense(n)).dense(n).tolist() == t.dense(n).tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(tables_5(), st.integers(1, 12_000))
+def test_5_item_entries_round_trip_and_the_dense_lookup_is_k_at(entries, ctx):
+    t = DraftTable.from_entries(entries, allow_context=True)
+    assert t.entries() == entries and DraftTable.from_entries(entries[::-1], allow_context=True) == t
+    n = t.axes.batch[-1][1] + 3
+    lookup, col = t.vllm_lookup(n), t.axes.context_column(ctx)
+    assert [row[col] for row in lookup[1:]] == [t.k_at(b, ctx) for b in range(1, n + 1)]
+    again = DraftTable.from_dense(t.dense(n), context=t.axes.context)
+    assert again.dense(n).tolist() == t.dense(n).tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(tables_3(), tables_3())
+def test_diff_is_exactly_the_batch_sizes_where_k_differs(a, b):
+    ta, tb = DraftTable.from_entries(a), DraftTable.from_entries(b)
+    n = max(a[-1][1], b[-1][1])
+    want = [(x, ta.k_at(x), tb.k_at(x)) for x in range(1, n + 1) if ta.k_at(x) != tb.k_at(x)]
+    assert [(c.batch_size, c.before, c.after) for c in ta.diff(tb)] == want
+    assert [(c.batch_size, c.after, c.before) for c in tb.diff(ta)] == want

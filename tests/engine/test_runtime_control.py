@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from tabletune_pipelines.core.table import expand_table
+from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.formats.control_protocol import ControlReader
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.engine.runtime_control import NUDGE_PROMPT, RuntimeControl
@@ -117,7 +117,7 @@ class DraftingEngine(Engine):
                     self.table = cmd.body.get("table") or [[1, 8, cmd.body["k"]]]
                     self.readers[0].ack(cmd.seq)
             self.batches.append(self.batch)
-            if expand_table(self.table, 8, 3)[self.batch - 1] > 0:
+            if DraftTable.from_entries(self.table).vllm_lookup(8, 3)[self.batch] > 0:
                 rates = self.readers[1].poll()
                 if rates is not None:
                     self.seen.append(rates.body)

@@ -272,9 +272,9 @@ class ScriptedServer:
         self.prompts = []
 
     def set_k(self, *, table):
-        from tabletune_pipelines.core.table import expand_table
+        from tabletune_pipelines.core.table import DraftTable
 
-        self.lookup = expand_table([list(r) for r in table], self.M, self.K)
+        self.lookup = DraftTable.from_entries([list(r) for r in table]).vllm_lookup(self.M, self.K)[1:]
 
     def complete(self, prompt, **kw):
         import time

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tabletune_pipelines.controller.search import dense_from_ranges
+from tabletune_pipelines.controller.search import dense_of
 from tabletune_pipelines.controller.step import StepOutcome
 from tabletune_pipelines.formats.documents import StepTimeProfile
 from tabletune_pipelines.evaluation import costmodel as cm
@@ -112,7 +112,7 @@ def test_simulator_drives_the_production_controller_unchanged(tmp_path, surface)
     assert direct.ranges == c_sim.ranges and direct.rebuilds == c_sim.rebuilds
     assert direct.estimate() == pytest.approx(c_sim.estimate())
     # and the decisions moved to what the true rates make best at B = 12 (k = 3, not the start's 0)
-    assert dense_from_ranges(direct.ranges, 64)[11] == 3
+    assert dense_of(direct.ranges, 64)[11] == 3
 
 
 def test_simulated_figures_do_not_depend_on_how_busy_the_machine_is(tmp_path, surface, monkeypatch):

@@ -19,7 +19,7 @@ import yaml
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tabletune_pipelines.core.table import validate_table
+from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.formats.documents import DraftLengthTable, EngineIdentity
 from tabletune_pipelines.errors import PublishedTableError, TableTuneError
 from tabletune_pipelines.formats.fleet import parse_fleet
@@ -255,7 +255,7 @@ def test_the_whole_file_is_accepted_exactly_when_the_gate_accepts_its_table(tmp_
     tmp_path = tmp_path_factory.mktemp("p")
     table = [list(r) for r in ranges]
     try:
-        validate_table(table, 16, 3)
+        DraftTable.from_entries(table, max_num_seqs=16, max_k=3)
         gate_ok = True
     except TableTuneError:
         gate_ok = False

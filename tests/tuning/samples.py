@@ -68,13 +68,12 @@ def scripted_verification(identity: EngineIdentity, table, rates, opts):
     profile at B = load, 3 rounds, ±1% per round alike for every policy) judged by the real
     ``tuning.served_verdict.judge``."""
     from tabletune_pipelines.core.goodput import tau_curve
-    from tabletune_pipelines.core.table import expand_table
     from tabletune_pipelines.tuning import served_plan, served_verdict, served_windows
 
     K, M = identity.max_k, identity.max_num_seqs
     loads = tuple(opts.loads or served_plan.default_loads(M))
     taus = tau_curve(tuple(rates[:K]))
-    lookup = expand_table([list(r) for r in table.ranges], M, K)
+    lookup = table.draft.vllm_lookup(M, K)[1:]
 
     def window(policy, k, load, r):
         g = 1000.0 * load * taus[k] / scripted_ms(k, load) * (1.0 + 0.01 * ((r + load) % 3 - 1))

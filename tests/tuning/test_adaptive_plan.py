@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tabletune_pipelines.core.evidence import ACCEPTED_LOSS
+from tabletune_pipelines.core.steptime import StepTimes
 from tabletune_pipelines.core.remeasure import (
     DEFAULT_DECISION_RATES,
     RemeasureSettings,
@@ -142,13 +143,13 @@ def test_the_run_summary_names_tied_batch_sizes_within_the_accepted_loss():
     t3 = np.array([t * 2.952 / 1.8 * (0.7 if b < 9 else 1.0) for b, t in enumerate(t1, start=1)])
     ms = np.vstack([t1, t3])
     var = (0.001 * ms) ** 2  # 0.1 % standard errors: the tie is resolved within 1 %
-    ev = search_with_evidence(ms, var, ks, rates, settings=SearchSettings())
+    ev = search_with_evidence(StepTimes(ks, ms, var), rates, settings=SearchSettings())
     lines = tie_lines(ev, ACCEPTED_LOSS)
     assert len(lines) == 1 and "tied within 1%" in lines[0] and "any of them serves as well" in lines[0]
     tied = [b for b, c in enumerate(ev.ties(ACCEPTED_LOSS), start=1) if c]
     assert tied and min(tied) >= 9 and "B = 1" not in lines[0].split(":", 1)[1].split(";")[0][:6]
     # With 5 % errors nothing is settled within 1 %: the same surface is undecided, not tied.
-    loose = search_with_evidence(ms, (0.05 * ms) ** 2, ks, rates, settings=SearchSettings())
+    loose = search_with_evidence(StepTimes(ks, ms, (0.05 * ms) ** 2), rates, settings=SearchSettings())
     assert any(line.startswith("  undecided (beyond 1% at 95% confidence): B = ") and "could beat the table" in line
                for line in tie_lines(loose, ACCEPTED_LOSS))
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tabletune_pipelines.core.table import validate_table
+from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.formats.documents import AcceptancePrior, StepTimeProfile
 from tabletune_pipelines.tuning.derive import derive_table
 
@@ -49,7 +49,7 @@ def test_profile_carries_its_identity_and_every_cells_spread(engine):
 def test_both_tables_build_and_are_publishable(engine, rates):
     prof = _profile(engine)
     tuned = derive_table(prof, _prior(rates))
-    validate_table(tuned.table.as_vllm(), max_num_seqs=128, max_k=3)
+    DraftTable.from_entries(tuned.table.as_vllm(), max_num_seqs=128, max_k=3)
 
 
 def test_moe_keeps_k3_at_128_so_the_docs_table_loses_double_digits():
