@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ast
 
-from tests.core.test_one_home import _walk, copies
+from tests.architecture.test_one_home import _walk, copies
 
 HOMES = ("tabletune_pipelines/core/table.py", "tabletune_pipelines/formats/", "tabletune_pipelines/store/",
          "tabletune_pipelines/controller/scheduler.py")
