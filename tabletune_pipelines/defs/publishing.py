@@ -13,7 +13,11 @@ from tabletune_pipelines.orchestration.metadata import (
 )
 from tabletune_pipelines.orchestration.partitions import engine_identity_partitions
 from tabletune_pipelines.orchestration.resources import (
-    EngineResource, FleetResource, TuningSettings, check_config, store_from,
+    EngineResource,
+    FleetResource,
+    TuningSettings,
+    check_config,
+    store_from,
 )
 from tabletune_pipelines.orchestration.tags import engine_tag_warning
 from tabletune_pipelines.tuning.publishing import publish_table, rollback_table

@@ -19,8 +19,8 @@ import os
 from pathlib import Path
 
 import tabletune_pipelines
-from tabletune_pipelines.formats.control_protocol import K_CONTROL_ENV, STEP_LOG_ENV, SYNTHETIC_CONTROL_ENV
 from tabletune_pipelines.engine.config import SERVED_MODEL_NAME, ServerConfig
+from tabletune_pipelines.formats.control_protocol import K_CONTROL_ENV, STEP_LOG_ENV, SYNTHETIC_CONTROL_ENV
 from tabletune_pipelines.vocab import vllm_compilation_config
 
 LAUNCHER_MODULE = "tabletune_pipelines.engine.launcher"

@@ -218,7 +218,7 @@ def envelope_checked(identity: EngineIdentity, note: Callable[[str], None] | Non
     class EnvelopeCheckedServer(VLLMServer):
         envelope: ReportedEnvelope | None = None
 
-        def start(self) -> "EnvelopeCheckedServer":
+        def start(self) -> EnvelopeCheckedServer:
             super().start()
             cfg = self.config
             text = read_log(self.log_path)

@@ -11,12 +11,12 @@ from __future__ import annotations
 import subprocess
 from typing import Protocol
 
-from tabletune_pipelines.formats.documents import EngineIdentity
+from tabletune_pipelines.core.stepcost import default_capture_ceiling
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.engine.dtype import default_dtype
-from tabletune_pipelines.core.stepcost import default_capture_ceiling
 from tabletune_pipelines.engine.installed import installed_vllm_version, resolve_device
 from tabletune_pipelines.errors import EngineConfigError
+from tabletune_pipelines.formats.documents import EngineIdentity
 from tabletune_pipelines.formats.identity_match import nvidia_gpu_name
 
 DEFAULT_GRAPH_MODE = "default"

@@ -284,7 +284,7 @@ class ProfileOptions(PlanFields, LaunchOverrides):
             object.__setattr__(self, "decision_rates", rates)
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any] | None, *, where: str = "profile options") -> "ProfileOptions":
+    def from_mapping(cls, data: Mapping[str, Any] | None, *, where: str = "profile options") -> ProfileOptions:
         """Options from a dict (``options.options_from_mapping``); an unknown key or a bad value raises
         ``EngineConfigError`` naming it and ``where``."""
         return options_from_mapping(cls, data, where=where, error=EngineConfigError)

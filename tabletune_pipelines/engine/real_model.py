@@ -180,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"[setup] real model {args.name}: {m.model_dir} ({m.dtype}, {m.num_parameters / 1e6:.1f} M parameters, "
-          f"{folder_bytes(m.model_dir) / 2**20:.0f} MiB; from {m.source.name}, {m.source.stat().st_size / 2**20:.0f} MiB)"
+          f"{folder_bytes(m.model_dir) / 2**20:.0f} MiB; "
+          f"from {m.source.name}, {m.source.stat().st_size / 2**20:.0f} MiB)"
           f" in {time.monotonic() - t0:.0f} s")
     return 0
 

@@ -1,13 +1,13 @@
 """``RuntimeControl``: changing a running server's draft length, admission gate and synthetic rates.
 
 The writer side of a launch's two control channels (``control_protocol.ControlWriter``; the
-protocol, its files and its acknowledgements are all there): ``set_k`` switches the draft length
-or the table and ``arm_gate`` admits the next n requests in one step (the k channel, read by the
-timing scheduler once per step); ``set_synthetic_rates`` changes the synthetic acceptance (read when
-drafts are verified: by the CPU plugin on the CPU build, by ``engine.gpu_synthetic`` on a GPU). A command is checked against the launch
-configuration before it is sent. ``VLLMServer`` opens the channels when its server has started
-and hands over its ``complete`` (a tiny request makes an idle engine take a step) and its log tail
-(quoted when the engine refuses or does not answer).
+protocol, its files and its acknowledgements are all there): ``set_k`` switches the draft length or
+the table and ``arm_gate`` admits the next n requests in one step (the k channel, read by the timing
+scheduler once per step); ``set_synthetic_rates`` changes the synthetic acceptance (read when drafts
+are verified: by the CPU plugin on the CPU build, by ``engine.gpu_synthetic`` on a GPU). A command
+is checked against the launch configuration before it is sent. ``VLLMServer`` opens the channels
+when its server has started and hands over its ``complete`` (a tiny request makes an idle engine
+take a step) and its log tail (quoted when the engine refuses or does not answer).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from tabletune_pipelines.formats.control_protocol import ControlWriter, check_rates_command
 from tabletune_pipelines.core.table import expand_table, validate_vllm_schedule
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.errors import ControlProtocolError, EngineConfigError, EngineError, InvalidCommand
+from tabletune_pipelines.formats.control_protocol import ControlWriter, check_rates_command
 
 #: A one-request "nudge" that makes an idle engine take a step (the timing scheduler reads its
 #: control file once per step). Token ids, so no tokenizer vocabulary is assumed.

@@ -49,10 +49,15 @@ import os
 import time
 from typing import Any
 
-from tabletune_pipelines.formats.control_protocol import K_CONTROL_ENV, STEP_LOG_ENV, Command, ControlReader
-from tabletune_pipelines.formats.control_protocol import check_k_command
 from tabletune_pipelines.controller.step import count_drafts, fold, longest
 from tabletune_pipelines.errors import InvalidCommand
+from tabletune_pipelines.formats.control_protocol import (
+    K_CONTROL_ENV,
+    STEP_LOG_ENV,
+    Command,
+    ControlReader,
+    check_k_command,
+)
 
 try:  # Imported inside vLLM's engine core; the module stays importable without vLLM for docs/tests.
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler

@@ -79,7 +79,7 @@ class CostParams:
     max_num_seqs: int = 512
     """Largest batch size the surface covers."""
 
-    def with_(self, **kw) -> "CostParams":
+    def with_(self, **kw) -> CostParams:
         return replace(self, **kw)
 
 

@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from tabletune_pipelines.controller.loader import default_export_path
-from tabletune_pipelines.formats.controller_settings import PUBLISHED_ENV
 from tabletune_pipelines.errors import LiveCountersError
-from tabletune_pipelines.tuning.served_load import LoadGenerator
 from tabletune_pipelines.evaluation.synthetic import IDENTITY, LAUNCH, publish
+from tabletune_pipelines.formats.controller_settings import PUBLISHED_ENV
 from tabletune_pipelines.formats.live_counters import CounterWindow, read_live_counters
 from tabletune_pipelines.formats.published import check_published_target
+from tabletune_pipelines.tuning.served_load import LoadGenerator
 
 __all__ = ["SCHEDULER", "Rig", "closed_loop", "drafting_requests_per_step", "identity", "server_config", "tiny"]
 
@@ -59,7 +59,8 @@ def server_config(work_dir: Path, published: Path, *, method: str = "draft_model
         model=str(m.target_dir), drafter=str(m.draft_dir) if method == "draft_model" else None, method=method,
         num_speculative_tokens=k_max, table=tuple(launch), synthetic_acceptance_rates=None if rates is None
         else tuple(rates), max_num_seqs=max_num_seqs, max_model_len=512, work_dir=str(work_dir), step_timing=False,
-        extra_args=("--scheduler-cls", cls if "." in cls else SCHEDULER + cls), speculative_extra=speculative_extra or {},
+        extra_args=("--scheduler-cls", cls if "." in cls else SCHEDULER + cls),
+        speculative_extra=speculative_extra or {},
         extra_env={PUBLISHED_ENV: str(published), **(extra_env or {})})
 
 

@@ -51,8 +51,8 @@ from tabletune_pipelines.controller.loader import EngineFacts
 from tabletune_pipelines.controller.logic import Controller
 from tabletune_pipelines.controller.step import StepOutcome
 from tabletune_pipelines.core.stepcost import GraphEnvelope, PrefillFit, StepCost
-from tabletune_pipelines.errors import InvalidValueError
 from tabletune_pipelines.core.table import dense_from_ranges
+from tabletune_pipelines.errors import InvalidValueError
 from tabletune_pipelines.evaluation.surfaces import Surface
 from tabletune_pipelines.evaluation.synthetic import ENGINE, REBUILD_BUDGET_MS
 from tabletune_pipelines.formats.published import PublishedVersion, published_document, write_published_table
@@ -77,11 +77,11 @@ class TablePolicy:
     """k for B = 1..max_num_seqs (index B − 1); None = no speculation."""
 
     @classmethod
-    def fixed(cls, k: int, n: int) -> "TablePolicy":
+    def fixed(cls, k: int, n: int) -> TablePolicy:
         return cls(f"fixed k={k}", (int(k),) * n)
 
     @classmethod
-    def from_ranges(cls, name: str, ranges: Sequence[Sequence[int]], n: int, max_k: int) -> "TablePolicy":
+    def from_ranges(cls, name: str, ranges: Sequence[Sequence[int]], n: int, max_k: int) -> TablePolicy:
         """The table ``ranges`` (covering 1..n) over B = 1..n, k capped at ``max_k``
         (``core.table.dense_from_ranges``)."""
         return cls(name, tuple(int(k) for k in dense_from_ranges(ranges, n, max_k)))
@@ -283,7 +283,8 @@ def all_k_launch(n: int, K: int) -> tuple[tuple[int, int, int], ...]:
 
 
 def published_for(path: str | os.PathLike[str], *, ranges: Sequence[Sequence[int]],
-                  step_ms: dict[str, dict[str, float]], prior: Sequence[float], max_num_seqs: int, max_k: int, prior_drafts: int = 4800,
+                  step_ms: dict[str, dict[str, float]], prior: Sequence[float], max_num_seqs: int, max_k: int,
+                  prior_drafts: int = 4800,
                   version: int = 1, controller: dict[str, Any] | None = None,
                   deployment: str = "simulated") -> Path:
     """Write a real published file (``tabletune_pipelines.formats.published``) for the simulated engine.

@@ -34,7 +34,7 @@ import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from tabletune_pipelines.errors import InvalidValueError, NotFoundError
@@ -102,7 +102,7 @@ def _english(text: str) -> bool:
     return bool(text) and sum(c.isascii() for c in text) >= ENGLISH_ASCII_SHARE * len(text)
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_mix(name: str) -> tuple[str, ...]:
     """The prompts of mix ``name`` in the source's order."""
     path = data_file(name)

@@ -1,4 +1,4 @@
-"""The main job on the embedded default: ``tabletune run`` (or ``python -m tabletune_pipelines.orchestration.embedded``).
+"""The main job on the embedded default: ``tabletune run``, or ``python -m`` this module.
 
 Runs the whole pipeline once, in process, into a persistent Dagster instance (so the UI shows it
 afterwards): the last complete week's acceptance prior (and live counters, if the controller
@@ -82,8 +82,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="small profile plan (3 batch sizes, 2 repetitions)")
     parser.add_argument("--week", help="week to measure acceptance for (Monday, YYYY-MM-DD); default last complete")
     parser.add_argument("--mix", default=DEFAULT_MIX,
-                        help=f"mix of the sample week written when a week has no logged prompts (default {DEFAULT_MIX}; "
-                             "mixes: code = HumanEval, prose = WritingBench)")
+                        help=f"mix of the sample week written when a week has no logged prompts "
+                             f"(default {DEFAULT_MIX}; mixes: code = HumanEval, prose = WritingBench)")
     return parser.parse_args(argv)
 
 

@@ -19,15 +19,15 @@ from typing import Any
 import dagster as dg
 import numpy as np
 
-from tabletune_pipelines.formats.documents import DraftLengthTable
 from tabletune_pipelines.errors import PipelineFailure
-from tabletune_pipelines.formats.strict_io import atomic_write_bytes
+from tabletune_pipelines.formats.documents import DraftLengthTable
 from tabletune_pipelines.formats.fleet import tabletune_home
-from tabletune_pipelines.tuning.publishing import Publication, Rollback
+from tabletune_pipelines.formats.strict_io import atomic_write_bytes
 from tabletune_pipelines.tuning.build import BuiltTable
 from tabletune_pipelines.tuning.feedback import LiveWeek
 from tabletune_pipelines.tuning.gates import Gate
 from tabletune_pipelines.tuning.measure import ProfileRun, WeekPriors
+from tabletune_pipelines.tuning.publishing import Publication, Rollback
 from tabletune_pipelines.tuning.report import (
     accepted_work_text,
     boundaries_markdown,
@@ -39,6 +39,7 @@ from tabletune_pipelines.tuning.report import (
     table_markdown,
     within_noise_markdown,
 )
+
 
 def live_priors_markdown(week: LiveWeek) -> str:
     """One row per deployment with a live prior of the week: windows, counts, the stored prior and

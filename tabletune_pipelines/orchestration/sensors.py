@@ -120,7 +120,9 @@ def request_retunes(context: dg.RunStatusSensorContext, fleet: FleetResource, en
 
 
 def build_sensors(jobs: Jobs, interval_s: int = DEFAULT_SENSOR_INTERVAL_S) -> list[dg.SensorDefinition]:
-    """The code location's sensors, requesting ``jobs`` (``tabletune_pipelines/definitions.py`` ``defs`` builds them when it loads)."""
+    """The code location's sensors, requesting ``jobs``.
+
+    ``tabletune_pipelines/definitions.py`` ``defs`` builds them when it loads."""
     upgrade = dg.sensor(
         name="engine_upgrade_sensor",
         job=jobs.profile_and_publish,

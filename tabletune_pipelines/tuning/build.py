@@ -16,8 +16,8 @@ from typing import Any, Protocol
 
 from tabletune_pipelines.core.evidence import DEFAULT_CONFIDENCE, DEFAULT_SEARCH_RULE
 from tabletune_pipelines.core.table import DEFAULT_STICKINESS
-from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, StepTimeProfile
 from tabletune_pipelines.errors import PipelineFailure, TableTuneError
+from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, StepTimeProfile
 from tabletune_pipelines.tuning.derive import DeriveOptions, TunedTable, derive_table
 from tabletune_pipelines.tuning.gates import (
     Gate,

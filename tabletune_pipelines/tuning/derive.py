@@ -24,8 +24,8 @@ confidence, the k within noise per B, the predicted worst loss with its bounds).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -39,14 +39,6 @@ from tabletune_pipelines.core.evidence import (
     search_with_evidence,
 )
 from tabletune_pipelines.core.goodput import tau_curve
-from tabletune_pipelines.core.served_calibration import ServedCalibration
-from tabletune_pipelines.core.stepcost import (
-    ServedCost,
-    StepCost,
-    Workload,
-    fit_prefill_costs,
-    unmeasured_cells,
-)
 from tabletune_pipelines.core.noise import (
     AcceptedWorkFit,
     NoisySurface,
@@ -55,9 +47,17 @@ from tabletune_pipelines.core.noise import (
     median_variances,
     rates_covariance,
 )
+from tabletune_pipelines.core.served_calibration import ServedCalibration
+from tabletune_pipelines.core.stepcost import (
+    ServedCost,
+    StepCost,
+    Workload,
+    fit_prefill_costs,
+    unmeasured_cells,
+)
 from tabletune_pipelines.core.table import DEFAULT_STICKINESS, TableChoice, expand_table
-from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, StepTimeProfile
 from tabletune_pipelines.errors import InvalidAcceptanceError, InvalidValueError
+from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, StepTimeProfile
 from tabletune_pipelines.options import DRAFT_LENGTH, Bound, check_bounds
 from tabletune_pipelines.vocab import SearchRule
 
@@ -220,7 +220,7 @@ def _accepted_work_fit(profile: StepTimeProfile, noisy: NoisySurface,
     flat = [(k, b, c) for k, row in accept.items() for b, c in row.items()]
     variances = median_variances([c for _, _, c in flat])
     accept_var: dict[int, dict[int, float | None]] = {}
-    for (k, b, _), v in zip(flat, variances):
+    for (k, b, _), v in zip(flat, variances, strict=True):
         accept_var.setdefault(k, {})[b] = v
     return fit_accepted_work(noisy, accept, accept_var, confidence=options.confidence)
 
@@ -310,7 +310,8 @@ def _served_summary(cost: StepCost, served: ServedCost | None, workload: Workloa
     return {
         "workload": workload.to_dict(),
         **cost.summary(),
-        "extra_ms": {str(k): {str(b): round(float(served.extra_ms[i, b - 1]), 4) for b in bs} for i, k in enumerate(ks)},
+        "extra_ms": {str(k): {str(b): round(float(served.extra_ms[i, b - 1]), 4) for b in bs}
+                     for i, k in enumerate(ks)},
         "arrivals_per_step": {str(k): {str(b): round(float(served.arrivals[i, b - 1]), 4) for b in bs}
                               for i, k in enumerate(ks)},
         "unmeasured": [[b, k, round(p, 4)] for b, k, p in unmeasured_cells(served, ks, dense_k)],

@@ -257,7 +257,7 @@ def compare_envelopes(default: StepTimeProfile, raised: StepTimeProfile, prior: 
     preds = [predict_envelope(label, prof, prior, loads,
                               dataclasses.replace(options, served_calibration=cal.get(prof.identity.key)),
                               cost.get(prof.identity.key))
-             for label, prof in zip(labels, (default, raised))]
+             for label, prof in zip(labels, (default, raised), strict=True)]
     d, r = preds
     has_errors = any(p.log_var_step > 0 for e in preds for p in e.loads)
     sigma_a = (rates_covariance(prior.rates, prior.drafted_per_pos, prior.num_drafts)

@@ -34,13 +34,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tabletune_pipelines.core.acceptance_estimate import AcceptanceEstimator, EstimatorConfig, rates_from_counts
-from tabletune_pipelines.formats.documents import AcceptancePrior
 from tabletune_pipelines.errors import InvalidValueError, LiveCountersError, PipelineFailure, TableTuneError
+from tabletune_pipelines.formats.documents import AcceptancePrior
 from tabletune_pipelines.formats.live_counters import CounterWindow, read_live_counters
 
 if TYPE_CHECKING:
-    from tabletune_pipelines.tuning.deployments import Engine
     from tabletune_pipelines.formats.fleet import Fleet
+    from tabletune_pipelines.tuning.deployments import Engine
 
 
 @dataclass(frozen=True)

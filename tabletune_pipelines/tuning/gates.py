@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, get_args
 from tabletune_pipelines.core.goodput import tau_curve, validate_acceptance
 from tabletune_pipelines.core.stepcost import Workload, default_capture_ceiling
 from tabletune_pipelines.core.table import expand_table, validate_table, validate_vllm_schedule
+from tabletune_pipelines.errors import InvalidValueError, TableTuneError
 from tabletune_pipelines.formats.documents import (
     AcceptancePrior,
     DraftLengthTable,
@@ -30,7 +31,6 @@ from tabletune_pipelines.formats.documents import (
     StepTimeCell,
     StepTimeProfile,
 )
-from tabletune_pipelines.errors import InvalidValueError, TableTuneError
 from tabletune_pipelines.options import COUNT, Bound, check_bounds
 from tabletune_pipelines.tuning.derive import table_step_and_tau
 
@@ -415,7 +415,7 @@ def fixed_launch_cells(profile_cells: Iterable[StepTimeCell]) -> dict[int, dict[
 
 # -- served verification (docs/evaluation.md, "Served verification") -----------------------------
 
-def served_gate(result: "ServedVerification | None", *, disabled_reason: str = "") -> Gate:
+def served_gate(result: ServedVerification | None, *, disabled_reason: str = "") -> Gate:
     """Blocking: no fixed k serves more than the candidate by over the tolerance at a checked load
     (``tuning.served_verification``; docs/evaluation.md, "Served verification"). A verification that reached no
     verdict somewhere (``unverified``) lets the table through as a warning with its figures. ``result``
@@ -442,7 +442,7 @@ def served_gate(result: "ServedVerification | None", *, disabled_reason: str = "
                 warning=result.verdict == "unverified")
 
 
-def served_markdown(result: "ServedVerification") -> str:
+def served_markdown(result: ServedVerification) -> str:
     """One row per load: every policy's goodput ± s.e., the best fixed k, the paired ratio and the verdict."""
     pols = list(dict.fromkeys(g.policy for g in result.goodput))
     head = ["load", *[f"{p} (tok/s)" for p in pols], "best fixed", "table / best (paired)", "verdict"]

@@ -20,9 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tabletune_pipelines.tuning.deployments import Engine, deployments_running
-from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, EngineIdentity
 from tabletune_pipelines.errors import PipelineFailure, TableTuneError
+from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, EngineIdentity
 from tabletune_pipelines.formats.fleet import Deployment, Fleet
 from tabletune_pipelines.formats.identity_match import identity_mismatches
 from tabletune_pipelines.formats.published import (
@@ -31,9 +30,9 @@ from tabletune_pipelines.formats.published import (
     served_plot_path,
     write_speculative_config_companion,
 )
+from tabletune_pipelines.tuning.deployments import Engine, deployments_running
 from tabletune_pipelines.tuning.gates import Gate, blocking_table_gates, served_gate
 from tabletune_pipelines.tuning.report import check_plot_target, served_goodput_plot
-
 
 # -- what a publication writes besides the table -------------------------------------------------
 

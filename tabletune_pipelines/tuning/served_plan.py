@@ -124,8 +124,10 @@ class ServedVerificationOptions:
     measured only where no served policy runs the same k)."""
 
     BOUNDS: ClassVar[dict[str, Bound]] = {  # every number of these options (``options.Bound``)
-        "budget_s": Bound(0.0, 86_400.0, low_open=True, optional=True, why="seconds once the server is up; at most a day"),
-        "loads": Bound(1, 4096, integer=True, optional=True, why="concurrent requests; 4096 is the largest max_num_seqs a fleet has"),
+        "budget_s": Bound(0.0, 86_400.0, low_open=True, optional=True,
+                          why="seconds once the server is up; at most a day"),
+        "loads": Bound(1, 4096, integer=True, optional=True,
+                       why="concurrent requests; 4096 is the largest max_num_seqs a fleet has"),
         "rounds": Bound(1, 1000, integer=True, optional=True, why="rounds per load"),
         "window_s": Bound(0.0, 3600.0, low_open=True, optional=True, why="seconds per window; at most an hour"),
         "settle_s": Bound(0.0, 3600.0, optional=True, why="seconds after a table swap; at most an hour"),
@@ -157,11 +159,12 @@ class ServedVerificationOptions:
             raise InvalidValueError(f"served verification fixed_k = {self.fixed_k!r:.80}: all or plausible")
         for name in ("compare_docs_table",):
             if not isinstance(getattr(self, name), bool):
-                raise InvalidValueError(f"served verification {name} = {getattr(self, name)!r:.80} must be true or false")
+                raise InvalidValueError(
+                    f"served verification {name} = {getattr(self, name)!r:.80} must be true or false")
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any] | None, *, where: str = "served verification options"
-                     ) -> "ServedVerificationOptions":
+                     ) -> ServedVerificationOptions:
         """Options from a dict (a Dagster resource config; ``options.options_from_mapping``); an unknown
         key is named with ``where``."""
         return options_from_mapping(cls, data, where=where, error=InvalidValueError)
@@ -343,7 +346,7 @@ def _load_goodput(step_ms: Mapping[str, Mapping[str, float]], taus: Sequence[flo
     """Mean over the load's batch sizes of B·tau(k) / T(B, k) with ``table``'s k (the profile's decode steps)."""
     ks = k_over_load(table, load, max_num_seqs, max_k)
     bs = load_batch_sizes(min(load, max_num_seqs))
-    return statistics.fmean(b * taus[k] / float(step_ms[str(k)][str(b)]) for b, k in zip(bs, ks))
+    return statistics.fmean(b * taus[k] / float(step_ms[str(k)][str(b)]) for b, k in zip(bs, ks, strict=True))
 
 
 def size_verification(step_ms: Mapping[str, Mapping[str, float]], rates: Sequence[float],
