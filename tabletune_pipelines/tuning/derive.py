@@ -24,8 +24,8 @@ confidence, the k within noise per B, the predicted worst loss with its bounds).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -39,14 +39,6 @@ from tabletune_pipelines.core.evidence import (
     search_with_evidence,
 )
 from tabletune_pipelines.core.goodput import tau_curve
-from tabletune_pipelines.core.noise import (
-    AcceptedWorkFit,
-    NoisySurface,
-    corrected_dense,
-    fit_accepted_work,
-    median_variances,
-    rates_covariance,
-)
 from tabletune_pipelines.core.served_calibration import ServedCalibration
 from tabletune_pipelines.core.stepcost import (
     ServedCost,
@@ -55,9 +47,17 @@ from tabletune_pipelines.core.stepcost import (
     fit_prefill_costs,
     unmeasured_cells,
 )
+from tabletune_pipelines.core.noise import (
+    AcceptedWorkFit,
+    NoisySurface,
+    corrected_dense,
+    fit_accepted_work,
+    median_variances,
+    rates_covariance,
+)
 from tabletune_pipelines.core.table import DEFAULT_STICKINESS, TableChoice, expand_table
-from tabletune_pipelines.errors import InvalidAcceptanceError, InvalidValueError
 from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, StepTimeProfile
+from tabletune_pipelines.errors import InvalidAcceptanceError, InvalidValueError
 from tabletune_pipelines.options import DRAFT_LENGTH, Bound, check_bounds
 from tabletune_pipelines.vocab import SearchRule
 

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, get_args
 from tabletune_pipelines.core.goodput import tau_curve, validate_acceptance
 from tabletune_pipelines.core.stepcost import Workload, default_capture_ceiling
 from tabletune_pipelines.core.table import expand_table, validate_table, validate_vllm_schedule
-from tabletune_pipelines.errors import InvalidValueError, TableTuneError
 from tabletune_pipelines.formats.documents import (
     AcceptancePrior,
     DraftLengthTable,
@@ -31,6 +30,7 @@ from tabletune_pipelines.formats.documents import (
     StepTimeCell,
     StepTimeProfile,
 )
+from tabletune_pipelines.errors import InvalidValueError, TableTuneError
 from tabletune_pipelines.options import COUNT, Bound, check_bounds
 from tabletune_pipelines.tuning.derive import table_step_and_tau
 
