@@ -349,9 +349,12 @@ def measure_acceptance_from_file(
     ``server`` is given). The launch uses a fixed K (no table) so every draft covers all K positions."""
     prompts = sample_prompts(load_prompts(prompt_file), n=n, seed=seed)
     fingerprint_key()  # a key others can read (or a broken one) fails here, before an engine starts
-    kwargs = {"temperature": temperature, "max_tokens": max_tokens, "seed": seed, "concurrency": concurrency,
-              "source": source, "week": week, "deployment": deployment}
+
+    def measure(srv: VLLMServer) -> AcceptancePrior:
+        return measure_acceptance(srv, prompts, temperature=temperature, max_tokens=max_tokens, seed=seed,
+                                  concurrency=concurrency, source=source, week=week, deployment=deployment)
+
     if server is not None:
-        return measure_acceptance(server, prompts, **kwargs)  # type: ignore[arg-type]
+        return measure(server)
     with VLLMServer(dataclasses.replace(config, table=None)) as srv:
-        return measure_acceptance(srv, prompts, **kwargs)  # type: ignore[arg-type]
+        return measure(srv)

@@ -31,6 +31,7 @@ from tabletune_pipelines.formats.controller_settings import PUBLISHED_ENV
 from tabletune_pipelines.formats.live_counters import CounterWindow, read_live_counters
 from tabletune_pipelines.formats.published import check_published_target
 from tabletune_pipelines.tuning.served_load import LoadGenerator
+from tabletune_pipelines.vocab import Method
 
 __all__ = ["SCHEDULER", "Rig", "closed_loop", "drafting_requests_per_step", "identity", "server_config", "tiny"]
 
@@ -47,7 +48,8 @@ def tiny():
     return ensure_tiny_models(cache, "small")
 
 
-def server_config(work_dir: Path, published: Path, *, method: str = "draft_model", cls: str = "ControllerScheduler",
+def server_config(work_dir: Path, published: Path, *, method: Method = "draft_model",
+                  cls: str = "ControllerScheduler",
                   launch=LAUNCH, rates: Sequence[float] | None = (0.7, 0.5, 0.3), extra_env: dict | None = None,
                   max_num_seqs: int = 16, k_max: int = 3, speculative_extra: dict | None = None):
     """The tiny models' ``engine.ServerConfig`` with the scheduler plugin ``cls`` (a bare name is a

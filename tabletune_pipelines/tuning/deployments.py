@@ -54,8 +54,9 @@ class Engine(Protocol):
     with its configuration), or a test's scripted engine. The run-level library functions
     (``tuning.measure``, ``tuning.feedback.ingest_live_counters``, ``publishing``) take one."""
 
-    acceptance_options: Mapping[str, Any]
-    """``AcceptanceOptions`` fields (the seed of the prompt sample among them)."""
+    @property
+    def acceptance_options(self) -> Mapping[str, Any]:
+        """``AcceptanceOptions`` fields (the seed of the prompt sample among them)."""
 
     def current_identity(self, dep: Deployment) -> EngineIdentity: ...
 

@@ -255,8 +255,8 @@ def _publish_one(store: Any, engine: Engine, table: DraftLengthTable, key: str, 
     beside: dict[Path, bytes] = {}
     if served.section is not None:
         plot = _served_plot_target(dep, served.plot, log)
-        if plot is not None:
-            beside[plot] = served.plot  # type: ignore[assignment]
+        if plot is not None and served.plot is not None:
+            beside[plot] = served.plot
         fields["document_fields"] = {**fields["document_fields"],
                                      "served_verification": {**served.section, "plot": plot and plot.name}}
     # The plot is written by the store with the file, inside its transaction: a publication that fails
