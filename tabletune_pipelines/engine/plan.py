@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tabletune_pipelines.core.evidence import ACCEPTED_LOSS
 from tabletune_pipelines.core.goodput import validate_acceptance
@@ -172,6 +172,11 @@ class PlanFields:
 @dataclass(frozen=True)
 class ProfilePlan(PlanFields):
     """What to measure: ``PlanFields`` resolved (``batch_sizes`` and ``ks`` given, non-empty)."""
+
+    if TYPE_CHECKING:  # what __post_init__ guarantees, for the type checker (no new fields at run time)
+        batch_sizes: tuple[int, ...] = ()
+        ks: tuple[int, ...] = ()
+        accept_batch_sizes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -119,7 +119,10 @@ def report_failure(result: dg.ExecuteInProcessResult, what: str) -> int:
     for ev in result.all_events:
         if ev.event_type_value == "STEP_FAILURE":
             data = ev.step_failure_data
-            desc = data.user_failure_data.description if data.user_failure_data else data.error.message
+            if data.user_failure_data:
+                desc = data.user_failure_data.description
+            else:
+                desc = data.error.message if data.error else "no error information"
             print(f"[tabletune] {what} failed in {ev.step_key}: {desc}", file=sys.stderr)
     return 1
 

@@ -119,7 +119,8 @@ class EngineWindows:
 
 def windows_of_engine(windows: Iterable[CounterWindow], identity_key: str) -> EngineWindows:
     """Keep the windows counted by engine ``identity_key``; count the others per key."""
-    kept, left_out = [], {}
+    kept: list[CounterWindow] = []
+    left_out: dict[str, int] = {}
     for w in windows:
         if w.identity_key == identity_key:
             kept.append(w)
