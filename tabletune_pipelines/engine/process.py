@@ -365,7 +365,10 @@ class VLLMServer:
     # ------------------------------------------------------------------ lifecycle (ServerProcess)
     def start(self) -> VLLMServer:
         self.process.start()
-        self.control.open(self.process.control_path, self.process.synthetic_control_path)
+        ctl, rates = self.process.control_path, self.process.synthetic_control_path
+        if ctl is None or rates is None:  # ServerProcess.start names both before it launches
+            raise EngineError("the server process started without its control files")
+        self.control.open(ctl, rates)
         self.step_log = StepLog(self.process.step_log_path)
         return self
 

@@ -110,7 +110,7 @@ def _convert(src: Path, out: Path, dtype: str) -> int:
     model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
     # transformers keeps the GGUF quantizer on the model and refuses to save it; the tensors are
     # already dequantised to plain float32, so drop the quantizer and save an ordinary checkpoint.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # torch types Module attributes as Tensor | Module
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model = model.to(getattr(torch, dtype))

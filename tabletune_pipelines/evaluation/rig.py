@@ -93,6 +93,21 @@ def drafting_requests_per_step(windows: Sequence[CounterWindow]) -> float:
     return sum(w.num_drafts for w in windows) / steps if steps else float("nan")
 
 
+
+def _controller_steps(w: CounterWindow) -> int:
+    """The controller's step count at the end of window ``w`` (the rig reads only windows with the
+    controller's state)."""
+    if w.controller is None:
+        raise ValueError(f"window of v{w.table_version} has no controller state")
+    return int(w.controller["steps"])
+
+
+def _steps_before(first: CounterWindow) -> int:
+    """The controller's step count before window ``first`` (a version's first window) began."""
+    if first.steps is None:
+        raise ValueError(f"window of v{first.table_version} does not count its steps")
+    return _controller_steps(first) - first.steps
+
 class Rig:
     """One server + its published file + export; publishes versions and waits on the export.
 
@@ -134,7 +149,7 @@ class Rig:
     def steps(self) -> int:
         """The controller's step count in its latest exported window (0 before the first export)."""
         ws = [w for w in self.windows() if w.controller]
-        return ws[-1].controller["steps"] if ws else 0
+        return _controller_steps(ws[-1]) if ws else 0
 
     def wait_steps(self, n: int, timeout: float = 300.0) -> int:
         """Block until the export shows ``n`` more controller steps than now: phases measured in engine
@@ -171,11 +186,11 @@ class Rig:
         while time.monotonic() - last_progress < stall_s:
             mine = [w for w in self.windows() if w.table_version == version and w.controller]
             if mine:
-                start = mine[0].controller["steps"] - mine[0].steps
+                start = _steps_before(mine[0])
                 for w in mine:
                     if pred(w):
                         return w, mine
-                if mine[-1].controller["steps"] - start >= max_steps:
+                if _controller_steps(mine[-1]) - start >= max_steps:
                     return None, mine
             if len(mine) != seen:
                 seen, last_progress = len(mine), time.monotonic()
@@ -186,7 +201,7 @@ class Rig:
     @staticmethod
     def steps_into(w: CounterWindow, mine: list[CounterWindow]) -> int:
         """Steps the controller ran under the version up to the end of window ``w``."""
-        return w.controller["steps"] - (mine[0].controller["steps"] - mine[0].steps)
+        return _controller_steps(w) - _steps_before(mine[0])
 
     @staticmethod
     def seconds_into(w: CounterWindow, mine: list[CounterWindow]) -> float:

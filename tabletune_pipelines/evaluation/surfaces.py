@@ -119,7 +119,7 @@ def from_profile(profile: StepTimeProfile, name: str | None = None) -> Surface:
     nospec = None
     if ns and 1 in ns:
         xs = sorted(ns)
-        nospec = every_batch_size(xs, [non_decreasing_fit(np.asarray([ns[x] for x in xs], float))], n)[0]
+        nospec = every_batch_size(xs, [non_decreasing_fit([float(ns[x]) for x in xs])], n)[0]
     ident = profile.identity
     return Surface(name=name or f"{ident.gpu}-{ident.model.rsplit('/', 1)[-1]}",
                    description=f"{ident.gpu}, vLLM {ident.vllm_version}, {ident.model.rsplit('/', 1)[-1]} + "

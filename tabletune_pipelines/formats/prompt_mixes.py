@@ -164,8 +164,8 @@ def parse_weights(spec: str | Mapping[str, float]) -> dict[str, float]:
     unknown = sorted(set(items) - set(SOURCES))
     if unknown:
         raise NotFoundError(f"prompt mix(es) {unknown} not known; choose from {list(MIX_NAMES)}")
-    for name, w in items.items():
-        check_value(WEIGHT, f"weight of {name!r}", w, where=where, error=InvalidValueError)
+    for name, weight in items.items():
+        check_value(WEIGHT, f"weight of {name!r}", weight, where=where, error=InvalidValueError)
     total = sum(items.values())
     if total <= 0:
         raise InvalidValueError(f"{where}: weights {items} must sum to more than 0")

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, overload
 
 from tabletune_pipelines.engine.client import EngineClient
 from tabletune_pipelines.engine.identity import deployment_identity
@@ -184,6 +184,13 @@ def default_work_dir(sub: str) -> Path:
     return p
 
 
+@overload
+def resolve_model(name: str, cache_dir: str | Path, *, drafter: bool = False, dtype: str | None = None) -> str: ...
+@overload
+def resolve_model(name: None, cache_dir: str | Path, *, drafter: bool = False, dtype: str | None = None) -> None: ...
+@overload
+def resolve_model(name: str | None, cache_dir: str | Path, *, drafter: bool = False,
+                  dtype: str | None = None) -> str | None: ...
 def resolve_model(name: str | None, cache_dir: str | Path, *, drafter: bool = False,
                   dtype: str | None = None) -> str | None:
     """``tiny:<size>`` → the tiny local model folder saved in ``dtype`` (built once; None: this

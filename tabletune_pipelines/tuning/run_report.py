@@ -131,7 +131,7 @@ def no_verdict_lines(section: dict | None) -> list[str]:
     if not rows:
         return []
     why = {"budget": "stopped by the budget", "rounds": "the most rounds spent", "decided": "decided"}
-    loads = ", ".join(f"{r.get('load')} ({why.get(r.get('stop'), 'not reached')}, {r.get('rounds')} paired "
+    loads = ", ".join(f"{r.get('load')} ({why.get(str(r.get('stop')), 'not reached')}, {r.get('rounds')} paired "
                       f"round(s))" for r in rows)
     budget = section.get("budget_s")
     lines = [f"served verification reached NO VERDICT at load {loads}"

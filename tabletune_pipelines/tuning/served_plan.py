@@ -338,7 +338,7 @@ class VerificationSizing:
         return [f"load {n.load}: the profile predicts table / best fixed k = {n.predicted_ratio:.3f}, "
                 f"{abs(n.predicted_ratio - (1 - tolerance)):.3f} from the {1 - tolerance:.2f} line; at a per-round "
                 f"spread of {self.ratio_sd:.2f} a verdict needs more than {most} rounds: none is expected"
-                for n in self.unreachable]
+                for n in self.unreachable if n.predicted_ratio is not None]
 
 
 def _load_goodput(step_ms: Mapping[str, Mapping[str, float]], taus: Sequence[float], table: Sequence[Sequence[int]],
@@ -362,7 +362,7 @@ def size_verification(step_ms: Mapping[str, Mapping[str, float]], rates: Sequenc
 
     d = DEFAULTS.get(device, DEFAULTS["gpu"])
     steps = d.min_steps if min_steps is None else min_steps
-    taus = tau_curve(rates)
+    taus = [float(t) for t in tau_curve(rates)]
     slowest = max(float(step_ms[str(k)][str(min(ld, max_num_seqs))])
                   for ld, lp in per_load.items() for k in range(max_k + 1) if str(k) in step_ms)
     window = max(d.window_s, math.ceil(steps * STEP_MARGIN * slowest / 100.0) / 10.0)

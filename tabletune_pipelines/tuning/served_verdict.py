@@ -290,7 +290,7 @@ class ServedVerification:
         def num(x: float | None, nd: int = 4) -> float | None:
             return None if x is None or not math.isfinite(x) else round(float(x), nd)
 
-        per_load = []
+        per_load: list[dict[str, Any]] = []
         for v in self.verdicts:
             per_load.append({
                 "load": v.load, "status": v.status, "best_fixed_k": v.best_fixed_k, "ratio": num(v.ratio),

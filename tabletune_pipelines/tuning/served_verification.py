@@ -220,7 +220,7 @@ def _progress(windows: Sequence[Window], lp: LoadPolicies, fixed: Sequence[str],
     """The load's verdict so far, printed with the rounds a decision needs at the spread measured."""
     _, (v,) = judge(windows, [lp.load], fixed, tolerance=tolerance, same={lp.load: lp.same})
     need = ""
-    if v.status == "inconclusive" and v.ratio_se is not None and v.rounds >= 2:
+    if v.status == "inconclusive" and v.ratio is not None and v.ratio_se is not None and v.rounds >= 2:
         n = rounds_to_decide(v.ratio_se * math.sqrt(v.rounds), v.ratio, tolerance)
         need = f"; at this spread a verdict needs ~{n} rounds" if n is not None else "; the ratio sits on the line"
     say(f"[served] load {lp.load} after {v.rounds} round(s): {v.status}: {v.reason.split(': ', 1)[-1]}{need}")
