@@ -58,8 +58,8 @@ class EvaluationScheduler:
         return (AsyncEvaluationScheduler if use_async else SyncEvaluationScheduler)(*args, **kwargs)
 
 
-# ControllerHooks (controller/scheduler.py) declares dynamic_sd_lookup unlike vLLM's Scheduler does.
-class AnchoredEvaluationScheduler(TimingHooks, ControllerHooks, Scheduler):  # type: ignore[misc]  # see above
+class AnchoredEvaluationScheduler(  # type: ignore[misc]  # ControllerHooks types dynamic_sd_lookup unlike vLLM
+        TimingHooks, ControllerHooks, Scheduler):
     """Step log + k control around the controller plugin with the baselines (sync scheduling: the
     CPU build), and anchor windows (module docstring)."""
 
