@@ -438,7 +438,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         import dagster  # noqa: F401 - the pipeline extra; embedded.main imports it only when called
 
-        from tabletune_pipelines.orchestration.embedded import main as run_embedded
+        from tabletune_pipelines.embedded import main as run_embedded
     except ImportError as exc:
         raise UsageError(f"`tabletune run` needs the pipeline extra ({exc}); install it with "
                          "pip install -e '.[pipeline]'") from None

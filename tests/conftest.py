@@ -78,7 +78,7 @@ def real_model_server(tmp_path_factory):
     for the session: ``method: ngram`` (prompt lookup 2..4), K = 3, the launch table
     ``synthetic.LAUNCH``, real verification (no synthetic rates), the production controller plugin
     (``AsyncControllerScheduler``) reading the published file named by ``TABLETUNE_PUBLISHED_TABLE``.
-    tests/controller/test_engine_traffic.py runs the controller on it; tests/engine/test_real_model.py
+    tests/controller/test_engine_real_acceptance.py runs the controller on it; tests/engine/test_real_model.py
     measures acceptance on it under a published k = 3 everywhere in observe mode. Yields ``server``,
     ``identity`` (the identity the controller reports, for published files) and ``published``; a
     ``Rig`` on them publishes above the version in force."""

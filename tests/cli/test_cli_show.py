@@ -235,7 +235,7 @@ def test_run_show_and_the_ui_print_the_same_run_report(home, capsys):
     pytest.importorskip("dagster")
     from types import SimpleNamespace
 
-    from tabletune_pipelines.orchestration.embedded import print_published
+    from tabletune_pipelines.embedded import print_published
     from tabletune_pipelines.formats.published import load_published
     from tabletune_pipelines.tuning.run_report import measured_lines
 

@@ -11,7 +11,7 @@ The scheduler is ``evaluation.scheduler.EvaluationScheduler``: the production pl
 method's tests run TableTune's controller and the baseline tests TurboSpec's and Nightjar's in the
 same launch. The production entry class ``ControllerScheduler`` runs on the engine in
 test_engine_robustness.py (its own launch: a launch table without k = 2, injected faults) and
-test_engine_traffic.py (the real model).
+test_engine_real_acceptance.py (the real model).
 
 Each module takes a ``Rig`` from ``controller_rig``: it sets the module's synthetic rates and
 publishes versions of deployment ``DEPLOYMENT`` above whatever the file holds (``Rig``: the

@@ -283,3 +283,33 @@ def test_step_time_correction_with_a_profile_30_percent_low(rig):
     ks_seen = sorted({table_dense(w.controller["table"])[b0 - 1] for w in mine})
     print(f"\n[step time, uncorrected] {Rig.steps_into(mine[-1], mine)} steps: k at B = {b0} in {ks_seen}, "
           f"never {want_true}")
+
+
+#: The table must follow within this many controller steps of a switch of the served acceptance.
+FOLLOW_STEPS = 2500
+
+
+def test_estimate_and_table_follow_a_switch_of_the_served_acceptance(rig):
+    """One published version while the acceptance the engine serves switches (the synthetic rates:
+    a known truth before and after): the estimate and the table settle on the first rates, then
+    leave them for the second within ``FOLLOW_STEPS`` steps, without a new version. The switch goes
+    from long drafts to short ones, so every position is drafted before it (the other direction is
+    the stuck-short trap, tested above)."""
+    before, after = (0.9, 0.8, 0.7), (0.3, 0.1, 0.05)
+    ok_before, ok_after = robust_choices(PROFILE, before, TOL), robust_choices(PROFILE, after, TOL)
+    assert not any(on_robust_table(t, ok_after) for t in (true_table(PROFILE, before),))
+    rig.server.set_synthetic_rates(before)
+    v = rig.publish(ranges=true_table(PROFILE, before), rates=before, controller={"step_time_correction": False})
+    settled, mine = rig.wait(lambda w: within(w.estimate, before) and on_robust_table(w.controller["table"], ok_before),
+                             version=v, max_steps=FOLLOW_STEPS)
+    assert settled is not None, (mine[-1].estimate, mine[-1].controller["table"])
+    at = Rig.steps_into(mine[-1], mine)
+    rig.server.set_synthetic_rates(after)
+    switch = mine[-1].window_end  # windows that start after it count only the new acceptance
+    hit, mine = rig.wait(lambda w: w.window_start >= switch and within(w.estimate, after)
+                         and on_robust_table(w.controller["table"], ok_after), version=v, max_steps=at + FOLLOW_STEPS)
+    assert hit is not None, [(w.estimate, w.controller["table"]) for w in mine[-3:]]
+    steps = Rig.steps_into(hit, mine) - at
+    print(f"\n[switch] table {settled.controller['table']} -> {hit.controller['table']} within {steps} steps "
+          f"(â {[round(x, 3) for x in settled.estimate]} -> {[round(x, 3) for x in hit.estimate]})")
+    assert hit.controller["table"] != settled.controller["table"] and hit.controller["errors"] == 0

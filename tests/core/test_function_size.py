@@ -26,7 +26,7 @@ WATCHED = (  # (file, top-level function)
     ("tabletune_pipelines/core/remeasure.py", "remeasure"),
     ("tabletune_pipelines/core/evidence.py", "search_with_evidence"),
     ("tabletune_pipelines/formats/published.py", "published_document"),
-    ("tabletune_pipelines/orchestration/embedded.py", "main"),
+    ("tabletune_pipelines/embedded.py", "main"),
 )
 
 
@@ -54,7 +54,7 @@ def test_function_stays_short(path, name):
 
 def test_the_main_command_is_named_steps_without_imports_of_its_own():
     """``tabletune run`` (``embedded.main``) reads as its steps: it imports nothing itself."""
-    main = function("tabletune_pipelines/orchestration/embedded.py", "main")
+    main = function("tabletune_pipelines/embedded.py", "main")
     assert [n for n in ast.walk(main) if isinstance(n, ast.Import | ast.ImportFrom)] == []
 
 

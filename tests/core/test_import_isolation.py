@@ -1,8 +1,9 @@
 """The layers, checked by importing them in fresh interpreters.
 
 * Only the Dagster layer (``tabletune_pipelines/orchestration/``, the code location
-  ``tabletune_pipelines/definitions.py`` with its ``defs/`` folder, and the top-level ``assets/``
-  that re-exports it) imports dagster: the tuner CLI runs on GPU nodes that have vLLM and no Dagster.
+  ``tabletune_pipelines/definitions.py`` with its ``defs/`` folder, the main command
+  ``tabletune_pipelines/embedded.py``, and the top-level ``assets/`` that re-exports the code
+  location) imports dagster: the tuner CLI runs on GPU nodes that have vLLM and no Dagster.
 * What runs inside vLLM serving processes (core, the documents, the published file, live counters,
   the control protocol, the controller) imports neither dagster, pandas nor duckdb.
 * The CLI's ``profile``, ``acceptance``, ``table`` and ``show`` run with Dagster impossible to import.
@@ -21,7 +22,8 @@ import pytest
 
 import tabletune_pipelines
 
-DAGSTER_LAYER = ("tabletune_pipelines.orchestration", "tabletune_pipelines.defs", "tabletune_pipelines.definitions")
+DAGSTER_LAYER = ("tabletune_pipelines.orchestration", "tabletune_pipelines.defs", "tabletune_pipelines.definitions",
+                 "tabletune_pipelines.embedded")
 SERVING_SIDE = [
     "tabletune_pipelines",
     "tabletune_pipelines.core",

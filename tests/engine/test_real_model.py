@@ -37,7 +37,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
 
 GROUPS = 8
 #: max_tokens per mix: short code completions and long writing answers, as in
-#: tests/controller/test_engine_traffic.py. n-gram acceptance rises with the answer's length (a small
+#: tests/controller/test_engine_real_acceptance.py (code). n-gram acceptance rises with the answer's length (a small
 #: model repeats itself later in an answer), so the two differ by 0.15-0.25 a position; at one length
 #: (128 tokens each) they differ by 0.03-0.09 (2026-12-06: a_1 0.691 against 0.720 on 160 prompts
 #: each), which takes 416 prompts a mix to tell apart at this test's power.

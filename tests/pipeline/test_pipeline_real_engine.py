@@ -4,7 +4,7 @@ published files. The chain launches the engine three times (acceptance, the one-
 k = 0..3, and the fixed-k baseline's launch with K = 3), so it runs the embedded default with
 the tiny random-weight target (``model: tiny:small``, a launch in ~20 s on 2 cores) instead of the
 real SmolLM2-135M (60-150 s a launch); the real model's own engine tests are
-tests/engine/test_real_model.py and tests/controller/test_engine_traffic.py. The week's prompts are
+tests/engine/test_real_model.py and tests/controller/test_engine_real_acceptance.py. The week's prompts are
 short repetitive ones (the tiny model's context is 512 tokens) labelled with a mix, as logged
 prompts are.
 

@@ -1,4 +1,4 @@
-"""The main job on the embedded default: ``tabletune run``, or ``python -m`` this module.
+"""The main job on the embedded default: ``tabletune run`` (or ``python -m tabletune_pipelines.embedded``).
 
 Runs the whole pipeline once, in process, into a persistent Dagster instance (so the UI shows it
 afterwards): the last complete week's acceptance prior (and live counters, if the controller
