@@ -20,8 +20,8 @@ import logging
 import os
 import re
 import sys
-from datetime import date
 from collections.abc import Iterator
+from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -160,7 +160,7 @@ def _rates(text: str) -> tuple[float, ...]:
         vals = tuple(float(x) for x in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers") from None
-    if not vals or any(not 0.0 <= v <= 1.0 for v in vals) or any(b > a for a, b in zip(vals, vals[1:])):
+    if not vals or any(not 0.0 <= v <= 1.0 for v in vals) or any(b > a for a, b in zip(vals, vals[1:], strict=False)):
         raise argparse.ArgumentTypeError(f"{text!r}: rates must be non-increasing values in [0, 1]")
     return vals
 
@@ -195,8 +195,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_acceptance(args: argparse.Namespace) -> int:
-    from tabletune_pipelines.tuning import deployments
     from tabletune_pipelines.formats.prompts import count_prompts
+    from tabletune_pipelines.tuning import deployments
 
     dep = _deployment(args)
     prompts = Path(args.prompts).expanduser()
@@ -437,6 +437,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # The one subcommand that needs Dagster: imported here so the others run without it.
     try:
         import dagster  # noqa: F401 - the pipeline extra; embedded.main imports it only when called
+
         from tabletune_pipelines.embedded import main as run_embedded
     except ImportError as exc:
         raise UsageError(f"`tabletune run` needs the pipeline extra ({exc}); install it with "

@@ -82,8 +82,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="small profile plan (3 batch sizes, 2 repetitions)")
     parser.add_argument("--week", help="week to measure acceptance for (Monday, YYYY-MM-DD); default last complete")
     parser.add_argument("--mix", default=DEFAULT_MIX,
-                        help=f"mix of the sample week written when a week has no logged prompts (default {DEFAULT_MIX}; "
-                             "mixes: code = HumanEval, prose = WritingBench)")
+                        help=f"mix of the sample week written when a week has no logged prompts "
+                             f"(default {DEFAULT_MIX}; mixes: code = HumanEval, prose = WritingBench)")
     return parser.parse_args(argv)
 
 
@@ -119,7 +119,10 @@ def report_failure(result: dg.ExecuteInProcessResult, what: str) -> int:
     for ev in result.all_events:
         if ev.event_type_value == "STEP_FAILURE":
             data = ev.step_failure_data
-            desc = data.user_failure_data.description if data.user_failure_data else data.error.message
+            if data.user_failure_data:
+                desc = data.user_failure_data.description
+            else:
+                desc = data.error.message if data.error else "no error information"
             print(f"[tabletune] {what} failed in {ev.step_key}: {desc}", file=sys.stderr)
     return 1
 

@@ -27,7 +27,7 @@ import dataclasses
 import math
 import numbers
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tabletune_pipelines.errors import TableTuneError
 from tabletune_pipelines.vocab import MAX_STEP_MS
@@ -35,7 +35,10 @@ from tabletune_pipelines.vocab import MAX_STEP_MS
 __all__ = ["BATCH_SIZE", "COUNT", "DRAFT_LENGTH", "LAUNCH_K", "STEP_MS", "TOKENS", "Bound", "check_bounds",
            "check_value", "field_docs", "options_from_mapping"]
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 
 
 def options_from_mapping(cls: type[T], data: Mapping[str, Any] | None, *, where: str, error: type[Exception],
@@ -55,7 +58,7 @@ def options_from_mapping(cls: type[T], data: Mapping[str, Any] | None, *, where:
         data = {}
     if not isinstance(data, Mapping):
         raise error(f"{where} must be a mapping of {noun} names to values, got {type(data).__name__}")
-    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    fields = dataclasses.fields(cls)
     names = [f.name for f in fields]
     unknown = sorted(str(k) for k in data if k not in names)
     if unknown:
@@ -93,7 +96,7 @@ def field_docs(cls: type) -> dict[str, str]:
         return {}
     body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
     docs = {}
-    for node, after in zip(body, body[1:]):
+    for node, after in zip(body, body[1:], strict=False):
         if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
                 and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
             docs[node.target.id] = " ".join(after.value.value.split())

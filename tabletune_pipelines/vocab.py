@@ -7,7 +7,7 @@ is added in one place. Stdlib only: the controller inside vLLM imports this too.
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Literal, TypeGuard, get_args
 
 ProfileMode = Literal["one_launch", "launch_per_k", "fixed_k"]
 """How a profile's cells were launched: ``one_launch`` (every k in one launch at K, switched at
@@ -65,6 +65,12 @@ MODEL_DRAFTERS: tuple[str, ...] = get_args(ModelDrafterMethod)
 DEVICES: tuple[str, ...] = get_args(Device)
 MODEL_RUNNERS: tuple[str, ...] = get_args(ModelRunner)
 CONTROLLER_MODES: tuple[str, ...] = get_args(ControllerMode)
+
+
+def is_search_rule(word: object) -> TypeGuard[SearchRule]:
+    """Whether ``word`` is one of ``SEARCH_RULES``: narrows a setting read as ``str`` to ``SearchRule``."""
+    return word in SEARCH_RULES
+
 
 VLLM_CUDAGRAPH_MODES: tuple[str, ...] = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 """vLLM's ``CUDAGraphMode`` names (``--compilation-config '{"cudagraph_mode": ...}'``): a fleet's

@@ -7,7 +7,11 @@ from tabletune_pipelines.defs import OWNERS
 from tabletune_pipelines.orchestration.metadata import describe_acceptance, failures
 from tabletune_pipelines.orchestration.partitions import weekly_partitions
 from tabletune_pipelines.orchestration.resources import (
-    EngineResource, FleetResource, TuningSettings, check_config, store_from,
+    EngineResource,
+    FleetResource,
+    TuningSettings,
+    check_config,
+    store_from,
 )
 from tabletune_pipelines.tuning.measure import measure_week
 

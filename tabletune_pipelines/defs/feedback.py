@@ -7,7 +7,11 @@ from tabletune_pipelines.defs import OWNERS
 from tabletune_pipelines.orchestration.metadata import describe_live_priors, failures
 from tabletune_pipelines.orchestration.partitions import week_bounds, weekly_partitions
 from tabletune_pipelines.orchestration.resources import (
-    EngineResource, FleetResource, TuningSettings, check_config, store_from,
+    EngineResource,
+    FleetResource,
+    TuningSettings,
+    check_config,
+    store_from,
 )
 from tabletune_pipelines.tuning.feedback import ingest_live_counters
 
@@ -37,11 +41,11 @@ class FeedbackConfig(dg.Config):
     description=(
         "Live acceptance of the week per deployment, from the controller's exported counters (windows whose end "
         "falls in the week), blended with the latest measured prior as w observations "
-        "(â_i = (w·a_i + accepted_i) / (w + drafted_i), docs/method.md, \"Online controller\"). Stored as a `live` prior "
-        "in DuckDB `acceptance_priors`, which draft_length_table prefers within its week. Only windows counted by "
-        "the deployment's current engine identity count; windows of other engines in the same file (a mid-week "
-        "upgrade) are left out and reported. A window exported twice counts once; overlapping windows of one "
-        "writer, or more draft positions than max_k, fail the run."
+        "(â_i = (w·a_i + accepted_i) / (w + drafted_i), docs/method.md, \"Online controller\"). "
+        "Stored as a `live` prior in DuckDB `acceptance_priors`, which draft_length_table prefers within its week. "
+        "Only windows counted by the deployment's current engine identity count; windows of other engines in the "
+        "same file (a mid-week upgrade) are left out and reported. A window exported twice counts once; "
+        "overlapping windows of one writer, or more draft positions than max_k, fail the run."
     ),
 )
 def live_acceptance_counters(context: dg.AssetExecutionContext, config: FeedbackConfig, duckdb: DuckDBResource,

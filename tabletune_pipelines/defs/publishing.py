@@ -11,9 +11,13 @@ from tabletune_pipelines.orchestration.metadata import (
     failures,
     served_check,
 )
-from tabletune_pipelines.orchestration.partitions import engine_identity_partitions
+from tabletune_pipelines.orchestration.partitions import ENGINE_IDENTITY_PARTITIONS_NAME, engine_identity_partitions
 from tabletune_pipelines.orchestration.resources import (
-    EngineResource, FleetResource, TuningSettings, check_config, store_from,
+    EngineResource,
+    FleetResource,
+    TuningSettings,
+    check_config,
+    store_from,
 )
 from tabletune_pipelines.orchestration.tags import engine_tag_warning
 from tabletune_pipelines.tuning.publishing import publish_table, rollback_table
@@ -80,5 +84,5 @@ def rollback_published_table_op(context: dg.OpExecutionContext, config: Rollback
         done = rollback_table(store_from(duckdb), fleet.load, config.deployment, engine, log=context.log)
     if warning := engine_tag_warning(context.run.tags, done.deployment, done.group):
         context.log.warning(warning)
-    yield describe_rollback(done, context.instance.get_dynamic_partitions(engine_identity_partitions.name))
+    yield describe_rollback(done, context.instance.get_dynamic_partitions(ENGINE_IDENTITY_PARTITIONS_NAME))
     yield dg.Output(done.version)

@@ -8,10 +8,10 @@ import dagster as dg
 from dagster_duckdb import DuckDBResource
 
 from tabletune_pipelines.defs import OWNERS
+from tabletune_pipelines.options import Bound
 from tabletune_pipelines.orchestration.metadata import describe_table, failures
 from tabletune_pipelines.orchestration.partitions import engine_identity_partitions
 from tabletune_pipelines.orchestration.resources import TuningSettings, check_config, store_from
-from tabletune_pipelines.options import Bound
 from tabletune_pipelines.tuning.build import build_table
 from tabletune_pipelines.tuning.derive import DeriveOptions
 

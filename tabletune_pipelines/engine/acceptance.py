@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tabletune_pipelines.core.acceptance_estimate import rates_from_counts
-from tabletune_pipelines.formats.documents import AcceptancePrior
 from tabletune_pipelines.engine.config import ServerConfig
+from tabletune_pipelines.engine.process import VLLMServer
 from tabletune_pipelines.errors import (
     EngineConfigError,
     EngineError,
@@ -45,7 +45,7 @@ from tabletune_pipelines.errors import (
     PromptFileError,
     UnwritablePathError,
 )
-from tabletune_pipelines.engine.process import VLLMServer
+from tabletune_pipelines.formats.documents import AcceptancePrior
 from tabletune_pipelines.formats.prompts import load_prompts
 from tabletune_pipelines.formats.strict_io import (
     FileTooLargeError,
@@ -95,7 +95,8 @@ def _read_key(path: Path) -> bytes:
     if not stat.S_ISREG(st.st_mode):
         raise InvalidValueError(f"fingerprint key {path} is not a regular file; remove it (a new key is made)")
     if st.st_mode & 0o077:
-        raise InvalidValueError(f"fingerprint key {path} can be read by other users (mode {stat.S_IMODE(st.st_mode):o}); "
+        raise InvalidValueError(f"fingerprint key {path} can be read by other users "
+                                f"(mode {stat.S_IMODE(st.st_mode):o}); "
                                 f"run chmod 600 {path}: it keys the stored prompt fingerprints")
     try:
         raw, _ = read_bounded(path, _MAX_KEY_FILE_BYTES)  # a regular file, read with a bound
@@ -106,7 +107,8 @@ def _read_key(path: Path) -> bytes:
                                 "is 64 hex digits. Remove it to make a new one (fingerprints stored so far then no "
                                 "longer match new measurements of the same prompts)") from None
     except NotRegularFileError:
-        raise InvalidValueError(f"fingerprint key {path} is not a regular file; remove it (a new key is made)") from None
+        raise InvalidValueError(
+            f"fingerprint key {path} is not a regular file; remove it (a new key is made)") from None
     except OSError as exc:
         raise InvalidValueError(f"cannot read fingerprint key {path} ({exc.strerror or exc}); make it readable by "
                                 "this user, or set TABLETUNE_HOME to this installation's folder") from None
@@ -117,7 +119,8 @@ def _read_key(path: Path) -> bytes:
         key = b""
     if len(key) != 32:
         raise InvalidValueError(f"fingerprint key {path} is not 64 hex digits; remove it to make a new one "
-                                "(fingerprints stored so far then no longer match new measurements of the same prompts)")
+                                "(fingerprints stored so far then no longer match new measurements of the "
+                                "same prompts)")
     return key
 
 
@@ -142,7 +145,8 @@ def fingerprint_key(home: str | Path | None = None) -> bytes:
     except OSError as exc:
         raise UnwritablePathError(
             f"cannot create the fingerprint key in {path.parent} ({exc.strerror or exc}); the first acceptance "
-            "measurement makes it there. Make that folder writable, or set TABLETUNE_HOME to a writable folder") from None
+            "measurement makes it there. Make that folder writable, or set TABLETUNE_HOME to a writable "
+            "folder") from None
     try:
         try:
             os.write(fd, (secrets.token_hex(32) + "\n").encode())
@@ -204,13 +208,13 @@ class SpecCounters:
     num_accepted_tokens: float
     accepted_per_pos: tuple[float, ...]
 
-    def minus(self, before: "SpecCounters") -> "SpecCounters":
+    def minus(self, before: SpecCounters) -> SpecCounters:
         n = max(len(self.accepted_per_pos), len(before.accepted_per_pos))
         a = list(self.accepted_per_pos) + [0.0] * (n - len(self.accepted_per_pos))
         b = list(before.accepted_per_pos) + [0.0] * (n - len(before.accepted_per_pos))
         return SpecCounters(self.num_drafts - before.num_drafts, self.num_draft_tokens - before.num_draft_tokens,
                             self.num_accepted_tokens - before.num_accepted_tokens,
-                            tuple(x - y for x, y in zip(a, b)))
+                            tuple(x - y for x, y in zip(a, b, strict=True)))
 
 
 def parse_spec_counters(text: str) -> SpecCounters:
@@ -288,7 +292,8 @@ def measure_acceptance(
         out = server.complete(p, max_tokens=max_tokens, temperature=temperature,
                               seed=None if temperature == 0 else seed + i)
         u = out.get("usage") if isinstance(out, dict) else None
-        if isinstance(u, dict) and isinstance(u.get("prompt_tokens"), int) and isinstance(u.get("completion_tokens"), int):
+        if (isinstance(u, dict) and isinstance(u.get("prompt_tokens"), int)
+                and isinstance(u.get("completion_tokens"), int)):
             usage.append((u["prompt_tokens"], u["completion_tokens"]))
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -316,9 +321,9 @@ def measure_acceptance(
     if usage:
         workload = {"prompt_tokens": round(sum(u[0] for u in usage) / len(usage), 2),
                     "output_tokens": round(max(1.0, sum(u[1] for u in usage) / len(usage)), 2),
-                    "source": f"mean prompt tokens of the {len(usage)} sampled prompts (the engine's tokenizer); output "
-                              f"tokens as generated here (capped at max_tokens = {max_tokens}): replace with served "
-                              "output lengths where known"}
+                    "source": f"mean prompt tokens of the {len(usage)} sampled prompts (the engine's tokenizer); "
+                              f"output tokens as generated here (capped at max_tokens = {max_tokens}): "
+                              "replace with served output lengths where known"}
     return AcceptancePrior(
         rates=rates, num_drafts=int(round(delta.num_drafts)), drafted_per_pos=tuple(drafted),
         accepted_per_pos=tuple(accepted), prompt_fingerprint=prompt_fingerprint(prompts),
@@ -344,9 +349,12 @@ def measure_acceptance_from_file(
     ``server`` is given). The launch uses a fixed K (no table) so every draft covers all K positions."""
     prompts = sample_prompts(load_prompts(prompt_file), n=n, seed=seed)
     fingerprint_key()  # a key others can read (or a broken one) fails here, before an engine starts
-    kwargs = {"temperature": temperature, "max_tokens": max_tokens, "seed": seed, "concurrency": concurrency,
-              "source": source, "week": week, "deployment": deployment}
+
+    def measure(srv: VLLMServer) -> AcceptancePrior:
+        return measure_acceptance(srv, prompts, temperature=temperature, max_tokens=max_tokens, seed=seed,
+                                  concurrency=concurrency, source=source, week=week, deployment=deployment)
+
     if server is not None:
-        return measure_acceptance(server, prompts, **kwargs)  # type: ignore[arg-type]
+        return measure(server)
     with VLLMServer(dataclasses.replace(config, table=None)) as srv:
-        return measure_acceptance(srv, prompts, **kwargs)  # type: ignore[arg-type]
+        return measure(srv)

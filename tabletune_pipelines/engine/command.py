@@ -19,8 +19,9 @@ import os
 from pathlib import Path
 
 import tabletune_pipelines
-from tabletune_pipelines.formats.control_protocol import K_CONTROL_ENV, STEP_LOG_ENV, SYNTHETIC_CONTROL_ENV
 from tabletune_pipelines.engine.config import SERVED_MODEL_NAME, ServerConfig
+from tabletune_pipelines.engine.dtype import default_dtype
+from tabletune_pipelines.formats.control_protocol import K_CONTROL_ENV, STEP_LOG_ENV, SYNTHETIC_CONTROL_ENV
 from tabletune_pipelines.vocab import vllm_compilation_config
 
 LAUNCHER_MODULE = "tabletune_pipelines.engine.launcher"
@@ -60,7 +61,7 @@ def build_command(config: ServerConfig, port: int, device: str) -> list[str]:
     cmd += [
         "--host", "127.0.0.1", "--port", str(port),
         "--served-model-name", SERVED_MODEL_NAME,
-        "--dtype", config.dtype,
+        "--dtype", config.dtype or default_dtype(device),  # ServerConfig fills it in; None only to the type
         "--max-model-len", str(config.max_model_len),
         "--max-num-seqs", str(config.max_num_seqs),
         "--seed", str(config.seed),

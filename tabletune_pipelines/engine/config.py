@@ -144,7 +144,8 @@ class ServerConfig:
         if self.model_runner not in MODEL_RUNNERS:
             raise EngineConfigError(f"model_runner = {self.model_runner!r} must be one of {MODEL_RUNNERS}")
         if self.load_format is not None and (not isinstance(self.load_format, str) or not self.load_format.strip()):
-            raise EngineConfigError(f"load_format = {self.load_format!r} must be a vLLM load format (e.g. 'dummy') or None")
+            raise EngineConfigError(
+                f"load_format = {self.load_format!r} must be a vLLM load format (e.g. 'dummy') or None")
         if self.vllm_cli is not None:
             cli = tuple(str(a) for a in self.vllm_cli)
             if not cli or not all(cli) or cli == ("serve",):
@@ -175,15 +176,18 @@ class ServerConfig:
         if not isinstance(self.model, str) or not self.model.strip():
             raise EngineConfigError(f"model = {self.model!r} must be a non-empty path or model name")
         if self.method is not None and self.method not in METHODS:
-            raise EngineConfigError(f"method = {self.method!r} is not a speculative method; choose one of {METHODS} or None")
+            raise EngineConfigError(
+                f"method = {self.method!r} is not a speculative method; choose one of {METHODS} or None")
         if self.method is None:
             for name in ("drafter", "num_speculative_tokens", "table", "synthetic_acceptance_rates"):
                 if getattr(self, name) is not None:
-                    raise EngineConfigError(f"{name} = {getattr(self, name)!r} needs a speculative method (method is None)")
+                    raise EngineConfigError(
+                        f"{name} = {getattr(self, name)!r} needs a speculative method (method is None)")
             return
         k = self.num_speculative_tokens
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-            raise EngineConfigError(f"num_speculative_tokens = {k!r} must be an integer >= 1 with method {self.method!r}")
+            raise EngineConfigError(
+                f"num_speculative_tokens = {k!r} must be an integer >= 1 with method {self.method!r}")
         if self.method in MODEL_DRAFTERS and not self.drafter:
             raise EngineConfigError(f"drafter = {self.drafter!r}: method {self.method!r} needs a draft model")
         if self.method == "ngram" and self.drafter:
@@ -216,7 +220,8 @@ class ServerConfig:
                     raise EngineConfigError(f"synthetic_acceptance_rates: a_{i} = {r!r} is outside [0, 1]")
                 if i > 1 and r > rates[i - 2]:
                     raise EngineConfigError(
-                        f"synthetic_acceptance_rates: a_{i} = {r!r} > a_{i - 1} = {rates[i - 2]!r}; must be non-increasing")
+                        f"synthetic_acceptance_rates: a_{i} = {r!r} > a_{i - 1} = {rates[i - 2]!r}; "
+                        "must be non-increasing")
             object.__setattr__(self, "synthetic_acceptance_rates", rates)
 
     @property

@@ -33,17 +33,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from tabletune_pipelines.formats.control_protocol import SYNTHETIC_CONTROL_ENV, ControlReader
-from tabletune_pipelines.formats.control_protocol import check_rates_command
 from tabletune_pipelines.engine.installed import is_cpu_build
 from tabletune_pipelines.errors import InvalidCommand
+from tabletune_pipelines.formats.control_protocol import SYNTHETIC_CONTROL_ENV, ControlReader, check_rates_command
 
 logger = logging.getLogger("tabletune.cpu_plugin")
 
 PLACEHOLDER_TOKEN_ID = -1
 _PATCHED_FLAG = "_tabletune_synthetic"
 
-__all__ = ["SYNTHETIC_CONTROL_ENV", "conditional_rates", "fallback_count", "is_cpu_build", "register", "synthetic_rejection"]
+__all__ = ["SYNTHETIC_CONTROL_ENV", "conditional_rates", "fallback_count", "is_cpu_build", "register",
+           "synthetic_rejection"]
 
 #: This process's reader of the synthetic-rates channel (made on first use), the rates in force,
 #: and how often the synthetic path failed and the stock kernel ran instead.

@@ -103,8 +103,8 @@ def read_envelope(text: str) -> ReportedEnvelope:
     lines = [ln for ln in text.splitlines() if ENGINE_CONFIG_LINE in ln]
     budget = _BUDGET.findall(text)
     truncated = _TRUNCATED.findall(text)
-    common = {"max_num_batched_tokens": int(budget[-1]) if budget else None,
-              "truncated_to": int(truncated[-1]) if truncated else None}
+    common: dict[str, Any] = {"max_num_batched_tokens": int(budget[-1]) if budget else None,
+                              "truncated_to": int(truncated[-1]) if truncated else None}
     if not lines:
         return ReportedEnvelope(config_line=False, **common)
     line = lines[-1]
@@ -218,7 +218,7 @@ def envelope_checked(identity: EngineIdentity, note: Callable[[str], None] | Non
     class EnvelopeCheckedServer(VLLMServer):
         envelope: ReportedEnvelope | None = None
 
-        def start(self) -> "EnvelopeCheckedServer":
+        def start(self) -> EnvelopeCheckedServer:
             super().start()
             cfg = self.config
             text = read_log(self.log_path)

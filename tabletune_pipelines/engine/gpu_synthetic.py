@@ -20,6 +20,7 @@ force stay. Nothing here raises into the engine: a failing poll leaves the step 
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -63,8 +64,8 @@ def apply_pending(sampler: Any, channel: ControlReader) -> list[float] | None:
     return rates
 
 
-def _wrap(original):  # type: ignore[no-untyped-def]
-    def entry(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+def _wrap(original):
+    def entry(self, *args, **kwargs):
         channel = _state["channel"]
         if channel is not None:
             try:
@@ -73,8 +74,8 @@ def _wrap(original):  # type: ignore[no-untyped-def]
                 logger.warning("TableTune GPU rates switch: poll failed (%r); the rates in force stay", exc)
         return original(self, *args, **kwargs)
 
+    functools.update_wrapper(entry, original)  # its name, and __wrapped__ = original
     setattr(entry, _FLAG, True)
-    entry.__wrapped__ = original  # type: ignore[attr-defined]
     return entry
 
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 import subprocess
 from typing import Protocol
 
-from tabletune_pipelines.formats.documents import EngineIdentity
+from tabletune_pipelines.core.stepcost import default_capture_ceiling
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.engine.dtype import default_dtype
-from tabletune_pipelines.core.stepcost import default_capture_ceiling
 from tabletune_pipelines.engine.installed import installed_vllm_version, resolve_device
 from tabletune_pipelines.errors import EngineConfigError
+from tabletune_pipelines.formats.documents import EngineIdentity
 from tabletune_pipelines.formats.identity_match import nvidia_gpu_name
+from tabletune_pipelines.vocab import Method, ModelRunner
 
 DEFAULT_GRAPH_MODE = "default"
 """Recorded when graphs are on and nobody declared a mode: whatever vLLM picks for the launch."""
@@ -72,7 +73,7 @@ def engine_identity(config: ServerConfig, *, vllm_version: str | None = None, gp
         method=config.method,
         max_k=int(config.num_speculative_tokens),
         max_num_seqs=config.max_num_seqs,
-        dtype=config.dtype,
+        dtype=config.dtype or default_dtype(device),  # ServerConfig fills it in; None only to the type
         cudagraph_mode=cudagraph_mode(eager=config.enforce_eager or device == "cpu", declared=declared_cudagraph_mode),
         model_runner=config.model_runner,
         capture_ceiling=capture_ceiling(eager=config.enforce_eager or device == "cpu",
@@ -96,12 +97,12 @@ class DeploymentLike(Protocol):
     gpu: str
     model: str
     drafter: str | None
-    method: str
+    method: Method
     max_k: int
     max_num_seqs: int
     dtype: str | None
     cudagraph_mode: str | None
-    model_runner: str
+    model_runner: ModelRunner
     max_cudagraph_capture_size: int | None
     max_num_batched_tokens: int | None
 

@@ -36,7 +36,7 @@ def install_version_shim() -> bool:
             return shim_version
         return original(distribution_name)
 
-    _md.version = version  # type: ignore[assignment]
+    _md.version = version
     return True
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tabletune_pipelines.core.evidence import ACCEPTED_LOSS
 from tabletune_pipelines.core.goodput import validate_acceptance
@@ -173,6 +173,11 @@ class PlanFields:
 class ProfilePlan(PlanFields):
     """What to measure: ``PlanFields`` resolved (``batch_sizes`` and ``ks`` given, non-empty)."""
 
+    if TYPE_CHECKING:  # what __post_init__ guarantees, for the type checker (no new fields at run time)
+        batch_sizes: tuple[int, ...] = ()
+        ks: tuple[int, ...] = ()
+        accept_batch_sizes: tuple[int, ...] = ()
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.batch_sizes is None or self.ks is None:
@@ -284,7 +289,7 @@ class ProfileOptions(PlanFields, LaunchOverrides):
             object.__setattr__(self, "decision_rates", rates)
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any] | None, *, where: str = "profile options") -> "ProfileOptions":
+    def from_mapping(cls, data: Mapping[str, Any] | None, *, where: str = "profile options") -> ProfileOptions:
         """Options from a dict (``options.options_from_mapping``); an unknown key or a bad value raises
         ``EngineConfigError`` naming it and ``where``."""
         return options_from_mapping(cls, data, where=where, error=EngineConfigError)

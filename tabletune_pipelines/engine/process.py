@@ -82,7 +82,8 @@ def check_config(config: ServerConfig) -> None:
             if not (p / "config.json").exists():
                 raise ModelNotFoundError(f"{what} = {name!r} exists but has no config.json; not a model folder")
         elif looks_like_path(name):
-            raise ModelNotFoundError(f"{what} = {name!r}: no such folder; build it (e.g. ensure_tiny_models) or fix the path")
+            raise ModelNotFoundError(
+                f"{what} = {name!r}: no such folder; build it (e.g. ensure_tiny_models) or fix the path")
     if config.method == "draft_model" and config.drafter:
         tv, dv = read_vocab_size(config.model), read_vocab_size(config.drafter)
         if tv is not None and dv is not None and tv != dv:
@@ -93,7 +94,7 @@ def check_config(config: ServerConfig) -> None:
         raise PortInUseError(f"port = {config.port} on 127.0.0.1 is already in use; pick another or use port=None")
 
 
-_LIVE: "weakref.WeakSet[ServerProcess]" = weakref.WeakSet()
+_LIVE: weakref.WeakSet[ServerProcess] = weakref.WeakSet()
 
 
 def install_termination_handler() -> bool:
@@ -218,7 +219,7 @@ class ServerProcess:
     def command(self) -> list[str]:
         return build_command(self.config, self.port or 0, self.device)
 
-    def start(self) -> "ServerProcess":
+    def start(self) -> ServerProcess:
         if self.proc is not None:
             raise EngineError("server already started")
         check_config(self.config)
@@ -362,9 +363,12 @@ class VLLMServer:
         """The timing scheduler's records of the current launch."""
 
     # ------------------------------------------------------------------ lifecycle (ServerProcess)
-    def start(self) -> "VLLMServer":
+    def start(self) -> VLLMServer:
         self.process.start()
-        self.control.open(self.process.control_path, self.process.synthetic_control_path)
+        ctl, rates = self.process.control_path, self.process.synthetic_control_path
+        if ctl is None or rates is None:  # ServerProcess.start names both before it launches
+            raise EngineError("the server process started without its control files")
+        self.control.open(ctl, rates)
         self.step_log = StepLog(self.process.step_log_path)
         return self
 
@@ -376,7 +380,7 @@ class VLLMServer:
         """SIGKILL the whole group at once (simulates a crash)."""
         self.process.kill()
 
-    def __enter__(self) -> "VLLMServer":
+    def __enter__(self) -> VLLMServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -110,7 +110,7 @@ def _convert(src: Path, out: Path, dtype: str) -> int:
     model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
     # transformers keeps the GGUF quantizer on the model and refuses to save it; the tensors are
     # already dequantised to plain float32, so drop the quantizer and save an ordinary checkpoint.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # torch types Module attributes as Tensor | Module
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model = model.to(getattr(torch, dtype))
@@ -180,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"[setup] real model {args.name}: {m.model_dir} ({m.dtype}, {m.num_parameters / 1e6:.1f} M parameters, "
-          f"{folder_bytes(m.model_dir) / 2**20:.0f} MiB; from {m.source.name}, {m.source.stat().st_size / 2**20:.0f} MiB)"
+          f"{folder_bytes(m.model_dir) / 2**20:.0f} MiB; "
+          f"from {m.source.name}, {m.source.stat().st_size / 2**20:.0f} MiB)"
           f" in {time.monotonic() - t0:.0f} s")
     return 0
 

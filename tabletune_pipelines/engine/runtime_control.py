@@ -1,13 +1,13 @@
 """``RuntimeControl``: changing a running server's draft length, admission gate and synthetic rates.
 
 The writer side of a launch's two control channels (``control_protocol.ControlWriter``; the
-protocol, its files and its acknowledgements are all there): ``set_k`` switches the draft length
-or the table and ``arm_gate`` admits the next n requests in one step (the k channel, read by the
-timing scheduler once per step); ``set_synthetic_rates`` changes the synthetic acceptance (read when
-drafts are verified: by the CPU plugin on the CPU build, by ``engine.gpu_synthetic`` on a GPU). A command is checked against the launch
-configuration before it is sent. ``VLLMServer`` opens the channels when its server has started
-and hands over its ``complete`` (a tiny request makes an idle engine take a step) and its log tail
-(quoted when the engine refuses or does not answer).
+protocol, its files and its acknowledgements are all there): ``set_k`` switches the draft length or
+the table and ``arm_gate`` admits the next n requests in one step (the k channel, read by the timing
+scheduler once per step); ``set_synthetic_rates`` changes the synthetic acceptance (read when drafts
+are verified: by the CPU plugin on the CPU build, by ``engine.gpu_synthetic`` on a GPU). A command
+is checked against the launch configuration before it is sent. ``VLLMServer`` opens the channels
+when its server has started and hands over its ``complete`` (a tiny request makes an idle engine
+take a step) and its log tail (quoted when the engine refuses or does not answer).
 """
 
 from __future__ import annotations

@@ -47,19 +47,32 @@ import json
 import logging
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tabletune_pipelines.formats.control_protocol import K_CONTROL_ENV, STEP_LOG_ENV, Command, ControlReader
-from tabletune_pipelines.formats.control_protocol import check_k_command
 from tabletune_pipelines.controller.step import count_drafts, fold, longest
 from tabletune_pipelines.errors import InvalidCommand
+from tabletune_pipelines.formats.control_protocol import (
+    K_CONTROL_ENV,
+    STEP_LOG_ENV,
+    Command,
+    ControlReader,
+    check_k_command,
+)
 
 try:  # Imported inside vLLM's engine core; the module stays importable without vLLM for docs/tests.
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
 except Exception:  # pragma: no cover - vLLM absent
-    Scheduler = object  # type: ignore[assignment,misc]
-    AsyncScheduler = object  # type: ignore[assignment,misc]
+    Scheduler = object  # type: ignore[assignment,misc]  # a stand-in class where vLLM is not installed
+    AsyncScheduler = object  # type: ignore[assignment,misc]  # a stand-in class where vLLM is not installed
+
+# The hooks are a mixin: at run time its base is ``object`` and vLLM's scheduler comes after it in
+# the MRO; the type checker sees it as a ``Scheduler``, so ``super()`` and the scheduler's
+# attributes (``num_spec_tokens``, ``scheduler_config``) are checked against vLLM's.
+if TYPE_CHECKING:
+    _HooksBase = Scheduler
+else:
+    _HooksBase = object
 
 logger = logging.getLogger("tabletune.timing_scheduler")
 
@@ -75,7 +88,7 @@ def build_lookup(table: list[list[int]], max_num_seqs: int, max_k: int) -> list[
     return DraftTable.from_entries(table).vllm_lookup(max_num_seqs, max_k)
 
 
-class TimingHooks:
+class TimingHooks(_HooksBase):
     """Step recording + k control; mixed into vLLM's Scheduler / AsyncScheduler."""
 
     # Class-level defaults keep every hook safe even if _tt_init failed.
@@ -97,15 +110,15 @@ class TimingHooks:
             self._tt_ctl = ControlReader(None)
             logger.warning("TableTune timing scheduler disabled: %r", exc)
 
-    def update_from_output(self, scheduler_output, model_runner_output):  # type: ignore[no-untyped-def]
+    def update_from_output(self, scheduler_output, model_runner_output):
         out = super().update_from_output(scheduler_output, model_runner_output)
         self._tt_update(scheduler_output, model_runner_output)
         return out
 
-    def add_request(self, request):  # type: ignore[no-untyped-def]
+    def add_request(self, request):
         self._tt_add_request(request, super().add_request)
 
-    def finish_requests(self, request_ids, finished_status):  # type: ignore[no-untyped-def]
+    def finish_requests(self, request_ids, finished_status):
         try:
             self._tt_drop_held(request_ids)
         except Exception as exc:  # noqa: BLE001
@@ -283,11 +296,11 @@ class TimingHooks:
         self._tt_held = [r for r in self._tt_held if r.request_id not in ids]
 
 
-class TimingScheduler(TimingHooks, Scheduler):  # type: ignore[misc,valid-type]
+class TimingScheduler(TimingHooks, Scheduler):
     """vLLM ``Scheduler`` + TableTune step log + runtime k switching (sync scheduling, e.g. CPU)."""
 
 
-class TimingAsyncScheduler(TimingHooks, AsyncScheduler):  # type: ignore[misc,valid-type]
+class TimingAsyncScheduler(TimingHooks, AsyncScheduler):
     """Same as ``TimingScheduler`` on vLLM's ``AsyncScheduler`` (async scheduling, e.g. GPU)."""
 
 
@@ -296,7 +309,7 @@ class AutoTimingScheduler:
     scheduling (vLLM decides that after the flags are parsed, e.g. on GPU) and
     ``TimingScheduler`` otherwise (e.g. the CPU build, which forces sync scheduling)."""
 
-    def __new__(cls, *args: Any, **kwargs: Any):  # type: ignore[no-untyped-def]
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         vllm_config = kwargs.get("vllm_config", args[0] if args else None)
         use_async = bool(getattr(getattr(vllm_config, "scheduler_config", None), "async_scheduling", False))
         impl = TimingAsyncScheduler if use_async else TimingScheduler

@@ -8,10 +8,11 @@
   ``medium``: 12 layers, hidden 1024, ≈146 M parameters);
 * a 1-layer hidden-256 Llama draft model sharing the tokenizer (same vocabulary).
 
-Each is saved with ``transformers`` (safetensors) in the dtype the launches will use, so vLLM
-loads it without conversion: by default the device's (``engine/dtype.py``: bfloat16 on a CPU with
-native bf16, else float32), in its own folder ``cache_dir/<size>-v<recipe>-<dtype>``. A marker file is written last: a half-built folder (crash, Ctrl-C) has no marker
-and is rebuilt from scratch on the next call. Built folders are reused as they are.
+Each is saved with ``transformers`` (safetensors) in the dtype the launches will use, so vLLM loads
+it without conversion: by default the device's (``engine/dtype.py``: bfloat16 on a CPU with native
+bf16, else float32), in its own folder ``cache_dir/<size>-v<recipe>-<dtype>``. A marker file is
+written last: a half-built folder (crash, Ctrl-C) has no marker and is rebuilt from scratch on the
+next call. Built folders are reused as they are.
 
 The heavy imports (torch, transformers, tokenizers) happen inside the functions, so importing
 this module is cheap.
@@ -165,7 +166,8 @@ def ensure_tiny_models(cache_dir: str | os.PathLike[str], size: str = "small", d
 
         dtype = default_dtype(resolve_device("auto"))
     if dtype not in SAVE_DTYPES:
-        raise EngineConfigError(f"dtype = {dtype!r} is not a dtype tiny models are saved in; choose one of {SAVE_DTYPES}")
+        raise EngineConfigError(
+            f"dtype = {dtype!r} is not a dtype tiny models are saved in; choose one of {SAVE_DTYPES}")
     cache = Path(cache_dir).expanduser().resolve()
     root = cache / f"{size}-v{RECIPE_VERSION}-{dtype}"
     marker = root / MARKER

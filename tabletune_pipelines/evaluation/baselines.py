@@ -1,8 +1,9 @@
-"""Two adaptive baselines as controller variants (evaluation only: a production engine, whose plugin
-is ``controller.scheduler``, never imports this module; ``evaluation.scheduler`` runs them in vLLM): the same hooks as ``logic.Controller``
-(``next_lookup()`` before a step, ``on_step(step)`` after it, ``close()``), so the vLLM adapter or
-the replay simulator (``tabletune_pipelines.evaluation.simulator``) drives them unchanged. Stdlib +
-numpy, no vLLM. What each implements from its paper is in docs/evaluation.md, "Baselines".
+"""Two adaptive baselines as controller variants (evaluation only: a production engine, whose plugin is
+``controller.scheduler``, never imports this module; ``evaluation.scheduler`` runs them in vLLM):
+the same hooks as ``logic.Controller`` (``next_lookup()`` before a step, ``on_step(step)`` after it,
+``close()``), so the vLLM adapter or the replay simulator
+(``tabletune_pipelines.evaluation.simulator``) drives them unchanged. Stdlib + numpy, no vLLM. What
+each implements from its paper is in docs/evaluation.md, "Baselines".
 
 * ``TurboSpecPolicy`` (SmartSpec/TurboSpec, arXiv 2406.14066, "Optimizing Speculative Decoding for
   Serving Large Language Models Using Goodput"): every step, for every batch size B, the k that
@@ -321,7 +322,7 @@ class PolicyController(Controller):
             st["policy_r_max"] = round(pol.r_max, 6)
             st["policy_arms"] = {str(int(b)): {"count": pol.count[b].astype(int).tolist(),
                                                "mean": [round(float(t / c), 6) if c else None
-                                                        for t, c in zip(pol.total[b], pol.count[b])]}
+                                                        for t, c in zip(pol.total[b], pol.count[b], strict=True)]}
                                  for b in sorted(int(x) for x in top)}
         return st
 

@@ -79,7 +79,7 @@ class CostParams:
     max_num_seqs: int = 512
     """Largest batch size the surface covers."""
 
-    def with_(self, **kw) -> "CostParams":
+    def with_(self, **kw) -> CostParams:
         return replace(self, **kw)
 
 
@@ -176,7 +176,7 @@ class Anchor:
         return (self.model - self.published) / self.published if self.published else float("nan")
 
 
-def linear_fit(times: np.ndarray, ks: Sequence[int], batch_sizes: Sequence[int]) -> np.ndarray:
+def linear_fit(times: np.ndarray, ks: Sequence[int], batch_sizes: Sequence[int] | np.ndarray) -> np.ndarray:
     """Least-squares coefficients of T ≈ c0 + c1·B + c2·k + c3·B·k over the grid (TurboSpec-style)."""
     bb, kk = np.meshgrid(np.asarray(batch_sizes, float), np.asarray(ks, float))
     x = np.column_stack([np.ones(bb.size), bb.ravel(), kk.ravel(), (bb * kk).ravel()])

@@ -25,12 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from tabletune_pipelines.controller.loader import default_export_path
-from tabletune_pipelines.formats.controller_settings import PUBLISHED_ENV
 from tabletune_pipelines.errors import LiveCountersError
-from tabletune_pipelines.tuning.served_load import LoadGenerator
 from tabletune_pipelines.evaluation.synthetic import IDENTITY, LAUNCH, publish
+from tabletune_pipelines.formats.controller_settings import PUBLISHED_ENV
 from tabletune_pipelines.formats.live_counters import CounterWindow, read_live_counters
 from tabletune_pipelines.formats.published import check_published_target
+from tabletune_pipelines.tuning.served_load import LoadGenerator
+from tabletune_pipelines.vocab import Method
 
 __all__ = ["SCHEDULER", "Rig", "closed_loop", "drafting_requests_per_step", "identity", "server_config", "tiny"]
 
@@ -47,7 +48,8 @@ def tiny():
     return ensure_tiny_models(cache, "small")
 
 
-def server_config(work_dir: Path, published: Path, *, method: str = "draft_model", cls: str = "ControllerScheduler",
+def server_config(work_dir: Path, published: Path, *, method: Method = "draft_model",
+                  cls: str = "ControllerScheduler",
                   launch=LAUNCH, rates: Sequence[float] | None = (0.7, 0.5, 0.3), extra_env: dict | None = None,
                   max_num_seqs: int = 16, k_max: int = 3, speculative_extra: dict | None = None):
     """The tiny models' ``engine.ServerConfig`` with the scheduler plugin ``cls`` (a bare name is a
@@ -59,7 +61,8 @@ def server_config(work_dir: Path, published: Path, *, method: str = "draft_model
         model=str(m.target_dir), drafter=str(m.draft_dir) if method == "draft_model" else None, method=method,
         num_speculative_tokens=k_max, table=tuple(launch), synthetic_acceptance_rates=None if rates is None
         else tuple(rates), max_num_seqs=max_num_seqs, max_model_len=512, work_dir=str(work_dir), step_timing=False,
-        extra_args=("--scheduler-cls", cls if "." in cls else SCHEDULER + cls), speculative_extra=speculative_extra or {},
+        extra_args=("--scheduler-cls", cls if "." in cls else SCHEDULER + cls),
+        speculative_extra=speculative_extra or {},
         extra_env={PUBLISHED_ENV: str(published), **(extra_env or {})})
 
 
@@ -89,6 +92,21 @@ def drafting_requests_per_step(windows: Sequence[CounterWindow]) -> float:
     steps = sum(w.steps or 0 for w in windows)
     return sum(w.num_drafts for w in windows) / steps if steps else float("nan")
 
+
+
+def _controller_steps(w: CounterWindow) -> int:
+    """The controller's step count at the end of window ``w`` (the rig reads only windows with the
+    controller's state)."""
+    if w.controller is None:
+        raise ValueError(f"window of v{w.table_version} has no controller state")
+    return int(w.controller["steps"])
+
+
+def _steps_before(first: CounterWindow) -> int:
+    """The controller's step count before window ``first`` (a version's first window) began."""
+    if first.steps is None:
+        raise ValueError(f"window of v{first.table_version} does not count its steps")
+    return _controller_steps(first) - first.steps
 
 class Rig:
     """One server + its published file + export; publishes versions and waits on the export.
@@ -131,7 +149,7 @@ class Rig:
     def steps(self) -> int:
         """The controller's step count in its latest exported window (0 before the first export)."""
         ws = [w for w in self.windows() if w.controller]
-        return ws[-1].controller["steps"] if ws else 0
+        return _controller_steps(ws[-1]) if ws else 0
 
     def wait_steps(self, n: int, timeout: float = 300.0) -> int:
         """Block until the export shows ``n`` more controller steps than now: phases measured in engine
@@ -168,11 +186,11 @@ class Rig:
         while time.monotonic() - last_progress < stall_s:
             mine = [w for w in self.windows() if w.table_version == version and w.controller]
             if mine:
-                start = mine[0].controller["steps"] - mine[0].steps
+                start = _steps_before(mine[0])
                 for w in mine:
                     if pred(w):
                         return w, mine
-                if mine[-1].controller["steps"] - start >= max_steps:
+                if _controller_steps(mine[-1]) - start >= max_steps:
                     return None, mine
             if len(mine) != seen:
                 seen, last_progress = len(mine), time.monotonic()
@@ -183,7 +201,7 @@ class Rig:
     @staticmethod
     def steps_into(w: CounterWindow, mine: list[CounterWindow]) -> int:
         """Steps the controller ran under the version up to the end of window ``w``."""
-        return w.controller["steps"] - (mine[0].controller["steps"] - mine[0].steps)
+        return _controller_steps(w) - _steps_before(mine[0])
 
     @staticmethod
     def seconds_into(w: CounterWindow, mine: list[CounterWindow]) -> float:

@@ -37,13 +37,13 @@ ANCHOR_ENV = "TABLETUNE_EVAL_ANCHOR_FLAG"
 """``AnchoredEvaluationScheduler``: the file whose existence turns an anchor window on."""
 
 
-class SyncEvaluationScheduler(SyncControllerScheduler):  # type: ignore[misc]
+class SyncEvaluationScheduler(SyncControllerScheduler):
     """vLLM ``Scheduler`` (sync scheduling) + the controller with the baselines."""
 
     controller_cls = PolicyController
 
 
-class AsyncEvaluationScheduler(AsyncControllerScheduler):  # type: ignore[misc]
+class AsyncEvaluationScheduler(AsyncControllerScheduler):
     """vLLM ``AsyncScheduler`` (async scheduling) + the controller with the baselines."""
 
     controller_cls = PolicyController
@@ -52,13 +52,14 @@ class AsyncEvaluationScheduler(AsyncControllerScheduler):  # type: ignore[misc]
 class EvaluationScheduler:
     """The ``--scheduler-cls`` entry: the async variant when the engine runs async scheduling."""
 
-    def __new__(cls, *args: Any, **kwargs: Any):  # type: ignore[no-untyped-def]
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         vllm_config = kwargs.get("vllm_config", args[0] if args else None)
         use_async = bool(getattr(getattr(vllm_config, "scheduler_config", None), "async_scheduling", False))
         return (AsyncEvaluationScheduler if use_async else SyncEvaluationScheduler)(*args, **kwargs)
 
 
-class AnchoredEvaluationScheduler(TimingHooks, ControllerHooks, Scheduler):  # type: ignore[misc]
+class AnchoredEvaluationScheduler(  # type: ignore[misc]  # ControllerHooks types dynamic_sd_lookup unlike vLLM
+        TimingHooks, ControllerHooks, Scheduler):
     """Step log + k control around the controller plugin with the baselines (sync scheduling: the
     CPU build), and anchor windows (module docstring)."""
 
@@ -70,7 +71,7 @@ class AnchoredEvaluationScheduler(TimingHooks, ControllerHooks, Scheduler):  # t
         self._ev_anchor = False
 
     def _ev_check(self) -> bool:
-        on = bool(self._ev_flag) and os.path.exists(self._ev_flag)  # type: ignore[arg-type]
+        on = self._ev_flag is not None and os.path.exists(self._ev_flag)
         if on != self._ev_anchor:
             self._ev_anchor = on
             tt = self._tt
@@ -82,7 +83,7 @@ class AnchoredEvaluationScheduler(TimingHooks, ControllerHooks, Scheduler):  # t
                     pol._last_t = None
         return on
 
-    def schedule(self, *args: Any, **kwargs: Any):  # type: ignore[no-untyped-def]
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
         try:
             anchor = self._ev_check()
         except Exception:  # noqa: BLE001 - an evaluation hook must not stop the engine either
@@ -91,7 +92,7 @@ class AnchoredEvaluationScheduler(TimingHooks, ControllerHooks, Scheduler):  # t
             return Scheduler.schedule(self, *args, **kwargs)
         return super().schedule(*args, **kwargs)
 
-    def update_from_output(self, scheduler_output, model_runner_output):  # type: ignore[no-untyped-def]
+    def update_from_output(self, scheduler_output, model_runner_output):
         if not self._ev_anchor:
             return super().update_from_output(scheduler_output, model_runner_output)
         tt, self._tt = self._tt, None

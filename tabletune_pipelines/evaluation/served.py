@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tabletune_pipelines.errors import InvalidValueError
 from tabletune_pipelines.core.stats import t_quantile
+from tabletune_pipelines.errors import InvalidValueError
 from tabletune_pipelines.tuning.served_load import LoadGenerator, rotated
 from tabletune_pipelines.tuning.served_windows import (
     PolicySummary,

@@ -77,11 +77,11 @@ class TablePolicy:
     """k for B = 1..max_num_seqs (index B − 1); None = no speculation."""
 
     @classmethod
-    def fixed(cls, k: int, n: int) -> "TablePolicy":
+    def fixed(cls, k: int, n: int) -> TablePolicy:
         return cls(f"fixed k={k}", (int(k),) * n)
 
     @classmethod
-    def from_ranges(cls, name: str, ranges: Sequence[Sequence[int]], n: int, max_k: int) -> "TablePolicy":
+    def from_ranges(cls, name: str, ranges: Sequence[Sequence[int]], n: int, max_k: int) -> TablePolicy:
         """The table ``ranges`` (covering 1..n) over B = 1..n, k capped at ``max_k``
         (``core.table.DraftTable.dense``)."""
         return cls(name, tuple(int(k) for k in DraftTable.from_entries([list(r) for r in ranges]).dense(n, max_k)))
@@ -200,8 +200,7 @@ def simulate(surface: Surface, policy: TablePolicy | EnginePolicy, load: int, st
     remaining = np.maximum(1, (remaining * len_rng.random(L)).astype(np.int64))
     new = np.zeros(L, dtype=bool)
     a = _survival(workload.rates, K)
-    table = isinstance(policy, TablePolicy)
-    nospec = table and policy.ks is None
+    nospec = isinstance(policy, TablePolicy) and policy.ks is None
     ids, index, scheduled = _requests(L)
     launch = list(launch_k) if launch_k is not None else [K] * n
     ks_run = np.zeros(steps, dtype=np.int64)
@@ -211,8 +210,8 @@ def simulate(surface: Surface, policy: TablePolicy | EnginePolicy, load: int, st
     for step in range(steps):
         if workload.switch_at is not None and step == workload.switch_at:
             a = _survival(workload.switch_rates or workload.rates, K)
-        if table:
-            k = 0 if nospec else policy.ks[L - 1]
+        if isinstance(policy, TablePolicy):
+            k = 0 if policy.ks is None else policy.ks[L - 1]
             lookup = None
         else:
             lookup = policy.next_lookup()
@@ -232,7 +231,7 @@ def simulate(surface: Surface, policy: TablePolicy | EnginePolicy, load: int, st
         else:
             dt = surface.t(L, k)
         now += dt / 1000.0
-        if not table:
+        if not isinstance(policy, TablePolicy):
             draft = [] if not k else [0] * k
             spec = {ids[i]: draft for i in np.flatnonzero(~new)} if k else {}
             sampled = [[0] * (int(x) + 1) for x in m]
@@ -283,7 +282,8 @@ def all_k_launch(n: int, K: int) -> tuple[tuple[int, int, int], ...]:
 
 
 def published_for(path: str | os.PathLike[str], *, ranges: Sequence[Sequence[int]],
-                  step_ms: dict[str, dict[str, float]], prior: Sequence[float], max_num_seqs: int, max_k: int, prior_drafts: int = 4800,
+                  step_ms: dict[str, dict[str, float]], prior: Sequence[float], max_num_seqs: int, max_k: int,
+                  prior_drafts: int = 4800,
                   version: int = 1, controller: dict[str, Any] | None = None,
                   deployment: str = "simulated") -> Path:
     """Write a real published file (``tabletune_pipelines.formats.published``) for the simulated engine.

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from tabletune_pipelines.core.steptime import batch_size_grid, every_batch_size, non_decreasing_fit
-from tabletune_pipelines.formats.documents import StepTimeCell, StepTimeProfile
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.engine.identity import engine_identity
 from tabletune_pipelines.errors import SurfaceError
 from tabletune_pipelines.evaluation.costmodel import CostParams, dense_surface, step_ms
+from tabletune_pipelines.formats.documents import StepTimeCell, StepTimeProfile
 
 OUTLIER_RATIO = 1.6
 """A profile cell above this multiple of the fastest k at its B is a hiccup (see the module docstring)."""
@@ -119,7 +119,7 @@ def from_profile(profile: StepTimeProfile, name: str | None = None) -> Surface:
     nospec = None
     if ns and 1 in ns:
         xs = sorted(ns)
-        nospec = every_batch_size(xs, [non_decreasing_fit(np.asarray([ns[x] for x in xs], float))], n)[0]
+        nospec = every_batch_size(xs, [non_decreasing_fit([float(ns[x]) for x in xs])], n)[0]
     ident = profile.identity
     return Surface(name=name or f"{ident.gpu}-{ident.model.rsplit('/', 1)[-1]}",
                    description=f"{ident.gpu}, vLLM {ident.vllm_version}, {ident.model.rsplit('/', 1)[-1]} + "

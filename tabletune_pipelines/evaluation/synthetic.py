@@ -30,8 +30,8 @@ from tabletune_pipelines.formats.published import PublishedVersion, published_do
 if TYPE_CHECKING:
     from tabletune_pipelines.formats.documents import AcceptancePrior
 
-__all__ = ["ENGINE", "IDENTITY", "K", "LAUNCH", "N", "REBUILD_BUDGET_MS", "dense", "fixed_prior", "linear_profile", "publish",
-           "true_table"]
+__all__ = ["ENGINE", "IDENTITY", "K", "LAUNCH", "N", "REBUILD_BUDGET_MS", "dense", "fixed_prior", "linear_profile",
+           "publish", "true_table"]
 
 N, K = 16, 3
 """max_num_seqs and K of the test engine."""
@@ -60,7 +60,7 @@ def true_table(profile, rates, ks=(0, 1, 2, 3), n: int = N, stickiness: float = 
     return DraftTable.from_dense(choose_draft_lengths(dense(profile, ks, n), ks, rates, stickiness=stickiness).chosen).entries()
 
 
-def fixed_prior(rates: Sequence[float]) -> "AcceptancePrior":
+def fixed_prior(rates: Sequence[float]) -> AcceptancePrior:
     """An AcceptancePrior with known rates (no measurement behind it)."""
     from tabletune_pipelines.formats.documents import AcceptancePrior
 
@@ -69,8 +69,9 @@ def fixed_prior(rates: Sequence[float]) -> "AcceptancePrior":
                            prompt_fingerprint="synthetic", prompt_count=0, source="synthetic")
 
 
-#: ``publish`` (and the simulator's ``published_for``) writes a rebuild budget no busy machine reaches: a rebuild the 20 ms default would abandon
-#: on a preempted core would leave the table a test expects unchanged. The budget itself is tested on its
+#: ``publish`` (and the simulator's ``published_for``) writes a rebuild budget no busy machine reaches: a
+#: rebuild the 20 ms default would abandon on a preempted core would leave the table a test expects
+#: unchanged. The budget itself is tested on its
 #: own (test_logic: ``rebuild_budget_ms: 1e-6``); its cost is a benchmark's (controller_overhead.py).
 REBUILD_BUDGET_MS = 60_000.0
 

@@ -55,8 +55,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tabletune_pipelines.formats import strict_io
 from tabletune_pipelines.errors import ControlProtocolError, ControlRejected, ControlTimeout, InvalidCommand
+from tabletune_pipelines.formats import strict_io
 
 K_CONTROL_ENV = "TABLETUNE_K_CONTROL"
 """Environment variable naming the k / table / admission-gate channel of an engine."""
@@ -131,7 +131,8 @@ def check_k_command(body: Mapping[str, Any], *, max_k: int, max_num_seqs: int) -
         raise InvalidCommand(f"'gate' = {gate!r:.40} must be an integer in 1..{max_num_seqs} (max_num_seqs)")
     timeout = body.get("gate_timeout")
     if timeout is not None and (not _is_number(timeout) or not 0 < timeout <= MAX_GATE_TIMEOUT_S):
-        raise InvalidCommand(f"'gate_timeout' = {timeout!r:.40} must be a number of seconds in (0, {MAX_GATE_TIMEOUT_S:g}]")
+        raise InvalidCommand(
+            f"'gate_timeout' = {timeout!r:.40} must be a number of seconds in (0, {MAX_GATE_TIMEOUT_S:g}]")
 
 
 def ack_path(path: str | os.PathLike[str]) -> Path:
@@ -216,7 +217,8 @@ class ControlWriter:
         try:
             text = json.dumps({"seq": seq, **command}, allow_nan=False)
         except (TypeError, ValueError) as exc:
-            raise ControlProtocolError(f"command {dict(command)!r:.200} is not strict JSON ({exc}); nothing sent") from None
+            raise ControlProtocolError(
+                f"command {dict(command)!r:.200} is not strict JSON ({exc}); nothing sent") from None
         self.ack_path.unlink(missing_ok=True)
         self._sig = write_distinct(self.path, text, self._sig)
         self._seq = seq
@@ -271,7 +273,7 @@ class ControlReader:
     """Sequence number of the last command returned by ``poll``."""
 
     @classmethod
-    def from_env(cls, variable: str) -> "ControlReader":
+    def from_env(cls, variable: str) -> ControlReader:
         """A reader of the file named by environment variable ``variable`` (unset: inert)."""
         return cls(os.environ.get(variable) or None)
 

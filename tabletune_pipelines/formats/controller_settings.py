@@ -255,7 +255,7 @@ class ControllerSettings:
                                 f"{MAX_EXPORT_PATH_CHARS} characters without control characters")
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any] | None, *, where: str = "controller settings") -> "ControllerSettings":
+    def from_mapping(cls, data: Mapping[str, Any] | None, *, where: str = "controller settings") -> ControllerSettings:
         """Settings from a JSON/YAML mapping (``options.options_from_mapping``): unknown keys and wrong
         types are errors naming ``where``; an integral float (3.0) is an integer setting's integer and
         an integer a float setting's float, when the conversion is exact (JSON has one number type)."""

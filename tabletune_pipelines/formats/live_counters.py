@@ -63,8 +63,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tabletune_pipelines.formats import strict_io
 from tabletune_pipelines.errors import LiveCountersError
+from tabletune_pipelines.formats import strict_io
 from tabletune_pipelines.formats.strict_io import LineTooLongError, NotRegularFileError, bounded_lines, open_regular
 
 LIVE_COUNTERS_SCHEMA = "tabletune.live_counters"
@@ -182,7 +182,7 @@ def _check_counts(drafted: Any, accepted: Any, where: str) -> None:
                                 "must have the same non-zero length")
     if len(drafted) > MAX_POSITIONS:
         raise LiveCountersError(f"{where}: {len(drafted)} draft positions; at most {MAX_POSITIONS} are allowed")
-    for i, (d, a) in enumerate(zip(drafted, accepted), start=1):
+    for i, (d, a) in enumerate(zip(drafted, accepted, strict=True), start=1):
         if a > d:
             raise LiveCountersError(f"{where}: position {i} accepted {a} > drafted {d}")
     for i in range(1, len(drafted)):
@@ -205,7 +205,7 @@ def _check_optional_fields(obj: dict[str, Any], positions: int, where: str) -> N
         if not isinstance(est, list) or len(est) != positions or not all(
                 type(x) in (int, float) and math.isfinite(x) and 0.0 <= x <= 1.0 for x in est):
             raise LiveCountersError(f"{where}: 'estimate' must be {positions} rates in [0, 1]")
-        if any(b > a + 1e-9 for a, b in zip(est, est[1:])):
+        if any(b > a + 1e-9 for a, b in zip(est, est[1:], strict=False)):
             raise LiveCountersError(f"{where}: 'estimate' {est} must be non-increasing with position")
     for key in ("identity_key", "source", "deployment"):
         v = obj.get(key)
@@ -292,7 +292,8 @@ def read_live_counters(path: str | os.PathLike[str], *, max_k: int | None = None
     try:
         fh = open_regular(p)  # a FIFO or device is refused, never opened for a blocking read
     except FileNotFoundError:
-        raise LiveCountersError(f"live counters file {p} does not exist (the controller has not exported yet)") from None
+        raise LiveCountersError(
+            f"live counters file {p} does not exist (the controller has not exported yet)") from None
     except IsADirectoryError:
         raise LiveCountersError(f"live counters file {p} is a folder, not a file") from None
     except NotRegularFileError as exc:
@@ -308,7 +309,7 @@ def read_live_counters(path: str | os.PathLike[str], *, max_k: int | None = None
     with fh:
         if os.fstat(fh.fileno()).st_size > MAX_FILE_BYTES:
             raise LiveCountersError(f"live counters file {p} is larger than {MAX_FILE_BYTES} bytes; rotate it")
-        for no, bline, ended in _lines(fh, str(p)):
+        for no, bline, _ended in _lines(fh, str(p)):  # a torn line is told by its content (is_torn)
             if not bline.strip():
                 continue
             where = f"{p}:{no}"

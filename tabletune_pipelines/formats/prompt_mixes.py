@@ -34,7 +34,7 @@ import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from tabletune_pipelines.errors import InvalidValueError, NotFoundError
@@ -102,7 +102,7 @@ def _english(text: str) -> bool:
     return bool(text) and sum(c.isascii() for c in text) >= ENGLISH_ASCII_SHARE * len(text)
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_mix(name: str) -> tuple[str, ...]:
     """The prompts of mix ``name`` in the source's order."""
     path = data_file(name)
@@ -164,8 +164,8 @@ def parse_weights(spec: str | Mapping[str, float]) -> dict[str, float]:
     unknown = sorted(set(items) - set(SOURCES))
     if unknown:
         raise NotFoundError(f"prompt mix(es) {unknown} not known; choose from {list(MIX_NAMES)}")
-    for name, w in items.items():
-        check_value(WEIGHT, f"weight of {name!r}", w, where=where, error=InvalidValueError)
+    for name, weight in items.items():
+        check_value(WEIGHT, f"weight of {name!r}", weight, where=where, error=InvalidValueError)
     total = sum(items.values())
     if total <= 0:
         raise InvalidValueError(f"{where}: weights {items} must sum to more than 0")

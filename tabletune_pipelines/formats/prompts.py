@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from tabletune_pipelines.formats import strict_io
 from tabletune_pipelines.errors import PromptFileError
+from tabletune_pipelines.formats import strict_io
 from tabletune_pipelines.formats.strict_io import LineTooLongError, NotRegularFileError, bounded_lines, open_regular
 
 EXPECTED = '{"prompt": "..."}'

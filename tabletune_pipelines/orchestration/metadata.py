@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -19,15 +19,15 @@ from typing import Any
 import dagster as dg
 import numpy as np
 
-from tabletune_pipelines.formats.documents import DraftLengthTable
 from tabletune_pipelines.errors import PipelineFailure
-from tabletune_pipelines.formats.strict_io import atomic_write_bytes
+from tabletune_pipelines.formats.documents import DraftLengthTable
 from tabletune_pipelines.formats.fleet import tabletune_home
-from tabletune_pipelines.tuning.publishing import Publication, Rollback
+from tabletune_pipelines.formats.strict_io import atomic_write_bytes
 from tabletune_pipelines.tuning.build import BuiltTable
 from tabletune_pipelines.tuning.feedback import LiveWeek
 from tabletune_pipelines.tuning.gates import Gate
 from tabletune_pipelines.tuning.measure import ProfileRun, WeekPriors
+from tabletune_pipelines.tuning.publishing import Publication, Rollback
 from tabletune_pipelines.tuning.report import (
     accepted_work_text,
     boundaries_markdown,
@@ -39,6 +39,7 @@ from tabletune_pipelines.tuning.report import (
     table_markdown,
     within_noise_markdown,
 )
+
 
 def live_priors_markdown(week: LiveWeek) -> str:
     """One row per deployment with a live prior of the week: windows, counts, the stored prior and
@@ -119,15 +120,16 @@ def plots_dir() -> Path:
     return p
 
 
-def image_metadata(png: bytes, name: str) -> dict[str, dg.MetadataValue]:
-    """The plot inline (markdown with a base64 PNG) and as a file path."""
+def image_metadata(png: bytes, name: str, alt: str = "goodput vs batch size") -> dict[str, dg.MetadataValue]:
+    """The plot inline (markdown with a base64 PNG, ``alt`` its text) and as a file path."""
     path = plots_dir() / f"{name}.png"
+    shown_path: dg.MetadataValue
     try:  # the one atomic writer: a symbolic link (or anything but a file) there is refused, never followed
         shown_path = dg.MetadataValue.path(str(atomic_write_bytes(path, png)))
     except OSError as exc:
         shown_path = dg.MetadataValue.text(f"not written: {path}: {exc.strerror or exc}")
     b64 = base64.b64encode(png).decode()
-    return {"goodput_plot": dg.MetadataValue.md(f"![goodput vs batch size](data:image/png;base64,{b64})"),
+    return {"goodput_plot": dg.MetadataValue.md(f"![{alt}](data:image/png;base64,{b64})"),
             "goodput_plot_path": shown_path}
 
 
@@ -250,10 +252,9 @@ def served_check(publication: Publication) -> dg.AssetCheckResult:
 def _served_plot(publication: Publication) -> dict[str, dg.MetadataValue]:
     if publication.served_plot is None:
         return {}
-    shown = image_metadata(publication.served_plot, f"{publication.identity_key}-{publication.table.table_id}-served")
-    return {"served_goodput_plot": dg.MetadataValue.md(shown["goodput_plot"].value.replace(
-                "goodput vs batch size", "served goodput vs load", 1)),
-            "served_goodput_plot_path": shown["goodput_plot_path"]}
+    shown = image_metadata(publication.served_plot, f"{publication.identity_key}-{publication.table.table_id}-served",
+                           alt="served goodput vs load")
+    return {"served_goodput_plot": shown["goodput_plot"], "served_goodput_plot_path": shown["goodput_plot_path"]}
 
 
 def describe_publication(publication: Publication) -> dg.MaterializeResult:
@@ -282,7 +283,7 @@ def describe_publication(publication: Publication) -> dg.MaterializeResult:
     )
 
 
-def describe_rollback(done: Rollback, partitions: list[str]) -> dg.AssetMaterialization:
+def describe_rollback(done: Rollback, partitions: Sequence[str]) -> dg.AssetMaterialization:
     """A rollback as a materialization of ``published_table`` (of the identity's partition when it has one)."""
     return dg.AssetMaterialization(
         asset_key="published_table",

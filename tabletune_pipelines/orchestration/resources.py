@@ -21,19 +21,19 @@ import dagster as dg
 from dagster_duckdb import DuckDBResource
 from pydantic import Field
 
-from tabletune_pipelines.tuning import deployments
 from tabletune_pipelines.core.acceptance_estimate import DEFAULT_PRIOR_WEIGHT, EstimatorConfig
 from tabletune_pipelines.core.evidence import DEFAULT_CONFIDENCE, DEFAULT_SEARCH_RULE
 from tabletune_pipelines.core.table import DEFAULT_STICKINESS
+from tabletune_pipelines.errors import PipelineFailure, TableTuneError
 from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, EngineIdentity, StepTimeProfile
+from tabletune_pipelines.formats.fleet import Deployment, Fleet, default_store_path, load_fleet
+from tabletune_pipelines.options import Bound, check_bounds, field_docs
+from tabletune_pipelines.store import TableTuneStore
+from tabletune_pipelines.tuning import deployments
+from tabletune_pipelines.tuning.derive import DeriveOptions
+from tabletune_pipelines.tuning.gates import GateThresholds
 from tabletune_pipelines.tuning.served_plan import ServedVerificationOptions
 from tabletune_pipelines.tuning.served_verdict import ServedVerification
-from tabletune_pipelines.formats.fleet import Deployment, Fleet, default_store_path, load_fleet
-from tabletune_pipelines.errors import PipelineFailure, TableTuneError
-from tabletune_pipelines.options import Bound, check_bounds, field_docs
-from tabletune_pipelines.tuning.derive import DeriveOptions
-from tabletune_pipelines.store import TableTuneStore
-from tabletune_pipelines.tuning.gates import GateThresholds
 
 
 def store_from(duckdb: DuckDBResource) -> TableTuneStore:
@@ -45,7 +45,8 @@ def store_from(duckdb: DuckDBResource) -> TableTuneStore:
 class FleetResource(dg.ConfigurableResource):
     """The fleet file (strictly validated on every load, so an edit shows up in the next run)."""
 
-    path: str | None = Field(default=None, description="Fleet YAML; default $TABLETUNE_FLEET or the embedded fleet.yaml.")
+    path: str | None = Field(default=None,
+                             description="Fleet YAML; default $TABLETUNE_FLEET or the embedded fleet.yaml.")
 
     def load(self) -> Fleet:
         return load_fleet(self.path)
@@ -64,9 +65,10 @@ class EngineResource(dg.ConfigurableResource):
         default_factory=dict, description="deployments.AcceptanceOptions fields, e.g. max_tokens, seed.")
     served_verification: dict[str, Any] = Field(
         default_factory=dict, description="tuning.served_plan.ServedVerificationOptions fields for the "
-                                          "blocking check served_goodput_verified before publishing, e.g. enabled (default true), "
-                                          "budget_s (default 75 on the CPU build, 300 on a GPU), loads, rounds, "
-                                          "window_s, tolerance (0.03), acceptance (auto|real|prior).")
+                                          "blocking check served_goodput_verified before publishing, e.g. "
+                                          "enabled (default true), budget_s (default 75 on the CPU build, "
+                                          "300 on a GPU), loads, rounds, window_s, tolerance (0.03), "
+                                          "acceptance (auto|real|prior).")
 
     BOUNDS: ClassVar[dict[str, Bound]] = deployments.LocalEngine.BOUNDS
     """The library engine's bounds (the option mappings are checked by their own classes: ``check_config``)."""

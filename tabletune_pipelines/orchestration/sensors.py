@@ -20,7 +20,11 @@ import dagster as dg
 from tabletune_pipelines.errors import InvalidValueError, TableTuneError
 from tabletune_pipelines.formats.fleet import FleetError
 from tabletune_pipelines.orchestration.jobs import Jobs
-from tabletune_pipelines.orchestration.partitions import engine_identity_partitions, profile_run_config
+from tabletune_pipelines.orchestration.partitions import (
+    ENGINE_IDENTITY_PARTITIONS_NAME,
+    engine_identity_partitions,
+    profile_run_config,
+)
 from tabletune_pipelines.orchestration.resources import EngineResource, FleetResource
 from tabletune_pipelines.orchestration.tags import IDENTITY_TAG, run_tags
 
@@ -56,7 +60,7 @@ def check_engine_upgrades(context: dg.SensorEvaluationContext, fleet: FleetResou
     except FleetError as exc:
         context.log.error(str(exc))
         return dg.SkipReason(f"fleet file invalid, nothing polled: {exc}")
-    existing = set(context.instance.get_dynamic_partitions(engine_identity_partitions.name))
+    existing = set(context.instance.get_dynamic_partitions(ENGINE_IDENTITY_PARTITIONS_NAME))
     new_keys: list[str] = []
     run_requests: list[dg.RunRequest] = []
     problems: list[str] = []
@@ -103,7 +107,7 @@ def request_retunes(context: dg.RunStatusSensorContext, fleet: FleetResource, en
         the_fleet = fleet.load()
     except FleetError as exc:
         return dg.SkipReason(f"fleet file invalid: {exc}")
-    existing = set(context.instance.get_dynamic_partitions(engine_identity_partitions.name))
+    existing = set(context.instance.get_dynamic_partitions(ENGINE_IDENTITY_PARTITIONS_NAME))
     week = context.dagster_run.tags.get("dagster/partition", "")
     requests, done = [], set()
     for dep in the_fleet.deployments:
@@ -120,7 +124,9 @@ def request_retunes(context: dg.RunStatusSensorContext, fleet: FleetResource, en
 
 
 def build_sensors(jobs: Jobs, interval_s: int = DEFAULT_SENSOR_INTERVAL_S) -> list[dg.SensorDefinition]:
-    """The code location's sensors, requesting ``jobs`` (``tabletune_pipelines/definitions.py`` ``defs`` builds them when it loads)."""
+    """The code location's sensors, requesting ``jobs``.
+
+    ``tabletune_pipelines/definitions.py`` ``defs`` builds them when it loads."""
     upgrade = dg.sensor(
         name="engine_upgrade_sensor",
         job=jobs.profile_and_publish,

@@ -16,8 +16,8 @@ from typing import Any, Protocol
 
 from tabletune_pipelines.core.evidence import DEFAULT_CONFIDENCE, DEFAULT_SEARCH_RULE
 from tabletune_pipelines.core.table import DEFAULT_STICKINESS
+from tabletune_pipelines.errors import InvalidValueError, PipelineFailure, TableTuneError
 from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, StepTimeProfile
-from tabletune_pipelines.errors import PipelineFailure, TableTuneError
 from tabletune_pipelines.tuning.derive import DeriveOptions, TunedTable, derive_table
 from tabletune_pipelines.tuning.gates import (
     Gate,
@@ -30,6 +30,7 @@ from tabletune_pipelines.tuning.gates import (
     prior_for_table,
 )
 from tabletune_pipelines.tuning.report import goodput_plot
+from tabletune_pipelines.vocab import SEARCH_RULES, is_search_rule
 
 
 class BuildSettings(Protocol):
@@ -38,9 +39,13 @@ class BuildSettings(Protocol):
 
     def gates(self) -> GateThresholds: ...
 
-    stickiness: float
-    search_policy: str
-    confidence: float
+    # Read-only: a frozen dataclass (``DefaultBuildSettings``) or a Dagster resource provides them.
+    @property
+    def stickiness(self) -> float: ...
+    @property
+    def search_policy(self) -> str: ...
+    @property
+    def confidence(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,15 @@ class DefaultBuildSettings:
 
     def gates(self) -> GateThresholds:
         return self.thresholds
+
+
+def derive_options(settings: BuildSettings, **fields: Any) -> DeriveOptions:
+    """``DeriveOptions`` with ``settings``' table-search knobs (stickiness, rule, confidence) and
+    ``fields``; a ``search_policy`` outside ``vocab.SEARCH_RULES`` → InvalidValueError naming it."""
+    rule = settings.search_policy
+    if not is_search_rule(rule):
+        raise InvalidValueError(f"search_policy = {rule!r} must be one of {SEARCH_RULES}")
+    return DeriveOptions(stickiness=settings.stickiness, policy=rule, confidence=settings.confidence, **fields)
 
 
 @dataclass(frozen=True)
@@ -121,9 +135,8 @@ def build_table(store: Any, key: str, settings: BuildSettings, *, allowed_ks: It
             + (f" (rejected: {'; '.join(skipped)})" if skipped else ""))
     calibration = _served_calibration(store, key, profile, prior, log)
     try:
-        options = DeriveOptions(allowed_ks=None if allowed_ks is None else tuple(allowed_ks),
-                                stickiness=settings.stickiness, policy=settings.search_policy,  # type: ignore[arg-type]
-                                confidence=settings.confidence, served_calibration=calibration)
+        options = derive_options(settings, allowed_ks=None if allowed_ks is None else tuple(allowed_ks),
+                                 served_calibration=calibration)
         tuned = derive_table(profile, prior, options)
     except (TableTuneError, ValueError) as exc:
         raise PipelineFailure(f"cannot derive a table for {key}: {exc}") from exc

@@ -14,9 +14,8 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, overload
 
-from tabletune_pipelines.formats.documents import AcceptancePrior, EngineIdentity, StepTimeProfile
 from tabletune_pipelines.engine.client import EngineClient
 from tabletune_pipelines.engine.identity import deployment_identity
 from tabletune_pipelines.engine.installed import installed_vllm_version
@@ -29,12 +28,14 @@ from tabletune_pipelines.errors import (
     InvalidValueError,
     NotFoundError,
 )
+from tabletune_pipelines.formats.documents import AcceptancePrior, EngineIdentity, StepTimeProfile
 from tabletune_pipelines.formats.fleet import Deployment, Fleet, tabletune_home
 from tabletune_pipelines.formats.identity_match import COMPARED_FIELDS, identity_mismatches
 from tabletune_pipelines.options import Bound, check_bounds, options_from_mapping
 
 __all__ = [
-    "AcceptanceOptions", "CurrentIdentity", "Engine", "EndpointUnreachable", "LocalEngine", "EngineMismatchError", "ProfileOptions",
+    "AcceptanceOptions", "CurrentIdentity", "Engine", "EndpointUnreachable", "LocalEngine", "EngineMismatchError",
+    "ProfileOptions",
     "check_local_engine", "current_identity", "default_cache_dir", "default_work_dir", "deployment_for_identity",
     "deployments_running", "identity_for", "measure_acceptance", "one_launch", "probe_vllm_version", "profile",
     "resolve_identity",
@@ -53,8 +54,9 @@ class Engine(Protocol):
     with its configuration), or a test's scripted engine. The run-level library functions
     (``tuning.measure``, ``tuning.feedback.ingest_live_counters``, ``publishing``) take one."""
 
-    acceptance_options: Mapping[str, Any]
-    """``AcceptanceOptions`` fields (the seed of the prompt sample among them)."""
+    @property
+    def acceptance_options(self) -> Mapping[str, Any]:
+        """``AcceptanceOptions`` fields (the seed of the prompt sample among them)."""
 
     def current_identity(self, dep: Deployment) -> EngineIdentity: ...
 
@@ -182,6 +184,13 @@ def default_work_dir(sub: str) -> Path:
     return p
 
 
+@overload
+def resolve_model(name: str, cache_dir: str | Path, *, drafter: bool = False, dtype: str | None = None) -> str: ...
+@overload
+def resolve_model(name: None, cache_dir: str | Path, *, drafter: bool = False, dtype: str | None = None) -> None: ...
+@overload
+def resolve_model(name: str | None, cache_dir: str | Path, *, drafter: bool = False,
+                  dtype: str | None = None) -> str | None: ...
 def resolve_model(name: str | None, cache_dir: str | Path, *, drafter: bool = False,
                   dtype: str | None = None) -> str | None:
     """``tiny:<size>`` → the tiny local model folder saved in ``dtype`` (built once; None: this
@@ -222,7 +231,7 @@ class AcceptanceOptions(LaunchOverrides):
         check_bounds(self, where="acceptance options", error=InvalidValueError)
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any] | None, *, where: str = "acceptance options") -> "AcceptanceOptions":
+    def from_mapping(cls, data: Mapping[str, Any] | None, *, where: str = "acceptance options") -> AcceptanceOptions:
         """Options from a dict (a Dagster resource config; ``options.options_from_mapping``); an unknown
         key is named with ``where``."""
         return options_from_mapping(cls, data, where=where, error=InvalidValueError)
@@ -402,8 +411,8 @@ def verify_served(identity: EngineIdentity, dep: Deployment | None, table: Any, 
     check_local_engine(identity)
     from tabletune_pipelines.engine.acceptance import write_default_prompt_file
     from tabletune_pipelines.engine.envelope_log import envelope_checked
-    from tabletune_pipelines.tuning.served_plan import ServedVerificationOptions
     from tabletune_pipelines.formats.prompts import load_prompts
+    from tabletune_pipelines.tuning.served_plan import ServedVerificationOptions
 
     opts = options or ServedVerificationOptions()
     work = Path(work_dir or default_work_dir("verify"))
@@ -472,7 +481,8 @@ def _profile_steps(table: Any) -> tuple[dict, tuple[float, ...]] | None:
     the table carries no step time for some k at some batch size."""
     steps, rates = getattr(table, "step_ms", None), getattr(table, "acceptance_rates", None)
     M, K = table.max_num_seqs, table.max_k
-    if not steps or not rates or any(str(b) not in steps.get(str(k), {}) for k in range(K + 1) for b in range(1, M + 1)):
+    if not steps or not rates or any(str(b) not in steps.get(str(k), {})
+                                     for k in range(K + 1) for b in range(1, M + 1)):
         return None
     return steps, tuple(float(r) for r in rates)
 

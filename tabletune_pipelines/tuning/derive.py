@@ -221,7 +221,7 @@ def _accepted_work_fit(profile: StepTimeProfile, noisy: NoisySurface,
     flat = [(k, b, c) for k, row in accept.items() for b, c in row.items()]
     variances = median_variances([c for _, _, c in flat])
     accept_var: dict[int, dict[int, float | None]] = {}
-    for (k, b, _), v in zip(flat, variances):
+    for (k, b, _), v in zip(flat, variances, strict=True):
         accept_var.setdefault(k, {})[b] = v
     return fit_accepted_work(noisy, accept, accept_var, confidence=options.confidence)
 
@@ -312,7 +312,8 @@ def _served_summary(cost: StepCost, served: ServedCost | None, workload: Workloa
     return {
         "workload": workload.to_dict(),
         **cost.summary(),
-        "extra_ms": {str(k): {str(b): round(float(served.extra_ms[i, b - 1]), 4) for b in bs} for i, k in enumerate(ks)},
+        "extra_ms": {str(k): {str(b): round(float(served.extra_ms[i, b - 1]), 4) for b in bs}
+                     for i, k in enumerate(ks)},
         "arrivals_per_step": {str(k): {str(b): round(float(served.arrivals[i, b - 1]), 4) for b in bs}
                               for i, k in enumerate(ks)},
         "unmeasured": [[b, k, round(p, 4)] for b, k, p in unmeasured_cells(served, ks, dense_k)],

@@ -257,7 +257,7 @@ def compare_envelopes(default: StepTimeProfile, raised: StepTimeProfile, prior: 
     preds = [predict_envelope(label, prof, prior, loads,
                               dataclasses.replace(options, served_calibration=cal.get(prof.identity.key)),
                               cost.get(prof.identity.key))
-             for label, prof in zip(labels, (default, raised))]
+             for label, prof in zip(labels, (default, raised), strict=True)]
     d, r = preds
     has_errors = any(p.log_var_step > 0 for e in preds for p in e.loads)
     sigma_a = (rates_covariance(prior.rates, prior.drafted_per_pos, prior.num_drafts)
@@ -309,7 +309,7 @@ def recommend_from_store(store: Any, default_key: str, raised_key: str, *, setti
 
     from tabletune_pipelines.engine.envelope_log import capture_cost, read_log
     from tabletune_pipelines.errors import NotFoundError
-    from tabletune_pipelines.tuning.build import DefaultBuildSettings, _served_calibration
+    from tabletune_pipelines.tuning.build import DefaultBuildSettings, _served_calibration, derive_options
     from tabletune_pipelines.tuning.gates import prior_for_table
 
     log = log or logging.getLogger(__name__)
@@ -321,7 +321,6 @@ def recommend_from_store(store: Any, default_key: str, raised_key: str, *, setti
                             + (f" ({'; '.join(skipped)})" if skipped else ""))
     calibrations = {key: _served_calibration(store, key, p, prior, log) for key, p in profiles.items()}
     costs = {key: capture_cost(read_log(path)) for key, path in (launch_logs or {}).items()}
-    options = DeriveOptions(stickiness=settings.stickiness, policy=settings.search_policy,  # type: ignore[arg-type]
-                            confidence=settings.confidence)
+    options = derive_options(settings)
     return compare_envelopes(profiles[default_key], profiles[raised_key], prior, loads=loads, options=options,
                              calibrations=calibrations, costs=costs)

@@ -34,13 +34,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tabletune_pipelines.core.acceptance_estimate import AcceptanceEstimator, EstimatorConfig, rates_from_counts
-from tabletune_pipelines.formats.documents import AcceptancePrior
 from tabletune_pipelines.errors import InvalidValueError, LiveCountersError, PipelineFailure, TableTuneError
+from tabletune_pipelines.formats.documents import AcceptancePrior
 from tabletune_pipelines.formats.live_counters import CounterWindow, read_live_counters
 
 if TYPE_CHECKING:
-    from tabletune_pipelines.tuning.deployments import Engine
     from tabletune_pipelines.formats.fleet import Fleet
+    from tabletune_pipelines.tuning.deployments import Engine
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,8 @@ class EngineWindows:
 
 def windows_of_engine(windows: Iterable[CounterWindow], identity_key: str) -> EngineWindows:
     """Keep the windows counted by engine ``identity_key``; count the others per key."""
-    kept, left_out = [], {}
+    kept: list[CounterWindow] = []
+    left_out: dict[str, int] = {}
     for w in windows:
         if w.identity_key == identity_key:
             kept.append(w)

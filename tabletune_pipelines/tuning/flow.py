@@ -20,8 +20,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-from tabletune_pipelines.formats.documents import EngineIdentity
 from tabletune_pipelines.errors import InvalidValueError
+from tabletune_pipelines.formats.documents import EngineIdentity
 from tabletune_pipelines.formats.fleet import Deployment, Fleet
 from tabletune_pipelines.tuning.build import BuildSettings, DefaultBuildSettings, build_table
 from tabletune_pipelines.tuning.deployments import LocalEngine, one_launch

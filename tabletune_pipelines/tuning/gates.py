@@ -152,7 +152,7 @@ def prior_gate(prior: AcceptancePrior, max_k: int, min_drafts: int) -> Gate:
 def first_sane_prior(candidates: Iterable[AcceptancePrior], max_k: int, min_drafts: int
                      ) -> tuple[AcceptancePrior | None, list[str]]:
     """The first candidate that passes ``prior_gate``, and why each one before it was skipped."""
-    skipped = []
+    skipped: list[str] = []
     for prior in candidates:
         gate = prior_gate(prior, max_k, min_drafts)
         if gate.passed:
@@ -279,7 +279,7 @@ def engine_dependence_gate(table: DraftLengthTable, fixed_cells: Mapping[int, Ma
         if k_table is None or b not in table_reject_ms.get(k_table, {}):
             continue
         g_fixed = {k: 1000.0 * b * taus[k] / fixed_cells[k][b] for k in fixed_cells if k < len(taus)}
-        best_k = max(g_fixed, key=g_fixed.get)
+        best_k = max(g_fixed, key=g_fixed.__getitem__)
         g_table = 1000.0 * b * taus[k_table] / table_reject_ms[k_table][b]
         slow = 1.0 - g_table / g_fixed[best_k]
         rows.append(f"| {b} | {best_k} | {g_fixed[best_k]:.1f} | {g_table:.1f} | {slow:+.1%} |")
@@ -414,7 +414,7 @@ def fixed_launch_cells(profile_cells: Iterable[StepTimeCell]) -> dict[int, dict[
 
 # -- served verification (docs/evaluation.md, "Served verification") -----------------------------
 
-def served_gate(result: "ServedVerification | None", *, disabled_reason: str = "") -> Gate:
+def served_gate(result: ServedVerification | None, *, disabled_reason: str = "") -> Gate:
     """Blocking: no fixed k serves more than the candidate by over the tolerance at a checked load
     (``tuning.served_verification``; docs/evaluation.md, "Served verification"). A verification that reached no
     verdict somewhere (``unverified``) lets the table through as a warning with its figures. ``result``
@@ -441,7 +441,7 @@ def served_gate(result: "ServedVerification | None", *, disabled_reason: str = "
                 warning=result.verdict == "unverified")
 
 
-def served_markdown(result: "ServedVerification") -> str:
+def served_markdown(result: ServedVerification) -> str:
     """One row per load: every policy's goodput ± s.e., the best fixed k, the paired ratio and the verdict."""
     pols = list(dict.fromkeys(g.policy for g in result.goodput))
     head = ["load", *[f"{p} (tok/s)" for p in pols], "best fixed", "table / best (paired)", "verdict"]

@@ -13,13 +13,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tabletune_pipelines.tuning.deployments import Engine, deployment_for_identity, resolve_identity
-from tabletune_pipelines.formats.documents import AcceptancePrior, EngineIdentity, StepTimeProfile
 from tabletune_pipelines.errors import PipelineFailure, TableTuneError
+from tabletune_pipelines.formats.documents import AcceptancePrior, EngineIdentity, StepTimeProfile
 from tabletune_pipelines.formats.fleet import Deployment, Fleet
 from tabletune_pipelines.formats.prompts import count_prompts
+from tabletune_pipelines.tuning.deployments import Engine, deployment_for_identity, resolve_identity
 from tabletune_pipelines.tuning.gates import Gate, prior_gate, profile_gate
-
 
 # -- the step-time profile of one engine identity ----------------------------------------------
 

@@ -20,9 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tabletune_pipelines.tuning.deployments import Engine, deployments_running
-from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, EngineIdentity
 from tabletune_pipelines.errors import PipelineFailure, TableTuneError
+from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, EngineIdentity
 from tabletune_pipelines.formats.fleet import Deployment, Fleet
 from tabletune_pipelines.formats.identity_match import identity_mismatches
 from tabletune_pipelines.formats.published import (
@@ -31,9 +30,9 @@ from tabletune_pipelines.formats.published import (
     served_plot_path,
     write_speculative_config_companion,
 )
+from tabletune_pipelines.tuning.deployments import Engine, deployments_running
 from tabletune_pipelines.tuning.gates import Gate, blocking_table_gates, served_gate
 from tabletune_pipelines.tuning.report import check_plot_target, served_goodput_plot
-
 
 # -- what a publication writes besides the table -------------------------------------------------
 
@@ -256,8 +255,8 @@ def _publish_one(store: Any, engine: Engine, table: DraftLengthTable, key: str, 
     beside: dict[Path, bytes] = {}
     if served.section is not None:
         plot = _served_plot_target(dep, served.plot, log)
-        if plot is not None:
-            beside[plot] = served.plot  # type: ignore[assignment]
+        if plot is not None and served.plot is not None:
+            beside[plot] = served.plot
         fields["document_fields"] = {**fields["document_fields"],
                                      "served_verification": {**served.section, "plot": plot and plot.name}}
     # The plot is written by the store with the file, inside its transaction: a publication that fails

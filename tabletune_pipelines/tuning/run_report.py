@@ -134,7 +134,7 @@ def no_verdict_lines(section: dict | None) -> list[str]:
     if not rows:
         return []
     why = {"budget": "stopped by the budget", "rounds": "the most rounds spent", "decided": "decided"}
-    loads = ", ".join(f"{r.get('load')} ({why.get(r.get('stop'), 'not reached')}, {r.get('rounds')} paired "
+    loads = ", ".join(f"{r.get('load')} ({why.get(str(r.get('stop')), 'not reached')}, {r.get('rounds')} paired "
                       f"round(s))" for r in rows)
     budget = section.get("budget_s")
     lines = [f"served verification reached NO VERDICT at load {loads}"
@@ -194,8 +194,8 @@ def served_verdict(section: dict | None) -> tuple[str, list[str]]:
                 refs.append(f"vs {name}: A/A (the same k here)")
             elif isinstance(ref.get("ratio"), (int, float)):
                 rse = ref.get("ratio_se")
-                refs.append(f"vs {name}: {ref['ratio']:.3f}" + (f" ± {rse:.3f}" if isinstance(rse, (int, float)) else "")
-                            + f" ({ref.get('rounds')} paired round(s))")
+                se = f" ± {rse:.3f}" if isinstance(rse, (int, float)) else ""
+                refs.append(f"vs {name}: {ref['ratio']:.3f}{se} ({ref.get('rounds')} paired round(s))")
         lines.append(f"load {r.get('load')}: {r.get('status')}{figure}{done}{aa}" + "".join(f"; {x}" for x in refs))
     stated = section.get("verdict")
     if isinstance(stated, str) and stated:
@@ -308,7 +308,8 @@ def _loss_lines(pub: PublishedTable, store: Any) -> list[str]:
         spread = " to ".join(f"{cmp.ratio[b - 1]:.3f} ± {cmp.sd[b - 1]:.3f} (B {b})" for b in dict.fromkeys((lo, hi)))
         lines += [vs + f"goodput ratio {cmp.mean:.3f} ± {cmp.mean_sd:.3f} (this table / the docs', mean over "
                        f"B 1-{pub.max_num_seqs}, ± s.e.)",
-                  f"              where the k differ: {spread}; the same k at the other {pub.max_num_seqs - len(diff)} B"]
+                  f"              where the k differ: {spread}; "
+                  f"the same k at the other {pub.max_num_seqs - len(diff)} B"]
     if not isinstance(tuned, str):
         lines += ["            " + line for line in tie_lines(tuned.evidence, ACCEPTED_LOSS)]
     return lines

@@ -81,7 +81,7 @@ class LoadGenerator:
                     self.errors.append(repr(exc)[:self.error_chars])
                 time.sleep(self.retry_pause_s)
 
-    def start(self) -> "LoadGenerator":
+    def start(self) -> LoadGenerator:
         self._stop.clear()
         self._threads = [threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(self.load)]
         for t in self._threads:
@@ -108,7 +108,7 @@ class LoadGenerator:
             for t in self._threads:
                 t.join(timeout=self.request_timeout_s)
 
-    def __enter__(self) -> "LoadGenerator":
+    def __enter__(self) -> LoadGenerator:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -124,8 +124,10 @@ class ServedVerificationOptions:
     measured only where no served policy runs the same k)."""
 
     BOUNDS: ClassVar[dict[str, Bound]] = {  # every number of these options (``options.Bound``)
-        "budget_s": Bound(0.0, 86_400.0, low_open=True, optional=True, why="seconds once the server is up; at most a day"),
-        "loads": Bound(1, 4096, integer=True, optional=True, why="concurrent requests; 4096 is the largest max_num_seqs a fleet has"),
+        "budget_s": Bound(0.0, 86_400.0, low_open=True, optional=True,
+                          why="seconds once the server is up; at most a day"),
+        "loads": Bound(1, 4096, integer=True, optional=True,
+                       why="concurrent requests; 4096 is the largest max_num_seqs a fleet has"),
         "rounds": Bound(1, 1000, integer=True, optional=True, why="rounds per load"),
         "window_s": Bound(0.0, 3600.0, low_open=True, optional=True, why="seconds per window; at most an hour"),
         "settle_s": Bound(0.0, 3600.0, optional=True, why="seconds after a table swap; at most an hour"),
@@ -157,11 +159,12 @@ class ServedVerificationOptions:
             raise InvalidValueError(f"served verification fixed_k = {self.fixed_k!r:.80}: all or plausible")
         for name in ("compare_docs_table",):
             if not isinstance(getattr(self, name), bool):
-                raise InvalidValueError(f"served verification {name} = {getattr(self, name)!r:.80} must be true or false")
+                raise InvalidValueError(
+                    f"served verification {name} = {getattr(self, name)!r:.80} must be true or false")
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any] | None, *, where: str = "served verification options"
-                     ) -> "ServedVerificationOptions":
+                     ) -> ServedVerificationOptions:
         """Options from a dict (a Dagster resource config; ``options.options_from_mapping``); an unknown
         key is named with ``where``."""
         return options_from_mapping(cls, data, where=where, error=InvalidValueError)
@@ -335,7 +338,7 @@ class VerificationSizing:
         return [f"load {n.load}: the profile predicts table / best fixed k = {n.predicted_ratio:.3f}, "
                 f"{abs(n.predicted_ratio - (1 - tolerance)):.3f} from the {1 - tolerance:.2f} line; at a per-round "
                 f"spread of {self.ratio_sd:.2f} a verdict needs more than {most} rounds: none is expected"
-                for n in self.unreachable]
+                for n in self.unreachable if n.predicted_ratio is not None]
 
 
 def _load_goodput(step_ms: Mapping[str, Mapping[str, float]], taus: Sequence[float], table: Sequence[Sequence[int]],
@@ -343,7 +346,7 @@ def _load_goodput(step_ms: Mapping[str, Mapping[str, float]], taus: Sequence[flo
     """Mean over the load's batch sizes of B·tau(k) / T(B, k) with ``table``'s k (the profile's decode steps)."""
     ks = k_over_load(table, load, max_num_seqs, max_k)
     bs = load_batch_sizes(min(load, max_num_seqs))
-    return statistics.fmean(b * taus[k] / float(step_ms[str(k)][str(b)]) for b, k in zip(bs, ks))
+    return statistics.fmean(b * taus[k] / float(step_ms[str(k)][str(b)]) for b, k in zip(bs, ks, strict=True))
 
 
 def size_verification(step_ms: Mapping[str, Mapping[str, float]], rates: Sequence[float],
@@ -359,7 +362,7 @@ def size_verification(step_ms: Mapping[str, Mapping[str, float]], rates: Sequenc
 
     d = DEFAULTS.get(device, DEFAULTS["gpu"])
     steps = d.min_steps if min_steps is None else min_steps
-    taus = tau_curve(rates)
+    taus = [float(t) for t in tau_curve(rates)]
     slowest = max(float(step_ms[str(k)][str(min(ld, max_num_seqs))])
                   for ld, lp in per_load.items() for k in range(max_k + 1) if str(k) in step_ms)
     window = max(d.window_s, math.ceil(steps * STEP_MARGIN * slowest / 100.0) / 10.0)

@@ -80,7 +80,7 @@ class LoadVerdict:
     """The fixed-k policy the candidate equals over this load's batch sizes (``load_batch_sizes``): its
     windows are that policy's, and it is judged against the best *other* fixed k (an A/A pair is no
     evidence)."""
-    references: tuple["ReferenceRatio", ...] = ()
+    references: tuple[ReferenceRatio, ...] = ()
     """The candidate against each reference table (e.g. the docs' table) at this load; not gating."""
 
     @property
@@ -195,7 +195,9 @@ def judge(windows: Sequence[Window], loads: Sequence[int], fixed: Sequence[str],
 
 @dataclass(frozen=True)
 class ServedVerification:
-    """A candidate table against every fixed k at a few loads, in one launch (``served_verification.verify_on_server``)."""
+    """A candidate table against every fixed k at a few loads, in one launch.
+
+    Made by ``served_verification.verify_on_server``."""
 
     candidate: tuple[tuple[int, int, int], ...]
     max_k: int
@@ -288,7 +290,7 @@ class ServedVerification:
         def num(x: float | None, nd: int = 4) -> float | None:
             return None if x is None or not math.isfinite(x) else round(float(x), nd)
 
-        per_load = []
+        per_load: list[dict[str, Any]] = []
         for v in self.verdicts:
             per_load.append({
                 "load": v.load, "status": v.status, "best_fixed_k": v.best_fixed_k, "ratio": num(v.ratio),

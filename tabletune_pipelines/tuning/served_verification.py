@@ -48,8 +48,20 @@ from tabletune_pipelines.tuning.served_plan import (
     plausible_fixed_ks,
     size_verification,
 )
-from tabletune_pipelines.tuning.served_verdict import LoadVerdict, ServedVerification, StopReason, judge, rounds_to_decide
-from tabletune_pipelines.tuning.served_windows import CANDIDATE, Window, fixed_name, measure_window, window_progress_line
+from tabletune_pipelines.tuning.served_verdict import (
+    LoadVerdict,
+    ServedVerification,
+    StopReason,
+    judge,
+    rounds_to_decide,
+)
+from tabletune_pipelines.tuning.served_windows import (
+    CANDIDATE,
+    Window,
+    fixed_name,
+    measure_window,
+    window_progress_line,
+)
 
 logger = logging.getLogger("tabletune.served")
 
@@ -85,9 +97,9 @@ def verify_on_server(server: Any, candidate_table: Sequence[Sequence[int]], *, K
     table's decode step times ``{k: {B: ms}}`` measured in this launch's profile and the acceptance
     rates; with them the windows, rounds and budget not given are sized by ``size_verification`` (the
     loss to detect is ``tolerance``), and the loads where no verdict is expected are named up front.
-    Other ``None`` options take the device's ``DEFAULTS`` (``device``: ``server.device`` when not given). Loads are measured
-    largest first, each with its share of the budget left, so a budget that runs out leaves the
-    smallest loads inconclusive."""
+    Other ``None`` options take the device's ``DEFAULTS`` (``device``: ``server.device`` when not
+    given). Loads are measured largest first, each with its share of the budget left, so a budget
+    that runs out leaves the smallest loads inconclusive."""
     say = progress or logger.info
     device = device or getattr(server, "device", None) or "cpu"
     d = DEFAULTS.get(device, DEFAULTS["gpu"])
@@ -208,7 +220,7 @@ def _progress(windows: Sequence[Window], lp: LoadPolicies, fixed: Sequence[str],
     """The load's verdict so far, printed with the rounds a decision needs at the spread measured."""
     _, (v,) = judge(windows, [lp.load], fixed, tolerance=tolerance, same={lp.load: lp.same})
     need = ""
-    if v.status == "inconclusive" and v.ratio_se is not None and v.rounds >= 2:
+    if v.status == "inconclusive" and v.ratio is not None and v.ratio_se is not None and v.rounds >= 2:
         n = rounds_to_decide(v.ratio_se * math.sqrt(v.rounds), v.ratio, tolerance)
         need = f"; at this spread a verdict needs ~{n} rounds" if n is not None else "; the ratio sits on the line"
     say(f"[served] load {lp.load} after {v.rounds} round(s): {v.status}: {v.reason.split(': ', 1)[-1]}{need}")

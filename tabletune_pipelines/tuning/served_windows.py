@@ -97,7 +97,7 @@ def counted_window(server: Any, policy: str, *, load: int, round_: int, window_s
 
 
 def table_mismatches(steps: Sequence[Mapping[str, Any]], table: Sequence[Sequence[int]], max_num_seqs: int,
-                     max_k: int) -> list[list[int]]:
+                     max_k: int) -> list[list[int | None]]:
     """The steps that did not run the k ``table`` gives for their batch size, as
     [b, k run, k the table gives, new requests in the step] (the step-log verification)."""
     lookup = DraftTable.from_entries([list(r) for r in table]).vllm_lookup(max_num_seqs, max_k)[1:]
@@ -211,7 +211,7 @@ def served_points(windows: Sequence[Window], policies: Mapping[str, Sequence[Seq
     for (k, load), ws in sorted(groups.items()):
         if len(ws) < min_rounds:
             continue
-        per = {}
+        per: dict[str, list[float]] = {}
         for key, w in ws:  # two windows of one k in one round (a duplicate policy) count as one
             per.setdefault(key, []).append(1000.0 * w.seconds / w.steps)
         vals = [statistics.fmean(v) for v in per.values()]
