@@ -35,5 +35,5 @@ The evaluation's adaptive baselines are not here: ``evaluation.baselines`` and i
 Importing this package imports nothing heavy; it may import only vLLM, numpy, the stdlib and the
 stdlib/numpy-only library modules (``core``, ``formats.published``, ``formats.live_counters``,
 ``formats.control_protocol``, ``formats.identity_match``, ``options``, ``vocab``, ``errors``);
-``tests/core/test_import_isolation.py`` keeps it that way.
+``tests/architecture/test_import_isolation.py`` keeps it that way.
 """
