@@ -70,7 +70,6 @@ def _restore(path: Path, data: bytes | None) -> None:
         pass
 
 
-
 class PublicationTables(IdentityTables, PriorTables):
     """Draft-length tables and the deployments' publications of them (a rollback re-publishes an earlier
     table with the engine identity and prior it was published with)."""
