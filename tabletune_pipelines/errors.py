@@ -128,24 +128,24 @@ class LiveCountersError(TableTuneError, ValueError):
 # -- the store ---------------------------------------------------------------------------------
 
 class StoreError(TableTuneError):
-    """The DuckDB store could not be used. Raised by ``store/duckdb_store``; the user acts on the subclass."""
+    """The DuckDB store could not be used. Raised by ``store/``; the user acts on the subclass."""
 
 
 class StoreLockedError(StoreError):
-    """Another process holds the DuckDB file open for writing. Raised by ``store/duckdb_store``; the user
+    """Another process holds the DuckDB file open for writing. Raised by ``store/``; the user
     waits for that process (a Dagster run, another CLI command) or stops it."""
 
 
 class StoreCorruptError(StoreError):
     """The file exists but is not a readable DuckDB database (another kind of file, truncated, or
-    failing DuckDB's checksums). Raised by ``store/duckdb_store``; the user points ``--db`` at the store
+    failing DuckDB's checksums). Raised by ``store/``; the user points ``--db`` at the store
     or restores it (the file is left untouched)."""
 
 
 class StoredDataError(StoreCorruptError):
     """A row of the store whose values cannot be a measurement (a step-time cell with a NaN, infinite,
     negative or absurd repetition); names the row (identity, k, batch size) and the value. Raised by
-    ``store/duckdb_store``; the user measures the named cell again."""
+    ``store/``; the user measures the named cell again."""
 
 
 # -- the engine (engine/) ------------------------------------------------------------------------

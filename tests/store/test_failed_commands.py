@@ -20,7 +20,7 @@ import pytest
 from tabletune_pipelines.errors import InvalidValueError, NotFoundError, StoreError, TableTuneError
 from tabletune_pipelines.formats import prompt_mixes, strict_io
 from tabletune_pipelines.formats.published import controller_fields, read_published_table, speculative_config_path
-from tabletune_pipelines.store import TableTuneStore, duckdb_store
+from tabletune_pipelines.store import TableTuneStore, publications
 from tests.store.test_publications import IDENT, prior, table
 
 
@@ -53,21 +53,21 @@ class Killed(Exception):
 
 
 def _fail_published(monkeypatch):
-    monkeypatch.setattr(duckdb_store, "write_published_table", lambda *a, **k: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    monkeypatch.setattr(publications, "write_published_table", lambda *a, **k: (_ for _ in ()).throw(OSError(28, "No space left on device")))
 
 
 def _fail_companion(monkeypatch):
-    monkeypatch.setattr(duckdb_store, "write_speculative_config_companion",
+    monkeypatch.setattr(publications, "write_speculative_config_companion",
                         lambda *a, **k: (_ for _ in ()).throw(OSError(28, "No space left on device")))
 
 
 def _fail_after_files(monkeypatch):
-    real = duckdb_store.write_speculative_config_companion
+    real = publications.write_speculative_config_companion
 
     def then_killed(*a, **k):
         real(*a, **k)
         raise Killed("after both files were written, before the commit")
-    monkeypatch.setattr(duckdb_store, "write_speculative_config_companion", then_killed)
+    monkeypatch.setattr(publications, "write_speculative_config_companion", then_killed)
 
 
 def _fail_version_row(monkeypatch):

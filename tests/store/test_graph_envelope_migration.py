@@ -16,7 +16,7 @@ from tabletune_pipelines.formats.documents import EngineIdentity, StepTimeCell, 
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.engine.identity import engine_identity
 from tabletune_pipelines.store import TableTuneStore
-from tabletune_pipelines.store.duckdb_store import SCHEMA_SQL
+from tabletune_pipelines.store.schema import SCHEMA_SQL
 
 H200 = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "h200"
 

@@ -34,8 +34,8 @@ from tabletune_pipelines.formats.published import (
     speculative_config_path,
 )
 from tabletune_pipelines.store import TableTuneStore
-from tabletune_pipelines.store import duckdb_store
-from tabletune_pipelines.store.duckdb_store import SCHEMA_SQL
+from tabletune_pipelines.store import publications
+from tabletune_pipelines.store.schema import SCHEMA_SQL
 from tests.readers.conftest import snapshot
 
 IDENT = EngineIdentity(gpu="H200", vllm_version="0.26.0", model="/models/qwen3-4b", drafter="/models/eagle3",
@@ -226,7 +226,7 @@ def test_a_version_taken_behind_the_locks_back_is_retried_not_a_duckdb_error(tmp
     out = tmp_path / "h200.json"
     theirs = table(((1, 16, 1),), "theirs")
     s.publish("h200", theirs, tmp_path / "elsewhere.json", companion=False)  # v1, "on the other host"
-    monkeypatch.setattr(duckdb_store, "publication_lock", lambda path: contextlib.nullcontext())
+    monkeypatch.setattr(publications, "publication_lock", lambda path: contextlib.nullcontext())
     real, calls = s.latest_publication_version, []
 
     def one_step_behind_once(deployment):
@@ -246,7 +246,7 @@ def test_versions_taken_again_and_again_end_in_one_clear_error(tmp_path, monkeyp
     s.upsert_identity(IDENT)
     for i in range(8):
         s.publish("h200", table(((1, 16, 1 + i % 3),), f"theirs-{i}"), tmp_path / "elsewhere.json")
-    monkeypatch.setattr(duckdb_store, "publication_lock", lambda path: contextlib.nullcontext())
+    monkeypatch.setattr(publications, "publication_lock", lambda path: contextlib.nullcontext())
     monkeypatch.setattr(s, "latest_publication_version", lambda d: 0)  # always behind
     with pytest.raises(TableTuneError, match=r"publishing .* to deployment 'h200': 5 versions in a row were taken by "
                                              r"other publishers at the same time"):

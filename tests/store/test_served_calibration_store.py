@@ -11,7 +11,7 @@ import pytest
 from tabletune_pipelines.core.served_calibration import ServedCalibration, ServedPoint
 from tabletune_pipelines.errors import StoredDataError
 from tabletune_pipelines.store import TableTuneStore
-from tabletune_pipelines.store.duckdb_store import SCHEMA_SQL
+from tabletune_pipelines.store.schema import SCHEMA_SQL
 from tests.store.test_graph_envelope_migration import IDENT, _tables
 
 CAL = ServedCalibration(points=(ServedPoint(k=1, batch=7.5, ms=12.0, se_ms=0.3, rounds=3, load=8,

@@ -12,7 +12,7 @@ import pytest
 from tabletune_pipelines.core.steptime import median_standard_error
 from tabletune_pipelines.formats.documents import EngineIdentity, StepTimeCell, StepTimeProfile
 from tabletune_pipelines.store import TableTuneStore
-from tabletune_pipelines.store.duckdb_store import SCHEMA_SQL
+from tabletune_pipelines.store.schema import SCHEMA_SQL
 
 IDENT = EngineIdentity(gpu="cpu", vllm_version="0.32.0+cpu", model="/m/target", drafter="/m/draft",
                        method="draft_model", max_k=3, max_num_seqs=16)

@@ -13,7 +13,7 @@ import pytest
 
 from tabletune_pipelines.errors import TableTuneError
 from tabletune_pipelines.formats.published import VERSION, read_published_table, served_plot_path
-from tabletune_pipelines.store import duckdb_store
+from tabletune_pipelines.store import publications
 from tabletune_pipelines.tuning.build import build_table
 from tests.tuning.runs import SETTINGS, Log
 from tests.tuning.test_publishing import publish, setup
@@ -61,7 +61,7 @@ def test_a_publication_that_fails_mid_write_puts_the_plot_back(tmp_path, monkeyp
     def disk_full(path, doc):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(duckdb_store, "write_speculative_config_companion", disk_full)
+    monkeypatch.setattr(publications, "write_speculative_config_companion", disk_full)
     with pytest.raises(OSError):
         publish(s, f, key, engine, force=True)
     assert published_files(dep) == before

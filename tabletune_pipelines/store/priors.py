@@ -1,0 +1,65 @@
+"""The store's acceptance priors (table ``acceptance_priors``): measured priors and those fed by the
+controller's live counters, each of a deployment and week, and the choice of the priors that apply to
+an engine identity."""
+
+from __future__ import annotations
+
+from tabletune_pipelines.errors import NotFoundError
+from tabletune_pipelines.formats.documents import AcceptancePrior, EngineIdentity
+from tabletune_pipelines.store.group import TableGroup, listing, now
+
+
+class PriorTables(TableGroup):
+    """Acceptance priors, measured or live."""
+
+    def write_acceptance_prior(self, prior: AcceptancePrior, identity_key: str | None = None) -> str:
+        pid = prior.prior_id
+        with self._transaction() as conn:
+            conn.execute("DELETE FROM acceptance_priors WHERE prior_id = ?", [pid])
+            conn.execute(
+                "INSERT INTO acceptance_priors VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [pid, prior.deployment, prior.week, identity_key, prior.source, list(prior.rates), prior.num_drafts,
+                 prior.prompt_fingerprint, prior.prompt_count, prior.temperature, prior.to_json(), now()],
+            )
+        return pid
+
+    def acceptance_prior(self, prior_id: str) -> AcceptancePrior:
+        """The prior with this id; NotFoundError lists the newest stored ids."""
+        row = self.query("SELECT prior_json FROM acceptance_priors WHERE prior_id = ?", [prior_id])
+        if not row:
+            raise NotFoundError(f"acceptance prior {prior_id!r} is not in {self.path}"
+                                + listing("acceptance priors", self.acceptance_prior_ids(), "measure one first"))
+        return AcceptancePrior.from_json(row[0][0])
+
+    def acceptance_prior_ids(self) -> list[str]:
+        """Every stored prior id, newest measurement first."""
+        return [r[0] for r in self.query("SELECT prior_id FROM acceptance_priors ORDER BY measured_at DESC, prior_id")]
+
+    def latest_acceptance_prior(self, deployment: str | None = None) -> AcceptancePrior | None:
+        """The newest prior (of ``deployment``, if given; of any source), or None."""
+        row = self.query(
+            "SELECT prior_json FROM acceptance_priors WHERE (? IS NULL OR deployment = ?) "
+            "ORDER BY week DESC NULLS LAST, measured_at DESC LIMIT 1",
+            [deployment, deployment],
+        )
+        return AcceptancePrior.from_json(row[0][0]) if row else None
+
+    def latest_measured_prior(self, deployment: str, up_to_week: str) -> AcceptancePrior | None:
+        """The deployment's newest ``measured`` prior of ``up_to_week`` or earlier (or without a week), or None."""
+        rows = self.query("SELECT prior_json FROM acceptance_priors WHERE deployment = ? AND source = 'measured' "
+                          "AND (week IS NULL OR week <= ?) ORDER BY week DESC NULLS LAST, measured_at DESC LIMIT 1",
+                          [deployment, up_to_week])
+        return AcceptancePrior.from_json(rows[0][0]) if rows else None
+
+    def applicable_priors(self, identity: EngineIdentity) -> list[AcceptancePrior]:
+        """Priors that apply to ``identity``: its own, and those of identities with the same model,
+        drafter and method (acceptance does not depend on the GPU or the vLLM version). Newest week
+        first; within a week a live (controller-fed) prior before a measured one."""
+        rows = self.query(
+            """SELECT p.prior_json FROM acceptance_priors p
+               LEFT JOIN engine_identities e ON p.identity_key = e.identity_key
+               WHERE p.identity_key = ? OR (e.model = ? AND e.drafter IS NOT DISTINCT FROM ? AND e.method = ?)
+               ORDER BY p.week DESC NULLS LAST, CASE p.source WHEN 'live' THEN 0 ELSE 1 END, p.measured_at DESC""",
+            [identity.key, identity.model, identity.drafter, identity.method],
+        )
+        return [AcceptancePrior.from_json(text) for (text,) in rows]
