@@ -57,17 +57,15 @@ from tabletune_pipelines.errors import (
     TableTuneError,
     UnwritablePathError,
 )
-from tabletune_pipelines.formats.published import (
-    VERSION,
-    PublishedVersion,
+from tabletune_pipelines.formats.published_build import controller_fields, published_document
+from tabletune_pipelines.formats.published_files import (
     check_publish_targets,
-    controller_fields,
     publication_lock,
-    published_document,
     speculative_config_path,
     write_published_table,
     write_speculative_config_companion,
 )
+from tabletune_pipelines.formats.published_schema import VERSION, PublishedVersion
 from tabletune_pipelines.formats.strict_io import NotRegularFileError, atomic_write_bytes, open_regular
 from tabletune_pipelines.vocab import DEFAULT_PROFILE_MODE
 
@@ -859,21 +857,21 @@ class TableTuneStore:
         """Record a new publication version and atomically export the file the controller reads
         (and, with ``companion``, its ``<stem>.speculative-config.json``).
 
-        ``document_fields``: further keyword arguments of ``published.published_document``; the
+        ``document_fields``: further keyword arguments of ``published_build.published_document``; the
         identity and prior among them are recorded with the version (``rollback`` re-publishes them).
         ``beside``: further files the document refers to (the served verification's plot), written
         with the others inside the transaction and put back with them when it fails; the caller has
         checked that each may be replaced. Before anything is written (to the store or the files),
         ``export_path`` and its speculative-config companion must be free or TableTune's own files of
-        this deployment (``published.check_publish_targets``): a PublishedTableError leaves both
+        this deployment (``published_files.check_publish_targets``): a PublishedTableError leaves both
         untouched.
 
         One publication of a file at a time: the publication lock beside it
-        (``published.publication_lock``) is held from the version allocation to the version row, so
+        (``published_files.publication_lock``) is held from the version allocation to the version row, so
         the file's version and the store's row of that version hold the same table. The version is
         one above both the store's last and the file's (a publish killed after writing the file leaves
         a version the store lacks; the next one must still be newer for the controller), and within
-        ``published.VERSION`` (beyond it nothing is written). Everything is checked and built before
+        ``published_schema.VERSION`` (beyond it nothing is written). Everything is checked and built before
         anything is written; then the table row, the version row and the files go in one
         transaction: the files are written inside it, and when a file cannot be written or the commit
         fails, the rows are rolled back and the files put back as they were, so a failed publication
@@ -908,7 +906,7 @@ class TableTuneStore:
             "the other publishers of this deployment and publish again")
 
     def _next_version(self, deployment: str, on_disk: int, export_path: str | os.PathLike[str]) -> int:
-        """One above both the store's last version and the file's, within ``published.VERSION`` (else
+        """One above both the store's last version and the file's, within ``published_schema.VERSION`` (else
         ``StoreError``: nothing is written)."""
         stored = self.latest_publication_version(deployment)
         version = max(stored, on_disk) + 1
