@@ -91,7 +91,7 @@ def _str(where: str, key: str, v: Any, *, allow_none: bool = False) -> str | Non
     return v
 
 
-def _obj(where: str, key: str, v: Any, allowed: set[str] | None = None) -> dict[str, Any]:
+def _obj(where: str, key: str, v: Any, allowed: set[str] | frozenset[str] | None = None) -> dict[str, Any]:
     if not isinstance(v, dict):
         raise _fail(where, f"{key} must be a JSON object, got {type(v).__name__}")
     if allowed is not None:
