@@ -31,7 +31,7 @@ from tabletune_pipelines.vocab import DEFAULT_PROFILE_MODE, DEFAULT_REPETITIONS,
 if TYPE_CHECKING:
     from tabletune_pipelines.formats.documents import AcceptancePrior, EngineIdentity
     from tabletune_pipelines.formats.fleet import Deployment
-    from tabletune_pipelines.formats.published import PublishedTable
+    from tabletune_pipelines.formats.published_schema import PublishedTable
     from tabletune_pipelines.store import TableTuneStore
 
 EXIT_ERROR = 2

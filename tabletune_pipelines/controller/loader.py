@@ -30,7 +30,8 @@ from tabletune_pipelines.core.steptime import every_batch_size
 from tabletune_pipelines.errors import PublishedTableError, SettingsError
 from tabletune_pipelines.formats.identity_match import identity_mismatches as _mismatches
 from tabletune_pipelines.formats.identity_match import missing_fields
-from tabletune_pipelines.formats.published import PublishedTable, load_published
+from tabletune_pipelines.formats.published import load_published
+from tabletune_pipelines.formats.published_schema import PublishedTable
 
 DEPLOYMENT_ENV = "TABLETUNE_DEPLOYMENT"
 """The fleet deployment this engine serves (optional): a published file of another deployment is refused."""

@@ -29,7 +29,7 @@ from tabletune_pipelines.errors import LiveCountersError
 from tabletune_pipelines.evaluation.synthetic import IDENTITY, LAUNCH, publish
 from tabletune_pipelines.formats.controller_settings import PUBLISHED_ENV
 from tabletune_pipelines.formats.live_counters import CounterWindow, read_live_counters
-from tabletune_pipelines.formats.published import check_published_target
+from tabletune_pipelines.formats.published_files import check_published_target
 from tabletune_pipelines.tuning.served_load import LoadGenerator
 from tabletune_pipelines.vocab import Method
 

@@ -55,7 +55,9 @@ from tabletune_pipelines.errors import InvalidValueError
 from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.evaluation.surfaces import Surface
 from tabletune_pipelines.evaluation.synthetic import ENGINE, REBUILD_BUDGET_MS
-from tabletune_pipelines.formats.published import PublishedVersion, published_document, write_published_table
+from tabletune_pipelines.formats.published_build import published_document
+from tabletune_pipelines.formats.published_files import write_published_table
+from tabletune_pipelines.formats.published_schema import PublishedVersion
 
 PROMPT_TOKENS = 32
 """Prompt length of every request (only enters the scheduled-token count of its first step)."""

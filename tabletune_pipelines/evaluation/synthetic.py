@@ -25,7 +25,9 @@ import numpy as np
 
 from tabletune_pipelines.controller.loader import EngineFacts
 from tabletune_pipelines.core.table import DraftTable, choose_draft_lengths
-from tabletune_pipelines.formats.published import PublishedVersion, published_document, write_published_table
+from tabletune_pipelines.formats.published_build import published_document
+from tabletune_pipelines.formats.published_files import write_published_table
+from tabletune_pipelines.formats.published_schema import PublishedVersion
 
 if TYPE_CHECKING:
     from tabletune_pipelines.formats.documents import AcceptancePrior

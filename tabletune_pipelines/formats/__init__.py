@@ -15,7 +15,14 @@ Importing this package imports nothing; each module below is imported on its own
     prompts           the prompt-file reader (JSONL, one {"prompt": ...} per line; stdlib only)
     prompt_mixes      the real prompt mixes read from installed packages' data files, and the
                       sample weeks written from them (prompt files with a "mix" label)
-    published         the published-table file the controller loads (stdlib + core.table)
+    published         the published-table file's strict reader, what the controller loads (stdlib +
+                      core.table)
+    published_schema  the published file's schema, bounds and typed records (PublishedTable,
+                      PublishedPrior, PublishedVersion; stdlib only)
+    published_build   building a published document: published_document, the serving envelope,
+                      controller_fields (stdlib only)
+    published_files   writing a published table: what publishing may replace, the speculative-config
+                      companion, the publication lock, the atomic write (stdlib only)
     live_counters     the controller's exported live counters (JSONL; stdlib only)
     control_protocol  the control files between the engine and its plugins (JSON + ack; stdlib only)
     identity_match    the one comparison of engine identities (a published file's or a fleet's against

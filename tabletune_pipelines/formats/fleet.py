@@ -59,7 +59,7 @@ from tabletune_pipelines.formats.controller_settings import ControllerSettings
 from tabletune_pipelines.formats.fleet_checks import check_name, check_token, json_value, one_line, problem
 from tabletune_pipelines.formats.fleet_yaml import read_fleet_yaml
 from tabletune_pipelines.errors import FleetError, LiveCountersError, SettingsError
-from tabletune_pipelines.formats.published import speculative_config_path as _companion_of
+from tabletune_pipelines.formats.published_files import speculative_config_path as _companion_of
 from tabletune_pipelines.options import BATCH_SIZE
 from tabletune_pipelines.vocab import (
     DEFAULT_MODEL_RUNNER,

@@ -1,163 +1,53 @@
-"""The published-table file: what the pipeline exports and the controller loads as its prior.
+"""The published-table file's strict reader: what the controller inside vLLM loads as its prior.
 
-The controller inside vLLM reads it with this very module, so it imports only the stdlib and
-numpy-only ``core.table`` (whose ``DraftTable.from_entries`` is the one table validator). Writes are atomic
-(``strict_io.atomic_write_text``: temp file in the same folder, fsync, rename, fsync of the folder;
-a symbolic link at the path is refused): a reader in another process sees either the previous
-complete file or the new complete file, never a torn one.
-
-Format (schema ``tabletune.published_table``, version 1; the keys marked *new* are optional so
-files written before them still load)::
-
-    {"schema": "tabletune.published_table", "schema_version": 1,
-     "deployment": "local-cpu", "version": 3, "published_at": "2026-11-23T10:00:00Z",
-     "table": {...},               # DraftLengthTable.to_dict(): ranges, max_num_seqs, max_k,
-                                   #   identity_key, prior_id, acceptance_rates (the prior's a_i),
-                                   #   predicted_worst_loss, step_ms {k: {B: ms}} (profiled T(B, k))
-     "speculative_config": {...},  # the --speculative-config a deployment without the controller uses
-     "identity": {...},            # new: EngineIdentity fields (gpu, vllm_version, model, drafter,
-                                   #   method, max_k, max_num_seqs, dtype, cudagraph_mode)
-     "prior": {"rates": [...], "num_drafts": 4800, "drafted_per_pos": [...],
-               "accepted_per_pos": [...], "prior_id": "...", "source": "measured"},   # new
-     "allowed_k": [0, 1, 3],       # new: k values the controller may choose (default: the table's)
-     "controller": {...},          # new: ControllerSettings overrides (docs/controller.md)
-     "evidence": {...},            # new: the table search's evidence (policy, confidence, loss bounds,
-                                   #   boundaries with gain and confidence, k within noise per B,
-                                   #   number of ranges, cells re-measured, wall-timed cells)
-     "served_verification": {...}} # new: the served goodput verification the table passed before it
-                                   #   was published (tuning/served_verification.py; see SERVED_VERIFICATION_FORMAT)
+The controller reads the file with this very module, so it imports only the stdlib and numpy-only
+``core.table`` (whose ``DraftTable.from_entries`` is the one table validator); the document's schema and
+typed records are ``formats.published_schema``'s.
 
 ``parse_published`` is the strict reader: it applies the publish gate's table rules (contiguous
 ranges covering exactly 1..max_num_seqs, no overlap, 0 <= k <= max_k), rejects NaN and Infinity,
 duplicate keys, nesting past 64 levels, integers of more than 32 digits, non-UTF-8 bytes, booleans
-where integers belong, unknown keys, step times outside ``options.STEP_MS``, a version outside ``VERSION``, files over
-``MAX_PUBLISHED_BYTES`` and paths that are not regular files (a named pipe is never waited on; the
-file rules and the JSON parser are ``strict_io``'s); every message names the file and the key. ``published_document`` runs the
-same checks on what it builds, so the pipeline cannot publish a file the controller would refuse.
+where integers belong, unknown keys, step times outside ``options.STEP_MS``, a version outside
+``VERSION``, files over ``MAX_PUBLISHED_BYTES`` and paths that are not regular files (a named pipe is
+never waited on; the file rules and the JSON parser are ``strict_io``'s); every message names the file
+and the key. ``published_build.published_document`` runs the same checks on what it builds, so the
+pipeline cannot publish a file the controller would refuse.
 """
 
 from __future__ import annotations
 
-import fcntl
-import json
 import math
 import os
-import stat
-import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tabletune_pipelines.formats import strict_io
-from tabletune_pipelines.formats.strict_io import atomic_write_bytes, atomic_write_text  # the one writer
 from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.errors import InvalidTableError, PublishedTableError, SettingsError
-from tabletune_pipelines.options import STEP_MS, Bound, check_value
+from tabletune_pipelines.formats import strict_io
 from tabletune_pipelines.formats.controller_settings import ControllerSettings
-from tabletune_pipelines.vocab import vllm_compilation_config
+from tabletune_pipelines.formats.published_schema import (
+    MAX_PUBLISHED_BYTES,
+    PRIOR_KEYS,
+    PUBLISHED_SCHEMA,
+    PUBLISHED_SCHEMA_VERSION,
+    TOP_KEYS,
+    VERSION,
+    PublishedPrior,
+    PublishedTable,
+)
+from tabletune_pipelines.options import STEP_MS, Bound, check_value
 
-PUBLISHED_SCHEMA = "tabletune.published_table"
-PUBLISHED_SCHEMA_VERSION = 1
-#: A published table is a few kB (a 1024-batch-size profile of 9 k values is ~300 kB).
-MAX_PUBLISHED_BYTES = 8 * 1024 * 1024
-
-VERSION = Bound(1, 2 ** 31 - 1, integer=True, why="a publication version; the store keeps it as a 32-bit integer")
-"""A published version: what the file says and what the store's ``publications.version`` can hold."""
-
-_TOP_KEYS = {"schema", "schema_version", "deployment", "version", "published_at", "table", "speculative_config",
-             "identity", "prior", "allowed_k", "controller", "evidence", "served_verification", "serving"}
-_PRIOR_KEYS = {"rates", "num_drafts", "drafted_per_pos", "accepted_per_pos", "prior_id", "source"}
-
-SERVED_VERIFICATION_FORMAT = """\
-"served_verification": {
-  "passed": true,                     # no checked load failed (the section is written only for a pass)
-  "verdict": "verified" | "unverified",  # every load passed / some load reached no verdict (optional)
-  "rule": "...",                      # the rule in words (docs/evaluation.md, "Served verification")
-  "tolerance": 0.03,                  # a loss up to this passes whatever the noise
-  "candidate": [[1, 16, 3]],          # the verified table: equal to table.ranges
-  "candidate_is": "k=3",              # the fixed-k policy the table equals at every B, or null
-  "loads": [1, 8, 16],                # closed-loop concurrencies checked (each 1..max_num_seqs)
-  "rounds": 3, "window_s": 1.5,       # the plan after the budget (rounds per load, seconds per window)
-  "budget_s": 75.0, "elapsed_s": 71.2, "budget_cut": false, "launch_s": 31.0 (or null),
-  "device": "cpu", "acceptance": "real" (or "prior [0.7, 0.5, 0.3]", or null),
-  "excluded_windows": 0,              # windows the step-log check left out
-  "client_errors": 0,
-  "plot": "<stem>.served-verification.png" (or null; a file name beside the published table),
-  "no_verdict_expected": ["load 1: the profile predicts ..."] (optional: loads where the sizing from the
-                                      profile's step times expected no verdict within the most rounds),
-  "per_load": [{"load": 16, "status": "pass" | "fail" | "inconclusive", "best_fixed_k": 2 (or null),
-                "ratio": 0.987 (or null), "ratio_se": 0.011 (or null), "rounds": 3, "t": 4.303 (or null),
-                "stop": "decided" | "rounds" | "budget" (optional: why the load's rounds stopped),
-                "candidate_is": "k=3" (optional, or null: the fixed k the table runs at this load's batch sizes;
-                                 the table is then judged against the other fixed k),
-                "references": {"docs' table": {"ratio": 1.12 (or null), "ratio_se": 0.03 (or null), "rounds": 4,
-                               "same_as": "table" | "k=1" | null}} (optional: paired ratios, not gating),
-                "goodput": {"k=0": [tok/s or null, s.e. or null, windows], "k=1": [...], ..., "table": [...]}}]}
-"""
-"""The ``served_verification`` section (optional; checked strictly by ``parse_published``)."""
-_SERVED_KEYS = {"passed", "verdict", "rule", "tolerance", "candidate", "candidate_is", "loads", "rounds", "window_s", "budget_s",
-                "elapsed_s", "budget_cut", "launch_s", "device", "acceptance", "excluded_windows", "client_errors",
-                "plot", "per_load", "no_verdict_expected"}
+# The ``served_verification`` section's keys and words (``published_schema.SERVED_VERIFICATION_FORMAT``).
+_SERVED_KEYS = {"passed", "verdict", "rule", "tolerance", "candidate", "candidate_is", "loads", "rounds", "window_s",
+                "budget_s", "elapsed_s", "budget_cut", "launch_s", "device", "acceptance", "excluded_windows",
+                "client_errors", "plot", "per_load", "no_verdict_expected"}
 _SERVED_LOAD_KEYS = {"load", "status", "best_fixed_k", "ratio", "ratio_se", "rounds", "t", "goodput", "stop",
                      "candidate_is", "references"}
 _SERVED_REF_KEYS = {"ratio", "ratio_se", "rounds", "same_as"}
 _SERVED_STATUS = ("pass", "fail", "inconclusive")
 _SERVED_VERDICTS = ("verified", "unverified")  # a failed verification publishes nothing
 _SERVED_STOPS = ("decided", "rounds", "budget")
-
-
-@dataclass(frozen=True)
-class PublishedPrior:
-    """The acceptance prior the table was built from."""
-
-    rates: tuple[float, ...]
-    """a_i: probability that the first i drafts are all kept (non-increasing, in [0, 1])."""
-    num_drafts: int = 0
-    """Request-steps behind the rates (0 = unknown, e.g. synthetic or an old file)."""
-    drafted_per_pos: tuple[int, ...] = ()
-    """How often each position was drafted in the measurement (may be empty)."""
-    accepted_per_pos: tuple[int, ...] = ()
-    """How often each position was kept in the measurement (may be empty)."""
-    prior_id: str | None = None
-    """The prior's id in the store."""
-    source: str | None = None
-    """``measured``, ``synthetic`` or ``live``."""
-
-
-@dataclass(frozen=True)
-class PublishedTable:
-    """A validated published file, typed (``parse_published``)."""
-
-    deployment: str
-    """Fleet deployment the file was published for."""
-    version: int
-    """Publication version (>= 1; every publish, rollbacks included, gets a higher one)."""
-    published_at: str
-    """UTC timestamp of the publication."""
-    ranges: tuple[tuple[int, int, int], ...]
-    """The starting table, vLLM's ``[[start, end, k], ...]`` covering 1..max_num_seqs."""
-    max_num_seqs: int
-    """Batch sizes the table covers."""
-    max_k: int
-    """Launch ``num_speculative_tokens`` (K) the table is meant for."""
-    identity_key: str
-    """Engine identity whose profile produced the table."""
-    prior: PublishedPrior
-    """The acceptance prior (rates and how many drafts stand behind them)."""
-    step_ms: dict[int, dict[int, float]]
-    """Profiled T(B, k) in ms, ``{k: {B: ms}}`` (may be empty in files of old pipelines)."""
-    allowed_k: tuple[int, ...]
-    """k values a controller may choose (sorted; always includes every k of ``ranges``)."""
-    identity: dict[str, Any] | None = None
-    """Engine identity fields (model, method, max_k, max_num_seqs, vllm_version, ...) if recorded."""
-    controller: dict[str, Any] = field(default_factory=dict)
-    """Controller settings of the deployment (keys of ControllerSettings)."""
-    served_verification: dict[str, Any] | None = None
-    """The served goodput verification the table passed before publishing (``SERVED_VERIFICATION_FORMAT``), if any."""
-    document: dict[str, Any] = field(default_factory=dict, repr=False)
-    """The whole JSON document as read."""
 
 
 # -- strict JSON -------------------------------------------------------------------------------
@@ -201,7 +91,7 @@ def _str(where: str, key: str, v: Any, *, allow_none: bool = False) -> str | Non
     return v
 
 
-def _obj(where: str, key: str, v: Any, allowed: set[str] | None = None) -> dict[str, Any]:
+def _obj(where: str, key: str, v: Any, allowed: set[str] | frozenset[str] | None = None) -> dict[str, Any]:
     if not isinstance(v, dict):
         raise _fail(where, f"{key} must be a JSON object, got {type(v).__name__}")
     if allowed is not None:
@@ -347,7 +237,7 @@ def _check_envelope(doc: Any, where: str) -> None:
         raise PublishedTableError(
             f"{where} has schema_version {sv!r}; this reader understands {PUBLISHED_SCHEMA_VERSION} "
             "(re-publish it with this TableTune, or upgrade the reader)")
-    _obj(where, "the document", doc, _TOP_KEYS)
+    _obj(where, "the document", doc, TOP_KEYS)
     for key in ("deployment", "version", "table", "speculative_config"):
         if key not in doc:
             raise PublishedTableError(f"published table {where} lacks the field {key!r}")
@@ -421,7 +311,7 @@ def _prior_section(where: str, v: Any, table: _TableFields) -> PublishedPrior:
 
 def _measured_prior(where: str, v: Any, table_rates: tuple[float, ...]) -> PublishedPrior:
     """A ``prior`` section: rates equal to the table's (when it has them) and consistent counts."""
-    p = _obj(where, "prior", v, _PRIOR_KEYS)
+    p = _obj(where, "prior", v, PRIOR_KEYS)
     if "rates" not in p:
         raise _fail(where, "prior lacks the field 'rates'")
     rates = _rates(where, "prior.rates", p["rates"])
@@ -431,7 +321,7 @@ def _measured_prior(where: str, v: Any, table_rates: tuple[float, ...]) -> Publi
     accepted = _counts(where, "prior.accepted_per_pos", p.get("accepted_per_pos", []), len(rates))
     if len(drafted) != len(accepted):
         raise _fail(where, "prior.drafted_per_pos and prior.accepted_per_pos differ in length")
-    for i, (d, a) in enumerate(zip(drafted, accepted), 1):
+    for i, (d, a) in enumerate(zip(drafted, accepted, strict=True), 1):
         if a > d:
             raise _fail(where, f"prior position {i}: accepted {a} > drafted {d}")
     return PublishedPrior(
@@ -481,7 +371,7 @@ def _controller_section(where: str, v: Any) -> dict[str, Any]:
 
 
 def _served_verification(where: str, v: Any, table: _TableFields) -> dict[str, Any]:
-    """The ``served_verification`` section, strictly (``SERVED_VERIFICATION_FORMAT``)."""
+    """The ``served_verification`` section, strictly (``published_schema.SERVED_VERIFICATION_FORMAT``)."""
     key = "served_verification"
     sv = _obj(where, key, v, _SERVED_KEYS)
     for name in ("passed", "tolerance", "candidate", "loads", "rounds", "window_s", "budget_s", "elapsed_s",
@@ -585,310 +475,6 @@ def _served_load_row(where: str, at: str, row: Any, load_set: set[int], max_k: i
         _opt_num(where, f"{at}.goodput[{pol!r:.40}][1]", cell[1], 0.0)
         _int(where, f"{at}.goodput[{pol!r:.40}][2]", cell[2], 0)
     return r["status"]
-
-
-# -- building and writing ----------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class PublishedVersion:
-    """What every published file states: which version of whose table, when, and how vLLM launches it."""
-
-    deployment: str
-    """The fleet deployment the table is published for."""
-    version: int
-    """The publication's version (the controller loads a file only when its version is newer)."""
-    table: dict[str, Any]
-    """The table: a DraftLengthTable's ``to_dict()`` (or its ``published_parts()`` table fields)."""
-    speculative_config: dict[str, Any]
-    """vLLM's ``--speculative-config`` that serves the table."""
-    published_at: str
-    """When, ISO 8601 UTC (``...Z``)."""
-
-
-def published_document(
-    publication: PublishedVersion, *, identity: Mapping[str, Any] | None = None, prior: Mapping[str, Any] | None = None,
-    allowed_k: Sequence[int] | None = None, controller: Mapping[str, Any] | None = None,
-    evidence: Mapping[str, Any] | None = None, served_verification: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The JSON body of the file that publishes ``publication``.
-
-    ``identity``: ``EngineIdentity.to_dict()`` (the controller compares model, method, K,
-    max_num_seqs and vLLM version with the engine it runs in). ``prior``: the AcceptancePrior's
-    rates and counts (``rates``, ``num_drafts``, ``drafted_per_pos``, ``accepted_per_pos``,
-    ``prior_id``, ``source``). ``allowed_k``: the k values the controller may choose (default: the
-    table's). ``controller``: the deployment's controller settings (docs/controller.md).
-    ``served_verification``: ``ServedVerification.to_dict()`` of the check the table passed
-    (``SERVED_VERIFICATION_FORMAT``). The document is validated with ``parse_published`` before it
-    is returned.
-    """
-    deployment, table = publication.deployment, publication.table
-    doc: dict[str, Any] = {
-        "schema": PUBLISHED_SCHEMA,
-        "schema_version": PUBLISHED_SCHEMA_VERSION,
-        "deployment": deployment,
-        "version": int(publication.version),
-        "published_at": publication.published_at,
-        "table": table,
-        "speculative_config": publication.speculative_config,
-    }
-    if identity is not None:
-        doc["identity"] = {k: v for k, v in dict(identity).items() if k not in ("schema", "schema_version")}
-    if prior is not None:
-        doc["prior"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dict(prior).items()
-                        if k in _PRIOR_KEYS}
-    doc["allowed_k"] = sorted({int(k) for k in allowed_k} if allowed_k is not None
-                              else {int(r[2]) for r in table.get("ranges", [])})
-    doc["controller"] = dict(controller or {})
-    if evidence is not None:
-        doc["evidence"] = dict(evidence)
-    if served_verification is not None:
-        doc["served_verification"] = dict(served_verification)
-    if identity is not None:
-        doc["serving"] = serving_envelope(doc["identity"])
-    _roundtrip_check(doc, f"being published for {deployment!r}")
-    return doc
-
-
-def serving_envelope(identity: Mapping[str, Any]) -> dict[str, Any]:
-    """The serving flags and environment the table assumes, beside ``--speculative-config``: the
-    engine the profile measured (its graph envelope and model runner, docs/method.md, "What a served
-    step costs"). An operator who serves with them gets the step costs the table was derived from."""
-    flags: list[str] = ["--max-num-seqs", str(int(identity["max_num_seqs"]))]
-    mode = str(identity.get("cudagraph_mode") or "none")
-    compilation = {} if mode.lower() == "none" else vllm_compilation_config(mode, identity.get("capture_ceiling"))
-    if compilation:  # what every measurement launch of the identity passed (engine/command.py)
-        flags += ["--compilation-config", json.dumps(compilation, separators=(",", ":"))]
-    if identity.get("max_num_batched_tokens") is not None:
-        flags += ["--max-num-batched-tokens", str(int(identity["max_num_batched_tokens"]))]
-    env = {}
-    runner = identity.get("model_runner")
-    if runner in ("v1", "v2"):
-        env["VLLM_USE_V2_MODEL_RUNNER"] = "1" if runner == "v2" else "0"
-    return {"flags": flags, "env": env}
-
-
-def _roundtrip_check(doc: dict[str, Any], where: str) -> None:
-    """Check ``doc`` as the reader will see it (tuples become lists, NaN is refused)."""
-    try:
-        text = json.dumps(doc, allow_nan=True)
-        decoded = strict_json_loads(text)
-    except (TypeError, ValueError) as exc:
-        raise PublishedTableError(f"published table {where}: cannot be written as strict JSON: {exc}") from None
-    parse_published(decoded, where)
-
-
-def controller_fields(
-    *, identity: Any = None, prior: Any = None, controller: Mapping[str, Any] | None = None,
-    live_counters: str | os.PathLike[str] | None = None, allowed_k: Sequence[int] | None = None,
-) -> dict[str, Any]:
-    """``published_document`` keyword arguments for a deployment with the controller.
-
-    ``identity``: an ``EngineIdentity`` (or its dict) of the table's engine; ``prior``: the
-    ``AcceptancePrior`` (or its dict) the table was built from; ``controller``: the fleet
-    deployment's ``controller:`` mapping; ``live_counters``: the fleet's ``live_counters`` path, which
-    becomes the controller's ``export_path`` unless the mapping sets one (what the controller
-    exports is then what ``live_acceptance_counters`` ingests). Objects are read through their
-    ``to_dict()``, so this module needs no document class.
-    """
-
-    def as_dict(x: Any) -> dict[str, Any] | None:
-        if x is None:
-            return None
-        return dict(x.to_dict() if hasattr(x, "to_dict") else x)
-
-    out: dict[str, Any] = {}
-    ident = as_dict(identity)
-    if ident is not None:
-        out["identity"] = ident
-    p = as_dict(prior)
-    if p is not None:
-        pid = getattr(prior, "prior_id", None) or p.get("prior_id")
-        out["prior"] = {"rates": list(p["rates"]), "num_drafts": int(p.get("num_drafts", 0)),
-                        "drafted_per_pos": list(p.get("drafted_per_pos", ())),
-                        "accepted_per_pos": list(p.get("accepted_per_pos", ())),
-                        "prior_id": pid, "source": p.get("source")}
-    ctl = dict(controller or {})
-    if live_counters is not None and "export_path" not in ctl:
-        ctl["export_path"] = os.fspath(live_counters)
-    export = ctl.get("export_path")
-    if isinstance(export, str) and os.path.isabs(export):  # a relative one is the published file's folder's
-        # The controller will append there: refused before anything is published.
-        from tabletune_pipelines.formats.live_counters import check_live_counters_target
-
-        check_live_counters_target(export)  # LiveCountersError naming the file and what it is
-    out["controller"] = ctl
-    if allowed_k is not None:
-        out["allowed_k"] = sorted({int(k) for k in allowed_k})
-    return out
-
-
-# -- what publishing may replace ---------------------------------------------------------------
-# Publishing replaces a file atomically, whatever is there. So before it does, the file there must
-# be one TableTune wrote: a published table of the same deployment, or its speculative-config
-# companion. Anything else (the DuckDB store, the fleet file, a symlink, an unrelated file) is
-# refused before anything is written.
-
-SPECULATIVE_CONFIG_SUFFIX = ".speculative-config.json"
-"""``<stem>.speculative-config.json``: the paste-able ``--speculative-config`` beside a published table."""
-MAX_COMPANION_BYTES = 1024 * 1024
-"""A speculative-config companion is a few kB; a larger file there is not one."""
-_ABSENT = object()
-
-
-SERVED_PLOT_SUFFIX = ".served-verification.png"
-"""``<stem>.served-verification.png``: the served verification's goodput-vs-load plot beside a published table."""
-
-
-def served_plot_path(published_path: str | os.PathLike[str]) -> Path:
-    """The served verification's plot beside a published table: ``<stem>.served-verification.png``."""
-    p = Path(published_path)
-    return p.with_name(p.stem + SERVED_PLOT_SUFFIX)
-
-
-def speculative_config_path(published_path: str | os.PathLike[str]) -> Path:
-    """The speculative-config companion of a published table: ``<stem>.speculative-config.json`` beside it."""
-    p = Path(published_path)
-    return p.with_name(p.stem + SPECULATIVE_CONFIG_SUFFIX)
-
-
-def _refusal(path: Path, reason: str, what: str) -> PublishedTableError:
-    return PublishedTableError(
-        f"refusing to replace {path}: it {reason}, so it is not {what} TableTune wrote. Nothing was written; "
-        "point the fleet's published_table at a path where nothing exists yet or at an earlier export, or move "
-        "this file away")
-
-
-def _existing_json(path: Path, what: str, limit: int) -> Any:
-    """The decoded JSON of the regular file at ``path``, ``_ABSENT`` when nothing is there; refuses anything else."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return _ABSENT
-    except OSError as exc:
-        raise PublishedTableError(f"cannot inspect {path} before replacing it ({exc.strerror or exc}); "
-                                  "nothing was written") from None
-    if stat.S_ISLNK(st.st_mode):
-        raise _refusal(path, "is a symbolic link (TableTune replaces files, not link targets)", what)
-    if not stat.S_ISREG(st.st_mode):
-        raise _refusal(path, "is not a regular file", what)
-    if st.st_size > limit:
-        raise _refusal(path, f"is {st.st_size} bytes, more than any {what} ({limit} bytes at most)", what)
-    try:
-        raw, _ = strict_io.read_bounded(path, limit)  # replaced by a FIFO since lstat: still never blocks
-        return strict_json_loads(raw.decode("utf-8"))
-    except (IsADirectoryError, strict_io.NotRegularFileError):
-        raise _refusal(path, "is not a regular file", what) from None
-    except strict_io.FileTooLargeError:
-        raise _refusal(path, f"is more than any {what} ({limit} bytes at most)", what) from None
-    except OSError as exc:
-        raise PublishedTableError(f"cannot read {path} before replacing it ({exc.strerror or exc}); "
-                                  "nothing was written") from None
-    except ValueError:  # UnicodeDecodeError, JSONDecodeError and StrictJSONError are ValueErrors
-        raise _refusal(path, "is not a JSON document", what) from None
-
-
-def check_published_target(path: str | os.PathLike[str], deployment: str | None = None) -> int:
-    """Raise ``PublishedTableError`` unless ``path`` is free or holds a published table (of ``deployment``);
-    the version of the table there (0: none, or none that is an integer)."""
-    p = Path(path)
-    what = "a published table"
-    doc = _existing_json(p, what, MAX_PUBLISHED_BYTES)
-    if doc is _ABSENT:
-        return 0
-    if not isinstance(doc, dict) or doc.get("schema") != PUBLISHED_SCHEMA:
-        raise _refusal(p, f"has no \"schema\": {PUBLISHED_SCHEMA!r}", what)
-    owner = doc.get("deployment")
-    if deployment is not None and owner != deployment:
-        raise PublishedTableError(
-            f"refusing to replace {p}: it is the published table of deployment {owner!r}, not {deployment!r}. "
-            "Nothing was written; give each deployment its own published_table")
-    version = doc.get("version")
-    return version if type(version) is int and version > 0 else 0
-
-
-def check_speculative_config_target(path: str | os.PathLike[str]) -> None:
-    """Raise ``PublishedTableError`` unless ``path`` is free or holds a speculative config with a table
-    (``num_speculative_tokens_per_batch_size``: what TableTune writes there)."""
-    p = Path(path)
-    what = "a speculative-config companion"
-    doc = _existing_json(p, what, MAX_COMPANION_BYTES)
-    if doc is _ABSENT:
-        return
-    if not isinstance(doc, dict) or "num_speculative_tokens_per_batch_size" not in doc:
-        raise _refusal(p, "is not a --speculative-config with num_speculative_tokens_per_batch_size", what)
-
-
-def check_publish_targets(path: str | os.PathLike[str], deployment: str | None = None) -> int:
-    """Everything a publication replaces: the published table and its speculative-config companion
-    (raises ``PublishedTableError``); the version of the published table there now (0: none)."""
-    version = check_published_target(path, deployment)
-    check_speculative_config_target(speculative_config_path(path))
-    return version
-
-
-def write_speculative_config_companion(path: str | os.PathLike[str], document: Mapping[str, Any]) -> Path:
-    """Write the paste-able ``--speculative-config`` of a published ``document`` beside the published
-    table at ``path`` (``<stem>.speculative-config.json``, atomically), after the slot check."""
-    target = speculative_config_path(path)
-    check_speculative_config_target(target)
-    return atomic_write_text(target, json.dumps(document["speculative_config"], indent=2, sort_keys=True) + "\n")
-
-
-# -- one publication at a time per published file ----------------------------------------------
-# Publishing allocates a version in the store and writes the file; two publishers of one deployment
-# interleaving those steps would leave the store's version and the file's holding different tables.
-# An exclusive ``flock`` on a lock file beside the published table, held from the version allocation
-# to the last write, serialises them on one host (flock is not reliable on every network file system;
-# the store's primary key then turns a race into a retry, see TableTuneStore.publish).
-
-PUBLICATION_LOCK_TIMEOUT_S = 120.0
-"""How long a publisher waits for another publication of the same file before giving up."""
-
-
-def publication_lock_path(path: str | os.PathLike[str]) -> Path:
-    """``.<name>.lock`` beside the published table: created once, never removed (removing a lock file
-    another process has open would let a third lock a new one at the same time)."""
-    p = Path(path)
-    return p.with_name(f".{p.name}.lock")
-
-
-@contextmanager
-def publication_lock(path: str | os.PathLike[str], timeout_s: float = PUBLICATION_LOCK_TIMEOUT_S) -> Iterator[Path]:
-    """Hold the exclusive publication lock of the published table at ``path`` (the folder is created
-    if missing). ``PublishedTableError`` when the lock file cannot be opened (a symlink, a folder, no
-    permission) or another publication holds it for longer than ``timeout_s``."""
-    lock = publication_lock_path(path)
-    try:
-        lock.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    except OSError as exc:
-        raise PublishedTableError(f"cannot open the publication lock {lock} ({exc.strerror or exc}); nothing was "
-                                  "written. TableTune keeps this lock file beside the published table: make the "
-                                  "folder writable, or move what is at that path away") from None
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise PublishedTableError(
-                        f"another publication of {Path(path)} has held {lock} for more than {timeout_s:g} s; nothing "
-                        "was written. Wait for it to finish (or stop it) and publish again") from None
-                time.sleep(0.05)
-        yield lock
-    finally:
-        os.close(fd)  # releases the lock
-
-
-def write_published_table(path: str | os.PathLike[str], document: dict[str, Any]) -> Path:
-    if not isinstance(document, dict) or document.get("schema") != PUBLISHED_SCHEMA:
-        got = document.get("schema") if isinstance(document, dict) else None
-        raise PublishedTableError(f"refusing to write a document with schema {got!r} to {path}")
-    _roundtrip_check(document, str(path))
-    check_published_target(path, document.get("deployment"))
-    return atomic_write_text(path, json.dumps(document, indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 
 # -- reading -----------------------------------------------------------------------------------

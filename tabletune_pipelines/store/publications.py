@@ -16,17 +16,15 @@ import duckdb
 
 from tabletune_pipelines.errors import NotFoundError, StoreError
 from tabletune_pipelines.formats.documents import DraftLengthTable
-from tabletune_pipelines.formats.published import (
-    VERSION,
-    PublishedVersion,
+from tabletune_pipelines.formats.published_build import controller_fields, published_document
+from tabletune_pipelines.formats.published_files import (
     check_publish_targets,
-    controller_fields,
     publication_lock,
-    published_document,
     speculative_config_path,
     write_published_table,
     write_speculative_config_companion,
 )
+from tabletune_pipelines.formats.published_schema import VERSION, PublishedVersion
 from tabletune_pipelines.formats.strict_io import atomic_write_bytes, open_regular
 from tabletune_pipelines.store.group import listing, now
 from tabletune_pipelines.store.identities import IdentityTables

@@ -24,9 +24,9 @@ from tabletune_pipelines.errors import PipelineFailure, TableTuneError
 from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, EngineIdentity
 from tabletune_pipelines.formats.fleet import Deployment, Fleet
 from tabletune_pipelines.formats.identity_match import identity_mismatches
-from tabletune_pipelines.formats.published import (
+from tabletune_pipelines.formats.published_build import controller_fields
+from tabletune_pipelines.formats.published_files import (
     check_publish_targets,
-    controller_fields,
     served_plot_path,
     write_speculative_config_companion,
 )
@@ -49,7 +49,7 @@ def publication_kwargs(dep: Deployment, engine: Engine, table: DraftLengthTable 
                        store: Any = None) -> dict[str, Any]:
     """Keyword arguments of ``store.publish`` / ``store.rollback`` for one deployment: the base
     ``--speculative-config`` and further fields of the published document (``document_fields``:
-    keyword arguments of ``published.published_document``; add new document fields here). With
+    keyword arguments of ``published_build.published_document``; add new document fields here). With
     ``table`` and ``store``, the controller also gets the table's engine identity and prior."""
     identity = prior = None
     if table is not None and store is not None:
@@ -136,7 +136,7 @@ def publish_table(store: Any, fleet: Fleet, key: str, engine: Engine, *, deploym
     deployment running that engine now). A deployment whose file already holds the table gets no new
     version unless ``force``. Refused before anything is written: no table, a failed blocking gate,
     no deployment running the engine, bad served-verification options (``PipelineFailure``), a
-    target TableTune may not replace (``PublishedTableError``, from ``published.check_publish_targets``).
+    target TableTune may not replace (``PublishedTableError``, from ``published_files.check_publish_targets``).
     A failed served verification returns a ``Publication`` with ``refusal`` set and nothing written."""
     table = store.latest_table(key)
     if table is None:

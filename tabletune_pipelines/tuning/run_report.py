@@ -31,7 +31,7 @@ from tabletune_pipelines.errors import TableTuneError
 
 if TYPE_CHECKING:
     from tabletune_pipelines.formats.fleet import Deployment
-    from tabletune_pipelines.formats.published import PublishedTable
+    from tabletune_pipelines.formats.published_schema import PublishedTable
 
 DOCS_EXAMPLE = ((1, 64, 3), (65, 128, 1), (129, 512, 0))
 

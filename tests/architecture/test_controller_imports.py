@@ -14,6 +14,7 @@ import pytest
 from tests.architecture.scan import REPOSITORY as ROOT, imports_of_file, python_files, write_tree
 
 ALLOWED_TT = ("tabletune_pipelines.core", "tabletune_pipelines.formats.published",
+              "tabletune_pipelines.formats.published_schema",
               "tabletune_pipelines.formats.controller_settings",
               "tabletune_pipelines.formats.live_counters", "tabletune_pipelines.formats.control_protocol",
               "tabletune_pipelines.errors", "tabletune_pipelines.vocab",

@@ -24,7 +24,7 @@ WATCHED = (  # (file, top-level function)
     ("tabletune_pipelines/tuning/derive.py", "derive_table"),
     ("tabletune_pipelines/core/remeasure.py", "remeasure"),
     ("tabletune_pipelines/core/evidence.py", "search_with_evidence"),
-    ("tabletune_pipelines/formats/published.py", "published_document"),
+    ("tabletune_pipelines/formats/published_build.py", "published_document"),
     ("tabletune_pipelines/embedded.py", "main"),
 )
 

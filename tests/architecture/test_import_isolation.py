@@ -39,6 +39,9 @@ SERVING_SIDE = [
     "tabletune_pipelines.formats.document_base",
     "tabletune_pipelines.options",
     "tabletune_pipelines.formats.published",
+    "tabletune_pipelines.formats.published_schema",
+    "tabletune_pipelines.formats.published_build",
+    "tabletune_pipelines.formats.published_files",
     "tabletune_pipelines.formats.live_counters",
     "tabletune_pipelines.formats.control_protocol",
     "tabletune_pipelines.controller",
@@ -137,7 +140,9 @@ def test_cli_tuner_paths_run_without_dagster(tmp_path):
         from tabletune_pipelines.tuning import deployments
         from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, EngineIdentity, StepTimeCell
         from tabletune_pipelines.formats.fleet import default_store_path, load_fleet
-        from tabletune_pipelines.formats.published import PublishedVersion, published_document, write_published_table
+        from tabletune_pipelines.formats.published_build import published_document
+        from tabletune_pipelines.formats.published_files import write_published_table
+        from tabletune_pipelines.formats.published_schema import PublishedVersion
         from tabletune_pipelines.store import TableTuneStore
 
         dep = load_fleet().deployments[0]

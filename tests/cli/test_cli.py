@@ -54,7 +54,9 @@ def test_table_without_profile_is_a_clear_error(home, tmp_path, capsys):
 def test_show_prints_the_published_document(home, capsys):
     from tabletune_pipelines.formats.documents import DraftLengthTable
     from tabletune_pipelines.formats.fleet import load_fleet
-    from tabletune_pipelines.formats.published import PublishedVersion, published_document, write_published_table
+    from tabletune_pipelines.formats.published_build import published_document
+    from tabletune_pipelines.formats.published_files import write_published_table
+    from tabletune_pipelines.formats.published_schema import PublishedVersion
 
     dep = load_fleet().deployments[0]
     table = DraftLengthTable(ranges=((1, 8, 3), (9, 16, 1)), max_num_seqs=16, max_k=3, identity_key="id",

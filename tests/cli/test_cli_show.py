@@ -11,7 +11,8 @@ import pytest
 
 from tabletune_pipelines.cli import main
 from tabletune_pipelines.formats.fleet import default_store_path, load_fleet
-from tabletune_pipelines.formats.published import controller_fields, read_published_table
+from tabletune_pipelines.formats.published import read_published_table
+from tabletune_pipelines.formats.published_build import controller_fields
 from tabletune_pipelines.tuning.derive import derive_table
 from tabletune_pipelines.tuning.report import ranges_line
 from tabletune_pipelines.tuning.run_report import served_verdict
@@ -187,7 +188,9 @@ def test_a_store_that_cannot_be_read_or_lacks_the_profile_leaves_the_summary_who
 
 def test_odd_values_in_the_evidence_section_are_not_a_traceback(home, run_cli):
     from tabletune_pipelines.formats.documents import DraftLengthTable
-    from tabletune_pipelines.formats.published import PublishedVersion, published_document, write_published_table
+    from tabletune_pipelines.formats.published_build import published_document
+    from tabletune_pipelines.formats.published_files import write_published_table
+    from tabletune_pipelines.formats.published_schema import PublishedVersion
 
     dep = load_fleet().deployments[0]
     table = DraftLengthTable(ranges=((1, 16, 1),), max_num_seqs=16, max_k=3, identity_key="id", prior_id="p",

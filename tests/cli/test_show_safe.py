@@ -15,7 +15,7 @@ import pytest
 
 from tabletune_pipelines.cli import main, terminal_safe
 from tabletune_pipelines.formats.fleet import load_fleet
-from tabletune_pipelines.formats.published import controller_fields
+from tabletune_pipelines.formats.published_build import controller_fields
 from tabletune_pipelines.tuning.deployments import identity_for
 from tabletune_pipelines.tuning.derive import derive_table
 from tests.cli.test_cli_evidence import IDENT, noisy_store

@@ -5,7 +5,7 @@ controller itself changes nothing).
 
 Pipeline side, all library functions the Dagster assets call (no Dagster here): the DuckDB store
 (identity, profile, prior, tables, publications), ``tuning.derive.derive_table`` (the table search),
-``TableTuneStore.publish`` with ``published.controller_fields`` (what ``published_table`` writes:
+``TableTuneStore.publish`` with ``published_build.controller_fields`` (what ``published_table`` writes:
 identity, prior and its count, the deployment's controller settings, the fleet's ``live_counters``
 path as the export path), ``live_counters.read_live_counters`` + ``tuning.feedback.windows_in_week``
 + ``tuning.feedback.live_prior`` (what ``live_acceptance_counters`` does). Engine side: the tiny
@@ -24,7 +24,8 @@ from tabletune_pipelines.formats.documents import AcceptancePrior, EngineIdentit
 from tabletune_pipelines.evaluation.rig import closed_loop, tiny
 from tabletune_pipelines.evaluation.synthetic import linear_profile
 from tabletune_pipelines.formats.live_counters import read_live_counters
-from tabletune_pipelines.formats.published import controller_fields, load_published
+from tabletune_pipelines.formats.published import load_published
+from tabletune_pipelines.formats.published_build import controller_fields
 from tabletune_pipelines.store import TableTuneStore
 from tabletune_pipelines.tuning.derive import derive_table
 from tabletune_pipelines.tuning.feedback import live_prior, windows_in_week

@@ -11,14 +11,10 @@ from hypothesis import strategies as st
 
 from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.errors import PublishedTableError, TableTuneError
-from tabletune_pipelines.formats.published import (
-    PublishedVersion,
-    load_published,
-    published_document,
-    read_published_table,
-    validate_ranges,
-    write_published_table,
-)
+from tabletune_pipelines.formats.published import load_published, read_published_table, validate_ranges
+from tabletune_pipelines.formats.published_build import published_document
+from tabletune_pipelines.formats.published_files import write_published_table
+from tabletune_pipelines.formats.published_schema import PublishedVersion
 from tabletune_pipelines.evaluation.synthetic import IDENTITY, REBUILD_BUDGET_MS, publish
 
 

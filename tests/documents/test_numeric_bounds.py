@@ -39,7 +39,9 @@ from tabletune_pipelines.formats.documents import (
     StepTimeProfile,
 )
 from tabletune_pipelines.formats.prompt_mixes import WEIGHT, parse_weights
-from tabletune_pipelines.formats.published import VERSION, parse_published, published_document, PublishedVersion
+from tabletune_pipelines.formats.published import parse_published
+from tabletune_pipelines.formats.published_build import published_document
+from tabletune_pipelines.formats.published_schema import VERSION, PublishedVersion
 from tabletune_pipelines.options import STEP_MS, Bound
 from tabletune_pipelines.tuning.deployments import AcceptanceOptions
 

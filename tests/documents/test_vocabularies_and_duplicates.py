@@ -16,7 +16,7 @@ from tabletune_pipelines.engine.command import build_command
 from tabletune_pipelines.engine.plan import ProfileOptions
 from tabletune_pipelines.errors import FleetError, InvalidValueError, PipelineFailure, TableTuneError
 from tabletune_pipelines.formats.prompt_mixes import parse_weights
-from tabletune_pipelines.formats.published import serving_envelope
+from tabletune_pipelines.formats.published_build import serving_envelope
 from tabletune_pipelines.orchestration.resources import EngineResource, check_config
 from tabletune_pipelines.tuning import deployments
 from tabletune_pipelines.tuning.served_plan import ServedVerificationOptions

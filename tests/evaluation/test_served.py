@@ -377,7 +377,8 @@ def test_verify_served_fails_a_table_that_loses_and_passes_one_that_does_not(mon
 
 
 def _published(result, ranges=None):
-    from tabletune_pipelines.formats.published import PublishedVersion, published_document
+    from tabletune_pipelines.formats.published_build import published_document
+    from tabletune_pipelines.formats.published_schema import PublishedVersion
 
     ranges = ranges or [list(r) for r in result.candidate]
     table = {"ranges": ranges, "max_num_seqs": 8, "max_k": 3, "identity_key": "id", "prior_id": "p",

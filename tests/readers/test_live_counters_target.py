@@ -35,7 +35,7 @@ from tabletune_pipelines.formats.live_counters import (
     read_live_counters,
     window_line,
 )
-from tabletune_pipelines.formats.published import controller_fields
+from tabletune_pipelines.formats.published_build import controller_fields
 from tests.readers.conftest import assert_one_error, snapshot
 
 T0 = datetime(2026, 11, 17, 10, tzinfo=timezone.utc)

@@ -24,13 +24,10 @@ from tabletune_pipelines.formats.documents import DraftLengthTable, EngineIdenti
 from tabletune_pipelines.errors import PublishedTableError, TableTuneError
 from tabletune_pipelines.formats.fleet import parse_fleet
 from tabletune_pipelines.orchestration.partitions import register_identity
-from tabletune_pipelines.formats.published import (
-    PublishedVersion,
-    published_document,
-    read_published_table,
-    speculative_config_path,
-    write_published_table,
-)
+from tabletune_pipelines.formats.published import read_published_table
+from tabletune_pipelines.formats.published_build import published_document
+from tabletune_pipelines.formats.published_files import speculative_config_path, write_published_table
+from tabletune_pipelines.formats.published_schema import PublishedVersion
 from tabletune_pipelines.tuning.publishing import write_speculative_config
 from tabletune_pipelines.store import TableTuneStore
 from tests.readers.conftest import assert_one_error, snapshot

@@ -19,7 +19,9 @@ import pytest
 
 from tabletune_pipelines.errors import InvalidValueError, NotFoundError, StoreError, TableTuneError
 from tabletune_pipelines.formats import prompt_mixes, strict_io
-from tabletune_pipelines.formats.published import controller_fields, read_published_table, speculative_config_path
+from tabletune_pipelines.formats.published import read_published_table
+from tabletune_pipelines.formats.published_build import controller_fields
+from tabletune_pipelines.formats.published_files import speculative_config_path
 from tabletune_pipelines.store import TableTuneStore, publications
 from tests.store.test_publications import IDENT, prior, table
 

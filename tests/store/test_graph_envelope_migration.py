@@ -115,7 +115,9 @@ def test_a_stored_sample_no_measurement_writes_is_refused(tmp_path):
 
 def test_the_published_file_carries_the_serving_envelope_the_table_assumes():
     from tabletune_pipelines.errors import PublishedTableError
-    from tabletune_pipelines.formats.published import PublishedVersion, parse_published, published_document
+    from tabletune_pipelines.formats.published import parse_published
+    from tabletune_pipelines.formats.published_build import published_document
+    from tabletune_pipelines.formats.published_schema import PublishedVersion
 
     ident = dataclasses.replace(_gpu(max_cudagraph_capture_size=1024), model_runner="v2")
     table = {"ranges": [[1, 128, 3]], "max_num_seqs": 128, "max_k": 3, "identity_key": ident.key, "prior_id": "p",

@@ -6,7 +6,7 @@ and publishing one deployment from two processes at once.
   those columns are migrated when opened for writing, read as NULL when opened read-only, and a
   rollback to one of their rows takes the identity and prior from the store.
 * Two publishers of one deployment never leave the store's version and the file's version holding
-  different tables: the publication lock (``published.publication_lock``) serialises them, and a
+  different tables: the publication lock (``published_files.publication_lock``) serialises them, and a
   version taken behind the lock's back is retried, never a raw DuckDB constraint error.
 """
 
@@ -23,14 +23,14 @@ import time
 import duckdb
 import pytest
 
-from tabletune_pipelines.formats import published
+from tabletune_pipelines.formats import published_files
 from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, EngineIdentity
 from tabletune_pipelines.errors import PublishedTableError, StoreError, TableTuneError
-from tabletune_pipelines.formats.published import (
-    controller_fields,
+from tabletune_pipelines.formats.published import read_published_table
+from tabletune_pipelines.formats.published_build import controller_fields
+from tabletune_pipelines.formats.published_files import (
     publication_lock,
     publication_lock_path,
-    read_published_table,
     speculative_config_path,
 )
 from tabletune_pipelines.store import TableTuneStore
@@ -162,7 +162,7 @@ PUBLISHER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
     from tabletune_pipelines.formats.documents import DraftLengthTable, EngineIdentity
-    from tabletune_pipelines.formats.published import controller_fields
+    from tabletune_pipelines.formats.published_build import controller_fields
     from tabletune_pipelines.store import TableTuneStore
     db, export, ident_json, who, n, go = sys.argv[1:7]
     ident = EngineIdentity.from_json(ident_json)
@@ -260,7 +260,7 @@ def test_the_version_is_above_the_files_after_a_publish_that_crashed_before_its_
     s.publish("h200", table(((1, 16, 1),), "a"), out)
     doc = read_published_table(out)
     doc["version"] = 7  # written by a publish killed before it recorded v7
-    published.write_published_table(out, doc)
+    published_files.write_published_table(out, doc)
     assert s.publish("h200", table(((1, 16, 3),), "b"), out)["version"] == 8  # the controller must see it as newer
     assert [p["version"] for p in s.publications("h200")] == [1, 8]
 

@@ -12,7 +12,9 @@ import json
 import pytest
 
 from tabletune_pipelines.errors import TableTuneError
-from tabletune_pipelines.formats.published import VERSION, read_published_table, served_plot_path
+from tabletune_pipelines.formats.published import read_published_table
+from tabletune_pipelines.formats.published_files import served_plot_path
+from tabletune_pipelines.formats.published_schema import VERSION
 from tabletune_pipelines.store import publications
 from tabletune_pipelines.tuning.build import build_table
 from tests.tuning.runs import SETTINGS, Log
