@@ -465,7 +465,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="tabletune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--fleet", default=os.environ.get("TABLETUNE_FLEET"), help="fleet YAML (default: fleet.yaml)")
+    ap.add_argument("--fleet", default=os.environ.get("TABLETUNE_FLEET"),
+                    help="fleet YAML (default: the embedded default, tabletune_pipelines/data/fleet.yaml)")
     ap.add_argument("--deployment", default=None, help="deployment name (default: the first in the fleet)")
     ap.add_argument("--db", default=None, help="DuckDB store (default $TABLETUNE_HOME/tabletune_store.duckdb)")
     sub = ap.add_subparsers(dest="command", required=True)

@@ -28,6 +28,7 @@ import shutil
 import sys
 from collections.abc import Mapping
 from datetime import datetime, timezone
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -47,20 +48,23 @@ LOGGERS = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 QUICK_PROFILE = {"batch_sizes": [1, 4, 16], "repetitions": 2, "accept_batch_sizes": [], "remeasure_budget_s": 30.0}
 #: The full run also times fixed k (K = k, no table) for the engine-dependence check.
 FULL_PROFILE = {"fixed_k_baseline": True}
-#: The checkout, whose dagster.yaml seeds a new Dagster home (a wheel install has none: Dagster's defaults).
-REPO = Path(__file__).resolve().parents[2]
+#: The Dagster instance file that seeds a new Dagster home: package data, the same file as the checkout's
+#: top-level dagster.yaml, so an installed package seeds it too.
+DAGSTER_YAML = Path(str(files("tabletune_pipelines") / "data" / "dagster.yaml"))
 #: The code location's module, as ``workspace.yaml``, ``dg`` and the UI load it.
 CODE_LOCATION = "tabletune_pipelines.definitions"
 
 
-def _dagster_home() -> Path:
+def prepare_dagster_home() -> Path:
+    """``$DAGSTER_HOME``, else ``$TABLETUNE_HOME/dagster``: made if missing, seeded with ``DAGSTER_YAML``
+    when it has no ``dagster.yaml`` (one it has is kept), and exported as ``DAGSTER_HOME``."""
     from tabletune_pipelines.formats.fleet import tabletune_home
 
     home = Path(os.environ.get("DAGSTER_HOME") or tabletune_home() / "dagster").expanduser()
     home.mkdir(parents=True, exist_ok=True)
     cfg = home / "dagster.yaml"
-    if not cfg.exists() and (REPO / "dagster.yaml").exists():
-        shutil.copy(REPO / "dagster.yaml", cfg)
+    if not cfg.exists():
+        shutil.copy(DAGSTER_YAML, cfg)
     os.environ["DAGSTER_HOME"] = str(home)
     return home
 
@@ -174,7 +178,7 @@ def publish_deployment(assets: list[Any], dep: Any, resources: Mapping[str, Any]
 def main(argv: list[str] | None = None) -> int:
     """The week's acceptance, then every deployment's profile, table and publication (module docstring)."""
     args = parse_args(argv)
-    dagster_home = _dagster_home()
+    dagster_home = prepare_dagster_home()
     fleet = load_fleet()
     week = args.week or last_complete_week(datetime.now(timezone.utc))
     resources = default_resources()

@@ -21,8 +21,10 @@ be read as options, ``speculative_config`` may not set what the loader checks, `
 checked against the controller's settings, and two deployments (or the store, or the fleet file
 itself) never share a file TableTune writes.
 
-Example (``fleet.yaml`` at the repository root is the embedded default; ``TABLETUNE_FLEET``
-points at another file; ``deploy/k8s/fleet.example.yaml`` shows a GPU fleet)::
+Example (the embedded default, ``tabletune_pipelines/data/fleet.yaml``, package data, so an installed
+package finds it without a checkout; ``fleet.yaml`` at the repository root is the same file, the one
+users copy; ``TABLETUNE_FLEET`` points at another file; ``deploy/k8s/fleet.example.yaml`` shows a GPU
+fleet)::
 
     schema_version: 1
     deployments:
@@ -49,6 +51,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -79,8 +82,9 @@ __all__ = [
 
 FLEET_SCHEMA_VERSION = 1
 EMBEDDED = "embedded"
-#: Repository root fleet file, used when TABLETUNE_FLEET is not set.
-DEFAULT_FLEET_PATH = Path(__file__).resolve().parents[2] / "fleet.yaml"
+#: The embedded default fleet, shipped in the package (``data/fleet.yaml``), used when neither a path nor
+#: TABLETUNE_FLEET is given; the same file in a checkout and in an installed package.
+DEFAULT_FLEET_PATH = Path(str(files("tabletune_pipelines") / "data" / "fleet.yaml"))
 #: Upper bounds of values that have the right type but could not be meant (an acceptance run of
 #: 10^6 prompts, a temperature at which sampling is uniform noise).
 MAX_PROMPTS = 100_000

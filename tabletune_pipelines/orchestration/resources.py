@@ -7,7 +7,7 @@ serve the embedded default, tests and a fleet:
 * ``TABLETUNE_HOME`` (default ``~/.tabletune``): data of the embedded default;
 * ``TABLETUNE_DUCKDB`` (default ``$TABLETUNE_HOME/tabletune_store.duckdb``; not ``tabletune.duckdb``:
   DuckDB finds a file named like a schema inside it ambiguous);
-* ``TABLETUNE_FLEET`` (default: ``fleet.yaml`` at the repository root).
+* ``TABLETUNE_FLEET`` (default: the embedded default, ``tabletune_pipelines/data/fleet.yaml``).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class FleetResource(dg.ConfigurableResource):
     """The fleet file (strictly validated on every load, so an edit shows up in the next run)."""
 
     path: str | None = Field(default=None,
-                             description="Fleet YAML; default $TABLETUNE_FLEET or the embedded fleet.yaml.")
+                             description="Fleet YAML; default $TABLETUNE_FLEET or the embedded default fleet.")
 
     def load(self) -> Fleet:
         return load_fleet(self.path)

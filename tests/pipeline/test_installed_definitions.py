@@ -1,8 +1,10 @@
 """The code location loads from an installed package, not from the checkout: the package is installed
 into a new virtual environment (its dependencies from this one's site-packages), and from an empty
 temporary folder, without ``PYTHONPATH``, ``dagster definitions validate -m
-tabletune_pipelines.definitions`` loads it and the definitions hold every asset. The checkout is
-copied first (pyproject.toml, README.md and the package), so the install writes nothing into it."""
+tabletune_pipelines.definitions`` loads it and the definitions hold every asset. The installed
+``tabletune`` finds the embedded default fleet and seeds a Dagster home from the package's own files
+(package data), with no checkout beside it and no engine started. The checkout is copied first
+(pyproject.toml, README.md and the package), so the install writes nothing into it."""
 
 from __future__ import annotations
 
@@ -22,6 +24,26 @@ graph = d.defs().resolve_asset_graph()
 print(json.dumps({"file": d.__file__, "keys": sorted(k.to_user_string() for k in graph.get_all_asset_keys()),
                   "checks": sorted(k.name for k in graph.asset_check_keys)}))
 """
+
+
+FOUND = """
+import json
+from tabletune_pipelines.embedded import prepare_dagster_home
+from tabletune_pipelines.formats.fleet import load_fleet
+fleet = load_fleet()
+home = prepare_dagster_home()
+print(json.dumps({"source": fleet.source, "names": [d.name for d in fleet.deployments],
+                  "published": str(fleet.deployments[0].published_table),
+                  "dagster_yaml": (home / "dagster.yaml").read_text()}))
+"""
+
+
+def _clean_env(tmp_path: Path) -> dict[str, str]:
+    """This environment without the checkout on the path or a fleet, store or Dagster home of its own."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "TABLETUNE_FLEET", "TABLETUNE_DUCKDB", "DAGSTER_HOME")}
+    env["TABLETUNE_HOME"] = str(tmp_path / "home")
+    return env
 
 
 def _install(tmp_path: Path) -> Path:
@@ -44,8 +66,8 @@ def test_the_installed_package_loads_its_definitions_from_another_folder(tmp_pat
     python = _install(tmp_path)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TABLETUNE_FLEET", "TABLETUNE_DUCKDB")}
-    env.update(TABLETUNE_HOME=str(tmp_path / "home"), DAGSTER_HOME=str(tmp_path / "dagster_home"))
+    env = _clean_env(tmp_path)
+    env["DAGSTER_HOME"] = str(tmp_path / "dagster_home")
     (tmp_path / "dagster_home").mkdir()
     validated = subprocess.run([str(python), "-m", "dagster", "definitions", "validate", "-m",
                                 "tabletune_pipelines.definitions"], cwd=elsewhere, env=env, capture_output=True,
@@ -59,3 +81,33 @@ def test_the_installed_package_loads_its_definitions_from_another_folder(tmp_pat
     assert Path(found["file"]).resolve().is_relative_to((tmp_path / "venv").resolve()), found["file"]
     assert found["keys"] == ASSET_KEYS
     assert "served_goodput_verified" in found["checks"]
+
+
+def test_the_packaged_defaults_are_the_top_level_files():
+    """The top-level fleet.yaml and dagster.yaml are the files users copy; the package ships the same
+    bytes (package data), which is what runs when no fleet is named and what seeds a new Dagster home."""
+    for name in ("fleet.yaml", "dagster.yaml"):
+        assert (ROOT / "tabletune_pipelines" / "data" / name).read_bytes() == (ROOT / name).read_bytes(), name
+
+
+def test_the_installed_tabletune_finds_its_fleet_without_the_checkout(tmp_path):
+    python = _install(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = _clean_env(tmp_path)
+    found = subprocess.run([str(python), "-c", FOUND], cwd=elsewhere, env=env, capture_output=True, text=True,
+                           timeout=300)
+    assert found.returncode == 0, found.stderr[-3000:]
+    got = json.loads(found.stdout.strip().splitlines()[-1])
+    venv = (tmp_path / "venv").resolve()
+    # the fleet read is the venv's package data; the Dagster home is $TABLETUNE_HOME/dagster, seeded from it
+    assert Path(got["source"]).resolve().is_relative_to(venv), got["source"]
+    assert Path(got["source"]).name == "fleet.yaml" and got["names"] == ["local-cpu"]
+    assert got["published"] == str(tmp_path / "home" / "published" / "local-cpu.json")
+    assert got["dagster_yaml"] == (ROOT / "dagster.yaml").read_text()
+    # the console script gets past loading the fleet: `show` stops at the table nothing has published yet
+    shown = subprocess.run([str(tmp_path / "venv" / "bin" / "tabletune"), "show"], cwd=elsewhere, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert shown.returncode == 2, shown.stdout[-3000:] + shown.stderr[-3000:]
+    assert f"published table {tmp_path / 'home' / 'published' / 'local-cpu.json'} does not exist" in shown.stderr
+    assert "fleet file" not in shown.stderr
