@@ -98,14 +98,14 @@ def _controller_steps(w: CounterWindow) -> int:
     """The controller's step count at the end of window ``w`` (the rig reads only windows with the
     controller's state)."""
     if w.controller is None:
-        raise ValueError(f"window of v{w.table_version} has no controller state")
+        raise LiveCountersError(f"window of v{w.table_version} has no controller state")
     return int(w.controller["steps"])
 
 
 def _steps_before(first: CounterWindow) -> int:
     """The controller's step count before window ``first`` (a version's first window) began."""
     if first.steps is None:
-        raise ValueError(f"window of v{first.table_version} does not count its steps")
+        raise LiveCountersError(f"window of v{first.table_version} does not count its steps")
     return _controller_steps(first) - first.steps
 
 class Rig:
