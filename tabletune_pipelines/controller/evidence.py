@@ -22,14 +22,14 @@ import numpy as np
 
 from tabletune_pipelines.controller.loader import StartPoint
 from tabletune_pipelines.controller.observations import CostObserver
-from tabletune_pipelines.formats.controller_settings import ControllerSettings
 from tabletune_pipelines.controller.step import count_drafts, fold, longest
 from tabletune_pipelines.controller.step_correction import ServedPrior, StepTimeModel, served_prior
 from tabletune_pipelines.core.acceptance_estimate import AcceptanceEstimator, EstimatorConfig
 from tabletune_pipelines.core.evidence import SearchSettings, search_with_evidence
-from tabletune_pipelines.core.steptime import StepTimes, as_covariance
 from tabletune_pipelines.core.noise import rates_covariance
 from tabletune_pipelines.core.stepcost import StepCost, Workload
+from tabletune_pipelines.core.steptime import StepTimes, as_covariance
+from tabletune_pipelines.formats.controller_settings import ControllerSettings
 
 #: Requests the published workload counts as, against the live ones.
 WORKLOAD_PRIOR_REQUESTS = 100.0

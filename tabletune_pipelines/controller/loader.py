@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tabletune_pipelines.formats.controller_settings import ControllerSettings
 from tabletune_pipelines.core.steptime import every_batch_size
 from tabletune_pipelines.errors import PublishedTableError, SettingsError
+from tabletune_pipelines.formats.controller_settings import ControllerSettings
 from tabletune_pipelines.formats.identity_match import identity_mismatches as _mismatches
 from tabletune_pipelines.formats.identity_match import missing_fields
 from tabletune_pipelines.formats.published import PublishedTable, load_published

@@ -61,10 +61,10 @@ from tabletune_pipelines.controller.loader import EngineFacts, StartPoint
 from tabletune_pipelines.controller.metrics import Metrics, note_install, note_state, take_counts
 from tabletune_pipelines.controller.record import Counters, Notes, fmt_table
 from tabletune_pipelines.controller.search import TableInForce, compact, dense_of, lookups_of
-from tabletune_pipelines.formats.controller_settings import ControllerSettings
 from tabletune_pipelines.controller.step import StepOutcome, count_drafts
 from tabletune_pipelines.controller.version import FileWatch, Installed, announce, prepare
 from tabletune_pipelines.controller.window import ExportWindow
+from tabletune_pipelines.formats.controller_settings import ControllerSettings
 
 logger = logging.getLogger("tabletune.controller")
 

@@ -48,8 +48,8 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from tabletune_pipelines.controller.loader import DEPLOYMENT_ENV, EngineFacts
 from tabletune_pipelines.controller.logic import Controller
 from tabletune_pipelines.controller.metrics import metrics_for
-from tabletune_pipelines.formats.controller_settings import PUBLISHED_ENV
 from tabletune_pipelines.controller.step import StepOutcome
+from tabletune_pipelines.formats.controller_settings import PUBLISHED_ENV
 from tabletune_pipelines.formats.identity_match import engine_gpu
 
 logger = logging.getLogger("tabletune.controller")

@@ -39,8 +39,13 @@ import numpy as np
 from tabletune_pipelines.core.goodput import tau_curve
 from tabletune_pipelines.core.noise import z_value
 from tabletune_pipelines.core.steptime import StepTimes, as_covariance
-from tabletune_pipelines.core.table import (DEFAULT_STICKINESS, TableChoice, choose_draft_lengths, goodput_matrix,
-                                            range_bounds)
+from tabletune_pipelines.core.table import (
+    DEFAULT_STICKINESS,
+    TableChoice,
+    choose_draft_lengths,
+    goodput_matrix,
+    range_bounds,
+)
 from tabletune_pipelines.errors import EmptyProfileError, InvalidStepTimeError, InvalidValueError
 from tabletune_pipelines.vocab import SEARCH_RULES, SearchRule
 

@@ -177,7 +177,7 @@ class NoisySurface:
 
     @classmethod
     def from_cells(cls, cells: Mapping[int, Mapping[int, CellEstimate]],
-                   prior_dof: float = PRIOR_DOF) -> "NoisySurface":
+                   prior_dof: float = PRIOR_DOF) -> NoisySurface:
         """Build from ``{k: {B: CellEstimate}}``; same completeness rules as ``StepTimeSurface``."""
         base = StepTimeSurface.from_cells({k: {b: c.median_ms for b, c in row.items()} for k, row in cells.items()})
         flat = [cells[k][b] for k in base.ks for b in base.batch_sizes]
@@ -194,7 +194,7 @@ class NoisySurface:
         """The medians alone."""
         return StepTimeSurface(ks=self.ks, batch_sizes=self.batch_sizes, ms=self.ms)
 
-    def non_decreasing(self) -> "NoisySurface":
+    def non_decreasing(self) -> NoisySurface:
         """Each k's T made non-decreasing in B by a fit weighted with 1 / variance (a step cannot
         get cheaper when more requests share it: a measured dip is noise); pooled points get the
         pooled value's variance."""

@@ -15,7 +15,6 @@ store).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -182,7 +181,7 @@ class ServedCalibration:
         return {"points": [p.to_dict() for p in self.points], "source": self.source}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "ServedCalibration":
+    def from_dict(cls, d: Mapping[str, Any]) -> ServedCalibration:
         try:
             pts = tuple(ServedPoint(k=p["k"], batch=p["batch"], ms=p["ms"], se_ms=p["se_ms"], rounds=p["rounds"],
                                     load=p.get("load", 0), per_round=tuple(tuple(x) for x in p.get("per_round", ())))

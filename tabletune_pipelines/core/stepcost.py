@@ -160,7 +160,7 @@ class Workload:
                 "source": self.source}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "Workload":
+    def from_dict(cls, d: Mapping[str, Any]) -> Workload:
         return cls(prompt_tokens=d["prompt_tokens"], output_tokens=d["output_tokens"], source=str(d.get("source", "")))
 
 
@@ -279,7 +279,7 @@ class PrefillFit:
                 "prefill_tokens_range": list(self.prefill_tokens_range)}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "PrefillFit":
+    def from_dict(cls, d: Mapping[str, Any]) -> PrefillFit:
         cov = tuple(tuple(float(x) for x in row) for row in d["cov"])
         if len(cov) != 3 or any(len(r) != 3 for r in cov):
             raise InvalidValueError(f"prefill fit {d.get('transition')!r}: cov must be 3 x 3")
@@ -475,7 +475,7 @@ class StepCost:
                         out[sel] += fit.extra_ms(d[sel], p[sel])
         return out
 
-    def step_extra(self) -> "StepExtra":
+    def step_extra(self) -> StepExtra:
         """This model's mixed-step extra of one step in closed form (``StepExtra``): the price
         ``step_ms`` adds to the decode surface, for a per-step hot loop."""
         env = self.envelope

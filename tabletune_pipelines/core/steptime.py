@@ -166,7 +166,7 @@ class StepTimeSurface:
     """Step time in ms, shape (len(ks), len(batch_sizes))."""
 
     @classmethod
-    def from_cells(cls, cells: Mapping[int, Mapping[int, float]]) -> "StepTimeSurface":
+    def from_cells(cls, cells: Mapping[int, Mapping[int, float]]) -> StepTimeSurface:
         """Build from ``{k: {batch_size: ms}}``; every k must be measured at the same batch sizes."""
         if not cells or not any(cells.values()):
             raise EmptyProfileError("the step-time profile has no measured cells; run the profiler first")
@@ -190,7 +190,7 @@ class StepTimeSurface:
                 ms[i, j] = validate_step_time(cells[k][b], where=f" at B={b}, k={k}")
         return cls(ks=ks, batch_sizes=tuple(ref), ms=ms)
 
-    def non_decreasing(self) -> "StepTimeSurface":
+    def non_decreasing(self) -> StepTimeSurface:
         """The same surface with each k's T made non-decreasing in B (see ``non_decreasing_fit``)."""
         ms = np.vstack([non_decreasing_fit(row) for row in self.ms])
         return StepTimeSurface(ks=self.ks, batch_sizes=self.batch_sizes, ms=ms)

@@ -45,10 +45,13 @@ from collections.abc import Callable
 from typing import Any
 
 from tabletune_pipelines.core.stepcost import StepSample
-from tabletune_pipelines.formats.documents import EngineIdentity, StepTimeCell, StepTimeProfile
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.engine.identity import engine_identity
-from tabletune_pipelines.engine.mixed import default_mixed_batch_sizes, default_mixed_prefill_tokens, measure_mixed_steps
+from tabletune_pipelines.engine.mixed import (
+    default_mixed_batch_sizes,
+    default_mixed_prefill_tokens,
+    measure_mixed_steps,
+)
 from tabletune_pipelines.engine.plan import (
     ProfileOptions,
     ProfilePlan,
@@ -61,6 +64,7 @@ from tabletune_pipelines.engine.plan import (
 from tabletune_pipelines.engine.profile_run import ProfileHooks, ProfileRun, ProfileServers, ProfileTarget, cell_seed
 from tabletune_pipelines.engine.tiny_models import read_vocab_size
 from tabletune_pipelines.errors import EngineConfigError
+from tabletune_pipelines.formats.documents import EngineIdentity, StepTimeCell, StepTimeProfile
 
 __all__ = ["profile_step_times", "store_hooks"]
 

@@ -17,10 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from tabletune_pipelines.formats.control_protocol import ControlWriter, check_rates_command
 from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.errors import ControlProtocolError, EngineConfigError, EngineError, InvalidCommand
+from tabletune_pipelines.formats.control_protocol import ControlWriter, check_rates_command
 
 #: A one-request "nudge" that makes an idle engine take a step (the timing scheduler reads its
 #: control file once per step). Token ids, so no tokenizer vocabulary is assumed.

@@ -52,13 +52,21 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo
-from pydantic import field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+from tabletune_pipelines.errors import FleetError, LiveCountersError, SettingsError
 from tabletune_pipelines.formats.controller_settings import ControllerSettings
 from tabletune_pipelines.formats.fleet_checks import check_name, check_token, json_value, one_line, problem
 from tabletune_pipelines.formats.fleet_yaml import read_fleet_yaml
-from tabletune_pipelines.errors import FleetError, LiveCountersError, SettingsError
 from tabletune_pipelines.formats.published import speculative_config_path as _companion_of
 from tabletune_pipelines.options import BATCH_SIZE
 from tabletune_pipelines.vocab import (
@@ -342,7 +350,7 @@ class Deployment(_Schema):
         return None if v == {} else v
 
     @model_validator(mode="after")
-    def _graph_envelope(self) -> "Deployment":
+    def _graph_envelope(self) -> Deployment:
         # One decode step of every request with K drafts must fit the token budget (else the steps the
         # table is measured on are split), and no graph is captured for more tokens than a step holds.
         budget, ceiling = self.max_num_batched_tokens, self.max_cudagraph_capture_size
@@ -356,7 +364,7 @@ class Deployment(_Schema):
         return self
 
     @model_validator(mode="after")
-    def _drafter_matches_method(self) -> "Deployment":
+    def _drafter_matches_method(self) -> Deployment:
         if self.method == "ngram" and self.drafter:
             raise problem(f"'drafter' = {self.drafter!r} must be null for method 'ngram'")
         if self.method != "ngram" and not self.drafter:

@@ -50,12 +50,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tabletune_pipelines.formats import strict_io
-from tabletune_pipelines.formats.strict_io import atomic_write_bytes, atomic_write_text  # the one writer
 from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.errors import InvalidTableError, PublishedTableError, SettingsError
-from tabletune_pipelines.options import STEP_MS, Bound, check_value
+from tabletune_pipelines.formats import strict_io
 from tabletune_pipelines.formats.controller_settings import ControllerSettings
+from tabletune_pipelines.formats.strict_io import atomic_write_text  # the one writer
+from tabletune_pipelines.options import STEP_MS, Bound, check_value
 from tabletune_pipelines.vocab import vllm_compilation_config
 
 PUBLISHED_SCHEMA = "tabletune.published_table"

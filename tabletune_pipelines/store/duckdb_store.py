@@ -29,22 +29,13 @@ import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
-from datetime import datetime, timedelta, timezone
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import duckdb
 
-from tabletune_pipelines.formats.documents import (
-    AcceptancePrior,
-    DraftLengthTable,
-    EngineIdentity,
-    StepTimeCell,
-    StepTimeProfile,
-    check_sample,
-    check_samples,
-)
 from tabletune_pipelines.core.served_calibration import ServedCalibration
 from tabletune_pipelines.core.stepcost import StepSample
 from tabletune_pipelines.errors import (
@@ -56,6 +47,15 @@ from tabletune_pipelines.errors import (
     StoreLockedError,
     TableTuneError,
     UnwritablePathError,
+)
+from tabletune_pipelines.formats.documents import (
+    AcceptancePrior,
+    DraftLengthTable,
+    EngineIdentity,
+    StepTimeCell,
+    StepTimeProfile,
+    check_sample,
+    check_samples,
 )
 from tabletune_pipelines.formats.published import (
     VERSION,
@@ -447,7 +447,7 @@ class TableTuneStore:
     @classmethod
     def on(
         cls, connection_factory: Callable[[], AbstractContextManager[duckdb.DuckDBPyConnection]], path: str = "<resource>"
-    ) -> "TableTuneStore":
+    ) -> TableTuneStore:
         store = cls.__new__(cls)
         store.path = Path(path)
         store.lock_timeout_s = 0.0
@@ -920,7 +920,7 @@ class TableTuneStore:
                 "next file published) and publish again")
         return version
 
-    def _publish_once(self, table: DraftLengthTable, row: "_PublicationRow", doc: Mapping[str, Any],
+    def _publish_once(self, table: DraftLengthTable, row: _PublicationRow, doc: Mapping[str, Any],
                       companion: bool, beside: dict[Path, bytes]) -> bool:
         """The table row, the version row and the files in one transaction: the files are written
         inside it, and a failure anywhere (a file that cannot be written, a commit that fails) rolls
@@ -944,7 +944,7 @@ class TableTuneStore:
             raise
         return True
 
-    def _insert_publication(self, conn: duckdb.DuckDBPyConnection, row: "_PublicationRow",
+    def _insert_publication(self, conn: duckdb.DuckDBPyConnection, row: _PublicationRow,
                             doc: Mapping[str, Any]) -> bool:
         """Insert the version row; False when that version already exists (another publisher took it)."""
         identity, prior = doc.get("identity"), doc.get("prior")
