@@ -243,7 +243,8 @@ class Controller:
     def _anomaly(self, n: int, m: int) -> None:
         self.counters.anomalies += 1
         self.notes.once("anomaly", "TableTune controller: a request-step reported %d drafted and %d kept (kept > "
-                        "drafted or drafted > K = %d); counted as clamped, further ones are only counted", n, m, self._K)
+                        "drafted or drafted > K = %d); counted as clamped, further ones are only counted",
+                        n, m, self._K)
 
     # ------------------------------------------------------------------ rebuild
     def rebuild(self, now: float) -> None:
@@ -263,7 +264,8 @@ class Controller:
         budget = float(s.rebuild_budget_ms) / 1000.0
         rates = ev.estimator.estimate()  # type: ignore[union-attr]
         incumbent = dense_of(t.candidate, n)
-        chosen = v.choose(incumbent, rates, self.counters.rebuilds, self._prev_b) if perf_counter() - t0 <= budget else None
+        chosen = (v.choose(incumbent, rates, self.counters.rebuilds, self._prev_b)
+                  if perf_counter() - t0 <= budget else None)
         elapsed = perf_counter() - t0
         if chosen is None or elapsed > budget:
             self.counters.skipped_rebuilds += 1

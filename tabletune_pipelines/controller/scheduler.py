@@ -28,8 +28,9 @@ leaves vLLM's scheduler exactly as it is.
 Each step's outcome is handed to the controller as one ``step.StepOutcome``, built here once per
 step. The controller's Prometheus series (``metrics.metrics_for``: vLLM's ``model_name`` and
 ``engine`` labels from ``VllmConfig.model_config.served_model_name`` and
-``parallel_config.data_parallel_rank``; docs/metrics.md) are built here too. The controller is ``logic.Controller`` (``controller_cls``). Nothing here imports the evaluation
-package: the evaluation's TurboSpec-style and Nightjar-style baselines run in an engine only under
+``parallel_config.data_parallel_rank``; docs/metrics.md) are built here too. The controller is
+``logic.Controller`` (``controller_cls``). Nothing here imports the evaluation package: the
+evaluation's TurboSpec-style and Nightjar-style baselines run in an engine only under
 ``tabletune_pipelines.evaluation.scheduler.EvaluationScheduler`` (the same three hooks, its
 ``controller_cls`` honouring the ``policy`` setting); under this plugin a published ``policy`` other
 than ``tabletune`` is observed only, with a warning.
@@ -120,8 +121,9 @@ class ControllerHooks:
                 logger.warning("TableTune controller: this launch has no speculative decoding; controller off")
                 return
             facts = engine_facts(self)
+            metrics = metrics_for(self.vllm_config, facts.max_k, facts.max_num_seqs, logger)
             self._tt = self.controller_cls(facts, os.environ.get(PUBLISHED_ENV) or None, log=logger,
-                                           metrics=metrics_for(self.vllm_config, facts.max_k, facts.max_num_seqs, logger))
+                                           metrics=metrics)
             if self.dynamic_sd_lookup is None:
                 pass  # Controller logged that it can only observe
         except Exception as exc:  # noqa: BLE001 - a controller that cannot start must not stop vLLM

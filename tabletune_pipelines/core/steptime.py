@@ -105,9 +105,9 @@ def non_decreasing_fit(values: Sequence[float]) -> np.ndarray:
     """Least-squares non-decreasing fit (pool-adjacent-violators).
 
     A decode step cannot get cheaper when more requests share it, so a measured dip in T over B is
-    noise (cells vary 5–25% on our machines: docs/engine-facts.md, "Noise on 2 cores"). Pooling a dip with its neighbours keeps a
-    single noisy cell from carving a one-batch-size range into the table. The unweighted case of
-    ``weighted_non_decreasing_fit``.
+    noise (cells vary 5–25% on our machines: docs/engine-facts.md, "Noise on 2 cores"). Pooling a dip
+    with its neighbours keeps a single noisy cell from carving a one-batch-size range into the table.
+    The unweighted case of ``weighted_non_decreasing_fit``.
     """
     vals = [float(v) for v in values]
     return weighted_non_decreasing_fit(vals, [1.0] * len(vals))[0]

@@ -170,8 +170,8 @@ def _per_k_launches(run: ProfileRun, reject_ks: list[int], accept_ks: list[int])
 def _one_launch(run: ProfileRun, reject_ks: list[int], accept_ks: list[int]) -> list[int]:
     """``one_launch``: every k in one launch whose table lists them all, switched at runtime: the
     all-rejected cells, the adaptive re-measurement, the mixed steps and, where the synthetic rates
-    switch at runtime (the CPU build, or a GPU through the timing scheduler), the all-accepted cells. A rerun of a complete first pass
-    launches only if a decision is still ambiguous."""
+    switch at runtime (the CPU build, or a GPU through the timing scheduler), the all-accepted cells.
+    A rerun of a complete first pass launches only if a decision is still ambiguous."""
     options, given = run.target.options, run.servers.server
     search = run.adaptive_search and (bool(reject_ks) or run.search_pending(options))
     adaptive = (not run.adaptive_search and options.remeasure_budget_s > 0

@@ -91,7 +91,8 @@ class RuntimeControl:
         if not self.k_in_force:
             return 1
         K = int(self.config.num_speculative_tokens or 0)
-        lookup = DraftTable.from_entries([list(r) for r in self.k_in_force]).vllm_lookup(int(self.config.max_num_seqs), K)
+        table = DraftTable.from_entries([list(r) for r in self.k_in_force])
+        lookup = table.vllm_lookup(int(self.config.max_num_seqs), K)
         return next((b for b, k in enumerate(lookup[1:], start=1) if k > 0), 1)
 
     def _nudge_drafting(self, n: int) -> None:

@@ -236,7 +236,8 @@ class Deployment(_Schema):
         "engine identity when set.")
     model_runner: ModelRunner = Field(
         default=DEFAULT_MODEL_RUNNER, description="vLLM model runner of measurement launches: auto (vLLM's "
-                                                  "default), v1 or v2 (docs/engine-facts.md, \"GPU (H200, vLLM 0.26)\").")
+                                                  "default), v1 or v2 (docs/engine-facts.md, "
+                                                  "\"GPU (H200, vLLM 0.26)\").")
     load_format: str | None = Field(
         default=None, description='vLLM --load-format of measurement launches (e.g. "dummy": shapes only, no '
                                   "weights; timing does not depend on weight values).")
@@ -253,8 +254,8 @@ class Deployment(_Schema):
         json_schema_extra={"propertyNames": {"not": {"enum": sorted(RESERVED_SPECULATIVE_KEYS)}}})
     controller: dict[str, Any] = Field(
         default_factory=dict, description="Settings of the online controller plugin (docs/controller.md; "
-                                          "tabletune_pipelines/formats/controller_settings.py), except export_path: the "
-                                          "controller exports to live_counters.",
+                                          "tabletune_pipelines/formats/controller_settings.py), except "
+                                          "export_path: the controller exports to live_counters.",
         json_schema_extra={"propertyNames": {"not": {"enum": sorted(RESERVED_CONTROLLER_KEYS)}}})
     k8s: K8sPlacement | None = Field(default=None, description="Where this deployment's runs go on Kubernetes.")
 

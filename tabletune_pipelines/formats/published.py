@@ -32,8 +32,9 @@ ranges covering exactly 1..max_num_seqs, no overlap, 0 <= k <= max_k), rejects N
 duplicate keys, nesting past 64 levels, integers of more than 32 digits, non-UTF-8 bytes, booleans
 where integers belong, unknown keys, step times outside ``options.STEP_MS``, a version outside ``VERSION``, files over
 ``MAX_PUBLISHED_BYTES`` and paths that are not regular files (a named pipe is never waited on; the
-file rules and the JSON parser are ``strict_io``'s); every message names the file and the key. ``published_document`` runs the
-same checks on what it builds, so the pipeline cannot publish a file the controller would refuse.
+file rules and the JSON parser are ``strict_io``'s); every message names the file and the key.
+``published_document`` runs the same checks on what it builds, so the pipeline cannot publish a file
+the controller would refuse.
 """
 
 from __future__ import annotations
@@ -97,9 +98,9 @@ SERVED_VERIFICATION_FORMAT = """\
                 "goodput": {"k=0": [tok/s or null, s.e. or null, windows], "k=1": [...], ..., "table": [...]}}]}
 """
 """The ``served_verification`` section (optional; checked strictly by ``parse_published``)."""
-_SERVED_KEYS = {"passed", "verdict", "rule", "tolerance", "candidate", "candidate_is", "loads", "rounds", "window_s", "budget_s",
-                "elapsed_s", "budget_cut", "launch_s", "device", "acceptance", "excluded_windows", "client_errors",
-                "plot", "per_load", "no_verdict_expected"}
+_SERVED_KEYS = {"passed", "verdict", "rule", "tolerance", "candidate", "candidate_is", "loads", "rounds", "window_s",
+                "budget_s", "elapsed_s", "budget_cut", "launch_s", "device", "acceptance", "excluded_windows",
+                "client_errors", "plot", "per_load", "no_verdict_expected"}
 _SERVED_LOAD_KEYS = {"load", "status", "best_fixed_k", "ratio", "ratio_se", "rounds", "t", "goodput", "stop",
                      "candidate_is", "references"}
 _SERVED_REF_KEYS = {"ratio", "ratio_se", "rounds", "same_as"}

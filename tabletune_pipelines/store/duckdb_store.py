@@ -316,7 +316,8 @@ def check_duckdb_file(path: str | os.PathLike[str]) -> None:
     except (FileNotFoundError, NotADirectoryError):  # absent (a folder above it may be a file: named on creation)
         return
     except IsADirectoryError:
-        raise StoreError(f"the store path {path} is a directory; pass a DuckDB file (--db or TABLETUNE_DUCKDB)") from None
+        raise StoreError(f"the store path {path} is a directory; pass a DuckDB file "
+                         "(--db or TABLETUNE_DUCKDB)") from None
     except NotRegularFileError as exc:
         raise StoreError(f"the store path {path} is {exc.kind}, not a DuckDB file; it was not opened. Pass a "
                          "DuckDB file (--db or TABLETUNE_DUCKDB)") from None
@@ -393,8 +394,8 @@ def check_not_truncated(path: str | os.PathLike[str], conn: duckdb.DuckDBPyConne
                                         "WHERE database_name = current_database()").fetchone() or (0, 0)
         top = -1
         for table in tables:  # names from DuckDB's own catalog that are TableTune's: no quoting needed
-            for block, extra in conn.execute(f"SELECT block_id, additional_block_ids FROM pragma_storage_info('{table}') "
-                                             "WHERE block_id >= 0").fetchall():
+            for block, extra in conn.execute("SELECT block_id, additional_block_ids FROM "
+                                             f"pragma_storage_info('{table}') WHERE block_id >= 0").fetchall():
                 top = max(top, int(block), *(int(b) for b in extra or ()))
     except (duckdb.BinderException, duckdb.CatalogException, duckdb.NotImplementedException):
         return  # another DuckDB's pragmas: not checked here
@@ -403,9 +404,9 @@ def check_not_truncated(path: str | os.PathLike[str], conn: duckdb.DuckDBPyConne
     need = _BLOCK_START + blocks * int(block_size or 0)
     if blocks and size < need:
         raise StoreCorruptError(
-            f"{path} is damaged (truncated): it has {size} bytes, but the {blocks} blocks its database uses end at byte "
-            f"{need}. It was left untouched; restore it from a backup, or move it aside (a writing command then starts "
-            "a new store)")
+            f"{path} is damaged (truncated): it has {size} bytes, but the {blocks} blocks its database uses end at "
+            f"byte {need}. It was left untouched; restore it from a backup, or move it aside (a writing command then "
+            "starts a new store)")
 
 
 def _writable_folder(folder: Path) -> None:
@@ -446,7 +447,9 @@ class TableTuneStore:
 
     @classmethod
     def on(
-        cls, connection_factory: Callable[[], AbstractContextManager[duckdb.DuckDBPyConnection]], path: str = "<resource>"
+        cls,
+        connection_factory: Callable[[], AbstractContextManager[duckdb.DuckDBPyConnection]],
+        path: str = "<resource>",
     ) -> TableTuneStore:
         store = cls.__new__(cls)
         store.path = Path(path)
@@ -589,7 +592,8 @@ class TableTuneStore:
         """Store one measured cell, replacing an earlier measurement of the same cell."""
         self.write_profile_cells(identity, [cell], mode)
 
-    def write_profile_cells(self, identity: EngineIdentity, cells: list[StepTimeCell], mode: str = "one_launch") -> None:
+    def write_profile_cells(self, identity: EngineIdentity, cells: list[StepTimeCell],
+                            mode: str = "one_launch") -> None:
         with self._transaction() as conn:
             self._insert_identity(conn, identity)
             for cell in cells:
@@ -802,8 +806,8 @@ class TableTuneStore:
     def write_served_calibration(self, identity_key: str, calibration: ServedCalibration) -> None:
         """Keep a served verification's fixed-k measurements as the identity's newest calibration."""
         with self._transaction() as conn:
-            conn.execute("INSERT INTO served_calibrations (identity_key, measured_at, calibration_json) VALUES (?, ?, ?)",
-                         [identity_key, _now(), json.dumps(calibration.to_dict())])
+            conn.execute("INSERT INTO served_calibrations (identity_key, measured_at, calibration_json) "
+                         "VALUES (?, ?, ?)", [identity_key, _now(), json.dumps(calibration.to_dict())])
 
     def latest_served_calibration(self, identity_key: str) -> ServedCalibration | None:
         """The identity's newest served calibration (None: none yet, or an older store opened read-only)."""
