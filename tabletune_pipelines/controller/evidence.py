@@ -95,7 +95,7 @@ class Evidence:
         hd, ha = [0] * (self.K + 1), [0] * (self.K + 1)
         drafted, kept, _ = count_drafts(step.spec_tokens, step.req_id_to_index, step.sampled, self.K, hd, ha,
                                         on_anomaly)
-        for i, (d, a) in enumerate(zip(hd, ha)):
+        for i, (d, a) in enumerate(zip(hd, ha, strict=True)):
             self.hist_d[i] += d
             self.hist_a[i] += a
         return drafted, kept, longest(hd)

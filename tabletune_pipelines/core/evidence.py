@@ -208,7 +208,7 @@ class EvidenceTable:
         or the decision is still open."""
         open_b = {a.batch_size for a in self.ambiguous(tolerance)}
         out: list[tuple[int, ...]] = []
-        for b, (k, ok) in enumerate(zip(self.choice.chosen, self.within_noise()), start=1):
+        for b, (k, ok) in enumerate(zip(self.choice.chosen, self.within_noise(), strict=True), start=1):
             others = tuple(kk for kk in ok if kk != k)
             out.append((int(k), *others) if others and b not in open_b else ())
         return out

@@ -199,7 +199,7 @@ class NoisySurface:
         get cheaper when more requests share it: a measured dip is noise); pooled points get the
         pooled value's variance."""
         rows, vrows = [], []
-        for row, var in zip(self.ms, self.var):
+        for row, var in zip(self.ms, self.var, strict=True):
             w = 1.0 / var if self.has_errors and np.all(var > 0) else np.ones_like(row)
             fit, total = weighted_non_decreasing_fit(row, w)
             rows.append(fit)
@@ -214,7 +214,7 @@ class NoisySurface:
         hi = np.clip(np.searchsorted(xs, b, side="left"), 1, len(xs) - 1) if len(xs) > 1 else np.zeros(len(b), int)
         lo = hi - 1 if len(xs) > 1 else hi
         var_rows = []
-        for row, var in zip(self.ms, self.var):
+        for row, var in zip(self.ms, self.var, strict=True):
             if len(xs) == 1:
                 var_rows.append(np.full(len(b), var[0]))
                 continue

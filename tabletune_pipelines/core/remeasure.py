@@ -305,9 +305,9 @@ def next_batch_sizes(reps: Reps, rates_options: Sequence[Sequence[float]], max_n
     # the table the evidence rule builds, and the best k on point estimates (the rule's walk keeps an
     # incumbent, so a boundary the best k shows may not show in the table yet)
     best = [tuple(ev.choice.ks[i] for i in ev.choice.goodput.argmax(axis=0)) for ev in evs]
-    for lo, hi in zip(measured, measured[1:]):
+    for lo, hi in zip(measured, measured[1:], strict=False):
         inside = [b for b in grid if lo < b < hi]
-        for ev, top in zip(evs, best):
+        for ev, top in zip(evs, best, strict=True):
             span = set(ev.choice.chosen[lo - 1:hi]) | set(top[lo - 1:hi])
             if len(span) > 1:
                 changes.add((lo, hi))

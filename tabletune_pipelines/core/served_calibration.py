@@ -145,7 +145,7 @@ class ServedCalibration:
                 continue
             have[i] = True
             xb = np.array([min(float(p.batch), n) for p in pts])
-            o = np.array([p.ms - float(np.interp(x, b, priced[i])) for p, x in zip(pts, xb)])
+            o = np.array([p.ms - float(np.interp(x, b, priced[i])) for p, x in zip(pts, xb, strict=True)])
             at = np.array([float(np.interp(x, b, pvar[i])) for x in xb])
             off[i] = np.interp(b, xb, o)
             below = b < xb[0]  # what serving adds grows with the requests admitted per step, B·τ/L_out

@@ -127,7 +127,7 @@ def weighted_non_decreasing_fit(values: Sequence[float], weights: Sequence[float
     if any(not math.isfinite(w) or w <= 0 for w in ws):
         raise InvalidValueError(f"weights must be finite and positive, got {ws!r}")
     blocks: list[list[float]] = []  # [weighted mean, total weight, count]
-    for v, w in zip(vals, ws):
+    for v, w in zip(vals, ws, strict=True):
         blocks.append([v, w, 1.0])
         while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
             m2, w2, n2 = blocks.pop()

@@ -432,7 +432,7 @@ def _measured_prior(where: str, v: Any, table_rates: tuple[float, ...]) -> Publi
     accepted = _counts(where, "prior.accepted_per_pos", p.get("accepted_per_pos", []), len(rates))
     if len(drafted) != len(accepted):
         raise _fail(where, "prior.drafted_per_pos and prior.accepted_per_pos differ in length")
-    for i, (d, a) in enumerate(zip(drafted, accepted), 1):
+    for i, (d, a) in enumerate(zip(drafted, accepted, strict=True), 1):
         if a > d:
             raise _fail(where, f"prior position {i}: accepted {a} > drafted {d}")
     return PublishedPrior(

@@ -839,7 +839,7 @@ class TableTuneStore:
         rows = self.query(
             f"SELECT version, table_id, path, published_at, note, {extra[0]}, {extra[1]} FROM publications "
             "WHERE deployment = ? ORDER BY version", [deployment])
-        return [dict(zip(("version", "table_id", "path", "published_at", "note"), r[:5]),
+        return [dict(zip(("version", "table_id", "path", "published_at", "note"), r[:5], strict=True),
                      identity=json.loads(r[5]) if r[5] else None, prior=json.loads(r[6]) if r[6] else None)
                 for r in rows]
 
