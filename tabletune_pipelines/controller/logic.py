@@ -262,7 +262,8 @@ class Controller:
         """Steps 3-5 of the module docstring, within ``rebuild_budget_ms`` of ``t0``."""
         s, t, n = v.settings, self.table, self._n
         budget = float(s.rebuild_budget_ms) / 1000.0
-        rates = ev.estimator.estimate()  # type: ignore[union-attr]
+        assert ev.estimator is not None  # rebuild searches only with an estimator and a step-time model
+        rates = ev.estimator.estimate()
         incumbent = dense_of(t.candidate, n)
         chosen = (v.choose(incumbent, rates, self.counters.rebuilds, self._prev_b)
                   if perf_counter() - t0 <= budget else None)

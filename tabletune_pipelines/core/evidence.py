@@ -229,7 +229,7 @@ class EvidenceTable:
         }
 
 
-def log_ratio_sd(step_ms: np.ndarray, step_cov: np.ndarray, ks: Sequence[int], rates: Sequence[float],
+def log_ratio_sd(step_ms: np.ndarray, step_cov: np.ndarray, ks: Sequence[int], rates: Sequence[float] | np.ndarray,
                  rates_cov: np.ndarray | None = None) -> np.ndarray:
     """Standard deviation of log G(B, k_i) - log G(B, k_j), shape (K, K, N).
 
@@ -273,8 +273,8 @@ def _boundaries(chosen: Sequence[int], ks: Sequence[int], log_ratio: np.ndarray,
     return tuple(out)
 
 
-def _revise(incumbent: Sequence[int], g: np.ndarray, log_ratio: np.ndarray, sd: np.ndarray, z: float, lim: float,
-            ks: tuple[int, ...], rows: list[int]) -> tuple[int, ...]:
+def _revise(incumbent: Sequence[int] | np.ndarray, g: np.ndarray, log_ratio: np.ndarray, sd: np.ndarray, z: float,
+            lim: float, ks: tuple[int, ...], rows: list[int]) -> tuple[int, ...]:
     """The evidence rule with the incumbent's k at each B as the k kept (vectorised over B: each
     batch size's decision depends on its own column only)."""
     n = g.shape[1]
@@ -359,8 +359,8 @@ def _merge_narrow(pick: np.ndarray, g: np.ndarray, log_ratio: np.ndarray, lcb: n
             return pick
 
 
-def _evidence_rule(incumbent: Sequence[int] | None, g: np.ndarray, log_ratio: np.ndarray, sd: np.ndarray, z: float,
-                   lim: float, ks: tuple[int, ...], rows: list[int], min_range: int,
+def _evidence_rule(incumbent: Sequence[int] | np.ndarray | None, g: np.ndarray, log_ratio: np.ndarray,
+                   sd: np.ndarray, z: float, lim: float, ks: tuple[int, ...], rows: list[int], min_range: int,
                    visits: np.ndarray | None = None) -> tuple[int, ...]:
     """k per batch size under the evidence rule: the incumbent revised (or a walk up the batch sizes
     without one), then ranges narrower than ``min_range`` merged (``_merge_narrow``)."""
@@ -440,11 +440,11 @@ DEFAULT_SEARCH_SETTINGS = SearchSettings()
 
 def search_with_evidence(
     times: StepTimes,
-    rates: Sequence[float],
+    rates: Sequence[float] | np.ndarray,
     *,
     rates_cov: np.ndarray | None = None,
     settings: SearchSettings = DEFAULT_SEARCH_SETTINGS,
-    incumbent: Sequence[int] | None = None,
+    incumbent: Sequence[int] | np.ndarray | None = None,
     visits: np.ndarray | Sequence[float] | None = None,
 ) -> EvidenceTable:
     """The table search of the module docstring on ``times`` (T at every batch size and its

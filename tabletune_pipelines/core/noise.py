@@ -244,7 +244,8 @@ class NoisySurface:
         return ms, cov
 
 
-def rates_covariance(rates: Sequence[float], drafted_per_pos: Sequence[int] = (), num_drafts: int = 0) -> np.ndarray:
+def rates_covariance(rates: Sequence[float] | np.ndarray, drafted_per_pos: Sequence[int] = (),
+                     num_drafts: int = 0) -> np.ndarray:
     """Covariance of the measured survival rates a_1..a_K from their counts (binomial).
 
     Position j's survivors are a subset of position i's (i < j), so

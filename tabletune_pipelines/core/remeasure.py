@@ -279,7 +279,7 @@ def _tied(ev: EvidenceTable, ks: set[int], lo: int, hi: int, tolerance: float) -
     """Whether every pair of ``ks`` is within ``tolerance`` of each other (point estimates) at every
     B in lo..hi: a boundary placed anywhere between them then costs at most that."""
     lim = math.log1p(tolerance)
-    idx = [ev.choice.ks.index(k) for k in ks]
+    idx = np.array([ev.choice.ks.index(k) for k in ks], dtype=np.intp)
     block = ev.log_ratio[np.ix_(idx, idx, np.arange(lo - 1, hi))]
     return bool(np.all(np.abs(block) <= lim))
 

@@ -140,7 +140,7 @@ def weighted_non_decreasing_fit(values: Sequence[float], weights: Sequence[float
     return fit, total
 
 
-def every_batch_size(batch_sizes: Sequence[float], rows: Sequence[Sequence[float]] | np.ndarray,
+def every_batch_size(batch_sizes: Sequence[float], rows: Sequence[Sequence[float] | np.ndarray] | np.ndarray,
                      max_num_seqs: int) -> np.ndarray:
     """Step times for every batch size 1..max_num_seqs from step times measured at ``batch_sizes``
     (ascending), one row per k: linear interpolation between measured batch sizes, held flat past

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -31,7 +32,7 @@ from tabletune_pipelines.errors import (
 #: Keep the previous batch size's k unless another k is better by more than this fraction.
 DEFAULT_STICKINESS = 0.005
 
-def _as_int(value: object, what: str, entry: object) -> int:
+def _as_int(value: Any, what: str, entry: object) -> int:
     try:
         return int(value)  # vLLM applies int() to each field, so "3" and 3.0 are accepted too
     except (TypeError, ValueError):
@@ -342,7 +343,9 @@ class DraftTable:
             d = t.dense(n)
             if t.axes.context is None:
                 return np.repeat(d.reshape(-1, 1), len(buckets), axis=1)
-            return d[:, [t.axes.context_column(c[0]) for c in buckets]]
+            # t has a context axis, so its buckets' lows are among ``edges``: no bucket is None here
+            columns = np.array([t.axes.context_column(c[0]) for c in buckets if c is not None], dtype=np.intp)
+            return d[:, columns]
 
         a, b = grid(self), grid(other)
         return tuple(TableChange(int(i) + 1, buckets[j], int(a[i, j]), int(b[i, j]))
@@ -357,7 +360,7 @@ def range_bounds(ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate([[0], cuts]), np.concatenate([cuts, [ks.size]])
 
 
-def goodput_matrix(step_ms_dense: np.ndarray, ks: Sequence[int], rates: Sequence[float]) -> np.ndarray:
+def goodput_matrix(step_ms_dense: np.ndarray, ks: Sequence[int], rates: Sequence[float] | np.ndarray) -> np.ndarray:
     """G[i, B-1] = B * tau(ks[i]) / T[i, B-1] in tokens per second."""
     taus = tau_curve(rates)
     if max(ks) >= len(taus):
@@ -401,7 +404,7 @@ class TableChoice:
 def choose_draft_lengths(
     step_ms_dense: np.ndarray,
     ks: Sequence[int],
-    rates: Sequence[float],
+    rates: Sequence[float] | np.ndarray,
     *,
     allowed_ks: Iterable[int] | None = None,
     stickiness: float = DEFAULT_STICKINESS,

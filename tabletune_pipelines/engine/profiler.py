@@ -210,10 +210,11 @@ _LAUNCH_STRATEGIES: dict[str, Callable[[ProfileRun, list[int], list[int]], list[
 
 def _release(run: ProfileRun, srv: Any, original_rates: list[float]) -> None:
     """Stop a server launched here; leave a given one as it was found (its rates and K restored)."""
-    if srv is run.servers.server:
-        if srv.can_switch_synthetic_rates and srv.is_alive():
-            srv.set_synthetic_rates(original_rates)
-            run.switch_k(srv, run.K)
+    given = run.servers.server
+    if given is not None and srv is given:
+        if given.can_switch_synthetic_rates and given.is_alive():
+            given.set_synthetic_rates(original_rates)
+            run.switch_k(given, run.K)
     else:
         srv.stop()
 

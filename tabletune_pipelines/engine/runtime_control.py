@@ -43,7 +43,7 @@ class RuntimeControl:
         self._complete = complete
         self._log_tail = log_tail
         self.k_in_force: tuple[tuple[int, int, int], ...] | None = (
-            tuple(tuple(int(x) for x in r) for r in config.table) if config.table else None)
+            tuple((int(lo), int(hi), int(k)) for lo, hi, k in config.table) if config.table else None)
         """The table the k channel last put in force (the launch table until ``set_k``): the synthetic
         rates' nudge runs at a batch size where it drafts (``nudge_batch``)."""
 
@@ -72,7 +72,7 @@ class RuntimeControl:
                 raise EngineConfigError(
                     f"k = {k!r} is outside 0..num_speculative_tokens = {self.config.num_speculative_tokens}")
             cmd["k"] = int(k)
-        else:
+        elif table is not None:
             cmd["table"] = DraftTable.from_entries([list(r) for r in table]).entries()
         if self.k_channel is None:
             raise EngineError("the server is not started: start() it before switching k")

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.json_schema import JsonDict, JsonValue
 
 from tabletune_pipelines.errors import FleetError, LiveCountersError, SettingsError
 from tabletune_pipelines.formats.controller_settings import ControllerSettings
@@ -166,6 +167,12 @@ def _path(value: Any, info: ValidationInfo) -> Any:
     return p if p.is_absolute() else Path(base) / p
 
 
+def _keys_other_than(reserved: Iterable[str]) -> JsonDict:
+    """The JSON schema of a mapping none of whose keys is in ``reserved``."""
+    words: list[JsonValue] = [*sorted(reserved)]
+    return {"propertyNames": {"not": {"enum": words}}}
+
+
 class _Schema(BaseModel):
     # strict: YAML's 3 vs "3" vs true are different things; frozen: a loaded fleet is a value.
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -251,12 +258,12 @@ class Deployment(_Schema):
     speculative_config: dict[str, Any] = Field(
         default_factory=dict, description="Extra --speculative-config keys (e.g. prompt_lookup_max for ngram); "
                                           "not method, model, num_speculative_tokens or the table.",
-        json_schema_extra={"propertyNames": {"not": {"enum": sorted(RESERVED_SPECULATIVE_KEYS)}}})
+        json_schema_extra=_keys_other_than(RESERVED_SPECULATIVE_KEYS))
     controller: dict[str, Any] = Field(
         default_factory=dict, description="Settings of the online controller plugin (docs/controller.md; "
                                           "tabletune_pipelines/formats/controller_settings.py), except "
                                           "export_path: the controller exports to live_counters.",
-        json_schema_extra={"propertyNames": {"not": {"enum": sorted(RESERVED_CONTROLLER_KEYS)}}})
+        json_schema_extra=_keys_other_than(RESERVED_CONTROLLER_KEYS))
     k8s: K8sPlacement | None = Field(default=None, description="Where this deployment's runs go on Kubernetes.")
 
     @field_validator("name", "engine_group")
@@ -499,8 +506,8 @@ def _describe(err: Mapping[str, Any], data: Any, source: str) -> str:
     model: type[BaseModel] = Fleet
     if loc[:1] == ["deployments"] and len(loc) >= 2 and isinstance(loc[1], int):
         i = loc[1]
-        raw = data.get("deployments")[i] if isinstance(data, dict) and isinstance(data.get("deployments"), list) \
-            else None
+        listed = data.get("deployments") if isinstance(data, dict) else None
+        raw = listed[i] if isinstance(listed, list) else None
         name = raw.get("name") if isinstance(raw, dict) else None
         where += f", deployment {name!r}" if isinstance(name, str) else f", deployments[{i}]"
         loc, model = loc[2:], Deployment

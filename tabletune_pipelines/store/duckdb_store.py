@@ -69,7 +69,7 @@ from tabletune_pipelines.formats.published import (
     write_speculative_config_companion,
 )
 from tabletune_pipelines.formats.strict_io import NotRegularFileError, atomic_write_bytes, open_regular
-from tabletune_pipelines.vocab import DEFAULT_PROFILE_MODE
+from tabletune_pipelines.vocab import DEFAULT_PROFILE_MODE, PROFILE_MODES, is_profile_mode
 
 #: How many existing ids a NotFoundError lists.
 _LISTED = 10
@@ -211,7 +211,8 @@ def _listing(what: str, ids: list[str], how: str) -> str:
 _DUCKDB_MAGIC, _MAGIC_AT = b"DUCK", 8
 #: No extension is downloaded or loaded behind the store's back (DuckDB would otherwise fetch
 #: sqlite_scanner to open a SQLite file given as the store).
-_CONNECT_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+_CONNECT_CONFIG: dict[str, str | bool | int | float | list[str]] = {
+    "autoinstall_known_extensions": False, "autoload_known_extensions": False}
 
 
 def _quiet(conn: duckdb.DuckDBPyConnection) -> None:
@@ -719,6 +720,8 @@ class TableTuneStore:
             raise NotFoundError(
                 f"engine identity {identity_key!r} has no step-time cells in mode {mode!r} in {self.path}"
                 + (f"; it has cells in mode(s) {modes}" if modes else "; profile it first"))
+        if not is_profile_mode(mode):  # the check StepTimeProfile makes, here where it narrows the type
+            raise DocumentError(f"step-time profile: mode = {mode!r} must be one of {PROFILE_MODES}")
         return StepTimeProfile(identity=identity, cells=tuple(cells), mode=mode,
                                samples=tuple(self.step_samples(identity_key, mode)))
 
@@ -943,8 +946,8 @@ class TableTuneStore:
                 if companion:
                     write_speculative_config_companion(row.path, doc)
         except BaseException:
-            for p, data in before.items():
-                _restore(p, data)
+            for p, old in before.items():
+                _restore(p, old)
             raise
         return True
 

@@ -57,7 +57,7 @@ def export_profiles(store: TableTuneStore, out_dir: str | Path) -> list[Path]:
     out = Path(out_dir)
     profiles = [store.load_profile(key, mode) for key in store.identity_keys() for mode in store.profile_modes(key)]
     _output_folder(out)
-    written = []
+    written: list[Path] = []
     for profile in profiles:
         path = out / f"{profile.identity.key}.{profile.mode}.json"
         try:

@@ -244,7 +244,7 @@ def _table_document(profile: StepTimeProfile, prior: AcceptancePrior, options: D
     ident, ks = profile.identity, surface.noisy.ks
     n = ident.max_num_seqs
     return DraftLengthTable(
-        ranges=tuple(tuple(r) for r in ev.ranges),
+        ranges=tuple((lo, hi, k) for lo, hi, k in ev.ranges),
         max_num_seqs=n,
         max_k=ident.max_k,
         identity_key=ident.key,
