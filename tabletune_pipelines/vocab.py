@@ -72,6 +72,11 @@ def is_search_rule(word: object) -> TypeGuard[SearchRule]:
     return word in SEARCH_RULES
 
 
+def is_profile_mode(word: object) -> TypeGuard[ProfileMode]:
+    """Whether ``word`` is one of ``PROFILE_MODES``: narrows a mode read as ``str`` to ``ProfileMode``."""
+    return word in PROFILE_MODES
+
+
 VLLM_CUDAGRAPH_MODES: tuple[str, ...] = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 """vLLM's ``CUDAGraphMode`` names (``--compilation-config '{"cudagraph_mode": ...}'``): a fleet's
 ``cudagraph_mode`` is one of them, in any case; launches pass it (``vllm_compilation_config``)."""

@@ -33,7 +33,8 @@ The evaluation's adaptive baselines are not here: ``evaluation.baselines`` and i
 ``evaluation.scheduler`` (a production engine never imports them).
 
 Importing this package imports nothing heavy; it may import only vLLM, numpy, the stdlib and the
-stdlib/numpy-only library modules (``core``, ``formats.published``, ``formats.published_schema``, ``formats.live_counters``,
+stdlib/numpy-only library modules (``core``, ``formats.published``, ``formats.published_schema``,
+``formats.live_counters``,
 ``formats.control_protocol``, ``formats.identity_match``, ``options``, ``vocab``, ``errors``);
 ``tests/architecture/test_import_isolation.py`` keeps it that way.
 """

@@ -22,14 +22,14 @@ import numpy as np
 
 from tabletune_pipelines.controller.loader import StartPoint
 from tabletune_pipelines.controller.observations import CostObserver
-from tabletune_pipelines.formats.controller_settings import ControllerSettings
 from tabletune_pipelines.controller.step import count_drafts, fold, longest
 from tabletune_pipelines.controller.step_correction import ServedPrior, StepTimeModel, served_prior
 from tabletune_pipelines.core.acceptance_estimate import AcceptanceEstimator, EstimatorConfig
 from tabletune_pipelines.core.evidence import SearchSettings, search_with_evidence
-from tabletune_pipelines.core.steptime import StepTimes, as_covariance
 from tabletune_pipelines.core.noise import rates_covariance
 from tabletune_pipelines.core.stepcost import StepCost, Workload
+from tabletune_pipelines.core.steptime import StepTimes, as_covariance
+from tabletune_pipelines.formats.controller_settings import ControllerSettings
 
 #: Requests the published workload counts as, against the live ones.
 WORKLOAD_PRIOR_REQUESTS = 100.0
@@ -95,7 +95,7 @@ class Evidence:
         hd, ha = [0] * (self.K + 1), [0] * (self.K + 1)
         drafted, kept, _ = count_drafts(step.spec_tokens, step.req_id_to_index, step.sampled, self.K, hd, ha,
                                         on_anomaly)
-        for i, (d, a) in enumerate(zip(hd, ha)):
+        for i, (d, a) in enumerate(zip(hd, ha, strict=True)):
             self.hist_d[i] += d
             self.hist_a[i] += a
         return drafted, kept, longest(hd)
@@ -114,7 +114,7 @@ class Evidence:
             self.costs.hand_over(self.model)
 
     # ------------------------------------------------------------------ estimates
-    def estimate(self, live_rates: Callable[[], Sequence[float]]) -> tuple[float, ...]:
+    def estimate(self, live_rates: Callable[[], Sequence[float] | np.ndarray]) -> tuple[float, ...]:
         """â_i in force: the last rebuild's (the table was built from it), else the current blend;
         without a prior, ``live_rates()`` (the live counts alone)."""
         if self.last_estimate:
@@ -134,7 +134,7 @@ class Evidence:
                         output_tokens=max(1.0, (W * w0.output_tokens + made) / (W + new)), source="live")
 
     def _served_extra_prior(self, times: np.ndarray, rates: np.ndarray,
-                            allowed_k: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+                            allowed_k: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
         """The tuner's served extra (``StepCost.served``) under the live workload. It depends on the
         rates and the workload only (not on the decode surface), and costs 5-10 ms at max_num_seqs
         128 (50+ ms at 1024), so it is recomputed only when the rates move by 0.01 or a workload
@@ -151,7 +151,7 @@ class Evidence:
         return self._served_cache[1], self._served_cache[2]
 
     def step_times(self, settings: ControllerSettings, rates: np.ndarray,
-                   allowed_k: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+                   allowed_k: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
         """T(B, k) as served, with its (co)variance: the profile corrected by the live observations
         (with ``step_time_correction``), plus what a served step costs over the decode surface: the
         tuner's pricing under the live workload (the one step-cost model, ``core.stepcost``),
@@ -169,12 +169,13 @@ class Evidence:
             if s.step_time_correction:
                 extra, xcov = model.served_extra_cov(e0, v0)
             else:
+                assert e0 is not None and v0 is not None  # no correction: self.served priced them above
                 extra, xcov = e0, v0
             times = np.maximum(times + extra, 1e-6)
             var = as_covariance(var) + as_covariance(xcov)
         return times, var
 
-    def search(self, settings: ControllerSettings, allowed_k: Sequence[int], rates: np.ndarray,
+    def search(self, settings: ControllerSettings, allowed_k: tuple[int, ...], rates: np.ndarray,
                incumbent: np.ndarray) -> Any:
         """The evidence rule revising ``incumbent`` (k per batch size) on this evidence: the
         ``core.evidence.EvidenceTable``. Needs the estimator and the step-time model."""

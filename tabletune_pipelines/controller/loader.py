@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tabletune_pipelines.formats.controller_settings import ControllerSettings
 from tabletune_pipelines.core.steptime import every_batch_size
 from tabletune_pipelines.errors import PublishedTableError, SettingsError
+from tabletune_pipelines.formats.controller_settings import ControllerSettings
 from tabletune_pipelines.formats.identity_match import identity_mismatches as _mismatches
 from tabletune_pipelines.formats.identity_match import missing_fields
 from tabletune_pipelines.formats.published import load_published
@@ -169,9 +169,9 @@ def start_from(pub: PublishedTable, path: Path, engine: EngineFacts) -> StartPoi
     allowed = list(pub.allowed_k)
     if engine.launch_ranges is not None:
         launch = set(engine.launch_ks)
-        missing = [k for k in table_ks if k not in launch]
-        if missing:
-            return (f"{where} uses k = {missing}, which the launch table {list(map(list, engine.launch_ranges))} "
+        missing_ks = [k for k in table_ks if k not in launch]
+        if missing_ks:
+            return (f"{where} uses k = {missing_ks}, which the launch table {list(map(list, engine.launch_ranges))} "
                     "does not list (CUDA graphs exist only for launch-table k values); launch with a table that "
                     f"lists every k the controller may use, e.g. k = {sorted(launch | set(allowed))}")
         dropped = [k for k in allowed if k not in launch]
@@ -179,10 +179,10 @@ def start_from(pub: PublishedTable, path: Path, engine: EngineFacts) -> StartPoi
             notes.append(f"allowed k {dropped} are not in the launch table and are left out")
             allowed = [k for k in allowed if k in launch]
     prior = tuple(pub.prior.rates[: engine.max_k])
-    profile = profile_rows(pub, allowed, engine.max_num_seqs)
-    if isinstance(profile, str):
-        notes.append(f"{profile}: the controller applies the published table and only observes")
-        profile = None
+    rows = profile_rows(pub, allowed, engine.max_num_seqs)
+    if isinstance(rows, str):
+        notes.append(f"{rows}: the controller applies the published table and only observes")
+    profile = None if isinstance(rows, str) else rows
     if not prior:
         notes.append("it carries no acceptance prior: the controller applies the published table and only observes")
     export = Path(settings.export_path) if settings.export_path else default_export_path(path)

@@ -54,6 +54,8 @@ from collections.abc import Callable
 from time import perf_counter
 from typing import Any
 
+import numpy as np
+
 from tabletune_pipelines.controller.evidence import Evidence
 from tabletune_pipelines.controller.exploration import Exploration
 from tabletune_pipelines.controller.flapping import FlapCounter
@@ -61,14 +63,19 @@ from tabletune_pipelines.controller.loader import EngineFacts, StartPoint
 from tabletune_pipelines.controller.metrics import Metrics, note_install, note_state, take_counts
 from tabletune_pipelines.controller.record import Counters, Notes, fmt_table
 from tabletune_pipelines.controller.search import TableInForce, compact, dense_of, lookups_of
-from tabletune_pipelines.formats.controller_settings import ControllerSettings
 from tabletune_pipelines.controller.step import StepOutcome, count_drafts
 from tabletune_pipelines.controller.version import FileWatch, Installed, announce, prepare
 from tabletune_pipelines.controller.window import ExportWindow
+from tabletune_pipelines.formats.controller_settings import ControllerSettings
 
 logger = logging.getLogger("tabletune.controller")
 
 _DEFAULTS = ControllerSettings()
+
+
+_ANOMALY = ("TableTune controller: a request-step reported %d drafted and %d kept (kept > drafted or drafted > "
+            "K = %d); counted as clamped, further ones are only counted")
+"""The note of a request-step with impossible counts (kept > drafted, or drafted > K): logged once."""
 
 
 class Controller:
@@ -242,8 +249,7 @@ class Controller:
 
     def _anomaly(self, n: int, m: int) -> None:
         self.counters.anomalies += 1
-        self.notes.once("anomaly", "TableTune controller: a request-step reported %d drafted and %d kept (kept > "
-                        "drafted or drafted > K = %d); counted as clamped, further ones are only counted", n, m, self._K)
+        self.notes.once("anomaly", _ANOMALY, n, m, self._K)
 
     # ------------------------------------------------------------------ rebuild
     def rebuild(self, now: float) -> None:
@@ -253,17 +259,17 @@ class Controller:
         self.window.add_counts(*take_counts(ev, self.metrics))
         ev.hand_over_costs()
         if self.version is not None and ev.estimator is not None and ev.model is not None:
-            self._search(t0, self.version, ev)
+            self._search(t0, self.version, ev, ev.estimator.estimate())
         self.export(now)
         note_state(self.metrics, self)
 
-    def _search(self, t0: float, v: Installed, ev: Evidence) -> None:
-        """Steps 3-5 of the module docstring, within ``rebuild_budget_ms`` of ``t0``."""
+    def _search(self, t0: float, v: Installed, ev: Evidence, rates: np.ndarray) -> None:
+        """Steps 3-5 of the module docstring on the estimated ``rates``, within ``rebuild_budget_ms`` of ``t0``."""
         s, t, n = v.settings, self.table, self._n
         budget = float(s.rebuild_budget_ms) / 1000.0
-        rates = ev.estimator.estimate()  # type: ignore[union-attr]
         incumbent = dense_of(t.candidate, n)
-        chosen = v.choose(incumbent, rates, self.counters.rebuilds, self._prev_b) if perf_counter() - t0 <= budget else None
+        chosen = (v.choose(incumbent, rates, self.counters.rebuilds, self._prev_b)
+                  if perf_counter() - t0 <= budget else None)
         elapsed = perf_counter() - t0
         if chosen is None or elapsed > budget:
             self.counters.skipped_rebuilds += 1

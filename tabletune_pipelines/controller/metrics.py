@@ -239,7 +239,7 @@ class PromSink:
         """The counts ``CellCounts.take`` handed over."""
         s, labels = self.s, self.cells.labels
         for cell, drafted, kept in per_cell:
-            for pos, (n_d, n_a) in enumerate(zip(drafted, kept), start=1):
+            for pos, (n_d, n_a) in enumerate(zip(drafted, kept, strict=True), start=1):
                 if n_d:
                     self._child(s.drafted, (labels[cell], CONTEXT_ALL, str(pos))).inc(n_d)
                     self._child(s.accepted, (labels[cell], CONTEXT_ALL, str(pos))).inc(n_a)
@@ -289,7 +289,7 @@ class PromSink:
             cnt = np.add.reduceat(model.count, starts, axis=1)
             live = np.add.reduceat(model.sum_ms, starts, axis=1)
             prof = np.add.reduceat(model.profile * model.count, starts, axis=1)
-            for i, c in zip(*np.nonzero(cnt > 0)):
+            for i, c in zip(*np.nonzero(cnt > 0), strict=True):
                 key = (cells.labels[c], CONTEXT_ALL, str(model.ks[i]))
                 self._child(s.step_s, key).set(float(live[i, c] / cnt[i, c]) / 1000.0)
                 self._child(s.profile_s, key).set(float(prof[i, c] / cnt[i, c]) / 1000.0)

@@ -101,7 +101,7 @@ class CostObserver:
         out = tuple(np.zeros(shape) for _ in range(vals.shape[1]))
         for m, arr in enumerate(out):
             arr[rows, bs - 1] = vals[:, m]
-        return out  # type: ignore[return-value]
+        return out
 
     def hand_over(self, model: StepTimeModel) -> None:
         """Add the cells observed since the last call to ``model`` (clean ones to its decode surface,

@@ -21,7 +21,7 @@ def fmt_table(ranges: Sequence[Sequence[int]]) -> str:
     return "[" + ",".join(f"[{s},{e},{k}]" for s, e, k in ranges) + "]"
 
 
-def fmt_rates(xs: Sequence[float], nd: int = 3) -> str:
+def fmt_rates(xs: Sequence[float] | np.ndarray, nd: int = 3) -> str:
     """Rates as a log token: ``(0.700, 0.500)``."""
     return "(" + ", ".join(f"{float(x):.{nd}f}" for x in xs) + ")"
 
@@ -106,7 +106,8 @@ class Notes:
         return True
 
     def rebuilt(self, counters: Counters, steps: int, version: Any, tables: tuple[Sequence[Sequence[int]], ...],
-                rates: Sequence[float], live: tuple[Any, Any, float], model: Any, now: float) -> None:
+                rates: Sequence[float] | np.ndarray, live: tuple[Any, Any, float], model: Any,
+                now: float) -> None:
         """The line of a rebuild (``version``: the ``version.Installed`` in force; ``tables``: the
         table before and after; ``live``: the live drafted and kept counts and the prior weight it
         used; ``model``: the step-time model) at clock time ``now``: one per change of the table, a

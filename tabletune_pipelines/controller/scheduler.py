@@ -28,8 +28,9 @@ leaves vLLM's scheduler exactly as it is.
 Each step's outcome is handed to the controller as one ``step.StepOutcome``, built here once per
 step. The controller's Prometheus series (``metrics.metrics_for``: vLLM's ``model_name`` and
 ``engine`` labels from ``VllmConfig.model_config.served_model_name`` and
-``parallel_config.data_parallel_rank``; docs/metrics.md) are built here too. The controller is ``logic.Controller`` (``controller_cls``). Nothing here imports the evaluation
-package: the evaluation's TurboSpec-style and Nightjar-style baselines run in an engine only under
+``parallel_config.data_parallel_rank``; docs/metrics.md) are built here too. The controller is
+``logic.Controller`` (``controller_cls``). Nothing here imports the evaluation package: the
+evaluation's TurboSpec-style and Nightjar-style baselines run in an engine only under
 ``tabletune_pipelines.evaluation.scheduler.EvaluationScheduler`` (the same three hooks, its
 ``controller_cls`` honouring the ``policy`` setting); under this plugin a published ``policy`` other
 than ``tabletune`` is observed only, with a warning.
@@ -40,7 +41,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -48,8 +49,8 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from tabletune_pipelines.controller.loader import DEPLOYMENT_ENV, EngineFacts
 from tabletune_pipelines.controller.logic import Controller
 from tabletune_pipelines.controller.metrics import metrics_for
-from tabletune_pipelines.formats.controller_settings import PUBLISHED_ENV
 from tabletune_pipelines.controller.step import StepOutcome
+from tabletune_pipelines.formats.controller_settings import PUBLISHED_ENV
 from tabletune_pipelines.formats.identity_match import engine_gpu
 
 logger = logging.getLogger("tabletune.controller")
@@ -60,6 +61,14 @@ if not logger.handlers and not logging.getLogger("tabletune").handlers and not l
     _h.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [tabletune.controller] %(message)s", "%m-%d %H:%M:%S"))
     logger.addHandler(_h)
     logger.setLevel(logging.INFO)
+
+# The hooks are a mixin: at run time its base is ``object`` and vLLM's scheduler comes after it in
+# the MRO; the type checker sees it as a ``Scheduler``, so ``super()`` and the scheduler's
+# attributes (``num_spec_tokens``, ``vllm_config``, ``dynamic_sd_lookup``) are checked against vLLM's.
+if TYPE_CHECKING:
+    _HooksBase = Scheduler
+else:
+    _HooksBase = object
 
 
 def engine_facts(scheduler: Any) -> EngineFacts:
@@ -105,7 +114,7 @@ def engine_capture_ceiling(cfg: Any) -> int | None:
     return _positive_int(getattr(comp, "max_cudagraph_capture_size", None))
 
 
-class ControllerHooks:
+class ControllerHooks(_HooksBase):
     """The three hooks; mixed in front of vLLM's Scheduler / AsyncScheduler (cooperative super())."""
 
     _tt: Controller | None = None
@@ -120,15 +129,16 @@ class ControllerHooks:
                 logger.warning("TableTune controller: this launch has no speculative decoding; controller off")
                 return
             facts = engine_facts(self)
+            metrics = metrics_for(self.vllm_config, facts.max_k, facts.max_num_seqs, logger)
             self._tt = self.controller_cls(facts, os.environ.get(PUBLISHED_ENV) or None, log=logger,
-                                           metrics=metrics_for(self.vllm_config, facts.max_k, facts.max_num_seqs, logger))
+                                           metrics=metrics)
             if self.dynamic_sd_lookup is None:
                 pass  # Controller logged that it can only observe
         except Exception as exc:  # noqa: BLE001 - a controller that cannot start must not stop vLLM
             self._tt = None
             logger.warning("TableTune controller: not started (%r); vLLM runs as configured", exc, exc_info=exc)
 
-    def schedule(self, *args: Any, **kwargs: Any):  # type: ignore[no-untyped-def]
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
         tt = self._tt
         if tt is not None:
             try:
@@ -139,7 +149,7 @@ class ControllerHooks:
                 tt.fail("choosing the next lookup", exc)
         return super().schedule(*args, **kwargs)
 
-    def update_from_output(self, scheduler_output, model_runner_output):  # type: ignore[no-untyped-def]
+    def update_from_output(self, scheduler_output, model_runner_output):
         out = super().update_from_output(scheduler_output, model_runner_output)
         tt = self._tt
         if tt is not None:
@@ -164,11 +174,11 @@ class ControllerHooks:
             base()
 
 
-class SyncControllerScheduler(ControllerHooks, Scheduler):  # type: ignore[misc]
+class SyncControllerScheduler(ControllerHooks, Scheduler):
     """vLLM ``Scheduler`` (sync scheduling) + the TableTune controller."""
 
 
-class AsyncControllerScheduler(ControllerHooks, AsyncScheduler):  # type: ignore[misc]
+class AsyncControllerScheduler(ControllerHooks, AsyncScheduler):
     """vLLM ``AsyncScheduler`` (async scheduling, vLLM's GPU default) + the TableTune controller."""
 
 
@@ -182,6 +192,6 @@ class ControllerScheduler:
     """The ``--scheduler-cls`` entry: builds ``AsyncControllerScheduler`` when the engine runs async
     scheduling and ``SyncControllerScheduler`` otherwise."""
 
-    def __new__(cls, *args: Any, **kwargs: Any):  # type: ignore[no-untyped-def]
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         vllm_config = kwargs.get("vllm_config", args[0] if args else None)
         return scheduler_class_for(vllm_config)(*args, **kwargs)

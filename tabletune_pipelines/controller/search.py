@@ -29,10 +29,12 @@ Lookups = tuple[list[int] | None, dict[int, list[int]]]
 """A table's vLLM lookup and its hysteresis variants per current k (None, {}: k cannot change)."""
 
 
-def compact(chosen: Sequence[int]) -> Ranges:
+def compact(chosen: Sequence[int] | np.ndarray) -> Ranges:
     """``core.table.DraftTable.from_dense`` as tuples ``((start, end, k), ...)``, the form the
     controller compares and stores (a published file's ranges); () for no batch size."""
-    return DraftTable.from_dense(chosen).entry_tuples() if len(chosen) else ()  # type: ignore[return-value]
+    if not len(chosen):
+        return ()
+    return tuple((lo, hi, k) for lo, hi, k in DraftTable.from_dense(chosen).entries())
 
 
 def dense_of(ranges: Ranges, n: int) -> np.ndarray:

@@ -138,8 +138,10 @@ class FileWatch:
 
     def stat(self) -> tuple[int, int, int] | None:
         """The file's signature now (None: it is not there)."""
+        if self.path is None:
+            return None
         try:
-            st = os.stat(self.path)  # type: ignore[arg-type]
+            st = os.stat(self.path)
         except OSError:
             return None
         return (st.st_ino, st.st_mtime_ns, st.st_size)
@@ -175,6 +177,7 @@ class FileWatch:
             notes.once(f"old:{res.published.version}", "TableTune controller: published file %s holds v%d, not "
                        "newer than v%d in force; ignored", self.path, res.published.version, current)
         else:
-            return res, sig  # type: ignore[return-value]
+            assert sig is not None  # res was loaded, so the file was there
+            return res, sig
         self.sig = sig  # this version of the file is judged: do not re-read it every second
         return None

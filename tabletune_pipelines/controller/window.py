@@ -17,8 +17,8 @@ import numpy as np
 
 from tabletune_pipelines.controller.loader import StartPoint
 from tabletune_pipelines.controller.record import Counters, Notes
-from tabletune_pipelines.formats.controller_settings import ControllerSettings
 from tabletune_pipelines.core.acceptance_estimate import rates_from_counts
+from tabletune_pipelines.formats.controller_settings import ControllerSettings
 from tabletune_pipelines.formats.live_counters import CounterWindow, append_line, window_line
 
 

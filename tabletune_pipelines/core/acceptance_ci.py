@@ -81,7 +81,7 @@ def group_standard_errors(groups: Sequence) -> list[tuple[float, float]]:
         G = len(groups)
         dbar = n / G
         # ratio-estimator variance of sum(a)/sum(d) over G clusters
-        var = sum((ai - pooled * di) ** 2 for ai, di in zip(a, d)) / (G - 1) / G / dbar ** 2
+        var = sum((ai - pooled * di) ** 2 for ai, di in zip(a, d, strict=True)) / (G - 1) / G / dbar ** 2
         out.append((pooled, math.sqrt(var)))
     return out
 
@@ -106,7 +106,7 @@ def difference_intervals(a: Sequence[Interval], b: Sequence[Interval]) -> list[I
     Stricter than not overlapping would be looser: two 95 % intervals that just touch already
     differ at about 99.4 %."""
     out = []
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         hx, hy = (x.hi - x.lo) / 2, (y.hi - y.lo) / 2
         d, h = x.value - y.value, math.hypot(hx, hy)
         out.append(Interval(d, d - h, d + h))
@@ -115,7 +115,7 @@ def difference_intervals(a: Sequence[Interval], b: Sequence[Interval]) -> list[I
 
 def differ(a: Sequence[Interval], b: Sequence[Interval]) -> list[int]:
     """Positions (0-based) whose intervals do not overlap."""
-    return [i for i, (x, y) in enumerate(zip(a, b)) if x.hi < y.lo or y.hi < x.lo]
+    return [i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x.hi < y.lo or y.hi < x.lo]
 
 
 def format_intervals(ivs: Sequence[Interval]) -> str:

@@ -29,13 +29,13 @@ Undrafted = Literal["zero", "previous"]
 """What ``rates_from_counts`` gives a draft position that was never drafted (see there)."""
 
 
-def monotone_rates(rates: Sequence[float]) -> np.ndarray:
+def monotone_rates(rates: Sequence[float] | np.ndarray) -> np.ndarray:
     """Survival rates as they are by definition: clipped to [0, 1] and non-increasing with position
     (a position never gets more survival than the one before it). The one place this is done."""
     return np.minimum.accumulate(np.clip(np.asarray(rates, dtype=float).reshape(-1), 0.0, 1.0))
 
 
-def rates_from_counts(accepted_per_pos: Sequence[float], drafted_per_pos: Sequence[float], *,
+def rates_from_counts(accepted_per_pos: Sequence[float] | np.ndarray, drafted_per_pos: Sequence[float] | np.ndarray, *,
                       undrafted: Undrafted = "zero") -> np.ndarray:
     """Per-position counts → acceptance rates a_i = accepted_i / drafted_i, made monotone
     (``monotone_rates``): the one way counts become rates (an acceptance measurement, the live
@@ -111,7 +111,8 @@ class AcceptanceEstimator:
         self.drafted[:drafted] += 1
         self.accepted[:kept] += 1
 
-    def observe_counts(self, drafted_per_pos: Sequence[float], accepted_per_pos: Sequence[float]) -> None:
+    def observe_counts(self, drafted_per_pos: Sequence[float] | np.ndarray,
+                       accepted_per_pos: Sequence[float] | np.ndarray) -> None:
         """Add per-position totals at once (e.g. from vLLM's SpecDecodingStats)."""
         d = np.asarray(drafted_per_pos, dtype=float)[: self.max_k]
         a = np.asarray(accepted_per_pos, dtype=float)[: self.max_k]

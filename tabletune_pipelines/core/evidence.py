@@ -39,8 +39,13 @@ import numpy as np
 from tabletune_pipelines.core.goodput import tau_curve
 from tabletune_pipelines.core.noise import z_value
 from tabletune_pipelines.core.steptime import StepTimes, as_covariance
-from tabletune_pipelines.core.table import (DEFAULT_STICKINESS, TableChoice, choose_draft_lengths, goodput_matrix,
-                                            range_bounds)
+from tabletune_pipelines.core.table import (
+    DEFAULT_STICKINESS,
+    TableChoice,
+    choose_draft_lengths,
+    goodput_matrix,
+    range_bounds,
+)
 from tabletune_pipelines.errors import EmptyProfileError, InvalidStepTimeError, InvalidValueError
 from tabletune_pipelines.vocab import SEARCH_RULES, SearchRule
 
@@ -203,7 +208,7 @@ class EvidenceTable:
         or the decision is still open."""
         open_b = {a.batch_size for a in self.ambiguous(tolerance)}
         out: list[tuple[int, ...]] = []
-        for b, (k, ok) in enumerate(zip(self.choice.chosen, self.within_noise()), start=1):
+        for b, (k, ok) in enumerate(zip(self.choice.chosen, self.within_noise(), strict=True), start=1):
             others = tuple(kk for kk in ok if kk != k)
             out.append((int(k), *others) if others and b not in open_b else ())
         return out
@@ -224,7 +229,7 @@ class EvidenceTable:
         }
 
 
-def log_ratio_sd(step_ms: np.ndarray, step_cov: np.ndarray, ks: Sequence[int], rates: Sequence[float],
+def log_ratio_sd(step_ms: np.ndarray, step_cov: np.ndarray, ks: Sequence[int], rates: Sequence[float] | np.ndarray,
                  rates_cov: np.ndarray | None = None) -> np.ndarray:
     """Standard deviation of log G(B, k_i) - log G(B, k_j), shape (K, K, N).
 
@@ -268,8 +273,8 @@ def _boundaries(chosen: Sequence[int], ks: Sequence[int], log_ratio: np.ndarray,
     return tuple(out)
 
 
-def _revise(incumbent: Sequence[int], g: np.ndarray, log_ratio: np.ndarray, sd: np.ndarray, z: float, lim: float,
-            ks: tuple[int, ...], rows: list[int]) -> tuple[int, ...]:
+def _revise(incumbent: Sequence[int] | np.ndarray, g: np.ndarray, log_ratio: np.ndarray, sd: np.ndarray, z: float,
+            lim: float, ks: tuple[int, ...], rows: list[int]) -> tuple[int, ...]:
     """The evidence rule with the incumbent's k at each B as the k kept (vectorised over B: each
     batch size's decision depends on its own column only)."""
     n = g.shape[1]
@@ -354,8 +359,8 @@ def _merge_narrow(pick: np.ndarray, g: np.ndarray, log_ratio: np.ndarray, lcb: n
             return pick
 
 
-def _evidence_rule(incumbent: Sequence[int] | None, g: np.ndarray, log_ratio: np.ndarray, sd: np.ndarray, z: float,
-                   lim: float, ks: tuple[int, ...], rows: list[int], min_range: int,
+def _evidence_rule(incumbent: Sequence[int] | np.ndarray | None, g: np.ndarray, log_ratio: np.ndarray,
+                   sd: np.ndarray, z: float, lim: float, ks: tuple[int, ...], rows: list[int], min_range: int,
                    visits: np.ndarray | None = None) -> tuple[int, ...]:
     """k per batch size under the evidence rule: the incumbent revised (or a walk up the batch sizes
     without one), then ranges narrower than ``min_range`` merged (``_merge_narrow``)."""
@@ -435,11 +440,11 @@ DEFAULT_SEARCH_SETTINGS = SearchSettings()
 
 def search_with_evidence(
     times: StepTimes,
-    rates: Sequence[float],
+    rates: Sequence[float] | np.ndarray,
     *,
     rates_cov: np.ndarray | None = None,
     settings: SearchSettings = DEFAULT_SEARCH_SETTINGS,
-    incumbent: Sequence[int] | None = None,
+    incumbent: Sequence[int] | np.ndarray | None = None,
     visits: np.ndarray | Sequence[float] | None = None,
 ) -> EvidenceTable:
     """The table search of the module docstring on ``times`` (T at every batch size and its

@@ -15,7 +15,7 @@ from tabletune_pipelines.vocab import MAX_STEP_MS
 _MONOTONE_SLACK = 1e-9
 
 
-def validate_acceptance(rates: Sequence[float], *, name: str = "acceptance rates") -> np.ndarray:
+def validate_acceptance(rates: Sequence[float] | np.ndarray, *, name: str = "acceptance rates") -> np.ndarray:
     """Check per-position survival rates a_1..a_K and return them as a float array.
 
     ``a_i`` is the probability that the first i drafts are *all* accepted, so each rate lies in
@@ -51,7 +51,7 @@ def tau(rates: Sequence[float], k: int) -> float:
     return 1.0 + float(arr[:k].sum())
 
 
-def tau_curve(rates: Sequence[float]) -> np.ndarray:
+def tau_curve(rates: Sequence[float] | np.ndarray) -> np.ndarray:
     """tau(k) for k = 0..K as one array (index k)."""
     arr = validate_acceptance(rates)
     return np.concatenate([[1.0], 1.0 + np.cumsum(arr)])

@@ -177,7 +177,7 @@ class NoisySurface:
 
     @classmethod
     def from_cells(cls, cells: Mapping[int, Mapping[int, CellEstimate]],
-                   prior_dof: float = PRIOR_DOF) -> "NoisySurface":
+                   prior_dof: float = PRIOR_DOF) -> NoisySurface:
         """Build from ``{k: {B: CellEstimate}}``; same completeness rules as ``StepTimeSurface``."""
         base = StepTimeSurface.from_cells({k: {b: c.median_ms for b, c in row.items()} for k, row in cells.items()})
         flat = [cells[k][b] for k in base.ks for b in base.batch_sizes]
@@ -194,12 +194,12 @@ class NoisySurface:
         """The medians alone."""
         return StepTimeSurface(ks=self.ks, batch_sizes=self.batch_sizes, ms=self.ms)
 
-    def non_decreasing(self) -> "NoisySurface":
+    def non_decreasing(self) -> NoisySurface:
         """Each k's T made non-decreasing in B by a fit weighted with 1 / variance (a step cannot
         get cheaper when more requests share it: a measured dip is noise); pooled points get the
         pooled value's variance."""
         rows, vrows = [], []
-        for row, var in zip(self.ms, self.var):
+        for row, var in zip(self.ms, self.var, strict=True):
             w = 1.0 / var if self.has_errors and np.all(var > 0) else np.ones_like(row)
             fit, total = weighted_non_decreasing_fit(row, w)
             rows.append(fit)
@@ -214,7 +214,7 @@ class NoisySurface:
         hi = np.clip(np.searchsorted(xs, b, side="left"), 1, len(xs) - 1) if len(xs) > 1 else np.zeros(len(b), int)
         lo = hi - 1 if len(xs) > 1 else hi
         var_rows = []
-        for row, var in zip(self.ms, self.var):
+        for row, var in zip(self.ms, self.var, strict=True):
             if len(xs) == 1:
                 var_rows.append(np.full(len(b), var[0]))
                 continue
@@ -244,7 +244,8 @@ class NoisySurface:
         return ms, cov
 
 
-def rates_covariance(rates: Sequence[float], drafted_per_pos: Sequence[int] = (), num_drafts: int = 0) -> np.ndarray:
+def rates_covariance(rates: Sequence[float] | np.ndarray, drafted_per_pos: Sequence[int] = (),
+                     num_drafts: int = 0) -> np.ndarray:
     """Covariance of the measured survival rates a_1..a_K from their counts (binomial).
 
     Position j's survivors are a subset of position i's (i < j), so

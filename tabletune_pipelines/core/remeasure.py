@@ -279,7 +279,7 @@ def _tied(ev: EvidenceTable, ks: set[int], lo: int, hi: int, tolerance: float) -
     """Whether every pair of ``ks`` is within ``tolerance`` of each other (point estimates) at every
     B in lo..hi: a boundary placed anywhere between them then costs at most that."""
     lim = math.log1p(tolerance)
-    idx = [ev.choice.ks.index(k) for k in ks]
+    idx = np.array([ev.choice.ks.index(k) for k in ks], dtype=np.intp)
     block = ev.log_ratio[np.ix_(idx, idx, np.arange(lo - 1, hi))]
     return bool(np.all(np.abs(block) <= lim))
 
@@ -305,9 +305,9 @@ def next_batch_sizes(reps: Reps, rates_options: Sequence[Sequence[float]], max_n
     # the table the evidence rule builds, and the best k on point estimates (the rule's walk keeps an
     # incumbent, so a boundary the best k shows may not show in the table yet)
     best = [tuple(ev.choice.ks[i] for i in ev.choice.goodput.argmax(axis=0)) for ev in evs]
-    for lo, hi in zip(measured, measured[1:]):
+    for lo, hi in zip(measured, measured[1:], strict=False):
         inside = [b for b in grid if lo < b < hi]
-        for ev, top in zip(evs, best):
+        for ev, top in zip(evs, best, strict=True):
             span = set(ev.choice.chosen[lo - 1:hi]) | set(top[lo - 1:hi])
             if len(span) > 1:
                 changes.add((lo, hi))

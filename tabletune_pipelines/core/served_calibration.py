@@ -15,7 +15,6 @@ store).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -146,7 +145,7 @@ class ServedCalibration:
                 continue
             have[i] = True
             xb = np.array([min(float(p.batch), n) for p in pts])
-            o = np.array([p.ms - float(np.interp(x, b, priced[i])) for p, x in zip(pts, xb)])
+            o = np.array([p.ms - float(np.interp(x, b, priced[i])) for p, x in zip(pts, xb, strict=True)])
             at = np.array([float(np.interp(x, b, pvar[i])) for x in xb])
             off[i] = np.interp(b, xb, o)
             below = b < xb[0]  # what serving adds grows with the requests admitted per step, B·τ/L_out
@@ -182,7 +181,7 @@ class ServedCalibration:
         return {"points": [p.to_dict() for p in self.points], "source": self.source}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "ServedCalibration":
+    def from_dict(cls, d: Mapping[str, Any]) -> ServedCalibration:
         try:
             pts = tuple(ServedPoint(k=p["k"], batch=p["batch"], ms=p["ms"], se_ms=p["se_ms"], rounds=p["rounds"],
                                     load=p.get("load", 0), per_round=tuple(tuple(x) for x in p.get("per_round", ())))

@@ -106,10 +106,11 @@ class GraphEnvelope:
         d, p = np.broadcast_arrays(d, p)
         none = GRAPH_MODES.index("none")
         out = np.full(d.shape, none, dtype=np.int64)
-        if not self.has_graphs:
+        ceiling = self.capture_ceiling
+        if not self.has_graphs or ceiling is None:
             return out
         mode = _norm_mode(self.cudagraph_mode)
-        under = (d + p) <= int(self.capture_ceiling)  # type: ignore[arg-type]
+        under = (d + p) <= int(ceiling)
         pure = p == 0
         full_here = np.where(pure, mode in _FULL_DECODE, mode in _FULL_MIXED)
         piece_here = mode in _PIECEWISE
@@ -160,7 +161,7 @@ class Workload:
                 "source": self.source}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "Workload":
+    def from_dict(cls, d: Mapping[str, Any]) -> Workload:
         return cls(prompt_tokens=d["prompt_tokens"], output_tokens=d["output_tokens"], source=str(d.get("source", "")))
 
 
@@ -193,9 +194,8 @@ def samples_from_step_log(steps: Iterable[Mapping[str, Any]], *, max_batch: int 
     prev_b = 0
     for s in steps:
         b, new, dt, k = s.get("b"), int(s.get("new", 0) or 0), s.get("dt"), s.get("k")
-        ok = isinstance(b, int) and b > 0 and prev_b > 0 and dt is not None and isinstance(k, int) and k >= 0
-        prev_b = b if isinstance(b, int) else 0
-        if not ok:
+        before, prev_b = prev_b, (b if isinstance(b, int) else 0)
+        if not (isinstance(b, int) and b > 0 and before > 0 and dt is not None and isinstance(k, int) and k >= 0):
             continue
         dec = b - new
         d = int(s.get("d", 0) or 0)
@@ -279,15 +279,22 @@ class PrefillFit:
                 "prefill_tokens_range": list(self.prefill_tokens_range)}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "PrefillFit":
-        cov = tuple(tuple(float(x) for x in row) for row in d["cov"])
-        if len(cov) != 3 or any(len(r) != 3 for r in cov):
+    def from_dict(cls, d: Mapping[str, Any]) -> PrefillFit:
+        rows = tuple(tuple(float(x) for x in row) for row in d["cov"])
+        if len(rows) != 3 or any(len(r) != 3 for r in rows):
             raise InvalidValueError(f"prefill fit {d.get('transition')!r}: cov must be 3 x 3")
+        ranges: dict[str, tuple[int, int]] = {}
+        for name in ("decode_tokens_range", "prefill_tokens_range"):
+            pair = tuple(int(x) for x in d[name])
+            if len(pair) != 2:
+                raise InvalidValueError(f"prefill fit {d.get('transition')!r}: {name} {list(pair)} must be "
+                                        "[smallest, largest]")
+            ranges[name] = (pair[0], pair[1])
         return cls(transition=str(d["transition"]),
                    coef=(float(d["a_ms"]), float(d["b_ms_per_decode_token"]), float(d["c_ms_per_prefill_token"])),
-                   cov=cov, n=int(d["n"]), rmse_ms=float(d["rmse_ms"]),
-                   decode_tokens_range=tuple(int(x) for x in d["decode_tokens_range"]),  # type: ignore[arg-type]
-                   prefill_tokens_range=tuple(int(x) for x in d["prefill_tokens_range"]))  # type: ignore[arg-type]
+                   cov=tuple((r[0], r[1], r[2]) for r in rows), n=int(d["n"]), rmse_ms=float(d["rmse_ms"]),
+                   decode_tokens_range=ranges["decode_tokens_range"],
+                   prefill_tokens_range=ranges["prefill_tokens_range"])
 
 
 #: Fewest mixed steps a transition's fit needs.
@@ -353,8 +360,8 @@ def fit_prefill_costs(samples: Sequence[StepSample], decode_ms: Any, envelope: G
         cov3 = np.zeros((3, 3))
         coef3[cols] = coef_c
         cov3[np.ix_(cols, cols)] = cov_c
-        fits[tr] = PrefillFit(transition=tr, coef=tuple(float(v) for v in coef3),  # type: ignore[arg-type]
-                              cov=tuple(tuple(float(v) for v in r) for r in cov3), n=int(keep.sum()),
+        fits[tr] = PrefillFit(transition=tr, coef=(float(coef3[0]), float(coef3[1]), float(coef3[2])),
+                              cov=tuple((float(r[0]), float(r[1]), float(r[2])) for r in cov3), n=int(keep.sum()),
                               rmse_ms=float(rmse),
                               decode_tokens_range=(int(d[keep].min()), int(d[keep].max())),
                               prefill_tokens_range=(int(p[keep].min()), int(p[keep].max())))
@@ -475,21 +482,21 @@ class StepCost:
                         out[sel] += fit.extra_ms(d[sel], p[sel])
         return out
 
-    def step_extra(self) -> "StepExtra":
+    def step_extra(self) -> StepExtra:
         """This model's mixed-step extra of one step in closed form (``StepExtra``): the price
         ``step_ms`` adds to the decode surface, for a per-step hot loop."""
         env = self.envelope
-        if not env.has_graphs:
+        if not env.has_graphs or env.capture_ceiling is None:
             fit = self.fit_for(env.transition(1, 1))
             return StepExtra(ceiling=None, coefs=(None, None, None if fit is None else fit.coef))
-        c = int(env.capture_ceiling)  # type: ignore[arg-type]
+        c = int(env.capture_ceiling)
         # One step of each class (StepExtra): within the ceiling (none when it is 1 token), the cliff, above.
         within = self.fit_for(env.transition(1, 1)) if c >= 2 else None
         cliff = self.fit_for(env.transition(1, c))
         above = self.fit_for(env.transition(c + 1, 1))
         return StepExtra(ceiling=c, coefs=tuple(None if f is None else f.coef for f in (within, cliff, above)))
 
-    def served(self, rates: Sequence[float], workload: Workload | None,
+    def served(self, rates: Sequence[float] | np.ndarray, workload: Workload | None,
                calibration: ServedCalibration | None = None) -> ServedCost:
         """Expected served step time per (k, B) under ``workload`` (module docstring); with no
         workload, the decode surface itself. ``calibration``: served measurements that correct
@@ -502,7 +509,7 @@ class StepCost:
                                    extra_ms=priced.extra_ms + off, offset_ms=off, cross_cov=cross,
                                    calibration=calibration)
 
-    def _priced(self, rates: Sequence[float], workload: Workload | None) -> ServedCost:
+    def _priced(self, rates: Sequence[float] | np.ndarray, workload: Workload | None) -> ServedCost:
         n = self.max_num_seqs
         shape = self.decode_ms.shape
         if workload is None:

@@ -105,9 +105,9 @@ def non_decreasing_fit(values: Sequence[float]) -> np.ndarray:
     """Least-squares non-decreasing fit (pool-adjacent-violators).
 
     A decode step cannot get cheaper when more requests share it, so a measured dip in T over B is
-    noise (cells vary 5–25% on our machines: docs/engine-facts.md, "Noise on 2 cores"). Pooling a dip with its neighbours keeps a
-    single noisy cell from carving a one-batch-size range into the table. The unweighted case of
-    ``weighted_non_decreasing_fit``.
+    noise (cells vary 5–25% on our machines: docs/engine-facts.md, "Noise on 2 cores"). Pooling a dip
+    with its neighbours keeps a single noisy cell from carving a one-batch-size range into the table.
+    The unweighted case of ``weighted_non_decreasing_fit``.
     """
     vals = [float(v) for v in values]
     return weighted_non_decreasing_fit(vals, [1.0] * len(vals))[0]
@@ -127,7 +127,7 @@ def weighted_non_decreasing_fit(values: Sequence[float], weights: Sequence[float
     if any(not math.isfinite(w) or w <= 0 for w in ws):
         raise InvalidValueError(f"weights must be finite and positive, got {ws!r}")
     blocks: list[list[float]] = []  # [weighted mean, total weight, count]
-    for v, w in zip(vals, ws):
+    for v, w in zip(vals, ws, strict=True):
         blocks.append([v, w, 1.0])
         while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
             m2, w2, n2 = blocks.pop()
@@ -140,7 +140,7 @@ def weighted_non_decreasing_fit(values: Sequence[float], weights: Sequence[float
     return fit, total
 
 
-def every_batch_size(batch_sizes: Sequence[float], rows: Sequence[Sequence[float]] | np.ndarray,
+def every_batch_size(batch_sizes: Sequence[float], rows: Sequence[Sequence[float] | np.ndarray] | np.ndarray,
                      max_num_seqs: int) -> np.ndarray:
     """Step times for every batch size 1..max_num_seqs from step times measured at ``batch_sizes``
     (ascending), one row per k: linear interpolation between measured batch sizes, held flat past
@@ -166,7 +166,7 @@ class StepTimeSurface:
     """Step time in ms, shape (len(ks), len(batch_sizes))."""
 
     @classmethod
-    def from_cells(cls, cells: Mapping[int, Mapping[int, float]]) -> "StepTimeSurface":
+    def from_cells(cls, cells: Mapping[int, Mapping[int, float]]) -> StepTimeSurface:
         """Build from ``{k: {batch_size: ms}}``; every k must be measured at the same batch sizes."""
         if not cells or not any(cells.values()):
             raise EmptyProfileError("the step-time profile has no measured cells; run the profiler first")
@@ -190,7 +190,7 @@ class StepTimeSurface:
                 ms[i, j] = validate_step_time(cells[k][b], where=f" at B={b}, k={k}")
         return cls(ks=ks, batch_sizes=tuple(ref), ms=ms)
 
-    def non_decreasing(self) -> "StepTimeSurface":
+    def non_decreasing(self) -> StepTimeSurface:
         """The same surface with each k's T made non-decreasing in B (see ``non_decreasing_fit``)."""
         ms = np.vstack([non_decreasing_fit(row) for row in self.ms])
         return StepTimeSurface(ks=self.ks, batch_sizes=self.batch_sizes, ms=ms)

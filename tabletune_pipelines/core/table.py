@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -31,7 +32,7 @@ from tabletune_pipelines.errors import (
 #: Keep the previous batch size's k unless another k is better by more than this fraction.
 DEFAULT_STICKINESS = 0.005
 
-def _as_int(value: object, what: str, entry: object) -> int:
+def _as_int(value: Any, what: str, entry: object) -> int:
     try:
         return int(value)  # vLLM applies int() to each field, so "3" and 3.0 are accepted too
     except (TypeError, ValueError):
@@ -73,7 +74,7 @@ class Axes:
                 raise InvalidTableError(f"batch-size range {_span(lo, hi)}: batch sizes must be positive")
             if lo > hi:
                 raise InvalidTableError(f"batch-size range {_span(lo, hi)}: start {lo} is after end {hi}")
-        for prev, cur in zip(self.batch, self.batch[1:]):
+        for prev, cur in zip(self.batch, self.batch[1:], strict=False):
             if cur[0] <= prev[1]:
                 raise InvalidTableError(f"batch-size ranges {_span(*prev)} and {_span(*cur)} overlap or are "
                                         "not ascending")
@@ -149,7 +150,7 @@ class DraftTable:
         if len(self.ks) != rows or any(len(r) != cols for r in self.ks):
             raise InvalidTableError(f"the table's k grid {[list(r) for r in self.ks]} is not {rows} x {cols} "
                                     "(one k per batch-size range and context bucket)")
-        for row, (lo, hi) in zip(self.ks, self.axes.batch):
+        for row, (lo, hi) in zip(self.ks, self.axes.batch, strict=True):
             for k in row:
                 if k < 0:
                     raise InvalidTableError(f"range {_span(lo, hi)}: k = {k} must be >= 0")
@@ -180,7 +181,7 @@ class DraftTable:
                     f"table entry {entry!r} must be a 3-item [start, end, k] sequence"
                     + (" or a 5-item [bs_lo, bs_hi, ctx_lo, ctx_hi, k] one" if allow_context else ""))
             names = ("start", "end", "k") if len(entry) == 3 else ("start", "end", "ctx_lo", "ctx_hi", "k")
-            row = tuple(_as_int(v, what, entry) for v, what in zip(entry, names))
+            row = tuple(_as_int(v, what, entry) for v, what in zip(entry, names, strict=True))
             start, end, k = row[0], row[1], row[-1]
             if start <= 0 or end <= 0:
                 raise InvalidTableError(f"table entry {list(entry)!r}: batch sizes must be positive")
@@ -206,7 +207,7 @@ class DraftTable:
         """Sorted entries (all 3-item or all 5-item) → the table; overlaps, the start at 1, the
         rectangular grid and the context buckets checked with messages naming the entries."""
         if len(parsed[0]) == 3:
-            for prev, cur in zip(parsed, parsed[1:]):
+            for prev, cur in zip(parsed, parsed[1:], strict=False):
                 if cur[0] <= prev[1]:
                     raise InvalidTableError(f"table ranges {list(prev)} and {list(cur)} overlap")
             if parsed[0][0] != 1:
@@ -232,7 +233,7 @@ class DraftTable:
     def _check_publishable(self, max_num_seqs: int, max_k: int) -> None:
         """TableTune's rules on top of vLLM's: contiguous ranges covering exactly 1..max_num_seqs, k <= max_k."""
         rows = self._rows()
-        for i, (prev, cur) in enumerate(zip(self.axes.batch, self.axes.batch[1:])):
+        for i, (prev, cur) in enumerate(zip(self.axes.batch, self.axes.batch[1:], strict=False)):
             if cur[0] != prev[1] + 1:
                 raise InvalidTableError(
                     f"gap between ranges {rows[i]} and {rows[i + 1]}: batch sizes {prev[1] + 1}..{cur[0] - 1} "
@@ -250,16 +251,16 @@ class DraftTable:
         """Each batch-size range as it is named in messages: ``[start, end, k]`` without a context
         axis, ``[start, end]`` with one."""
         if self.axes.context is None:
-            return [[lo, hi, row[0]] for (lo, hi), row in zip(self.axes.batch, self.ks)]
+            return [[lo, hi, row[0]] for (lo, hi), row in zip(self.axes.batch, self.ks, strict=True)]
         return [[lo, hi] for lo, hi in self.axes.batch]
 
     def entries(self) -> list[list[int]]:
         """vLLM's entries, sorted: ``[bs_lo, bs_hi, k]`` without a context axis, else
         ``[bs_lo, bs_hi, ctx_lo, ctx_hi, k]`` per cell (batch-size range first)."""
         if self.axes.context is None:
-            return [[lo, hi, row[0]] for (lo, hi), row in zip(self.axes.batch, self.ks)]
-        return [[lo, hi, c0, c1, k] for (lo, hi), row in zip(self.axes.batch, self.ks)
-                for (c0, c1), k in zip(self.axes.context, row)]
+            return [[lo, hi, row[0]] for (lo, hi), row in zip(self.axes.batch, self.ks, strict=True)]
+        return [[lo, hi, c0, c1, k] for (lo, hi), row in zip(self.axes.batch, self.ks, strict=True)
+                for (c0, c1), k in zip(self.axes.context, row, strict=True)]
 
     def entry_tuples(self) -> tuple[tuple[int, ...], ...]:
         """``entries`` as tuples (the form the controller compares and stores)."""
@@ -322,7 +323,7 @@ class DraftTable:
         else:
             cuts = np.flatnonzero(np.any(np.diff(arr, axis=0) != 0, axis=1)) + 1
             starts, ends = np.concatenate([[0], cuts]), np.concatenate([cuts, [arr.shape[0]]])
-        batch = tuple((int(s) + 1, int(e)) for s, e in zip(starts, ends))
+        batch = tuple((int(s) + 1, int(e)) for s, e in zip(starts, ends, strict=True))
         ctx = None if context is None else tuple((int(a), int(b)) for a, b in context)
         rows = tuple((int(arr[s]),) if context is None else tuple(int(x) for x in arr[s]) for s in starts)
         return cls(Axes(batch, ctx), rows)
@@ -342,11 +343,13 @@ class DraftTable:
             d = t.dense(n)
             if t.axes.context is None:
                 return np.repeat(d.reshape(-1, 1), len(buckets), axis=1)
-            return d[:, [t.axes.context_column(c[0]) for c in buckets]]
+            # t has a context axis, so its buckets' lows are among ``edges``: no bucket is None here
+            columns = np.array([t.axes.context_column(c[0]) for c in buckets if c is not None], dtype=np.intp)
+            return d[:, columns]
 
         a, b = grid(self), grid(other)
         return tuple(TableChange(int(i) + 1, buckets[j], int(a[i, j]), int(b[i, j]))
-                     for i, j in zip(*np.nonzero(a != b)))
+                     for i, j in zip(*np.nonzero(a != b), strict=True))
 
 
 def range_bounds(ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -357,7 +360,7 @@ def range_bounds(ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate([[0], cuts]), np.concatenate([cuts, [ks.size]])
 
 
-def goodput_matrix(step_ms_dense: np.ndarray, ks: Sequence[int], rates: Sequence[float]) -> np.ndarray:
+def goodput_matrix(step_ms_dense: np.ndarray, ks: Sequence[int], rates: Sequence[float] | np.ndarray) -> np.ndarray:
     """G[i, B-1] = B * tau(ks[i]) / T[i, B-1] in tokens per second."""
     taus = tau_curve(rates)
     if max(ks) >= len(taus):
@@ -401,7 +404,7 @@ class TableChoice:
 def choose_draft_lengths(
     step_ms_dense: np.ndarray,
     ks: Sequence[int],
-    rates: Sequence[float],
+    rates: Sequence[float] | np.ndarray,
     *,
     allowed_ks: Iterable[int] | None = None,
     stickiness: float = DEFAULT_STICKINESS,

@@ -29,7 +29,6 @@ from tabletune_pipelines.core.remeasure import (
 )
 from tabletune_pipelines.core.stepcost import StepSample
 from tabletune_pipelines.core.steptime import median_step_time
-from tabletune_pipelines.formats.documents import EngineIdentity, StepTimeCell, StepTimeProfile
 from tabletune_pipelines.engine.cell import Measurement, measure_cell_once, warm_up
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.engine.installed import resolve_device
@@ -37,6 +36,7 @@ from tabletune_pipelines.engine.plan import CellKey, ProfileOptions, ProfilePlan
 from tabletune_pipelines.engine.process import VLLMServer
 from tabletune_pipelines.engine.progress import ProfilerProgress
 from tabletune_pipelines.errors import TableTuneError
+from tabletune_pipelines.formats.documents import EngineIdentity, StepTimeCell, StepTimeProfile
 from tabletune_pipelines.vocab import DraftVerdict
 
 __all__ = ["ProfileHooks", "ProfileRun", "ProfileServers", "ProfileTarget", "cell_key", "cell_seed"]

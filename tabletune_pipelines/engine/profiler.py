@@ -45,10 +45,13 @@ from collections.abc import Callable
 from typing import Any
 
 from tabletune_pipelines.core.stepcost import StepSample
-from tabletune_pipelines.formats.documents import EngineIdentity, StepTimeCell, StepTimeProfile
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.engine.identity import engine_identity
-from tabletune_pipelines.engine.mixed import default_mixed_batch_sizes, default_mixed_prefill_tokens, measure_mixed_steps
+from tabletune_pipelines.engine.mixed import (
+    default_mixed_batch_sizes,
+    default_mixed_prefill_tokens,
+    measure_mixed_steps,
+)
 from tabletune_pipelines.engine.plan import (
     ProfileOptions,
     ProfilePlan,
@@ -61,6 +64,7 @@ from tabletune_pipelines.engine.plan import (
 from tabletune_pipelines.engine.profile_run import ProfileHooks, ProfileRun, ProfileServers, ProfileTarget, cell_seed
 from tabletune_pipelines.engine.tiny_models import read_vocab_size
 from tabletune_pipelines.errors import EngineConfigError
+from tabletune_pipelines.formats.documents import EngineIdentity, StepTimeCell, StepTimeProfile
 
 __all__ = ["profile_step_times", "store_hooks"]
 
@@ -166,8 +170,8 @@ def _per_k_launches(run: ProfileRun, reject_ks: list[int], accept_ks: list[int])
 def _one_launch(run: ProfileRun, reject_ks: list[int], accept_ks: list[int]) -> list[int]:
     """``one_launch``: every k in one launch whose table lists them all, switched at runtime: the
     all-rejected cells, the adaptive re-measurement, the mixed steps and, where the synthetic rates
-    switch at runtime (the CPU build, or a GPU through the timing scheduler), the all-accepted cells. A rerun of a complete first pass
-    launches only if a decision is still ambiguous."""
+    switch at runtime (the CPU build, or a GPU through the timing scheduler), the all-accepted cells.
+    A rerun of a complete first pass launches only if a decision is still ambiguous."""
     options, given = run.target.options, run.servers.server
     search = run.adaptive_search and (bool(reject_ks) or run.search_pending(options))
     adaptive = (not run.adaptive_search and options.remeasure_budget_s > 0
@@ -206,10 +210,11 @@ _LAUNCH_STRATEGIES: dict[str, Callable[[ProfileRun, list[int], list[int]], list[
 
 def _release(run: ProfileRun, srv: Any, original_rates: list[float]) -> None:
     """Stop a server launched here; leave a given one as it was found (its rates and K restored)."""
-    if srv is run.servers.server:
-        if srv.can_switch_synthetic_rates and srv.is_alive():
-            srv.set_synthetic_rates(original_rates)
-            run.switch_k(srv, run.K)
+    given = run.servers.server
+    if given is not None and srv is given:
+        if given.can_switch_synthetic_rates and given.is_alive():
+            given.set_synthetic_rates(original_rates)
+            run.switch_k(given, run.K)
     else:
         srv.stop()
 

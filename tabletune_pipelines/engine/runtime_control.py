@@ -17,10 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from tabletune_pipelines.formats.control_protocol import ControlWriter, check_rates_command
 from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.errors import ControlProtocolError, EngineConfigError, EngineError, InvalidCommand
+from tabletune_pipelines.formats.control_protocol import ControlWriter, check_rates_command
 
 #: A one-request "nudge" that makes an idle engine take a step (the timing scheduler reads its
 #: control file once per step). Token ids, so no tokenizer vocabulary is assumed.
@@ -43,7 +43,7 @@ class RuntimeControl:
         self._complete = complete
         self._log_tail = log_tail
         self.k_in_force: tuple[tuple[int, int, int], ...] | None = (
-            tuple(tuple(int(x) for x in r) for r in config.table) if config.table else None)
+            tuple((int(lo), int(hi), int(k)) for lo, hi, k in config.table) if config.table else None)
         """The table the k channel last put in force (the launch table until ``set_k``): the synthetic
         rates' nudge runs at a batch size where it drafts (``nudge_batch``)."""
 
@@ -72,7 +72,7 @@ class RuntimeControl:
                 raise EngineConfigError(
                     f"k = {k!r} is outside 0..num_speculative_tokens = {self.config.num_speculative_tokens}")
             cmd["k"] = int(k)
-        else:
+        elif table is not None:
             cmd["table"] = DraftTable.from_entries([list(r) for r in table]).entries()
         if self.k_channel is None:
             raise EngineError("the server is not started: start() it before switching k")
@@ -91,7 +91,8 @@ class RuntimeControl:
         if not self.k_in_force:
             return 1
         K = int(self.config.num_speculative_tokens or 0)
-        lookup = DraftTable.from_entries([list(r) for r in self.k_in_force]).vllm_lookup(int(self.config.max_num_seqs), K)
+        table = DraftTable.from_entries([list(r) for r in self.k_in_force])
+        lookup = table.vllm_lookup(int(self.config.max_num_seqs), K)
         return next((b for b, k in enumerate(lookup[1:], start=1) if k > 0), 1)
 
     def _nudge_drafting(self, n: int) -> None:

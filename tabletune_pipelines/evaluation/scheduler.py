@@ -58,7 +58,7 @@ class EvaluationScheduler:
         return (AsyncEvaluationScheduler if use_async else SyncEvaluationScheduler)(*args, **kwargs)
 
 
-class AnchoredEvaluationScheduler(  # type: ignore[misc]  # ControllerHooks types dynamic_sd_lookup unlike vLLM
+class AnchoredEvaluationScheduler(
         TimingHooks, ControllerHooks, Scheduler):
     """Step log + k control around the controller plugin with the baselines (sync scheduling: the
     CPU build), and anchor windows (module docstring)."""

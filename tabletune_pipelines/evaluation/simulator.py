@@ -51,8 +51,8 @@ from tabletune_pipelines.controller.loader import EngineFacts
 from tabletune_pipelines.controller.logic import Controller
 from tabletune_pipelines.controller.step import StepOutcome
 from tabletune_pipelines.core.stepcost import GraphEnvelope, PrefillFit, StepCost
-from tabletune_pipelines.errors import InvalidValueError
 from tabletune_pipelines.core.table import DraftTable
+from tabletune_pipelines.errors import InvalidValueError
 from tabletune_pipelines.evaluation.surfaces import Surface
 from tabletune_pipelines.evaluation.synthetic import ENGINE, REBUILD_BUDGET_MS
 from tabletune_pipelines.formats.published_build import published_document

@@ -59,7 +59,8 @@ def dense(profile: dict[int, dict[int, float]], ks: Sequence[int], n: int = N) -
 
 def true_table(profile, rates, ks=(0, 1, 2, 3), n: int = N, stickiness: float = 0.005) -> list[list[int]]:
     """The table core.table's search builds from ``profile`` and ``rates`` (the reference)."""
-    return DraftTable.from_dense(choose_draft_lengths(dense(profile, ks, n), ks, rates, stickiness=stickiness).chosen).entries()
+    choice = choose_draft_lengths(dense(profile, ks, n), ks, rates, stickiness=stickiness)
+    return DraftTable.from_dense(choice.chosen).entries()
 
 
 def fixed_prior(rates: Sequence[float]) -> AcceptancePrior:

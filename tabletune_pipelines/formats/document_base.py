@@ -43,7 +43,7 @@ class Document:
     SCHEMA: ClassVar[str]
 
     def to_dict(self) -> dict[str, Any]:
-        body = dataclasses.asdict(self)  # type: ignore[call-overload]
+        body = dataclasses.asdict(self)  # type: ignore[call-overload]  # every subclass is a dataclass; the base is not
         return {"schema": self.SCHEMA, "schema_version": SCHEMA_VERSION, **body}
 
     def to_json(self, **kwargs: Any) -> str:

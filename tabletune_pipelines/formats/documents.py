@@ -18,13 +18,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from tabletune_pipelines.formats.document_base import SCHEMA_VERSION, Document, digest, slug
-from tabletune_pipelines.core.goodput import validate_acceptance, validate_step_time
 from tabletune_pipelines.core.evidence import Boundary
+from tabletune_pipelines.core.goodput import validate_acceptance, validate_step_time
 from tabletune_pipelines.core.noise import CellEstimate
 from tabletune_pipelines.core.stepcost import GraphEnvelope, StepSample, Workload
 from tabletune_pipelines.core.steptime import StepTimeSurface, median_standard_error, relative_spread
 from tabletune_pipelines.core.table import DraftTable
+from tabletune_pipelines.errors import (
+    DocumentError,
+    EmptyProfileError,
+    InvalidStepTimeError,
+)
+from tabletune_pipelines.formats.document_base import SCHEMA_VERSION, Document, digest, slug
 from tabletune_pipelines.options import (
     BATCH_SIZE,
     COUNT,
@@ -36,28 +41,23 @@ from tabletune_pipelines.options import (
     check_bounds,
     check_value,
 )
-from tabletune_pipelines.errors import (
-    DocumentError,
-    EmptyProfileError,
-    InvalidStepTimeError,
-)
 from tabletune_pipelines.vocab import (
-    DRAFT_VERDICTS,
     DEFAULT_CUDAGRAPH_MODE,
-    DEFAULT_MODEL_RUNNER,
-    ModelRunner,
     DEFAULT_DTYPE,
+    DEFAULT_MODEL_RUNNER,
     DEFAULT_PROFILE_MODE,
     DEFAULT_TEMPERATURE,
+    DRAFT_VERDICTS,
     MAX_STEP_MS,
     PRIOR_SOURCES,
     PROFILE_MODES,
+    SEARCH_RULES,
     TIMING_SOURCES,
     DraftVerdict,
     Method,
+    ModelRunner,
     PriorSource,
     ProfileMode,
-    SEARCH_RULES,
     SearchRule,
     TimingSource,
 )
@@ -278,7 +278,7 @@ class StepTimeProfile(Document):
         return StepTimeSurface.from_cells(cells)
 
     @classmethod
-    def _from_body(cls, body: dict[str, Any]) -> "StepTimeProfile":
+    def _from_body(cls, body: dict[str, Any]) -> StepTimeProfile:
         ident = body.pop("identity")
         ident = EngineIdentity.from_dict(ident if "schema" in ident else
                                          {"schema": EngineIdentity.SCHEMA, "schema_version": SCHEMA_VERSION, **ident})
@@ -411,7 +411,7 @@ class AcceptancePrior(Document):
         return f"prior-{body.get('week') or 'adhoc'}-{digest(body, 10)}"
 
     @classmethod
-    def _from_body(cls, body: dict[str, Any]) -> "AcceptancePrior":
+    def _from_body(cls, body: dict[str, Any]) -> AcceptancePrior:
         for name in ("rates", "drafted_per_pos", "accepted_per_pos"):
             body[name] = tuple(body[name])
         return cls(**body)
@@ -544,7 +544,7 @@ class DraftLengthTable(Document):
         return "table-" + digest(body, 12)
 
     @classmethod
-    def _from_body(cls, body: dict[str, Any]) -> "DraftLengthTable":
+    def _from_body(cls, body: dict[str, Any]) -> DraftLengthTable:
         body["ranges"] = tuple(tuple(int(x) for x in r) for r in body["ranges"])
         rates = body.get("acceptance_rates", ())
         if not isinstance(rates, list | tuple):

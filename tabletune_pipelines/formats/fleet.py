@@ -50,18 +50,27 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo
-from pydantic import field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic.json_schema import JsonDict, JsonValue
 
+from tabletune_pipelines.errors import FleetError, LiveCountersError, SettingsError
 from tabletune_pipelines.formats.controller_settings import ControllerSettings
 from tabletune_pipelines.formats.fleet_checks import check_name, check_token, json_value, one_line, problem
 from tabletune_pipelines.formats.fleet_yaml import read_fleet_yaml
-from tabletune_pipelines.errors import FleetError, LiveCountersError, SettingsError
 from tabletune_pipelines.formats.published_files import speculative_config_path as _companion_of
 from tabletune_pipelines.options import BATCH_SIZE
 from tabletune_pipelines.vocab import (
@@ -162,6 +171,12 @@ def _path(value: Any, info: ValidationInfo) -> Any:
     return p if p.is_absolute() else Path(base) / p
 
 
+
+def _keys_other_than(reserved: Iterable[str]) -> JsonDict:
+    """The JSON schema of a mapping none of whose keys is in ``reserved``."""
+    words: list[JsonValue] = [*sorted(reserved)]
+    return {"propertyNames": {"not": {"enum": words}}}
+
 class _Schema(BaseModel):
     # strict: YAML's 3 vs "3" vs true are different things; frozen: a loaded fleet is a value.
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -231,8 +246,9 @@ class Deployment(_Schema):
         "max_num_seqs·(1+max_k) (one decode step of every request with its drafts); null: vLLM's default. Part of the "
         "engine identity when set.")
     model_runner: ModelRunner = Field(
-        default=DEFAULT_MODEL_RUNNER, description="vLLM model runner of measurement launches: auto (vLLM's "
-                                                  "default), v1 or v2 (docs/engine-facts.md, \"GPU (H200, vLLM 0.26)\").")
+        default=DEFAULT_MODEL_RUNNER,
+        description="vLLM model runner of measurement launches: auto (vLLM's default), v1 or v2 "
+                    "(docs/engine-facts.md, \"GPU (H200, vLLM 0.26)\").")
     load_format: str | None = Field(
         default=None, description='vLLM --load-format of measurement launches (e.g. "dummy": shapes only, no '
                                   "weights; timing does not depend on weight values).")
@@ -246,12 +262,13 @@ class Deployment(_Schema):
     speculative_config: dict[str, Any] = Field(
         default_factory=dict, description="Extra --speculative-config keys (e.g. prompt_lookup_max for ngram); "
                                           "not method, model, num_speculative_tokens or the table.",
-        json_schema_extra={"propertyNames": {"not": {"enum": sorted(RESERVED_SPECULATIVE_KEYS)}}})
+        json_schema_extra=_keys_other_than(RESERVED_SPECULATIVE_KEYS))
     controller: dict[str, Any] = Field(
-        default_factory=dict, description="Settings of the online controller plugin (docs/controller.md; "
-                                          "tabletune_pipelines/formats/controller_settings.py), except export_path: the "
-                                          "controller exports to live_counters.",
-        json_schema_extra={"propertyNames": {"not": {"enum": sorted(RESERVED_CONTROLLER_KEYS)}}})
+        default_factory=dict,
+        description="Settings of the online controller plugin (docs/controller.md; "
+                    "tabletune_pipelines/formats/controller_settings.py), except export_path: the "
+                    "controller exports to live_counters.",
+        json_schema_extra=_keys_other_than(RESERVED_CONTROLLER_KEYS))
     k8s: K8sPlacement | None = Field(default=None, description="Where this deployment's runs go on Kubernetes.")
 
     @field_validator("name", "engine_group")
@@ -346,7 +363,7 @@ class Deployment(_Schema):
         return None if v == {} else v
 
     @model_validator(mode="after")
-    def _graph_envelope(self) -> "Deployment":
+    def _graph_envelope(self) -> Deployment:
         # One decode step of every request with K drafts must fit the token budget (else the steps the
         # table is measured on are split), and no graph is captured for more tokens than a step holds.
         budget, ceiling = self.max_num_batched_tokens, self.max_cudagraph_capture_size
@@ -360,7 +377,7 @@ class Deployment(_Schema):
         return self
 
     @model_validator(mode="after")
-    def _drafter_matches_method(self) -> "Deployment":
+    def _drafter_matches_method(self) -> Deployment:
         if self.method == "ngram" and self.drafter:
             raise problem(f"'drafter' = {self.drafter!r} must be null for method 'ngram'")
         if self.method != "ngram" and not self.drafter:
@@ -494,8 +511,8 @@ def _describe(err: Mapping[str, Any], data: Any, source: str) -> str:
     model: type[BaseModel] = Fleet
     if loc[:1] == ["deployments"] and len(loc) >= 2 and isinstance(loc[1], int):
         i = loc[1]
-        raw = data.get("deployments")[i] if isinstance(data, dict) and isinstance(data.get("deployments"), list) \
-            else None
+        listed = data.get("deployments") if isinstance(data, dict) else None
+        raw = listed[i] if isinstance(listed, list) else None
         name = raw.get("name") if isinstance(raw, dict) else None
         where += f", deployment {name!r}" if isinstance(name, str) else f", deployments[{i}]"
         loc, model = loc[2:], Deployment

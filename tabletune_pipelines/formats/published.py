@@ -20,7 +20,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.errors import InvalidTableError, PublishedTableError, SettingsError
@@ -83,6 +83,14 @@ def _bounded(where: str, bound: Bound, key: str, v: Any) -> Any:
     return check_value(bound, key, v, where=f"published table {where}", error=PublishedTableError)
 
 
+@overload
+def _str(where: str, key: str, v: Any, *, allow_none: Literal[False] = False) -> str: ...
+
+
+@overload
+def _str(where: str, key: str, v: Any, *, allow_none: bool) -> str | None: ...
+
+
 def _str(where: str, key: str, v: Any, *, allow_none: bool = False) -> str | None:
     if v is None and allow_none:
         return None
@@ -126,7 +134,8 @@ def validate_ranges(where: str, ranges: Any, max_num_seqs: int, max_k: int) -> t
         for j, x in enumerate(entry):
             _int(where, f"table.ranges[{i}][{j}]", x)
     try:
-        return DraftTable.from_entries(ranges, max_num_seqs=max_num_seqs, max_k=max_k).entry_tuples()
+        table = DraftTable.from_entries(ranges, max_num_seqs=max_num_seqs, max_k=max_k)
+        return tuple((lo, hi, k) for lo, hi, k in table.entries())  # 3-item entries: no context axis
     except InvalidTableError as exc:
         raise _fail(where, f"table.ranges: {exc}") from None
 

@@ -95,7 +95,8 @@ class TableTuneStore(ProfileTables, PublicationTables, IdentityTables, PriorTabl
 
     @classmethod
     def on(
-        cls, connection_factory: Callable[[], AbstractContextManager[duckdb.DuckDBPyConnection]], path: str = "<resource>"
+        cls, connection_factory: Callable[[], AbstractContextManager[duckdb.DuckDBPyConnection]],
+        path: str = "<resource>",
     ) -> TableTuneStore:
         store = cls.__new__(cls)
         store.path = Path(path)

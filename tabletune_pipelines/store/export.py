@@ -20,11 +20,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tabletune_pipelines.formats.documents import StepTimeProfile
 from tabletune_pipelines.errors import DocumentError, TableTuneError, UnwritablePathError
-from tabletune_pipelines.formats.strict_io import atomic_write_text
+from tabletune_pipelines.formats.documents import StepTimeProfile
+from tabletune_pipelines.formats.strict_io import (
+    FileTooLargeError,
+    NotRegularFileError,
+    atomic_write_text,
+    read_bounded,
+)
 from tabletune_pipelines.store.duckdb_store import TableTuneStore
-from tabletune_pipelines.formats.strict_io import FileTooLargeError, NotRegularFileError, read_bounded
 
 #: An exported profile is a few hundred kB (1024 batch sizes x 9 k x a few repetitions); larger is not one.
 MAX_PROFILE_BYTES = 64 * 1024 * 1024
@@ -53,7 +57,7 @@ def export_profiles(store: TableTuneStore, out_dir: str | Path) -> list[Path]:
     out = Path(out_dir)
     profiles = [store.load_profile(key, mode) for key in store.identity_keys() for mode in store.profile_modes(key)]
     _output_folder(out)
-    written = []
+    written: list[Path] = []
     for profile in profiles:
         path = out / f"{profile.identity.key}.{profile.mode}.json"
         try:

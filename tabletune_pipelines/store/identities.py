@@ -63,8 +63,8 @@ class IdentityTables(TableGroup):
     def write_served_calibration(self, identity_key: str, calibration: ServedCalibration) -> None:
         """Keep a served verification's fixed-k measurements as the identity's newest calibration."""
         with self._transaction() as conn:
-            conn.execute("INSERT INTO served_calibrations (identity_key, measured_at, calibration_json) VALUES (?, ?, ?)",
-                         [identity_key, now(), json.dumps(calibration.to_dict())])
+            conn.execute("INSERT INTO served_calibrations (identity_key, measured_at, calibration_json) "
+                         "VALUES (?, ?, ?)", [identity_key, now(), json.dumps(calibration.to_dict())])
 
     def latest_served_calibration(self, identity_key: str) -> ServedCalibration | None:
         """The identity's newest served calibration (None: none yet, or an older store opened read-only)."""

@@ -19,7 +19,7 @@ from tabletune_pipelines.formats.documents import (
 )
 from tabletune_pipelines.store.group import now
 from tabletune_pipelines.store.identities import IdentityTables
-from tabletune_pipelines.vocab import DEFAULT_PROFILE_MODE
+from tabletune_pipelines.vocab import DEFAULT_PROFILE_MODE, PROFILE_MODES, is_profile_mode
 
 
 class ProfileTables(IdentityTables):
@@ -29,7 +29,8 @@ class ProfileTables(IdentityTables):
         """Store one measured cell, replacing an earlier measurement of the same cell."""
         self.write_profile_cells(identity, [cell], mode)
 
-    def write_profile_cells(self, identity: EngineIdentity, cells: list[StepTimeCell], mode: str = "one_launch") -> None:
+    def write_profile_cells(self, identity: EngineIdentity, cells: list[StepTimeCell],
+                            mode: str = "one_launch") -> None:
         with self._transaction() as conn:
             self._insert_identity(conn, identity)
             for cell in cells:
@@ -151,5 +152,7 @@ class ProfileTables(IdentityTables):
             raise NotFoundError(
                 f"engine identity {identity_key!r} has no step-time cells in mode {mode!r} in {self.path}"
                 + (f"; it has cells in mode(s) {modes}" if modes else "; profile it first"))
+        if not is_profile_mode(mode):  # the check StepTimeProfile makes, here where it narrows the type
+            raise DocumentError(f"step-time profile: mode = {mode!r} must be one of {PROFILE_MODES}")
         return StepTimeProfile(identity=identity, cells=tuple(cells), mode=mode,
                                samples=tuple(self.step_samples(identity_key, mode)))

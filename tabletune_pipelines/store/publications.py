@@ -114,7 +114,7 @@ class PublicationTables(IdentityTables, PriorTables):
         rows = self.query(
             f"SELECT version, table_id, path, published_at, note, {extra[0]}, {extra[1]} FROM publications "
             "WHERE deployment = ? ORDER BY version", [deployment])
-        return [dict(zip(("version", "table_id", "path", "published_at", "note"), r[:5]),
+        return [dict(zip(("version", "table_id", "path", "published_at", "note"), r[:5], strict=True),
                      identity=json.loads(r[5]) if r[5] else None, prior=json.loads(r[6]) if r[6] else None)
                 for r in rows]
 
@@ -218,8 +218,8 @@ class PublicationTables(IdentityTables, PriorTables):
                 if companion:
                     write_speculative_config_companion(row.path, doc)
         except BaseException:
-            for p, data in before.items():
-                _restore(p, data)
+            for p, old in before.items():
+                _restore(p, old)
             raise
         return True
 

@@ -103,7 +103,8 @@ CREATE TABLE IF NOT EXISTS publications (
 _DUCKDB_MAGIC, _MAGIC_AT = b"DUCK", 8
 #: No extension is downloaded or loaded behind the store's back (DuckDB would otherwise fetch
 #: sqlite_scanner to open a SQLite file given as the store).
-CONNECT_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+CONNECT_CONFIG: dict[str, str | bool | int | float | list[str]] = {
+    "autoinstall_known_extensions": False, "autoload_known_extensions": False}
 
 
 def quiet(conn: duckdb.DuckDBPyConnection) -> None:
@@ -208,7 +209,8 @@ def check_duckdb_file(path: str | os.PathLike[str]) -> None:
     except (FileNotFoundError, NotADirectoryError):  # absent (a folder above it may be a file: named on creation)
         return
     except IsADirectoryError:
-        raise StoreError(f"the store path {path} is a directory; pass a DuckDB file (--db or TABLETUNE_DUCKDB)") from None
+        raise StoreError(f"the store path {path} is a directory; pass a DuckDB file "
+                         "(--db or TABLETUNE_DUCKDB)") from None
     except NotRegularFileError as exc:
         raise StoreError(f"the store path {path} is {exc.kind}, not a DuckDB file; it was not opened. Pass a "
                          "DuckDB file (--db or TABLETUNE_DUCKDB)") from None
@@ -285,8 +287,9 @@ def check_not_truncated(path: str | os.PathLike[str], conn: duckdb.DuckDBPyConne
                                         "WHERE database_name = current_database()").fetchone() or (0, 0)
         top = -1
         for table in tables:  # names from DuckDB's own catalog that are TableTune's: no quoting needed
-            for block, extra in conn.execute(f"SELECT block_id, additional_block_ids FROM pragma_storage_info('{table}') "
-                                             "WHERE block_id >= 0").fetchall():
+            rows = conn.execute(f"SELECT block_id, additional_block_ids FROM pragma_storage_info('{table}') "
+                                "WHERE block_id >= 0").fetchall()
+            for block, extra in rows:
                 top = max(top, int(block), *(int(b) for b in extra or ()))
     except (duckdb.BinderException, duckdb.CatalogException, duckdb.NotImplementedException):
         return  # another DuckDB's pragmas: not checked here
@@ -295,6 +298,6 @@ def check_not_truncated(path: str | os.PathLike[str], conn: duckdb.DuckDBPyConne
     need = _BLOCK_START + blocks * int(block_size or 0)
     if blocks and size < need:
         raise StoreCorruptError(
-            f"{path} is damaged (truncated): it has {size} bytes, but the {blocks} blocks its database uses end at byte "
-            f"{need}. It was left untouched; restore it from a backup, or move it aside (a writing command then starts "
-            "a new store)")
+            f"{path} is damaged (truncated): it has {size} bytes, but the {blocks} blocks its database uses end at "
+            f"byte {need}. It was left untouched; restore it from a backup, or move it aside (a writing command then "
+            "starts a new store)")

@@ -24,8 +24,8 @@ confidence, the k within noise per B, the predicted worst loss with its bounds).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -39,14 +39,6 @@ from tabletune_pipelines.core.evidence import (
     search_with_evidence,
 )
 from tabletune_pipelines.core.goodput import tau_curve
-from tabletune_pipelines.core.served_calibration import ServedCalibration
-from tabletune_pipelines.core.stepcost import (
-    ServedCost,
-    StepCost,
-    Workload,
-    fit_prefill_costs,
-    unmeasured_cells,
-)
 from tabletune_pipelines.core.noise import (
     AcceptedWorkFit,
     NoisySurface,
@@ -55,10 +47,18 @@ from tabletune_pipelines.core.noise import (
     median_variances,
     rates_covariance,
 )
+from tabletune_pipelines.core.served_calibration import ServedCalibration
+from tabletune_pipelines.core.stepcost import (
+    ServedCost,
+    StepCost,
+    Workload,
+    fit_prefill_costs,
+    unmeasured_cells,
+)
 from tabletune_pipelines.core.steptime import StepTimes
 from tabletune_pipelines.core.table import DEFAULT_STICKINESS, DraftTable, TableChoice
-from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, StepTimeProfile
 from tabletune_pipelines.errors import InvalidAcceptanceError, InvalidValueError
+from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, StepTimeProfile
 from tabletune_pipelines.options import DRAFT_LENGTH, Bound, check_bounds
 from tabletune_pipelines.vocab import SearchRule
 
@@ -244,7 +244,7 @@ def _table_document(profile: StepTimeProfile, prior: AcceptancePrior, options: D
     ident, ks = profile.identity, surface.noisy.ks
     n = ident.max_num_seqs
     return DraftLengthTable(
-        ranges=tuple(tuple(r) for r in ev.ranges),
+        ranges=tuple((lo, hi, k) for lo, hi, k in ev.ranges),
         max_num_seqs=n,
         max_k=ident.max_k,
         identity_key=ident.key,

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, get_args
 from tabletune_pipelines.core.goodput import tau_curve, validate_acceptance
 from tabletune_pipelines.core.stepcost import Workload, default_capture_ceiling
 from tabletune_pipelines.core.table import DraftTable
+from tabletune_pipelines.errors import InvalidValueError, TableTuneError
 from tabletune_pipelines.formats.documents import (
     AcceptancePrior,
     DraftLengthTable,
@@ -30,7 +31,6 @@ from tabletune_pipelines.formats.documents import (
     StepTimeCell,
     StepTimeProfile,
 )
-from tabletune_pipelines.errors import InvalidValueError, TableTuneError
 from tabletune_pipelines.options import COUNT, Bound, check_bounds
 from tabletune_pipelines.tuning.derive import table_step_and_tau
 

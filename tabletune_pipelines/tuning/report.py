@@ -11,14 +11,12 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from tabletune_pipelines.formats.strict_io import not_a_write_target
-
 import numpy as np
 
 from tabletune_pipelines.core.goodput import tau_curve
-from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, EngineIdentity, StepTimeProfile
 from tabletune_pipelines.errors import PlotTargetError
-from tabletune_pipelines.formats.strict_io import atomic_write_bytes
+from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, EngineIdentity, StepTimeProfile
+from tabletune_pipelines.formats.strict_io import atomic_write_bytes, not_a_write_target
 from tabletune_pipelines.tuning.derive import TunedTable, table_step_and_tau
 
 

@@ -104,7 +104,7 @@ def tie_lines(evidence, tolerance: float) -> list[str]:
                  f"(the table's k first); any of them serves as well there, and the table keeps the first"]
     amb = evidence.ambiguous(tolerance)
     if amb:
-        keys = [None] * len(ties)
+        keys: list[tuple[int, tuple[int, ...]] | None] = [None] * len(ties)
         for a in amb:
             keys[a.batch_size - 1] = (a.chosen_k, a.rivals)
         kinds_open = sorted({k for k in keys if k is not None})

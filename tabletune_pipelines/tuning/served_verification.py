@@ -206,7 +206,8 @@ def verify_on_server(server: Any, candidate_table: Sequence[Sequence[int]], *, K
                               same={ld: lp.same for ld, lp in per_load.items()},
                               references={ld: lp.references for ld, lp in per_load.items()})
     result = ServedVerification(
-        candidate=tuple(tuple(int(x) for x in r) for r in candidate_table), max_k=K, max_num_seqs=max_num_seqs,
+        candidate=tuple((int(lo), int(hi), int(k)) for lo, hi, k in candidate_table), max_k=K,
+        max_num_seqs=max_num_seqs,
         plan=plan, goodput=tuple(goodput), verdicts=tuple(verdicts), tolerance=tolerance, elapsed_s=elapsed,
         budget_cut=cut, candidate_is=same, windows=tuple(windows), client_errors=len(errors),
         first_client_error=errors[0] if errors else "", device=device, acceptance=acceptance,

@@ -196,3 +196,20 @@ def test_run_says_what_to_install_without_dagster(tmp_path):
     proc = _python(code, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("error: `tabletune run` needs the pipeline extra") and "Traceback" not in proc.stderr
+
+
+def test_engine_lazy_exports_are_listed_in_all():
+    """``tabletune_pipelines.engine`` writes ``__all__`` out for linters and type checkers; it names
+    exactly the names its ``__getattr__`` loads on first use, and importing the package loads none."""
+    code = textwrap.dedent("""
+        import json, sys
+        import tabletune_pipelines.engine as engine
+        loaded = sorted(m for m in sys.modules if m.startswith("tabletune_pipelines.engine."))
+        print(json.dumps([engine.__all__, sorted(engine._EXPORTS), loaded]))
+    """)
+    proc = _python(code)
+    assert proc.returncode == 0, proc.stderr
+    listed, exported, loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert listed == exported == ["ProfileHooks", "ProfileOptions", "ProfileServers", "ServerConfig", "VLLMServer",
+                                  "measure_acceptance", "profile_step_times"]
+    assert loaded == []

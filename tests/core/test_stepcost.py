@@ -79,6 +79,15 @@ def test_fit_recovers_a_known_extra_cost():
     assert PrefillFit.from_dict(f.to_dict()) == f
 
 
+def test_a_prefill_fit_range_that_is_not_a_pair_is_refused():
+    fit = PrefillFit(transition="none>none", coef=(0.5, 0.01, 0.02), cov=((1.0, 0.0, 0.0),) * 3, n=12,
+                     rmse_ms=0.1, decode_tokens_range=(2, 16), prefill_tokens_range=(1, 399))
+    assert PrefillFit.from_dict(fit.to_dict()).prefill_tokens_range == (1, 399)
+    bad = {**fit.to_dict(), "prefill_tokens_range": [1, 200, 399]}
+    with pytest.raises(InvalidValueError, match=r"'none>none': prefill_tokens_range \[1, 200, 399\] must be"):
+        PrefillFit.from_dict(bad)
+
+
 def test_a_term_that_does_not_vary_is_held_at_zero():
     dec = _surface(ks=(1,))
     samples = [StepSample(4, 1, 8, p, dec[0, 3] + 1.0 + 0.01 * p) for p in (10, 20, 40, 80, 160, 320)]
