@@ -186,8 +186,11 @@ def test_kill_mid_profile_then_resume(shared_server, shared_config, tmp_path):
         if len(store.profile_cells(identity.key, "one_launch")) == 2:
             launched[0].kill()  # the engine dies after the B = 1 cells
 
+    # The grid plan: every cell of the plan in one pass, so the kill lands between the B = 1 and the
+    # B = 2 cells. (The adaptive plan measures B = 1 first and searches on from there.)
+    grid = ProfileOptions(mixed_steps=False, plan_search="grid")
     with pytest.raises(EngineError):
-        profile_step_times(shared_config, ProfileOptions(mixed_steps=False), plan=plan,
+        profile_step_times(shared_config, grid, plan=plan,
                            hooks=dataclasses.replace(hooks, on_cell=on_cell), servers=ProfileServers(factory=factory),
                            identity=identity, progress=lambda m: None)
     assert not launched[0].is_alive()
@@ -202,7 +205,7 @@ def test_kill_mid_profile_then_resume(shared_server, shared_config, tmp_path):
         measured.append(cell)
         hooks.on_cell(cell)
 
-    prof = profile_step_times(shared_config, ProfileOptions(mixed_steps=False), plan=plan,
+    prof = profile_step_times(shared_config, grid, plan=plan,
                               hooks=dataclasses.replace(hooks, on_cell=on_cell2),
                               servers=ProfileServers(server=shared_server), identity=identity, progress=lambda m: None)
     assert sorted((c.k, c.batch_size) for c in measured) == [(0, 2), (1, 2)]
