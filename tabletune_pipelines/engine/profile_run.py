@@ -35,7 +35,7 @@ from tabletune_pipelines.engine.installed import resolve_device
 from tabletune_pipelines.engine.plan import CellKey, ProfileOptions, ProfilePlan, rotations
 from tabletune_pipelines.engine.process import VLLMServer
 from tabletune_pipelines.engine.progress import ProfilerProgress
-from tabletune_pipelines.errors import TableTuneError
+from tabletune_pipelines.errors import EngineError, TableTuneError
 from tabletune_pipelines.formats.documents import EngineIdentity, StepTimeCell, StepTimeProfile
 from tabletune_pipelines.vocab import DraftVerdict
 
@@ -414,6 +414,8 @@ class ProfileRun:
         try:
             report = search_boundaries(self.grid, measure_batch, reps, measure, rates_options, n,
                                        self._settings(options), on_update=update)
+        except EngineError:
+            raise  # a dead engine ends the profile: the cells measured so far are stored, a rerun resumes
         except TableTuneError as exc:  # the cells measured so far stay; the grid's coarse points are in the plan
             self.prog.say(f"[profile] adaptive plan stopped: {exc}")
             return

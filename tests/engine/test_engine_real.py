@@ -216,6 +216,36 @@ def test_kill_mid_profile_then_resume(shared_server, shared_config, tmp_path):
         assert after[key] == v
 
 
+def test_an_engine_death_ends_the_adaptive_plan_with_the_cells_kept(shared_config, tmp_path):
+    """The adaptive plan (the default) on an engine killed after the B = 1 cells: EngineError, not a
+    profile that stops early and calls itself done; the cells measured before stay in the store."""
+    from tabletune_pipelines.store import TableTuneStore
+
+    store = TableTuneStore(tmp_path / "adaptive.duckdb")
+    identity = engine_identity(shared_config)
+    plan = default_plan(shared_config, batch_sizes=[1, 2], ks=[0, 1], repetitions=1, include_no_spec=False,
+                        accept_batch_sizes=[])
+    launched: list[VLLMServer] = []
+
+    def factory(cfg: ServerConfig) -> VLLMServer:
+        srv = VLLMServer(cfg)
+        launched.append(srv)
+        return srv
+
+    hooks = store_hooks(store, identity, "one_launch")
+
+    def on_cell(cell):
+        hooks.on_cell(cell)
+        if len(store.profile_cells(identity.key, "one_launch")) == 2:
+            launched[0].kill()
+
+    with pytest.raises(EngineError):
+        profile_step_times(shared_config, ProfileOptions(mixed_steps=False, plan_search="adaptive"), plan=plan,
+                           hooks=dataclasses.replace(hooks, on_cell=on_cell), servers=ProfileServers(factory=factory),
+                           identity=identity, progress=lambda m: None)
+    assert sorted((c.k, c.batch_size) for c in store.profile_cells(identity.key, "one_launch")) == [(0, 1), (1, 1)]
+
+
 def test_never_healthy_times_out_with_log_tail(tiny_models, tmp_path):
     cfg = ServerConfig(model=str(tiny_models.target_dir), startup_timeout=4.0, work_dir=str(tmp_path))
     srv = VLLMServer(cfg)
