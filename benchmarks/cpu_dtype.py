@@ -1,7 +1,7 @@
 """bfloat16 vs float32 on this CPU, side by side in one run: the figure behind the default dtype.
 
 Times the matmul that dominates the medium tiny model's MLP (16 x 1024 x 2816, one thread, the
-figure in README, "Which CPU you are on") in both dtypes, interleaved round by round, and prints
+figure in docs/usage.md, "Which CPU you are on") in both dtypes, interleaved round by round, and prints
 each mean with its standard error, their ratio and the dtype TableTune chooses here
 (``engine/dtype.py``). On an AVX2-only AMD EPYC this matmul took 88 ms in bf16 against 3.3 ms in
 float32 (27x); on a CPU with ``avx512_bf16``/AMX the two are close. With ``--engine`` it also

@@ -163,12 +163,12 @@ def load_prompts_default():
     return [f"the cat sat on the mat {i} " * 3 for i in range(60)]
 
 
-def test_kill_mid_profile_then_resume(shared_server, shared_config, tmp_path):
-    """A server killed mid-profile raises EngineError; a rerun keeps the stored cells and measures
-    only the missing ones (here on the shared server, same identity)."""
+def _killed_after_b1(shared_config, db, plan_search):
+    """Profile B = 1, 2 at k = 0, 1 (one repetition) on a launch of its own, killed once the two B = 1
+    cells are stored; asserts EngineError. Returns (store, identity, plan, the launched servers)."""
     from tabletune_pipelines.store import TableTuneStore
 
-    store = TableTuneStore(tmp_path / "resume.duckdb")
+    store = TableTuneStore(db)
     identity = engine_identity(shared_config)
     plan = default_plan(shared_config, batch_sizes=[1, 2], ks=[0, 1], repetitions=1, include_no_spec=False,
                         accept_batch_sizes=[])
@@ -186,13 +186,19 @@ def test_kill_mid_profile_then_resume(shared_server, shared_config, tmp_path):
         if len(store.profile_cells(identity.key, "one_launch")) == 2:
             launched[0].kill()  # the engine dies after the B = 1 cells
 
-    # The grid plan: every cell of the plan in one pass, so the kill lands between the B = 1 and the
-    # B = 2 cells. (The adaptive plan measures B = 1 first and searches on from there.)
-    grid = ProfileOptions(mixed_steps=False, plan_search="grid")
     with pytest.raises(EngineError):
-        profile_step_times(shared_config, grid, plan=plan,
+        profile_step_times(shared_config, ProfileOptions(mixed_steps=False, plan_search=plan_search), plan=plan,
                            hooks=dataclasses.replace(hooks, on_cell=on_cell), servers=ProfileServers(factory=factory),
                            identity=identity, progress=lambda m: None)
+    return store, identity, plan, launched
+
+
+def test_kill_mid_profile_then_resume(shared_server, shared_config, tmp_path):
+    """A server killed mid-profile raises EngineError; a rerun keeps the stored cells and measures
+    only the missing ones (here on the shared server, same identity). The grid plan, so the rerun's
+    cells are exactly the plan's missing ones (the adaptive plan may add repetitions)."""
+    store, identity, plan, launched = _killed_after_b1(shared_config, tmp_path / "resume.duckdb", "grid")
+    grid = ProfileOptions(mixed_steps=False, plan_search="grid")
     assert not launched[0].is_alive()
     assert launched[0].last_pgid and not group_alive(launched[0].last_pgid)
     kept = store.profile_cells(identity.key, "one_launch")
@@ -219,30 +225,8 @@ def test_kill_mid_profile_then_resume(shared_server, shared_config, tmp_path):
 def test_an_engine_death_ends_the_adaptive_plan_with_the_cells_kept(shared_config, tmp_path):
     """The adaptive plan (the default) on an engine killed after the B = 1 cells: EngineError, not a
     profile that stops early and calls itself done; the cells measured before stay in the store."""
-    from tabletune_pipelines.store import TableTuneStore
-
-    store = TableTuneStore(tmp_path / "adaptive.duckdb")
-    identity = engine_identity(shared_config)
-    plan = default_plan(shared_config, batch_sizes=[1, 2], ks=[0, 1], repetitions=1, include_no_spec=False,
-                        accept_batch_sizes=[])
-    launched: list[VLLMServer] = []
-
-    def factory(cfg: ServerConfig) -> VLLMServer:
-        srv = VLLMServer(cfg)
-        launched.append(srv)
-        return srv
-
-    hooks = store_hooks(store, identity, "one_launch")
-
-    def on_cell(cell):
-        hooks.on_cell(cell)
-        if len(store.profile_cells(identity.key, "one_launch")) == 2:
-            launched[0].kill()
-
-    with pytest.raises(EngineError):
-        profile_step_times(shared_config, ProfileOptions(mixed_steps=False, plan_search="adaptive"), plan=plan,
-                           hooks=dataclasses.replace(hooks, on_cell=on_cell), servers=ProfileServers(factory=factory),
-                           identity=identity, progress=lambda m: None)
+    store, identity, _, launched = _killed_after_b1(shared_config, tmp_path / "adaptive.duckdb", "adaptive")
+    assert not launched[0].is_alive()
     assert sorted((c.k, c.batch_size) for c in store.profile_cells(identity.key, "one_launch")) == [(0, 1), (1, 1)]
 
 
