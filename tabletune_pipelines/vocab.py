@@ -54,7 +54,12 @@ GraphMode = Literal["full", "piecewise", "none"]
 """How a step ran on a GPU: one full CUDA graph, piecewise graphs (attention eager), or no graphs
 (above the capture ceiling, or an engine without graphs such as the CPU build)."""
 
+ContextAggregate = Literal["mean", "median", "max"]
+"""How one step's context length is read from its running requests' context lengths, to pick the
+column of a (batch size, context) table (vLLM's ``ctx_agg``); TableTune serves ``mean``."""
+
 PROFILE_MODES: tuple[str, ...] = get_args(ProfileMode)
+CONTEXT_AGGREGATES: tuple[str, ...] = get_args(ContextAggregate)
 GRAPH_MODES: tuple[str, ...] = get_args(GraphMode)
 SEARCH_RULES: tuple[str, ...] = get_args(SearchRule)
 DRAFT_VERDICTS: tuple[str, ...] = get_args(DraftVerdict)

@@ -13,6 +13,7 @@ applies the stricter check TableTune applies before publishing: no gaps, coverag
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,7 @@ from tabletune_pipelines.errors import (
     InvalidTableError,
     InvalidValueError,
 )
+from tabletune_pipelines.vocab import CONTEXT_AGGREGATES, ContextAggregate
 
 #: Keep the previous batch size's k unless another k is better by more than this fraction.
 DEFAULT_STICKINESS = 0.005
@@ -117,6 +119,37 @@ class Axes:
             raise InvalidTableError(f"context length {ctx!r} must be >= 1")
         return min(int(np.searchsorted([lo for lo, _ in self.context], int(ctx), side="right")) - 1,
                    len(self.context) - 1)
+
+
+def context_buckets(levels: Sequence[int], max_context: int) -> tuple[tuple[int, int], ...]:
+    """The context buckets of a table measured at context ``levels`` (tokens, ascending): one bucket
+    per level, contiguous from 1, split at the geometric mean of neighbouring levels (rounded down),
+    the last ending at ``max_context``. Levels 256, 1024, 4096 up to 8192 give
+    ``(1, 512), (513, 2048), (2049, 8192)``; one level gives ``((1, max_context),)``."""
+    lv = [int(x) for x in levels]
+    if not lv:
+        raise InvalidTableError("no context levels: a context axis needs at least one level")
+    if any(x < 1 for x in lv) or any(b <= a for a, b in zip(lv, lv[1:], strict=False)):
+        raise InvalidTableError(f"context levels {lv} must be positive and strictly ascending")
+    if int(max_context) < lv[-1]:
+        raise InvalidTableError(f"max_context {max_context!r} is below the last context level {lv[-1]}")
+    edges = [math.isqrt(a * b) for a, b in zip(lv, lv[1:], strict=False)] + [int(max_context)]
+    los = [1] + [e + 1 for e in edges[:-1]]
+    return tuple(zip(los, edges, strict=True))
+
+
+def aggregate_context(lengths: Sequence[int] | np.ndarray, how: ContextAggregate = "mean") -> int:
+    """One step's context length from its running requests' context lengths (tokens): their mean,
+    median or max, rounded to the nearest token; 1 for an empty batch (the first bucket)."""
+    if how not in CONTEXT_AGGREGATES:
+        raise InvalidValueError(f"context aggregate {how!r} is not one of {list(CONTEXT_AGGREGATES)}")
+    n = len(lengths)
+    if n == 0:
+        return 1
+    if how == "max":
+        return max(1, int(max(lengths)))
+    v = float(np.median(lengths)) if how == "median" else float(sum(lengths)) / n
+    return max(1, int(v + 0.5))
 
 
 @dataclass(frozen=True)

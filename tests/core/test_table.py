@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tabletune_pipelines.core.table import Axes, DraftTable, TableChange, choose_draft_lengths
-from tabletune_pipelines.errors import InvalidTableError
+from tabletune_pipelines.errors import InvalidTableError, InvalidValueError
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -300,3 +300,32 @@ def test_diff_is_exactly_the_batch_sizes_where_k_differs(a, b):
     want = [(x, ta.k_at(x), tb.k_at(x)) for x in range(1, n + 1) if ta.k_at(x) != tb.k_at(x)]
     assert [(c.batch_size, c.before, c.after) for c in ta.diff(tb)] == want
     assert [(c.batch_size, c.after, c.before) for c in tb.diff(ta)] == want
+
+
+def test_context_buckets_split_at_the_geometric_mean_of_neighbouring_levels():
+    from tabletune_pipelines.core.table import context_buckets
+    assert context_buckets([256, 1024, 4096], 8192) == ((1, 512), (513, 2048), (2049, 8192))
+    assert context_buckets([100], 2048) == ((1, 2048),)
+    assert context_buckets([100, 300], 300) == ((1, 173), (174, 300))  # isqrt(30000) = 173
+    for bad in ([], [0, 5], [5, 5], [9, 3]):
+        with pytest.raises(InvalidTableError):
+            context_buckets(bad, 8192)
+    with pytest.raises(InvalidTableError, match="below the last context level 4096"):
+        context_buckets([256, 4096], 2048)
+
+
+def test_context_buckets_are_valid_table_axes():
+    from tabletune_pipelines.core.table import Axes, context_buckets
+    axes = Axes(batch=((1, 16),), context=context_buckets([32, 96, 288], 512))
+    assert [axes.context_column(c) for c in (1, 32, 55, 56, 96, 166, 167, 512, 9999)] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+
+
+def test_aggregate_context_reads_one_length_per_step():
+    from tabletune_pipelines.core.table import aggregate_context
+    assert aggregate_context([100, 200, 601]) == 300          # mean 300.33
+    assert aggregate_context([100, 200, 601], "median") == 200
+    assert aggregate_context([100, 200, 601], "max") == 601
+    assert aggregate_context([1, 2]) == 2                     # 1.5 rounds half up
+    assert aggregate_context([]) == 1
+    with pytest.raises(InvalidValueError, match="'p90'"):
+        aggregate_context([5], "p90")  # type: ignore[arg-type]  # a hostile value on purpose
