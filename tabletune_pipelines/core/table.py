@@ -361,6 +361,33 @@ class DraftTable:
         rows = tuple((int(arr[s]),) if context is None else tuple(int(x) for x in arr[s]) for s in starts)
         return cls(Axes(batch, ctx), rows)
 
+    @classmethod
+    def from_columns(cls, columns: Sequence[Sequence[int] | np.ndarray],
+                     buckets: Sequence[tuple[int, int]]) -> DraftTable:
+        """Dense k per batch size of each context bucket (``columns[j][B - 1]``: the k of bucket j at
+        batch size B) → the table, adjacent buckets whose k agree at every batch size merged into one
+        bucket that spans both. One bucket left: a table without a context axis (vLLM's 3-item form),
+        exactly ``from_dense`` of that column."""
+        if len(columns) != len(buckets) or not columns:
+            raise InvalidTableError(f"{len(columns)} column(s) of k for {len(buckets)} context bucket(s) "
+                                    f"{[list(b) for b in buckets]}: a table needs one column per bucket, at least one")
+        cols = [np.asarray(c, dtype=np.int64).reshape(-1) for c in columns]
+        if any(c.shape != cols[0].shape for c in cols):
+            raise InvalidTableError(f"the context buckets' columns cover {[int(c.size) for c in cols]} batch sizes; "
+                                    "every bucket needs k at the same batch sizes")
+        kept: list[np.ndarray] = []
+        spans: list[tuple[int, int]] = []
+        for col, (lo, hi) in zip(cols, buckets, strict=True):
+            if kept and np.array_equal(kept[-1], col):
+                spans[-1] = (spans[-1][0], int(hi))
+            else:
+                kept.append(col)
+                spans.append((int(lo), int(hi)))
+        if len(kept) == 1:
+            Axes(((1, max(1, int(kept[0].size))),), tuple(spans))  # the buckets are still checked
+            return cls.from_dense(kept[0])
+        return cls.from_dense(np.stack(kept, axis=1), spans)
+
     def diff(self, other: DraftTable, n: int | None = None) -> tuple[TableChange, ...]:
         """Every (batch size, context bucket) where ``other`` gives another k, over batch sizes
         1..n (default: to the end of the longer table) and the buckets both tables' edges cut

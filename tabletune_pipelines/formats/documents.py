@@ -42,6 +42,7 @@ from tabletune_pipelines.options import (
     check_value,
 )
 from tabletune_pipelines.vocab import (
+    CONTEXT_AGGREGATES,
     DEFAULT_CUDAGRAPH_MODE,
     DEFAULT_DTYPE,
     DEFAULT_MODEL_RUNNER,
@@ -53,6 +54,7 @@ from tabletune_pipelines.vocab import (
     PROFILE_MODES,
     SEARCH_RULES,
     TIMING_SOURCES,
+    ContextAggregate,
     DraftVerdict,
     Method,
     ModelRunner,
@@ -489,6 +491,13 @@ class DraftLengthTable(Document):
     """What served steps were priced at (``tuning.derive``): the workload, the graph envelope, the
     prefill fits with their errors, the expected extra per step at a few B, and the cells whose
     served steps no fit covers. Empty: the table was derived from decode steps alone."""
+    context_entries: tuple[tuple[int, ...], ...] = ()
+    """The full (B, ctx) table as vLLM's 5-item entries ``[bs_lo, bs_hi, ctx_lo, ctx_hi, k]`` when k
+    depends on the context (two or more buckets); empty: one bucket, and ``ranges`` is the whole table.
+    ``ranges`` is then the base (first, shortest) context level's batch-only table."""
+    ctx_agg: ContextAggregate = "mean"
+    """How a step's context is aggregated over its running requests (``vocab.ContextAggregate``);
+    read only with ``context_entries``."""
 
     BOUNDS: ClassVar[dict[str, Bound]] = {
         "max_num_seqs": BATCH_SIZE, "max_k": LAUNCH_K,
@@ -506,12 +515,33 @@ class DraftLengthTable(Document):
         if self.search_policy not in SEARCH_RULES:
             raise DocumentError(f"draft-length table: search_policy = {self.search_policy!r} must be one of "
                                 f"{SEARCH_RULES}")
+        if self.ctx_agg not in CONTEXT_AGGREGATES:
+            raise DocumentError(f"draft-length table: ctx_agg = {self.ctx_agg!r} must be one of {CONTEXT_AGGREGATES}")
+        if self.context_entries and self.full_table.axes.context is None:
+            raise DocumentError(f"draft-length table: context_entries {[list(e) for e in self.context_entries]!r:.120} "
+                                "must be 5-item [bs_lo, bs_hi, ctx_lo, ctx_hi, k] entries")
 
     @property
     def draft(self) -> DraftTable:
         """``ranges`` as the table type (validated by the publish gate's rules)."""
         return DraftTable.from_entries([list(r) for r in self.ranges], max_num_seqs=self.max_num_seqs,
                                        max_k=self.max_k)
+
+    @property
+    def full_table(self) -> DraftTable:
+        """The full (B, ctx) table: ``context_entries`` (validated as ``draft`` is) when k depends on the
+        context, else ``draft``."""
+        if not self.context_entries:
+            return self.draft
+        return DraftTable.from_entries([list(e) for e in self.context_entries], max_num_seqs=self.max_num_seqs,
+                                       max_k=self.max_k, allow_context=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        body = super().to_dict()
+        if not self.context_entries:  # a table with one bucket is written as it was before the context axis
+            body.pop("context_entries")
+            body.pop("ctx_agg")
+        return body
 
     @property
     def evidence_supported(self) -> bool:
@@ -529,11 +559,19 @@ class DraftLengthTable(Document):
     def as_vllm(self) -> list[list[int]]:
         return [list(r) for r in self.ranges]
 
-    def speculative_config(self, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """The ``--speculative-config`` JSON for a deployment without the controller."""
+    def speculative_config(self, base: Mapping[str, Any] | None = None, *, context_schedule: bool = False
+                           ) -> dict[str, Any]:
+        """The ``--speculative-config`` JSON for a deployment without the controller. With
+        ``context_schedule`` (the engine's vLLM accepts 5-item entries: ``engine.installed``) and
+        ``context_entries``, the (B, ctx) table under ``speculative_token_schedule`` with its ``ctx_agg``;
+        else the batch-only ``ranges`` under ``num_speculative_tokens_per_batch_size``."""
         cfg = dict(base or {})
         cfg["num_speculative_tokens"] = self.max_k
-        cfg["num_speculative_tokens_per_batch_size"] = self.as_vllm()
+        if context_schedule and self.context_entries:
+            cfg["speculative_token_schedule"] = [list(e) for e in self.context_entries]
+            cfg["ctx_agg"] = self.ctx_agg
+        else:
+            cfg["num_speculative_tokens_per_batch_size"] = self.as_vllm()
         return cfg
 
     @property
@@ -551,9 +589,10 @@ class DraftLengthTable(Document):
             raise DocumentError(f"draft-length table: acceptance_rates = {rates!r:.60} must be a list of rates")
         body["acceptance_rates"] = tuple(rates)
         body["boundaries"] = tuple(Boundary(**b) for b in body.get("boundaries", ()))
+        body["context_entries"] = tuple(tuple(int(x) for x in e) for e in body.get("context_entries", ()))
         return cls(**body)
 
 
 PUBLISHED_TABLE_FIELDS = ("schema", "schema_version", "ranges", "max_num_seqs", "max_k", "identity_key", "prior_id",
-                          "acceptance_rates", "predicted_worst_loss", "step_ms")
+                          "acceptance_rates", "predicted_worst_loss", "step_ms", "context_entries", "ctx_agg")
 """DraftLengthTable fields that go to the published file's ``table``; the others go to ``evidence``."""

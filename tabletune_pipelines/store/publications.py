@@ -82,7 +82,7 @@ class PublicationTables(IdentityTables, PriorTables):
         conn.execute("DELETE FROM draft_length_tables WHERE table_id = ?", [tid])
         conn.execute(
             "INSERT INTO draft_length_tables VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [tid, table.identity_key, table.prior_id, json.dumps(table.as_vllm()), table.max_num_seqs,
+            [tid, table.identity_key, table.prior_id, json.dumps(table.full_table.entries()), table.max_num_seqs,
              table.max_k, table.predicted_worst_loss, table.to_json(), now()],
         )
         return tid

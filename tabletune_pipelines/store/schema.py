@@ -71,7 +71,7 @@ CREATE TABLE IF NOT EXISTS draft_length_tables (
     table_id             VARCHAR PRIMARY KEY,
     identity_key         VARCHAR NOT NULL,
     prior_id             VARCHAR NOT NULL,
-    ranges_json          VARCHAR NOT NULL,
+    ranges_json          VARCHAR NOT NULL,  -- vLLM's entries of the full table: 5-item with a context axis
     max_num_seqs         INTEGER NOT NULL,
     max_k                INTEGER NOT NULL,
     predicted_worst_loss DOUBLE NOT NULL,

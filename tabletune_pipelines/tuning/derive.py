@@ -68,6 +68,20 @@ NO_ERROR_WARNING = ("the profile has no error estimates (no cell has two repetit
 
 
 @dataclass(frozen=True)
+class LevelSearch:
+    """The table search at one context level of a (B, ctx) derivation (``tuning.derive_context``)."""
+
+    level: int
+    """The context level, tokens: what each request's KV length was held at while its steps were timed."""
+    bucket: tuple[int, int]
+    """The inclusive context bucket the level stands for (``core.table.context_buckets``), before merging."""
+    evidence: EvidenceTable
+    """The search's result at this level: chosen k per B, the goodput of every k, the bounds."""
+    pooled: bool
+    """Whether the level was searched under the pooled prior (no acceptance of its own)."""
+
+
+@dataclass(frozen=True)
 class TunedTable:
     """A derived table together with the predictions and the evidence behind it."""
 
@@ -92,6 +106,8 @@ class TunedTable:
     """E[T(B, k, P)] under the workload (None: no workload, the search ran on decode steps)."""
     warnings: tuple[str, ...] = ()
     """What the table's reader should know (no error estimates, wall-timed cells, ...)."""
+    by_context: tuple[LevelSearch, ...] = ()
+    """The search at each context level, ascending (empty: derived without context levels)."""
 
 
 @dataclass(frozen=True)
@@ -164,14 +180,18 @@ class _StepSurface:
 
 
 def derive_table(profile: StepTimeProfile, prior: AcceptancePrior,
-                 options: DeriveOptions = DeriveOptions()) -> TunedTable:
+                 options: DeriveOptions = DeriveOptions(), *, judged: StepTimes | None = None) -> TunedTable:
     """Goodput-best table for ``profile``'s engine under ``prior``'s acceptance (module docstring;
-    ``options``: the search's knobs, the corrections and the workload)."""
+    ``options``: the search's knobs, the corrections and the workload). ``judged``: the surface the
+    search judges instead of the profile's own (the base context level's, ``tuning.derive_context``);
+    the table's provenance still comes from ``profile``."""
     surface = _step_surface(profile, prior, options)
-    ev = _search(surface, prior, options)
+    ev = _search(surface, prior, options) if judged is None else search_times(judged, prior, options)
     return TunedTable(table=_table_document(profile, prior, options, surface, ev), choice=ev.choice,
-                      step_ms_dense=surface.ms, corrected=surface.corrected(profile.identity.max_num_seqs),
-                      evidence=ev, accepted_work_fit=surface.fit, step_ms_sd=surface.sd,
+                      step_ms_dense=surface.ms if judged is None else judged.ms,
+                      corrected=surface.corrected(profile.identity.max_num_seqs), evidence=ev,
+                      accepted_work_fit=surface.fit,
+                      step_ms_sd=surface.sd if judged is None else np.sqrt(judged.variance()),
                       warnings=_warnings(profile, surface), cost=surface.cost, served=surface.served)
 
 
@@ -228,14 +248,35 @@ def _accepted_work_fit(profile: StepTimeProfile, noisy: NoisySurface,
 
 def _search(surface: _StepSurface, prior: AcceptancePrior, options: DeriveOptions) -> EvidenceTable:
     """Step 3: the table search on the judged surface."""
+    return search_times(_judged_times(surface), prior, options)
+
+
+def _judged_times(surface: _StepSurface) -> StepTimes:
+    """What the search judges, as ``StepTimes``: no covariance when the profile has no error estimates."""
     noisy = surface.noisy
-    rates_cov = (rates_covariance(prior.rates, prior.drafted_per_pos, prior.num_drafts)
-                 if options.prior_error and noisy.has_errors else None)
+    return StepTimes(noisy.ks, surface.ms, surface.cov if noisy.has_errors else None)
+
+
+def judged_step_times(profile: StepTimeProfile, prior: AcceptancePrior,
+                      options: DeriveOptions = DeriveOptions()) -> StepTimes:
+    """The surface ``derive_table`` judges for ``profile`` under ``prior`` (steps 1, 2 and 2b of the
+    module docstring): one context level's ``StepTimes``."""
+    return _judged_times(_step_surface(profile, prior, options))
+
+
+def search_times(times: StepTimes, prior: AcceptancePrior | Sequence[float], options: DeriveOptions) -> EvidenceTable:
+    """Step 3 on any judged surface (one context level's, ``tuning.derive_context``): the evidence rule
+    under ``prior``'s rates, with their count-based error when the surface has error estimates (bare
+    rates carry no counts and are taken as exact)."""
+    if isinstance(prior, AcceptancePrior):
+        rates, drafted, drafts = prior.rates, prior.drafted_per_pos, prior.num_drafts
+    else:
+        rates, drafted, drafts = tuple(float(a) for a in prior), (), 0
+    rates_cov = (rates_covariance(rates, drafted, drafts)
+                 if options.prior_error and times.cov is not None else None)
     settings = SearchSettings(allowed_ks=options.allowed_ks, threshold=options.stickiness,
                               confidence=options.confidence, policy=options.policy)
-    times = StepTimes(noisy.ks, surface.ms, surface.cov if noisy.has_errors else None)
-    return search_with_evidence(times, prior.rates,
-                                rates_cov=rates_cov, settings=settings)
+    return search_with_evidence(times, rates, rates_cov=rates_cov, settings=settings)
 
 
 def _table_document(profile: StepTimeProfile, prior: AcceptancePrior, options: DeriveOptions,

@@ -329,3 +329,27 @@ def test_aggregate_context_reads_one_length_per_step():
     assert aggregate_context([]) == 1
     with pytest.raises(InvalidValueError, match="'p90'"):
         aggregate_context([5], "p90")  # type: ignore[arg-type]  # a hostile value on purpose
+
+
+def test_from_columns_merges_adjacent_buckets_that_agree_at_every_batch_size():
+    short, mid, long = [3, 3, 2, 2], [3, 3, 2, 2], [1, 1, 1, 0]
+    table = DraftTable.from_columns([short, mid, long], ((1, 512), (513, 2048), (2049, 8192)))
+    assert table.axes.context == ((1, 2048), (2049, 8192))
+    assert table.entries() == [[1, 2, 1, 2048, 3], [1, 2, 2049, 8192, 1], [3, 3, 1, 2048, 2],
+                               [3, 3, 2049, 8192, 1], [4, 4, 1, 2048, 2], [4, 4, 2049, 8192, 0]]
+    assert (table.k_at(1, 2048), table.k_at(4, 2049)) == (3, 0)
+
+
+def test_from_columns_with_one_bucket_left_is_the_3_item_table():
+    table = DraftTable.from_columns([[3, 3, 1], [3, 3, 1]], ((1, 1024), (1025, 8192)))
+    assert table.axes.context is None and table == DraftTable.from_dense([3, 3, 1])
+    assert table.entries() == [[1, 2, 3], [3, 3, 1]]
+
+
+def test_from_columns_refuses_mismatched_columns_and_buckets():
+    with pytest.raises(InvalidTableError, match="2 column"):
+        DraftTable.from_columns([[1], [2]], ((1, 10),))
+    with pytest.raises(InvalidTableError, match=r"cover \[2, 3\] batch sizes"):
+        DraftTable.from_columns([[1, 1], [2, 2, 2]], ((1, 10), (11, 20)))
+    with pytest.raises(InvalidTableError, match="contiguous from 1"):
+        DraftTable.from_columns([[1], [1]], ((2, 10), (11, 20)))

@@ -1,0 +1,115 @@
+"""The (B, ctx) derivation: one search per context level, merged into one table
+(``tuning.derive_context``). Worked numbers: under rates (0.7, 0.5, 0.3), tau(k) = 1, 1.7, 2.2, 2.5.
+At the short level T(k) = 10, 11, 12, 13 ms at every B, so goodput per request tau/T is 0.100,
+0.155, 0.183, 0.192 per ms: k = 3 wins by 4.9 % over k = 2. At the long level T(k) = 20, 22, 30,
+40 ms: 0.050, 0.077, 0.073, 0.063 per ms, k = 1 wins by 5.4 % over k = 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tabletune_pipelines.core.steptime import StepTimes
+from tabletune_pipelines.errors import InvalidValueError
+from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, StepTimeProfile
+from tabletune_pipelines.tuning.derive import DeriveOptions, derive_table
+from tabletune_pipelines.tuning.derive_context import derive_context_table, single_level_surface
+from tests.tuning import samples
+
+N = samples.IDENT.max_num_seqs  # 16
+SHORT = StepTimes((0, 1, 2, 3), np.repeat([[10.0], [11.0], [12.0], [13.0]], N, axis=1))
+LONG = StepTimes((0, 1, 2, 3), np.repeat([[20.0], [22.0], [30.0], [40.0]], N, axis=1))
+DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "data"
+
+
+def test_k3_at_short_context_and_k1_at_long_give_a_two_bucket_table():
+    tuned = derive_context_table(samples.profile(), samples.prior(), {256: SHORT, 4096: LONG}, max_model_len=8192)
+    table = tuned.table
+    assert table.context_entries == ((1, 16, 1, 1024, 3), (1, 16, 1025, 8192, 1))
+    assert table.ranges == ((1, 16, 3),)  # the base (shortest) level's batch-only table
+    assert table.ctx_agg == "mean"
+    full = table.full_table
+    assert full.axes.context == ((1, 1024), (1025, 8192))
+    assert (full.k_at(8, 900), full.k_at(8, 1025), full.k_at(16, 100_000)) == (3, 1, 1)
+    assert [(s.level, s.bucket, s.pooled) for s in tuned.by_context] == [
+        (256, (1, 1024), True), (4096, (1025, 8192), True)]
+    g = tuned.by_context[1].evidence.choice.goodput[:, 0]  # B = 1, tokens/s
+    assert g == pytest.approx([1000 * 1.0 / 20, 1000 * 1.7 / 22, 1000 * 2.2 / 30, 1000 * 2.5 / 40])
+
+
+def test_the_table_document_round_trips_and_keeps_its_5_item_entries():
+    tuned = derive_context_table(samples.profile(), samples.prior(), {256: SHORT, 4096: LONG}, max_model_len=8192)
+    back = DraftLengthTable.from_json(tuned.table.to_json())
+    assert back == tuned.table and back.table_id == tuned.table.table_id
+    body, _ = tuned.table.published_parts()
+    assert [list(e) for e in body["context_entries"]] == [[1, 16, 1, 1024, 3], [1, 16, 1025, 8192, 1]]
+    assert body["ctx_agg"] == "mean" and [list(r) for r in body["ranges"]] == [[1, 16, 3]]
+    spec = tuned.table.speculative_config({"method": "draft_model"}, context_schedule=True)
+    assert spec == {"method": "draft_model", "num_speculative_tokens": 3, "ctx_agg": "mean",
+                    "speculative_token_schedule": [[1, 16, 1, 1024, 3], [1, 16, 1025, 8192, 1]]}
+    plain = tuned.table.speculative_config({"method": "draft_model"})
+    assert plain == {"method": "draft_model", "num_speculative_tokens": 3,
+                     "num_speculative_tokens_per_batch_size": [[1, 16, 3]]}
+
+
+def test_adjacent_levels_that_agree_merge_into_one_bucket():
+    tuned = derive_context_table(samples.profile(), samples.prior(), {256: SHORT, 1024: SHORT, 4096: LONG},
+                                 max_model_len=8192)
+    # buckets (1, 512), (513, 2048), (2049, 8192); the first two agree at every B
+    assert tuned.table.context_entries == ((1, 16, 1, 2048, 3), (1, 16, 2049, 8192, 1))
+
+
+def test_levels_that_all_agree_give_todays_table_without_a_context_axis():
+    one = derive_context_table(samples.profile(), samples.prior(), {256: SHORT})
+    both = derive_context_table(samples.profile(), samples.prior(), {256: SHORT, 4096: SHORT}, max_model_len=8192)
+    today = derive_table(samples.profile(), samples.prior(), judged=SHORT)
+    assert one.table.to_json() == both.table.to_json() == today.table.to_json()
+    assert "context_entries" not in today.table.to_dict() and both.table.context_entries == ()
+
+
+def test_per_level_rates_decide_their_bucket():
+    # The same step times at both levels; the long level's own rates (0.05, 0.02, 0.01) give
+    tuned = derive_context_table(samples.profile(), samples.prior(), {256: SHORT, 4096: SHORT},
+                                 rates={4096: (0.05, 0.02, 0.01)}, max_model_len=8192)
+    # tau = 1, 1.05, 1.07, 1.08: per ms 0.100, 0.0955, 0.0892, 0.0831 -> k = 0 at long context
+    assert tuned.table.context_entries == ((1, 16, 1, 1024, 3), (1, 16, 1025, 8192, 0))
+    assert [s.pooled for s in tuned.by_context] == [True, False]
+
+
+def test_bad_input_is_one_clear_error():
+    with pytest.raises(InvalidValueError, match="context level 256 cover batch sizes 1..4"):
+        derive_context_table(samples.profile(), samples.prior(), {256: StepTimes((0, 1), np.ones((2, 4)))})
+    with pytest.raises(InvalidValueError, match=r"context level\(s\) \[512\]"):
+        derive_context_table(samples.profile(), samples.prior(), {256: SHORT}, rates={512: (0.5, 0.3, 0.1)})
+    with pytest.raises(InvalidValueError, match="ctx_agg = 'p99'"):
+        derive_context_table(samples.profile(), samples.prior(), {256: SHORT}, ctx_agg="p99")  # type: ignore[arg-type]
+
+
+def _committed_profiles() -> list[Path]:
+    return sorted([*DATA.rglob("*.one_launch.json"), *DATA.rglob("*.profile.json")])
+
+
+@pytest.mark.parametrize("path", _committed_profiles(), ids=lambda p: p.name[:60])
+def test_committed_profiles_derive_byte_identically_through_one_level(path):
+    profile = StepTimeProfile.from_json(path.read_text())
+    k = profile.identity.max_k
+    prior = samples.prior(rates=(0.7, 0.5, 0.3, 0.2, 0.1, 0.05, 0.03, 0.02)[:k])
+    options = DeriveOptions()
+    today = derive_table(profile, prior, options)
+    surface = single_level_surface(profile, prior, options, prompt_tokens=32)
+    via = derive_context_table(profile, prior, surface, options=options)
+    assert via.table.to_json() == today.table.to_json()
+    assert via.table.table_id == today.table.table_id
+    same = derive_context_table(profile, prior, {32: surface[32], 2048: surface[32]}, max_model_len=4096,
+                                options=options)
+    assert same.table.to_json() == today.table.to_json()
+
+
+def test_a_prior_document_for_a_level_is_used_with_its_counts():
+    level_prior = samples.prior(rates=(0.05, 0.02, 0.01), drafts=500, week="2026-11-23")
+    assert isinstance(level_prior, AcceptancePrior)
+    tuned = derive_context_table(samples.profile(), samples.prior(), {256: SHORT, 4096: SHORT},
+                                 rates={4096: level_prior}, max_model_len=8192)
+    assert tuned.table.context_entries[-1][-1] == 0
