@@ -134,10 +134,14 @@ class PublicationTables(IdentityTables, PriorTables):
         document_fields: Mapping[str, Any] | None = None,
         companion: bool = True,
         beside: Mapping[Path, bytes] | None = None,
+        context_schedule: bool = False,
     ) -> dict[str, Any]:
         """Record a new publication version and atomically export the file the controller reads
         (and, with ``companion``, its ``<stem>.speculative-config.json``).
 
+        ``context_schedule``: the engine's vLLM accepts 5-item entries (``engine.installed``), so a table
+        with a context axis goes into ``speculative_config`` as its (B, ctx) schedule
+        (``DraftLengthTable.speculative_config``); the file's ``table`` always carries the full table.
         ``document_fields``: further keyword arguments of ``published.published_document``; the
         identity and prior among them are recorded with the version (``rollback`` re-publishes them).
         ``beside``: further files the document refers to (the served verification's plot), written
@@ -173,7 +177,8 @@ class PublicationTables(IdentityTables, PriorTables):
                 published_at = now()
                 doc = published_document(
                     PublishedVersion(deployment=deployment, version=version, table=table_fields,
-                                     speculative_config=table.speculative_config(base_speculative_config),
+                                     speculative_config=table.speculative_config(
+                                         base_speculative_config, context_schedule=context_schedule),
                                      published_at=published_at.isoformat() + "Z"),
                     **fields,
                 )
@@ -246,7 +251,8 @@ class PublicationTables(IdentityTables, PriorTables):
 
     def rollback(self, deployment: str, export_path: str | os.PathLike[str],
                  base_speculative_config: dict[str, Any] | None = None,
-                 document_fields: Mapping[str, Any] | None = None, *, companion: bool = True) -> dict[str, Any]:
+                 document_fields: Mapping[str, Any] | None = None, *, companion: bool = True,
+                 context_schedule: bool = False) -> dict[str, Any]:
         """Re-publish the table of the version before the current one, as a new version, with the
         engine identity and the prior that version was published with (``document_fields`` supply
         the rest: the deployment's controller settings now). A version recorded before the store kept
@@ -261,7 +267,7 @@ class PublicationTables(IdentityTables, PriorTables):
         table = self.table(previous["table_id"])
         fields = {**dict(document_fields or {}), **self._published_engine(deployment, previous, table)}
         return self.publish(deployment, table, export_path, base_speculative_config=base_speculative_config,
-                            document_fields=fields, companion=companion,
+                            document_fields=fields, companion=companion, context_schedule=context_schedule,
                             note=f"rollback of v{current['version']} to v{previous['version']}")
 
     def _published_engine(self, deployment: str, pub: Mapping[str, Any], table: DraftLengthTable) -> dict[str, Any]:

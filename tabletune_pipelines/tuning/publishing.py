@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tabletune_pipelines.engine.installed import context_schedule_support
 from tabletune_pipelines.errors import PipelineFailure, TableTuneError
 from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, EngineIdentity
 from tabletune_pipelines.formats.fleet import Deployment, Fleet
@@ -49,15 +50,17 @@ def publication_kwargs(dep: Deployment, engine: Engine, table: DraftLengthTable 
                        store: Any = None) -> dict[str, Any]:
     """Keyword arguments of ``store.publish`` / ``store.rollback`` for one deployment: the base
     ``--speculative-config`` and further fields of the published document (``document_fields``:
-    keyword arguments of ``published_build.published_document``; add new document fields here). With
-    ``table`` and ``store``, the controller also gets the table's engine identity and prior."""
+    keyword arguments of ``published_build.published_document``; add new document fields here), and
+    whether the installed vLLM takes the (B, ctx) schedule (``engine.installed.context_schedule_support``).
+    With ``table`` and ``store``, the controller also gets the table's engine identity and prior."""
     identity = prior = None
     if table is not None and store is not None:
         identity = store.find_identity(table.identity_key)
         prior = _prior_of(store, table)
     return {"base_speculative_config": serving_speculative_config(dep, engine.local_model_path),
             "document_fields": controller_fields(identity=identity, prior=prior, controller=dep.controller,
-                                                 live_counters=dep.live_counters)}
+                                                 live_counters=dep.live_counters),
+            "context_schedule": context_schedule_support().accepted}
 
 
 def write_speculative_config(dep: Deployment, published: Mapping[str, Any]) -> Path:
@@ -171,7 +174,8 @@ def publish_table(store: Any, fleet: Fleet, key: str, engine: Engine, *, deploym
         log.warning(f"publishing table {table.table_id} UNVERIFIED: {served.gate.description}")
     published = [_publish_one(store, engine, table, key, dep, served, log) for dep in to_publish]
     return dataclasses.replace(result, targets=(*unchanged, *published), speculative_config=table.speculative_config(
-        serving_speculative_config(targets[0], engine.local_model_path)), report=_report(store, engine, targets[0]))
+        serving_speculative_config(targets[0], engine.local_model_path),
+        context_schedule=context_schedule_support().accepted), report=_report(store, engine, targets[0]))
 
 
 def _report(store: Any, engine: Engine, dep: Deployment) -> tuple[str, ...]:

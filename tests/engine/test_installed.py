@@ -76,3 +76,61 @@ def test_resolve_device():
 def test_with_cpu_suffix():
     assert installed.with_cpu_suffix("0.32.0") == "0.32.0+cpu"
     assert installed.with_cpu_suffix("0.32.0+cpu") == "0.32.0+cpu"
+
+
+# -- the (B, ctx) schedule: read from the installed source, never from the version number ---------
+
+_VALIDATOR_5 = '''
+def validate_and_normalize_dynamic_sd_schedule(entries):
+    for e in entries:
+        if len(e) not in (3, 5):
+            raise ValueError("entries are 3-item or 5-item")
+    return [tuple(e) for e in entries]
+'''
+_CONFIG_WITH = '''
+class SpeculativeConfig:
+    num_speculative_tokens_per_batch_size: list | None = None
+    speculative_token_schedule: list | None = None
+'''
+
+
+def _fake_vllm(tmp_path, validator: str | None, config: str):
+    root = tmp_path / "vllm"
+    (root / "config").mkdir(parents=True)
+    (root / "config" / "speculative.py").write_text(config)
+    if validator is not None:
+        (root / "v1" / "spec_decode" / "dynamic").mkdir(parents=True)
+        (root / "v1" / "spec_decode" / "dynamic" / "utils.py").write_text(validator)
+    return root
+
+
+def test_the_installed_cpu_build_does_not_accept_5_item_entries():
+    if not installed.is_vllm_installed():
+        pytest.skip("vLLM is not installed")
+    got = installed.context_schedule_support()
+    assert not got.accepted
+    assert got.reason.startswith(f"vLLM {installed.installed_vllm_version()}: ")
+    assert "refuses the 5-item entry [1, 1, 1, 1, 1]: Each num_speculative_tokens_per_batch_size entry must be a " \
+           "3-item sequence" in got.reason
+
+
+def test_a_vllm_whose_config_and_validator_take_5_item_entries_is_accepted(tmp_path):
+    got = installed.context_schedule_support_at(_fake_vllm(tmp_path, _VALIDATOR_5, _CONFIG_WITH), "0.40.0")
+    assert got.accepted and "declares 'speculative_token_schedule'" in got.reason
+
+
+def test_a_validator_that_takes_5_items_without_the_config_field_is_refused(tmp_path):
+    config = _CONFIG_WITH.replace("    speculative_token_schedule: list | None = None\n", "")
+    got = installed.context_schedule_support_at(_fake_vllm(tmp_path, _VALIDATOR_5, config), "0.40.0")
+    assert not got.accepted and "declares no field 'speculative_token_schedule'" in got.reason
+
+
+def test_a_vllm_without_the_dynamic_sd_validator_is_refused(tmp_path):
+    got = installed.context_schedule_support_at(_fake_vllm(tmp_path, None, _CONFIG_WITH), "0.26.0")
+    assert not got.accepted and got.reason.startswith("vLLM 0.26.0: no Dynamic SD schedule validator")
+
+
+def test_no_vllm_is_refused_with_the_install_hint(monkeypatch):
+    _fake_metadata(monkeypatch, {})
+    got = installed.context_schedule_support()
+    assert not got.accepted and "vLLM is not installed" in got.reason

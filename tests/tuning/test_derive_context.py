@@ -113,3 +113,29 @@ def test_a_prior_document_for_a_level_is_used_with_its_counts():
     tuned = derive_context_table(samples.profile(), samples.prior(), {256: SHORT, 4096: SHORT},
                                  rates={4096: level_prior}, max_model_len=8192)
     assert tuned.table.context_entries[-1][-1] == 0
+
+
+def test_the_published_file_carries_the_full_table_and_the_engine_gets_what_it_accepts(tmp_path):
+    import json
+
+    from tabletune_pipelines.engine.installed import context_schedule_support
+    from tabletune_pipelines.store import TableTuneStore
+
+    table = derive_context_table(samples.profile(), samples.prior(), {256: SHORT, 4096: LONG},
+                                 max_model_len=8192).table
+    store = TableTuneStore(tmp_path / "tt.duckdb")
+    path = tmp_path / "pub" / "local.json"
+    store.publish("local", table, path, context_schedule=context_schedule_support().accepted)
+    doc = json.loads(path.read_text())
+    assert doc["table"]["context_entries"] == [[1, 16, 1, 1024, 3], [1, 16, 1025, 8192, 1]]
+    assert doc["table"]["ctx_agg"] == "mean" and doc["table"]["ranges"] == [[1, 16, 3]]
+    # vLLM 0.32's CPU build takes 3-item entries only: the batch-only table goes to the engine
+    assert doc["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 16, 3]]
+    assert "speculative_token_schedule" not in doc["speculative_config"]
+    store.publish("local", table, path, context_schedule=True)
+    spec = json.loads(path.read_text())["speculative_config"]
+    assert spec["speculative_token_schedule"] == [[1, 16, 1, 1024, 3], [1, 16, 1025, 8192, 1]]
+    assert spec["ctx_agg"] == "mean" and "num_speculative_tokens_per_batch_size" not in spec
+    stored = store.query("SELECT ranges_json FROM draft_length_tables WHERE table_id = ?", [table.table_id])
+    assert json.loads(stored[0][0]) == [[1, 16, 1, 1024, 3], [1, 16, 1025, 8192, 1]]
+    assert store.table(table.table_id) == table
