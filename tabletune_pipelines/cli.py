@@ -285,12 +285,14 @@ def _plot_option() -> Iterator[None]:
 
 
 def cmd_table(args: argparse.Namespace) -> int:
-    from tabletune_pipelines.tuning.derive import DeriveOptions, derive_table
+    from tabletune_pipelines.tuning.derive import DeriveOptions
+    from tabletune_pipelines.tuning.derive_context import derive_context_table, stored_context_surface
     from tabletune_pipelines.tuning.report import (
+        context_grid_lines,
         evidence_markdown,
         goodput_markdown,
-        goodput_plot,
         table_markdown,
+        table_plot,
         write_plot,
     )
 
@@ -315,8 +317,9 @@ def cmd_table(args: argparse.Namespace) -> int:
                                 prompt_count=0, source="synthetic", deployment=dep.name)
     else:
         prior = _prior(store, profile.identity, args.prior)
-    tuned = derive_table(profile, prior, DeriveOptions(correct_accepted_work=not args.no_correction,
-                                                       policy=args.policy))
+    options = DeriveOptions(correct_accepted_work=not args.no_correction, policy=args.policy)
+    tuned = derive_context_table(profile, prior, stored_context_surface(store, profile, prior, options),
+                                 options=options)
     if args.format == "vllm":
         print(json.dumps(tuned.table.as_vllm()))
         for w in tuned.warnings:
@@ -324,13 +327,16 @@ def cmd_table(args: argparse.Namespace) -> int:
     else:
         print(f"# draft-length table for {key}\n# prior {prior.prior_id}: a = {[round(a, 3) for a in prior.rates]}\n")
         print(table_markdown(tuned.table.as_vllm()))
+        if tuned.table.context_entries:
+            print("\nk by batch size and context (the table above is its first context bucket's):")
+            print("\n".join(context_grid_lines(tuned.table.full_table)))
         print()
         print(goodput_markdown(tuned))
         print()
         print(evidence_markdown(tuned))
         print("vLLM --speculative-config:", json.dumps(tuned.table.speculative_config(dep.base_speculative_config())))
     if args.plot:
-        png = goodput_plot(tuned.table, profile.no_spec_ms(), f"{key}\nprior {prior.prior_id}")
+        png = table_plot(tuned, profile.no_spec_ms(), f"{key}\nprior {prior.prior_id}")
         with _plot_option():
             write_plot(args.plot, png, plot_guard)
         print(f"plot: {args.plot}", file=sys.stderr)

@@ -1,6 +1,7 @@
-"""``draft_length_table``: the goodput-best table of one engine identity under its prior
-(``tuning.build.build_table``; the prior is ``tuning.gates.prior_for_table``'s, the rule
-``tabletune table`` follows too)."""
+"""``draft_length_table``: the goodput-best table of one engine identity under its prior, by batch
+size and, where the profile holds several context levels, by context (``tuning.build.build_table``
+derives through ``tuning.derive_context``; the prior is ``tuning.gates.prior_for_table``'s, the
+rule ``tabletune table`` follows too)."""
 
 from typing import ClassVar
 
@@ -39,7 +40,9 @@ class TableConfig(dg.Config):
         "B·τ(k)/T(B,k), changing k only where the gain's lower confidence bound exceeds the 0.5% stickiness "
         "(policy.search_policy 'evidence'; tuning.derive.derive_table; docs/method.md, \"Table search\"), from this "
         "identity's step_time_profile and the latest sane acceptance prior of its model/drafter/method (a live, "
-        "controller-fed prior wins within a week). Rows: DuckDB `draft_length_tables`."
+        "controller-fed prior wins within a week). With several context levels, one search per level, adjacent "
+        "context buckets whose k agree merged (tuning.derive_context); the plot is then a k heat-map over (B, ctx) "
+        "with goodput against B per bucket. Rows: DuckDB `draft_length_tables`."
     ),
     check_specs=[
         dg.AssetCheckSpec("valid_for_vllm", asset="draft_length_table", blocking=True,

@@ -31,6 +31,7 @@ from tabletune_pipelines.tuning.publishing import Publication, Rollback
 from tabletune_pipelines.tuning.report import (
     accepted_work_text,
     boundaries_markdown,
+    context_grid_lines,
     identity_markdown,
     loss_text,
     priors_markdown,
@@ -215,6 +216,10 @@ def table_metadata(table: DraftLengthTable) -> dict[str, Any]:
         "boundaries": dg.MetadataValue.md(boundaries_markdown(table)),
         "k_within_noise": dg.MetadataValue.md(within_noise_markdown(table)),
         "cells_remeasured": table.cells_remeasured,
+        # With a context axis: k by batch size and context bucket, and vLLM's 5-item entries.
+        **({} if not table.context_entries else {
+            "table_grid": dg.MetadataValue.md("```\n" + "\n".join(context_grid_lines(table.full_table)) + "\n```"),
+            "context_entries_json": dg.MetadataValue.text(json.dumps([list(e) for e in table.context_entries]))}),
     }
 
 

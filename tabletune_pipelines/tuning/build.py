@@ -1,6 +1,7 @@
 """The draft-length table of one engine identity, from the store (no Dagster): its profile, the prior
 ``gates.prior_for_table`` picks (the rule ``tabletune table`` follows too), the table search
-(``derive.derive_table``), the table stored, every table gate and the goodput plot.
+(``derive_context.derive_context_table`` over the surface per context level), the table stored,
+every table gate and the table's plot.
 
 ``build_table`` returns a plain ``BuiltTable`` that the Dagster layer describes; when no table can
 be derived it raises ``PipelineFailure`` saying what to materialize first.
@@ -18,7 +19,8 @@ from tabletune_pipelines.core.evidence import DEFAULT_CONFIDENCE, DEFAULT_SEARCH
 from tabletune_pipelines.core.table import DEFAULT_STICKINESS
 from tabletune_pipelines.errors import InvalidValueError, PipelineFailure, TableTuneError
 from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, StepTimeProfile
-from tabletune_pipelines.tuning.derive import DeriveOptions, TunedTable, derive_table
+from tabletune_pipelines.tuning.derive import DeriveOptions, TunedTable
+from tabletune_pipelines.tuning.derive_context import derive_context_table, stored_context_surface
 from tabletune_pipelines.tuning.gates import (
     Gate,
     GateThresholds,
@@ -29,7 +31,7 @@ from tabletune_pipelines.tuning.gates import (
     k0_gate,
     prior_for_table,
 )
-from tabletune_pipelines.tuning.report import goodput_plot
+from tabletune_pipelines.tuning.report import table_plot
 from tabletune_pipelines.vocab import SEARCH_RULES, is_search_rule
 
 
@@ -137,7 +139,8 @@ def build_table(store: Any, key: str, settings: BuildSettings, *, allowed_ks: It
     try:
         options = derive_options(settings, allowed_ks=None if allowed_ks is None else tuple(allowed_ks),
                                  served_calibration=calibration)
-        tuned = derive_table(profile, prior, options)
+        surfaces = stored_context_surface(store, profile, prior, options)
+        tuned = derive_context_table(profile, prior, surfaces, options=options)
     except (TableTuneError, ValueError) as exc:
         raise PipelineFailure(f"cannot derive a table for {key}: {exc}") from exc
     table = tuned.table
@@ -153,5 +156,5 @@ def build_table(store: Any, key: str, settings: BuildSettings, *, allowed_ks: It
         k0_gate(table, no_spec, reject.get(0, {}), thresholds.k0_margin),
         cuda_graph_headroom_gate(table, ident.cudagraph_mode),
     )
-    plot = goodput_plot(table, no_spec, f"{key}\nprior {prior.prior_id}")
+    plot = table_plot(tuned, no_spec, f"{key}\nprior {prior.prior_id}")
     return BuiltTable(tuned=tuned, table_id=table_id, profile=profile, prior=prior, gates=gates, plot=plot)

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from tabletune_pipelines.core.steptime import StepTimes
 from tabletune_pipelines.core.table import DraftTable, context_buckets
+from tabletune_pipelines.engine.plan import PlanFields
 from tabletune_pipelines.errors import InvalidValueError
 from tabletune_pipelines.formats.documents import AcceptancePrior, StepTimeProfile
 from tabletune_pipelines.tuning.derive import (
@@ -100,3 +102,11 @@ def single_level_surface(profile: StepTimeProfile, prior: AcceptancePrior, optio
     plus the tokens decoded so far. Stands in for the store's surface per level where the profile
     holds one level."""
     return {int(prompt_tokens): judged_step_times(profile, prior, options)}
+
+
+def stored_context_surface(store: Any, profile: StepTimeProfile, prior: AcceptancePrior,
+                           options: DeriveOptions) -> dict[int, StepTimes]:
+    """The surface per context level of ``profile``'s engine, as the table derivation reads it from
+    ``store``. A stored profile holds one context level, the profile plan's ``prompt_tokens``, so this
+    is ``single_level_surface`` of ``profile`` at that level (``store`` is not read)."""
+    return single_level_surface(profile, prior, options, PlanFields().prompt_tokens)

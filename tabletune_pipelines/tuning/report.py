@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from tabletune_pipelines.core.goodput import tau_curve
+from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.errors import PlotTargetError
 from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, EngineIdentity, StepTimeProfile
 from tabletune_pipelines.formats.strict_io import atomic_write_bytes, not_a_write_target
@@ -31,6 +32,18 @@ def ranges_line(ranges: Iterable[Iterable[int]]) -> str:
     """The table's ranges on one line: ``B 1-16: k=3 · 17-64: k=2 · 65-128: k=1``."""
     parts = [f"{s}-{e}: k={k}" if s != e else f"{s}: k={k}" for s, e, k in ranges]
     return "B " + " · ".join(parts)
+
+
+def context_grid_lines(table: DraftTable) -> list[str]:
+    """A table with a context axis as a grid: one row per batch-size range, one column per context
+    bucket, each cell its k (``B \\ ctx | 1-1024 | 1025-8192``); a table without one is a one-column
+    grid under ``every ctx``."""
+    heads = ["every ctx"] if table.axes.context is None else [f"{lo}-{hi}" for lo, hi in table.axes.context]
+    rows = [[f"{lo}-{hi}" if lo != hi else f"{lo}", *(str(k) for k in ks)]
+            for (lo, hi), ks in zip(table.axes.batch, table.ks, strict=True)]
+    grid = [["B \\ ctx", *heads], *rows]
+    widths = [max(len(r[j]) for r in grid) for j in range(len(grid[0]))]
+    return [" | ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in grid]
 
 
 def identity_markdown(identity: EngineIdentity) -> str:
@@ -180,6 +193,47 @@ def goodput_plot(table: DraftLengthTable, no_spec_ms: Mapping[int, float] | None
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": PLOT_SOFTWARE})  # the mark write_plot recognises
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def table_plot(tuned: TunedTable, no_spec_ms: Mapping[int, float] | None, title: str) -> bytes:
+    """The table asset's plot: ``goodput_plot`` for a table without a context axis; with one, a
+    heat-map of k over (B, context bucket) beside the table's goodput against B at each context level."""
+    if not tuned.table.context_entries:
+        return goodput_plot(tuned.table, no_spec_ms, title)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    full = tuned.table.full_table
+    buckets = full.axes.context or ()
+    dense = full.dense(tuned.table.max_num_seqs)  # (B, buckets)
+    fig, (heat, curves) = plt.subplots(1, 2, figsize=(11, 4), dpi=90, gridspec_kw={"width_ratios": [1, 1.6]})
+    im = heat.imshow(dense, aspect="auto", origin="lower", cmap="viridis", interpolation="nearest",
+                     extent=(-0.5, len(buckets) - 0.5, 0.5, dense.shape[0] + 0.5))
+    heat.set_xticks(range(len(buckets)), [f"{lo}-{hi}" for lo, hi in buckets], fontsize=8)
+    heat.set_xlabel("context bucket (tokens)")
+    heat.set_ylabel("batch size B")
+    fig.colorbar(im, ax=heat, label="k", ticks=sorted({int(k) for k in dense.ravel()}))
+    for (lo, hi), row in zip(full.axes.batch, full.ks, strict=True):
+        for j, k in enumerate(row):
+            heat.text(j, (lo + hi) / 2, f"k = {k}", ha="center", va="center", fontsize=8, color="white")
+    b = np.arange(1, tuned.table.max_num_seqs + 1)
+    for level in tuned.by_context:
+        choice = level.evidence.choice
+        g = choice.goodput[[choice.ks.index(k) for k in choice.chosen], b - 1]
+        curves.plot(b, g, linewidth=1.6, label=f"ctx {level.level} ({level.bucket[0]}-{level.bucket[1]})"
+                                               + (", pooled prior" if level.pooled else ""))
+    curves.set_xlabel("batch size B (concurrent requests)")
+    curves.set_ylabel("goodput of the table (tokens kept / s)")
+    curves.grid(alpha=0.3)
+    curves.legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", metadata={"Software": PLOT_SOFTWARE})  # the mark write_plot recognises

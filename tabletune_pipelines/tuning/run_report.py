@@ -159,6 +159,7 @@ def measured_lines(pub: PublishedTable, dep: Deployment, store: Any, *, sample_s
 
     lines = [f"NOTE: {n}" if not n.startswith(" ") else f"     {n}" for n in no_verdict_lines(pub.served_verification)]
     lines.append(f"  table       {ranges_line(pub.ranges)}   (K = {pub.max_k}, max_num_seqs = {pub.max_num_seqs})")
+    lines += _context_lines(pub)
     lines.append(f"  engine      {_identity_line(pub)}")
     lines.append(f"              key {pub.identity_key}")
     lines += _prior_lines(pub, dep, store, sample_seed)
@@ -224,6 +225,24 @@ def _served_lines(pub: PublishedTable, dep: Deployment) -> list[str]:
     if sv.get("plot"):
         lines.append(f"              plot {dep.published_table.parent / sv['plot']}")
     return lines
+
+
+def _context_lines(pub: PublishedTable) -> list[str]:
+    """The (B, ctx) grid of a file whose table has a context axis (``table.context_entries``): rows
+    are batch-size ranges, columns context buckets, cells k; none for a batch-only table."""
+    from tabletune_pipelines.tuning.report import context_grid_lines
+
+    table = pub.document.get("table") or {}
+    entries = table.get("context_entries")
+    if not entries:
+        return []
+    try:
+        full = DraftTable.from_entries(entries, max_num_seqs=pub.max_num_seqs, max_k=pub.max_k, allow_context=True)
+    except TableTuneError as exc:
+        return [f"  (B, ctx)    table.context_entries cannot be read: {exc}"]
+    head = (f"  (B, ctx)    k by batch size and context (a step's context: the {table.get('ctx_agg', 'mean')} over "
+            "its requests); the line above is the batch-only table for an engine without 5-item entries")
+    return [head, *(f"              {line}" for line in context_grid_lines(full))]
 
 
 def _identity_line(pub: PublishedTable) -> str:

@@ -262,3 +262,29 @@ def test_run_show_and_the_ui_print_the_same_run_report(home, capsys):
     # the UI's metadata renders the same lines from the same store
     ui = measured_lines(load_published(dep.published_table), dep, store)
     assert ui == run
+
+
+def test_a_table_with_a_context_axis_shows_its_grid(home, capsys):
+    import numpy as np
+
+    from tabletune_pipelines.core.steptime import StepTimes
+    from tabletune_pipelines.tuning.derive import DeriveOptions, judged_step_times
+    from tabletune_pipelines.tuning.derive_context import derive_context_table
+
+    store = noisy_store(default_store_path())
+    dep = load_fleet().deployments[0]
+    prior = store.latest_acceptance_prior()
+    profile = store.load_profile(IDENT.key)
+    short = judged_step_times(profile, prior, DeriveOptions())
+    # At the long level every k >= 1 costs 3 times the step of k = 0: tau(k) <= 2.5 never pays for it.
+    long = StepTimes(short.ks, short.ms * np.where(np.array(short.ks) >= 1, 3.0, 1.0)[:, None])
+    table = derive_context_table(profile, prior, {256: short, 4096: long}).table
+    assert table.full_table.axes.context == ((1, 1024), (1025, 4096))
+    assert {e[-1] for e in table.context_entries if e[2] == 1025} == {0}
+    store.publish(dep.name, table, dep.published_table, document_fields=controller_fields(identity=IDENT, prior=prior))
+    out = summary(capsys)
+    grid = out.split("  (B, ctx)    k by batch size and context (a step's context: the mean over its requests)", 1)[1]
+    lines = grid.splitlines()[1:2 + len(table.full_table.axes.batch)]
+    assert lines[0].split() == ["B", "\\", "ctx", "|", "1-1024", "|", "1025-4096"]
+    assert [line.split()[-3:] for line in lines[1:]] == [[str(row[0]), "|", str(row[1])] for row in table.full_table.ks]
+    assert f"  table       {ranges_line(table.ranges)}" in out  # the first bucket's batch-only table

@@ -139,3 +139,31 @@ def test_the_published_file_carries_the_full_table_and_the_engine_gets_what_it_a
     stored = store.query("SELECT ranges_json FROM draft_length_tables WHERE table_id = ?", [table.table_id])
     assert json.loads(stored[0][0]) == [[1, 16, 1, 1024, 3], [1, 16, 1025, 8192, 1]]
     assert store.table(table.table_id) == table
+
+
+def test_the_grid_has_a_row_per_batch_range_and_a_column_per_bucket():
+    from tabletune_pipelines.core.table import DraftTable
+    from tabletune_pipelines.tuning.report import context_grid_lines
+
+    table = DraftTable.from_columns([[3, 3, 2, 2], [1, 1, 1, 0]], ((1, 1024), (1025, 8192)))
+    assert context_grid_lines(table) == ["B \\ ctx | 1-1024 | 1025-8192",
+                                         "    1-2 |      3 |         1",
+                                         "      3 |      2 |         1",
+                                         "      4 |      2 |         0"]
+    assert context_grid_lines(DraftTable.from_dense([3, 3, 1])) == ["B \\ ctx | every ctx", "    1-2 |         3",
+                                                                    "      3 |         1"]
+
+
+def _png_size(png: bytes) -> tuple[int, int]:
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+
+
+def test_the_table_plot_is_a_heat_map_with_a_context_axis_and_todays_plot_without():
+    from tabletune_pipelines.tuning.report import goodput_plot, table_plot
+
+    two = derive_context_table(samples.profile(), samples.prior(), {256: SHORT, 4096: LONG}, max_model_len=8192)
+    one = derive_context_table(samples.profile(), samples.prior(), {256: SHORT})
+    assert _png_size(table_plot(two, None, "t")) == (990, 360)  # 11 x 4 in at 90 dpi: heat-map and curves
+    assert table_plot(one, None, "t") == goodput_plot(one.table, None, "t")
+    assert _png_size(goodput_plot(one.table, None, "t")) == (630, 360)
