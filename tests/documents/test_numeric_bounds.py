@@ -181,6 +181,7 @@ def read_case(kind: str, what: str, name: str, value: Any):
 STRUCTURED = {  # numeric fields of documents checked as a whole by their own rule, not as one number
     "AcceptancePrior.rates": "core.goodput.validate_acceptance",
     "DraftLengthTable.ranges": "core.table.DraftTable.from_entries", "DraftLengthTable.acceptance_rates": "the prior's rates",
+    "DraftLengthTable.context_entries": "core.table.DraftTable.from_entries(..., allow_context=True)",
     "DraftLengthTable.step_ms": "published.parse_published (walked as 'published file')",
     "DraftLengthTable.within_noise": "evidence, reported", "DraftLengthTable.boundaries": "evidence, reported",
     "DraftLengthTable.accepted_work_fit": "evidence, reported", "DraftLengthTable.served_cost": "evidence, reported",

@@ -167,3 +167,17 @@ def test_the_table_plot_is_a_heat_map_with_a_context_axis_and_todays_plot_withou
     assert _png_size(table_plot(two, None, "t")) == (990, 360)  # 11 x 4 in at 90 dpi: heat-map and curves
     assert table_plot(one, None, "t") == goodput_plot(one.table, None, "t")
     assert _png_size(goodput_plot(one.table, None, "t")) == (630, 360)
+
+
+def test_a_stored_table_with_bad_context_entries_is_one_clear_error():
+    from tabletune_pipelines.errors import TableTuneError
+
+    body = derive_context_table(samples.profile(), samples.prior(), {256: SHORT, 4096: LONG},
+                                max_model_len=8192).table.to_dict()
+    for bad, words in (([[1, 16, 3]], "must be 5-item"), ([[1, 16, 2, 1024, 3], [1, 16, 1025, 8192, 1]],
+                                                          "contiguous from 1"),
+                       ([[1, 16, 1, 1024, 9], [1, 16, 1025, 8192, 1]], "num_speculative_tokens = 3")):
+        with pytest.raises(TableTuneError, match=words):
+            DraftLengthTable.from_dict({**body, "context_entries": bad})
+    with pytest.raises(TableTuneError, match="ctx_agg = 'p99'"):
+        DraftLengthTable.from_dict({**body, "ctx_agg": "p99"})
