@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from tabletune_pipelines.core.context_acceptance import BucketAcceptance, check_breakdown, rates_by_context
 from tabletune_pipelines.core.evidence import Boundary
 from tabletune_pipelines.core.goodput import validate_acceptance, validate_step_time
 from tabletune_pipelines.core.noise import CellEstimate
@@ -27,7 +28,10 @@ from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.errors import (
     DocumentError,
     EmptyProfileError,
+    InvalidAcceptanceError,
     InvalidStepTimeError,
+    InvalidTableError,
+    InvalidValueError,
 )
 from tabletune_pipelines.formats.document_base import SCHEMA_VERSION, Document, digest, slug
 from tabletune_pipelines.options import (
@@ -375,6 +379,20 @@ class AcceptancePrior(Document):
     """What the measured requests brought (``core.stepcost.Workload``: mean ``prompt_tokens`` and
     ``output_tokens``, and their ``source`` in words): it sets the prefill a served step carries.
     None: not recorded (a prior stored before it was, or a synthetic one)."""
+    context: tuple[BucketAcceptance, ...] | None = None
+    """Per context bucket, its sample and rates, pooled where the sample is too small
+    (``core.context_acceptance``); None: measured as one bucket (one context level)."""
+
+    def rates_by_context(self, levels: tuple[int, ...] = ()) -> dict[int, tuple[float, ...]]:
+        """Context level → the rates its bucket serves (``core.context_acceptance.rates_by_context``);
+        without a breakdown, each of ``levels`` gets the prior's rates."""
+        return rates_by_context(self.context, self.rates, levels)
+
+    def to_dict(self) -> dict[str, Any]:
+        body = super().to_dict()
+        if body.get("context") is None:  # one bucket: the document (and its id) as without the field
+            body.pop("context", None)
+        return body
 
     def workload_model(self) -> Workload | None:
         """``workload`` as the step-cost model's ``Workload`` (None when not recorded)."""
@@ -400,6 +418,11 @@ class AcceptancePrior(Document):
                 f"({len(self.accepted_per_pos)}) and rates ({len(self.rates)}) must have the same length")
         if self.source not in PRIOR_SOURCES:
             raise DocumentError(f"acceptance prior: source = {self.source!r} must be one of {PRIOR_SOURCES}")
+        if self.context is not None:
+            try:
+                check_breakdown(self.context, len(self.rates), self.prompt_count, self.num_drafts)
+            except (InvalidValueError, InvalidTableError, InvalidAcceptanceError) as exc:
+                raise DocumentError(f"acceptance prior: {exc}") from None
 
     @property
     def max_k(self) -> int:
@@ -416,6 +439,12 @@ class AcceptancePrior(Document):
     def _from_body(cls, body: dict[str, Any]) -> AcceptancePrior:
         for name in ("rates", "drafted_per_pos", "accepted_per_pos"):
             body[name] = tuple(body[name])
+        if body.get("context") is not None:
+            raw = body["context"]
+            if not isinstance(raw, list) or not all(isinstance(b, Mapping) for b in raw):
+                raise DocumentError("acceptance prior: context must be a list of bucket objects")
+            body["context"] = tuple(BucketAcceptance(**{k: tuple(v) if isinstance(v, list) else v
+                                                        for k, v in b.items()}) for b in raw)
         return cls(**body)
 
 
