@@ -88,7 +88,7 @@ class BucketAcceptance:
 
 def bucket_of(lengths: Sequence[int], buckets: Sequence[tuple[int, int]]) -> list[int]:
     """The bucket index of every length (tokens; past the last bucket: the last one)."""
-    axes = Axes(batch=((1, 1),), context=tuple(tuple(b) for b in buckets))
+    axes = Axes(batch=((1, 1),), context=tuple((int(lo), int(hi)) for lo, hi in buckets))
     return [axes.context_column(int(n)) for n in lengths]
 
 

@@ -34,8 +34,11 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from tabletune_pipelines.core.acceptance_estimate import rates_from_counts
+from tabletune_pipelines.core.context_acceptance import PoolingRule, bucket_acceptance, bucket_of
+from tabletune_pipelines.core.table import context_buckets
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.engine.process import VLLMServer
 from tabletune_pipelines.errors import (
@@ -46,7 +49,7 @@ from tabletune_pipelines.errors import (
     UnwritablePathError,
 )
 from tabletune_pipelines.formats.documents import AcceptancePrior
-from tabletune_pipelines.formats.prompts import load_prompts
+from tabletune_pipelines.formats.prompts import load_prompt_lengths, load_prompts
 from tabletune_pipelines.formats.strict_io import (
     FileTooLargeError,
     NotRegularFileError,
@@ -54,9 +57,9 @@ from tabletune_pipelines.formats.strict_io import (
     read_bounded,
 )
 
-__all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_SAMPLE_SIZE", "SpecCounters", "load_prompts", "measure_acceptance",
-           "fingerprint_key", "measure_acceptance_from_file", "parse_spec_counters", "prompt_fingerprint",
-           "sample_prompts", "write_default_prompt_file"]
+__all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_SAMPLE_SIZE", "ContextSplit", "SpecCounters", "load_prompts",
+           "measure_acceptance", "fingerprint_key", "measure_acceptance_from_file", "parse_spec_counters",
+           "prompt_fingerprint", "sample_prompts", "write_default_prompt_file"]
 from tabletune_pipelines.vocab import DEFAULT_SAMPLE_SIZE, DEFAULT_TEMPERATURE, PriorSource
 
 DEFAULT_MAX_TOKENS = 64
@@ -67,8 +70,13 @@ _LABEL_RE = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 # --------------------------------------------------------------------------- prompt sets
-def sample_prompts(prompts: Sequence[str], n: int = DEFAULT_SAMPLE_SIZE, seed: int = 0) -> list[str]:
-    """``n`` prompts drawn without replacement with a fixed seed (all of them if fewer)."""
+P = TypeVar("P")
+"""A prompt, or a prompt with what travels with it (its logged length)."""
+
+
+def sample_prompts(prompts: Sequence[P], n: int = DEFAULT_SAMPLE_SIZE, seed: int = 0) -> list[P]:
+    """``n`` prompts drawn without replacement with a fixed seed (all of them if fewer). The draw
+    depends only on how many there are: prompts with their lengths are drawn as the prompts alone."""
     if n < 1:
         raise EngineConfigError(f"sample size n = {n!r} must be >= 1")
     if len(prompts) <= n:
@@ -261,30 +269,40 @@ def _settled_counters(server: VLLMServer, settle: float = 0.3, tries: int = 20) 
     return last
 
 
-# --------------------------------------------------------------------------- measurement
-def measure_acceptance(
-    server: VLLMServer,
-    prompts: Sequence[str],
-    *,
-    temperature: float = DEFAULT_TEMPERATURE,
-    max_tokens: int = DEFAULT_MAX_TOKENS,
-    concurrency: int | None = None,
-    seed: int = 0,
-    source: PriorSource | None = None,
-    week: str | None = None,
-    deployment: str | None = None,
-) -> AcceptancePrior:
-    """Run ``prompts`` on a running speculative server and return the per-position acceptance."""
-    cfg = server.config
-    K = int(cfg.num_speculative_tokens or 0)
-    if cfg.method is None or K < 1:
-        raise EngineConfigError("acceptance needs a speculative server (method and num_speculative_tokens)")
-    if not prompts:
-        raise PromptFileError("no prompts to measure acceptance on")
+@dataclass(frozen=True)
+class _GroupCounts:
+    """What one group of prompts drafted and kept (counter deltas around its run)."""
+
+    num_drafts: int
+    """Request-steps that drafted."""
+    drafted: tuple[int, ...]
+    """How often position i was drafted (step records when the timing scheduler runs, else num_drafts)."""
+    accepted: tuple[int, ...]
+    """How often position i was kept."""
+    usage: tuple[tuple[int, int], ...]
+    """(prompt tokens, completion tokens) of each request that reported them."""
+
+
+@dataclass(frozen=True)
+class ContextSplit:
+    """How a measurement splits its prompts by context (``core.context_acceptance``)."""
+
+    levels: tuple[int, ...]
+    """The plan's context levels (tokens, ascending); one level measures one group, as without a split."""
+    max_context: int | None = None
+    """Where the last bucket ends (tokens); None = the server's ``max_model_len``."""
+    lengths: tuple[int | None, ...] | None = None
+    """Each prompt's length in tokens as logged (None: tokenized by the server)."""
+    rule: PoolingRule = PoolingRule()
+    """When a bucket keeps rates of its own."""
+
+
+def _run_group(server: VLLMServer, items: Sequence[tuple[int, str]], K: int, *, temperature: float,
+               max_tokens: int, seed: int, workers: int) -> _GroupCounts:
+    """Run ``items`` ((index in the sample, prompt): the index seeds its sampling) and count."""
     before = _settled_counters(server, tries=2)
     offset = server.step_log_offset()
     t0 = time.monotonic()
-    workers = concurrency or cfg.max_num_seqs
     usage: list[tuple[int, int]] = []  # (prompt tokens, completion tokens) per request: the workload
 
     def one(i_prompt: tuple[int, str]) -> None:
@@ -297,15 +315,11 @@ def measure_acceptance(
             usage.append((u["prompt_tokens"], u["completion_tokens"]))
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        list(pool.map(one, enumerate(prompts)))
+        list(pool.map(one, items))
     t1 = time.monotonic()
-    after = _settled_counters(server)
-    delta = after.minus(before)
-    if delta.num_drafts <= 0:
-        raise EngineError(f"no drafts were made for {len(prompts)} prompts (method {cfg.method!r}); "
-                          "acceptance is undefined", server.log_tail(10))
+    delta = _settled_counters(server).minus(before)
     accepted = [int(round(x)) for x in (list(delta.accepted_per_pos) + [0.0] * K)[:K]]
-    drafted = [int(round(delta.num_drafts))] * K
+    drafted = [int(round(max(delta.num_drafts, 0.0)))] * K
     steps = server.read_steps(since=t0, until=t1 + 1.0, offset=offset)
     dp = [0] * K
     for s in steps:
@@ -313,10 +327,61 @@ def measure_acceptance(
             dp[i] += int(v)
     if steps and dp[0] > 0:
         drafted = dp
+    return _GroupCounts(int(round(delta.num_drafts)), tuple(drafted), tuple(accepted), tuple(usage))
+
+
+def _groups(server: VLLMServer, prompts: Sequence[str], split: ContextSplit | None
+            ) -> tuple[list[list[tuple[int, str]]], tuple[tuple[int, int], ...] | None]:
+    """The prompts as one group (no split, or one level), or one group per context bucket, and the buckets."""
+    items = list(enumerate(prompts))
+    if split is None or len(split.levels) < 2:
+        return [items], None
+    buckets = context_buckets(split.levels, split.max_context or server.config.max_model_len)
+    logged = split.lengths if split.lengths is not None else (None,) * len(prompts)
+    if len(logged) != len(prompts):
+        raise EngineConfigError(f"{len(logged)} prompt lengths for {len(prompts)} prompts")
+    lengths = [n if n is not None else server.count_tokens(p) for p, n in zip(prompts, logged, strict=True)]
+    column = bucket_of(lengths, buckets)
+    return [[it for it, c in zip(items, column, strict=True) if c == j] for j in range(len(buckets))], buckets
+
+
+def measure_acceptance(
+    server: VLLMServer,
+    prompts: Sequence[str],
+    *,
+    temperature: float = DEFAULT_TEMPERATURE,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    concurrency: int | None = None,
+    seed: int = 0,
+    source: PriorSource | None = None,
+    week: str | None = None,
+    deployment: str | None = None,
+    context: ContextSplit | None = None,
+) -> AcceptancePrior:
+    """Run ``prompts`` on a running speculative server and return the per-position acceptance. With
+    ``context`` of two or more levels, each context bucket's prompts run as one group after another,
+    and the prior carries each bucket's counts and rates, pooled where its sample is too small."""
+    cfg = server.config
+    K = int(cfg.num_speculative_tokens or 0)
+    if cfg.method is None or K < 1:
+        raise EngineConfigError("acceptance needs a speculative server (method and num_speculative_tokens)")
+    if not prompts:
+        raise PromptFileError("no prompts to measure acceptance on")
+    groups, buckets = _groups(server, prompts, context)
+    counts = [_run_group(server, g, K, temperature=temperature, max_tokens=max_tokens, seed=seed,
+                         workers=concurrency or cfg.max_num_seqs) if g else _GroupCounts(0, (0,) * K, (0,) * K, ())
+              for g in groups]
+    num_drafts = sum(c.num_drafts for c in counts)
+    if num_drafts <= 0:
+        raise EngineError(f"no drafts were made for {len(prompts)} prompts (method {cfg.method!r}); "
+                          "acceptance is undefined", server.log_tail(10))
+    accepted = [sum(c.accepted[i] for c in counts) for i in range(K)]
+    drafted = [sum(c.drafted[i] for c in counts) for i in range(K)]
     # Every position is drafted at a fixed K; one that was not repeats the position before it.
     rates = tuple(float(r) for r in rates_from_counts(accepted, drafted, undrafted="previous"))
     if source is None:
         source = "synthetic" if cfg.synthetic_acceptance_rates is not None else "measured"
+    usage = [u for c in counts for u in c.usage]
     workload = None
     if usage:
         workload = {"prompt_tokens": round(sum(u[0] for u in usage) / len(usage), 2),
@@ -324,11 +389,15 @@ def measure_acceptance(
                     "source": f"mean prompt tokens of the {len(usage)} sampled prompts (the engine's tokenizer); "
                               f"output tokens as generated here (capped at max_tokens = {max_tokens}): "
                               "replace with served output lengths where known"}
+    breakdown = None
+    if buckets is not None and context is not None:
+        breakdown = bucket_acceptance(context.levels, buckets, [
+            (len(g), c.num_drafts, c.drafted, c.accepted) for g, c in zip(groups, counts, strict=True)], context.rule)
     return AcceptancePrior(
-        rates=rates, num_drafts=int(round(delta.num_drafts)), drafted_per_pos=tuple(drafted),
+        rates=rates, num_drafts=num_drafts, drafted_per_pos=tuple(drafted),
         accepted_per_pos=tuple(accepted), prompt_fingerprint=prompt_fingerprint(prompts),
         prompt_count=len(prompts), temperature=float(temperature), source=source, week=week, deployment=deployment,
-        workload=workload)
+        workload=workload, context=breakdown)
 
 
 def measure_acceptance_from_file(
@@ -344,15 +413,23 @@ def measure_acceptance_from_file(
     source: PriorSource | None = None,
     week: str | None = None,
     deployment: str | None = None,
+    context_levels: Sequence[int] = (),
 ) -> AcceptancePrior:
     """Load + sample the prompt file, then measure at the config's K (launching a server unless
-    ``server`` is given). The launch uses a fixed K (no table) so every draft covers all K positions."""
-    prompts = sample_prompts(load_prompts(prompt_file), n=n, seed=seed)
+    ``server`` is given). The launch uses a fixed K (no table) so every draft covers all K positions.
+    ``context_levels`` (two or more): acceptance per context bucket, each prompt placed by its logged
+    ``prompt_tokens`` or, without one, its length as the server tokenizes it."""
+    records = sample_prompts(load_prompt_lengths(prompt_file), n=n, seed=seed)  # the same draw as of the prompts
+    prompts = [p for p, _ in records]
     fingerprint_key()  # a key others can read (or a broken one) fails here, before an engine starts
+    split = None
+    if len(context_levels) >= 2:
+        split = ContextSplit(levels=tuple(int(x) for x in context_levels), lengths=tuple(t for _, t in records))
 
     def measure(srv: VLLMServer) -> AcceptancePrior:
         return measure_acceptance(srv, prompts, temperature=temperature, max_tokens=max_tokens, seed=seed,
-                                  concurrency=concurrency, source=source, week=week, deployment=deployment)
+                                  concurrency=concurrency, source=source, week=week, deployment=deployment,
+                                  context=split)
 
     if server is not None:
         return measure(server)

@@ -76,6 +76,21 @@ class EngineClient:
             raise EngineError(f"completion request answered {status} ({_error_type(raw)}, {len(raw)} bytes)")
         return json.loads(raw)
 
+    def count_tokens(self, prompt: str, timeout: float = 30.0) -> int:
+        """The prompt's length in tokens as the server's tokenizer counts it for a completion
+        (``POST /tokenize``, special tokens added: a completion's ``usage.prompt_tokens``)."""
+        body = {"model": SERVED_MODEL_NAME, "prompt": prompt, "add_special_tokens": True}
+        status, raw = self._call("/tokenize", data=json.dumps(body).encode(), timeout=timeout)
+        if status != 200:  # the answer can echo the prompt: only its shape and vLLM's error type
+            raise EngineError(f"/tokenize answered {status} ({_error_type(raw)}, {len(raw)} bytes)")
+        try:
+            count = json.loads(raw)["count"]
+        except (ValueError, KeyError, TypeError):
+            count = None
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise EngineError(f"/tokenize answered without an integer count ({len(raw)} bytes)")
+        return count
+
     def metrics_text(self, timeout: float = 10.0) -> str:
         """``/metrics`` (Prometheus text exposition)."""
         status, raw = self._call("/metrics", timeout=timeout)
@@ -120,6 +135,13 @@ class ServerClient:
         except EngineUnreachable as exc:
             self.server.check_alive()
             raise EngineError(f"completion request failed: {exc}", self.server.log_tail()) from None
+        except EngineError as exc:
+            raise EngineError(str(exc), self.server.log_tail(10)) from None
+
+    def count_tokens(self, prompt: str) -> int:
+        """The prompt's length in tokens (``EngineClient.count_tokens``)."""
+        try:
+            return self.server.client.count_tokens(prompt)
         except EngineError as exc:
             raise EngineError(str(exc), self.server.log_tail(10)) from None
 

@@ -438,6 +438,10 @@ class VLLMServer:
         return self.requests.complete(prompt, max_tokens=max_tokens, ignore_eos=ignore_eos,
                                       temperature=temperature, seed=seed, timeout=timeout)
 
+    def count_tokens(self, prompt: str) -> int:
+        """The prompt's length in tokens as the server's tokenizer counts it (``/tokenize``)."""
+        return self.requests.count_tokens(prompt)
+
     def metrics_text(self) -> str:
         """``/metrics`` (Prometheus text exposition)."""
         return self.requests.metrics_text()

@@ -443,8 +443,9 @@ class AcceptancePrior(Document):
             raw = body["context"]
             if not isinstance(raw, list) or not all(isinstance(b, Mapping) for b in raw):
                 raise DocumentError("acceptance prior: context must be a list of bucket objects")
-            body["context"] = tuple(BucketAcceptance(**{k: tuple(v) if isinstance(v, list) else v
-                                                        for k, v in b.items()}) for b in raw)
+            fields: list[dict[str, Any]] = [{k: tuple(v) if isinstance(v, list) else v for k, v in b.items()}
+                                            for b in raw]
+            body["context"] = tuple(BucketAcceptance(**f) for f in fields)
         return cls(**body)
 
 

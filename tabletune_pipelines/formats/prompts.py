@@ -6,6 +6,11 @@ keys (``id``, ``ts``, ...) are ignored; blank lines are skipped::
     {"prompt": "Summarise the following text: ..."}
     {"prompt": "def fib(n):", "id": 17}
 
+A line may carry the prompt's length in tokens as ``"prompt_tokens"`` (an integer 1..2^24, as the
+serving engine's tokenizer counted it): the acceptance measurement then puts the prompt in its
+context bucket without tokenizing it; a line without it is tokenized by the measuring engine. A
+length that is not such an integer is refused like any malformed line.
+
 One rule for every caller (the acceptance measurement and the pipeline's prompt count): a
 missing, unreadable or empty file and any malformed line raise ``PromptFileError`` naming the file
 and the line number. Prompts are user data, so a message describes a bad line's shape (its JSON
@@ -29,6 +34,8 @@ from tabletune_pipelines.formats import strict_io
 from tabletune_pipelines.formats.strict_io import LineTooLongError, NotRegularFileError, bounded_lines, open_regular
 
 EXPECTED = '{"prompt": "..."}'
+#: The largest logged ``prompt_tokens`` (a context length vLLM can hold: ``max_model_len``'s bound).
+MAX_PROMPT_TOKENS = 2 ** 24
 #: A prompt line is at most this long (a 1M-token prompt is ~4 MB of UTF-8).
 MAX_LINE_BYTES = 16 * 1024 * 1024
 
@@ -92,6 +99,15 @@ def _record_of(path: Path, no: int, raw: bytes) -> dict | None:
     except UnicodeEncodeError as exc:
         raise PromptFileError(f"{where}: \"prompt\" (a string of length {len(prompt)}) has an unpaired UTF-16 "
                               f"surrogate escape at character {exc.start + 1}; it is not text") from None
+    tokens = obj.get("prompt_tokens")
+    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int)
+                               or not 1 <= tokens <= MAX_PROMPT_TOKENS):
+        got = f"the integer {tokens}" if isinstance(tokens, int) and not isinstance(tokens, bool) else _shape(tokens)
+        raise PromptFileError(f"{where}: \"prompt_tokens\" must be an integer 1..{MAX_PROMPT_TOKENS} (the prompt's "
+                              f"length in tokens), got {got}")
+    if "prompt_tokens" in obj and tokens is None:
+        raise PromptFileError(f"{where}: \"prompt_tokens\" must be an integer 1..{MAX_PROMPT_TOKENS} (the prompt's "
+                              "length in tokens), got null; leave the key out when the length is unknown")
     return obj
 
 
@@ -142,6 +158,11 @@ def iter_records(path: str | os.PathLike[str]) -> Iterator[dict]:
 def load_prompts(path: str | os.PathLike[str]) -> list[str]:
     """Every prompt of a JSONL prompt file (see the module docstring for the rules)."""
     return list(iter_prompts(path))
+
+
+def load_prompt_lengths(path: str | os.PathLike[str]) -> list[tuple[str, int | None]]:
+    """Every prompt of a file with its logged ``prompt_tokens`` (None where the line has none)."""
+    return [(obj["prompt"], obj.get("prompt_tokens")) for obj in iter_records(path)]
 
 
 def count_prompts(path: str | os.PathLike[str]) -> int:

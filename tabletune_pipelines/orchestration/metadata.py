@@ -164,11 +164,23 @@ def describe_profile(run: ProfileRun) -> dg.MaterializeResult:
     )
 
 
+def context_buckets_metadata(week: WeekPriors) -> dict[str, list[dict[str, Any]]]:
+    """Per deployment measured per context bucket: each bucket's span, level, prompts (n), drafts, and
+    its rates, or ``"pooled: <why>"`` where it serves the pooled rates."""
+    return {m.deployment: [
+        {"bucket": [b.lo, b.hi], "level": b.level, "n": b.prompt_count, "num_drafts": b.num_drafts,
+         "rates": f"pooled: {b.reason}" if b.pooled else [round(r, 4) for r in b.rates]}
+        for b in m.prior.context] for m in week.measured if m.prior.context is not None}
+
+
 def describe_acceptance(week: WeekPriors) -> dg.MaterializeResult:
-    """``acceptance_prior``: the week's priors, their samples, and one ``prior_sane`` check over all
-    deployments of the run (it fails if any prior is not sane)."""
+    """``acceptance_prior``: the week's priors, their samples, each prior's context buckets where it
+    was measured per bucket, and one ``prior_sane`` check over all deployments of the run (it fails if
+    any prior is not sane)."""
+    buckets = context_buckets_metadata(week)
     return dg.MaterializeResult(
         metadata={
+            **({"context_buckets": dg.MetadataValue.json(buckets)} if buckets else {}),
             "priors": dg.MetadataValue.md(priors_markdown((m.deployment, m.prior) for m in week.measured)),
             "dagster/row_count": len(week.measured),
             "week": week.week,

@@ -1,6 +1,8 @@
-"""The store's acceptance priors (table ``acceptance_priors``): measured priors and those fed by the
-controller's live counters, each of a deployment and week, and the choice of the priors that apply to
-an engine identity."""
+"""The store's acceptance priors (table ``acceptance_priors``, and ``acceptance_prior_buckets`` for a
+prior measured per context bucket): measured priors and those fed by the controller's live counters,
+each of a deployment and week, and the choice of the priors that apply to an engine identity. A prior
+without bucket rows (one context bucket, or stored before buckets were) serves its rates at every
+context."""
 
 from __future__ import annotations
 
@@ -21,7 +23,25 @@ class PriorTables(TableGroup):
                 [pid, prior.deployment, prior.week, identity_key, prior.source, list(prior.rates), prior.num_drafts,
                  prior.prompt_fingerprint, prior.prompt_count, prior.temperature, prior.to_json(), now()],
             )
+            conn.execute("DELETE FROM acceptance_prior_buckets WHERE prior_id = ?", [pid])
+            for b in prior.context or ():
+                conn.execute("INSERT INTO acceptance_prior_buckets (prior_id, context_level, ctx_lo, ctx_hi, "
+                             "prompt_count, num_drafts, rates, pooled, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                             [pid, b.level, b.lo, b.hi, b.prompt_count, b.num_drafts, list(b.rates), b.pooled,
+                              b.reason])
         return pid
+
+    def context_rates(self, prior_id: str) -> dict[int, tuple[float, ...]]:
+        """Context level → the rates its bucket serves (its own, or the prior's where pooled), from the
+        bucket rows; empty for a prior of one bucket (it serves its rates at every context) or an older
+        store opened read-only."""
+        if not self.query("SELECT 1 FROM duckdb_tables() WHERE database_name = current_database() AND "
+                          "schema_name = 'main' AND table_name = 'acceptance_prior_buckets'"):
+            return {}
+        rows = self.query("SELECT b.context_level, CASE WHEN b.pooled THEN p.rates ELSE b.rates END "
+                          "FROM acceptance_prior_buckets b JOIN acceptance_priors p USING (prior_id) "
+                          "WHERE b.prior_id = ? ORDER BY b.context_level", [prior_id])
+        return {int(level): tuple(float(r) for r in rates) for level, rates in rows}
 
     def acceptance_prior(self, prior_id: str) -> AcceptancePrior:
         """The prior with this id; NotFoundError lists the newest stored ids."""

@@ -67,6 +67,19 @@ CREATE TABLE IF NOT EXISTS acceptance_priors (
     prior_json         VARCHAR NOT NULL,
     measured_at        TIMESTAMP NOT NULL
 );
+-- A prior's acceptance per context bucket (core/context_acceptance.py); no rows: one bucket, the prior's rates.
+CREATE TABLE IF NOT EXISTS acceptance_prior_buckets (
+    prior_id       VARCHAR NOT NULL,
+    context_level  INTEGER NOT NULL,
+    ctx_lo         INTEGER NOT NULL,
+    ctx_hi         INTEGER NOT NULL,
+    prompt_count   INTEGER NOT NULL,
+    num_drafts     BIGINT NOT NULL,
+    rates          DOUBLE[] NOT NULL,  -- the bucket's own rates, pooled or not
+    pooled         BOOLEAN NOT NULL,   -- true: the bucket serves the prior's (pooled) rates
+    reason         VARCHAR NOT NULL,   -- why it is pooled ('' when not)
+    PRIMARY KEY (prior_id, context_level)
+);
 CREATE TABLE IF NOT EXISTS draft_length_tables (
     table_id             VARCHAR PRIMARY KEY,
     identity_key         VARCHAR NOT NULL,
@@ -117,7 +130,7 @@ def quiet(conn: duckdb.DuckDBPyConnection) -> None:
 #: writing adds them (NULL in old rows); a read-only open of an older store reads NULL for them.
 #: Tables added after the first stores were written: a writing open creates them (``SCHEMA_SQL``), a
 #: read-only open of an older store finds them absent and reads nothing from them.
-MIGRATED_TABLES: frozenset[str] = frozenset({"step_samples", "served_calibrations"})
+MIGRATED_TABLES: frozenset[str] = frozenset({"step_samples", "served_calibrations", "acceptance_prior_buckets"})
 MIGRATED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("step_time_cells", "stderr_ms", "DOUBLE"),
     ("publications", "identity_json", "VARCHAR"),

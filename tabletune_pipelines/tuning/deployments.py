@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, overload
 
+from tabletune_pipelines.core.table import context_buckets
 from tabletune_pipelines.engine.client import EngineClient
 from tabletune_pipelines.engine.identity import deployment_identity
 from tabletune_pipelines.engine.installed import installed_vllm_version
@@ -25,6 +26,7 @@ from tabletune_pipelines.errors import (
     EngineConfigError,
     EngineError,
     EngineMismatchError,
+    InvalidTableError,
     InvalidValueError,
     NotFoundError,
 )
@@ -220,6 +222,9 @@ class AcceptanceOptions(LaunchOverrides):
     """Tokens generated per prompt; None = the engine's default."""
     seed: int = 0
     """Seed of the prompt sample and of sampling."""
+    context_levels: tuple[int, ...] = ()
+    """The plan's context levels (tokens, ascending): two or more measure acceptance per context
+    bucket (``core.context_acceptance``); none or one measure one bucket, the prior alone."""
 
     BOUNDS: ClassVar[dict[str, Bound]] = {  # the launch overrides' are engine.plan.PROFILE_LIMITS
         "max_tokens": Bound(1, 1_000_000, integer=True, optional=True, why="tokens generated per prompt"),
@@ -229,6 +234,17 @@ class AcceptanceOptions(LaunchOverrides):
     def __post_init__(self) -> None:
         LaunchOverrides.__post_init__(self)
         check_bounds(self, where="acceptance options", error=InvalidValueError)
+        levels = self.context_levels
+        if isinstance(levels, (str, bytes)) or not isinstance(levels, (list, tuple)) or any(
+                isinstance(x, bool) or not isinstance(x, int) for x in levels):
+            raise InvalidValueError(f"acceptance options: context_levels = {levels!r:.60} must be a list of "
+                                    "integers (tokens)")
+        object.__setattr__(self, "context_levels", tuple(levels))
+        if levels:
+            try:
+                context_buckets(levels, levels[-1])  # the one rule: positive, strictly ascending
+            except InvalidTableError as exc:
+                raise InvalidValueError(f"acceptance options: {exc}") from None
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any] | None, *, where: str = "acceptance options") -> AcceptanceOptions:
@@ -381,10 +397,13 @@ def measure_acceptance(identity: EngineIdentity, dep: Deployment, prompts_file: 
                          work_dir or default_work_dir("acceptance"), opts.server_overrides())
     log.info(f"measuring acceptance of {identity.key} on {prompts_file} (<= {dep.max_prompts} prompts)")
     extra = {"max_tokens": opts.max_tokens} if opts.max_tokens is not None else {}
+    if opts.context_levels and opts.context_levels[-1] > cfg.max_model_len:
+        raise InvalidValueError(f"acceptance options: context level {opts.context_levels[-1]} is above the "
+                                f"launch's max_model_len = {cfg.max_model_len}; raise max_model_len or lower it")
     with envelope_checked(identity, log.info)(dataclasses.replace(cfg, table=None)) as server:  # fixed K
         return engine_acceptance.measure_acceptance_from_file(
             cfg, prompts_file, n=dep.max_prompts, temperature=dep.temperature, week=week, deployment=dep.name,
-            source="measured", seed=opts.seed, server=server, **extra,
+            source="measured", seed=opts.seed, server=server, context_levels=opts.context_levels, **extra,
         )
 
 
