@@ -43,7 +43,9 @@ class AcceptanceConfig(dg.Config):
     description=(
         "Acceptance prior a_i (probability the first i drafts are all accepted) per deployment, measured at "
         "K = max_k on the week's logged prompts (docs/method.md, \"Acceptance\"). Weekly partitions, weeks start "
-        "Monday 00:00 UTC. Rows: DuckDB `acceptance_priors` (`WHERE week = '<partition>' AND source = 'measured'`)."
+        "Monday 00:00 UTC. Rows: DuckDB `acceptance_priors` (`WHERE week = '<partition>' AND source = 'measured'`); "
+        "with two or more `context_levels` in the engine's acceptance options, per context bucket in "
+        "`acceptance_prior_buckets` (metadata `context_buckets`: each bucket's n and rates, or why it is pooled)."
     ),
     check_specs=[dg.AssetCheckSpec("prior_sane", asset="acceptance_prior", blocking=True,
                                    description="Rates in [0, 1], non-increasing, one per k up to K, enough drafts.")],
