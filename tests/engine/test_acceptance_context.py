@@ -110,3 +110,15 @@ def test_a_stored_prior_keeps_its_id():
     p = AcceptancePrior(rates=(0.5, 0.25), num_drafts=10, drafted_per_pos=(10, 10), accepted_per_pos=(5, 2),
                         prompt_fingerprint="x", prompt_count=3)
     assert p.prior_id == "prior-adhoc-c7f2e3238d"
+
+
+def test_context_levels_are_an_acceptance_option_checked_by_the_one_rule():
+    from tabletune_pipelines.errors import InvalidValueError
+    from tabletune_pipelines.tuning.deployments import AcceptanceOptions
+
+    assert AcceptanceOptions.from_mapping({"context_levels": [256, 1024]}).context_levels == (256, 1024)
+    assert AcceptanceOptions().context_levels == ()
+    for bad, says in (([1024, 256], "strictly ascending"), ([0, 8], "positive"), ("256", "list of integers"),
+                      ([8, True], "list of integers")):
+        with pytest.raises(InvalidValueError, match=says):
+            AcceptanceOptions.from_mapping({"context_levels": bad}, where="engine acceptance_options")
