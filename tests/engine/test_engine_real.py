@@ -48,6 +48,31 @@ def test_synthetic_acceptance_recovered(shared_server, prompt_file):
     assert prompts[0] not in prior.to_json()
 
 
+def test_acceptance_per_context_bucket_on_the_real_build(shared_server, prompt_file):
+    from tabletune_pipelines.core.context_acceptance import PoolingRule
+    from tabletune_pipelines.engine.acceptance import ContextSplit
+
+    base = sample_prompts(load_prompts(prompt_file), 60, seed=5)
+    short, long = base[:30], [" ".join(base[30 + (i + j) % 30] for j in range(4)) for i in range(30)]
+    n_short = [shared_server.count_tokens(p) for p in short]
+    n_long = [shared_server.count_tokens(p) for p in long]
+    assert max(n_short) < min(n_long) < max(n_long) < 512 - 48, (n_short, n_long)
+    levels = (max(n_short), min(n_long))  # the bucket edge lies between: isqrt of their product
+    prior = measure_acceptance(shared_server, short + long, max_tokens=48, context=ContextSplit(levels=levels))
+    assert [(b.level, b.prompt_count) for b in prior.context] == [(levels[0], 30), (levels[1], 30)]
+    assert sum(b.num_drafts for b in prior.context) == prior.num_drafts
+    assert tuple(sum(b.accepted_per_pos[i] for b in prior.context) for i in range(3)) == prior.accepted_per_pos
+    for b in prior.context:  # synthetic (0.7, 0.5, 0.3) whatever the context: each bucket recovers them
+        assert b.pooled == bool(PoolingRule().pooled_because(b.prompt_count, b.drafted_per_pos, b.accepted_per_pos))
+        assert all(abs(got - want) <= 0.08 for got, want in zip(b.rates, (0.7, 0.5, 0.3), strict=True)), (b, prior.rates)
+    served = prior.rates_by_context()
+    assert set(served) == set(levels)
+    print(f"\n[context buckets] levels {levels}, prompt tokens {min(n_short)}..{max(n_short)} and "
+          f"{min(n_long)}..{max(n_long)}; pooled {prior.rates}; "
+          + "; ".join(f"[{b.lo}, {b.hi}] n={b.prompt_count} drafts={b.num_drafts} rates={b.rates} "
+                      f"{'pooled: ' + b.reason if b.pooled else 'own'}" for b in prior.context))
+
+
 def test_all_zero_rates_reject_everything_and_ones_accept_all(shared_server, prompt_file):
     prompts = sample_prompts(load_prompts(prompt_file), 16, seed=1)
     try:
