@@ -19,7 +19,7 @@ from tabletune_pipelines.core.acceptance_ci import DEFAULT_CONFIDENCE, wilson
 from tabletune_pipelines.core.acceptance_estimate import rates_from_counts
 from tabletune_pipelines.core.goodput import validate_acceptance
 from tabletune_pipelines.core.table import Axes
-from tabletune_pipelines.errors import InvalidValueError
+from tabletune_pipelines.errors import InvalidAcceptanceError, InvalidTableError, InvalidValueError
 
 DEFAULT_MIN_BUCKET_PROMPTS = 20
 """Fewest prompts a bucket needs for rates of its own."""
@@ -131,10 +131,29 @@ def _count(value: object, name: str) -> int:
     return value
 
 
-def check_breakdown(buckets: Sequence[BucketAcceptance], max_k: int, prompt_count: int, num_drafts: int) -> None:
-    """``InvalidValueError`` naming the bad value unless ``buckets`` are at least two records of
-    ``max_k`` positions each, their levels strictly ascending and each inside its bucket, the buckets
-    contiguous from 1, and their prompts and drafts summing to the prior's."""
+def buckets_from_json(raw: object, *, error: type[Exception] = InvalidValueError) -> tuple[BucketAcceptance, ...]:
+    """The records of a prior's ``context`` JSON list (lists made tuples; checked by ``check_breakdown``);
+    ``error`` when it is not a list of objects, and a ``TypeError`` for an unknown or missing field."""
+    if not isinstance(raw, list) or not all(isinstance(b, dict) for b in raw):
+        raise error("acceptance prior: context must be a list of bucket objects")
+    fields: list[dict] = [{k: tuple(v) if isinstance(v, list) else v for k, v in b.items()} for b in raw]
+    return tuple(BucketAcceptance(**f) for f in fields)
+
+
+def check_breakdown(buckets: Sequence[BucketAcceptance], max_k: int, prompt_count: int, num_drafts: int, *,
+                    error: type[Exception] = InvalidValueError) -> None:
+    """``error`` (``acceptance prior: `` and the bad value) unless ``buckets`` are at least two records
+    of ``max_k`` positions each, their levels strictly ascending and each inside its bucket, the
+    buckets contiguous from 1, and their prompts and drafts summing to the prior's."""
+    try:
+        _check_breakdown(buckets, max_k, prompt_count, num_drafts)
+    except (InvalidValueError, InvalidTableError, InvalidAcceptanceError) as exc:
+        if error is InvalidValueError and isinstance(exc, InvalidValueError):
+            raise
+        raise error(f"acceptance prior: {exc}") from None
+
+
+def _check_breakdown(buckets: Sequence[BucketAcceptance], max_k: int, prompt_count: int, num_drafts: int) -> None:
     if isinstance(buckets, (str, bytes)) or not isinstance(buckets, Sequence) or len(buckets) < 2:
         raise InvalidValueError("context breakdown must be a list of at least two buckets (one level: none)")
     for j, b in enumerate(buckets):

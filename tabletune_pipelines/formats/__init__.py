@@ -8,6 +8,7 @@ Importing this package imports nothing; each module below is imported on its own
                       schema versions (numpy + stdlib)
     document_base     what every document shares: the JSON round-trip with its schema check, digests
                       and slugs (stdlib only)
+    prior_workload    the workload an acceptance prior records: its bounds and its check (stdlib only)
     fleet             the fleet file (YAML): its schema (pydantic) and loader
     fleet_yaml        the fleet file's strict YAML reading (duplicate keys, aliases, merge keys refused)
     fleet_checks      the fleet file's checks of single values (names, vLLM tokens, one-line strings,

@@ -18,7 +18,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from tabletune_pipelines.core.context_acceptance import BucketAcceptance, check_breakdown, rates_by_context
+from tabletune_pipelines.core.context_acceptance import (
+    BucketAcceptance,
+    buckets_from_json,
+    check_breakdown,
+    rates_by_context,
+)
 from tabletune_pipelines.core.evidence import Boundary
 from tabletune_pipelines.core.goodput import validate_acceptance, validate_step_time
 from tabletune_pipelines.core.noise import CellEstimate
@@ -28,12 +33,10 @@ from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.errors import (
     DocumentError,
     EmptyProfileError,
-    InvalidAcceptanceError,
     InvalidStepTimeError,
-    InvalidTableError,
-    InvalidValueError,
 )
 from tabletune_pipelines.formats.document_base import SCHEMA_VERSION, Document, digest, slug
+from tabletune_pipelines.formats.prior_workload import WORKLOAD_BOUNDS, check_workload
 from tabletune_pipelines.options import (
     BATCH_SIZE,
     COUNT,
@@ -68,7 +71,7 @@ from tabletune_pipelines.vocab import (
     TimingSource,
 )
 
-__all__ = ["PROFILE_MODES", "AcceptancePrior", "DraftLengthTable", "EngineIdentity",
+__all__ = ["PROFILE_MODES", "WORKLOAD_BOUNDS", "AcceptancePrior", "DraftLengthTable", "EngineIdentity",
            "StepTimeCell", "StepTimeProfile"]
 
 
@@ -381,18 +384,14 @@ class AcceptancePrior(Document):
     None: not recorded (a prior stored before it was, or a synthetic one)."""
     context: tuple[BucketAcceptance, ...] | None = None
     """Per context bucket, its sample and rates, pooled where the sample is too small
-    (``core.context_acceptance``); None: measured as one bucket (one context level)."""
+    (``core.context_acceptance``; ``rates_by_context`` reads it); None: one bucket."""
 
     def rates_by_context(self, levels: tuple[int, ...] = ()) -> dict[int, tuple[float, ...]]:
-        """Context level → the rates its bucket serves (``core.context_acceptance.rates_by_context``);
-        without a breakdown, each of ``levels`` gets the prior's rates."""
+        """Context level → the rates its bucket serves (``core.context_acceptance.rates_by_context``)."""
         return rates_by_context(self.context, self.rates, levels)
 
-    def to_dict(self) -> dict[str, Any]:
-        body = super().to_dict()
-        if body.get("context") is None:  # one bucket: the document (and its id) as without the field
-            body.pop("context", None)
-        return body
+    def to_dict(self) -> dict[str, Any]:  # one bucket: the document (and its id) as without the field
+        return {k: v for k, v in super().to_dict().items() if k != "context" or v is not None}
 
     def workload_model(self) -> Workload | None:
         """``workload`` as the step-cost model's ``Workload`` (None when not recorded)."""
@@ -419,10 +418,7 @@ class AcceptancePrior(Document):
         if self.source not in PRIOR_SOURCES:
             raise DocumentError(f"acceptance prior: source = {self.source!r} must be one of {PRIOR_SOURCES}")
         if self.context is not None:
-            try:
-                check_breakdown(self.context, len(self.rates), self.prompt_count, self.num_drafts)
-            except (InvalidValueError, InvalidTableError, InvalidAcceptanceError) as exc:
-                raise DocumentError(f"acceptance prior: {exc}") from None
+            check_breakdown(self.context, len(self.rates), self.prompt_count, self.num_drafts, error=DocumentError)
 
     @property
     def max_k(self) -> int:
@@ -440,36 +436,8 @@ class AcceptancePrior(Document):
         for name in ("rates", "drafted_per_pos", "accepted_per_pos"):
             body[name] = tuple(body[name])
         if body.get("context") is not None:
-            raw = body["context"]
-            if not isinstance(raw, list) or not all(isinstance(b, Mapping) for b in raw):
-                raise DocumentError("acceptance prior: context must be a list of bucket objects")
-            fields: list[dict[str, Any]] = [{k: tuple(v) if isinstance(v, list) else v for k, v in b.items()}
-                                            for b in raw]
-            body["context"] = tuple(BucketAcceptance(**f) for f in fields)
+            body["context"] = buckets_from_json(body["context"], error=DocumentError)
         return cls(**body)
-
-
-WORKLOAD_BOUNDS: dict[str, Bound] = {
-    "prompt_tokens": Bound(0.0, 10_000_000.0, low_open=True, why="mean tokens of a prompt"),
-    "output_tokens": Bound(1.0, 10_000_000.0, why="mean tokens of an answer"),
-}
-"""The bounds of a prior's workload (``core.stepcost.Workload``): what it may say about requests."""
-
-
-def check_workload(workload: Any, *, where: str) -> None:
-    """A prior's ``workload`` mapping: ``prompt_tokens`` and ``output_tokens`` within ``WORKLOAD_BOUNDS``,
-    ``source`` in words, no other key; else ``DocumentError`` naming ``where`` and the key."""
-    if not isinstance(workload, Mapping):
-        raise DocumentError(f"{where} must be a mapping of prompt_tokens, output_tokens and source")
-    unknown = sorted(map(str, set(workload) - {*WORKLOAD_BOUNDS, "source"}))
-    if unknown:
-        raise DocumentError(f"{where}: unknown key(s) {unknown}; known: {[*WORKLOAD_BOUNDS, 'source']}")
-    for name, bound in WORKLOAD_BOUNDS.items():
-        if name not in workload:
-            raise DocumentError(f"{where} lacks {name!r}")
-        check_value(bound, name, workload[name], where=where, error=DocumentError)
-    if not isinstance(workload.get("source", ""), str):
-        raise DocumentError(f"{where}: source = {workload['source']!r:.60} must be a string")
 
 
 @dataclass(frozen=True)

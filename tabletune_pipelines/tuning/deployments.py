@@ -244,7 +244,7 @@ class AcceptanceOptions(LaunchOverrides):
             try:
                 context_buckets(levels, levels[-1])  # the one rule: positive, strictly ascending
             except InvalidTableError as exc:
-                raise InvalidValueError(f"acceptance options: {exc}") from None
+                raise InvalidValueError(f"acceptance options: context_levels: {exc}") from None
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any] | None, *, where: str = "acceptance options") -> AcceptanceOptions:
