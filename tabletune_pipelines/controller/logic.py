@@ -50,7 +50,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from time import perf_counter
 from typing import Any
 
@@ -62,7 +62,7 @@ from tabletune_pipelines.controller.flapping import FlapCounter
 from tabletune_pipelines.controller.loader import EngineFacts, StartPoint
 from tabletune_pipelines.controller.metrics import Metrics, note_install, note_state, take_counts
 from tabletune_pipelines.controller.record import Counters, Notes, fmt_table
-from tabletune_pipelines.controller.search import TableInForce, compact, dense_of, lookups_of
+from tabletune_pipelines.controller.search import ContextLookups, TableInForce, compact, dense_of, lookups_of
 from tabletune_pipelines.controller.step import StepOutcome, count_drafts
 from tabletune_pipelines.controller.version import FileWatch, Installed, announce, prepare
 from tabletune_pipelines.controller.window import ExportWindow
@@ -112,6 +112,10 @@ class Controller:
         self.version: Installed | None = None
         self.evidence = Evidence(K)
         self.exploration: Exploration | None = None
+        self.context: ContextLookups | None = None
+        """The (batch size x context) table in force, one lookup per context bucket (None: batch-only)."""
+        self.column = 0
+        """The context bucket of the step being scheduled (0 without a context axis)."""
         self.fallback_reason: str | None = None
         self.watch = FileWatch(published_path)
         res = self.watch.first_look(engine)
@@ -159,6 +163,7 @@ class Controller:
     def _commit(self, new: Installed) -> None:
         """Put a prepared version in force (plain assignments: nothing can fail half-way), then say so."""
         self.version, self.evidence, self.exploration, self.flaps = new, new.evidence, new.exploration, new.flaps
+        self.context, self.column = new.context, 0
         self.table.install(new.table, new.lookups, new.settings.hysteresis_hold_steps)
         self._next_rebuild = self.steps + int(new.settings.rebuild_every_steps)
         self.fallback_reason = None
@@ -188,8 +193,14 @@ class Controller:
         self.watch.sig = sig  # judged (a new version once in force: if anything above raised, polls retry it)
 
     # ------------------------------------------------------------------ the hot path
-    def next_lookup(self) -> list[int] | None:
-        """The lookup for the next scheduled step (None: leave vLLM's as it is)."""
+    def next_lookup(self, lengths: Sequence[int] | None = None) -> list[int] | None:
+        """The lookup for the next scheduled step (None: leave vLLM's as it is). With a (batch size x
+        context) table in force (``context``), ``lengths`` are the running requests' KV lengths: the
+        lookup is the column of their aggregate's context bucket."""
+        ctx = self.context  # None unless a (batch size x context) table is served (then nothing explores)
+        if ctx is not None:
+            col = self.column = ctx.column(lengths or ())
+            return ctx.columns[col]
         ex = self.exploration  # None unless controlling (and then a run of steps at K, then at another k)
         if ex is not None and (ex.left > 0 or self.steps >= ex.next_at):
             self.counters.exploration_steps += 1
@@ -209,7 +220,7 @@ class Controller:
         ev, win = self.evidence, self.window
         k_next, num_new, total_tokens = step.k_next, step.num_new, step.total_tokens
         if self.metrics is not None:  # the step's cell and k; the counts before it are the cell before's
-            self.metrics.cells.enter(b, k_next, ev.hist_d, ev.hist_a)
+            self.metrics.cells.enter(b, k_next, ev.hist_d, ev.hist_a, step.column)
         if k_next is not None:
             drafted, kept, _ = count_drafts(step.spec_tokens, step.req_id_to_index, step.sampled, self._K,
                                             ev.hist_d, ev.hist_a, self._anomaly)
@@ -302,6 +313,9 @@ class Controller:
             "applied": self.applying, "published_version": start.published.version if start else None,
             "fallback_reason": self.fallback_reason,
             "table": [list(r) for r in t.ranges], "candidate_table": [list(r) for r in t.candidate],
+            **({} if start is None or start.grid is None else {
+                "context_entries": start.grid.entries(), "ctx_agg": start.published.ctx_agg,
+                "context_served": self.context is not None}),
             "allowed_k": list(start.allowed_k) if start else [], "prior": list(start.prior) if start else [],
             **self.evidence.acceptance_state(), "steps": self.steps, **self.counters.exported(),
             "step_time_correction": bool(self.settings.step_time_correction), **self.window.hook_state(),
