@@ -288,7 +288,7 @@ class PromSink:
                                           else "corrected")
         for x in SOURCES:
             s.source.labels(*lv, x).set(1 if x == src else 0)
-        grid = v.start.grid if v is not None and ctl.context is not None else None
+        grid = v.start.grid if v is not None and ctl.grid.lookups is not None else None
         n = len(cells.of_b) - 1
         columns = [ranges] if grid is None else [DraftTable.from_dense(grid.dense(n)[:, j]).entries()
                                                  for j in range(grid.axes.shape[1])]
@@ -352,7 +352,7 @@ class Metrics:
 
     def installed(self, ctl: Any) -> None:
         self.cells.drop()  # the version before's histograms are gone with its evidence
-        grid = ctl.version.start.grid if ctl.context is not None else None
+        grid = ctl.version.start.grid if ctl.grid.lookups is not None else None
         buckets = None if grid is None else grid.axes.context
         if self.cells.context != buckets:  # other context buckets: the steps so far go out under the old ones
             per_cell, steps = self.cells.take(ctl.evidence.hist_d, ctl.evidence.hist_a)

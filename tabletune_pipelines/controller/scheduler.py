@@ -154,14 +154,14 @@ class ControllerHooks(_HooksBase):
         tt = self._tt
         if tt is not None:
             try:
-                lookup = tt.next_lookup(running_context(self) if tt.context is not None else None)
+                lookup = tt.next_lookup(running_context(self) if tt.grid.lookups is not None else None)
                 if lookup is not None and self.dynamic_sd_lookup is not None:
                     self.dynamic_sd_lookup = lookup
             except Exception as exc:  # noqa: BLE001
                 tt.fail("choosing the next lookup", exc)
         out = super().schedule(*args, **kwargs)
-        if tt is not None and tt.column:
-            self._tt_columns[id(out)] = tt.column  # the step's context bucket, read back with its outcome
+        if tt is not None and tt.grid.column:
+            self._tt_columns[id(out)] = tt.grid.column  # the step's context bucket, read back with its outcome
         return out
 
     def update_from_output(self, scheduler_output, model_runner_output):

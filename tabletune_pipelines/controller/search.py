@@ -16,14 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from tabletune_pipelines.core.table import Axes, DraftTable, aggregate_context, vllm_layout
 from tabletune_pipelines.vocab import ContextAggregate
 
-__all__ = ["ContextLookups", "Lookups", "Ranges", "TableInForce", "compact", "context_lookups", "dense_of",
-           "hysteresis_lookups", "lookups_of"]
+__all__ = ["ContextInForce", "ContextLookups", "Lookups", "Ranges", "TableInForce", "compact", "context_lookups", "context_state",
+           "dense_of", "hysteresis_lookups", "lookups_of"]
 
 Ranges = tuple[tuple[int, int, int], ...]
 """A table as ``((start, end, k), ...)``, the form the controller compares and stores."""
@@ -93,6 +94,36 @@ def context_lookups(grid: DraftTable, n: int, max_k: int, agg: ContextAggregate)
     """The lookups of ``grid`` (a table with a context axis) for max_num_seqs ``n``, k capped at ``max_k``."""
     dense = grid.dense(n, max_k)
     return ContextLookups(grid.axes, agg, tuple(vllm_layout(dense[:, j]) for j in range(dense.shape[1])))
+
+
+class ContextInForce:
+    """The (batch size x context) table in force (``lookups``; None: a batch-only table) and the
+    context bucket of the step being scheduled (``column``). Owned by ``logic.Controller``."""
+
+    __slots__ = ("lookups", "column")
+
+    def __init__(self) -> None:
+        self.lookups: ContextLookups | None = None
+        self.column = 0
+
+    def install(self, lookups: ContextLookups | None) -> None:
+        """A new version's grid (None: batch-only)."""
+        self.lookups, self.column = lookups, 0
+
+    def pick(self, lengths: Sequence[int] | None) -> list[int]:
+        """The lookup of the bucket of the running requests' KV ``lengths`` (``lookups`` is set)."""
+        assert self.lookups is not None
+        col = self.column = self.lookups.column(lengths or ())
+        return self.lookups.columns[col]
+
+
+def context_state(start: Any, served: ContextLookups | None) -> dict[str, Any]:
+    """The exported state's part about a (batch size x context) table: its entries, its aggregate and
+    whether it is served (``start``: the ``loader.StartPoint`` in force, or None); empty without one."""
+    if start is None or start.grid is None:
+        return {}
+    return {"context_entries": start.grid.entries(), "ctx_agg": start.published.ctx_agg,
+            "context_served": served is not None}
 
 
 class TableInForce:

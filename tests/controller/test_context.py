@@ -41,8 +41,8 @@ def grid_controller(tmp_path, clock, *, ctx_agg=None, metrics=True, **kw):
 
 def test_each_column_is_the_dense_lookup_of_its_bucket(tmp_path, clock):
     c = grid_controller(tmp_path, clock)
-    assert c.context is not None and c.context.agg == "mean"
-    assert list(c.context.columns) == [COL0, COL1, COL2]
+    assert c.grid.lookups is not None and c.grid.lookups.agg == "mean"
+    assert list(c.grid.lookups.columns) == [COL0, COL1, COL2]
     assert c.state()["context_entries"] == [list(e) for e in GRID] and c.state()["context_served"]
 
 
@@ -59,7 +59,7 @@ def test_each_column_is_the_dense_lookup_of_its_bucket(tmp_path, clock):
 ])
 def test_the_column_of_a_step_is_the_bucket_of_its_aggregate_context(tmp_path, clock, agg, lengths, column):
     c = grid_controller(tmp_path, clock, ctx_agg=None if agg == "mean" else agg)
-    assert c.next_lookup(lengths) == [COL0, COL1, COL2][column] and c.column == column
+    assert c.next_lookup(lengths) == [COL0, COL1, COL2][column] and c.grid.column == column
 
 
 def test_drafted_kept_and_steps_are_counted_per_cell(tmp_path, clock):
@@ -72,12 +72,12 @@ def test_drafted_kept_and_steps_are_counted_per_cell(tmp_path, clock):
         clock[0] += 0.01
         c.next_lookup([100, 120])
         c.on_step(StepOutcome({r: 1 for r in ids}, {r: [0, 0] for r in ids}, {"a": 0, "b": 1}, sampled, 2, 0, 6,
-                              clock[0], c.column))
+                              clock[0], c.grid.column))
     # one step at B = 6 in bucket 257-4096 (k = 0): nothing drafted
     clock[0] += 0.01
     c.next_lookup([300] * 6)
     c.on_step(StepOutcome({str(i): 1 for i in range(6)}, {}, {str(i): i for i in range(6)}, [[1]] * 6, 0, 0, 6,
-                          clock[0], c.column))
+                          clock[0], c.grid.column))
     per_cell, steps = cells.take(c.evidence.hist_d, c.evidence.hist_a)
     b2 = cells.of_b[2] * 3 + 1  # batch bin "2", bucket 65-256
     b6 = cells.of_b[6] * 3 + 2  # batch bin "5-8", bucket 257-4096
@@ -103,7 +103,7 @@ def test_the_launch_table_must_list_every_k_of_the_grid(tmp_path, clock, caplog)
     eng = replace(ENGINE, launch_ranges=((1, 4, 1), (5, 16, 2)))
     with caplog.at_level(logging.WARNING, logger="tabletune.controller"):
         c = fake_controller(p, clock, engine=eng)
-    assert c.context is None and "uses k = [0, 3], which the launch table [[1, 4, 1], [5, 16, 2]]" in c.fallback_reason
+    assert c.grid.lookups is None and "uses k = [0, 3], which the launch table [[1, 4, 1], [5, 16, 2]]" in c.fallback_reason
 
 
 def test_a_three_item_file_is_served_as_before(tmp_path, clock):
@@ -111,7 +111,7 @@ def test_a_three_item_file_is_served_as_before(tmp_path, clock):
                 controller={"mode": "observe"})
     c = fake_controller(p, clock)
     expected, _ = lookups_of(((1, 4, 3), (5, 16, 1)), 16, (0, 1, 2, 3), 0, applying=True, controlling=False)
-    assert c.context is None and c.next_lookup() == expected == c.next_lookup([5000, 9000]) and c.column == 0
+    assert c.grid.lookups is None and c.next_lookup() == expected == c.next_lookup([5000, 9000]) and c.grid.column == 0
     assert "context_entries" not in c.state()
 
 
@@ -122,7 +122,7 @@ def test_a_grid_version_serves_the_grid_and_leaves_the_correction_off(tmp_path, 
         clock[0] += 0.01
         c.next_lookup([20, 30])
         c.on_step(StepOutcome({"a": 1, "b": 1}, {"a": [0, 0, 0], "b": [0, 0, 0]}, {"a": 0, "b": 1}, [[1], [1]], 3, 0,
-                              8, clock[0], c.column))
+                              8, clock[0], c.grid.column))
     assert c.rebuilds >= 4 and c.next_lookup([20, 30]) == COL0 and c.next_lookup([2000]) == COL2
 
 
