@@ -23,8 +23,8 @@ import numpy as np
 from tabletune_pipelines.core.table import Axes, DraftTable, aggregate_context, vllm_layout
 from tabletune_pipelines.vocab import ContextAggregate
 
-__all__ = ["ContextInForce", "ContextLookups", "Lookups", "Ranges", "TableInForce", "compact", "context_lookups", "context_state",
-           "dense_of", "hysteresis_lookups", "lookups_of"]
+__all__ = ["ContextInForce", "ContextLookups", "Lookups", "Ranges", "TableInForce", "compact", "context_lookups",
+           "context_state", "dense_of", "hysteresis_lookups", "lookups_of"]
 
 Ranges = tuple[tuple[int, int, int], ...]
 """A table as ``((start, end, k), ...)``, the form the controller compares and stores."""
