@@ -11,7 +11,8 @@ requests' ``num_computed_tokens`` (``controller.scheduler.running_context``, her
 requests) and ``next_lookup``. Each round times ``--steps`` calls of each arm, alternating which
 arm goes first; the figure is the mean over rounds of the per-call µs, with its standard error, and
 the paired difference grid − batch-only. It is compared with decode steps of the same engines: the
-CPU build's tiny-model step (about 10 ms at B = 8; docs/engine-facts.md) and the H200 steps of vLLM
+CPU build's tiny-model step (3.0-12.8 ms at B = 1-16, 10 ms taken as the reference; docs/engine-facts.md,
+"CPU build") and the H200 steps of vLLM
 0.26 (4.7 ms at B = 1 to 10.5 ms at B = 128 with EAGLE-3, docs/engine-facts.md): the target is
 well under 1% of a step.
 """
