@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from tabletune_pipelines.core.steptime import every_batch_size
+from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.errors import PublishedTableError, SettingsError
 from tabletune_pipelines.formats.controller_settings import ControllerSettings
 from tabletune_pipelines.formats.identity_match import identity_mismatches as _mismatches
@@ -97,6 +98,8 @@ class StartPoint:
     """Where the live counters go."""
     notes: tuple[str, ...] = field(default_factory=tuple)
     """Things worth one log line that do not stop the file from being used."""
+    grid: DraftTable | None = None
+    """The file's (batch size x context) table (``table.context_entries``; None: batch-only, ``ranges``)."""
 
     @property
     def can_control(self) -> bool:
@@ -165,7 +168,9 @@ def start_from(pub: PublishedTable, path: Path, engine: EngineFacts) -> StartPoi
         notes.append(f"it was published for deployment {pub.deployment!r}; this engine was not told which deployment "
                      f"it serves, so a file of another deployment at this path would be served too: set "
                      f"{DEPLOYMENT_ENV}=<deployment> to have it refused")
-    table_ks = sorted({k for _, _, k in pub.ranges})
+    grid = None if pub.context_entries is None else DraftTable.from_entries(
+        [list(e) for e in pub.context_entries], allow_context=True)
+    table_ks = sorted({k for _, _, k in pub.ranges} | set(grid.allowed_ks() if grid else ()))
     allowed = list(pub.allowed_k)
     if engine.launch_ranges is not None:
         launch = set(engine.launch_ks)
@@ -190,4 +195,4 @@ def start_from(pub: PublishedTable, path: Path, engine: EngineFacts) -> StartPoi
         export = path.parent / export
     return StartPoint(published=pub, settings=settings, allowed_k=tuple(allowed), prior=prior,
                       prior_count=int(pub.prior.num_drafts), profile_ms=profile, export_path=export,
-                      notes=tuple(notes))
+                      notes=tuple(notes), grid=grid)

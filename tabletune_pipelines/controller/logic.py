@@ -50,7 +50,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from time import perf_counter
 from typing import Any
 
@@ -62,7 +62,14 @@ from tabletune_pipelines.controller.flapping import FlapCounter
 from tabletune_pipelines.controller.loader import EngineFacts, StartPoint
 from tabletune_pipelines.controller.metrics import Metrics, note_install, note_state, take_counts
 from tabletune_pipelines.controller.record import Counters, Notes, fmt_table
-from tabletune_pipelines.controller.search import TableInForce, compact, dense_of, lookups_of
+from tabletune_pipelines.controller.search import (
+    ContextInForce,
+    TableInForce,
+    compact,
+    context_state,
+    dense_of,
+    lookups_of,
+)
 from tabletune_pipelines.controller.step import StepOutcome, count_drafts
 from tabletune_pipelines.controller.version import FileWatch, Installed, announce, prepare
 from tabletune_pipelines.controller.window import ExportWindow
@@ -112,6 +119,7 @@ class Controller:
         self.version: Installed | None = None
         self.evidence = Evidence(K)
         self.exploration: Exploration | None = None
+        self.grid = ContextInForce()  # a (batch size x context) table in force, and the step's bucket
         self.fallback_reason: str | None = None
         self.watch = FileWatch(published_path)
         res = self.watch.first_look(engine)
@@ -125,13 +133,11 @@ class Controller:
 
     # ------------------------------------------------------------------ what is in force
     @property
-    def start(self) -> StartPoint | None:
-        """The validated published file in force (None while falling back)."""
+    def start(self) -> StartPoint | None:  # the validated published file in force (None while falling back)
         return self.version.start if self.version else None
 
     @property
-    def settings(self) -> ControllerSettings:
-        """The settings in force (the defaults while falling back)."""
+    def settings(self) -> ControllerSettings:  # the settings in force (the defaults while falling back)
         return self.version.settings if self.version else _DEFAULTS
 
     # Read often from outside: the version's flags, the table in force, the counters (``Counters`` holds all).
@@ -159,6 +165,7 @@ class Controller:
     def _commit(self, new: Installed) -> None:
         """Put a prepared version in force (plain assignments: nothing can fail half-way), then say so."""
         self.version, self.evidence, self.exploration, self.flaps = new, new.evidence, new.exploration, new.flaps
+        self.grid.install(new.context)
         self.table.install(new.table, new.lookups, new.settings.hysteresis_hold_steps)
         self._next_rebuild = self.steps + int(new.settings.rebuild_every_steps)
         self.fallback_reason = None
@@ -188,8 +195,10 @@ class Controller:
         self.watch.sig = sig  # judged (a new version once in force: if anything above raised, polls retry it)
 
     # ------------------------------------------------------------------ the hot path
-    def next_lookup(self) -> list[int] | None:
-        """The lookup for the next scheduled step (None: leave vLLM's as it is)."""
+    def next_lookup(self, lengths: Sequence[int] | None = None) -> list[int] | None:
+        """The lookup for the next step (None: leave vLLM's); ``lengths``: the running requests' KV lengths."""
+        if self.grid.lookups is not None:  # a (batch size x context) table: its bucket's column; nothing explores
+            return self.grid.pick(lengths)
         ex = self.exploration  # None unless controlling (and then a run of steps at K, then at another k)
         if ex is not None and (ex.left > 0 or self.steps >= ex.next_at):
             self.counters.exploration_steps += 1
@@ -209,7 +218,7 @@ class Controller:
         ev, win = self.evidence, self.window
         k_next, num_new, total_tokens = step.k_next, step.num_new, step.total_tokens
         if self.metrics is not None:  # the step's cell and k; the counts before it are the cell before's
-            self.metrics.cells.enter(b, k_next, ev.hist_d, ev.hist_a)
+            self.metrics.cells.enter(b, k_next, ev.hist_d, ev.hist_a, step.column)
         if k_next is not None:
             drafted, kept, _ = count_drafts(step.spec_tokens, step.req_id_to_index, step.sampled, self._K,
                                             ev.hist_d, ev.hist_a, self._anomaly)
@@ -235,8 +244,7 @@ class Controller:
         else:
             self.table.served(b, k_next)  # vLLM looked the step's k up at b = len(num_scheduled_tokens)
         win.steps += 1
-        # Per-step cost of this hook (the counting above), without the occasional rebuild and poll,
-        # which are timed and reported on their own.
+        # Per-step cost of this hook (the counting above); the occasional rebuild and poll are timed on their own.
         hook = perf_counter() - t_in
         win.hook_s += hook
         if hook > win.hook_max:
@@ -289,8 +297,7 @@ class Controller:
 
     # ------------------------------------------------------------------ export
     def estimate(self) -> tuple[float, ...]:
-        """â_i in force: the last rebuild's (the table was built from it), else the current blend
-        (the window's live counts alone when there is no prior)."""
+        """â_i in force: the last rebuild's, else the current blend (the live counts alone without a prior)."""
         return self.evidence.estimate(self.window.rates)
 
     def state(self) -> dict[str, Any]:
@@ -302,6 +309,7 @@ class Controller:
             "applied": self.applying, "published_version": start.published.version if start else None,
             "fallback_reason": self.fallback_reason,
             "table": [list(r) for r in t.ranges], "candidate_table": [list(r) for r in t.candidate],
+            **context_state(start, self.grid.lookups),
             "allowed_k": list(start.allowed_k) if start else [], "prior": list(start.prior) if start else [],
             **self.evidence.acceptance_state(), "steps": self.steps, **self.counters.exported(),
             "step_time_correction": bool(self.settings.step_time_correction), **self.window.hook_state(),

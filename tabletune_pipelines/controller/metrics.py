@@ -6,8 +6,9 @@ Two parts:
   the drafted and kept tokens the controller counts (``step.count_drafts``, into the evidence's
   histograms) are attributed to cells by a snapshot of those histograms taken whenever the batch size
   enters another cell. A cell is a batch-size bin (1, 2, 3-4, 5-8, ... up to max_num_seqs: at most
-  13 at 4096) times a context bucket (one today: ``all``), so the series stay bounded whatever the
-  batch sizes and requests are. Per step: one list lookup, one comparison and one increment.
+  13 at 4096) times a context bucket (``all`` for a batch-only table; the buckets of a (batch size x
+  context) table in force, labelled ``lo-hi``), so the series stay bounded whatever the batch sizes and
+  requests are. Per step: one list lookup, one comparison and one increment.
 * ``PromSink``: pushes the counts and the controller's state into ``prometheus_client`` series at
   rebuilds, exports and installs (never per step). ``prometheus_client`` ships with vLLM; it is
   imported here lazily, and any failure (import, registration, a write) is logged once and turns
@@ -40,7 +41,7 @@ METRICS_ENV = "TABLETUNE_METRICS"
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 CONTEXT_ALL = "all"
-"""The one context bucket today: every context length."""
+"""The context label of a batch-only table's cells: every context length."""
 SOURCES = ("published", "corrected", "launch")
 """``tabletune_table_source``: the published table as published, corrected online by the
 controller, or the engine's launch table (no published version in force)."""
@@ -66,7 +67,8 @@ def cell_label(lo: int, hi: int) -> str:
 class CellCounts:
     """Counts per cell since the last ``take`` (module docstring). ``max_k``: K; ``n``: max_num_seqs."""
 
-    __slots__ = ("K", "cells", "labels", "of_b", "cur", "snap_d", "snap_a", "pend_d", "pend_a", "steps")
+    __slots__ = ("K", "cells", "labels", "of_b", "cur", "snap_d", "snap_a", "pend_d", "pend_a", "steps", "context",
+                 "ctx_labels", "ncol")
 
     def __init__(self, max_k: int, n: int) -> None:
         self.K = int(max_k)
@@ -77,20 +79,34 @@ class CellCounts:
         for i, (lo, hi) in enumerate(self.cells):
             for b in range(lo, hi + 1):
                 self.of_b[b] = i
-        self.cur = 0
-        """The cell of the steps counted since the last snapshot."""
         w = self.K + 1
         self.snap_d, self.snap_a = [0] * w, [0] * w
-        self.pend_d = [[0] * w for _ in self.cells]
-        self.pend_a = [[0] * w for _ in self.cells]
-        self.steps = [[0] * (w + 1) for _ in self.cells]
+        self.set_context(None)
+
+    def set_context(self, buckets: Sequence[tuple[int, int]] | None) -> None:
+        """The context buckets of the table in force (None: batch-only, one column ``all``); the
+        counts start empty (``take`` them first)."""
+        self.context = None if buckets is None else tuple((int(lo), int(hi)) for lo, hi in buckets)
+        self.ctx_labels = [CONTEXT_ALL] if self.context is None else [f"{lo}-{hi}" for lo, hi in self.context]
+        self.ncol = len(self.ctx_labels)
+        """Context buckets per batch-size bin: cell index = bin * ncol + bucket."""
+        self.cur = 0
+        """The cell of the steps counted since the last snapshot."""
+        w, cells = self.K + 1, len(self.cells) * self.ncol
+        self.pend_d = [[0] * w for _ in range(cells)]
+        self.pend_a = [[0] * w for _ in range(cells)]
+        self.steps = [[0] * (w + 1) for _ in range(cells)]
         """Steps per cell and k applied (the last slot: k unknown), since the last ``take``."""
 
-    def enter(self, b: int, k: int | None, hist_d: Sequence[int], hist_a: Sequence[int]) -> None:
-        """A step at batch size ``b`` and k ``k`` (None: the engine did not say) is about to be
-        counted into the histograms: it is counted in its cell, and when that cell is another than
-        the last step's, the histograms' gains so far go to the cell before (``move``)."""
-        cell = self.of_b[b]
+    def label(self, cell: int) -> tuple[str, str]:
+        """A cell's ``batch`` and ``context`` labels."""
+        return self.labels[cell // self.ncol], self.ctx_labels[cell % self.ncol]
+
+    def enter(self, b: int, k: int | None, hist_d: Sequence[int], hist_a: Sequence[int], column: int = 0) -> None:
+        """A step at batch size ``b``, k ``k`` (None: the engine did not say) and context bucket
+        ``column`` is about to be counted into the histograms: it is counted in its cell, and when that
+        cell is another than the last step's, the histograms' gains so far go to the cell before (``move``)."""
+        cell = self.of_b[b] * self.ncol + column
         if cell != self.cur:
             self.move(cell, hist_d, hist_a)
         self.steps[cell][self.K + 1 if k is None else k] += 1
@@ -115,16 +131,16 @@ class CellCounts:
         for i in range(self.K + 1):
             self.snap_d[i] = self.snap_a[i] = 0
         out = []
-        for c in range(len(self.cells)):
+        for c in range(len(self.pend_d)):
             if any(self.pend_d[c]) or any(self.pend_a[c]):
                 d, a = fold(self.pend_d[c], self.pend_a[c])  # empties the pending histograms
                 out.append((c, d, a))
-        steps, self.steps = self.steps, [[0] * (self.K + 2) for _ in self.cells]
+        steps, self.steps = self.steps, [[0] * (self.K + 2) for _ in self.steps]
         return out, steps
 
     def drop(self) -> None:
         """The histograms were replaced (a new version's evidence): their untaken counts are gone."""
-        for c in range(len(self.cells)):
+        for c in range(len(self.pend_d)):
             for i in range(self.K + 1):
                 self.pend_d[c][i] = self.pend_a[c][i] = 0
         for i in range(self.K + 1):
@@ -237,16 +253,16 @@ class PromSink:
 
     def counts(self, per_cell: Sequence[tuple[int, list[int], list[int]]], steps: Sequence[Sequence[int]]) -> None:
         """The counts ``CellCounts.take`` handed over."""
-        s, labels = self.s, self.cells.labels
+        s, label = self.s, self.cells.label
         for cell, drafted, kept in per_cell:
             for pos, (n_d, n_a) in enumerate(zip(drafted, kept, strict=True), start=1):
                 if n_d:
-                    self._child(s.drafted, (labels[cell], CONTEXT_ALL, str(pos))).inc(n_d)
-                    self._child(s.accepted, (labels[cell], CONTEXT_ALL, str(pos))).inc(n_a)
+                    self._child(s.drafted, (*label(cell), str(pos))).inc(n_d)
+                    self._child(s.accepted, (*label(cell), str(pos))).inc(n_a)
         for c, row in enumerate(steps):
             for k, x in enumerate(row):
                 if x:
-                    self._child(s.steps, (labels[c], CONTEXT_ALL, str(k) if k <= self.cells.K else "unknown")).inc(x)
+                    self._child(s.steps, (*label(c), str(k) if k <= self.cells.K else "unknown")).inc(x)
 
     def installed(self, ctl: Any) -> None:
         """``ctl`` (a ``logic.Controller``) put a published version in force: the batch sizes whose k
@@ -272,8 +288,13 @@ class PromSink:
                                           else "corrected")
         for x in SOURCES:
             s.source.labels(*lv, x).set(1 if x == src else 0)
-        for c, k in enumerate(table_k_per_cell(ranges, cells.cells)):
-            self._child(s.k, (cells.labels[c], CONTEXT_ALL)).set(k)
+        grid = v.start.grid if v is not None and ctl.grid.lookups is not None else None
+        n = len(cells.of_b) - 1
+        columns = [ranges] if grid is None else [DraftTable.from_dense(grid.dense(n)[:, j]).entries()
+                                                 for j in range(grid.axes.shape[1])]
+        for j, column in enumerate(columns):
+            for c, k in enumerate(table_k_per_cell(column, cells.cells)):
+                self._child(s.k, (cells.labels[c], cells.ctx_labels[j] if grid is not None else CONTEXT_ALL)).set(k)
         cn = ctl.counters
         self._bump("evidence", int(ctl.flaps.switches.sum()), s.switches.labels(*lv, "evidence"))
         self._bump("reversals", int(ctl.flaps.reversals), s.reversals.labels(*lv))
@@ -331,6 +352,12 @@ class Metrics:
 
     def installed(self, ctl: Any) -> None:
         self.cells.drop()  # the version before's histograms are gone with its evidence
+        grid = ctl.version.start.grid if ctl.grid.lookups is not None else None
+        buckets = None if grid is None else grid.axes.context
+        if self.cells.context != buckets:  # other context buckets: the steps so far go out under the old ones
+            per_cell, steps = self.cells.take(ctl.evidence.hist_d, ctl.evidence.hist_a)
+            self._guard("counting", self.sink.counts if self.sink else None, per_cell, steps)
+            self.cells.set_context(buckets)
         self._guard("an install", self.sink.installed if self.sink else None, ctl)
         self.state(ctl)
 

@@ -15,6 +15,7 @@ Interfaces used, present in vLLM 0.26 and 0.32 (docs/engine-facts.md, "vLLM inte
 ``Scheduler.__init__(vllm_config=...)``, ``Scheduler.schedule``, ``Scheduler.update_from_output``,
 ``Scheduler.shutdown``, ``Scheduler.dynamic_sd_lookup`` (a list indexed by batch size, read in
 ``schedule``), ``num_spec_tokens``, ``scheduler_config.max_num_seqs``;
+``Scheduler.running`` with ``Request.num_computed_tokens`` (a (batch size x context) table's step context),
 ``SchedulerOutput.num_scheduled_tokens``, ``.scheduled_spec_decode_tokens``, ``.scheduled_new_reqs``,
 ``.total_num_scheduled_tokens``, ``.num_spec_tokens_to_schedule``; ``ModelRunnerOutput.req_id_to_index``,
 ``.sampled_token_ids``; ``VllmConfig.device_config.device_type`` (``cpu`` / ``cuda``; on CUDA the GPU's
@@ -100,6 +101,14 @@ def engine_facts(scheduler: Any) -> EngineFacts:
     )
 
 
+def running_context(scheduler: Any) -> list[int]:
+    """The running requests' context lengths before a step is scheduled: each request's
+    ``num_computed_tokens``, the tokens whose KV is in the cache (prompt and output so far; the
+    token the step feeds and its drafts are not counted). These are the lengths the step's attention
+    reads; vLLM's 5-item schedule aggregates the same per-request context."""
+    return [r.num_computed_tokens for r in scheduler.running]
+
+
 def _positive_int(v: Any) -> int | None:
     return int(v) if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
@@ -124,6 +133,9 @@ class ControllerHooks(_HooksBase):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._tt = None
+        self._tt_columns: dict[int, int] = {}
+        """id(SchedulerOutput) -> the context bucket it was scheduled with (async scheduling schedules the
+        next step before the last one's outcome comes back); only buckets other than the first are kept."""
         try:
             if not self.num_spec_tokens:
                 logger.warning("TableTune controller: this launch has no speculative decoding; controller off")
@@ -142,12 +154,15 @@ class ControllerHooks(_HooksBase):
         tt = self._tt
         if tt is not None:
             try:
-                lookup = tt.next_lookup()
+                lookup = tt.next_lookup(running_context(self) if tt.grid.lookups is not None else None)
                 if lookup is not None and self.dynamic_sd_lookup is not None:
                     self.dynamic_sd_lookup = lookup
             except Exception as exc:  # noqa: BLE001
                 tt.fail("choosing the next lookup", exc)
-        return super().schedule(*args, **kwargs)
+        out = super().schedule(*args, **kwargs)
+        if tt is not None and tt.grid.column:
+            self._tt_columns[id(out)] = tt.grid.column  # the step's context bucket, read back with its outcome
+        return out
 
     def update_from_output(self, scheduler_output, model_runner_output):
         out = super().update_from_output(scheduler_output, model_runner_output)
@@ -155,9 +170,14 @@ class ControllerHooks(_HooksBase):
         if tt is not None:
             try:
                 so, mro = scheduler_output, model_runner_output
+                cols = self._tt_columns
+                col = cols.pop(id(so), 0) if cols else 0
+                if len(cols) > 8:  # outputs never handed back (an aborted step): forget them
+                    cols.clear()
                 tt.on_step(StepOutcome(so.num_scheduled_tokens, so.scheduled_spec_decode_tokens, mro.req_id_to_index,
                                        mro.sampled_token_ids, getattr(so, "num_spec_tokens_to_schedule", None),
-                                       len(so.scheduled_new_reqs), so.total_num_scheduled_tokens, time.monotonic()))
+                                       len(so.scheduled_new_reqs), so.total_num_scheduled_tokens, time.monotonic(),
+                                       col))
             except Exception as exc:  # noqa: BLE001
                 tt.fail("counting a step", exc)
         return out

@@ -44,6 +44,9 @@ class StepOutcome:
     """``SchedulerOutput.total_num_scheduled_tokens``: decode, draft and prefill tokens scheduled."""
     now: float
     """``time.monotonic()`` after ``update_from_output``: the end of the step."""
+    column: int = 0
+    """The context bucket whose lookup the step was scheduled with (0 without a context axis;
+    ``logic.Controller.next_lookup``)."""
 
     def decode_only(self, drafted: int) -> bool:
         """Whether the step only decoded: nothing admitted and no prefill tokens, so its

@@ -25,7 +25,7 @@ from tabletune_pipelines.controller.exploration import Exploration
 from tabletune_pipelines.controller.flapping import FlapCounter
 from tabletune_pipelines.controller.loader import EngineFacts, StartPoint, load_start
 from tabletune_pipelines.controller.record import Notes, fmt_rates, fmt_table
-from tabletune_pipelines.controller.search import Lookups, Ranges, lookups_of
+from tabletune_pipelines.controller.search import ContextLookups, Lookups, Ranges, context_lookups, lookups_of
 from tabletune_pipelines.formats.controller_settings import ControllerSettings
 
 
@@ -50,6 +50,9 @@ class Installed:
     """The version's exploration (None: it does not explore)."""
     flaps: FlapCounter
     """The version's flap history (the switch counts carry over from the version before)."""
+    context: ContextLookups | None = None
+    """The file's (batch size x context) table, one lookup per context bucket, served at every step in
+    place of ``lookups`` (None: a batch-only table, or k cannot be switched)."""
 
     @property
     def settings(self) -> ControllerSettings:
@@ -85,7 +88,12 @@ def prepare(start: StartPoint, engine: EngineFacts, flaps: FlapCounter, steps: i
     # The published table is put in force whenever k can be switched; only in control mode (with a
     # prior and a profile) is it rebuilt, explored around and held with hysteresis. A baseline policy
     # (evaluation.baselines) chooses k itself: TableTune's rebuilds are then only observed.
-    controlling = s.mode == "control" and start.can_control and can_switch and s.policy == "tabletune"
+    # A (batch size x context) table is served as published, its bucket chosen at every step; the
+    # online correction (rebuilds, exploration, hysteresis) revises a batch-only table and stays off.
+    controlling = (s.mode == "control" and start.can_control and can_switch and s.policy == "tabletune"
+                   and start.grid is None)
+    context = (context_lookups(start.grid, n, K, pub.ctx_agg) if start.grid is not None and can_switch
+               else None)
     table = tuple((a, b, min(K, k)) for a, b, k in pub.ranges)
     lookups = lookups_of(table, n, ks, s.hysteresis, applying=can_switch, controlling=controlling)
     # With step-time correction, each exploration runs at the largest k and then, for as many steps,
@@ -98,7 +106,7 @@ def prepare(start: StartPoint, engine: EngineFacts, flaps: FlapCounter, steps: i
     # stay cumulative for the export.
     return Installed(start=start, applying=can_switch, controlling=controlling, table=table, lookups=lookups,
                      evidence=evidence, exploration=exploration,
-                     flaps=flaps.restarted(int(s.flap_backoff_rebuilds)))
+                     flaps=flaps.restarted(int(s.flap_backoff_rebuilds)), context=context)
 
 
 def announce(log: logging.Logger, new: Installed, *, honours_policy: bool) -> None:
@@ -115,6 +123,11 @@ def announce(log: logging.Logger, new: Installed, *, honours_policy: bool) -> No
     if not new.applying:
         log.warning("TableTune controller: the launch has no num_speculative_tokens_per_batch_size, so k "
                     "cannot change; only observing (launch with a table listing every k in %s)", list(ks))
+    if start.grid is not None:
+        log.info("TableTune controller: published v%d serves the (batch size x context) table %s, its context "
+                 "bucket chosen at every step by the %s of the running requests' KV lengths; the online "
+                 "correction is off for it (it revises batch-only tables)", pub.version,
+                 [list(e) for e in start.grid.entries()], pub.ctx_agg)
     est = new.evidence.estimator
     log.info("TableTune controller: published v%d of %s loaded (%s; table %s; allowed k %s; prior %s "
              "from %d drafts; w = %s; export %s)", pub.version, pub.deployment,

@@ -17,11 +17,16 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import tabletune_pipelines
 from tabletune_pipelines.engine.config import SERVED_MODEL_NAME, ServerConfig
 from tabletune_pipelines.engine.dtype import default_dtype
+from tabletune_pipelines.engine.plan import launch_table
+from tabletune_pipelines.errors import EngineConfigError
 from tabletune_pipelines.formats.control_protocol import K_CONTROL_ENV, STEP_LOG_ENV, SYNTHETIC_CONTROL_ENV
+from tabletune_pipelines.formats.controller_settings import PUBLISHED_ENV
+from tabletune_pipelines.formats.published_schema import CONTEXT_SCHEDULE_KEY, PublishedTable
 from tabletune_pipelines.vocab import vllm_compilation_config
 
 LAUNCHER_MODULE = "tabletune_pipelines.engine.launcher"
@@ -53,6 +58,33 @@ def scheduler_class(device: str) -> str:
     auto entry builds the async or the sync variant to match."""
     cls = "TimingScheduler" if device == "cpu" else "AutoTimingScheduler"
     return f"{SCHEDULER_MODULE}.{cls}"
+
+
+CONTROLLER_SCHEDULER = "tabletune_pipelines.controller.scheduler.ControllerScheduler"
+"""``--scheduler-cls`` of the online controller (``controller/scheduler.py``)."""
+
+
+def published_schedule(pub: PublishedTable, path: str | os.PathLike[str], *, context_form: bool,
+                       controller: bool) -> dict[str, Any]:
+    """The ``--speculative-config`` table keys of a launch serving the published file ``pub`` at ``path``.
+
+    A batch-only file: its ``ranges``. A (batch size x context) file (``context_entries``): on a vLLM
+    with the 5-item form (``context_form``, detected from the installed vLLM), the grid itself under
+    ``speculative_token_schedule`` with its ``ctx_agg``; on one without it, with the controller
+    (``controller``), a launch table listing every k the file allows (the controller hands vLLM each
+    step's column); without the controller, an ``EngineConfigError`` naming the file and what to do."""
+    if pub.context_entries is None:
+        return {"num_speculative_tokens_per_batch_size": [list(r) for r in pub.ranges]}
+    if context_form:
+        return {CONTEXT_SCHEDULE_KEY: [list(e) for e in pub.context_entries], "ctx_agg": pub.ctx_agg}
+    if controller:
+        return {"num_speculative_tokens_per_batch_size": [list(r) for r in launch_table(pub.allowed_k,
+                                                                                         pub.max_num_seqs)]}
+    raise EngineConfigError(
+        f"published table {path} holds a (batch size x context) table (table.context_entries), and this vLLM takes "
+        f"only 3-item num_speculative_tokens_per_batch_size entries, so without the controller it cannot serve it: "
+        f"launch with --scheduler-cls {CONTROLLER_SCHEDULER} and {PUBLISHED_ENV}={path} (the controller serves the "
+        "grid), or launch the batch-only table.ranges (its speculative-config companion) knowingly")
 
 
 def build_command(config: ServerConfig, port: int, device: str) -> list[str]:

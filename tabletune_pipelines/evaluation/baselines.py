@@ -278,7 +278,7 @@ class PolicyController(Controller):
         self.policy_failed = f"{where}: {type(exc).__name__}"
         self.fail(where, exc)
 
-    def next_lookup(self) -> list[int] | None:
+    def next_lookup(self, lengths: Sequence[int] | None = None) -> list[int] | None:
         pol = self.policy
         if pol is not None:
             try:
@@ -288,7 +288,7 @@ class PolicyController(Controller):
                 return lookup
             except Exception as exc:  # noqa: BLE001
                 self._policy_failed(f"the {self.policy_name} policy's lookup", exc)
-        return super().next_lookup()
+        return super().next_lookup(lengths)
 
     def on_step(self, step: StepOutcome) -> None:
         pol = self.policy

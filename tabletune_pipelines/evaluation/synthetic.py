@@ -81,10 +81,12 @@ REBUILD_BUDGET_MS = 60_000.0
 
 def publish(path: Path, *, ranges, rates, profile=None, version: int = 1, controller: dict | None = None,
             identity: dict | None = IDENTITY, prior_count: int = 0, allowed_k=None, n: int = N, k_max: int = K,
-            over_junk: bool = False, served_cost: dict | None = None, deployment: str = "test") -> Path:
+            over_junk: bool = False, served_cost: dict | None = None, deployment: str = "test",
+            context_entries=None, ctx_agg: str | None = None) -> Path:
     """Publish a table of ``deployment`` for the test engine (``profile``: T(B, k) as ``{k: {B: ms}}``,
-    by default ``linear_profile``). ``over_junk``: a deliberately broken file was left there, which
-    publishing refuses to replace: remove it first."""
+    by default ``linear_profile``; ``context_entries``: a (batch size x context) table's 5-item entries,
+    with its ``ctx_agg``). ``over_junk``: a deliberately broken file was left there, which publishing
+    refuses to replace: remove it first."""
     if over_junk:
         path.unlink(missing_ok=True)
     profile = linear_profile(n, k_max) if profile is None else profile
@@ -94,6 +96,10 @@ def publish(path: Path, *, ranges, rates, profile=None, version: int = 1, contro
              "step_ms": {str(k): {str(b): float(v) for b, v in row.items()} for k, row in profile.items()}}
     if served_cost:
         table["served_cost"] = served_cost
+    if context_entries is not None:
+        table["context_entries"] = [list(e) for e in context_entries]
+    if ctx_agg is not None:
+        table["ctx_agg"] = ctx_agg
     doc = published_document(
         PublishedVersion(deployment=deployment, version=version, table=table,
                          speculative_config={"method": "draft_model", "num_speculative_tokens": k_max,

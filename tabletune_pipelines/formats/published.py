@@ -27,6 +27,7 @@ from tabletune_pipelines.errors import InvalidTableError, PublishedTableError, S
 from tabletune_pipelines.formats import strict_io
 from tabletune_pipelines.formats.controller_settings import ControllerSettings
 from tabletune_pipelines.formats.published_schema import (
+    CONTEXT_SCHEDULE_KEY,
     MAX_PUBLISHED_BYTES,
     PRIOR_KEYS,
     PUBLISHED_SCHEMA,
@@ -37,6 +38,7 @@ from tabletune_pipelines.formats.published_schema import (
     PublishedTable,
 )
 from tabletune_pipelines.options import STEP_MS, Bound, check_value
+from tabletune_pipelines.vocab import CONTEXT_AGGREGATES, ContextAggregate
 
 # The ``served_verification`` section's keys and words (``published_schema.SERVED_VERIFICATION_FORMAT``).
 _SERVED_KEYS = {"passed", "verdict", "rule", "tolerance", "candidate", "candidate_is", "loads", "rounds", "window_s",
@@ -140,6 +142,26 @@ def validate_ranges(where: str, ranges: Any, max_num_seqs: int, max_k: int) -> t
         raise _fail(where, f"table.ranges: {exc}") from None
 
 
+def validate_context_entries(where: str, entries: Any, max_num_seqs: int,
+                             max_k: int) -> tuple[tuple[int, int, int, int, int], ...]:
+    """``table.context_entries`` of a file: a non-empty list of 5-item ``[bs_lo, bs_hi, ctx_lo, ctx_hi, k]``
+    lists of integers, a rectangular grid with context buckets contiguous from 1 and the publish gate's
+    batch-size rules (``DraftTable.from_entries``, the one table validator); sorted as ``entries()``."""
+    key = "table.context_entries"
+    if not isinstance(entries, list) or not entries:
+        raise _fail(where, f"{key} must be a non-empty list of [bs_lo, bs_hi, ctx_lo, ctx_hi, k], got {entries!r:.80}")
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, list) or len(entry) != 5:
+            raise _fail(where, f"{key}[{i}] = {entry!r:.80} must be a [bs_lo, bs_hi, ctx_lo, ctx_hi, k] list")
+        for j, x in enumerate(entry):
+            _int(where, f"{key}[{i}][{j}]", x)
+    try:
+        table = DraftTable.from_entries(entries, max_num_seqs=max_num_seqs, max_k=max_k, allow_context=True)
+    except InvalidTableError as exc:
+        raise _fail(where, f"{key}: {exc}") from None
+    return tuple((a, b, c, d, k) for a, b, c, d, k in table.entries())
+
+
 def _key_int(key: Any) -> int | None:
     """A JSON key that spells a small non-negative integer in ASCII digits (``"²"`` is a digit to
     ``str.isdigit`` but not to ``int``), else None."""
@@ -208,6 +230,15 @@ class _TableFields:
     """``table.acceptance_rates`` (empty when absent)."""
     step_ms: dict[int, dict[int, float]]
     """``table.step_ms`` as ``{k: {B: ms}}``."""
+    context_entries: tuple[tuple[int, int, int, int, int], ...] | None
+    """``table.context_entries``, validated (None: absent)."""
+    ctx_agg: ContextAggregate
+    """``table.ctx_agg`` (default ``mean``)."""
+
+    @property
+    def ks(self) -> list[int]:
+        """Every k the table uses, in ``ranges`` and ``context_entries``, ascending."""
+        return sorted({r[-1] for r in (*self.ranges, *(self.context_entries or ()))})
 
 
 def parse_published(doc: Any, where: str = "<document>") -> PublishedTable:
@@ -233,7 +264,7 @@ def parse_published(doc: Any, where: str = "<document>") -> PublishedTable:
         deployment=deployment, version=version, published_at=published_at, ranges=table.ranges,
         max_num_seqs=table.max_num_seqs, max_k=table.max_k, identity_key=table.identity_key, prior=prior,
         step_ms=table.step_ms, allowed_k=tuple(allowed), identity=identity, controller=controller,
-        served_verification=served, document=doc)
+        served_verification=served, context_entries=table.context_entries, ctx_agg=table.ctx_agg, document=doc)
 
 
 def _check_envelope(doc: Any, where: str) -> None:
@@ -267,8 +298,17 @@ def _table_section(where: str, v: Any) -> _TableFields:
     rates = _rates(where, "table.acceptance_rates", t.get("acceptance_rates", []))
     _num(where, "table.predicted_worst_loss", t.get("predicted_worst_loss", 0.0))
     step_ms = _step_ms(where, t.get("step_ms", {}), max_k)
+    grid = None
+    if t.get("context_entries") is not None:
+        grid = validate_context_entries(where, t["context_entries"], max_num_seqs, max_k)
+    agg = t.get("ctx_agg", "mean")
+    if agg not in CONTEXT_AGGREGATES:
+        raise _fail(where, f"table.ctx_agg = {agg!r:.40} must be one of {list(CONTEXT_AGGREGATES)}")
+    if "ctx_agg" in t and grid is None:
+        raise _fail(where, f"table.ctx_agg = {agg!r} is set without table.context_entries; it says how a step's "
+                           "context length picks a context bucket, and the table has none")
     return _TableFields(ranges=ranges, max_num_seqs=max_num_seqs, max_k=max_k, identity_key=identity_key,
-                        prior_id=prior_id, rates=rates, step_ms=step_ms)
+                        prior_id=prior_id, rates=rates, step_ms=step_ms, context_entries=grid, ctx_agg=agg)
 
 
 def _speculative_config_section(where: str, v: Any, table: _TableFields) -> None:
@@ -283,6 +323,27 @@ def _speculative_config_section(where: str, v: Any, table: _TableFields) -> None
             isinstance(r, list) and len(r) == 3 and all(type(x) is int for x in r) for r in spec_ranges)
         if not plain or sorted(tuple(r) for r in spec_ranges) != list(table.ranges):
             raise _fail(where, "speculative_config.num_speculative_tokens_per_batch_size differs from table.ranges")
+    if CONTEXT_SCHEDULE_KEY in spec:
+        _context_schedule(where, spec, table)
+
+
+def _context_schedule(where: str, spec: dict[str, Any], table: _TableFields) -> None:
+    """``speculative_config.speculative_token_schedule`` (vLLM's 5-item form): equal to
+    ``table.context_entries``, never beside its 3-item alias, its ``ctx_agg`` the table's."""
+    key = f"speculative_config.{CONTEXT_SCHEDULE_KEY}"
+    if table.context_entries is None:
+        raise _fail(where, f"{key} is set but the table has no context_entries; a batch-only table is "
+                           "launched with num_speculative_tokens_per_batch_size")
+    if "num_speculative_tokens_per_batch_size" in spec:
+        raise _fail(where, f"{key} and its alias num_speculative_tokens_per_batch_size are both set; vLLM takes one")
+    sched = spec[CONTEXT_SCHEDULE_KEY]
+    plain = isinstance(sched, list) and all(
+        isinstance(r, list) and len(r) == 5 and all(type(x) is int for x in r) for r in sched)
+    if not plain or sorted(tuple(r) for r in sched) != list(table.context_entries):
+        raise _fail(where, f"{key} = {sched!r:.80} differs from table.context_entries")
+    if spec.get("ctx_agg", table.ctx_agg) != table.ctx_agg:
+        raise _fail(where, f"speculative_config.ctx_agg = {spec['ctx_agg']!r:.40} differs from table.ctx_agg = "
+                           f"{table.ctx_agg!r}")
 
 
 def _identity_section(where: str, v: Any, table: _TableFields) -> dict[str, Any] | None:
@@ -342,7 +403,7 @@ def _measured_prior(where: str, v: Any, table_rates: tuple[float, ...]) -> Publi
 
 def _allowed_k_section(where: str, raw: Any, table: _TableFields) -> list[int]:
     """``allowed_k`` (optional; absent: the table's k values), sorted, within max_k, listing every k the table uses."""
-    table_ks = sorted({k for _, _, k in table.ranges})
+    table_ks = table.ks
     if raw is None:
         return table_ks
     if not isinstance(raw, list) or not raw:

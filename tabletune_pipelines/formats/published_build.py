@@ -52,8 +52,8 @@ def published_document(
     if prior is not None:
         doc["prior"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dict(prior).items()
                         if k in PRIOR_KEYS}
-    doc["allowed_k"] = sorted({int(k) for k in allowed_k} if allowed_k is not None
-                              else {int(r[2]) for r in table.get("ranges", [])})
+    doc["allowed_k"] = sorted({int(k) for k in allowed_k} if allowed_k is not None  # every k of ranges and the grid
+                              else {int(r[-1]) for r in [*table.get("ranges", []), *table.get("context_entries", [])]})
     doc["controller"] = dict(controller or {})
     if evidence is not None:
         doc["evidence"] = dict(evidence)

@@ -23,7 +23,7 @@ from tabletune_pipelines.errors import PublishedTableError
 from tabletune_pipelines.formats import strict_io
 from tabletune_pipelines.formats.published import strict_json_loads
 from tabletune_pipelines.formats.published_build import roundtrip_check
-from tabletune_pipelines.formats.published_schema import MAX_PUBLISHED_BYTES, PUBLISHED_SCHEMA
+from tabletune_pipelines.formats.published_schema import CONTEXT_SCHEDULE_KEY, MAX_PUBLISHED_BYTES, PUBLISHED_SCHEMA
 from tabletune_pipelines.formats.strict_io import atomic_write_text  # the one writer
 
 # -- what publishing may replace ---------------------------------------------------------------
@@ -112,13 +112,14 @@ def check_published_target(path: str | os.PathLike[str], deployment: str | None 
 
 def check_speculative_config_target(path: str | os.PathLike[str]) -> None:
     """Raise ``PublishedTableError`` unless ``path`` is free or holds a speculative config with a table
-    (``num_speculative_tokens_per_batch_size``: what TableTune writes there)."""
+    (``num_speculative_tokens_per_batch_size``, or the 5-item ``speculative_token_schedule``: what
+    TableTune writes there)."""
     p = Path(path)
     what = "a speculative-config companion"
     doc = _existing_json(p, what, MAX_COMPANION_BYTES)
     if doc is _ABSENT:
         return
-    if not isinstance(doc, dict) or "num_speculative_tokens_per_batch_size" not in doc:
+    if not isinstance(doc, dict) or not ({"num_speculative_tokens_per_batch_size", CONTEXT_SCHEDULE_KEY} & set(doc)):
         raise _refusal(p, "is not a --speculative-config with num_speculative_tokens_per_batch_size", what)
 
 

@@ -10,8 +10,15 @@ files written before them still load)::
      "deployment": "local-cpu", "version": 3, "published_at": "2026-11-23T10:00:00Z",
      "table": {...},               # DraftLengthTable.to_dict(): ranges, max_num_seqs, max_k,
                                    #   identity_key, prior_id, acceptance_rates (the prior's a_i),
-                                   #   predicted_worst_loss, step_ms {k: {B: ms}} (profiled T(B, k))
-     "speculative_config": {...},  # the --speculative-config a deployment without the controller uses
+                                   #   predicted_worst_loss, step_ms {k: {B: ms}} (profiled T(B, k));
+                                   #   new: context_entries [[bs_lo, bs_hi, ctx_lo, ctx_hi, k], ...]
+                                   #   (the (batch size x context) table, absent with one context
+                                   #   bucket) and ctx_agg ("mean", "median" or "max"; default
+                                   #   "mean"; only with context_entries)
+     "speculative_config": {...},  # the --speculative-config a deployment without the controller uses:
+                                   #   num_speculative_tokens_per_batch_size (3-item, table.ranges), or
+                                   #   speculative_token_schedule (5-item, table.context_entries) where
+                                   #   the engine's vLLM takes the 5-item form
      "identity": {...},            # new: EngineIdentity fields (gpu, vllm_version, model, drafter,
                                    #   method, max_k, max_num_seqs, dtype, cudagraph_mode)
      "prior": {"rates": [...], "num_drafts": 4800, "drafted_per_pos": [...],
@@ -33,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tabletune_pipelines.options import Bound
+from tabletune_pipelines.vocab import ContextAggregate
 
 PUBLISHED_SCHEMA = "tabletune.published_table"
 PUBLISHED_SCHEMA_VERSION = 1
@@ -48,6 +56,9 @@ TOP_KEYS = frozenset({"schema", "schema_version", "deployment", "version", "publ
 """The top-level keys a published document may have."""
 PRIOR_KEYS = frozenset({"rates", "num_drafts", "drafted_per_pos", "accepted_per_pos", "prior_id", "source"})
 """The keys of its ``prior`` section."""
+CONTEXT_SCHEDULE_KEY = "speculative_token_schedule"
+"""vLLM's name of the schedule that takes 5-item ``[bs_lo, bs_hi, ctx_lo, ctx_hi, k]`` entries (the
+versions with context buckets; ``num_speculative_tokens_per_batch_size`` is its 3-item alias)."""
 
 SERVED_VERIFICATION_FORMAT = """\
 "served_verification": {
@@ -126,6 +137,13 @@ class PublishedTable:
     """Controller settings of the deployment (keys of ControllerSettings)."""
     served_verification: dict[str, Any] | None = None
     """The served goodput verification the table passed before publishing (``SERVED_VERIFICATION_FORMAT``), if any."""
+    context_entries: tuple[tuple[int, int, int, int, int], ...] | None = None
+    """``table.context_entries``: the (batch size x context) table as vLLM's 5-item entries
+    ``(bs_lo, bs_hi, ctx_lo, ctx_hi, k)``, sorted; None when the table has one context bucket (then
+    ``ranges`` is the whole table)."""
+    ctx_agg: ContextAggregate = "mean"
+    """``table.ctx_agg``: how one step's context length is taken from its running requests' (mean,
+    median or max; ``core.table.aggregate_context``)."""
     document: dict[str, Any] = field(default_factory=dict, repr=False)
     """The whole JSON document as read."""
 

@@ -11,6 +11,7 @@ import pytest
 from tabletune_pipelines.formats.control_protocol import K_CONTROL_ENV, STEP_LOG_ENV, SYNTHETIC_CONTROL_ENV
 from tabletune_pipelines.engine.command import PACKAGE_ROOT, V2_RUNNER_ENV, build_command, build_env, vllm_cli
 from tabletune_pipelines.engine.config import ServerConfig
+from tabletune_pipelines.errors import EngineConfigError
 
 SCHED = "tabletune_pipelines.engine.timing_scheduler"
 
@@ -122,3 +123,42 @@ def test_package_root_is_on_the_server_pythonpath(tmp_path):
 def test_extra_env_wins(tmp_path):
     env = _env(_cfg(model_runner="v2", extra_env={V2_RUNNER_ENV: "0", "X": 1}), "gpu", tmp_path)
     assert env[V2_RUNNER_ENV] == "0" and env["X"] == "1"
+
+
+# -- a published file's table in a launch: the (batch size x context) grid needs the 5-item form or the controller
+
+def _published(tmp_path, grid):
+    from tabletune_pipelines.evaluation.synthetic import publish
+    from tabletune_pipelines.formats.published import load_published
+
+    path = publish(tmp_path / "pub.json", ranges=[(1, 16, 2)], rates=(0.7, 0.5, 0.3), allowed_k=[0, 1, 2, 3],
+                   context_entries=[(1, 8, 1, 512, 3), (1, 8, 513, 4096, 1), (9, 16, 1, 512, 1),
+                                    (9, 16, 513, 4096, 0)] if grid else None)
+    return path, load_published(path)
+
+
+def test_a_grid_file_launches_by_the_engines_form_and_the_controller(tmp_path):
+    from tabletune_pipelines.engine.command import published_schedule
+
+    path, pub = _published(tmp_path, grid=True)
+    assert published_schedule(pub, path, context_form=True, controller=False) == {
+        "speculative_token_schedule": [[1, 8, 1, 512, 3], [1, 8, 513, 4096, 1], [9, 16, 1, 512, 1],
+                                       [9, 16, 513, 4096, 0]], "ctx_agg": "mean"}
+    # 3-item form with the controller: a launch table listing every allowed k (the controller serves the grid)
+    assert published_schedule(pub, path, context_form=False, controller=True) == {
+        "num_speculative_tokens_per_batch_size": [[1, 1, 0], [2, 2, 1], [3, 3, 2], [4, 16, 3]]}
+    with pytest.raises(EngineConfigError) as err:
+        published_schedule(pub, path, context_form=False, controller=False)
+    msg = str(err.value)
+    assert str(path) in msg and "table.context_entries" in msg and "\n" not in msg
+    assert f"TABLETUNE_PUBLISHED_TABLE={path}" in msg and "ControllerScheduler" in msg
+
+
+def test_a_batch_only_file_launches_its_ranges_everywhere(tmp_path):
+    from tabletune_pipelines.engine.command import published_schedule
+
+    path, pub = _published(tmp_path, grid=False)
+    for form in (True, False):
+        for ctl in (True, False):
+            assert published_schedule(pub, path, context_form=form, controller=ctl) == {
+                "num_speculative_tokens_per_batch_size": [[1, 16, 2]]}

@@ -24,7 +24,7 @@ from tabletune_pipelines.formats.documents import DraftLengthTable, EngineIdenti
 from tabletune_pipelines.errors import PublishedTableError, TableTuneError
 from tabletune_pipelines.formats.fleet import parse_fleet
 from tabletune_pipelines.orchestration.partitions import register_identity
-from tabletune_pipelines.formats.published import read_published_table
+from tabletune_pipelines.formats.published import load_published, read_published_table
 from tabletune_pipelines.formats.published_build import published_document
 from tabletune_pipelines.formats.published_files import speculative_config_path, write_published_table
 from tabletune_pipelines.formats.published_schema import PublishedVersion
@@ -291,3 +291,87 @@ def test_show_names_a_bad_published_file_without_a_traceback(run_cli, home):
     assert_one_error(run_cli("--fleet", fleet, "show"), str(pub), "not UTF-8 (byte 0)")
     assert not (home / "tabletune_store.duckdb").exists()
     assert set(snapshot(home)) == set(before)
+
+
+# -- the (batch size x context) table: table.context_entries, table.ctx_agg ---------------------------
+
+GRID = [[1, 8, 1, 512, 3], [1, 8, 513, 4096, 1], [9, 16, 1, 512, 1], [9, 16, 513, 4096, 0]]
+
+
+def _grid_file(tmp_path, spec=None, **table):
+    """A valid published file of TABLE with the grid ``GRID`` (``table`` overrides its table keys,
+    None removes one; ``spec`` adds speculative_config keys)."""
+    path = _file(tmp_path)
+    doc = json.loads(path.read_text())
+    doc.pop("allowed_k", None)  # the table's ks: with the grid, k = 0 too
+    doc["table"]["context_entries"] = GRID
+    for key, value in table.items():
+        if value is None:
+            doc["table"].pop(key, None)
+        else:
+            doc["table"][key] = value
+    doc["speculative_config"].update(spec or {})
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_a_grid_file_loads_with_its_cells_its_aggregate_and_every_k_allowed(tmp_path):
+    pub = load_published(_grid_file(tmp_path))
+    assert pub.context_entries == ((1, 8, 1, 512, 3), (1, 8, 513, 4096, 1), (9, 16, 1, 512, 1), (9, 16, 513, 4096, 0))
+    assert pub.ctx_agg == "mean" and pub.allowed_k == (0, 1, 3) and pub.ranges == ((1, 8, 3), (9, 16, 1))
+    shuffled = [GRID[3], GRID[0], GRID[2], GRID[1]]
+    pub = load_published(_grid_file(tmp_path, ctx_agg="max", context_entries=shuffled,
+                                    spec={"speculative_token_schedule": shuffled, "ctx_agg": "max"}))
+    assert pub.ctx_agg == "max" and pub.context_entries[0] == (1, 8, 1, 512, 3)
+
+
+def test_an_old_three_item_file_has_no_context_axis(tmp_path):
+    pub = load_published(_file(tmp_path))
+    assert pub.context_entries is None and pub.ctx_agg == "mean" and pub.ranges == ((1, 8, 3), (9, 16, 1))
+
+
+GRID_CASES = [
+    ({"context_entries": [[1, 8, 1, 512, 3], [1, 8, 513, 4096, 1], [9, 16, 1, 512, 1]]},
+     "batch-size range [9, 16] has context buckets [[1, 512]], range [1, 8] has [[1, 512], [513, 4096]]: the grid "
+     "must be rectangular"),
+    ({"context_entries": [[1, 16, 2, 512, 3], [1, 16, 513, 4096, 1]]}, "context bucket [2, 512] starts at 2"),
+    ({"context_entries": [[1, 16, 1, 500, 3], [1, 16, 513, 4096, 1]]}, "context bucket [513, 4096] starts at 513"),
+    ({"context_entries": [[1, 16, 1, 512, 4], [1, 16, 513, 4096, 1]]},
+     "asks for k = 4 but the launch allows at most num_speculative_tokens = 3"),
+    ({"context_entries": [[1, 8, 1, 512, 3], [1, 8, 513, 4096, 1]]}, "the last range [1, 8] ends at 8"),
+    ({"context_entries": [[1, 16, 3]]}, "table.context_entries[0] = [1, 16, 3] must be a [bs_lo, bs_hi, ctx_lo"),
+    ({"context_entries": [[1, 16, 1, 4096, True]]}, "table.context_entries[0][4] = True must be an integer"),
+    ({"context_entries": []}, "table.context_entries must be a non-empty list"),
+    ({"context_entries": {"1": 3}}, "table.context_entries must be a non-empty list"),
+    ({"ctx_agg": "p99"}, "table.ctx_agg = 'p99' must be one of ['mean', 'median', 'max']"),
+    ({"ctx_agg": 1}, "table.ctx_agg = 1 must be one of"),
+    ({"ctx_agg": "max", "context_entries": None}, "table.ctx_agg = 'max' is set without table.context_entries"),
+    ({"spec": {"speculative_token_schedule": GRID[:2]}}, "speculative_config.speculative_token_schedule = "),
+    ({"spec": {"speculative_token_schedule": GRID, "ctx_agg": "max"}},
+     "speculative_config.ctx_agg = 'max' differs from table.ctx_agg = 'mean'"),
+    ({"spec": {"speculative_token_schedule": GRID, "num_speculative_tokens_per_batch_size": [[1, 8, 3], [9, 16, 1]]}},
+     "speculative_token_schedule and its alias num_speculative_tokens_per_batch_size are both set"),
+    ({"spec": {"speculative_token_schedule": GRID}, "context_entries": None},
+     "speculative_token_schedule is set but the table has no context_entries"),
+]
+
+
+@pytest.mark.parametrize("over,message", GRID_CASES, ids=[str(c[0])[:50] for c in GRID_CASES])
+def test_a_bad_grid_is_one_line_naming_the_value_and_nothing_is_written(tmp_path, over, message):
+    over = dict(over)
+    path = _grid_file(tmp_path, spec=over.pop("spec", None), **over)
+    before = snapshot(tmp_path)
+    with pytest.raises(PublishedTableError) as err:
+        read_published_table(path)
+    msg = str(err.value)
+    assert str(path) in msg and message in msg and "\n" not in msg, msg
+    assert snapshot(tmp_path) == before
+
+
+def test_allowed_k_must_list_every_k_of_the_grid(tmp_path):
+    path = _grid_file(tmp_path)
+    doc = json.loads(path.read_text())
+    doc["allowed_k"] = [1, 3]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(PublishedTableError, match=r"the table uses k = \[0\], which allowed_k \[1, 3\] does not list"):
+        read_published_table(path)

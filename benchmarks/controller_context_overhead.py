@@ -1,0 +1,97 @@
+"""What serving a (batch size x context) table adds to the controller's per-step path, against a decode step.
+
+    python benchmarks/controller_context_overhead.py
+    python benchmarks/controller_context_overhead.py --batch 16,64,256 --rounds 15 --steps 2000
+
+In process (no vLLM), side by side in one run: two controllers of max_num_seqs 1024, K = 3, one on a
+batch-only published table and one on a (batch size x context) table of 4 batch-size ranges by 4
+context buckets. Per batch size B and aggregate (mean, median, max): the per-step cost of choosing
+the lookup, i.e. what the scheduler hook does before ``Scheduler.schedule``: reading the running
+requests' ``num_computed_tokens`` (``controller.scheduler.running_context``, here on B stand-in
+requests) and ``next_lookup``. Each round times ``--steps`` calls of each arm, alternating which
+arm goes first; the figure is the mean over rounds of the per-call µs, with its standard error, and
+the paired difference grid − batch-only. It is compared with decode steps of the same engines: the
+CPU build's tiny-model step (3.0-12.8 ms at B = 1-16, 10 ms taken as the reference; docs/engine-facts.md,
+"CPU build") and the H200 steps of vLLM
+0.26 (4.7 ms at B = 1 to 10.5 ms at B = 128 with EAGLE-3, docs/engine-facts.md): the target is
+well under 1% of a step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+
+from tabletune_pipelines.controller.loader import EngineFacts
+from tabletune_pipelines.controller.scheduler import running_context
+from tabletune_pipelines.evaluation.simulator import fake_controller
+from tabletune_pipelines.evaluation.synthetic import IDENTITY, publish
+
+N, K = 1024, 3
+logging.getLogger("tabletune.controller").setLevel(logging.WARNING)
+ROWS = [(1, 16), (17, 64), (65, 256), (257, N)]
+BUCKETS = [(1, 512), (513, 2048), (2049, 8192), (8193, 32768)]
+GRID = [(b0, b1, c0, c1, (i + j) % (K + 1)) for i, (b0, b1) in enumerate(ROWS) for j, (c0, c1) in enumerate(BUCKETS)]
+H200_STEP_MS = (4.7, 10.5)
+CPU_STEP_MS = 10.0
+
+
+def controllers(folder: Path, agg: str):
+    eng = EngineFacts(max_k=K, max_num_seqs=N, launch_ranges=((1, 1, 0), (2, 2, 1), (3, 3, 2), (4, N, 3)),
+                      model=IDENTITY["model"], method=IDENTITY["method"], drafter=IDENTITY["drafter"],
+                      vllm_version=IDENTITY["vllm_version"], gpu=IDENTITY["gpu"])
+    ident = dict(IDENTITY, max_num_seqs=N)
+    clock = [0.0]
+    plain = publish(folder / f"plain-{agg}.json", ranges=[(1, N, 2)], rates=(0.7, 0.5, 0.3), n=N, identity=ident,
+                    allowed_k=[0, 1, 2, 3], controller={"mode": "observe"})
+    grid = publish(folder / f"grid-{agg}.json", ranges=[(1, N, 2)], rates=(0.7, 0.5, 0.3), n=N, identity=ident,
+                   allowed_k=[0, 1, 2, 3], context_entries=GRID, ctx_agg=None if agg == "mean" else agg)
+    return fake_controller(plain, clock, engine=eng), fake_controller(grid, clock, engine=eng)
+
+
+def per_call_us(ctl, sched, steps: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        ctl.next_lookup(running_context(sched) if ctl.grid.lookups is not None else None)
+    return (time.perf_counter() - t0) / steps * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", default="8,64,256,1024")
+    ap.add_argument("--rounds", type=int, default=11)
+    ap.add_argument("--steps", type=int, default=2000)
+    a = ap.parse_args()
+    print(f"[context-overhead] load average {os.getloadavg()[0]:.2f}; {a.rounds} rounds x {a.steps} calls per arm")
+    with tempfile.TemporaryDirectory() as tmp:
+        for agg in ("mean", "median", "max"):
+            plain, grid = controllers(Path(tmp), agg)
+            assert grid.grid.lookups is not None and plain.grid.lookups is None
+            for b in (int(x) for x in a.batch.split(",")):
+                sched = SimpleNamespace(running=[SimpleNamespace(num_computed_tokens=100 + 37 * i) for i in range(b)])
+                us = {"plain": [], "grid": []}
+                for r in range(a.rounds):
+                    order = [("plain", plain), ("grid", grid)][:: 1 if r % 2 else -1]
+                    for name, ctl in order:
+                        us[name].append(per_call_us(ctl, sched, a.steps))
+                diff = [g - p for g, p in zip(us["grid"], us["plain"], strict=True)]
+
+                def ms(xs):
+                    return statistics.mean(xs), statistics.stdev(xs) / len(xs) ** 0.5
+
+                (g, gse), (p, pse), (d, dse) = ms(us["grid"]), ms(us["plain"]), ms(diff)
+                print(f"[context-overhead] {agg:6s} B={b:5d}: grid {g:6.2f} ± {gse:.2f} µs, batch-only {p:5.2f} ± "
+                      f"{pse:.2f} µs, added {d:6.2f} ± {dse:.2f} µs per step = {d / 10 / CPU_STEP_MS:.4f}% of a "
+                      f"{CPU_STEP_MS:g} ms CPU step, {d / 10 / H200_STEP_MS[1]:.4f}% of a {H200_STEP_MS[1]:g} ms H200 "
+                      f"step at B = 128 ({d / 10 / H200_STEP_MS[0]:.4f}% of {H200_STEP_MS[0]:g} ms at B = 1)")
+
+
+if __name__ == "__main__":
+    main()
