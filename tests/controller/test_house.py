@@ -22,7 +22,7 @@ def test_step_outcome_is_one_frozen_slotted_record():
     s = StepOutcome({"a": 1}, {"a": [0]}, {"a": 0}, [[1, 2]], 1, 0, 2, 5.0)
     assert [f.name for f in dataclasses.fields(StepOutcome)] == [
         "num_scheduled_tokens", "spec_tokens", "req_id_to_index", "sampled", "k_next", "num_new", "total_tokens",
-        "now"]
+        "now", "column"]
     assert not hasattr(s, "__dict__")
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.now = 6.0  # type: ignore[misc]
