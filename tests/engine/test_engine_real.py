@@ -194,7 +194,7 @@ def killed_after_b1(shared_config, tmp_path_factory):
     default) and is killed once the two B = 1 cells are stored; asserts EngineError. Both death tests read it:
     a launch costs 20-40 s of start-up on 2 cores, and the resume needs only the stored cells. (The grid plan's
     death, the same EngineError through a plain cell loop, is tests/engine/test_profiler.py's, on the stand-in
-    server.) Yields (store, identity, plan, the launched servers)."""
+    server.) Returns (store, identity, plan, the launched servers, the cells stored right after the kill)."""
     from tabletune_pipelines.store import TableTuneStore
 
     store = TableTuneStore(tmp_path_factory.mktemp("killed") / "killed.duckdb")
@@ -219,27 +219,26 @@ def killed_after_b1(shared_config, tmp_path_factory):
         profile_step_times(shared_config, ProfileOptions(mixed_steps=False, plan_search="adaptive"), plan=plan,
                            hooks=dataclasses.replace(hooks, on_cell=on_cell), servers=ProfileServers(factory=factory),
                            identity=identity, progress=lambda m: None)
-    return store, identity, plan, launched
+    return store, identity, plan, launched, store.profile_cells(identity.key, "one_launch")
 
 
 def test_an_engine_death_ends_the_adaptive_plan_with_the_cells_kept(killed_after_b1):
     """The adaptive plan (the default) on an engine killed after the B = 1 cells: EngineError (the
     fixture asserts it), not a profile that stops early and calls itself done; the whole process group
     is gone and the cells measured before stay in the store."""
-    store, identity, _, launched = killed_after_b1
+    _, _, _, launched, kept = killed_after_b1
     assert not launched[0].is_alive()
     assert launched[0].last_pgid and not group_alive(launched[0].last_pgid)
-    assert sorted((c.k, c.batch_size) for c in store.profile_cells(identity.key, "one_launch")) == [(0, 1), (1, 1)]
+    assert sorted((c.k, c.batch_size) for c in kept) == [(0, 1), (1, 1)]
 
 
 def test_kill_mid_profile_then_resume(killed_after_b1, shared_server, shared_config):
     """A rerun after the kill keeps the stored cells and measures only the missing ones (here on the
     shared server, same identity). The grid plan, so the rerun's cells are exactly the plan's missing
     ones (the adaptive plan may add repetitions)."""
-    store, identity, plan, _ = killed_after_b1
+    store, identity, plan, _, kept = killed_after_b1
     grid = ProfileOptions(mixed_steps=False, plan_search="grid")
-    kept = store.profile_cells(identity.key, "one_launch")
-    assert sorted((c.k, c.batch_size) for c in kept) == [(0, 1), (1, 1)]
+    assert sorted((c.k, c.batch_size) for c in store.profile_cells(identity.key, "one_launch")) == [(0, 1), (1, 1)]
 
     measured: list = []
     hooks = store_hooks(store, identity, "one_launch")
