@@ -36,13 +36,14 @@ def controller_server(tmp_path_factory):
     from tabletune_pipelines.evaluation.rig import server_config
 
     from tabletune_pipelines.controller.metrics import MULTIPROC_ENV
+    from tests.conftest import VLLM_CACHE_ENV
 
     wd = tmp_path_factory.mktemp("controller-server")
     # Prometheus's multiprocess folder (empty): the controller's series reach vLLM's /metrics from the
     # engine core process (docs/metrics.md); test_engine_metrics.py scrapes them.
     prom = tmp_path_factory.mktemp("controller-server-prometheus")
     srv = VLLMServer(server_config(wd, wd / "local.json", rates=(0.7, 0.5, 0.3), cls=EVALUATION_SCHEDULER,
-                                   extra_env={MULTIPROC_ENV: str(prom)}))
+                                   extra_env={MULTIPROC_ENV: str(prom), **VLLM_CACHE_ENV}))
     srv.start()
     try:
         yield srv

@@ -71,6 +71,24 @@ def serve(rig, clients: int, steps: int) -> None:
         gen.stop()
 
 
+def serve_until(rig, clients: int, done, max_steps: int, stall_s: float = 300.0) -> None:
+    """``clients`` closed-loop clients until ``done()`` holds or the export shows ``max_steps`` more
+    controller steps, whichever comes first: a phase that waits for a change ends when the change is
+    seen instead of running out a fixed step count. ``stall_s`` guards a stalled engine only (the
+    longest wait with no new step exported)."""
+    gen = closed_loop(rig.server, clients, max_tokens=(48, 96)).start()
+    try:
+        target = rig.steps() + max_steps
+        seen, since = rig.steps(), time.monotonic()
+        while not done() and (now := rig.steps()) < target:
+            if now != seen:
+                seen, since = now, time.monotonic()
+            assert time.monotonic() - since < stall_s, f"no new step for {stall_s} s:\n{rig.server.log_tail(30)}"
+            time.sleep(1.0)
+    finally:
+        gen.stop()
+
+
 def test_every_series_is_on_metrics_and_agrees_with_the_export_to_the_token(controller_rig, controller_server):
     rig = controller_rig(RATES)
     # A table of k = 1 everywhere; the controller measures step times (step-time correction on).
@@ -190,6 +208,12 @@ def dashboard_queries() -> list[tuple[str, str]]:
             for p in d["panels"] for t in p["targets"]]
 
 
+def in_force(prom: Prometheus, version: int, expr: str) -> bool:
+    """Whether Prometheus's latest scrape shows ``version`` in force and, at that scrape or a later
+    one, ``expr`` true."""
+    return bool(prom.query(f"max(tabletune_table_version) == {version}")) and bool(prom.query(expr))
+
+
 def test_a_real_prometheus_scrapes_it_runs_the_rules_and_every_dashboard_query(controller_rig, controller_server,
                                                                                tmp_path):
     rig = controller_rig(RATES)
@@ -202,13 +226,17 @@ def test_a_real_prometheus_scrapes_it_runs_the_rules_and_every_dashboard_query(c
         # profile alone (no step-time correction), which the prior's evidence moves while Prometheus watches
         rig.publish(ranges=[(1, 16, 1)], rates=RATES)
         serve(rig, 6, 200)
-        rig.publish(ranges=[(1, 16, 1)], rates=RATES, controller={"step_time_correction": False})
-        serve(rig, 6, 500)
+        # Each later phase runs until Prometheus itself has scraped the move it waits for (the k in
+        # force up, then down under the next version), at most the steps a fixed phase used to run
+        # (500, then 400): the query_range assertion below reads what Prometheus stored, so the phase
+        # needs nothing past the first scrape that shows the move.
+        up = rig.publish(ranges=[(1, 16, 1)], rates=RATES, controller={"step_time_correction": False})
+        serve_until(rig, 6, lambda: in_force(prom, up, "max(tabletune_k) >= 2"), max_steps=500)
         # then the drafts' acceptance drops to (0.2, 0.1, 0.05), and a version with that prior brings k down
         low = (0.2, 0.1, 0.05)
         controller_server.set_synthetic_rates(list(low))
-        rig.publish(ranges=[(1, 16, 3)], rates=low, controller={"step_time_correction": False})
-        serve(rig, 6, 400)
+        down = rig.publish(ranges=[(1, 16, 3)], rates=low, controller={"step_time_correction": False})
+        serve_until(rig, 6, lambda: in_force(prom, down, "max(tabletune_k) < 3"), max_steps=400)
         for title, expr in dashboard_queries():
             res = prom.wait(expr, timeout=60)
             assert res, (title, expr)

@@ -24,6 +24,7 @@ from tabletune_pipelines.engine import VLLMServer
 from tabletune_pipelines.engine.command import PACKAGE_ROOT
 from tabletune_pipelines.evaluation.rig import Rig, closed_loop, identity, server_config
 from tabletune_pipelines.evaluation.synthetic import publish
+from tests.conftest import VLLM_CACHE_ENV
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 
@@ -72,7 +73,7 @@ def test_engine_keeps_serving_through_bad_files_faults_and_a_dead_export(tmp_pat
     blocker.write_text("not a folder")
     # the fault injector first, then this checkout's package (extra_env replaces the PYTHONPATH the
     # launcher would have extended with it, and the engine would import the installed copy instead)
-    env = {"PYTHONPATH": os.pathsep.join([str(site), PACKAGE_ROOT]), "TT_INJECT_FAULTS": "1"}
+    env = {"PYTHONPATH": os.pathsep.join([str(site), PACKAGE_ROOT]), "TT_INJECT_FAULTS": "1", **VLLM_CACHE_ENV}
     srv = VLLMServer(server_config(tmp_path, pub, launch=LAUNCH, rates=(0.5, 0.3, 0.1),
                                    cls="AsyncControllerScheduler", extra_env=env))
     rig = Rig(srv, pub, tmp_path / "local.live.jsonl")

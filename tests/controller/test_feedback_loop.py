@@ -35,6 +35,36 @@ from tests.controller.conftest import DEPLOYMENT, published_path
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
 
+#: The acceptance the engine serves (its synthetic rates) and the prior weight the pipeline blends with.
+TRUE_RATES = (0.3, 0.1, 0.05)
+PRIOR_WEIGHT = 2000.0
+#: Drafts at position 3 the served load must export before the pipeline's week run. Sized by what the
+#: test asserts, the next table differing from v1: blended with the measured prior (0.9, 0.8, 0.7) at
+#: weight 2000, counts at the served rates (0.3, 0.1, 0.05) first change the derived table (linear
+#: profile) at about 1000 drafts a position, and at 1200 where the live rates read 3 binomial standard
+#: errors high (1200 drafts: +0.040, +0.026, +0.019); LIVE_DRAFTS is twice that, and the test checks
+#: that half of it moves the table at +3 standard errors (``blended``). Each position is drafted once
+#: per k = 3 step and request (observe mode on v1, k = 3 everywhere), so all three see LIVE_DRAFTS.
+LIVE_DRAFTS = 2400
+
+
+def blended(measured: AcceptancePrior, drafts: int, rates, z: float) -> AcceptancePrior:
+    """What ``live_prior`` makes of one window of ``drafts`` drafts a position whose kept fraction reads
+    ``z`` binomial standard errors above ``rates``, blended with ``measured`` at ``PRIOR_WEIGHT``."""
+    import math
+
+    from tabletune_pipelines.formats.live_counters import CounterWindow
+
+    t0 = datetime(2026, 11, 30, 9, tzinfo=timezone.utc)
+    kept = [int(drafts * min(1.0, a + z * math.sqrt(a * (1 - a) / drafts))) for a in rates]
+    w = CounterWindow(deployment=DEPLOYMENT, window_start=t0, window_end=t0 + timedelta(minutes=5), num_drafts=drafts,
+                      drafted_per_pos=(drafts,) * len(rates), accepted_per_pos=tuple(kept))
+    lp = live_prior(DEPLOYMENT, "2026-11-30", [w], max_k=len(rates), measured=measured, prior_weight=PRIOR_WEIGHT,
+                    counters_fingerprint="sizing")
+    assert lp is not None
+    return lp.prior
+
+
 def test_served_counters_change_the_next_published_table(controller_server, tmp_path):
     m = tiny()
     ident = EngineIdentity(gpu="cpu", vllm_version="0.32.0+cpu", model=str(m.target_dir), drafter=str(m.draft_dir),
@@ -62,20 +92,24 @@ def test_served_counters_change_the_next_published_table(controller_server, tmp_
             live_counters=live, allowed_k=[0, 1, 2, 3]))
 
     v1_table = derive_table(profile, measured).table
+    # The sizing holds: half the served drafts already move the table, even where the live rates read
+    # 3 binomial standard errors above the served truth (the blend a shorter run would give).
+    half = blended(measured, LIVE_DRAFTS // 2, TRUE_RATES, 3.0)
+    assert derive_table(profile, half).table.ranges != v1_table.ranges, half.rates
     doc1 = publish(v1_table, measured)
     assert load_published(pub).controller["export_path"] == str(live)
 
     srv = controller_server
-    srv.set_synthetic_rates([0.3, 0.1, 0.05])
+    srv.set_synthetic_rates(list(TRUE_RATES))
     load = closed_loop(srv, 8).start()
     try:
-        # Serve until the export holds 8000 drafts at position 3 in at least 8 windows: a count of work,
-        # not of seconds (a machine 3x slower takes 3x longer; the deadline only bounds a stall).
+        # Serve until the export holds LIVE_DRAFTS drafts at position 3 in at least 8 windows: a count of
+        # work, not of seconds (a machine 3x slower takes 3x longer; the deadline only bounds a stall).
         deadline = time.monotonic() + 420
 
         def enough() -> bool:
             ws = read_live_counters(live).windows if live.exists() else []
-            return len(ws) >= 8 and sum(w.drafted_per_pos[2] for w in ws) >= 8000
+            return len(ws) >= 8 and sum(w.drafted_per_pos[2] for w in ws) >= LIVE_DRAFTS
 
         while not enough():
             assert time.monotonic() < deadline, f"too few exported drafts after 420 s:\n{srv.log_tail(20)}"
@@ -87,7 +121,7 @@ def test_served_counters_change_the_next_published_table(controller_server, tmp_
         week = week_start.date().isoformat()
         wins = windows_in_week(read.windows, DEPLOYMENT, week_start, week_start + timedelta(days=7))
         assert len(wins) >= 8 and all(w.identity_key == key for w in wins)
-        lp = live_prior(DEPLOYMENT, week, wins, max_k=3, measured=measured, prior_weight=2000.0,
+        lp = live_prior(DEPLOYMENT, week, wins, max_k=3, measured=measured, prior_weight=PRIOR_WEIGHT,
                         counters_fingerprint=read.fingerprint)
         assert lp is not None and lp.prior.source == "live" and lp.blended_with == measured.prior_id
         store.write_acceptance_prior(lp.prior, key)

@@ -188,12 +188,16 @@ def load_prompts_default():
     return [f"the cat sat on the mat {i} " * 3 for i in range(60)]
 
 
-def _killed_after_b1(shared_config, db, plan_search):
-    """Profile B = 1, 2 at k = 0, 1 (one repetition) on a launch of its own, killed once the two B = 1
-    cells are stored; asserts EngineError. Returns (store, identity, plan, the launched servers)."""
+@pytest.fixture(scope="module")
+def killed_after_b1(shared_config, tmp_path_factory):
+    """ONE launch of its own that profiles B = 1, 2 at k = 0, 1 (one repetition) on the adaptive plan (the
+    default) and is killed once the two B = 1 cells are stored; asserts EngineError. Both death tests read it:
+    a launch costs 20-40 s of start-up on 2 cores, and the resume needs only the stored cells. (The grid plan's
+    death, the same EngineError through a plain cell loop, is tests/engine/test_profiler.py's, on the stand-in
+    server.) Returns (store, identity, plan, the launched servers, the cells stored right after the kill)."""
     from tabletune_pipelines.store import TableTuneStore
 
-    store = TableTuneStore(db)
+    store = TableTuneStore(tmp_path_factory.mktemp("killed") / "killed.duckdb")
     identity = engine_identity(shared_config)
     plan = default_plan(shared_config, batch_sizes=[1, 2], ks=[0, 1], repetitions=1, include_no_spec=False,
                         accept_batch_sizes=[])
@@ -212,22 +216,29 @@ def _killed_after_b1(shared_config, db, plan_search):
             launched[0].kill()  # the engine dies after the B = 1 cells
 
     with pytest.raises(EngineError):
-        profile_step_times(shared_config, ProfileOptions(mixed_steps=False, plan_search=plan_search), plan=plan,
+        profile_step_times(shared_config, ProfileOptions(mixed_steps=False, plan_search="adaptive"), plan=plan,
                            hooks=dataclasses.replace(hooks, on_cell=on_cell), servers=ProfileServers(factory=factory),
                            identity=identity, progress=lambda m: None)
-    return store, identity, plan, launched
+    return store, identity, plan, launched, store.profile_cells(identity.key, "one_launch")
 
 
-def test_kill_mid_profile_then_resume(shared_server, shared_config, tmp_path):
-    """A server killed mid-profile raises EngineError; a rerun keeps the stored cells and measures
-    only the missing ones (here on the shared server, same identity). The grid plan, so the rerun's
-    cells are exactly the plan's missing ones (the adaptive plan may add repetitions)."""
-    store, identity, plan, launched = _killed_after_b1(shared_config, tmp_path / "resume.duckdb", "grid")
-    grid = ProfileOptions(mixed_steps=False, plan_search="grid")
+def test_an_engine_death_ends_the_adaptive_plan_with_the_cells_kept(killed_after_b1):
+    """The adaptive plan (the default) on an engine killed after the B = 1 cells: EngineError (the
+    fixture asserts it), not a profile that stops early and calls itself done; the whole process group
+    is gone and the cells measured before stay in the store."""
+    _, _, _, launched, kept = killed_after_b1
     assert not launched[0].is_alive()
     assert launched[0].last_pgid and not group_alive(launched[0].last_pgid)
-    kept = store.profile_cells(identity.key, "one_launch")
     assert sorted((c.k, c.batch_size) for c in kept) == [(0, 1), (1, 1)]
+
+
+def test_kill_mid_profile_then_resume(killed_after_b1, shared_server, shared_config):
+    """A rerun after the kill keeps the stored cells and measures only the missing ones (here on the
+    shared server, same identity). The grid plan, so the rerun's cells are exactly the plan's missing
+    ones (the adaptive plan may add repetitions)."""
+    store, identity, plan, _, kept = killed_after_b1
+    grid = ProfileOptions(mixed_steps=False, plan_search="grid")
+    assert sorted((c.k, c.batch_size) for c in store.profile_cells(identity.key, "one_launch")) == [(0, 1), (1, 1)]
 
     measured: list = []
     hooks = store_hooks(store, identity, "one_launch")
@@ -245,14 +256,6 @@ def test_kill_mid_profile_then_resume(shared_server, shared_config, tmp_path):
     after = {(c.k, c.batch_size): c.median_ms for c in store.profile_cells(identity.key, "one_launch")}
     for key, v in before.items():
         assert after[key] == v
-
-
-def test_an_engine_death_ends_the_adaptive_plan_with_the_cells_kept(shared_config, tmp_path):
-    """The adaptive plan (the default) on an engine killed after the B = 1 cells: EngineError, not a
-    profile that stops early and calls itself done; the cells measured before stay in the store."""
-    store, identity, _, launched = _killed_after_b1(shared_config, tmp_path / "adaptive.duckdb", "adaptive")
-    assert not launched[0].is_alive()
-    assert sorted((c.k, c.batch_size) for c in store.profile_cells(identity.key, "one_launch")) == [(0, 1), (1, 1)]
 
 
 def test_never_healthy_times_out_with_log_tail(tiny_models, tmp_path):

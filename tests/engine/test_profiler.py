@@ -181,3 +181,36 @@ def test_a_cell_is_the_median_of_its_repetitions():
     assert any(min(c.repetitions_ms) < statistics.median(c.repetitions_ms) for c in prof.cells)
     for c in prof.cells:
         assert c.median_ms == pytest.approx(statistics.median(c.repetitions_ms)), (c.k, c.batch_size, c.repetitions_ms)
+
+
+@pytest.mark.parametrize("plan_search", ["grid", "adaptive"])
+def test_an_engine_that_dies_mid_profile_ends_it_with_engine_error_and_the_cells_handed_on(plan_search):
+    """The profiler's side of an engine death on either plan: the request that finds the engine dead
+    raises EngineError, the profile ends with it (no plan stops early and calls itself done), and the
+    cells measured before reached ``on_cell``. The real engine's death (a killed launch) is
+    tests/engine/test_engine_real.py's."""
+    from tabletune_pipelines.errors import EngineError
+
+    dead: list[bool] = []
+
+    class DyingServer(FakeServer):
+        def complete(self, prompts, *, max_tokens, **kw):
+            if dead:
+                raise EngineError("the engine died (connection refused)")
+            return super().complete(prompts, max_tokens=max_tokens, **kw)
+
+    cells: list[StepTimeCell] = []
+
+    def on_cell(cell):
+        cells.append(cell)
+        if len(cells) == 2:
+            dead.append(True)  # the engine dies after the B = 1 cells
+
+    launched: list[FakeServer] = []
+    plan = ProfilePlan(batch_sizes=(1, 2), ks=(0, 1), repetitions=1, include_no_spec=False, accept_batch_sizes=())
+    with pytest.raises(EngineError, match="engine died"):
+        profile_step_times(CFG, ProfileOptions(mixed_steps=False, plan_search=plan_search), plan=plan,
+                           hooks=ProfileHooks(on_cell=on_cell),
+                           servers=ProfileServers(factory=lambda cfg: DyingServer(cfg, launched=launched)),
+                           identity=IDENT, vocab_size=100, progress=lambda m: None)
+    assert sorted((c.k, c.batch_size) for c in cells) == [(0, 1), (1, 1)] and len(launched) == 1
