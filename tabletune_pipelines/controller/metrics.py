@@ -27,6 +27,7 @@ process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``); otherwise one line says how to e
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -234,6 +235,8 @@ class PromSink:
         self.seen_tables: set[tuple[Any, ...]] = set()
         """(table, prior id) of every version installed in this process: a newer one repeating them is a rollback."""
         self.children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self.k_keys: set[tuple[str, str]] = set()
+        """(batch cell, context bucket) labels of the ``tabletune_k`` series in force."""
         s, lv = self.s, self.lv
         for src in SOURCES:
             s.source.labels(*lv, src)
@@ -292,9 +295,20 @@ class PromSink:
         n = len(cells.of_b) - 1
         columns = [ranges] if grid is None else [DraftTable.from_dense(grid.dense(n)[:, j]).entries()
                                                  for j in range(grid.axes.shape[1])]
+        k_keys = set()
         for j, column in enumerate(columns):
             for c, k in enumerate(table_k_per_cell(column, cells.cells)):
-                self._child(s.k, (cells.labels[c], cells.ctx_labels[j] if grid is not None else CONTEXT_ALL)).set(k)
+                key = (cells.labels[c], cells.ctx_labels[j] if grid is not None else CONTEXT_ALL)
+                self._child(s.k, key).set(k)
+                k_keys.add(key)
+        for key in self.k_keys - k_keys:  # cells of another context axis are not in force: no k series
+            if os.environ.get(MULTIPROC_ENV):  # the series live in files vLLM's API server reads: no removal
+                # there, so the cell's k reads NaN (PromQL's max and min skip NaN)
+                self._child(s.k, key).set(math.nan)
+            else:
+                self.children.pop((id(s.k), key), None)
+                s.k.remove(*lv, *key)
+        self.k_keys = k_keys
         cn = ctl.counters
         self._bump("evidence", int(ctl.flaps.switches.sum()), s.switches.labels(*lv, "evidence"))
         self._bump("reversals", int(ctl.flaps.reversals), s.reversals.labels(*lv))

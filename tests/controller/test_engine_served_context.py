@@ -8,8 +8,7 @@ ranges are unions of the series' batch bins (1, 2 | 3-4 | 5-8, 9-16), so the ste
 (batch bin, context bucket, k) on /metrics say, step by step, whether vLLM ran the cell's k: every
 step of a cell must have run at that cell's k, and both context buckets must have been served. The
 load's requests hold 16 prompt tokens and 48-96 output tokens, so the mean KV length of the running
-requests crosses the bucket edge at 48 as they generate. Runs after test_engine_metrics.py (file
-order), whose check of ``tabletune_k`` reads the batch-only cells.
+requests crosses the bucket edge at 48 as they generate.
 """
 
 from __future__ import annotations

@@ -170,3 +170,37 @@ def test_a_rollback_is_told_from_a_newer_table(tmp_path):
     eng.run(5, 4)
     c.rebuild(clock[0])
     assert sample(reg, "tabletune_refused_files_total") == 1 and c.start.published.version == 3
+
+
+def test_the_k_series_follow_the_context_axis_of_the_version_in_force(tmp_path):
+    # v1 is a (batch size x context) grid: k per batch cell and context bucket; v2 is batch-only: the
+    # bucket series go, one series per batch cell with context "all" stays; v3, a grid again, brings
+    # its buckets back and drops "all".
+    grid = [(1, 4, 1, 64, 3), (1, 4, 65, 4096, 1), (5, 16, 1, 64, 2), (5, 16, 65, 4096, 0)]
+    clock = [1000.0]
+    reg = CollectorRegistry()
+    cells = CellCounts(3, 16)
+    log = logging.getLogger("tabletune.tests.metrics.ctx")
+    p = tmp_path / "pub.json"
+    kw = {"rates": (0.7, 0.5, 0.3), "allowed_k": [0, 1, 2, 3], "controller": {"poll_every_s": 1}}
+    publish(p, version=1, ranges=[(1, 16, 2)], context_entries=grid, **kw)
+    c = fake_controller(p, clock, metrics=Metrics(cells, PromSink(LABELS, cells, registry=reg, log=log), log))
+    eng = FakeEngine(c, (0.7, 0.5, 0.3), lambda b, k: PROFILE[k][b], seed=1, clock=clock)
+
+    def k_series():
+        return {(s.labels["batch"], s.labels["context"]): s.value for m in reg.collect() for s in m.samples
+                if s.name == "tabletune_k"}
+
+    assert k_series() == {("1", "1-64"): 3, ("2", "1-64"): 3, ("3-4", "1-64"): 3, ("5-8", "1-64"): 2, ("9-16", "1-64"): 2,
+                          ("1", "65-4096"): 1, ("2", "65-4096"): 1, ("3-4", "65-4096"): 1, ("5-8", "65-4096"): 0,
+                          ("9-16", "65-4096"): 0}
+    publish(p, version=2, ranges=[(1, 8, 1), (9, 16, 3)], **kw)
+    clock[0] += 2
+    eng.run(5, 4)
+    assert c.start.published.version == 2
+    assert k_series() == {("1", "all"): 1, ("2", "all"): 1, ("3-4", "all"): 1, ("5-8", "all"): 1, ("9-16", "all"): 3}
+    publish(p, version=3, ranges=[(1, 16, 2)], context_entries=grid, **kw)
+    clock[0] += 2
+    eng.run(5, 4)
+    assert c.start.published.version == 3
+    assert {ctx for _, ctx in k_series()} == {"1-64", "65-4096"} and len(k_series()) == 10
