@@ -39,6 +39,7 @@ from tabletune_pipelines.formats.document_base import SCHEMA_VERSION, Document, 
 from tabletune_pipelines.formats.prior_workload import WORKLOAD_BOUNDS, check_workload
 from tabletune_pipelines.options import (
     BATCH_SIZE,
+    CONTEXT_TOKENS,
     COUNT,
     DRAFT_LENGTH,
     LAUNCH_K,
@@ -54,6 +55,7 @@ from tabletune_pipelines.vocab import (
     DEFAULT_DTYPE,
     DEFAULT_MODEL_RUNNER,
     DEFAULT_PROFILE_MODE,
+    DEFAULT_PROMPT_TOKENS,
     DEFAULT_TEMPERATURE,
     DRAFT_VERDICTS,
     MAX_STEP_MS,
@@ -166,12 +168,17 @@ class StepTimeCell:
     """Standard error of ``median_ms`` from the repetitions, ms (``core.steptime.median_standard_error``);
     None with fewer than two repetitions. Computed from the repetitions when not given (cells stored
     before the field existed)."""
+    context_tokens: int = DEFAULT_PROMPT_TOKENS
+    """The context level: tokens of each timed request's prompt, so its KV length while its decode
+    steps are timed (the plan's ``context_levels``; cells written before levels existed have the
+    plan's default ``prompt_tokens``)."""
 
     BOUNDS: ClassVar[dict[str, Bound]] = {
         "k": dataclasses.replace(DRAFT_LENGTH, optional=True, why="drafts per request; null: no speculation"),
         "batch_size": BATCH_SIZE,
         "stderr_ms": Bound(0.0, MAX_STEP_MS, optional=True, why="milliseconds; null: fewer than two repetitions"),
         "launch_k": dataclasses.replace(DRAFT_LENGTH, optional=True, why="the launch's K; null: not recorded"),
+        "context_tokens": CONTEXT_TOKENS,
     }
 
     def __post_init__(self) -> None:
