@@ -453,6 +453,35 @@ def fixed_k_config(base: ServerConfig, k: int, work_dir: str | None) -> ServerCo
                                synthetic_acceptance_rates=tuple([0.0] * int(k)), work_dir=work_dir)
 
 
+def context_config(base: ServerConfig, plan: ProfilePlan) -> ServerConfig:
+    """``base`` with ``max_model_len`` raised (never lowered) to hold a timed request at the plan's
+    longest context level (``context_reserve`` tokens beyond its prompt)."""
+    need = plan.context_levels[-1] + context_reserve(int(base.num_speculative_tokens or 0))
+    return base if base.max_model_len >= need else dataclasses.replace(base, max_model_len=need)
+
+
+def plan_lines(plan: ProfilePlan, options: ProfileOptions) -> list[str]:
+    """What a profile with ``plan`` measures, one line per context level, without launching anything
+    (``tabletune profile --dry-run``): the adaptive plan's first pass at the first level (the grid's
+    coarse batch sizes) and, at each further level, the seed it takes from the level below; the grid
+    plan's every batch size at every level."""
+    adaptive = options.plan_search == "adaptive" and options.mode == "one_launch" and len(plan.ks) >= 2
+    first = coarse_batch_sizes(plan.batch_sizes) if adaptive else list(plan.batch_sizes)
+    per_level = len(dataclasses.replace(plan, batch_sizes=tuple(first)).cells(options.mode))
+    out = [f"plan ({options.plan_search}, mode {options.mode}): k {list(plan.ks)}, grid B {list(plan.batch_sizes)}, "
+           f"{plan.repetitions} repetitions, context levels {list(plan.context_levels)}"]
+    for i, level in enumerate(plan.context_levels):
+        if not adaptive:
+            how = f"every B of the grid: {per_level} cells"
+        elif i == 0:
+            how = f"first pass B {first} ({per_level} cells), then bisection where the best k changes"
+        else:
+            how = (f"first pass: B {plan.batch_sizes[0]}, {plan.batch_sizes[-1]} and both sides of each boundary "
+                   f"context {plan.context_levels[i - 1]} found, then bisection")
+        out.append(f"  context {level}: prompts of {level} tokens; {how}")
+    return out
+
+
 def no_spec_config(base: ServerConfig, work_dir: str | None) -> ServerConfig:
     """The same engine without speculation (the baseline cells)."""
     return dataclasses.replace(base, method=None, drafter=None, num_speculative_tokens=None, table=None,

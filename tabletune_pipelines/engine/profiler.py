@@ -56,7 +56,7 @@ from tabletune_pipelines.engine.mixed import (
 from tabletune_pipelines.engine.plan import (
     ProfileOptions,
     ProfilePlan,
-    context_reserve,
+    context_config,
     fixed_k_config,
     no_spec_config,
     per_k_config,
@@ -130,8 +130,7 @@ def profile_step_times(
     plan = plan or plan_from_options(config, options)
     if options.mode == "fixed_k":
         _check_fixed_k(plan, servers)
-    K = int(config.num_speculative_tokens or 0)
-    config = _fit_context(config, plan, servers, K)
+    config = _fit_context(config, plan, servers)
     target = ProfileTarget(config=config, options=options, plan=plan, identity=identity or engine_identity(config),
                      vocab_size=(read_vocab_size(config.model) or 2048) if vocab_size is None else vocab_size)
     if servers.server is not None:
@@ -153,17 +152,17 @@ def profile_step_times(
     return dataclasses.replace(measured[0], cells=tuple(c for m in measured for c in m.cells))
 
 
-def _fit_context(config: ServerConfig, plan: ProfilePlan, servers: ProfileServers, K: int) -> ServerConfig:
-    """``config`` with ``max_model_len`` raised to hold a timed request of the longest context level
-    (``plan.context_reserve`` tokens beyond its prompt); a given server too short for it raises
+def _fit_context(config: ServerConfig, plan: ProfilePlan, servers: ProfileServers) -> ServerConfig:
+    """``plan.context_config``; a given server too short for the longest level raises
     ``EngineConfigError`` naming the level."""
-    need = plan.context_levels[-1] + context_reserve(K)
+    fitted = context_config(config, plan)
     for srv in (servers.server, servers.nospec_server):
         have = getattr(getattr(srv, "config", None), "max_model_len", None)
-        if isinstance(have, int) and have < need:
-            raise EngineConfigError(f"context level {plan.context_levels[-1]} needs max_model_len >= {need}; the "
-                                    f"given server runs {have}: launch it longer, or lower context_levels")
-    return config if config.max_model_len >= need else dataclasses.replace(config, max_model_len=need)
+        if isinstance(have, int) and have < fitted.max_model_len:
+            raise EngineConfigError(f"context level {plan.context_levels[-1]} needs max_model_len >= "
+                                    f"{fitted.max_model_len}; the given server runs {have}: launch it with "
+                                    "plan.context_config, or lower context_levels")
+    return fitted
 
 
 def _level_hooks(hooks: ProfileHooks, level: int, *, first: bool) -> ProfileHooks:
