@@ -399,7 +399,8 @@ class ProfileRun:
             self.have[cell_key(cell)] = cell
             if self.on_cell is not None:
                 self.on_cell(cell)
-            self.prog.say(f"[profile] re-measured k={k} B={b} context {self.level}: {cell.median_ms:.2f} ms ± {cell.stderr_ms or 0:.2f} "
+            self.prog.say(f"[profile] re-measured k={k} B={b} context {self.level}: {cell.median_ms:.2f} ms "
+                          f"± {cell.stderr_ms or 0:.2f} "
                           f"({len(vals)} reps, spread {cell.spread:.0%}, {m.timing}"
                           + (f" {m.engine_method}" if m.engine_method != "exact" else "") + ")")
 

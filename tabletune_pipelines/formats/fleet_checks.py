@@ -14,7 +14,8 @@ from pydantic_core import PydanticCustomError
 
 from tabletune_pipelines.options import CONTEXT_TOKENS
 
-__all__ = ["NAME_RE", "TOKEN_RE", "check_context_levels", "check_name", "check_token", "json_value", "one_line", "problem"]
+__all__ = ["NAME_RE", "TOKEN_RE", "check_context_levels", "check_name", "check_token", "json_value", "one_line",
+           "problem"]
 
 #: Deployment and engine-group names: they become run tags, Kubernetes label values (63 characters
 #: at most), partition keys and file names, so they start with a letter or digit.
