@@ -395,7 +395,8 @@ def fixed_k_baseline_options(options: ProfileOptions, plan: ProfilePlan) -> Prof
     """The ``fixed_k`` run that backs ``options.fixed_k_baseline``: a launch per k of
     ``options.fixed_k_ks`` (default: every k >= 1 of the plan), at four batch sizes of its grid
     (enough to show the engine-dependence trap; the full grid would cost a launch per k for little
-    more). A k of ``fixed_k_ks`` the plan does not time raises ``EngineConfigError``."""
+    more), at the plan's first context level only (the check compares batch-size tables). A k of
+    ``fixed_k_ks`` the plan does not time raises ``EngineConfigError``."""
     bs = plan.batch_sizes
     sparse = tuple(sorted({bs[0], bs[len(bs) // 4], bs[len(bs) // 2], bs[-1]}))
     drafting = tuple(k for k in plan.ks if k >= 1)
@@ -404,7 +405,8 @@ def fixed_k_baseline_options(options: ProfileOptions, plan: ProfilePlan) -> Prof
         raise EngineConfigError(f"fixed_k_ks = {list(ks)!r}: {sorted(set(ks) - set(drafting))} not among the "
                                 f"plan's k >= 1 {list(drafting)}")
     return dataclasses.replace(options, mode="fixed_k", batch_sizes=sparse, ks=ks, include_no_spec=False,
-                               accept_batch_sizes=(), fixed_k_baseline=False, fixed_k_ks=None)
+                               accept_batch_sizes=(), fixed_k_baseline=False, fixed_k_ks=None,
+                               context_levels=plan.context_levels[:1])
 
 
 def rotations(items: Sequence[T], repetitions: int) -> list[list[T]]:

@@ -127,7 +127,9 @@ class ProfileRun:
         """Every batch size the plan may measure; the adaptive search measures some of them (``self.plan``)."""
         self.search_report: BoundaryReport | None = None
         if self.adaptive_search:
-            start = set(coarse_batch_sizes(self.grid)) | set(self._complete_batch_sizes())
+            complete = set(self._complete_batch_sizes())
+            # a further level starts from its seed (``seed_from``); on a rerun, from what it measured
+            start = complete if shared is not None and complete else set(coarse_batch_sizes(self.grid)) | complete
             self.plan = dataclasses.replace(target.plan, batch_sizes=tuple(sorted(start)))
         self.wanted = self.plan.cells(target.options.mode)
         self.todo = [key for key in self.wanted if key not in self.have]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from tabletune_pipelines.core.remeasure import coarse_batch_sizes, seeded_batch_sizes
@@ -97,7 +98,10 @@ def level_ms(k, b, level):
 
 
 class LevelServer(NoisyServer):
-    """The noisy fake whose step times follow ``level_ms`` at the length of the prompts it was sent."""
+    """The noisy fake whose step times follow ``level_ms`` at the length of the prompts it was sent (its
+    own noise, so the stand-in it builds on keeps its seeded sequence for its own tests)."""
+
+    rng = np.random.default_rng(1)
 
     def complete(self, prompts, *, max_tokens, **kw):
         self._level = len(prompts[0])
@@ -117,6 +121,7 @@ def test_two_levels_in_one_launch_the_second_seeded_by_the_first_boundaries():
     opts = ProfileOptions(decision_rates=RATES, max_repetitions=6, remeasure_budget_s=30.0, mixed_steps=False)
     launched, lines = [], []
     LevelServer.prompt_lengths = set()
+    LevelServer.rng = np.random.default_rng(1)
     prof = profile_step_times(CFG, opts, plan=plan, hooks=ProfileHooks(),
                               servers=ProfileServers(factory=lambda cfg: LevelServer(cfg, launched=launched)),
                               identity=IDENT, vocab_size=100, progress=lines.append)
@@ -138,3 +143,24 @@ def test_two_levels_in_one_launch_the_second_seeded_by_the_first_boundaries():
     at = {(c.context_tokens, c.k, c.batch_size): c.median_ms for c in prof.cells}
     pairs = [(at[(32, k, b)], at[(1024, k, b)]) for (lv, k, b) in at if lv == 32 and k < 3 and (1024, k, b) in at]
     assert len(pairs) >= 8 and all(long > short for short, long in pairs)
+
+
+def test_a_rerun_of_a_complete_two_level_profile_launches_nothing():
+    plan = ProfilePlan(batch_sizes=tuple(range(1, 17)), ks=(0, 1, 3), include_no_spec=False, accept_batch_sizes=(),
+                       context_levels=(32, 1024))
+    opts = ProfileOptions(decision_rates=RATES, max_repetitions=3, remeasure_budget_s=0.0, mixed_steps=False)
+    LevelServer.prompt_lengths = set()
+    LevelServer.rng = np.random.default_rng(1)
+
+    def run(existing=()):
+        launched: list = []
+        prof = profile_step_times(CFG, opts, plan=plan, hooks=ProfileHooks(existing=existing),
+                                  servers=ProfileServers(factory=lambda cfg: LevelServer(cfg, launched=launched)),
+                                  identity=IDENT, vocab_size=100, progress=lambda m: None)
+        return prof, launched
+
+    prof, launched = run()
+    again, relaunched = run(existing=prof.cells)
+    assert len(launched) == 1 and relaunched == []
+    assert sorted((c.context_tokens, c.k, c.batch_size) for c in again.cells) == \
+        sorted((c.context_tokens, c.k, c.batch_size) for c in prof.cells)
