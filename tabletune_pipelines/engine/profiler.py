@@ -225,7 +225,7 @@ def _one_launch(runs: list[ProfileRun], reject_ks: Pending, accept_ks: Pending) 
     work = [_level_work(run, rk) for run, rk in zip(runs, reject_ks, strict=True)]
     mixed = options.mixed_steps and not first.samples
     switchable = given is not None and given.can_switch_synthetic_rates
-    if not (any(any(w) for w in work) or mixed or (any(accept_ks) and switchable)):
+    if not (any(reject_ks) or any(any(w) for w in work) or mixed or (any(accept_ks) and switchable)):
         return accept_ks
     srv = given or first.launch(switching_config(first.config, first.plan.ks, 0.0, first.work))
     zeros = [0.0] * first.K

@@ -164,3 +164,17 @@ def test_a_rerun_of_a_complete_two_level_profile_launches_nothing():
     assert len(launched) == 1 and relaunched == []
     assert sorted((c.context_tokens, c.k, c.batch_size) for c in again.cells) == \
         sorted((c.context_tokens, c.k, c.batch_size) for c in prof.cells)
+
+
+def test_the_grid_plan_without_re_measurement_measures_every_cell_at_every_level():
+    plan = ProfilePlan(batch_sizes=(1, 4), ks=(0, 3), include_no_spec=True, accept_batch_sizes=(4,),
+                       context_levels=(32, 256))
+    opts = ProfileOptions(plan_search="grid", remeasure_budget_s=0, mixed_steps=False)
+    launched: list = []
+    prof = profile_step_times(CFG, opts, plan=plan, hooks=ProfileHooks(),
+                              servers=ProfileServers(factory=lambda cfg: LevelServer(cfg, launched=launched)),
+                              identity=IDENT, vocab_size=100, progress=lambda m: None)
+    assert sorted((c.context_tokens, c.acceptance, -1 if c.k is None else c.k, c.batch_size) for c in prof.cells) == \
+        sorted([(lv, "reject", k, b) for lv in (32, 256) for k in (-1, 0, 3) for b in (1, 4)]
+               + [(lv, "accept", 3, 4) for lv in (32, 256)])
+    assert len(launched) == 2  # the one launch of every k (all-accepted switched at runtime), the no-spec launch
