@@ -26,20 +26,15 @@ from tabletune_pipelines.core.context_acceptance import (
 )
 from tabletune_pipelines.core.evidence import Boundary
 from tabletune_pipelines.core.goodput import validate_acceptance, validate_step_time
-from tabletune_pipelines.core.noise import CellEstimate, NoisySurface
+from tabletune_pipelines.core.noise import CellEstimate
 from tabletune_pipelines.core.stepcost import GraphEnvelope, StepSample, Workload
-from tabletune_pipelines.core.steptime import StepTimes, StepTimeSurface, median_standard_error, relative_spread
+from tabletune_pipelines.core.steptime import StepTimeSurface, lowest_context, median_standard_error, relative_spread
 from tabletune_pipelines.core.table import DraftTable
-from tabletune_pipelines.errors import (
-    DocumentError,
-    EmptyProfileError,
-    InvalidStepTimeError,
-)
+from tabletune_pipelines.errors import DocumentError, EmptyProfileError, InvalidStepTimeError
 from tabletune_pipelines.formats.document_base import SCHEMA_VERSION, Document, digest, slug
 from tabletune_pipelines.formats.prior_workload import WORKLOAD_BOUNDS, check_workload
 from tabletune_pipelines.options import (
     BATCH_SIZE,
-    CONTEXT_TOKENS,
     COUNT,
     DRAFT_LENGTH,
     LAUNCH_K,
@@ -169,16 +164,14 @@ class StepTimeCell:
     None with fewer than two repetitions. Computed from the repetitions when not given (cells stored
     before the field existed)."""
     context_tokens: int = DEFAULT_PROMPT_TOKENS
-    """The context level: tokens of each timed request's prompt, so its KV length while its decode
-    steps are timed (the plan's ``context_levels``; cells written before levels existed have the
-    plan's default ``prompt_tokens``)."""
+    """The context level: tokens of each timed prompt, so the KV length its steps are timed at."""
 
     BOUNDS: ClassVar[dict[str, Bound]] = {
         "k": dataclasses.replace(DRAFT_LENGTH, optional=True, why="drafts per request; null: no speculation"),
         "batch_size": BATCH_SIZE,
         "stderr_ms": Bound(0.0, MAX_STEP_MS, optional=True, why="milliseconds; null: fewer than two repetitions"),
         "launch_k": dataclasses.replace(DRAFT_LENGTH, optional=True, why="the launch's K; null: not recorded"),
-        "context_tokens": CONTEXT_TOKENS,
+        "context_tokens": dataclasses.replace(TOKENS, low=1, why="a context level: tokens of each timed prompt"),
     }
 
     def __post_init__(self) -> None:
@@ -243,52 +236,27 @@ class StepTimeProfile(Document):
                 raise DocumentError(f"step-time profile of {ident.key}, samples[{i}]: {name} = {value} is above the "
                                     f"identity's {what} = {limit}; that engine cannot have run such a step")
 
-    def context_levels(self) -> list[int]:
-        """The context levels the cells were measured at, ascending (one for a profile without levels)."""
-        return sorted({c.context_tokens for c in self.cells})
-
-    def at_context(self, level: int) -> StepTimeProfile:
-        """The profile of one context level: its cells alone (the mixed-step samples, measured at the
-        first level, go with the first)."""
-        levels = self.context_levels()
-        if level not in levels:
-            raise DocumentError(f"step-time profile of {self.identity.key}: no cells at context {level}; it has "
-                                f"{levels}")
-        return dataclasses.replace(self, cells=tuple(c for c in self.cells if c.context_tokens == level),
-                                   samples=self.samples if level == levels[0] else ())
-
-    def _level_cells(self) -> tuple[StepTimeCell, ...]:
-        """The cells the per-(k, B) views read: all of them with one context level, else the lowest
-        level's (``at_context`` gives another)."""
-        levels = self.context_levels()
-        return self.cells if len(levels) <= 1 else self.at_context(levels[0]).cells
-
-    def step_times(self) -> StepTimes:
-        """T(B, k) of the all-rejected cells with their errors over B = 1..max_num_seqs (at the lowest
-        context level when there are several): ``core.noise.NoisySurface.step_times``."""
-        return NoisySurface.from_cells(self.estimates("reject")).step_times(self.identity.max_num_seqs)
-
     def reject_cells(self) -> dict[int, dict[int, float]]:
         out: dict[int, dict[int, float]] = {}
-        for c in self._level_cells():
+        for c in lowest_context(self.cells):
             if c.k is not None and c.acceptance == "reject":
                 out.setdefault(c.k, {})[c.batch_size] = c.median_ms
         return out
 
     def accept_cells(self) -> dict[int, dict[int, float]]:
         out: dict[int, dict[int, float]] = {}
-        for c in self._level_cells():
+        for c in lowest_context(self.cells):
             if c.k is not None and c.acceptance == "accept":
                 out.setdefault(c.k, {})[c.batch_size] = c.median_ms
         return out
 
     def no_spec_ms(self) -> dict[int, float]:
-        return {c.batch_size: c.median_ms for c in self._level_cells() if c.k is None}
+        return {c.batch_size: c.median_ms for c in lowest_context(self.cells) if c.k is None}
 
     def estimates(self, acceptance: DraftVerdict = "reject") -> dict[int, dict[int, CellEstimate]]:
         """``{k: {B: CellEstimate}}`` of the speculative cells of one acceptance mode."""
         out: dict[int, dict[int, CellEstimate]] = {}
-        for c in self._level_cells():
+        for c in lowest_context(self.cells):
             if c.k is not None and c.acceptance == acceptance:
                 out.setdefault(c.k, {})[c.batch_size] = c.estimate
         return out
@@ -305,7 +273,7 @@ class StepTimeProfile(Document):
     def remeasured(self) -> list[StepTimeCell]:
         """Speculative all-rejected cells with more repetitions than the profile's first pass gave
         every cell (the adaptive re-measurement added them)."""
-        reject = [c for c in self._level_cells() if c.k is not None and c.acceptance == "reject"]
+        reject = [c for c in lowest_context(self.cells) if c.k is not None and c.acceptance == "reject"]
         if not reject:
             return []
         base = min(len(c.repetitions_ms) for c in reject)

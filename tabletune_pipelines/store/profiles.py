@@ -18,6 +18,7 @@ from tabletune_pipelines.formats.documents import (
     check_sample,
     check_samples,
 )
+from tabletune_pipelines.formats.profile_levels import at_context, context_levels, level_step_times
 from tabletune_pipelines.store.group import now
 from tabletune_pipelines.store.identities import IdentityTables
 from tabletune_pipelines.vocab import DEFAULT_PROFILE_MODE, DEFAULT_PROMPT_TOKENS, PROFILE_MODES, is_profile_mode
@@ -160,7 +161,7 @@ class ProfileTables(IdentityTables):
         identity's max_num_seqs). One level: the surface of the profile as without levels.
         NotFoundError when the identity has no cells in ``mode``."""
         profile = self.load_profile(identity_key, mode)
-        return {level: profile.at_context(level).step_times() for level in profile.context_levels()}
+        return {level: level_step_times(at_context(profile, level)) for level in context_levels(profile)}
 
     def load_profile(self, identity_key: str, mode: str = DEFAULT_PROFILE_MODE) -> StepTimeProfile:
         """The step-time profile of one identity in one mode; NotFoundError when it has no cells there."""

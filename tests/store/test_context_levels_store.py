@@ -11,6 +11,7 @@ import pytest
 
 from tabletune_pipelines.errors import NotFoundError
 from tabletune_pipelines.formats.documents import EngineIdentity, StepTimeCell
+from tabletune_pipelines.formats.profile_levels import at_context, context_levels, level_step_times
 from tabletune_pipelines.store import TableTuneStore
 from tabletune_pipelines.store.schema import SCHEMA_SQL
 
@@ -47,10 +48,10 @@ def test_cells_of_two_levels_round_trip_and_a_cell_replaces_only_its_own_level(t
     assert got == {(0, 1, 32): 10.0, (1, 1, 32): 12.0, (0, 1, 1024): 15.0, (1, 1, 1024): 17.0}
     assert s.context_levels(IDENT.key) == [32, 1024]
     profile = s.load_profile(IDENT.key)
-    assert profile.context_levels() == [32, 1024]
+    assert context_levels(profile) == [32, 1024]
     # the per-(k, B) views read the lowest level; at_context gives another
     assert profile.reject_cells() == {0: {1: 10.0}, 1: {1: 12.0}}
-    assert profile.at_context(1024).reject_cells() == {0: {1: 15.0}, 1: {1: 17.0}}
+    assert at_context(profile, 1024).reject_cells() == {0: {1: 15.0}, 1: {1: 17.0}}
 
 
 def test_the_surface_is_level_to_step_times(tmp_path):
@@ -80,7 +81,7 @@ def test_an_old_store_is_migrated_its_cells_at_the_default_prompt_tokens(tmp_pat
     surface = s.step_time_surface(IDENT.key)
     assert list(surface) == [32] and surface[32].ms.tolist() == ro_surface[32].ms.tolist()
     # the single-level loader gives what it gave before levels: the one surface
-    assert surface[32].ms.tolist() == s.load_profile(IDENT.key).step_times().ms.tolist()
+    assert surface[32].ms.tolist() == level_step_times(s.load_profile(IDENT.key)).ms.tolist()
     assert surface[32].ms[:, 0].tolist() == [10.0, 12.0] and surface[32].ms[:, 3].tolist() == [11.0, 14.0]
     s.write_profile_cell(IDENT, cell(1, 4, 30.0, 512))  # a new level beside the migrated rows
     assert s.context_levels(IDENT.key) == [32, 512]
