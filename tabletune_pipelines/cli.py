@@ -177,6 +177,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
                                          include_no_spec=not args.no_nospec,
                                          fixed_k_baseline=args.fixed_k_baseline,
                                          startup_timeout=args.startup_timeout, plan_search=args.plan,
+                                         context_levels=args.context_levels,
                                          **({} if args.remeasure_budget is None
                                             else {"remeasure_budget_s": args.remeasure_budget}),
                                          **({} if args.max_repetitions is None
@@ -185,6 +186,16 @@ def cmd_profile(args: argparse.Namespace) -> int:
     # an engine starts or the store is opened.
     options.check_engine(dep.max_num_seqs, dep.max_k,
                          f" (deployment {dep.name!r}: max_num_seqs {dep.max_num_seqs}, max_k {dep.max_k})")
+    if args.dry_run:  # the plan alone: no engine, no store
+        from tabletune_pipelines.engine.config import ServerConfig
+        from tabletune_pipelines.engine.plan import plan_from_options, plan_lines
+
+        options = deployments.with_fleet_levels(options, dep)
+        plan = plan_from_options(ServerConfig(model=dep.model, method=dep.method, drafter=dep.drafter,
+                                              num_speculative_tokens=dep.max_k, max_num_seqs=dep.max_num_seqs),
+                                 options)
+        print("\n".join([f"deployment {dep.name}: dry run, nothing launched", *plan_lines(plan, options)]))
+        return 0
     identity = deployments.current_identity(dep)
     store = _open_store(args, must_exist=False)
     print(f"profiling {identity.key} into {store.path}", file=sys.stderr)
@@ -491,6 +502,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accept-batch-sizes", type=_int_list_or_none(1), default=None,
                    help="batch sizes of the all-accepted cells (accepted-work correction; default smallest, "
                         "middle, largest); 'none' for none (on a GPU they need a launch of their own)")
+    p.add_argument("--context-levels", type=_int_list(1), default=None,
+                   help="comma-separated context levels in tokens, ascending: every cell measured with prompts this "
+                        "long (default: the fleet's context_levels, else one level of 32)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan (levels, batch sizes, k) and launch nothing")
     p.add_argument("--no-nospec", action="store_true", help="skip the no-speculation baseline launch")
     p.add_argument("--fixed-k-baseline", action="store_true",
                    help="also time each k >= 1 in its own launch with K = k and no table (engine-dependence check)")

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tabletune_pipelines.errors import TableTuneError
 from tabletune_pipelines.vocab import MAX_STEP_MS
 
-__all__ = ["BATCH_SIZE", "COUNT", "DRAFT_LENGTH", "LAUNCH_K", "STEP_MS", "TOKENS", "Bound", "check_bounds",
-           "check_value", "field_docs", "options_from_mapping"]
+__all__ = ["BATCH_SIZE", "CONTEXT_TOKENS", "COUNT", "DRAFT_LENGTH", "LAUNCH_K", "STEP_MS", "TOKENS", "Bound",
+           "check_bounds", "check_value", "field_docs", "options_from_mapping"]
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -202,6 +202,8 @@ LAUNCH_K = Bound(1, 64, integer=True, why="num_speculative_tokens of a launch; v
 DRAFT_LENGTH = Bound(0, 64, integer=True, why="drafts per request; at most the launch's K")
 """A draft length k (0: no drafts)."""
 TOKENS = Bound(0, 10_000_000, integer=True, why="tokens in one step or one request")
+CONTEXT_TOKENS = Bound(1, 2 ** 24, integer=True, why="a context level: tokens of each timed request's prompt")
+"""A context level in tokens (a step-time cell's ``context_tokens``, a plan's ``context_levels``)."""
 """A count of tokens a step or a request carries."""
 COUNT = Bound(0, 10 ** 15, integer=True, why="a count of drafts or steps")
 """Counts of drafts, steps and prompts (10^15: a year of a large fleet's drafts is ~10^14)."""

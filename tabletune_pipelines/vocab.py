@@ -114,6 +114,9 @@ DEFAULT_TEMPERATURE = 0.0
 """Sampling temperature of acceptance measurement (should equal serving's)."""
 DEFAULT_REPETITIONS = 3
 """Repetitions per timed cell; the cell is their median (docs/method.md, "Step time T(B, k)")."""
+DEFAULT_PROMPT_TOKENS = 32
+"""Tokens of each timing prompt, and so the one context level of a profile that names none: the
+context level of every step-time cell stored before cells carried one."""
 DEFAULT_PROFILE_MODE: ProfileMode = "one_launch"
 """Profile mode of ``tabletune profile`` and the pipeline."""
 DEFAULT_MODEL_RUNNER: ModelRunner = "auto"

@@ -2,6 +2,8 @@
 # Runs on the GPU machine (one H200, vLLM 0.26.0 from the payload, no network), from a copy of the
 # project (e.g. .gpu/src = `git archive HEAD`), after `source .gpu/setup.sh`. One step per call:
 #   bash deploy/gpu/h200.sh prep                      install the duckdb wheel carried in .gpu/duck (cp312)
+#   bash deploy/gpu/h200.sh plan dense|moe ARGS..     the profile's plan (context levels, B, k), nothing launched:
+#                                                     runs anywhere, the CPU build too (`profile --dry-run`)
 #   bash deploy/gpu/h200.sh profile dense|moe ARGS..  `tabletune profile` on that engine (resumable)
 #   bash deploy/gpu/h200.sh table dense|moe RATES     the tuned table (vLLM JSON) for a_1..a_K
 #   bash deploy/gpu/h200.sh goodput dense|moe ARGS..  benchmarks/gpu_goodput.py
@@ -38,6 +40,10 @@ case "$step" in
       python3 -m pip install -q --no-index --no-deps --no-compile --target $G/duck "$W" && echo "[h200] duckdb ready"
     fi
     python3 -c "import duckdb, yaml, pydantic; print('[h200] imports ok: duckdb', duckdb.__version__)" 2>&1 | tail -1
+    ;;
+  plan)
+    e=$1; shift
+    python3 -m tabletune_pipelines.cli --deployment "$(dep $e)" profile --dry-run "$@"
     ;;
   profile)
     e=$1; shift

@@ -288,6 +288,42 @@ def _midpoint(inside: Sequence[int], lo: int, hi: int) -> int:
     return min(inside, key=lambda b: (abs(b - (lo + hi) / 2), b))
 
 
+def _best(evs: Sequence[EvidenceTable]) -> list[tuple[int, ...]]:
+    """The best k at every B on point estimates, per acceptance profile (the rule's walk keeps an
+    incumbent, so a boundary the best k shows may not show in the table yet)."""
+    return [tuple(ev.choice.ks[i] for i in ev.choice.goodput.argmax(axis=0)) for ev in evs]
+
+
+def _changes(measured: Sequence[int], evs: Sequence[EvidenceTable]) -> list[tuple[int, int]]:
+    """Neighbouring measured batch sizes (lo, hi) between which the chosen or the best k changes
+    under some acceptance profile."""
+    out = []
+    for lo, hi in zip(measured, measured[1:], strict=False):
+        if any(len(set(ev.choice.chosen[lo - 1:hi]) | set(top[lo - 1:hi])) > 1
+               for ev, top in zip(evs, _best(evs), strict=True)):
+            out.append((lo, hi))
+    return out
+
+
+def decision_changes(reps: Reps, rates_options: Sequence[Sequence[float]], max_num_seqs: int,
+                     settings: RemeasureSettings = RemeasureSettings()) -> list[tuple[int, int]]:
+    """The boundaries of a measured surface: neighbouring measured batch sizes (lo, hi) between which
+    the chosen or the best k changes under some acceptance profile (what ``next_batch_sizes`` bisects)."""
+    return _changes(sorted({b for _, b in reps}), _dense_decisions(reps, rates_options, max_num_seqs, settings))
+
+
+def seeded_batch_sizes(grid: Sequence[int], boundaries: Sequence[tuple[int, int]]) -> list[int]:
+    """The first pass of a search seeded by another surface's ``boundaries`` (the previous context
+    level's): the grid's ends and both sides of every boundary. With no boundary, the ends and the
+    grid's middle (one k everywhere there, so the verify step checks the run in between). Grid
+    1..16 then every 8 to 64 with boundaries (4, 5) and (24, 32) gives ``[1, 4, 5, 24, 32, 64]``."""
+    g = sorted(set(int(b) for b in grid))
+    seed = {g[0], g[-1]} | {b for pair in boundaries for b in pair if b in g}
+    if not boundaries:
+        seed.add(g[len(g) // 2])
+    return sorted(seed)
+
+
 def next_batch_sizes(reps: Reps, rates_options: Sequence[Sequence[float]], max_num_seqs: int, grid: Sequence[int],
                      settings: RemeasureSettings = RemeasureSettings(),
                      skipped: list[tuple[int, int]] | None = None) -> dict[int, str]:
@@ -301,23 +337,20 @@ def next_batch_sizes(reps: Reps, rates_options: Sequence[Sequence[float]], max_n
     measured = sorted({b for _, b in reps})
     evs = _dense_decisions(reps, rates_options, max_num_seqs, settings)
     want: dict[int, str] = {}
-    changes: set[tuple[int, int]] = set()
-    # the table the evidence rule builds, and the best k on point estimates (the rule's walk keeps an
-    # incumbent, so a boundary the best k shows may not show in the table yet)
-    best = [tuple(ev.choice.ks[i] for i in ev.choice.goodput.argmax(axis=0)) for ev in evs]
-    for lo, hi in zip(measured, measured[1:], strict=False):
+    changes = set(_changes(measured, evs))
+    for lo, hi in sorted(changes):
         inside = [b for b in grid if lo < b < hi]
-        for ev, top in zip(evs, best, strict=True):
+        if not inside:
+            continue
+        for ev, top in zip(evs, _best(evs), strict=True):
             span = set(ev.choice.chosen[lo - 1:hi]) | set(top[lo - 1:hi])
-            if len(span) > 1:
-                changes.add((lo, hi))
-                if not inside:
-                    continue
-                if _tied(ev, span, lo, hi, settings.tolerance):
-                    if skipped is not None and (lo, hi) not in skipped:
-                        skipped.append((lo, hi))
-                    continue
-                want[_midpoint(inside, lo, hi)] = "bisect"
+            if len(span) < 2:
+                continue
+            if _tied(ev, span, lo, hi, settings.tolerance):
+                if skipped is not None and (lo, hi) not in skipped:
+                    skipped.append((lo, hi))
+                continue
+            want[_midpoint(inside, lo, hi)] = "bisect"
     start = 0
     for i in range(1, len(measured) + 1):  # runs of equal decisions, split where a decision changes
         if i < len(measured) and (measured[i - 1], measured[i]) not in changes:
@@ -341,6 +374,7 @@ def search_boundaries(
     settings: RemeasureSettings = RemeasureSettings(),
     *,
     coarse_points: int = COARSE_POINTS,
+    seed: Sequence[int] | None = None,
     on_update: Callable[[int, int, list[float]], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> BoundaryReport:
@@ -349,8 +383,9 @@ def search_boundaries(
     sequential cells: repetitions only where a decision is open beyond the tolerance, the budget
     shared by all passes). ``measure_batch(B)`` measures every k at B once per repetition of the
     first pass and puts the repetitions into ``reps`` (in place); ``measure(k, B)`` gives one more.
-    Batch sizes already in ``reps`` (a rerun) count as measured."""
-    report = BoundaryReport(coarse=coarse_batch_sizes(grid, coarse_points))
+    Batch sizes already in ``reps`` (a rerun) count as measured. ``seed``: the first pass instead of
+    the coarse batch sizes (``seeded_batch_sizes``: where another surface's boundaries were)."""
+    report = BoundaryReport(coarse=sorted(seed) if seed is not None else coarse_batch_sizes(grid, coarse_points))
     done = {b for _, b in reps}
     todo = {b: "coarse" for b in report.coarse if b not in done}
     while True:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -260,6 +261,14 @@ def as_covariance(step_cov: np.ndarray) -> np.ndarray:
     full = np.zeros((K, K, n))
     full[np.arange(K), np.arange(K)] = cov
     return full
+
+
+def lowest_context(cells: Sequence[Any]) -> tuple[Any, ...]:
+    """The cells (each with a ``context_tokens`` level) at the lowest context level among them: what
+    a profile's per-(k, B) views read when it holds several levels (``formats.profile_levels`` splits
+    a profile by level)."""
+    low = min((c.context_tokens for c in cells), default=0)
+    return tuple(c for c in cells if c.context_tokens == low)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ in ``PlanFields``, and the server settings a measurement may override once, in `
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -18,11 +19,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tabletune_pipelines.core.evidence import ACCEPTED_LOSS
 from tabletune_pipelines.core.goodput import validate_acceptance
 from tabletune_pipelines.core.remeasure import DEFAULT_MAX_REPETITIONS, coarse_batch_sizes
-from tabletune_pipelines.core.steptime import batch_size_grid
+from tabletune_pipelines.core.steptime import LONG_MAX_TOKENS, batch_size_grid
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.errors import EngineConfigError
-from tabletune_pipelines.options import Bound, options_from_mapping
-from tabletune_pipelines.vocab import DEFAULT_REPETITIONS, PROFILE_MODES, ProfileMode
+from tabletune_pipelines.options import CONTEXT_TOKENS, Bound, options_from_mapping
+from tabletune_pipelines.vocab import DEFAULT_PROMPT_TOKENS, DEFAULT_REPETITIONS, PROFILE_MODES, ProfileMode
 
 #: Default seconds of adaptive re-measurement after the first pass.
 DEFAULT_REMEASURE_BUDGET_S = 120.0
@@ -149,14 +150,21 @@ class PlanFields:
     accept_batch_sizes: tuple[int, ...] | None = None
     """Batch sizes of the all-accepted cells (synthetic rates 1, k >= 1 only); None = the smallest,
     middle and largest of ``batch_sizes``; () = none."""
-    prompt_tokens: int = 32
-    """Prompt length of the timing requests, in tokens (sent as token ids)."""
+    prompt_tokens: int = DEFAULT_PROMPT_TOKENS
+    """Prompt length of the timing requests, in tokens (sent as token ids): the context level of a
+    plan that names no ``context_levels``."""
+    context_levels: tuple[int, ...] | None = None
+    """Context levels in tokens, ascending: every cell is measured at each, its requests' prompts
+    exactly that long, so the KV length of the timed decode steps is held there (``propose_context_levels``
+    spans a deployment's context); None = one level, ``prompt_tokens`` (a profile as without levels)."""
 
     def __post_init__(self) -> None:
-        for name in ("batch_sizes", "ks", "accept_batch_sizes"):
+        for name in ("batch_sizes", "ks", "accept_batch_sizes", "context_levels"):
             object.__setattr__(self, name, _ints(name, getattr(self, name)))
         check_limit("repetitions", self.repetitions)
         check_limit("prompt_tokens", self.prompt_tokens)
+        if self.context_levels is not None:
+            check_context_levels(self.context_levels)
         _check_bool("include_no_spec", self.include_no_spec)
 
     def check_engine(self, max_num_seqs: int, max_k: int, where: str = "") -> None:
@@ -177,9 +185,12 @@ class ProfilePlan(PlanFields):
         batch_sizes: tuple[int, ...] = ()
         ks: tuple[int, ...] = ()
         accept_batch_sizes: tuple[int, ...] = ()
+        context_levels: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.context_levels is None:
+            object.__setattr__(self, "context_levels", (self.prompt_tokens,))
         if self.batch_sizes is None or self.ks is None:
             raise EngineConfigError("a ProfilePlan holds its batch sizes and ks; plan_from_options resolves None "
                                     "against the launch")
@@ -191,8 +202,19 @@ class ProfilePlan(PlanFields):
             bs = sorted(set(self.batch_sizes))
             object.__setattr__(self, "accept_batch_sizes", tuple(sorted({bs[0], bs[len(bs) // 2], bs[-1]})))
 
+    def at_level(self, level: int) -> ProfilePlan:
+        """The plan of one context level: its cells' prompts ``level`` tokens long."""
+        if level not in self.context_levels:
+            raise EngineConfigError(f"context level {level} is not one of the plan's {list(self.context_levels)}")
+        return dataclasses.replace(self, prompt_tokens=level, context_levels=(level,))
+
+    def level_cells(self, mode: str) -> list[tuple[int, CellKey]]:
+        """Every (context level, cell) of a plan that measures its whole grid at every level (the grid
+        plan; the adaptive plan picks the batch sizes of each level as it goes), in measuring order."""
+        return [(level, key) for level in self.context_levels for key in self.cells(mode)]
+
     def cells(self, mode: str) -> list[CellKey]:
-        """Every cell of the plan under ``mode``, in measuring order."""
+        """Every cell of the plan under ``mode`` at one context level, in measuring order."""
         if mode == "fixed_k":
             # Launches with K = k and no table: k >= 1 only, no baseline, no all-accepted cells.
             return [(k, b, "reject") for b in self.batch_sizes for k in self.ks if k >= 1]
@@ -299,6 +321,47 @@ class ProfileOptions(PlanFields, LaunchOverrides):
         return (device == "gpu") if self.warmup is None else self.warmup
 
 
+def check_context_levels(levels: Sequence[int]) -> None:
+    """``EngineConfigError`` naming the bad value unless ``levels`` is non-empty, strictly ascending
+    and each level a token count within ``options.CONTEXT_TOKENS``."""
+    if not levels:
+        raise EngineConfigError("context_levels = [] is empty; give at least one level in tokens, or null for one "
+                                "level of prompt_tokens")
+    for i, level in enumerate(levels):
+        problem = CONTEXT_TOKENS.problem(level)
+        if problem:
+            raise EngineConfigError(f"context_levels[{i}] = {level!r} {problem}")
+    if any(b <= a for a, b in zip(levels, levels[1:], strict=False)):
+        raise EngineConfigError(f"context_levels = {list(levels)!r} must be strictly ascending (each level once)")
+
+
+def context_reserve(max_k: int) -> int:
+    """Tokens a timed request holds beyond its prompt: its longest batch's output tokens plus the
+    drafts of its last step (and one token of slack)."""
+    return LONG_MAX_TOKENS + int(max_k) + 1
+
+
+def propose_context_levels(max_model_len: int, max_k: int, *, low: int = DEFAULT_PROMPT_TOKENS, count: int = 4,
+                           cap: int | None = None) -> tuple[int, ...]:
+    """``count`` context levels from ``low`` up to the largest power of two a timed request fits in
+    ``max_model_len`` (``context_reserve`` tokens beyond its prompt), at most ``cap``: powers of two
+    spread evenly in log scale, so each context bucket (``core.table.context_buckets``) spans the
+    same ratio. ``max_model_len`` 2048 and K = 3 give ``(32, 128, 256, 1024)``; 8192 with ``cap``
+    4096 gives ``(32, 128, 1024, 4096)``. Fewer when the span has fewer powers of two."""
+    top_len = int(max_model_len) - context_reserve(max_k)
+    if cap is not None:
+        top_len = min(top_len, int(cap))
+    if top_len < low:
+        raise EngineConfigError(f"max_model_len = {max_model_len} leaves no context level of at least {low} tokens "
+                                f"(each timed request needs {context_reserve(max_k)} tokens beyond its prompt)")
+    lo_exp, hi_exp = math.ceil(math.log2(low)), int(math.floor(math.log2(top_len)))
+    n = max(1, min(count, hi_exp - lo_exp + 1))
+    exps = sorted({lo_exp + round(i * (hi_exp - lo_exp) / (n - 1)) for i in range(n)} if n > 1 else {lo_exp})
+    levels = [2 ** e for e in exps]
+    levels[0] = low  # the first level is ``low`` itself (the plan's prompt_tokens), a power of two or not
+    return tuple(sorted(levels))
+
+
 def default_plan(config: ServerConfig, **fields: Any) -> ProfilePlan:
     """The plan for ``config``'s launch K and max_num_seqs from ``PlanFields`` keywords (``batch_sizes``,
     ``ks``, ``repetitions``, ``include_no_spec``, ``accept_batch_sizes``, ``prompt_tokens``; any
@@ -332,7 +395,8 @@ def fixed_k_baseline_options(options: ProfileOptions, plan: ProfilePlan) -> Prof
     """The ``fixed_k`` run that backs ``options.fixed_k_baseline``: a launch per k of
     ``options.fixed_k_ks`` (default: every k >= 1 of the plan), at four batch sizes of its grid
     (enough to show the engine-dependence trap; the full grid would cost a launch per k for little
-    more). A k of ``fixed_k_ks`` the plan does not time raises ``EngineConfigError``."""
+    more), at the plan's first context level only (the check compares batch-size tables). A k of
+    ``fixed_k_ks`` the plan does not time raises ``EngineConfigError``."""
     bs = plan.batch_sizes
     sparse = tuple(sorted({bs[0], bs[len(bs) // 4], bs[len(bs) // 2], bs[-1]}))
     drafting = tuple(k for k in plan.ks if k >= 1)
@@ -341,7 +405,8 @@ def fixed_k_baseline_options(options: ProfileOptions, plan: ProfilePlan) -> Prof
         raise EngineConfigError(f"fixed_k_ks = {list(ks)!r}: {sorted(set(ks) - set(drafting))} not among the "
                                 f"plan's k >= 1 {list(drafting)}")
     return dataclasses.replace(options, mode="fixed_k", batch_sizes=sparse, ks=ks, include_no_spec=False,
-                               accept_batch_sizes=(), fixed_k_baseline=False, fixed_k_ks=None)
+                               accept_batch_sizes=(), fixed_k_baseline=False, fixed_k_ks=None,
+                               context_levels=plan.context_levels[:1])
 
 
 def rotations(items: Sequence[T], repetitions: int) -> list[list[T]]:
@@ -388,6 +453,35 @@ def fixed_k_config(base: ServerConfig, k: int, work_dir: str | None) -> ServerCo
     """A launch with ``num_speculative_tokens = k`` and no table (fixed k, no DSD), every draft rejected."""
     return dataclasses.replace(base, num_speculative_tokens=int(k), table=None,
                                synthetic_acceptance_rates=tuple([0.0] * int(k)), work_dir=work_dir)
+
+
+def context_config(base: ServerConfig, plan: ProfilePlan) -> ServerConfig:
+    """``base`` with ``max_model_len`` raised (never lowered) to hold a timed request at the plan's
+    longest context level (``context_reserve`` tokens beyond its prompt)."""
+    need = plan.context_levels[-1] + context_reserve(int(base.num_speculative_tokens or 0))
+    return base if base.max_model_len >= need else dataclasses.replace(base, max_model_len=need)
+
+
+def plan_lines(plan: ProfilePlan, options: ProfileOptions) -> list[str]:
+    """What a profile with ``plan`` measures, one line per context level, without launching anything
+    (``tabletune profile --dry-run``): the adaptive plan's first pass at the first level (the grid's
+    coarse batch sizes) and, at each further level, the seed it takes from the level below; the grid
+    plan's every batch size at every level."""
+    adaptive = options.plan_search == "adaptive" and options.mode == "one_launch" and len(plan.ks) >= 2
+    first = coarse_batch_sizes(plan.batch_sizes) if adaptive else list(plan.batch_sizes)
+    per_level = len(dataclasses.replace(plan, batch_sizes=tuple(first)).cells(options.mode))
+    out = [f"plan ({options.plan_search}, mode {options.mode}): k {list(plan.ks)}, grid B {list(plan.batch_sizes)}, "
+           f"{plan.repetitions} repetitions, context levels {list(plan.context_levels)}"]
+    for i, level in enumerate(plan.context_levels):
+        if not adaptive:
+            how = f"every B of the grid: {per_level} cells"
+        elif i == 0:
+            how = f"first pass B {first} ({per_level} cells), then bisection where the best k changes"
+        else:
+            how = (f"first pass: B {plan.batch_sizes[0]}, {plan.batch_sizes[-1]} and both sides of each boundary "
+                   f"context {plan.context_levels[i - 1]} found, then bisection")
+        out.append(f"  context {level}: prompts of {level} tokens; {how}")
+    return out
 
 
 def no_spec_config(base: ServerConfig, work_dir: str | None) -> ServerConfig:

@@ -21,11 +21,13 @@ from tabletune_pipelines.core.remeasure import (
     RemeasureSettings,
     cells_behind,
     coarse_batch_sizes,
+    decision_changes,
     evidence_from_repetitions,
     geometric_rates,
     next_batch_sizes,
     remeasure,
     search_boundaries,
+    seeded_batch_sizes,
 )
 from tabletune_pipelines.core.stepcost import StepSample
 from tabletune_pipelines.core.steptime import median_step_time
@@ -107,11 +109,15 @@ class ProfileTarget:
 
 
 class ProfileRun:
-    """State of one ``profile_step_times`` call."""
+    """State of one ``profile_step_times`` call at one context level (``target.plan`` holds one
+    level, its ``prompt_tokens``). The runs of the further levels of one call share the first's
+    servers, warm-up and k switches (``shared``); each has its own cells, search and report."""
 
     def __init__(self, target: ProfileTarget, hooks: ProfileHooks, servers: ProfileServers,
-                 progress: Callable[[str], None] | None) -> None:
+                 progress: Callable[[str], None] | None, shared: ProfileRun | None = None) -> None:
         self.target, self.hooks, self.servers = target, hooks, servers
+        self.level = target.plan.prompt_tokens
+        """The context level: tokens of each timed request's prompt."""
         self.plan, self.K, self.vocab_size = target.plan, target.K, target.vocab_size
         self.config, self.work = target.config, target.config.work_dir
         device = getattr(servers.server, "device", None) or resolve_device(target.config.device)
@@ -121,7 +127,9 @@ class ProfileRun:
         """Every batch size the plan may measure; the adaptive search measures some of them (``self.plan``)."""
         self.search_report: BoundaryReport | None = None
         if self.adaptive_search:
-            start = set(coarse_batch_sizes(self.grid)) | set(self._complete_batch_sizes())
+            complete = set(self._complete_batch_sizes())
+            # a further level starts from its seed (``seed_from``); on a rerun, from what it measured
+            start = complete if shared is not None and complete else set(coarse_batch_sizes(self.grid)) | complete
             self.plan = dataclasses.replace(target.plan, batch_sizes=tuple(sorted(start)))
         self.wanted = self.plan.cells(target.options.mode)
         self.todo = [key for key in self.wanted if key not in self.have]
@@ -130,9 +138,13 @@ class ProfileRun:
         self.on_cell = hooks.on_cell
         self.samples: list[StepSample] = list(hooks.existing_samples)
         self.new_cells: list[StepTimeCell] = []
-        self._warmed: dict[int, set[tuple[int | None, int]]] = {}
-        self.k_set: dict[int, int | None] = {}
-        """The k this run last set on each server (by id)."""
+        self._warmed: dict[int, set[tuple[int | None, int]]] = shared._warmed if shared else {}
+        self.k_set: dict[int, int | None] = shared.k_set if shared else {}
+        """The k this run (or the run it shares with) last set on each server (by id)."""
+        self.seed: list[int] | None = None
+        """The adaptive search's first pass when another level's boundaries seed it (``seed_from``)."""
+        self.budget_s = target.options.remeasure_budget_s
+        """Seconds of re-measurement this level may spend (the driver shares the options' budget out)."""
         self.fallbacks: dict[str, int] = {}
         """Repetitions that could not use the exact engine timing, by how they were timed instead."""
         self.remeasure_report: RemeasureReport | None = None
@@ -163,7 +175,8 @@ class ProfileRun:
                f"then bisection where the best k changes; {plan.repetitions} repetitions, then more until each "
                f"decision is settled or tied within {self.target.options.accepted_loss:.0%}"
                if self.adaptive_search else f"{plan.repetitions} repetitions")
-        self.prog.say(f"[profile] {self.target.identity.key}: {n} cells, {n - left} already measured, "
+        self.prog.say(f"[profile] {self.target.identity.key} at context {self.level}: {n} cells, {n - left} already "
+                      "measured, "
                       f"{left} to measure (mode {self.target.options.mode}, {how}, "
                       f"warm-up {'on' if self.warmup else 'off'})")
 
@@ -249,7 +262,8 @@ class ProfileRun:
         cell = StepTimeCell(k=k, batch_size=b, median_ms=median_step_time(vals), repetitions_ms=vals,
                             acceptance=acceptance,
                             launch_k=None if k is None else (self.K if launch_k is None else launch_k),
-                            timing="engine" if all(m.timing == "engine" for m in ms) else "wall")
+                            timing="engine" if all(m.timing == "engine" for m in ms) else "wall",
+                            context_tokens=self.level)
         walls = [m.wall_ms for m in ms if m.wall_ms]
         note = f"  wall {statistics.median(walls):.2f} ms" if walls else ""
         if late:
@@ -286,7 +300,7 @@ class ProfileRun:
         cannot give a table to judge (one k, or a grid without B = 1), or (``budget``) when the
         re-measurement is off."""
         ks = [k for k in self.plan.ks if k is not None]
-        if len(ks) < 2 or self.plan.batch_sizes[0] != 1 or (budget and options.remeasure_budget_s <= 0):
+        if len(ks) < 2 or self.plan.batch_sizes[0] != 1 or (budget and self.budget_s <= 0):
             return None
         kmax = max(ks)
         if kmax < 1:
@@ -299,8 +313,7 @@ class ProfileRun:
 
     def _settings(self, options: ProfileOptions) -> RemeasureSettings:
         tolerance = options.accepted_loss if self.adaptive_search else RemeasureSettings().tolerance
-        return RemeasureSettings(max_repetitions=options.max_repetitions, budget_s=options.remeasure_budget_s,
-                                 tolerance=tolerance)
+        return RemeasureSettings(max_repetitions=options.max_repetitions, budget_s=self.budget_s, tolerance=tolerance)
 
     def search_pending(self, options: ProfileOptions) -> bool:
         """Whether the adaptive search would measure something: a missing coarse cell, a batch size
@@ -343,7 +356,7 @@ class ProfileRun:
             return
         rates_options, n = settings
         measure, update = self._remeasure_callbacks(server, reps)
-        self.prog.say(f"[profile] re-measuring ambiguous decisions for up to {options.remeasure_budget_s:.0f} s "
+        self.prog.say(f"[profile] re-measuring ambiguous decisions for up to {self.budget_s:.0f} s "
                       f"(at most {options.max_repetitions} repetitions per cell)")
         try:
             report = remeasure(reps, measure, rates_options, n, self._settings(options), on_update=update)
@@ -383,15 +396,46 @@ class ProfileRun:
             m = last[(k, b)]
             cell = StepTimeCell(k=k, batch_size=b, median_ms=median_step_time(vals), repetitions_ms=vals,
                                 acceptance="reject", launch_k=old.launch_k,
-                                timing="wall" if old.timing == "wall" or m.timing == "wall" else "engine")
+                                timing="wall" if old.timing == "wall" or m.timing == "wall" else "engine",
+                                context_tokens=self.level)
             self.have[cell_key(cell)] = cell
             if self.on_cell is not None:
                 self.on_cell(cell)
-            self.prog.say(f"[profile] re-measured k={k} B={b}: {cell.median_ms:.2f} ms ± {cell.stderr_ms or 0:.2f} "
+            self.prog.say(f"[profile] re-measured k={k} B={b} context {self.level}: {cell.median_ms:.2f} ms "
+                          f"± {cell.stderr_ms or 0:.2f} "
                           f"({len(vals)} reps, spread {cell.spread:.0%}, {m.timing}"
                           + (f" {m.engine_method}" if m.engine_method != "exact" else "") + ")")
 
         return measure, update
+
+    def spent_s(self) -> float:
+        """Seconds of re-measurement this run spent (the adaptive search's or the re-measurement's)."""
+        report = self.search_report.remeasure if self.search_report is not None else self.remeasure_report
+        return report.seconds if report is not None else 0.0
+
+    def boundaries(self) -> list[tuple[int, int]]:
+        """Where this level's decisions change: neighbouring measured batch sizes (lo, hi) between which
+        the chosen or best k differs under some judged acceptance (``core.remeasure.decision_changes``);
+        empty when the plan cannot be judged."""
+        settings = self.adaptive_settings(self.target.options, budget=False)
+        reps = self._reps(self.plan.ks)
+        if settings is None or reps is None:
+            return []
+        try:
+            return decision_changes(reps, settings[0], settings[1], self._settings(self.target.options))
+        except TableTuneError:
+            return []
+
+    def seed_from(self, previous: ProfileRun) -> None:
+        """Start this level's adaptive search where ``previous`` (the level below) found its
+        boundaries: the grid's ends and both sides of each (``core.remeasure.seeded_batch_sizes``),
+        not the coarse batch sizes; the bisection and the verify step then go on as at the first level."""
+        if not self.adaptive_search:
+            return
+        self.seed = seeded_batch_sizes(self.grid, previous.boundaries())
+        self._replan([*self.seed, *self._complete_batch_sizes()])
+        self.prog.say(f"[profile] context {self.level}: seeded by context {previous.level}'s boundaries "
+                      f"{previous.boundaries()}: first pass B = {self.seed}")
 
     def search(self, server: Any, options: ProfileOptions) -> None:
         """The adaptive plan on a server that runs every k of the plan with every draft rejected
@@ -413,7 +457,7 @@ class ProfileRun:
         measure, update = self._remeasure_callbacks(server, reps)
         try:
             report = search_boundaries(self.grid, measure_batch, reps, measure, rates_options, n,
-                                       self._settings(options), on_update=update)
+                                       self._settings(options), seed=self.seed, on_update=update)
         except EngineError:
             raise  # a dead engine ends the profile: the cells measured so far are stored, a rerun resumes
         except TableTuneError as exc:  # the cells measured so far stay; the grid's coarse points are in the plan

@@ -40,6 +40,7 @@ strategy and ``store_hooks``; one run's inputs and state (``ProfileHooks``, ``Pr
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -55,6 +56,7 @@ from tabletune_pipelines.engine.mixed import (
 from tabletune_pipelines.engine.plan import (
     ProfileOptions,
     ProfilePlan,
+    context_config,
     fixed_k_config,
     no_spec_config,
     per_k_config,
@@ -100,7 +102,8 @@ def profile_step_times(
     vocab_size: int | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> StepTimeProfile:
-    """Measure T(B, k) for ``config`` (its model, drafter, method and launch K) and return the profile.
+    """Measure T(B, k) for ``config`` (its model, drafter, method and launch K) at every context level
+    of the plan and return the profile.
 
     ``options`` (default ``ProfileOptions()``) gives the mode, the warm-up, the server overrides
     and the plan's knobs; ``plan`` replaces the plan built from them. ``hooks``: the cells (and
@@ -110,28 +113,65 @@ def profile_step_times(
     that dies raises ``EngineError`` after the cells measured so far were handed to ``on_cell``.
     ``identity`` and ``vocab_size`` default to the config's.
 
-    Mixed steps (``options.mixed_steps``, ``one_launch`` mode): after the decode cells, in the same
-    launch, decoding batches with prompts injected (``engine.mixed``); all their samples go to
-    ``hooks.on_samples`` at once. ``hooks.existing_samples`` (a rerun) are kept and not measured again.
+    Context levels: each launch measures its cells at every level of ``plan.context_levels`` in
+    turn (one ``ProfileRun`` per level, sharing the launch, its warm-up and k switches); a launch's
+    ``max_model_len`` is raised to hold the longest level's requests. The adaptive plan searches the
+    first level as without levels and seeds every further level with the boundaries of the level
+    below (``ProfileRun.seed_from``); the re-measurement budget is shared out over the levels, what
+    one level leaves going to the next. The grid plan measures its whole grid at every level.
+
+    Mixed steps (``options.mixed_steps``, ``one_launch`` mode): after the first level's decode cells,
+    in the same launch, decoding batches with prompts injected (``engine.mixed``), their decoding
+    requests at the first level; all their samples go to ``hooks.on_samples`` at once.
+    ``hooks.existing_samples`` (a rerun) are kept and not measured again.
     """
     options = options or ProfileOptions()
     config = options.apply_to(config)
     plan = plan or plan_from_options(config, options)
     if options.mode == "fixed_k":
         _check_fixed_k(plan, servers)
+    config = _fit_context(config, plan, servers)
     target = ProfileTarget(config=config, options=options, plan=plan, identity=identity or engine_identity(config),
                      vocab_size=(read_vocab_size(config.model) or 2048) if vocab_size is None else vocab_size)
     if servers.server is not None:
         _check_given_server(servers.server, plan, target.K)
-    run = ProfileRun(target, hooks, servers, progress)
-    run.announce()
-    reject_ks, accept_ks = run.pending_ks()
-    accept_ks = _LAUNCH_STRATEGIES[options.mode](run, reject_ks, accept_ks)
-    if any(key[0] is None for key in run.todo):
-        _no_spec_launch(run)
-    if accept_ks:
-        _all_accepted_launch(run, accept_ks)
-    return run.measured()
+    runs: list[ProfileRun] = []
+    for i, level in enumerate(plan.context_levels):
+        at = dataclasses.replace(target, plan=plan.at_level(level))
+        runs.append(ProfileRun(at, _level_hooks(hooks, level, first=i == 0), servers, progress,
+                               shared=runs[0] if runs else None))
+    for run in runs:
+        run.announce()
+    pending = [run.pending_ks() for run in runs]
+    accept = _LAUNCH_STRATEGIES[options.mode](runs, [p[0] for p in pending], [p[1] for p in pending])
+    if any(key[0] is None for run in runs for key in run.todo):
+        _no_spec_launch(runs)
+    if any(accept):
+        _all_accepted_launch(runs, accept)
+    measured = [run.measured() for run in runs]
+    return dataclasses.replace(measured[0], cells=tuple(c for m in measured for c in m.cells))
+
+
+def _fit_context(config: ServerConfig, plan: ProfilePlan, servers: ProfileServers) -> ServerConfig:
+    """``plan.context_config``; a given server too short for the longest level raises
+    ``EngineConfigError`` naming the level."""
+    fitted = context_config(config, plan)
+    for srv in (servers.server, servers.nospec_server):
+        have = getattr(getattr(srv, "config", None), "max_model_len", None)
+        if isinstance(have, int) and have < fitted.max_model_len:
+            raise EngineConfigError(f"context level {plan.context_levels[-1]} needs max_model_len >= "
+                                    f"{fitted.max_model_len}; the given server runs {have}: launch it with "
+                                    "plan.context_config, or lower context_levels")
+    return fitted
+
+
+def _level_hooks(hooks: ProfileHooks, level: int, *, first: bool) -> ProfileHooks:
+    """The hooks of one level's run: the stored cells of that level; the mixed-step samples belong to
+    the first level's run (the mixed steps run once, there)."""
+    return ProfileHooks(existing=tuple(c for c in hooks.existing if c.context_tokens == level),
+                        on_cell=hooks.on_cell,
+                        existing_samples=hooks.existing_samples if first else (),
+                        on_samples=hooks.on_samples if first else None)
 
 
 def _check_fixed_k(plan: ProfilePlan, servers: ProfileServers) -> None:
@@ -142,69 +182,92 @@ def _check_fixed_k(plan: ProfilePlan, servers: ProfileServers) -> None:
         raise EngineConfigError(f"mode 'fixed_k' needs some k >= 1 in the plan (got ks = {plan.ks})")
 
 
-# -- one function per launch strategy: each measures the all-rejected cells of ``reject_ks`` (and
-# whatever else its launch can) and returns the k values whose all-accepted cells are still to do.
+# -- one function per launch strategy: each measures the all-rejected cells of ``reject_ks[i]`` at
+# level i (and whatever else its launch can) and returns, per level, the k values whose
+# all-accepted cells are still to do.
+Pending = list[list[int]]
 
-def _fixed_k_launches(run: ProfileRun, reject_ks: list[int], accept_ks: list[int]) -> list[int]:
+
+def _fixed_k_launches(runs: list[ProfileRun], reject_ks: Pending, accept_ks: Pending) -> Pending:
     """``fixed_k``: a launch per k >= 1 with K = k and no table (plan.cells("fixed_k") holds k >= 1 only)."""
-    for k in reject_ks:
-        srv = run.launch(fixed_k_config(run.config, k, run.work))
+    for k in sorted({k for ks in reject_ks for k in ks}):
+        srv = runs[0].launch(fixed_k_config(runs[0].config, k, runs[0].work))
         try:
-            run.group(srv, [k], run.plan.batch_sizes, "reject", False, launch_k=k)
+            for run, ks in zip(runs, reject_ks, strict=True):
+                if k in ks:
+                    run.group(srv, [k], run.plan.batch_sizes, "reject", False, launch_k=k)
         finally:
             srv.stop()
-    return []
+    return [[] for _ in runs]
 
 
-def _per_k_launches(run: ProfileRun, reject_ks: list[int], accept_ks: list[int]) -> list[int]:
+def _per_k_launches(runs: list[ProfileRun], reject_ks: Pending, accept_ks: Pending) -> Pending:
     """``launch_per_k``: a launch per k, each with the launch K and the table ``[[1, N, k]]``."""
-    for k in reject_ks:
-        srv = run.launch(per_k_config(run.config, k, run.work))
+    for k in sorted({k for ks in reject_ks for k in ks}):
+        srv = runs[0].launch(per_k_config(runs[0].config, k, runs[0].work))
         try:
-            run.group(srv, [k], run.plan.batch_sizes, "reject", False)
+            for run, ks in zip(runs, reject_ks, strict=True):
+                if k in ks:
+                    run.group(srv, [k], run.plan.batch_sizes, "reject", False)
         finally:
             srv.stop()
     return accept_ks
 
 
-def _one_launch(run: ProfileRun, reject_ks: list[int], accept_ks: list[int]) -> list[int]:
-    """``one_launch``: every k in one launch whose table lists them all, switched at runtime: the
-    all-rejected cells, the adaptive re-measurement, the mixed steps and, where the synthetic rates
-    switch at runtime (the CPU build, or a GPU through the timing scheduler), the all-accepted cells.
-    A rerun of a complete first pass launches only if a decision is still ambiguous."""
-    options, given = run.target.options, run.servers.server
+def _one_launch(runs: list[ProfileRun], reject_ks: Pending, accept_ks: Pending) -> Pending:
+    """``one_launch``: every k in one launch whose table lists them all, switched at runtime; at each
+    context level in turn the all-rejected cells, the adaptive search or re-measurement and, where the
+    synthetic rates switch at runtime (the CPU build, or a GPU through the timing scheduler), the
+    all-accepted cells; the mixed steps after the first level. A rerun of a complete first pass
+    launches only if a decision is still ambiguous."""
+    first = runs[0]
+    options, given = first.target.options, first.servers.server
+    work = [_level_work(run, rk) for run, rk in zip(runs, reject_ks, strict=True)]
+    mixed = options.mixed_steps and not first.samples
+    switchable = given is not None and given.can_switch_synthetic_rates
+    if not (any(reject_ks) or any(any(w) for w in work) or mixed or (any(accept_ks) and switchable)):
+        return accept_ks
+    srv = given or first.launch(switching_config(first.config, first.plan.ks, 0.0, first.work))
+    zeros = [0.0] * first.K
+    original_rates = list(srv.config.synthetic_acceptance_rates or zeros)
+    left_s = options.remeasure_budget_s
+    try:
+        for i, (run, rk, (search, adaptive)) in enumerate(zip(runs, reject_ks, work, strict=True)):
+            run.budget_s = left_s / (len(runs) - i)  # an even share of what is left; unspent seconds go on
+            if rk or adaptive or search:
+                if srv.can_switch_synthetic_rates and list(srv.config.synthetic_acceptance_rates or zeros) != zeros:
+                    srv.set_synthetic_rates(zeros)
+                if search and i > 0:
+                    run.seed_from(runs[i - 1])
+                if search:
+                    run.search(srv, options)
+                elif rk:
+                    run.group(srv, rk, run.plan.batch_sizes, "reject", True)
+                if adaptive:
+                    run.remeasure(srv, options)
+                left_s = max(0.0, left_s - run.spent_s())
+            if i == 0 and mixed:
+                _mixed_phase(run, srv)
+            if accept_ks[i] and srv.can_switch_synthetic_rates:
+                srv.set_synthetic_rates([1.0] * run.K)
+                run.group(srv, accept_ks[i], run.plan.accept_batch_sizes, "accept", True)
+                accept_ks[i] = []
+    finally:
+        _release(first, srv, original_rates)
+    return accept_ks
+
+
+def _level_work(run: ProfileRun, reject_ks: list[int]) -> tuple[bool, bool]:
+    """(whether the adaptive search has something to measure at this level, whether the re-measurement of
+    the grid plan has)."""
+    options = run.target.options
     search = run.adaptive_search and (bool(reject_ks) or run.search_pending(options))
     adaptive = (not run.adaptive_search and options.remeasure_budget_s > 0
                 and (bool(reject_ks) or run.remeasure_pending(options)))
-    mixed = options.mixed_steps and not run.samples
-    if not (reject_ks or adaptive or search or mixed
-            or (accept_ks and given is not None and given.can_switch_synthetic_rates)):
-        return accept_ks
-    srv = given or run.launch(switching_config(run.config, run.plan.ks, 0.0, run.work))
-    zeros = [0.0] * run.K
-    original_rates = list(srv.config.synthetic_acceptance_rates or zeros)
-    try:
-        if reject_ks or adaptive or search:
-            if srv.can_switch_synthetic_rates and original_rates != zeros:
-                srv.set_synthetic_rates(zeros)
-            if search:
-                run.search(srv, options)
-            elif reject_ks:
-                run.group(srv, reject_ks, run.plan.batch_sizes, "reject", True)
-            if adaptive:
-                run.remeasure(srv, options)
-        if mixed:
-            _mixed_phase(run, srv)
-        if accept_ks and srv.can_switch_synthetic_rates:
-            srv.set_synthetic_rates([1.0] * run.K)
-            run.group(srv, accept_ks, run.plan.accept_batch_sizes, "accept", True)
-            accept_ks = []
-    finally:
-        _release(run, srv, original_rates)
-    return accept_ks
+    return search, adaptive
 
 
-_LAUNCH_STRATEGIES: dict[str, Callable[[ProfileRun, list[int], list[int]], list[int]]] = {
+_LAUNCH_STRATEGIES: dict[str, Callable[[list[ProfileRun], Pending, Pending], Pending]] = {
     "one_launch": _one_launch, "launch_per_k": _per_k_launches, "fixed_k": _fixed_k_launches}
 
 
@@ -219,22 +282,27 @@ def _release(run: ProfileRun, srv: Any, original_rates: list[float]) -> None:
         srv.stop()
 
 
-def _no_spec_launch(run: ProfileRun) -> None:
-    """The baseline cells (``k=None``) on a server without speculation."""
-    given = run.servers.nospec_server
-    srv = given or run.launch(no_spec_config(run.config, run.work))
+def _no_spec_launch(runs: list[ProfileRun]) -> None:
+    """The baseline cells (``k=None``) on a server without speculation, every level in it."""
+    given = runs[0].servers.nospec_server
+    srv = given or runs[0].launch(no_spec_config(runs[0].config, runs[0].work))
     try:
-        run.group(srv, [None], run.plan.batch_sizes, "reject", False)
+        for run in runs:
+            run.group(srv, [None], run.plan.batch_sizes, "reject", False)
     finally:
         if srv is not given:
             srv.stop()
 
 
-def _all_accepted_launch(run: ProfileRun, accept_ks: list[int]) -> None:
-    """The all-accepted cells in a launch with synthetic rates 1 (where they could not be switched to 1 at runtime)."""
-    srv = run.launch(switching_config(run.config, [k for k in run.plan.ks if k >= 1], 1.0, run.work))
+def _all_accepted_launch(runs: list[ProfileRun], accept_ks: Pending) -> None:
+    """The all-accepted cells in a launch with synthetic rates 1 (where they could not be switched to 1
+    at runtime), every level in it."""
+    first = runs[0]
+    srv = first.launch(switching_config(first.config, [k for k in first.plan.ks if k >= 1], 1.0, first.work))
     try:
-        run.group(srv, accept_ks, run.plan.accept_batch_sizes, "accept", True)
+        for run, ks in zip(runs, accept_ks, strict=True):
+            if ks:
+                run.group(srv, ks, run.plan.accept_batch_sizes, "accept", True)
     finally:
         srv.stop()
 

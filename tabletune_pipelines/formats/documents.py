@@ -28,13 +28,9 @@ from tabletune_pipelines.core.evidence import Boundary
 from tabletune_pipelines.core.goodput import validate_acceptance, validate_step_time
 from tabletune_pipelines.core.noise import CellEstimate
 from tabletune_pipelines.core.stepcost import GraphEnvelope, StepSample, Workload
-from tabletune_pipelines.core.steptime import StepTimeSurface, median_standard_error, relative_spread
+from tabletune_pipelines.core.steptime import StepTimeSurface, lowest_context, median_standard_error, relative_spread
 from tabletune_pipelines.core.table import DraftTable
-from tabletune_pipelines.errors import (
-    DocumentError,
-    EmptyProfileError,
-    InvalidStepTimeError,
-)
+from tabletune_pipelines.errors import DocumentError, EmptyProfileError, InvalidStepTimeError
 from tabletune_pipelines.formats.document_base import SCHEMA_VERSION, Document, digest, slug
 from tabletune_pipelines.formats.prior_workload import WORKLOAD_BOUNDS, check_workload
 from tabletune_pipelines.options import (
@@ -54,6 +50,7 @@ from tabletune_pipelines.vocab import (
     DEFAULT_DTYPE,
     DEFAULT_MODEL_RUNNER,
     DEFAULT_PROFILE_MODE,
+    DEFAULT_PROMPT_TOKENS,
     DEFAULT_TEMPERATURE,
     DRAFT_VERDICTS,
     MAX_STEP_MS,
@@ -166,12 +163,15 @@ class StepTimeCell:
     """Standard error of ``median_ms`` from the repetitions, ms (``core.steptime.median_standard_error``);
     None with fewer than two repetitions. Computed from the repetitions when not given (cells stored
     before the field existed)."""
+    context_tokens: int = DEFAULT_PROMPT_TOKENS
+    """The context level: tokens of each timed prompt, so the KV length its steps are timed at."""
 
     BOUNDS: ClassVar[dict[str, Bound]] = {
         "k": dataclasses.replace(DRAFT_LENGTH, optional=True, why="drafts per request; null: no speculation"),
         "batch_size": BATCH_SIZE,
         "stderr_ms": Bound(0.0, MAX_STEP_MS, optional=True, why="milliseconds; null: fewer than two repetitions"),
         "launch_k": dataclasses.replace(DRAFT_LENGTH, optional=True, why="the launch's K; null: not recorded"),
+        "context_tokens": dataclasses.replace(TOKENS, low=1, why="a context level: tokens of each timed prompt"),
     }
 
     def __post_init__(self) -> None:
@@ -238,25 +238,25 @@ class StepTimeProfile(Document):
 
     def reject_cells(self) -> dict[int, dict[int, float]]:
         out: dict[int, dict[int, float]] = {}
-        for c in self.cells:
+        for c in lowest_context(self.cells):
             if c.k is not None and c.acceptance == "reject":
                 out.setdefault(c.k, {})[c.batch_size] = c.median_ms
         return out
 
     def accept_cells(self) -> dict[int, dict[int, float]]:
         out: dict[int, dict[int, float]] = {}
-        for c in self.cells:
+        for c in lowest_context(self.cells):
             if c.k is not None and c.acceptance == "accept":
                 out.setdefault(c.k, {})[c.batch_size] = c.median_ms
         return out
 
     def no_spec_ms(self) -> dict[int, float]:
-        return {c.batch_size: c.median_ms for c in self.cells if c.k is None}
+        return {c.batch_size: c.median_ms for c in lowest_context(self.cells) if c.k is None}
 
     def estimates(self, acceptance: DraftVerdict = "reject") -> dict[int, dict[int, CellEstimate]]:
         """``{k: {B: CellEstimate}}`` of the speculative cells of one acceptance mode."""
         out: dict[int, dict[int, CellEstimate]] = {}
-        for c in self.cells:
+        for c in lowest_context(self.cells):
             if c.k is not None and c.acceptance == acceptance:
                 out.setdefault(c.k, {})[c.batch_size] = c.estimate
         return out
@@ -273,7 +273,7 @@ class StepTimeProfile(Document):
     def remeasured(self) -> list[StepTimeCell]:
         """Speculative all-rejected cells with more repetitions than the profile's first pass gave
         every cell (the adaptive re-measurement added them)."""
-        reject = [c for c in self.cells if c.k is not None and c.acceptance == "reject"]
+        reject = [c for c in lowest_context(self.cells) if c.k is not None and c.acceptance == "reject"]
         if not reject:
             return []
         base = min(len(c.repetitions_ms) for c in reject)

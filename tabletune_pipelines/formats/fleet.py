@@ -69,7 +69,14 @@ from pydantic.json_schema import JsonDict, JsonValue
 
 from tabletune_pipelines.errors import FleetError, LiveCountersError, SettingsError
 from tabletune_pipelines.formats.controller_settings import ControllerSettings
-from tabletune_pipelines.formats.fleet_checks import check_name, check_token, json_value, one_line, problem
+from tabletune_pipelines.formats.fleet_checks import (
+    check_context_levels,
+    check_name,
+    check_token,
+    json_value,
+    one_line,
+    problem,
+)
 from tabletune_pipelines.formats.fleet_yaml import read_fleet_yaml
 from tabletune_pipelines.formats.published_files import speculative_config_path as _companion_of
 from tabletune_pipelines.options import BATCH_SIZE
@@ -270,6 +277,12 @@ class Deployment(_Schema):
                     "controller exports to live_counters.",
         json_schema_extra=_keys_other_than(RESERVED_CONTROLLER_KEYS))
     k8s: K8sPlacement | None = Field(default=None, description="Where this deployment's runs go on Kubernetes.")
+    context_levels: tuple[int, ...] | None = Field(
+        default=None, description="Context levels of the profile in tokens, ascending: every step-time cell is "
+        "measured with its requests' prompts this long (engine/plan.py, propose_context_levels); null: one level, "
+        "the profile's prompt_tokens.")
+
+    _levels = field_validator("context_levels", mode="before")(lambda cls, v: check_context_levels(v))
 
     @field_validator("name", "engine_group")
     @classmethod

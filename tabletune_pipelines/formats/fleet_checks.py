@@ -1,5 +1,5 @@
 """The fleet file's value checks that need nothing but the value: names, vLLM option tokens, one-line
-strings, JSON-able values, and ``problem``, the validation error whose message is final. The models
+strings, JSON-able values, context levels, and ``problem``, the validation error whose message is final. The models
 in ``formats.fleet`` call them from their validators; the paths' variable expansion stays there
 with ``tabletune_home``."""
 
@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic_core import PydanticCustomError
 
-__all__ = ["NAME_RE", "TOKEN_RE", "check_name", "check_token", "json_value", "one_line", "problem"]
+from tabletune_pipelines.options import CONTEXT_TOKENS
+
+__all__ = ["NAME_RE", "TOKEN_RE", "check_context_levels", "check_name", "check_token", "json_value", "one_line",
+           "problem"]
 
 #: Deployment and engine-group names: they become run tags, Kubernetes label values (63 characters
 #: at most), partition keys and file names, so they start with a letter or digit.
@@ -66,3 +70,20 @@ def json_value(value: Any, where: str, depth: int = 0) -> None:
     elif value is not None and not isinstance(value, (str, int, float, bool)):
         raise problem(f"{where!r} = {value!r:.80} is a {type(value).__name__}; use a string, number, true/false, "
                        "null, list or mapping")
+
+
+def check_context_levels(value: Any) -> tuple[int, ...] | None:
+    """A deployment's ``context_levels``: null, or a non-empty list of token counts (integers within
+    ``options.CONTEXT_TOKENS``, no bool), strictly ascending; else a ``problem`` naming the bad value."""
+    if value is None:
+        return None
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, list | tuple) or not value:
+        raise problem(f"'context_levels' = {value!r:.80} must be a non-empty list of token counts, ascending "
+                      "(e.g. [32, 128, 512, 1024]), or null for one level")
+    for i, level in enumerate(value):
+        why = CONTEXT_TOKENS.problem(level)
+        if why:
+            raise problem(f"'context_levels[{i}]' = {level!r:.40} {why}")
+    if any(b <= a for a, b in zip(value, value[1:], strict=False)):
+        raise problem(f"'context_levels' = {list(value)!r} must be strictly ascending (each level once)")
+    return tuple(int(x) for x in value)

@@ -9,6 +9,7 @@ from datetime import timedelta
 import duckdb
 
 from tabletune_pipelines.core.stepcost import StepSample
+from tabletune_pipelines.core.steptime import StepTimes
 from tabletune_pipelines.errors import DocumentError, NotFoundError, StoredDataError, TableTuneError
 from tabletune_pipelines.formats.documents import (
     EngineIdentity,
@@ -17,9 +18,10 @@ from tabletune_pipelines.formats.documents import (
     check_sample,
     check_samples,
 )
+from tabletune_pipelines.formats.profile_levels import at_context, context_levels, level_step_times
 from tabletune_pipelines.store.group import now
 from tabletune_pipelines.store.identities import IdentityTables
-from tabletune_pipelines.vocab import DEFAULT_PROFILE_MODE, PROFILE_MODES, is_profile_mode
+from tabletune_pipelines.vocab import DEFAULT_PROFILE_MODE, DEFAULT_PROMPT_TOKENS, PROFILE_MODES, is_profile_mode
 
 
 class ProfileTables(IdentityTables):
@@ -40,14 +42,15 @@ class ProfileTables(IdentityTables):
     def _insert_cell(conn: duckdb.DuckDBPyConnection, key: str, mode: str, cell: StepTimeCell) -> None:
         conn.execute(
             "DELETE FROM step_time_cells WHERE identity_key = ? AND mode = ? AND acceptance = ? "
-            "AND k IS NOT DISTINCT FROM ? AND batch_size = ?",
-            [key, mode, cell.acceptance, cell.k, cell.batch_size],
+            "AND k IS NOT DISTINCT FROM ? AND batch_size = ? AND context_tokens = ?",
+            [key, mode, cell.acceptance, cell.k, cell.batch_size, cell.context_tokens],
         )
         conn.execute(
             "INSERT INTO step_time_cells (identity_key, mode, acceptance, k, batch_size, median_ms, spread, "
-            "repetitions_ms, launch_k, timing, measured_at, stderr_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "repetitions_ms, launch_k, timing, measured_at, stderr_ms, context_tokens) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [key, mode, cell.acceptance, cell.k, cell.batch_size, cell.median_ms, cell.spread,
-             list(cell.repetitions_ms), cell.launch_k, cell.timing, now(), cell.stderr_ms],
+             list(cell.repetitions_ms), cell.launch_k, cell.timing, now(), cell.stderr_ms, cell.context_tokens],
         )
 
     def profile_cells(self, identity_key: str, mode: str = DEFAULT_PROFILE_MODE) -> list[StepTimeCell]:
@@ -55,19 +58,24 @@ class ProfileTables(IdentityTables):
         # A store opened read-only may predate the stderr_ms column: NULL there, and the cell
         # recomputes the standard error from its repetitions.
         stderr = "stderr_ms" if self._has_column("step_time_cells", "stderr_ms") else "NULL"
+        context = ("context_tokens" if self._has_column("step_time_cells", "context_tokens")
+                   else str(DEFAULT_PROMPT_TOKENS))  # likewise: an older store's cells are at the default level
         rows = self.query(
-            f"SELECT k, batch_size, median_ms, repetitions_ms, acceptance, launch_k, timing, {stderr} FROM "
-            "step_time_cells WHERE identity_key = ? AND mode = ? ORDER BY acceptance, k NULLS FIRST, batch_size",
+            f"SELECT k, batch_size, median_ms, repetitions_ms, acceptance, launch_k, timing, {stderr}, {context} "
+            "FROM step_time_cells WHERE identity_key = ? AND mode = ? "
+            "ORDER BY 9, acceptance, k NULLS FIRST, batch_size",
             [identity_key, mode],
         )
         cells = []
         for r in rows:
             try:
                 cells.append(StepTimeCell(k=r[0], batch_size=r[1], median_ms=r[2], repetitions_ms=tuple(r[3]),
-                                          acceptance=r[4], launch_k=r[5], timing=r[6], stderr_ms=r[7]))
+                                          acceptance=r[4], launch_k=r[5], timing=r[6], stderr_ms=r[7],
+                                          context_tokens=DEFAULT_PROMPT_TOKENS if r[8] is None else r[8]))
             except TableTuneError as exc:  # a row no measurement writes (edited or damaged): never used
                 raise StoredDataError(
-                    f"{self.path}: the stored step-time cell k={r[0]}, B={r[1]} ({r[4]}, mode {mode!r}) of identity "
+                    f"{self.path}: the stored step-time cell k={r[0]}, B={r[1]} ({r[4]}, mode {mode!r}"
+                    + (f", context {r[8]}" if r[8] != DEFAULT_PROMPT_TOKENS else "") + ") of identity "
                     f"{identity_key!r} cannot be a measurement: {exc} (`tabletune profile "
                     f"{'' if r[0] is None else f'--ks {r[0]} '}--batch-sizes {r[1]}` replaces the row; nothing was "
                     "derived from it)") from None
@@ -142,6 +150,18 @@ class ProfileTables(IdentityTables):
                 raise StoredDataError(f"{self.path}: a stored mixed-step sample of {identity_key!r} cannot be a "
                                       f"measurement: {exc} (profile again to replace it)") from None
         return out
+
+    def context_levels(self, identity_key: str, mode: str = DEFAULT_PROFILE_MODE) -> list[int]:
+        """The context levels with a stored cell of this identity and mode, ascending."""
+        return sorted({c.context_tokens for c in self.profile_cells(identity_key, mode)})
+
+    def step_time_surface(self, identity_key: str, mode: str = DEFAULT_PROFILE_MODE) -> dict[int, StepTimes]:
+        """The (B, ctx) step-time surface of one identity: context level → ``StepTimes`` of that level's
+        all-rejected cells with their errors (``core.noise.NoisySurface.step_times`` over B = 1..the
+        identity's max_num_seqs). One level: the surface of the profile as without levels.
+        NotFoundError when the identity has no cells in ``mode``."""
+        profile = self.load_profile(identity_key, mode)
+        return {level: level_step_times(at_context(profile, level)) for level in context_levels(profile)}
 
     def load_profile(self, identity_key: str, mode: str = DEFAULT_PROFILE_MODE) -> StepTimeProfile:
         """The step-time profile of one identity in one mode; NotFoundError when it has no cells there."""

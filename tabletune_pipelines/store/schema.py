@@ -13,8 +13,9 @@ import duckdb
 
 from tabletune_pipelines.errors import StoreCorruptError, StoreError, StoreLockedError
 from tabletune_pipelines.formats.strict_io import NotRegularFileError, open_regular
+from tabletune_pipelines.vocab import DEFAULT_PROMPT_TOKENS
 
-SCHEMA_SQL = """
+SCHEMA_SQL = f"""
 CREATE TABLE IF NOT EXISTS engine_identities (
     identity_key   VARCHAR PRIMARY KEY,
     gpu            VARCHAR NOT NULL,
@@ -40,7 +41,8 @@ CREATE TABLE IF NOT EXISTS step_time_cells (
     launch_k       INTEGER,
     timing         VARCHAR NOT NULL,
     measured_at    TIMESTAMP NOT NULL,
-    stderr_ms      DOUBLE          -- standard error of median_ms (NULL: < 2 repetitions, or an older store)
+    stderr_ms      DOUBLE,         -- standard error of median_ms (NULL: < 2 repetitions, or an older store)
+    context_tokens INTEGER DEFAULT {DEFAULT_PROMPT_TOKENS}  -- the context level (older stores' rows: this default)
 );
 -- Steps timed with prefill in them (the served step-cost fit, core/stepcost.py); one row a step.
 CREATE TABLE IF NOT EXISTS step_samples (
@@ -133,9 +135,14 @@ def quiet(conn: duckdb.DuckDBPyConnection) -> None:
 MIGRATED_TABLES: frozenset[str] = frozenset({"step_samples", "served_calibrations", "acceptance_prior_buckets"})
 MIGRATED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("step_time_cells", "stderr_ms", "DOUBLE"),
+    ("step_time_cells", "context_tokens", "INTEGER"),
     ("publications", "identity_json", "VARCHAR"),
     ("publications", "prior_json", "VARCHAR"),
 )
+
+#: What the rows written before a migrated column get in it, where not NULL: every step-time cell
+#: stored before cells carried a context level was timed at the default ``prompt_tokens``.
+MIGRATED_DEFAULTS: dict[tuple[str, str], int] = {("step_time_cells", "context_tokens"): DEFAULT_PROMPT_TOKENS}
 
 
 def create_schema(conn: duckdb.DuckDBPyConnection) -> None:
@@ -146,7 +153,8 @@ def create_schema(conn: duckdb.DuckDBPyConnection) -> None:
                                          "current_database() AND schema_name = 'main'").fetchall()}
     for table, column, typ in MIGRATED_COLUMNS:
         if table in tables:  # a view of that name is not altered: the schema check names it
-            conn.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {typ}")
+            default = f" DEFAULT {MIGRATED_DEFAULTS[(table, column)]}" if (table, column) in MIGRATED_DEFAULTS else ""
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {typ}{default}")
 
 
 def _columns(conn: duckdb.DuckDBPyConnection) -> dict[str, set[tuple[str, str]]]:

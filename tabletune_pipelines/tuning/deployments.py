@@ -322,6 +322,13 @@ def _real_model_overrides(identity: EngineIdentity) -> dict[str, Any]:
     return {"max_model_len": MAX_MODEL_LEN}
 
 
+def with_fleet_levels(options: ProfileOptions, dep: Deployment | None) -> ProfileOptions:
+    """``options`` with the deployment's ``context_levels`` where the options name none."""
+    if options.context_levels is None and dep is not None and dep.context_levels:
+        return dataclasses.replace(options, context_levels=dep.context_levels)
+    return options
+
+
 @contextmanager
 def one_launch(identity: EngineIdentity, dep: Deployment | None, *, log: logging.Logger,
                options: ProfileOptions | None = None, cache_dir: str | Path | None = None,
@@ -334,13 +341,14 @@ def one_launch(identity: EngineIdentity, dep: Deployment | None, *, log: logging
     profile's launch rejects drafts synthetically, so that verification launches its own server."""
     check_local_engine(identity)
     from tabletune_pipelines.engine.envelope_log import envelope_checked
-    from tabletune_pipelines.engine.plan import plan_from_options, switching_config
+    from tabletune_pipelines.engine.plan import context_config, plan_from_options, switching_config
 
-    opts = options or ProfileOptions()
+    opts = with_fleet_levels(options or ProfileOptions(), dep)
     work = Path(work_dir or default_work_dir("flow"))
     cfg = opts.apply_to(_server_config(identity, dep, cache_dir or default_cache_dir(), work,
                                        _real_model_overrides(identity)))
     plan = plan_from_options(cfg, opts)
+    cfg = context_config(cfg, plan)  # the profile's longest context level fits the one launch
     ks = sorted({k for k in plan.ks if k is not None} | set(range(identity.max_k + 1)))
     with envelope_checked(identity, log.info)(switching_config(cfg, ks, 0.0, str(work))) as server:
         log.info(f"one launch of {identity.key}: up in {server.startup_seconds:.0f} s; it serves the profile, "
@@ -364,7 +372,7 @@ def profile(identity: EngineIdentity, dep: Deployment | None, store: Any, *, log
     from tabletune_pipelines.engine.profile_run import ProfileServers
     from tabletune_pipelines.engine.profiler import profile_step_times, store_hooks
 
-    opts = options or ProfileOptions()
+    opts = with_fleet_levels(options or ProfileOptions(), dep)
     if opts.decision_rates is None:  # re-measure where decisions are close under the acceptance the store knows
         priors = [p for p in store.applicable_priors(identity) if len(p.rates) >= identity.max_k]
         if priors:

@@ -168,7 +168,8 @@ def test_plan_and_options_fields_are_declared_once():
 
     shared = {f.name for f in dataclasses.fields(PlanFields)}
     launch = {f.name for f in dataclasses.fields(LaunchOverrides)}
-    assert shared == {"batch_sizes", "ks", "repetitions", "include_no_spec", "accept_batch_sizes", "prompt_tokens"}
+    assert shared == {"batch_sizes", "ks", "repetitions", "include_no_spec", "accept_batch_sizes", "prompt_tokens",
+                      "context_levels"}
     assert launch == {"startup_timeout", "kv_cache_space_gib", "max_model_len"}
     for cls, bases in ((ProfilePlan, shared), (ProfileOptions, shared | launch), (AcceptanceOptions, launch)):
         assert bases <= {f.name for f in dataclasses.fields(cls)}

@@ -144,6 +144,18 @@ VALUE_CASES = [
                                                      "override; set the deployment's 'live_counters'"),
     ({"published_table": "a\x00b.json"}, "'published_table' = 'a\\x00b.json' must be a non-empty line"),
     ({"logged_prompts": "p\nq"}, "'logged_prompts' = 'p\\nq' must be a non-empty line"),
+    ({"context_levels": []}, "'context_levels' = [] must be a non-empty list of token counts"),
+    ({"context_levels": "32,128"}, "'context_levels' = '32,128' must be a non-empty list of token counts"),
+    ({"context_levels": {"a": 32}}, "'context_levels' = {'a': 32} must be a non-empty list"),
+    ({"context_levels": [128, 32]}, "'context_levels' = [128, 32] must be strictly ascending"),
+    ({"context_levels": [32, 32]}, "'context_levels' = [32, 32] must be strictly ascending"),
+    ({"context_levels": [32, True]}, "'context_levels[1]' = True must be an integer >= 1"),
+    ({"context_levels": [0]}, "'context_levels[0]' = 0 must be an integer >= 1"),
+    ({"context_levels": [32, 2 ** 40]}, "'context_levels[1]' = 1099511627776 must be an integer >= 1 and <= "
+                                        "16777216"),
+    ({"context_levels": [32.5]}, "'context_levels[0]' = 32.5 must be an integer"),
+    ({"context_levels": [math.nan]}, "'context_levels[0]' = nan must be an integer"),
+    ({"context_levels": ["64"]}, "'context_levels[0]' = '64' must be an integer"),
 ]
 
 
@@ -206,6 +218,15 @@ def test_the_cli_names_the_problem_without_a_traceback(run_cli, home, name, text
     before = snapshot(home)
     assert_one_error(run_cli("--fleet", path, "show"), str(path), message)
     assert snapshot(home) == before
+
+
+def test_bad_context_levels_through_the_cli_write_nothing(run_cli, home):
+    path = home / "fleet.yaml"
+    path.write_text(yaml.safe_dump({"schema_version": 1, "deployments": [dep(context_levels=[512, 64])]}))
+    before = snapshot(home)
+    assert_one_error(run_cli("--fleet", path, "profile", "--dry-run"), "deployment 'a'",
+                     "'context_levels' = [512, 64] must be strictly ascending")
+    assert snapshot(home) == before and not (home / "tabletune_store.duckdb").exists()
 
 
 def test_a_value_case_through_the_cli(run_cli, home):

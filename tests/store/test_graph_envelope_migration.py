@@ -72,8 +72,9 @@ def old_store(path):
     conn.execute("INSERT INTO engine_identities VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, now())",
                  [IDENT.key, IDENT.gpu, IDENT.vllm_version, IDENT.model, IDENT.drafter, IDENT.method, IDENT.max_k,
                   IDENT.max_num_seqs, IDENT.to_json()])
-    conn.execute("INSERT INTO step_time_cells VALUES (?, 'one_launch', 'reject', 1, 4, 5.0, 0.14, ?, 3, 'engine', "
-                 "now(), NULL)", [IDENT.key, [5.0, 5.4, 4.7]])
+    conn.execute("INSERT INTO step_time_cells (identity_key, mode, acceptance, k, batch_size, median_ms, spread, "
+                 "repetitions_ms, launch_k, timing, measured_at, stderr_ms) VALUES (?, 'one_launch', 'reject', 1, 4, "
+                 "5.0, 0.14, ?, 3, 'engine', now(), NULL)", [IDENT.key, [5.0, 5.4, 4.7]])
     conn.close()
 
 

@@ -20,9 +20,10 @@ REPS = (5.0, 5.4, 4.7)
 
 
 def old_store(path):
-    """A store as TableTune wrote it before the stderr_ms column, with one cell."""
-    sql = re.sub(r",\n\s*stderr_ms\s+DOUBLE[^\n]*\n", "\n", SCHEMA_SQL)
-    assert "stderr_ms" not in sql
+    """A store as TableTune wrote it before the stderr_ms column (and the context_tokens column after it),
+    with one cell."""
+    sql = re.sub(r",\n\s*stderr_ms\s+DOUBLE[^\n]*\n\s*context_tokens[^\n]*\n", "\n", SCHEMA_SQL)
+    assert "stderr_ms" not in sql and "context_tokens" not in sql
     conn = duckdb.connect(str(path))
     conn.execute(sql)
     conn.execute("INSERT INTO engine_identities VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, now())",
