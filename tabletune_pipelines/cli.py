@@ -297,7 +297,7 @@ def _plot_option() -> Iterator[None]:
 
 def cmd_table(args: argparse.Namespace) -> int:
     from tabletune_pipelines.tuning.derive import DeriveOptions
-    from tabletune_pipelines.tuning.derive_context import derive_context_table, stored_context_surface
+    from tabletune_pipelines.tuning.derive_context import derive_context_table, rates_per_level, stored_context_surface
     from tabletune_pipelines.tuning.report import (
         context_grid_lines,
         evidence_markdown,
@@ -329,8 +329,11 @@ def cmd_table(args: argparse.Namespace) -> int:
     else:
         prior = _prior(store, profile.identity, args.prior)
     options = DeriveOptions(correct_accepted_work=not args.no_correction, policy=args.policy)
-    tuned = derive_context_table(profile, prior, stored_context_surface(store, profile, prior, options),
-                                 options=options)
+    surfaces = stored_context_surface(profile, prior, options)
+    rates, pooled_why = rates_per_level(prior, sorted(surfaces))
+    if pooled_why:
+        print(f"warning: {pooled_why}", file=sys.stderr)
+    tuned = derive_context_table(profile, prior, surfaces, rates=rates, options=options)
     if args.format == "vllm":
         print(json.dumps(tuned.table.as_vllm()))
         for w in tuned.warnings:

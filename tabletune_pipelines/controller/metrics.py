@@ -295,19 +295,19 @@ class PromSink:
         n = len(cells.of_b) - 1
         columns = [ranges] if grid is None else [DraftTable.from_dense(grid.dense(n)[:, j]).entries()
                                                  for j in range(grid.axes.shape[1])]
-        k_keys = set()
+        k_keys: set[tuple[str, str]] = set()
         for j, column in enumerate(columns):
             for c, k in enumerate(table_k_per_cell(column, cells.cells)):
-                key = (cells.labels[c], cells.ctx_labels[j] if grid is not None else CONTEXT_ALL)
-                self._child(s.k, key).set(k)
-                k_keys.add(key)
-        for key in self.k_keys - k_keys:  # cells of another context axis are not in force: no k series
+                cell = (cells.labels[c], cells.ctx_labels[j] if grid is not None else CONTEXT_ALL)
+                self._child(s.k, cell).set(k)
+                k_keys.add(cell)
+        for cell in self.k_keys - k_keys:  # cells of another context axis are not in force: no k series
             if os.environ.get(MULTIPROC_ENV):  # the series live in files vLLM's API server reads: no removal
                 # there, so the cell's k reads NaN (PromQL's max and min skip NaN)
-                self._child(s.k, key).set(math.nan)
+                self._child(s.k, cell).set(math.nan)
             else:
-                self.children.pop((id(s.k), key), None)
-                s.k.remove(*lv, *key)
+                self.children.pop((id(s.k), cell), None)
+                s.k.remove(*lv, *cell)
         self.k_keys = k_keys
         cn = ctl.counters
         self._bump("evidence", int(ctl.flaps.switches.sum()), s.switches.labels(*lv, "evidence"))

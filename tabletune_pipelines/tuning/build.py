@@ -20,7 +20,7 @@ from tabletune_pipelines.core.table import DEFAULT_STICKINESS
 from tabletune_pipelines.errors import InvalidValueError, PipelineFailure, TableTuneError
 from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, StepTimeProfile
 from tabletune_pipelines.tuning.derive import DeriveOptions, TunedTable
-from tabletune_pipelines.tuning.derive_context import derive_context_table, stored_context_surface
+from tabletune_pipelines.tuning.derive_context import derive_context_table, rates_per_level, stored_context_surface
 from tabletune_pipelines.tuning.gates import (
     Gate,
     GateThresholds,
@@ -139,8 +139,11 @@ def build_table(store: Any, key: str, settings: BuildSettings, *, allowed_ks: It
     try:
         options = derive_options(settings, allowed_ks=None if allowed_ks is None else tuple(allowed_ks),
                                  served_calibration=calibration)
-        surfaces = stored_context_surface(store, profile, prior, options)
-        tuned = derive_context_table(profile, prior, surfaces, options=options)
+        surfaces = stored_context_surface(profile, prior, options)
+        rates, pooled_why = rates_per_level(prior, sorted(surfaces))
+        if pooled_why:
+            log.warning(pooled_why)
+        tuned = derive_context_table(profile, prior, surfaces, rates=rates, options=options)
     except (TableTuneError, ValueError) as exc:
         raise PipelineFailure(f"cannot derive a table for {key}: {exc}") from exc
     table = tuned.table

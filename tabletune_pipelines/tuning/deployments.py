@@ -399,6 +399,8 @@ def measure_acceptance(identity: EngineIdentity, dep: Deployment, prompts_file: 
     from tabletune_pipelines.engine.envelope_log import envelope_checked
 
     opts = options or AcceptanceOptions()
+    if not opts.context_levels and dep.context_levels:  # the buckets of the deployment's profile
+        opts = dataclasses.replace(opts, context_levels=tuple(dep.context_levels))
     if opts.max_model_len is None and (long := _real_model_overrides(identity)):  # real prompts run long
         opts = dataclasses.replace(opts, **long)
     cfg = _server_config(identity, dep, cache_dir or default_cache_dir(),

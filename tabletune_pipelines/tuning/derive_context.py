@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from tabletune_pipelines.core.steptime import StepTimes
 from tabletune_pipelines.core.table import DraftTable, context_buckets
-from tabletune_pipelines.engine.plan import PlanFields
 from tabletune_pipelines.errors import InvalidValueError
 from tabletune_pipelines.formats.documents import AcceptancePrior, StepTimeProfile
+from tabletune_pipelines.formats.profile_levels import at_context, context_levels
 from tabletune_pipelines.tuning.derive import (
     DeriveOptions,
     LevelSearch,
@@ -95,18 +94,26 @@ def _levels(surfaces: Mapping[int, StepTimes], max_num_seqs: int) -> list[int]:
     return levels
 
 
-def single_level_surface(profile: StepTimeProfile, prior: AcceptancePrior, options: DeriveOptions,
-                         prompt_tokens: int) -> dict[int, StepTimes]:
-    """The surface of a profile measured at one context level, ``{prompt_tokens: StepTimes}``: every
-    request's KV length during the timed steps is its timing prompt (``ProfilePlan.prompt_tokens``)
-    plus the tokens decoded so far. Stands in for the store's surface per level where the profile
-    holds one level."""
-    return {int(prompt_tokens): judged_step_times(profile, prior, options)}
-
-
-def stored_context_surface(store: Any, profile: StepTimeProfile, prior: AcceptancePrior,
+def stored_context_surface(profile: StepTimeProfile, prior: AcceptancePrior,
                            options: DeriveOptions) -> dict[int, StepTimes]:
-    """The surface per context level of ``profile``'s engine, as the table derivation reads it from
-    ``store``. A stored profile holds one context level, the profile plan's ``prompt_tokens``, so this
-    is ``single_level_surface`` of ``profile`` at that level (``store`` is not read)."""
-    return single_level_surface(profile, prior, options, PlanFields().prompt_tokens)
+    """The judged step times per context level of ``profile`` (its cells carry the level they were
+    measured at, ``formats.profile_levels``): each level's cells judged alone, as ``derive_table``
+    judges a profile. A profile of one level gives ``{level: judged_step_times(profile)}``, exactly
+    the surface the batch-only derivation searches."""
+    levels = context_levels(profile)
+    if len(levels) == 1:
+        return {levels[0]: judged_step_times(profile, prior, options)}
+    return {level: judged_step_times(at_context(profile, level), prior, options) for level in levels}
+
+
+def rates_per_level(prior: AcceptancePrior, levels: Sequence[int]) -> tuple[dict[int, tuple[float, ...]], str | None]:
+    """Acceptance per context level from the prior's breakdown by context bucket, and None; or no
+    rates (every level searched under the pooled prior) and the reason, when the prior has no
+    breakdown or one measured at other levels."""
+    if prior.context is None:
+        return {}, None
+    have = [b.level for b in prior.context]
+    if [int(x) for x in levels] != have:
+        return {}, (f"acceptance prior {prior.prior_id} was measured per context bucket at levels {have}, the "
+                    f"profile at {list(levels)}: every level is searched under the pooled rates")
+    return prior.rates_by_context(tuple(levels)), None

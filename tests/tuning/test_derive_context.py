@@ -15,7 +15,7 @@ from tabletune_pipelines.core.steptime import StepTimes
 from tabletune_pipelines.errors import InvalidValueError
 from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, StepTimeProfile
 from tabletune_pipelines.tuning.derive import DeriveOptions, derive_table
-from tabletune_pipelines.tuning.derive_context import derive_context_table, single_level_surface
+from tabletune_pipelines.tuning.derive_context import derive_context_table, rates_per_level, stored_context_surface
 from tests.tuning import samples
 
 N = samples.IDENT.max_num_seqs  # 16
@@ -98,7 +98,8 @@ def test_committed_profiles_derive_byte_identically_through_one_level(path):
     prior = samples.prior(rates=(0.7, 0.5, 0.3, 0.2, 0.1, 0.05, 0.03, 0.02)[:k])
     options = DeriveOptions()
     today = derive_table(profile, prior, options)
-    surface = single_level_surface(profile, prior, options, prompt_tokens=32)
+    surface = stored_context_surface(profile, prior, options)
+    assert list(surface) == [32]  # committed profiles hold one level, the plan's prompt_tokens
     via = derive_context_table(profile, prior, surface, options=options)
     assert via.table.to_json() == today.table.to_json()
     assert via.table.table_id == today.table.table_id
@@ -181,3 +182,26 @@ def test_a_stored_table_with_bad_context_entries_is_one_clear_error():
             DraftLengthTable.from_dict({**body, "context_entries": bad})
     with pytest.raises(TableTuneError, match="ctx_agg = 'p99'"):
         DraftLengthTable.from_dict({**body, "ctx_agg": "p99"})
+
+
+def test_a_profile_of_several_levels_is_judged_level_by_level():
+    import dataclasses
+
+    profile = samples.profile()
+    long = [dataclasses.replace(c, context_tokens=1024, median_ms=c.median_ms * (1.0 + 0.5 * (c.k or 0)),
+                                repetitions_ms=tuple(r * (1.0 + 0.5 * (c.k or 0)) for r in c.repetitions_ms))
+            for c in profile.cells]
+    two = dataclasses.replace(profile, cells=profile.cells + tuple(long))
+    prior = samples.prior()
+    surface = stored_context_surface(two, prior, DeriveOptions())
+    assert sorted(surface) == [32, 1024]
+    assert np.array_equal(surface[32].ms, stored_context_surface(profile, prior, DeriveOptions())[32].ms)
+    b = profile.identity.max_num_seqs
+    # k = 3 costs 2.5x its short-context step at 1024 tokens; k = 0 the same
+    assert surface[1024].at(3, b)[0] > 2 * surface[32].at(3, b)[0]
+    assert surface[1024].at(0, b)[0] == pytest.approx(surface[32].at(0, b)[0], rel=0.05)
+
+
+def test_per_level_rates_come_from_a_breakdown_at_the_profiles_levels():
+    prior = samples.prior()
+    assert rates_per_level(prior, [32, 1024]) == ({}, None)  # no breakdown: the pooled prior everywhere
