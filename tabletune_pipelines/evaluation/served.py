@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tabletune_pipelines.core.stats import t_quantile
+from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.errors import InvalidValueError
 from tabletune_pipelines.tuning.served_load import LoadGenerator, rotated
 from tabletune_pipelines.tuning.served_windows import (
@@ -25,7 +26,7 @@ from tabletune_pipelines.tuning.served_windows import (
     window_progress_line,
 )
 
-__all__ = ["EnvelopeAnswer", "compare_envelopes", "loss_table", "run_closed_loop"]
+__all__ = ["EnvelopeAnswer", "compare_envelopes", "loss_table", "run_closed_loop", "same_k_reached"]
 
 
 def run_closed_loop(server: Any, policies: Mapping[str, Sequence[Sequence[int]]], loads: Sequence[int], *,
@@ -51,6 +52,26 @@ def run_closed_loop(server: Any, policies: Mapping[str, Sequence[Sequence[int]]]
         if gen.errors:
             progress(f"load {load}: {len(gen.errors)} client errors, first: {gen.errors[0]}")
     return out
+
+
+def same_k_reached(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]], *, load: int, max_num_seqs: int,
+                   max_k: int, context: tuple[int, int]) -> bool:
+    """Whether tables ``a`` and ``b`` (3- or 5-item entries) run the same k in every cell a closed loop
+    of ``load`` clients reaches: every batch size 1..min(load, max_num_seqs) at every context length of
+    ``context`` (inclusive tokens: the running requests' KV lengths, prompt to prompt plus the longest
+    output). Such a pair is an A/A comparison there: its ratio measures noise, not the tables."""
+    lo, hi = int(context[0]), int(context[1])
+    if not 1 <= lo <= hi:
+        raise InvalidValueError(f"context {list(context)} must be 1 <= lo <= hi tokens")
+    tables = [DraftTable.from_entries([list(r) for r in t], allow_context=True) for t in (a, b)]
+    edges = {lo} | {c0 for t in tables if t.axes.context is not None for c0, _ in t.axes.context if lo < c0 <= hi}
+    n = max(1, min(int(load), int(max_num_seqs)))
+    for ctx in sorted(edges):  # each table's k is constant between its bucket edges
+        ka, kb = (t.dense(n, max_k) if t.axes.context is None else t.dense(n, max_k)[:, t.axes.context_column(ctx)]
+                  for t in tables)
+        if (ka != kb).any():
+            return False
+    return True
 
 
 def loss_table(summary: Mapping[tuple[str, int], PolicySummary], fixed: Sequence[str], policies: Sequence[str],
