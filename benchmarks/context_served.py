@@ -173,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=float, default=3.0)
     ap.add_argument("--settle", type=float, default=0.5)
     ap.add_argument("--warmup", type=float, default=2.0)
+    ap.add_argument("--min-steps", type=int, default=0,
+                    help="a window goes on until it holds this many steps (up to 4 x --window): long prefills")
     ap.add_argument("--output-tokens", default="32,64", help="min,max output tokens per request")
     ap.add_argument("--rates", default="0.7,0.5,0.3", help="GPU: synthetic acceptance")
     ap.add_argument("--models", default=os.environ.get("TT_GPU_MODELS", "/tmp/gv/models"))
@@ -193,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         tables["docs"] = docs
     log = Log()
     log(f"[context-served] engine {args.engine}, levels {levels}, loads {loads}, rounds {args.rounds}, window "
-        f"{args.window} s, outputs {out_lo}-{out_hi}; grid {grid} (ctx_agg {agg}); batch {batch}")
+        f"{args.window} s (min {args.min_steps} steps), outputs {out_lo}-{out_hi}; grid {grid} (ctx_agg {agg}); "
+        f"batch {batch}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     windows = []
@@ -205,11 +208,12 @@ def main(argv: list[str] | None = None) -> int:
             windows += run_closed_loop(Agg(server, agg), pol, loads, vocab_size=vocab, max_num_seqs=M, max_k=K,
                                        rounds=args.rounds, window_s=args.window, settle_s=args.settle,
                                        warmup_s=args.warmup, prompt_tokens=level, output_tokens=(out_lo, out_hi),
-                                       progress=log)
+                                       progress=log, min_steps=args.min_steps)
     log(f"[context-served] measured in {time.monotonic() - t0:.0f} s; per context level:")
     results = {str(level): report(log, windows, tables, level, loads, K, M, out_hi) for level in levels}
     (out / "context_served.json").write_text(json.dumps({
         "engine": args.engine, "levels": levels, "loads": loads, "rounds": args.rounds, "window_s": args.window,
+        "min_steps": args.min_steps,
         "output_tokens": [out_lo, out_hi], "max_num_seqs": M, "max_k": K, "ctx_agg": agg, "policies": tables,
         "windows": [w.__dict__ for w in windows], "results": results}, indent=1))
     (out / "context_served.log").write_text("\n".join(log.lines) + "\n")

@@ -33,8 +33,9 @@ def run_closed_loop(server: Any, policies: Mapping[str, Sequence[Sequence[int]]]
                     vocab_size: int, max_num_seqs: int, max_k: int, rounds: int = 2, window_s: float = 4.0,
                     settle_s: float = 0.5, warmup_s: float = 3.0, prompt_tokens: int = 32,
                     output_tokens: tuple[int, int] = (32, 128), progress: Callable[[str], None] = print,
-                    prompt: Callable[[random.Random], Any] | None = None) -> list[Window]:
-    """Every policy at every load, ``rounds`` rounds in rotating order, in one launch."""
+                    prompt: Callable[[random.Random], Any] | None = None, min_steps: int = 0) -> list[Window]:
+    """Every policy at every load, ``rounds`` rounds in rotating order, in one launch; with ``min_steps``
+    a window goes on until it holds that many steps (up to 4 × ``window_s``: ``counted_window``)."""
     names = list(policies)
     out: list[Window] = []
     for load in loads:
@@ -44,7 +45,7 @@ def run_closed_loop(server: Any, policies: Mapping[str, Sequence[Sequence[int]]]
             for r in range(rounds):
                 for name in rotated(names, r):
                     w = measure_window(server, name, policies[name], load=load, round_=r, window_s=window_s,
-                                       settle_s=settle_s, max_num_seqs=max_num_seqs, max_k=max_k)
+                                       settle_s=settle_s, max_num_seqs=max_num_seqs, max_k=max_k, min_steps=min_steps)
                     out.append(w)
                     progress(window_progress_line(w))
         finally:
