@@ -7,7 +7,7 @@ In process (no vLLM), side by side in one run: two controllers of max_num_seqs 1
 batch-only published table and one on a (batch size x context) table of 4 batch-size ranges by 4
 context buckets. Per batch size B and aggregate (mean, median, max): the per-step cost of choosing
 the lookup, i.e. what the scheduler hook does before ``Scheduler.schedule``: reading the running
-requests' ``num_computed_tokens`` (``controller.scheduler.running_context``, here on B stand-in
+requests' ``num_computed_tokens`` (``controller.step.running_context``, here on B stand-in
 requests) and ``next_lookup``. Each round times ``--steps`` calls of each arm, alternating which
 arm goes first; the figure is the mean over rounds of the per-call µs, with its standard error, and
 the paired difference grid − batch-only. It is compared with decode steps of the same engines: the
@@ -28,9 +28,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-
 from tabletune_pipelines.controller.loader import EngineFacts
-from tabletune_pipelines.controller.scheduler import running_context
+from tabletune_pipelines.controller.step import running_context
 from tabletune_pipelines.evaluation.simulator import fake_controller
 from tabletune_pipelines.evaluation.synthetic import IDENTITY, publish
 

@@ -50,7 +50,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from tabletune_pipelines.controller.loader import DEPLOYMENT_ENV, EngineFacts
 from tabletune_pipelines.controller.logic import Controller
 from tabletune_pipelines.controller.metrics import metrics_for
-from tabletune_pipelines.controller.step import StepOutcome
+from tabletune_pipelines.controller.step import StepOutcome, running_context
 from tabletune_pipelines.formats.controller_settings import PUBLISHED_ENV
 from tabletune_pipelines.formats.identity_match import engine_gpu
 
@@ -99,14 +99,6 @@ def engine_facts(scheduler: Any) -> EngineFacts:
         capture_ceiling=engine_capture_ceiling(cfg),
         max_num_batched_tokens=_positive_int(getattr(scheduler.scheduler_config, "max_num_batched_tokens", None)),
     )
-
-
-def running_context(scheduler: Any) -> list[int]:
-    """The running requests' context lengths before a step is scheduled: each request's
-    ``num_computed_tokens``, the tokens whose KV is in the cache (prompt and output so far; the
-    token the step feeds and its drafts are not counted). These are the lengths the step's attention
-    reads; vLLM's 5-item schedule aggregates the same per-request context."""
-    return [r.num_computed_tokens for r in scheduler.running]
 
 
 def _positive_int(v: Any) -> int | None:

@@ -15,16 +15,14 @@ unused, length max_num_seqs + 1.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from tabletune_pipelines.core.table import Axes, DraftTable, aggregate_context, vllm_layout
-from tabletune_pipelines.vocab import ContextAggregate
+from tabletune_pipelines.core.table import ContextLookups, DraftTable, vllm_layout
 
-__all__ = ["ContextInForce", "ContextLookups", "Lookups", "Ranges", "TableInForce", "compact", "context_lookups",
-           "context_state", "dense_of", "hysteresis_lookups", "lookups_of"]
+__all__ = ["ContextInForce", "Lookups", "Ranges", "TableInForce", "compact", "context_state", "dense_of",
+           "hysteresis_lookups", "lookups_of"]
 
 Ranges = tuple[tuple[int, int, int], ...]
 """A table as ``((start, end, k), ...)``, the form the controller compares and stores."""
@@ -70,30 +68,6 @@ def lookups_of(ranges: Ranges, n: int, ks: Sequence[int], h: int, *, applying: b
         return None, {}
     dense = dense_of(ranges, n)
     return vllm_layout(dense), (hysteresis_lookups(dense, ks, int(h)) if controlling else {})
-
-
-@dataclass(frozen=True)
-class ContextLookups:
-    """A (batch size x context) table as the controller serves it: one vLLM lookup per context bucket,
-    built once per version (``context_lookups``), and the rule that picks a step's bucket."""
-
-    axes: Axes
-    """The table's batch-size ranges and context buckets."""
-    agg: ContextAggregate
-    """How a step's context length is taken from its running requests' (``core.table.aggregate_context``)."""
-    columns: tuple[list[int], ...]
-    """vLLM's lookup (``core.table.vllm_layout``) of each context bucket's column, in bucket order."""
-
-    def column(self, lengths: Sequence[int]) -> int:
-        """The bucket of a step whose running requests hold ``lengths`` tokens of KV cache:
-        ``axes.context_column`` of their aggregate (the first bucket for no request)."""
-        return self.axes.context_column(aggregate_context(lengths, self.agg))
-
-
-def context_lookups(grid: DraftTable, n: int, max_k: int, agg: ContextAggregate) -> ContextLookups:
-    """The lookups of ``grid`` (a table with a context axis) for max_num_seqs ``n``, k capped at ``max_k``."""
-    dense = grid.dense(n, max_k)
-    return ContextLookups(grid.axes, agg, tuple(vllm_layout(dense[:, j]) for j in range(dense.shape[1])))
 
 
 class ContextInForce:

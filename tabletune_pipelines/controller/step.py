@@ -116,3 +116,11 @@ def fold(hist_d: list[int], hist_a: list[int]) -> tuple[list[int], list[int]]:
         hist_d[i] = 0
         hist_a[i] = 0
     return d, a
+
+
+def running_context(scheduler: Any) -> list[int]:
+    """The running requests' context lengths before a step is scheduled: each request's
+    ``num_computed_tokens``, the tokens whose KV is in the cache (prompt and output so far; the
+    token the step feeds and its drafts are not counted). These are the lengths the step's attention
+    reads; vLLM's 5-item schedule aggregates the same per-request context."""
+    return [r.num_computed_tokens for r in scheduler.running]

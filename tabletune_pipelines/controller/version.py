@@ -25,7 +25,8 @@ from tabletune_pipelines.controller.exploration import Exploration
 from tabletune_pipelines.controller.flapping import FlapCounter
 from tabletune_pipelines.controller.loader import EngineFacts, StartPoint, load_start
 from tabletune_pipelines.controller.record import Notes, fmt_rates, fmt_table
-from tabletune_pipelines.controller.search import ContextLookups, Lookups, Ranges, context_lookups, lookups_of
+from tabletune_pipelines.controller.search import Lookups, Ranges, lookups_of
+from tabletune_pipelines.core.table import ContextLookups, context_lookups
 from tabletune_pipelines.formats.controller_settings import ControllerSettings
 
 

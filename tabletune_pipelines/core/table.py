@@ -412,6 +412,37 @@ class DraftTable:
                      for i, j in zip(*np.nonzero(a != b), strict=True))
 
 
+
+@dataclass(frozen=True)
+class ContextLookups:
+    """A (batch size x context) table as an engine serves it: one vLLM lookup per context bucket,
+    built once per table (``context_lookups``), and the rule that picks a step's bucket. The one
+    column picker: the controller's scheduler and the timing scheduler both serve a grid with it."""
+
+    axes: Axes
+    """The table's batch-size ranges and context buckets."""
+    agg: ContextAggregate
+    """How a step's context length is taken from its running requests' (``aggregate_context``)."""
+    columns: tuple[list[int], ...]
+    """vLLM's lookup (``vllm_layout``) of each context bucket's column, in bucket order."""
+
+    def step(self, lengths: Sequence[int]) -> tuple[int, int]:
+        """(context length, bucket) of a step whose running requests hold ``lengths`` tokens of KV
+        cache: their aggregate and its ``axes.context_column`` (context 1, the first bucket, for no request)."""
+        ctx = aggregate_context(lengths, self.agg)
+        return ctx, self.axes.context_column(ctx)
+
+    def column(self, lengths: Sequence[int]) -> int:
+        """The bucket of a step whose running requests hold ``lengths`` tokens of KV cache (``step``)."""
+        return self.step(lengths)[1]
+
+
+def context_lookups(grid: DraftTable, n: int, max_k: int, agg: ContextAggregate) -> ContextLookups:
+    """The lookups of ``grid`` (a table with a context axis) for max_num_seqs ``n``, k capped at ``max_k``."""
+    dense = grid.dense(n, max_k)
+    return ContextLookups(grid.axes, agg, tuple(vllm_layout(dense[:, j]) for j in range(dense.shape[1])))
+
+
 def range_bounds(ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Dense k per batch size (a non-empty 1-d array) → (first index, index past the last) of each
     range of equal k, as arrays: the one place that finds a table's ranges (``compact_ranges`` and

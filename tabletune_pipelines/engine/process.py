@@ -52,6 +52,7 @@ from tabletune_pipelines.errors import (
     PortInUseError,
     VocabMismatchError,
 )
+from tabletune_pipelines.vocab import ContextAggregate
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -414,9 +415,10 @@ class VLLMServer:
 
     # ------------------------------------------------------------------ control (RuntimeControl)
     def set_k(self, k: int | None = None, *, table: Sequence[Sequence[int]] | None = None,
-              timeout: float = 30.0) -> None:
-        """Switch the draft length at runtime (``RuntimeControl.set_k``)."""
-        self.control.set_k(k, table=table, timeout=timeout)
+              timeout: float = 30.0, ctx_agg: ContextAggregate | None = None) -> None:
+        """Switch the draft length at runtime (``RuntimeControl.set_k``; a 5-item ``table`` with its
+        ``ctx_agg`` is a (batch size x context) table)."""
+        self.control.set_k(k, table=table, timeout=timeout, ctx_agg=ctx_agg)
 
     @property
     def can_switch_synthetic_rates(self) -> bool:

@@ -20,7 +20,8 @@ from typing import Any
 from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.errors import ControlProtocolError, EngineConfigError, EngineError, InvalidCommand
-from tabletune_pipelines.formats.control_protocol import ControlWriter, check_rates_command
+from tabletune_pipelines.formats.control_protocol import ControlWriter, check_k_command, check_rates_command
+from tabletune_pipelines.vocab import ContextAggregate
 
 #: A one-request "nudge" that makes an idle engine take a step (the timing scheduler reads its
 #: control file once per step). Token ids, so no tokenizer vocabulary is assumed.
@@ -42,10 +43,11 @@ class RuntimeControl:
         """The synthetic-rates channel (``control_protocol.SYNTHETIC_CONTROL_ENV``); None before ``open``."""
         self._complete = complete
         self._log_tail = log_tail
-        self.k_in_force: tuple[tuple[int, int, int], ...] | None = (
+        self.k_in_force: tuple[tuple[int, ...], ...] | None = (
             tuple((int(lo), int(hi), int(k)) for lo, hi, k in config.table) if config.table else None)
-        """The table the k channel last put in force (the launch table until ``set_k``): the synthetic
-        rates' nudge runs at a batch size where it drafts (``nudge_batch``)."""
+        """The table the k channel last put in force (the launch table until ``set_k``; 5-item entries
+        for a (batch size x context) table): the synthetic rates' nudge runs at a batch size where it
+        drafts (``nudge_batch``)."""
 
     def open(self, k_control: Path, synthetic_control: Path) -> None:
         """Write to the channel files of a started launch from now on."""
@@ -53,8 +55,11 @@ class RuntimeControl:
         self.rates_channel = ControlWriter(synthetic_control)
 
     def set_k(self, k: int | None = None, *, table: Sequence[Sequence[int]] | None = None,
-              timeout: float = 30.0) -> None:
+              timeout: float = 30.0, ctx_agg: ContextAggregate | None = None) -> None:
         """Switch the draft length at runtime: every batch size uses ``k`` (or the given ``table``).
+        A ``table`` of 5-item entries is a (batch size x context) table: the timing scheduler serves
+        each step the column of its running requests' context, aggregated by ``ctx_agg`` (default
+        ``mean``; given only with such a table).
 
         The engine applies it after its next step: call this while it is idle or busy, it waits
         for the acknowledgement (the engine core polls the control file once per step; when idle
@@ -73,7 +78,14 @@ class RuntimeControl:
                     f"k = {k!r} is outside 0..num_speculative_tokens = {self.config.num_speculative_tokens}")
             cmd["k"] = int(k)
         elif table is not None:
-            cmd["table"] = DraftTable.from_entries([list(r) for r in table]).entries()
+            cmd["table"] = DraftTable.from_entries([list(r) for r in table], allow_context=True).entries()
+        if ctx_agg is not None:
+            cmd["ctx_agg"] = ctx_agg
+        try:  # the engine's own check of the command, before anything is sent
+            check_k_command(cmd, max_k=int(self.config.num_speculative_tokens or 0),
+                            max_num_seqs=int(self.config.max_num_seqs))
+        except InvalidCommand as exc:
+            raise EngineConfigError(f"k control {cmd!r:.200} refused: {exc}") from None
         if self.k_channel is None:
             raise EngineError("the server is not started: start() it before switching k")
         self._request(self.k_channel, cmd, timeout, f"k control {cmd}",
@@ -91,9 +103,10 @@ class RuntimeControl:
         if not self.k_in_force:
             return 1
         K = int(self.config.num_speculative_tokens or 0)
-        table = DraftTable.from_entries([list(r) for r in self.k_in_force])
-        lookup = table.vllm_lookup(int(self.config.max_num_seqs), K)
-        return next((b for b, k in enumerate(lookup[1:], start=1) if k > 0), 1)
+        table = DraftTable.from_entries([list(r) for r in self.k_in_force], allow_context=True)
+        dense = table.dense(int(self.config.max_num_seqs), K)  # a nudge's context is its 4 prompt tokens
+        ks = dense if dense.ndim == 1 else dense[:, table.axes.context_column(len(NUDGE_PROMPT))]
+        return next((b for b, k in enumerate(ks.tolist(), start=1) if k > 0), 1)
 
     def _nudge_drafting(self, n: int) -> None:
         """``n`` short requests admitted in one step (``arm_gate``), so the engine runs a batch of n

@@ -20,6 +20,8 @@ Per step (each ``update_from_output`` call) it appends one JSON line to the file
      "new": 0,         # requests newly admitted (first scheduled) in this step
      "tok": 32,        # total scheduled tokens
      "c": 2,           # sequence number of the control command in force
+     "x": 310,         # the step's context length, only under a (batch size x context) table: the
+                       #  aggregate of the running requests' KV lengths that picked its column
      "dp": [8, 8, 8],  # per draft position: requests that drafted it (only when drafts were counted)
      "ap": [0, 0, 0]}  # per draft position: requests that kept it
 
@@ -33,6 +35,10 @@ per step and once per arriving request:
 * ``{"k": 2}`` (every batch size uses k) or ``{"table": [[1, 8, 3], [9, 16, 1]]}``: rewrites
   ``dynamic_sd_lookup``, in force from the next step (k is capped at the launch
   ``num_speculative_tokens``; the launch must set a table for switching to be possible).
+* ``{"table": [[1, 8, 1, 512, 3], [1, 8, 513, 2048, 1]], "ctx_agg": "mean"}`` (5-item entries, a
+  (batch size x context) table; ``ctx_agg`` defaults to ``mean``): before every step the column of
+  the running requests' context (``core.table.ContextLookups``, the controller's picker, over
+  ``controller.step.running_context``) becomes ``dynamic_sd_lookup``.
 * ``{"gate": 8, "gate_timeout": 10.0}``: holds the next 8 arriving requests and hands them to the
   scheduler together (one-shot, expires after ``gate_timeout`` s, checked on arrival), so a timed
   batch of B requests is admitted in one step.
@@ -49,7 +55,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from tabletune_pipelines.controller.step import count_drafts, fold, longest
+from tabletune_pipelines.controller.step import count_drafts, fold, longest, running_context
 from tabletune_pipelines.errors import InvalidCommand
 from tabletune_pipelines.formats.control_protocol import (
     K_CONTROL_ENV,
@@ -70,6 +76,9 @@ except Exception:  # pragma: no cover - vLLM absent
 # the MRO; the type checker sees it as a ``Scheduler``, so ``super()`` and the scheduler's
 # attributes (``num_spec_tokens``, ``scheduler_config``) are checked against vLLM's.
 if TYPE_CHECKING:
+    from tabletune_pipelines.core.table import ContextLookups
+    from tabletune_pipelines.vocab import ContextAggregate
+
     _HooksBase = Scheduler
 else:
     _HooksBase = object
@@ -77,7 +86,7 @@ else:
 logger = logging.getLogger("tabletune.timing_scheduler")
 
 __all__ = ["K_CONTROL_ENV", "STEP_LOG_ENV", "AutoTimingScheduler", "TimingAsyncScheduler", "TimingScheduler",
-           "build_lookup"]
+           "build_lookup", "grid_lookups"]
 
 
 def build_lookup(table: list[list[int]], max_num_seqs: int, max_k: int) -> list[int]:
@@ -86,6 +95,16 @@ def build_lookup(table: list[list[int]], max_num_seqs: int, max_k: int) -> list[
     from tabletune_pipelines.core.table import DraftTable  # lazy, like control_protocol's check: core needs numpy
 
     return DraftTable.from_entries(table).vllm_lookup(max_num_seqs, max_k)
+
+
+def grid_lookups(table: list[list[int]], max_num_seqs: int, max_k: int,
+                 agg: ContextAggregate) -> ContextLookups | None:
+    """``core.table.context_lookups`` of a 5-item ``table`` (its column per context bucket, the
+    controller's picker); None for a batch-only table, which ``build_lookup`` serves."""
+    from tabletune_pipelines.core.table import DraftTable, context_lookups  # lazy: core needs numpy
+
+    grid = DraftTable.from_entries(table, allow_context=True)
+    return None if grid.axes.context is None else context_lookups(grid, max_num_seqs, max_k, agg)
 
 
 class TimingHooks(_HooksBase):
@@ -99,6 +118,10 @@ class TimingHooks(_HooksBase):
     _tt_ctl_seq = 0
     _tt_gate: tuple[int, float] | None = None
     _tt_held: list[Any] = []
+    _tt_grid: ContextLookups | None = None
+    """The columns of the (batch size x context) table in force; None: a batch-only table (or a k)."""
+    _tt_ctx: dict[int, int] = {}
+    """id(SchedulerOutput) -> the context length its column was picked at (only under a grid)."""
 
     # Cooperative overrides: the mixin comes first in the MRO, so super() is vLLM's scheduler.
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -109,6 +132,18 @@ class TimingHooks(_HooksBase):
             self._tt_log = None
             self._tt_ctl = ControlReader(None)
             logger.warning("TableTune timing scheduler disabled: %r", exc)
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        ctx = None
+        if self._tt_grid is not None:
+            try:
+                ctx = self._tt_pick()
+            except Exception as exc:  # noqa: BLE001
+                self._tt_fail("context column", exc)
+        out = super().schedule(*args, **kwargs)
+        if ctx is not None:
+            self._tt_ctx[id(out)] = ctx  # read back with the step's outcome (async scheduling runs one ahead)
+        return out
 
     def update_from_output(self, scheduler_output, model_runner_output):
         out = super().update_from_output(scheduler_output, model_runner_output)
@@ -133,6 +168,8 @@ class TimingHooks(_HooksBase):
         self._tt_ctl_seq = 0
         self._tt_gate = None
         self._tt_held = []
+        self._tt_grid = None
+        self._tt_ctx = {}
         path = os.environ.get(STEP_LOG_ENV)
         if path:
             try:
@@ -194,15 +231,30 @@ class TimingHooks(_HooksBase):
             elif max_k <= 0:
                 ack["error"] = "launch has no speculation"
             else:
-                self.dynamic_sd_lookup = build_lookup(table, max_seqs, max_k)
+                self._tt_grid = grid_lookups(table, max_seqs, max_k, body.get("ctx_agg") or "mean")
+                self._tt_ctx = {}
+                self.dynamic_sd_lookup = (build_lookup(table, max_seqs, max_k) if self._tt_grid is None
+                                          else self._tt_grid.columns[0])
         if body.get("gate"):
             self._tt_gate = (int(body["gate"]), time.monotonic() + float(body.get("gate_timeout", 10.0)))
             ack["gate"] = int(body["gate"])
         return ack
 
+    def _tt_pick(self) -> int:
+        """Put the column of the running requests' context in force; returns that context length."""
+        grid = self._tt_grid
+        assert grid is not None
+        ctx, col = grid.step(running_context(self))
+        self.dynamic_sd_lookup = grid.columns[col]
+        return ctx
+
     def _tt_record(self, scheduler_output: Any, model_runner_output: Any) -> None:
         now = time.monotonic()
         last, self._tt_last_t = self._tt_last_t, now
+        ctxs = self._tt_ctx
+        ctx = ctxs.pop(id(scheduler_output), None) if ctxs else None
+        if len(ctxs) > 8:  # outputs never handed back (an aborted step): forget them
+            ctxs.clear()
         if self._tt_log is None:
             return
         nst = scheduler_output.num_scheduled_tokens
@@ -235,6 +287,8 @@ class TimingHooks(_HooksBase):
             "tok": scheduler_output.total_num_scheduled_tokens,
             "c": self._tt_ctl_seq,
         }
+        if ctx is not None:
+            rec["x"] = ctx
         if dpos:
             rec["dp"] = dpos
             rec["ap"] = apos

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tabletune_pipelines.core.stats import t_quantile
+from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.errors import InvalidValueError
 from tabletune_pipelines.tuning.served_load import LoadGenerator, rotated
 from tabletune_pipelines.tuning.served_windows import (
@@ -25,15 +26,16 @@ from tabletune_pipelines.tuning.served_windows import (
     window_progress_line,
 )
 
-__all__ = ["EnvelopeAnswer", "compare_envelopes", "loss_table", "run_closed_loop"]
+__all__ = ["EnvelopeAnswer", "compare_envelopes", "loss_table", "run_closed_loop", "same_k_reached"]
 
 
 def run_closed_loop(server: Any, policies: Mapping[str, Sequence[Sequence[int]]], loads: Sequence[int], *,
                     vocab_size: int, max_num_seqs: int, max_k: int, rounds: int = 2, window_s: float = 4.0,
                     settle_s: float = 0.5, warmup_s: float = 3.0, prompt_tokens: int = 32,
                     output_tokens: tuple[int, int] = (32, 128), progress: Callable[[str], None] = print,
-                    prompt: Callable[[random.Random], Any] | None = None) -> list[Window]:
-    """Every policy at every load, ``rounds`` rounds in rotating order, in one launch."""
+                    prompt: Callable[[random.Random], Any] | None = None, min_steps: int = 0) -> list[Window]:
+    """Every policy at every load, ``rounds`` rounds in rotating order, in one launch; with ``min_steps``
+    a window goes on until it holds that many steps (up to 4 × ``window_s``: ``counted_window``)."""
     names = list(policies)
     out: list[Window] = []
     for load in loads:
@@ -43,7 +45,7 @@ def run_closed_loop(server: Any, policies: Mapping[str, Sequence[Sequence[int]]]
             for r in range(rounds):
                 for name in rotated(names, r):
                     w = measure_window(server, name, policies[name], load=load, round_=r, window_s=window_s,
-                                       settle_s=settle_s, max_num_seqs=max_num_seqs, max_k=max_k)
+                                       settle_s=settle_s, max_num_seqs=max_num_seqs, max_k=max_k, min_steps=min_steps)
                     out.append(w)
                     progress(window_progress_line(w))
         finally:
@@ -51,6 +53,26 @@ def run_closed_loop(server: Any, policies: Mapping[str, Sequence[Sequence[int]]]
         if gen.errors:
             progress(f"load {load}: {len(gen.errors)} client errors, first: {gen.errors[0]}")
     return out
+
+
+def same_k_reached(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]], *, load: int, max_num_seqs: int,
+                   max_k: int, context: tuple[int, int]) -> bool:
+    """Whether tables ``a`` and ``b`` (3- or 5-item entries) run the same k in every cell a closed loop
+    of ``load`` clients reaches: every batch size 1..min(load, max_num_seqs) at every context length of
+    ``context`` (inclusive tokens: the running requests' KV lengths, prompt to prompt plus the longest
+    output). Such a pair is an A/A comparison there: its ratio measures noise, not the tables."""
+    lo, hi = int(context[0]), int(context[1])
+    if not 1 <= lo <= hi:
+        raise InvalidValueError(f"context {list(context)} must be 1 <= lo <= hi tokens")
+    tables = [DraftTable.from_entries([list(r) for r in t], allow_context=True) for t in (a, b)]
+    edges = {lo} | {c0 for t in tables if t.axes.context is not None for c0, _ in t.axes.context if lo < c0 <= hi}
+    n = max(1, min(int(load), int(max_num_seqs)))
+    for ctx in sorted(edges):  # each table's k is constant between its bucket edges
+        ka, kb = (t.dense(n, max_k) if t.axes.context is None else t.dense(n, max_k)[:, t.axes.context_column(ctx)]
+                  for t in tables)
+        if (ka != kb).any():
+            return False
+    return True
 
 
 def loss_table(summary: Mapping[tuple[str, int], PolicySummary], fixed: Sequence[str], policies: Sequence[str],

@@ -24,7 +24,8 @@ before sending a command that must not be lost.
 Channels used by TableTune (the environment variable names the file for the engine process):
 
 * ``TABLETUNE_K_CONTROL``: ``{"k": 2}`` (every batch size drafts k), ``{"table": [[1, 8, 3],
-  [9, 16, 1]]}`` (a draft-length table) or ``{"gate": 8, "gate_timeout": 10.0}`` (admit the next
+  [9, 16, 1]]}`` (a draft-length table; 5-item entries with an optional ``"ctx_agg"``: a (batch
+  size x context) table) or ``{"gate": 8, "gate_timeout": 10.0}`` (admit the next
   8 arriving requests together); read by ``engine/timing_scheduler.py``.
 * ``TABLETUNE_SYNTHETIC_CONTROL``: ``{"rates": [a_1, ..., a_K]}`` (synthetic acceptance, CPU build);
   read by ``engine/cpu_plugin.py``.
@@ -108,24 +109,17 @@ def check_rates_command(body: Mapping[str, Any], num_positions: int | None = Non
 
 
 def check_k_command(body: Mapping[str, Any], *, max_k: int, max_num_seqs: int) -> None:
-    """``{"k": n}``, ``{"table": [[start, end, k], ...]}``, ``{"gate": n, "gate_timeout": s}``:
-    k an integer in 0..max_k, a table vLLM accepts with every k <= max_k, a gate of 1..max_num_seqs
-    requests and a finite timeout in (0, ``MAX_GATE_TIMEOUT_S``]. Raises ``InvalidCommand``."""
-    _unknown(body, {"k", "table", "gate", "gate_timeout"}, "k-control")
+    """``{"k": n}``, ``{"table": [[start, end, k], ...]}`` or ``{"table": [[bs_lo, bs_hi, ctx_lo,
+    ctx_hi, k], ...], "ctx_agg": "mean"}``, ``{"gate": n, "gate_timeout": s}``: k an integer in
+    0..max_k, a table vLLM accepts (5-item entries: a (batch size x context) grid, ``DraftTable``'s
+    rules) with every k <= max_k, ``ctx_agg`` one of ``vocab.CONTEXT_AGGREGATES`` and only with
+    5-item entries, a gate of 1..max_num_seqs requests and a finite timeout in (0,
+    ``MAX_GATE_TIMEOUT_S``]. Raises ``InvalidCommand``."""
+    _unknown(body, {"k", "table", "ctx_agg", "gate", "gate_timeout"}, "k-control")
     k = body.get("k")
     if k is not None and (not _is_int(k) or not 0 <= k <= max_k):
         raise InvalidCommand(f"'k' = {k!r:.40} must be an integer in 0..{max_k} (the launch's num_speculative_tokens)")
-    if body.get("table") is not None:
-        from tabletune_pipelines.core.table import DraftTable  # lazy: core needs numpy
-        from tabletune_pipelines.errors import InvalidTableError
-
-        try:
-            parsed = DraftTable.from_entries(body["table"]).entries()
-        except InvalidTableError as exc:
-            raise InvalidCommand(f"'table': {exc}") from None
-        over = [list(r) for r in parsed if r[2] > max_k]
-        if over:
-            raise InvalidCommand(f"'table' range(s) {over} ask for k > {max_k} (the launch's num_speculative_tokens)")
+    _check_table(body, max_k)
     gate = body.get("gate")
     if gate is not None and (not _is_int(gate) or not 1 <= gate <= max_num_seqs):
         raise InvalidCommand(f"'gate' = {gate!r:.40} must be an integer in 1..{max_num_seqs} (max_num_seqs)")
@@ -133,6 +127,31 @@ def check_k_command(body: Mapping[str, Any], *, max_k: int, max_num_seqs: int) -
     if timeout is not None and (not _is_number(timeout) or not 0 < timeout <= MAX_GATE_TIMEOUT_S):
         raise InvalidCommand(
             f"'gate_timeout' = {timeout!r:.40} must be a number of seconds in (0, {MAX_GATE_TIMEOUT_S:g}]")
+
+
+def _check_table(body: Mapping[str, Any], max_k: int) -> None:
+    """The ``table`` and ``ctx_agg`` of a k-control command (``check_k_command``)."""
+    from tabletune_pipelines.vocab import CONTEXT_AGGREGATES
+
+    agg = body.get("ctx_agg")
+    if body.get("table") is None:
+        if agg is not None:
+            raise InvalidCommand(f"'ctx_agg' = {agg!r:.40} is given without a 'table'; it belongs to a 5-item table")
+        return
+    from tabletune_pipelines.core.table import DraftTable  # lazy: core needs numpy
+    from tabletune_pipelines.errors import InvalidTableError
+
+    try:
+        table = DraftTable.from_entries(body["table"], allow_context=True)
+    except InvalidTableError as exc:
+        raise InvalidCommand(f"'table': {exc}") from None
+    over = [list(r) for r in table.entries() if r[-1] > max_k]
+    if over:
+        raise InvalidCommand(f"'table' range(s) {over} ask for k > {max_k} (the launch's num_speculative_tokens)")
+    if agg is not None and table.axes.context is None:
+        raise InvalidCommand(f"'ctx_agg' = {agg!r:.40} is given with a 3-item table; it belongs to a 5-item table")
+    if agg is not None and agg not in CONTEXT_AGGREGATES:
+        raise InvalidCommand(f"'ctx_agg' = {agg!r:.40} must be one of {list(CONTEXT_AGGREGATES)}")
 
 
 def ack_path(path: str | os.PathLike[str]) -> Path:

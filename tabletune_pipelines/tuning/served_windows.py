@@ -9,9 +9,10 @@ Kept tokens are counted on the engine side from the step log (one record per
 ``update_from_output``; a step keeps ``b + a`` tokens, every request its target token plus its
 accepted drafts): goodput of a window = Σ(b + a) / Σ dt over the steps that ran requests. Each
 window is checked against the step log: every step must have run the k the window's table gives for
-that step's batch size (one step of slack for the swap); a window that fails the check is reported
-and left out. No Dagster, no vLLM import: ``server`` is anything with ``set_k(table=...)``,
-``step_log_offset()`` and ``read_steps(...)`` (``engine.process.VLLMServer`` launched with TableTune's
+that step's batch size (and, under a (batch size x context) table, the step's context column), with
+one step of slack for the swap; a window that fails the check is reported and left out. No Dagster,
+no vLLM import: ``server`` is anything with ``set_k(table=...)``, ``step_log_offset()`` and
+``read_steps(...)`` (``engine.process.VLLMServer`` launched with TableTune's
 timing scheduler, ``engine/timing_scheduler.py``).
 """
 
@@ -57,7 +58,8 @@ class Window:
     mean_batch: float
     mismatched_steps: int
     mismatch_examples: list = field(default_factory=list)
-    """Up to five mismatched steps as [b, k run, k the table gives, new requests in the step]."""
+    """Up to five mismatched steps as [b, k run, k the table gives, new requests in the step] (and the
+    step's context length under a (batch size x context) table: ``table_mismatches``)."""
     t_start: float = 0.0
     """time.monotonic() at the window's start, the step log's clock (0: not recorded)."""
     t_end: float = 0.0
@@ -99,14 +101,25 @@ def counted_window(server: Any, policy: str, *, load: int, round_: int, window_s
 def table_mismatches(steps: Sequence[Mapping[str, Any]], table: Sequence[Sequence[int]], max_num_seqs: int,
                      max_k: int) -> list[list[int | None]]:
     """The steps that did not run the k ``table`` gives for their batch size, as
-    [b, k run, k the table gives, new requests in the step] (the step-log verification)."""
-    lookup = DraftTable.from_entries([list(r) for r in table]).vllm_lookup(max_num_seqs, max_k)[1:]
+    [b, k run, k the table gives, new requests in the step] (the step-log verification). A table of
+    5-item entries gives the k of the cell of the step's batch size and context column: the column
+    of the context length the timing scheduler picked it at (the record's ``x``), appended to the
+    step's entry; a step without ``x`` did not run under the table's columns (its k given: None)."""
+    grid = DraftTable.from_entries([list(r) for r in table], allow_context=True)
+    dense = grid.dense(max_num_seqs, max_k)
     bad = []
     for s in steps:
         b = int(s["b"])
-        want = min(max_k, lookup[min(b, max_num_seqs) - 1])
-        if int(s.get("k", -1)) != want:
-            bad.append([b, s.get("k"), want, int(s.get("new", 0))])
+        row = min(b, max_num_seqs) - 1
+        if grid.axes.context is None:
+            want: int | None = int(dense[row])
+            extra: list[int | None] = []
+        else:
+            x = s.get("x")
+            want = None if x is None else int(dense[row, grid.axes.context_column(int(x))])
+            extra = [x]
+        if want is None or int(s.get("k", -1)) != want:
+            bad.append([b, s.get("k"), want, int(s.get("new", 0)), *extra])
     return bad
 
 
@@ -191,8 +204,8 @@ def summarize(windows: Sequence[Window]) -> dict[tuple[str, int], PolicySummary]
 
 
 def fixed_k_of(table: Sequence[Sequence[int]]) -> int | None:
-    """The k of a table that runs one k at every batch size it covers from 1 (None otherwise)."""
-    ks = {int(r[2]) for r in table}
+    """The k of a table that runs one k at every batch size (and context) it covers from 1 (None otherwise)."""
+    ks = {int(r[-1]) for r in table}
     return ks.pop() if len(ks) == 1 and table and int(table[0][0]) == 1 else None
 
 

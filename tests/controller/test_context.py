@@ -14,9 +14,8 @@ from types import SimpleNamespace
 import pytest
 
 from tabletune_pipelines.controller.metrics import CellCounts, Metrics
-from tabletune_pipelines.controller.scheduler import running_context
 from tabletune_pipelines.controller.search import lookups_of
-from tabletune_pipelines.controller.step import StepOutcome
+from tabletune_pipelines.controller.step import StepOutcome, running_context
 from tabletune_pipelines.evaluation.simulator import fake_controller
 from tabletune_pipelines.evaluation.synthetic import ENGINE, publish
 

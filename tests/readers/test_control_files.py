@@ -67,6 +67,12 @@ K_CASES = [
     ({"gate": 2, "gate_timeout": -1}, "'gate_timeout' = -1"),
     ({"gate": 2, "gate_timeout": 1e9}, "'gate_timeout' = 1000000000.0"),
     ({"kk": 1}, "unknown key(s) ['kk']"),
+    ({"table": [[1, 8, 1, 64, 3], [1, 8, 65, 512, 4]]}, "range(s) [[1, 8, 65, 512, 4]] ask for k > 3"),
+    ({"table": [[1, 8, 2, 64, 3]]}, "'table': "),  # the context buckets must start at 1
+    ({"table": [[1, 8, 1, 64, 3], [9, 16, 1]]}, "'table': "),  # 3- and 5-item entries mixed
+    ({"table": [[1, 8, 1, 64, 3]], "ctx_agg": "p99"}, "'ctx_agg' = 'p99' must be one of ['mean', 'median', 'max']"),
+    ({"table": [[1, 8, 3]], "ctx_agg": "mean"}, "'ctx_agg' = 'mean' is given with a 3-item table"),
+    ({"k": 2, "ctx_agg": "max"}, "'ctx_agg' = 'max' is given without a 'table'"),
 ]
 
 
@@ -78,7 +84,9 @@ def test_k_commands_are_validated(body, message):
 
 
 def test_good_k_commands_pass():
-    for body in ({"k": 0}, {"k": 3}, {"table": [[1, 4, 3], [5, 8, 0]]}, {"gate": 8, "gate_timeout": 10.0}):
+    for body in ({"k": 0}, {"k": 3}, {"table": [[1, 4, 3], [5, 8, 0]]}, {"gate": 8, "gate_timeout": 10.0},
+                 {"table": [[1, 8, 1, 64, 3], [1, 8, 65, 512, 1]]},
+                 {"table": [[1, 8, 1, 64, 3], [1, 8, 65, 512, 1]], "ctx_agg": "max"}):
         check_k_command(body, max_k=3, max_num_seqs=8)
 
 
