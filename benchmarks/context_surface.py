@@ -1,0 +1,47 @@
+"""Step times and goodput per (context level, batch size, k) of a profile, with the best k and its
+margin: the figures behind a (batch size x context) table, read straight from the measured cells.
+
+    python benchmarks/context_surface.py PROFILE.json --rates 0.7,0.5,0.3
+
+Each all-rejected cell's median step time ± its standard error, and G = B · τ(k) / T at the given
+acceptance (``core.goodput.tau_curve``); per row the best k and how much it leads the next best.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from tabletune_pipelines.core.goodput import tau_curve
+from tabletune_pipelines.core.steptime import median_standard_error
+from tabletune_pipelines.formats.documents import StepTimeProfile
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("profile")
+    ap.add_argument("--rates", default="0.7,0.5,0.3")
+    args = ap.parse_args(argv)
+    profile = StepTimeProfile.from_json(Path(args.profile).read_text())
+    rates = tuple(float(x) for x in args.rates.split(","))
+    tau = tau_curve(rates)
+    cells = {(c.context_tokens, c.batch_size, c.k): c for c in profile.cells
+             if c.acceptance == "reject" and c.k is not None}
+    print(f"{profile.identity.key}; acceptance {rates}")
+    for level in sorted({lv for lv, _, _ in cells}):
+        print(f"context {level}")
+        for b in sorted({bb for lv, bb, _ in cells if lv == level}):
+            row, g = [], {}
+            for k in sorted({kk for lv, bb, kk in cells if lv == level and bb == b}):
+                c = cells[(level, b, k)]
+                se = c.stderr_ms if c.stderr_ms is not None else median_standard_error(c.repetitions_ms)
+                g[k] = b * tau[k] / c.median_ms * 1000.0
+                row.append(f"k{k} {c.median_ms:6.2f}±{(se or 0.0):4.2f} ms")
+            order = sorted(g, key=lambda k: -g[k])
+            lead = f" (+{100 * (g[order[0]] / g[order[1]] - 1):.1f}% over k={order[1]})" if len(order) > 1 else ""
+            print(f"  B={b:3d} " + " | ".join(row) + f"  best k={order[0]}{lead}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
