@@ -46,11 +46,11 @@ FAULTS = textwrap.dedent('''
                     step = dataclasses.replace(step, sampled=[list(s) + [0] * 4 for s in step.sampled])
                 return _on_step(self, step, *args, **kw)
 
-            def next_lookup(self):
+            def next_lookup(self, *args, **kw):
                 _n[1] += 1
                 if _n[1] % 101 == 0:
                     raise RuntimeError("injected fault in next_lookup")
-                return _next_lookup(self)
+                return _next_lookup(self, *args, **kw)
 
             _logic.Controller.on_step, _logic.Controller.next_lookup = on_step, next_lookup
         except Exception:
