@@ -26,13 +26,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tabletune_pipelines.errors import TableTuneError
 from tabletune_pipelines.vocab import MAX_STEP_MS
 
-__all__ = ["BATCH_SIZE", "CONTEXT_TOKENS", "COUNT", "DRAFT_LENGTH", "LAUNCH_K", "STEP_MS", "TOKENS", "Bound",
+__all__ = ["BATCH_SIZE", "CONTEXT_TOKENS", "COUNT", "context_levels_problem", "DRAFT_LENGTH", "LAUNCH_K", "STEP_MS", "TOKENS", "Bound",
            "check_bounds", "check_value", "field_docs", "options_from_mapping"]
 
 if TYPE_CHECKING:
@@ -203,6 +203,26 @@ DRAFT_LENGTH = Bound(0, 64, integer=True, why="drafts per request; at most the l
 """A draft length k (0: no drafts)."""
 TOKENS = Bound(0, 10_000_000, integer=True, why="tokens in one step or one request")
 CONTEXT_TOKENS = Bound(1, 2 ** 24, integer=True, why="a context level: tokens of each timed request's prompt")
+
+
+def context_levels_problem(levels: Sequence[Any], *, quoted: bool = False) -> str | None:
+    """What is wrong with ``levels`` as context levels (non-empty, each within ``CONTEXT_TOKENS``,
+    strictly ascending), naming the bad value (``quoted``: the field named as a file's key,
+    ``'context_levels[1]'``); None when nothing is. The one check of the fleet field and of the profile
+    plan's option, each raising its own error with this text."""
+    def name(i: int | None = None) -> str:
+        n = "context_levels" + ("" if i is None else f"[{i}]")
+        return f"'{n}'" if quoted else n
+
+    if not levels:
+        return f"{name()} = [] is empty; give at least one level in tokens, or null for one level"
+    for i, level in enumerate(levels):
+        why = CONTEXT_TOKENS.problem(level)
+        if why:
+            return f"{name(i)} = {level!r:.40} {why}"
+    if any(b <= a for a, b in zip(levels, levels[1:], strict=False)):
+        return f"{name()} = {list(levels)!r} must be strictly ascending (each level once)"
+    return None
 """A context level in tokens (a step-time cell's ``context_tokens``, a plan's ``context_levels``)."""
 """A count of tokens a step or a request carries."""
 COUNT = Bound(0, 10 ** 15, integer=True, why="a count of drafts or steps")

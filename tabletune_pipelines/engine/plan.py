@@ -22,7 +22,7 @@ from tabletune_pipelines.core.remeasure import DEFAULT_MAX_REPETITIONS, coarse_b
 from tabletune_pipelines.core.steptime import LONG_MAX_TOKENS, batch_size_grid
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.errors import EngineConfigError
-from tabletune_pipelines.options import CONTEXT_TOKENS, Bound, options_from_mapping
+from tabletune_pipelines.options import CONTEXT_TOKENS, Bound, context_levels_problem, options_from_mapping
 from tabletune_pipelines.vocab import DEFAULT_PROMPT_TOKENS, DEFAULT_REPETITIONS, PROFILE_MODES, ProfileMode
 
 #: Default seconds of adaptive re-measurement after the first pass.
@@ -322,17 +322,11 @@ class ProfileOptions(PlanFields, LaunchOverrides):
 
 
 def check_context_levels(levels: Sequence[int]) -> None:
-    """``EngineConfigError`` naming the bad value unless ``levels`` is non-empty, strictly ascending
-    and each level a token count within ``options.CONTEXT_TOKENS``."""
-    if not levels:
-        raise EngineConfigError("context_levels = [] is empty; give at least one level in tokens, or null for one "
-                                "level of prompt_tokens")
-    for i, level in enumerate(levels):
-        problem = CONTEXT_TOKENS.problem(level)
-        if problem:
-            raise EngineConfigError(f"context_levels[{i}] = {level!r} {problem}")
-    if any(b <= a for a, b in zip(levels, levels[1:], strict=False)):
-        raise EngineConfigError(f"context_levels = {list(levels)!r} must be strictly ascending (each level once)")
+    """``EngineConfigError`` naming the bad value unless ``levels`` are context levels
+    (``options.context_levels_problem``)."""
+    problem = context_levels_problem(levels)
+    if problem:
+        raise EngineConfigError(problem)
 
 
 def context_reserve(max_k: int) -> int:

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic_core import PydanticCustomError
 
-from tabletune_pipelines.options import CONTEXT_TOKENS
+from tabletune_pipelines.options import context_levels_problem
 
 __all__ = ["NAME_RE", "TOKEN_RE", "check_context_levels", "check_name", "check_token", "json_value", "one_line",
            "problem"]
@@ -80,10 +80,7 @@ def check_context_levels(value: Any) -> tuple[int, ...] | None:
     if isinstance(value, str | bytes | Mapping) or not isinstance(value, list | tuple) or not value:
         raise problem(f"'context_levels' = {value!r:.80} must be a non-empty list of token counts, ascending "
                       "(e.g. [32, 128, 512, 1024]), or null for one level")
-    for i, level in enumerate(value):
-        why = CONTEXT_TOKENS.problem(level)
-        if why:
-            raise problem(f"'context_levels[{i}]' = {level!r:.40} {why}")
-    if any(b <= a for a, b in zip(value, value[1:], strict=False)):
-        raise problem(f"'context_levels' = {list(value)!r} must be strictly ascending (each level once)")
+    why = context_levels_problem(value, quoted=True)
+    if why:
+        raise problem(why)
     return tuple(int(x) for x in value)
