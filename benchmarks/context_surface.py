@@ -4,12 +4,14 @@ margin: the figures behind a (batch size x context) table, read straight from th
     python benchmarks/context_surface.py PROFILE.json --rates 0.7,0.5,0.3
 
 Each all-rejected cell's median step time ± its standard error, and G = B · τ(k) / T at the given
-acceptance (``core.goodput.tau_curve``); per row the best k and how much it leads the next best.
+acceptance (``core.goodput.tau_curve``); per row the best k and how much it leads the next best,
+± the lead's standard error from the two cells' standard errors.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from tabletune_pipelines.core.goodput import tau_curve
@@ -31,14 +33,19 @@ def main(argv: list[str] | None = None) -> int:
     for level in sorted({lv for lv, _, _ in cells}):
         print(f"context {level}")
         for b in sorted({bb for lv, bb, _ in cells if lv == level}):
-            row, g = [], {}
+            row, g, rel = [], {}, {}
             for k in sorted({kk for lv, bb, kk in cells if lv == level and bb == b}):
                 c = cells[(level, b, k)]
                 se = c.stderr_ms if c.stderr_ms is not None else median_standard_error(c.repetitions_ms)
                 g[k] = b * tau[k] / c.median_ms * 1000.0
+                rel[k] = (se or 0.0) / c.median_ms
                 row.append(f"k{k} {c.median_ms:6.2f}±{(se or 0.0):4.2f} ms")
             order = sorted(g, key=lambda k: -g[k])
-            lead = f" (+{100 * (g[order[0]] / g[order[1]] - 1):.1f}% over k={order[1]})" if len(order) > 1 else ""
+            lead = ""
+            if len(order) > 1:  # the lead's s.e.: the two cells' relative errors, independent
+                ratio = g[order[0]] / g[order[1]]
+                se_lead = 100 * ratio * math.hypot(rel[order[0]], rel[order[1]])
+                lead = f" (+{100 * (ratio - 1):.1f} ± {se_lead:.1f}% over k={order[1]})"
             print(f"  B={b:3d} " + " | ".join(row) + f"  best k={order[0]}{lead}")
     return 0
 
