@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tabletune_pipelines.errors import TableTuneError
 from tabletune_pipelines.vocab import MAX_STEP_MS
 
-__all__ = ["BATCH_SIZE", "CONTEXT_TOKENS", "COUNT", "context_levels_problem", "DRAFT_LENGTH", "LAUNCH_K", "STEP_MS", "TOKENS", "Bound",
-           "check_bounds", "check_value", "field_docs", "options_from_mapping"]
+__all__ = ["BATCH_SIZE", "CONTEXT_TOKENS", "COUNT", "DRAFT_LENGTH", "LAUNCH_K", "STEP_MS", "TOKENS", "Bound",
+           "check_bounds", "check_value", "context_levels_problem", "field_docs", "options_from_mapping"]
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance

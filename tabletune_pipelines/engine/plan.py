@@ -22,7 +22,7 @@ from tabletune_pipelines.core.remeasure import DEFAULT_MAX_REPETITIONS, coarse_b
 from tabletune_pipelines.core.steptime import LONG_MAX_TOKENS, batch_size_grid
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.errors import EngineConfigError
-from tabletune_pipelines.options import CONTEXT_TOKENS, Bound, context_levels_problem, options_from_mapping
+from tabletune_pipelines.options import Bound, context_levels_problem, options_from_mapping
 from tabletune_pipelines.vocab import DEFAULT_PROMPT_TOKENS, DEFAULT_REPETITIONS, PROFILE_MODES, ProfileMode
 
 #: Default seconds of adaptive re-measurement after the first pass.
