@@ -2,9 +2,11 @@
 synthetic acceptance rates (the GPU engines verify drafts at fixed rates; deploy/gpu/context.sh).
 
     python benchmarks/context_table.py --db /tmp/tt-home/h200.duckdb --rates 0.7,0.5,0.3 --out tables.json
+    python benchmarks/context_table.py --profile PROFILE.json --rates 0.626,0.479,0.374 --out tables.json
 
-The store's one engine identity (or ``--identity``) is derived per context level
-(``tuning.derive_context``: the evidence rule per level, adjacent buckets whose k agree merged).
+The store's one engine identity (or ``--identity``), or a profile exported as JSON, is derived per context level
+(``tuning.derive_context``: the evidence rule per level, each longer level revising the shorter
+level's table on evidence, adjacent buckets whose k agree merged).
 Written: ``grid`` (5-item entries; the batch-only table as 5-item entries over one bucket when the
 levels agree), ``batch`` (the first level's batch-only table, the published ``ranges``), the levels,
 and per level the chosen k at every batch size.
@@ -17,7 +19,7 @@ import json
 from pathlib import Path
 
 from tabletune_pipelines.core.table import DraftTable
-from tabletune_pipelines.formats.documents import AcceptancePrior
+from tabletune_pipelines.formats.documents import AcceptancePrior, StepTimeProfile
 from tabletune_pipelines.store import TableTuneStore
 from tabletune_pipelines.tuning.derive import DeriveOptions
 from tabletune_pipelines.tuning.derive_context import derive_context_table, stored_context_surface
@@ -25,7 +27,9 @@ from tabletune_pipelines.tuning.derive_context import derive_context_table, stor
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--db", required=True)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--db", help="DuckDB store holding the profile")
+    src.add_argument("--profile", help="a profile exported as JSON (StepTimeProfile)")
     ap.add_argument("--rates", required=True, help="a_1..a_K, comma-separated")
     ap.add_argument("--identity", default=None, help="engine identity key (default: the store's only one)")
     ap.add_argument("--deployment", default=None, help="only printed")
@@ -33,12 +37,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     rates = tuple(float(x) for x in args.rates.split(","))
-    store = TableTuneStore(args.db, read_only=True)
-    keys = store.identity_keys()
-    key = args.identity or (keys[0] if len(keys) == 1 else None)
-    if key is None:
-        raise SystemExit(f"--identity: the store holds {len(keys)} identities {keys}; name one")
-    profile = store.load_profile(key)
+    if args.profile:
+        profile = StepTimeProfile.from_json(Path(args.profile).read_text())
+        key = profile.identity.key
+    else:
+        store = TableTuneStore(args.db, read_only=True)
+        keys = store.identity_keys()
+        key = args.identity or (keys[0] if len(keys) == 1 else None)
+        if key is None:
+            raise SystemExit(f"--identity: the store holds {len(keys)} identities {keys}; name one")
+        profile = store.load_profile(key)
     if len(rates) != profile.identity.max_k:
         raise SystemExit(f"--rates has {len(rates)} values; the profile's K is {profile.identity.max_k}")
     zeros = (0,) * len(rates)

@@ -264,10 +264,12 @@ def judged_step_times(profile: StepTimeProfile, prior: AcceptancePrior,
     return _judged_times(_step_surface(profile, prior, options))
 
 
-def search_times(times: StepTimes, prior: AcceptancePrior | Sequence[float], options: DeriveOptions) -> EvidenceTable:
+def search_times(times: StepTimes, prior: AcceptancePrior | Sequence[float], options: DeriveOptions, *,
+                 incumbent: Sequence[int] | None = None) -> EvidenceTable:
     """Step 3 on any judged surface (one context level's, ``tuning.derive_context``): the evidence rule
     under ``prior``'s rates, with their count-based error when the surface has error estimates (bare
-    rates carry no counts and are taken as exact)."""
+    rates carry no counts and are taken as exact). ``incumbent`` (k per B, index B - 1): the table
+    this search revises on evidence only (the evidence policy; the stickiness policy ignores it)."""
     if isinstance(prior, AcceptancePrior):
         rates, drafted, drafts = prior.rates, prior.drafted_per_pos, prior.num_drafts
     else:
@@ -276,7 +278,8 @@ def search_times(times: StepTimes, prior: AcceptancePrior | Sequence[float], opt
                  if options.prior_error and times.cov is not None else None)
     settings = SearchSettings(allowed_ks=options.allowed_ks, threshold=options.stickiness,
                               confidence=options.confidence, policy=options.policy)
-    return search_with_evidence(times, rates, rates_cov=rates_cov, settings=settings)
+    return search_with_evidence(times, rates, rates_cov=rates_cov, settings=settings,
+                                incumbent=incumbent if options.policy == "evidence" else None)
 
 
 def _table_document(profile: StepTimeProfile, prior: AcceptancePrior, options: DeriveOptions,

@@ -2,9 +2,13 @@
 
 A context level is a token count each request's KV length was held at while its decode steps were
 timed; the surface is ``{level: StepTimes}`` (``core.steptime.StepTimes``, what the table search
-judges at that level). Each level gets today's batch-only search with the evidence rule
-(``tuning.derive.search_times``) under its own acceptance where it has one, the pooled prior where
-it does not. The chosen k per B of every level become one ``DraftTable`` over the context buckets
+judges at that level). The shortest level gets today's batch-only search with the evidence rule
+(``tuning.derive.search_times``); each longer level revises the table of the level below it with the
+same rule, as the controller revises the table in force: a k changes at (B, level) only where
+another k beats the shorter level's k there beyond the evidence threshold. So context changes the
+table only where the measurement says it does; a lead the noise could flip keeps the shorter
+level's k (a tie keeps the incumbent). Each level is judged under its own acceptance where it has
+one, the pooled prior where it does not. The chosen k per B of every level become one ``DraftTable`` over the context buckets
 ``core.table.context_buckets(levels, max_model_len)``, adjacent buckets whose k agree at every B
 merged (``DraftTable.from_columns``). One bucket left, the table has no context axis and the result
 is ``derive_table``'s, byte for byte.
@@ -60,7 +64,8 @@ def derive_context_table(profile: StepTimeProfile, prior: AcceptancePrior, surfa
         raise InvalidValueError(f"the table search at context level {levels[0]} returned no evidence")
     searches = [LevelSearch(levels[0], buckets[0], base.evidence, levels[0] not in own)]
     for level, bucket, level_prior in zip(levels[1:], buckets[1:], priors[1:], strict=True):
-        searches.append(LevelSearch(level, bucket, search_times(surfaces[level], level_prior, options),
+        below = searches[-1].evidence.choice.chosen  # the shorter level's table: kept unless evidence moves it
+        searches.append(LevelSearch(level, bucket, search_times(surfaces[level], level_prior, options, incumbent=below),
                                     level not in own))
     draft = DraftTable.from_columns([s.evidence.choice.chosen for s in searches], buckets)
     table = base.table if draft.axes.context is None else dataclasses.replace(

@@ -78,6 +78,28 @@ def test_per_level_rates_decide_their_bucket():
     assert [s.pooled for s in tuned.by_context] == [True, False]
 
 
+def _long_k2(sd_ms: float) -> StepTimes:
+    # T(k) = 10, 11, 11.5, 13.6 ms: per ms 0.100, 0.155, 0.191, 0.184 -> k = 2 leads k = 3 by 4.1 %
+    ms = np.repeat([[10.0], [11.0], [11.5], [13.6]], N, axis=1)
+    return StepTimes((0, 1, 2, 3), ms, np.full(ms.shape, sd_ms ** 2))
+
+
+def test_a_longer_level_changes_k_only_where_the_evidence_beats_the_shorter_levels_k():
+    short = StepTimes((0, 1, 2, 3), SHORT.ms, np.full(SHORT.ms.shape, 1e-6))
+    # A 4 % lead measured to 0.01 ms moves the long bucket to k = 2 ...
+    sharp = derive_context_table(samples.profile(), samples.prior(), {256: short, 4096: _long_k2(0.01)},
+                                 max_model_len=8192)
+    assert sharp.table.context_entries == ((1, 16, 1, 1024, 3), (1, 16, 1025, 8192, 2))
+    # ... the same lead at 1 ms per cell (about 8 %) is a lead the noise could flip: the long level
+    # keeps the short level's k = 3 and the table has no context axis.
+    noisy = derive_context_table(samples.profile(), samples.prior(), {256: short, 4096: _long_k2(1.0)},
+                                 max_model_len=8192)
+    assert noisy.table.context_entries == ()
+    assert noisy.by_context[1].evidence.choice.chosen == (3,) * N
+    alone = noisy.by_context[1].evidence.choice.goodput[:, 0]  # searched alone, k = 2 has the best point estimate
+    assert int(np.argmax(alone)) == 2
+
+
 def test_bad_input_is_one_clear_error():
     with pytest.raises(InvalidValueError, match="context level 256 cover batch sizes 1..4"):
         derive_context_table(samples.profile(), samples.prior(), {256: StepTimes((0, 1), np.ones((2, 4)))})
