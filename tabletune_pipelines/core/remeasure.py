@@ -305,11 +305,21 @@ def _changes(measured: Sequence[int], evs: Sequence[EvidenceTable]) -> list[tupl
     return out
 
 
-def decision_changes(reps: Reps, rates_options: Sequence[Sequence[float]], max_num_seqs: int,
+def table_boundaries(reps: Reps, rates_options: Sequence[Sequence[float]], max_num_seqs: int,
                      settings: RemeasureSettings = RemeasureSettings()) -> list[tuple[int, int]]:
-    """The boundaries of a measured surface: neighbouring measured batch sizes (lo, hi) between which
-    the chosen or the best k changes under some acceptance profile (what ``next_batch_sizes`` bisects)."""
-    return _changes(sorted({b for _, b in reps}), _dense_decisions(reps, rates_options, max_num_seqs, settings))
+    """The boundaries of a measured surface's tables: neighbouring measured batch sizes (lo, hi)
+    between which the k the evidence rule chooses changes under some acceptance profile. A longer
+    context level revises the shorter level's table on evidence (``tuning.derive_context``), so its
+    search starts at these (``seeded_batch_sizes``). Changes of the best point estimate that the
+    evidence does not carry into the table are left out: on a noisy surface they fall between almost
+    every pair of neighbours (the embedded default at 32 tokens: 14 of 15 pairs, against 3 table
+    boundaries over the three acceptance profiles)."""
+    measured = sorted({b for _, b in reps})
+    out = []
+    for ev in _dense_decisions(reps, rates_options, max_num_seqs, settings):
+        out += [(lo, hi) for lo, hi in zip(measured, measured[1:], strict=False)
+                if len(set(ev.choice.chosen[lo - 1:hi])) > 1]
+    return sorted(set(out))
 
 
 def seeded_batch_sizes(grid: Sequence[int], boundaries: Sequence[tuple[int, int]]) -> list[int]:

@@ -21,13 +21,13 @@ from tabletune_pipelines.core.remeasure import (
     RemeasureSettings,
     cells_behind,
     coarse_batch_sizes,
-    decision_changes,
     evidence_from_repetitions,
     geometric_rates,
     next_batch_sizes,
     remeasure,
     search_boundaries,
     seeded_batch_sizes,
+    table_boundaries,
 )
 from tabletune_pipelines.core.stepcost import StepSample
 from tabletune_pipelines.core.steptime import median_step_time
@@ -414,15 +414,15 @@ class ProfileRun:
         return report.seconds if report is not None else 0.0
 
     def boundaries(self) -> list[tuple[int, int]]:
-        """Where this level's decisions change: neighbouring measured batch sizes (lo, hi) between which
-        the chosen or best k differs under some judged acceptance (``core.remeasure.decision_changes``);
-        empty when the plan cannot be judged."""
+        """Where this level's tables change: neighbouring measured batch sizes (lo, hi) between which
+        the k the evidence rule chooses differs under some judged acceptance
+        (``core.remeasure.table_boundaries``); empty when the plan cannot be judged."""
         settings = self.adaptive_settings(self.target.options, budget=False)
         reps = self._reps(self.plan.ks)
         if settings is None or reps is None:
             return []
         try:
-            return decision_changes(reps, settings[0], settings[1], self._settings(self.target.options))
+            return table_boundaries(reps, settings[0], settings[1], self._settings(self.target.options))
         except TableTuneError:
             return []
 

@@ -8,10 +8,10 @@ same rule, as the controller revises the table in force: a k changes at (B, leve
 another k beats the shorter level's k there beyond the evidence threshold. So context changes the
 table only where the measurement says it does; a lead the noise could flip keeps the shorter
 level's k (a tie keeps the incumbent). Each level is judged under its own acceptance where it has
-one, the pooled prior where it does not. The chosen k per B of every level become one ``DraftTable`` over the context buckets
-``core.table.context_buckets(levels, max_model_len)``, adjacent buckets whose k agree at every B
-merged (``DraftTable.from_columns``). One bucket left, the table has no context axis and the result
-is ``derive_table``'s, byte for byte.
+one, the pooled prior where it does not. The chosen k per B of every level become one
+``DraftTable`` over the context buckets ``core.table.context_buckets(levels, max_model_len)``,
+adjacent buckets whose k agree at every B merged (``DraftTable.from_columns``). One bucket left,
+the table has no context axis and the result is ``derive_table``'s, byte for byte.
 
 The stored and published document keeps the base level's derivation: ``ranges`` is the batch-only
 table of the first (shortest) level, the one an engine without the 5-item form launches with, with

@@ -179,3 +179,24 @@ def test_the_budget_counts_repetitions_beyond_the_first_pass_only():
                                RemeasureSettings(max_repetitions=9, budget_s=10.0), clock=lambda: now[0])
     assert 10 <= report.remeasure.measurements <= 12  # the 10 s budget, a round in progress finishing
     assert report.remeasure.stop_reason == "budget"
+
+
+def test_a_longer_level_is_seeded_at_the_tables_boundaries_not_at_every_flip_of_the_best_point_estimate():
+    # The embedded default at 32 tokens (benchmarks/data/cpu/2026-12-07-context-profile/): the best k
+    # on point estimates flips between almost every pair of neighbours (leads of 0-4 % +- 1-8 %); the
+    # tables the evidence rule chooses under the three decision profiles change at three places.
+    from tabletune_pipelines.core.remeasure import _changes, _dense_decisions, seeded_batch_sizes, table_boundaries
+    from tabletune_pipelines.formats.profile_levels import at_context
+
+    path = DATA.parent / "cpu" / "2026-12-07-context-profile" / "local-cpu-32-64-128.one_launch.levels.json"
+    level = at_context(StepTimeProfile.from_json(path.read_text()), 32)
+    reps = {(c.k, c.batch_size): list(c.repetitions_ms) for c in level.cells
+            if c.acceptance == "reject" and c.k is not None}
+    rates = [geometric_rates(p, 3) for p in DEFAULT_DECISION_RATES]
+    settings = RemeasureSettings(tolerance=ACCEPTED_LOSS)
+    bounds = table_boundaries(reps, rates, 16, settings)
+    flips = _changes(list(range(1, 17)), _dense_decisions(reps, rates, 16, settings))
+    assert bounds == [(1, 2), (5, 6), (8, 9)] and len(flips) == 14
+    tables = {tuple(tuple(r) for r in ev.ranges) for ev in _dense_decisions(reps, rates, 16, settings)}
+    assert {hi for rs in tables for (_lo, hi, _k) in rs[:-1]} == {lo for lo, _ in bounds}  # each table's last B of a range
+    assert seeded_batch_sizes(range(1, 17), bounds) == [1, 2, 5, 6, 8, 9, 16]
