@@ -12,8 +12,14 @@ the drafts verified in it, over every steady step at B (``engine_method = "fit"`
 cost grows with the tokens verified). Only when that is impossible too (too few steady steps,
 drafts that never vary or stay far below B·k) does it fall back to ``(t65 - t1) / 64``
 (``timing = "wall"``, with the reason in ``engine_method``) — which for such a drafter
-under-states T(B, k), because the wall clock also counts the steps that drafted less. A batch
-not admitted in one step is measured again.
+under-states T(B, k), because the wall clock also counts the steps that drafted less.
+
+A batch the engine admits over several steps (its prompts exceed the step's token budget: 16
+prompts of 512 tokens on the CPU build, 128 of 2,048 on an H100) still has steady steps at exactly
+B once the last prompt is in, its requests' KV lengths apart by the few admission steps: an engine
+timing from them is kept. Only a wall timing, which assumes every request started together, makes
+a late admission be measured again. A step that carries prompt tokens (more scheduled tokens than
+its requests' one token and drafts each) is never steady.
 """
 
 from __future__ import annotations
@@ -73,7 +79,7 @@ class Measurement:
     admitted_together: bool
     """All B requests of the long batch were first scheduled in one step."""
     attempts: int
-    """Attempts made (late admissions are measured again)."""
+    """Attempts made (a late admission is measured again when only the wall clock timed it)."""
     t1_s: float
     """Wall seconds of the 1-token batch."""
     t65_s: float
@@ -121,8 +127,8 @@ def analyse_steps(steps: Sequence[dict[str, Any]], batch_size: int, k: int | Non
     """Engine intervals (ms) of steady decode steps at exactly ``batch_size`` with ``k`` drafts,
     and whether all requests were admitted in one step.
 
-    A step counts if it ran B requests, admitted none, verified B·k drafts (0 without
-    speculation), and the step before it also ran B requests (so its interval is one full step).
+    A step counts if it ran B requests, admitted none, carried no prompt tokens, verified B·k drafts
+    (0 without speculation), and the step before it also ran B requests (so its interval is one full step).
     """
     admits = [s.get("new", 0) for s in steps if s.get("new", 0) > 0]
     together = len(admits) == 1 and admits[0] == batch_size
@@ -131,7 +137,7 @@ def analyse_steps(steps: Sequence[dict[str, Any]], batch_size: int, k: int | Non
     prev_b = None
     for s in steps:
         ok = (s.get("b") == batch_size and s.get("new", 0) == 0 and prev_b == batch_size
-              and s.get("dt") is not None and s.get("d", 0) == want_d
+              and s.get("dt") is not None and s.get("d", 0) == want_d and _decode_only(s)
               and (k is None or s.get("k") in (None, k)))
         if ok:
             out.append(float(s["dt"]))
@@ -141,16 +147,23 @@ def analyse_steps(steps: Sequence[dict[str, Any]], batch_size: int, k: int | Non
 
 def steady_steps(steps: Sequence[dict[str, Any]], batch_size: int, k: int | None) -> list[tuple[float, int]]:
     """(interval ms, drafts verified) of every steady decode step at exactly ``batch_size``: it ran
-    B requests, admitted none, ran k (or the engine did not say), and the step before it also ran
-    B requests (so its interval is one full step)."""
+    B requests, admitted none, carried no prompt tokens, ran k (or the engine did not say), and the
+    step before it also ran B requests (so its interval is one full step)."""
     out: list[tuple[float, int]] = []
     prev_b = None
     for s in steps:
         if (s.get("b") == batch_size and s.get("new", 0) == 0 and prev_b == batch_size and s.get("dt") is not None
-                and (k is None or s.get("k") in (None, k))):
+                and _decode_only(s) and (k is None or s.get("k") in (None, k))):
             out.append((float(s["dt"]), int(s.get("d", 0) or 0)))
         prev_b = s.get("b")
     return out
+
+
+def _decode_only(step: dict[str, Any]) -> bool:
+    """Whether a step record scheduled no prompt tokens: at most one token and its drafts per request
+    (``tok`` <= ``b`` + ``d``). A record without ``tok`` (an older step log) counts as decode only."""
+    tok = step.get("tok")
+    return tok is None or int(tok) <= int(step.get("b", 0) or 0) + int(step.get("d", 0) or 0)
 
 
 def engine_step_ms(steady: Sequence[tuple[float, int]], batch_size: int, k: int | None,
@@ -192,7 +205,8 @@ def measure_cell_once(
     max_attempts: int = 3,
     request_timeout: float = 300.0,
 ) -> Measurement:
-    """One repetition at (k, B) on a server already switched to k. Retries late admissions."""
+    """One repetition at (k, B) on a server already switched to k. Measures again when nothing timed
+    it, or when only the wall clock did and the batch was admitted late."""
     decode_steps = LONG_MAX_TOKENS - SHORT_MAX_TOKENS
     if all_accepted and k:
         decode_steps = math.ceil(decode_steps / (k + 1))
@@ -223,12 +237,12 @@ def measure_cell_once(
         last = Measurement(k=k, batch_size=batch_size, step_ms=value, timing=timing, engine_ms=engine_ms,
                            wall_ms=wall_ms, engine_steps=len(intervals) if how == "exact" else len(steady),
                            admitted_together=together, attempts=attempt, t1_s=t1, t65_s=t65, engine_method=how)
-        if together and math.isfinite(value):
-            return last
+        if math.isfinite(value) and (together or timing == "engine"):
+            return last  # steady steps at exactly B time a late admission as well as a prompt one
         logger.info("late admission or no timing at k=%s B=%d (attempt %d): %d admission steps; re-measuring",
                     k, batch_size, attempt, sum(1 for s in steps if s.get("new", 0) > 0))
     assert last is not None
     if not math.isfinite(last.step_ms):
         raise EngineError(f"no usable step time at k={k}, B={batch_size} after {max_attempts} attempts",
                           server.log_tail(10))
-    return last  # engine timing filters by batch size, so a late admission still gives a usable value
+    return last  # timed by the wall clock only, admitted late every time: the best there is

@@ -10,6 +10,7 @@ from tabletune_pipelines.engine.cell import (
     WARMUP_MAX_TOKENS,
     analyse_steps,
     measure_cell_once,
+    steady_steps,
     timing_prompts,
     warm_up,
 )
@@ -63,12 +64,23 @@ class LateServer(FakeServer):
         return [{"b": 1, "new": 1, "dt": 30.0, "d": 0}, {"b": b, "new": b - 1, "dt": 30.0, "d": 0}] + steps[1:]
 
 
-def test_late_admission_is_measured_again_then_kept():
+def test_a_late_admission_timed_by_the_engine_is_kept_at_once():
     srv = LateServer(CFG)
     srv.set_k(1)
     m = measure_cell_once(srv, 1, 4, seed=3, vocab_size=100, max_attempts=3)
-    assert m.attempts == 3 and not m.admitted_together
-    assert m.timing == "engine" and m.step_ms == step_ms(1, 4)  # filtered by batch size: still usable
+    assert m.attempts == 1 and not m.admitted_together  # no second batch: its steady steps time it
+    assert m.timing == "engine" and m.step_ms == step_ms(1, 4)  # filtered by batch size: the same value
+
+
+def test_a_step_that_carries_prompt_tokens_is_not_steady():
+    # B = 4 admitted in two steps, the second prompt's last chunk (300 tokens) riding in a step that
+    # admits nobody and runs all four requests: its 80 ms is prefill, not a decode step.
+    steps = [{"b": 1, "new": 1, "dt": 30.0, "d": 0, "tok": 512}, {"b": 4, "new": 3, "dt": 60.0, "d": 0, "tok": 512},
+             {"b": 4, "new": 0, "dt": 80.0, "d": 4, "tok": 305, "k": 1}]
+    steps += [{"b": 4, "new": 0, "dt": 5.0, "d": 4, "tok": 8, "k": 1} for _ in range(10)]
+    assert analyse_steps(steps, 4, 1) == ([5.0] * 10, False)
+    assert steady_steps(steps, 4, 1) == [(5.0, 4)] * 10
+    assert steady_steps([{**s, "tok": None} if s["dt"] == 80.0 else s for s in steps], 4, 1)[0] == (80.0, 4)
 
 
 class SilentServer(FakeServer):
@@ -108,3 +120,15 @@ def test_warm_up_runs_one_gated_untimed_batch():
     warm_up(srv, 8, prompt_tokens=16, vocab_size=100)
     assert srv.calls[0] == ("gate", 8)
     assert [c[:2] for c in srv.completes()] == [(8, WARMUP_MAX_TOKENS)]
+
+
+class LateWallServer(WallOnlyServer):
+    """No step records (wall timing only) and a batch admitted over two steps every time."""
+
+    def read_steps(self, since=None, until=None, offset=0):
+        return [{"b": 1, "new": 1, "dt": 30.0, "d": 0}, {"b": 2, "new": 1, "dt": 30.0, "d": 0}]
+
+
+def test_a_late_admission_timed_by_the_wall_clock_is_measured_again_then_kept():
+    m = measure_cell_once(LateWallServer(CFG), 1, 2, seed=0, vocab_size=100, max_attempts=3)
+    assert m.attempts == 3 and not m.admitted_together and m.timing == "wall" and m.step_ms > 0
