@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 
 from tabletune_pipelines.controller.metrics import batch_cells, cell_label
-from tests.controller.test_engine_metrics import scrape, serve
+from tests.controller.test_engine_metrics import scrape, serve, serve_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 
@@ -36,7 +36,9 @@ def cell_k(batch_label: str, context_label: str) -> int:
 def test_every_step_runs_the_k_of_its_batch_size_and_mean_context(controller_rig, controller_server):
     rig = controller_rig(RATES)
     v = rig.publish(ranges=[(1, 16, 2)], rates=RATES, context_entries=GRID, controller={"export_every_steps": 1})
-    serve(rig, 2, 40)  # v is installed at the first poll
+    # v is installed at the first poll; wait for its own windows, not a step count (the version in
+    # force before it, another module's, may export the 40 steps itself when v replaces it)
+    serve_until(rig, 2, lambda: any(w.table_version == v and w.controller for w in rig.windows()), max_steps=400)
     ws = [w for w in rig.windows() if w.table_version == v and w.controller]
     assert ws and ws[-1].controller["context_served"] and ws[-1].controller["ctx_agg"] == "mean"
     serve(rig, 3, 250)
