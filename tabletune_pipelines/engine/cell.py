@@ -1,9 +1,8 @@
 """One measurement of one cell T(B, k) on a running server (docs/method.md, "Step time T(B, k)").
 
-A repetition sends B prompts of token ids in one ``/v1/completions`` request with ``max_tokens =
-65`` (``ignore_eos``), after arming the engine's admission gate so all B are scheduled in one step;
-a retry (nothing timed the first attempt) sends a ``max_tokens = 1`` batch before it as well, for
-the wall-clock estimate below. The step time is the median of the
+A repetition sends B prompts of token ids in one ``/v1/completions`` request, once with
+``max_tokens = 1`` and once with ``max_tokens = 65`` (``ignore_eos``), after arming the engine's
+admission gate so all B are scheduled in one step. The step time is the median of the
 engine-side intervals of the steady decode steps at exactly B with B·k drafts
 (``timing = "engine"``). A drafter that proposes fewer than k tokens in some steps (n-gram
 drafting finds no match for part of the batch: at B = 4, k = 3 only 3-9 of 64 steps of the
@@ -12,7 +11,7 @@ step time at B·k drafts is then read off a robust straight-line fit of the step
 the drafts verified in it, over every steady step at B (``engine_method = "fit"``; verification
 cost grows with the tokens verified). Only when that is impossible too (too few steady steps,
 drafts that never vary or stay far below B·k) does it fall back to ``(t65 - t1) / 64``
-on the retry (``timing = "wall"``, with the reason in ``engine_method``) — which for such a drafter
+(``timing = "wall"``, with the reason in ``engine_method``) — which for such a drafter
 under-states T(B, k), because the wall clock also counts the steps that drafted less.
 
 A batch the engine admits over several steps (its prompts exceed the step's token budget: 16
@@ -61,7 +60,7 @@ class TimingServer(Protocol):
 
 @dataclass(frozen=True)
 class Measurement:
-    """One repetition of one cell: a 65-token batch of B requests (after a 1-token one on a retry)."""
+    """One repetition of one cell: a 1-token and a 65-token batch of B requests."""
 
     k: int | None
     """Draft length the server ran (None: the no-speculation server)."""
@@ -74,15 +73,15 @@ class Measurement:
     engine_ms: float | None
     """Median engine interval over steps at exactly batch size B (None if too few)."""
     wall_ms: float | None
-    """(t65 - t1) / decode steps, None without a 1-token batch or if not computable."""
+    """(t65 - t1) / decode steps, None if not computable."""
     engine_steps: int
     """Steps that entered the engine median."""
     admitted_together: bool
     """All B requests of the long batch were first scheduled in one step."""
     attempts: int
     """Attempts made (a late admission is measured again when only the wall clock timed it)."""
-    t1_s: float | None
-    """Wall seconds of the 1-token batch (None: the attempt sent none)."""
+    t1_s: float
+    """Wall seconds of the 1-token batch."""
     t65_s: float
     """Wall seconds of the 65-token batch."""
     engine_method: str = "exact"
@@ -206,11 +205,8 @@ def measure_cell_once(
     max_attempts: int = 3,
     request_timeout: float = 300.0,
 ) -> Measurement:
-    """One repetition at (k, B) on a server already switched to k. The first attempt sends only the
-    65-token batch, which the engine's steady steps time; it is measured again, a 1-token batch
-    first for the wall clock, when the engine could not time it, or when only the wall clock did and
-    the batch was admitted late. The 1-token batch costs a prefill of the B prompts, which at long
-    contexts is a large part of a repetition."""
+    """One repetition at (k, B) on a server already switched to k. Measures again when nothing timed
+    it, or when only the wall clock did and the batch was admitted late."""
     decode_steps = LONG_MAX_TOKENS - SHORT_MAX_TOKENS
     if all_accepted and k:
         decode_steps = math.ceil(decode_steps / (k + 1))
@@ -218,10 +214,8 @@ def measure_cell_once(
     last: Measurement | None = None
     steps: list[dict[str, Any]] = []
     for attempt in range(1, max_attempts + 1):
-        t1: float | None = None
-        if attempt > 1:  # the wall-clock pair: only when the engine did not time the last attempt
-            prompts = timing_prompts(batch_size, prompt_tokens, vocab_size, seed * 1000 + attempt)
-            t1 = run_batch(server, prompts, SHORT_MAX_TOKENS, request_timeout)[0]
+        prompts = timing_prompts(batch_size, prompt_tokens, vocab_size, seed * 1000 + attempt)
+        t1, _, _ = run_batch(server, prompts, SHORT_MAX_TOKENS, request_timeout)
         prompts = timing_prompts(batch_size, prompt_tokens, vocab_size, seed * 1000 + 500 + attempt)
         offset = server.step_log_offset()
         t65, a, b = run_batch(server, prompts, LONG_MAX_TOKENS, request_timeout)
@@ -229,12 +223,10 @@ def measure_cell_once(
         intervals, together = analyse_steps(steps, batch_size, k)
         steady = steady_steps(steps, batch_size, k)
         engine_ms, how = engine_step_ms(steady, batch_size, k, min_steps)
-        wall_ms: float | None = None
-        if t1 is not None:
-            try:
-                wall_ms = step_time_from_pair(t1, t65, decode_steps)
-            except TableTuneError:
-                wall_ms = None
+        try:
+            wall_ms: float | None = step_time_from_pair(t1, t65, decode_steps)
+        except TableTuneError:
+            wall_ms = None
         timing: TimingSource
         if engine_ms is not None:
             value, timing = engine_ms, "engine"
