@@ -9,10 +9,12 @@ each window is counted and checked on the engine side from the step log
 (``served_windows.measure_window``). The load is ``served_load.LoadGenerator``; what each load serves
 and the budget come from ``served_plan``; the verdict and the result from ``served_verdict``.
 
-**Sequential rounds**: each load (largest first) runs rounds until its verdict is decided, its
-``rounds`` (the most per load) are spent or its share of the budget is (what is left, split among
-the loads still to measure); after 2 rounds the window-to-window spread of the paired ratio says
-how many rounds a decision needs, and that figure is printed. Each load's stop reason is kept:
+**Sequential rounds**: each load (largest first; sized from the profile, the loads where a verdict
+is expected first, ``verdict_order``) runs rounds until its verdict is decided, its ``rounds`` (the
+most per load) are spent or its share of the budget is (what is left, split among the loads still
+to measure, or among the ones still to measure where a verdict is expected); after 2 rounds the
+window-to-window spread of the paired ratio says how many rounds a decision needs, and that figure
+is printed. Each load's stop reason is kept:
 ``decided``, ``rounds`` or ``budget``.
 
 No Dagster, no vLLM import: ``server`` is anything with ``set_k(table=...)``, ``step_log_offset()``,
@@ -41,6 +43,7 @@ from tabletune_pipelines.tuning.served_plan import (
     SWAP_OVERHEAD_S,
     FixedKChoice,
     LoadPolicies,
+    VerificationSizing,
     default_loads,
     load_batch_sizes,
     load_policies,
@@ -78,6 +81,36 @@ def first_warmup(server: Any, tables: Sequence[Sequence[Sequence[int]]], seconds
         sleep(share)
 
 
+def verdict_order(loads: Sequence[int], sizing: VerificationSizing) -> tuple[int, ...]:
+    """``loads`` in the order the budget serves them: those where the profile expects a verdict,
+    fewest rounds first (the larger load first on a tie), then those where it expects none or has
+    no fixed k to judge against, largest first. Measured in that order, a budget too small for
+    every load is spent where it buys verdicts (one 2026-12-07 run split 180 s evenly over loads 16,
+    8 and 1: two paired rounds each, t = 12.7, no verdict anywhere)."""
+    need = {n.load: n.rounds for n in sizing.needs}
+    return tuple(sorted(loads, key=lambda ld: (need.get(ld) is None, need.get(ld) or 0, -ld)))
+
+
+MIN_OPEN_ROUNDS = 3
+"""A load where the profile expects no verdict is measured only if its share of the budget buys this
+many paired rounds: with two the t quantile is 12.7, and no plausible gap clears it."""
+
+
+def _unreachable(sizing: VerificationSizing) -> set[int]:
+    """Loads where the profile expects no verdict (a fixed k to judge against, but more rounds needed
+    than allowed)."""
+    return {n.load for n in sizing.unreachable}
+
+
+def _loads_sharing(left: Sequence[int], sizing: VerificationSizing | None) -> int:
+    """How many of the loads ``left`` to measure split the budget left: all of them, or, sized from the
+    profile and while a load where a verdict is expected is among them, those loads only."""
+    if sizing is None:
+        return len(left)
+    reachable = {n.load for n in sizing.needs if n.rounds is not None}
+    return max(1, sum(1 for ld in left if ld in reachable)) if reachable & set(left) else len(left)
+
+
 def verify_on_server(server: Any, candidate_table: Sequence[Sequence[int]], *, K: int, max_num_seqs: int,
                      loads: Sequence[int] | None = None, rounds: int | None = None, window_s: float | None = None,
                      budget_s: float | None = None, settle_s: float | None = None, warmup_s: float | None = None,
@@ -99,7 +132,9 @@ def verify_on_server(server: Any, candidate_table: Sequence[Sequence[int]], *, K
     loss to detect is ``tolerance``), and the loads where no verdict is expected are named up front.
     Other ``None`` options take the device's ``DEFAULTS`` (``device``: ``server.device`` when not
     given). Loads are measured largest first, each with its share of the budget left, so a budget
-    that runs out leaves the smallest loads inconclusive."""
+    that runs out leaves the smallest loads inconclusive; sized from the profile, the loads where a
+    verdict is expected go first, fewest rounds first, and share the budget among themselves, and
+    the loads where none is expected get what they leave (``verdict_order``)."""
     say = progress or logger.info
     device = device or getattr(server, "device", None) or "cpu"
     d = DEFAULTS.get(device, DEFAULTS["gpu"])
@@ -126,6 +161,7 @@ def verify_on_server(server: Any, candidate_table: Sequence[Sequence[int]], *, K
                                               f"predicted {n.predicted_ratio:.3f}, "
                                               + (f"~{n.rounds} rounds" if n.rounds else "no verdict expected"))
                         for n in sizing.needs) + ")")
+        loads = verdict_order(loads, sizing)
     planned = min(most, sizing.rounds if sizing is not None else PLANNED_ROUNDS)
     plan = plan_verification(max(len(lp.policies) for lp in per_load.values()), loads, budget_s=budget_s or d.budget_s,
                              rounds=planned, window_s=window_s or d.window_s,
@@ -165,7 +201,14 @@ def verify_on_server(server: Any, candidate_table: Sequence[Sequence[int]], *, K
         left = plan.budget_s - (clock() - t0)
         if left < plan.warmup_s + len(names) * per_window:
             break
-        share = left / (len(plan.loads) - li)  # what is left, split among the loads still to measure
+        share = left / _loads_sharing(plan.loads[li:], sizing)  # what is left, split among the loads still to measure
+        if sizing is not None and load in _unreachable(sizing) \
+                and share < plan.warmup_s + MIN_OPEN_ROUNDS * len(names) * per_window:
+            # no verdict expected and too little left to find one anyway: the budget stops here
+            stops.append((load, "budget"))
+            say(f"[served] load {load}: not measured: no verdict expected, and the {share:.0f} s left for it buy fewer "
+                f"than {MIN_OPEN_ROUNDS} paired rounds of its {len(names)} policies")
+            continue
         t_load = clock()
         gen = LoadGenerator(server, load, vocab_size, output_tokens=output_tokens, seed=load, prompt=prompt).start()
         last = li == len(plan.loads) - 1

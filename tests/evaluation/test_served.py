@@ -550,3 +550,21 @@ def test_an_undecided_load_makes_the_table_unverified_and_the_file_says_so():
     doc["served_verification"]["verdict"] = "verified"  # a file that calls an undecided table verified
     with pytest.raises(PublishedTableError, match="contradicts per_load"):
         parse_published(doc)
+
+
+def test_a_load_with_no_verdict_expected_is_not_measured_when_its_share_buys_too_few_rounds(monkeypatch):
+    # The profile: every k costs the same per token at every B (tau(k) / T(k) equal), so the table
+    # (k = 3 everywhere) sits on the 0.97 line against the best fixed k: no verdict is expected. A
+    # 5 s budget cannot buy 3 paired rounds of 4 policies in 1 s windows: nothing is served.
+    rates = (0.8, 0.64, 0.512)
+    taus = [1.0, 1.8, 2.44, 2.952]
+    steps = {str(k): {str(b): 10.0 * taus[k] for b in range(1, 9)} for k in range(4)}
+    srv = ScriptedServer({0: 6.0, 1: 8.0, 2: 10.0, 3: 14.0}, {0: 0.0, 1: 0.8, 2: 1.5, 3: 1.8}, 8, 3)
+    said = []
+    res = served_verification.verify_on_server(srv, [[1, 8, 3]], K=3, max_num_seqs=8, loads=(8,), rounds=8,
+                                               window_s=1.0, settle_s=0.0, warmup_s=0.0, budget_s=5.0,
+                                               first_warmup_s=0.0, progress=said.append,
+                                               profile_steps=(steps, rates))
+    assert res.stop_reasons == ((8, "budget"),) and not res.windows and res.budget_cut
+    assert any("load 8: not measured: no verdict expected" in s and "fewer than 3 paired rounds" in s for s in said)
+    assert any("load 8:" in line and "none is expected" in line for line in res.expected_open)

@@ -3,6 +3,7 @@ no-verdict note printed before the table (``run_report.no_verdict_lines``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from tabletune_pipelines.tuning import served_plan
@@ -84,3 +85,19 @@ def test_every_loads_share_of_the_budget_holds_the_neediest_loads_rounds():
     need = max(d.warmup_s + (n.rounds or 2) * len(per_load[n.load].policies) * per_window for n in sizing.needs)
     assert sizing.budget_s >= min(3 * need, served_plan.BUDGET_CAP * d.budget_s) - 1
     assert sizing.budget_s <= served_plan.BUDGET_CAP * d.budget_s
+
+
+def test_loads_where_a_verdict_is_expected_go_first_and_share_the_budget():
+    from tabletune_pipelines.tuning.served_verification import _loads_sharing, verdict_order
+
+    need = served_plan.LoadNeed
+    sizing = served_plan.VerificationSizing(window_s=4.8, rounds=7, budget_s=180.0, ratio_sd=0.11, needs=(
+        need(16, 0.80, 3), need(8, 0.995, None), need(1, 1.39, 3), need(4, None, None)))
+    # reachable first, fewest rounds first, the larger load first on a tie; then the rest, largest first
+    order = verdict_order((16, 8, 4, 1), sizing)
+    assert order == (16, 1, 8, 4)
+    # the two reachable loads split the budget; once they are measured, the rest split what is left
+    assert [_loads_sharing(order[i:], sizing) for i in range(4)] == [2, 1, 2, 1]
+    assert _loads_sharing((16, 8, 1), None) == 3  # sized by hand: every load gets its share
+    fewer = dataclasses.replace(sizing, needs=(need(16, 0.8, 6), need(8, 0.7, 2), need(1, 1.39, None)))
+    assert verdict_order((16, 8, 1), fewer) == (8, 16, 1)
