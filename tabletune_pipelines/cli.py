@@ -181,7 +181,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
                                          **({} if args.remeasure_budget is None
                                             else {"remeasure_budget_s": args.remeasure_budget}),
                                          **({} if args.max_repetitions is None
-                                            else {"max_repetitions": args.max_repetitions}))
+                                            else {"max_repetitions": args.max_repetitions}),
+                                         **({} if args.decode_steps is None else {"decode_steps": args.decode_steps}),
+                                         **({} if args.coarse_points is None
+                                            else {"coarse_points": args.coarse_points}))
     # --batch-sizes, --ks, --accept-batch-sizes against the deployment, by the plan's own rule, before
     # an engine starts or the store is opened.
     options.check_engine(dep.max_num_seqs, dep.max_k,
@@ -516,11 +519,15 @@ def build_parser() -> argparse.ArgumentParser:
     # named, not imported, so `--help` stays light; tests/cli check that the two agree.
     p.add_argument("--remeasure-budget", type=_profile_number("remeasure_budget_s"), default=None,
                    metavar="SECONDS",
-                   help="after the first pass, re-measure the cells behind ambiguous table decisions (adaptive "
-                        "re-measurement, one_launch mode) for at most this long (0..86400); default 120, 0 turns "
-                        "it off")
+                   help="after the first pass, measure for at most this long (0..86400; one_launch mode): the "
+                        "cells behind ambiguous table decisions and the batch sizes the adaptive plan adds; "
+                        "default 120, 0 turns it off")
     p.add_argument("--max-repetitions", type=_profile_number("max_repetitions"), default=None,
                    help="most repetitions re-measurement gives one cell, 1..100 (default 9)")
+    p.add_argument("--decode-steps", type=_profile_number("decode_steps"), default=None,
+                   help="decode steps one repetition times, 8..1024 (default 64; the main job uses 32)")
+    p.add_argument("--coarse-points", type=_profile_number("coarse_points"), default=None,
+                   help="batch sizes of the adaptive plan's first pass, 2..64 (default 5; the main job uses 3)")
     p.add_argument("--startup-timeout", type=_profile_number("startup_timeout"), default=None,
                    help="seconds to wait for each engine launch to become healthy, 1..3600 (default 600; a cold GPU "
                         "launch with CUDA graphs can take 2-3 minutes, a slow CPU several)")

@@ -259,6 +259,12 @@ class BoundaryReport:
     ``verify`` (the midpoint of a run of equal decisions)."""
     skipped_ties: list[tuple[int, int]] = field(default_factory=list)
     """(lo, hi) neighbours whose k differ but are tied within the tolerance over lo..hi: not bisected."""
+    unmeasured: dict[int, str] = field(default_factory=dict)
+    """Batch size -> why the search wanted it (``bisect`` / ``verify``) where the budget was spent
+    before it could be measured: a boundary there is placed between measured neighbours, unverified."""
+    search_seconds: float = 0.0
+    """Seconds of the clock spent measuring the added batch sizes (``added``); with the repetitions'
+    (``remeasure.seconds``) they draw on one budget."""
     remeasure: RemeasureReport = field(default_factory=RemeasureReport)
     """The sequential repetitions over all passes (``remeasure``), its per-batch reasons from the last pass."""
 
@@ -266,6 +272,11 @@ class BoundaryReport:
     def batch_sizes(self) -> list[int]:
         """Every batch size measured, sorted."""
         return sorted({*self.coarse, *self.added})
+
+    @property
+    def seconds(self) -> float:
+        """Seconds spent after the first pass: added batch sizes and repetitions (the budget's count)."""
+        return self.search_seconds + self.remeasure.seconds
 
 
 def _dense_decisions(reps: Reps, rates_options: Sequence[Sequence[float]], max_num_seqs: int,
@@ -390,31 +401,53 @@ def search_boundaries(
 ) -> BoundaryReport:
     """The adaptive plan ("boundaries, not grids"): the coarse batch sizes of ``grid``
     first, then ``next_batch_sizes`` until it is empty, each pass followed by ``remeasure`` (the
-    sequential cells: repetitions only where a decision is open beyond the tolerance, the budget
-    shared by all passes). ``measure_batch(B)`` measures every k at B once per repetition of the
-    first pass and puts the repetitions into ``reps`` (in place); ``measure(k, B)`` gives one more.
-    Batch sizes already in ``reps`` (a rerun) count as measured. ``seed``: the first pass instead of
-    the coarse batch sizes (``seeded_batch_sizes``: where another surface's boundaries were)."""
+    sequential cells: repetitions only where a decision is open beyond the tolerance). Everything
+    after the first pass, added batch sizes and repetitions alike, draws on ``settings.budget_s``:
+    once it is spent no batch size is added (bisections first, then verifications, each pass), and
+    the ones still wanted go to ``report.unmeasured``. ``measure_batch(B)`` measures every k at B
+    once per repetition of the first pass and puts the repetitions into ``reps`` (in place);
+    ``measure(k, B)`` gives one more. Batch sizes already in ``reps`` (a rerun) count as measured.
+    ``seed``: the first pass instead of the coarse batch sizes (``seeded_batch_sizes``: where
+    another surface's boundaries were)."""
     report = BoundaryReport(coarse=sorted(seed) if seed is not None else coarse_batch_sizes(grid, coarse_points))
     done = {b for _, b in reps}
     todo = {b: "coarse" for b in report.coarse if b not in done}
+
+    def left_s() -> float | None:
+        return None if settings.budget_s is None else max(0.0, settings.budget_s - report.seconds)
+
     while True:
-        for b, why in sorted(todo.items()):
+        for b, why in sorted(todo.items(), key=lambda item: (item[1] != "coarse", item[1] != "bisect", item[0])):
+            if why == "coarse":
+                measure_batch(b)
+                continue
+            if left_s() == 0.0:
+                report.unmeasured[b] = why
+                continue
+            t0 = clock()
             measure_batch(b)
-            if why != "coarse":
-                report.added[b] = why
-        # the budget counts the repetitions beyond the first pass only (the remeasure calls' own seconds)
-        left = None if settings.budget_s is None else max(0.0, settings.budget_s - report.remeasure.seconds)
+            report.search_seconds += clock() - t0
+            report.added[b] = why
+        left = left_s()
+        if left is not None and left > 0 and _wanted(reps, rates_options, max_num_seqs, grid, settings, report):
+            left /= 2  # repetitions take at most half of what is left while batch sizes are still wanted
         sub = remeasure(reps, measure, rates_options, max_num_seqs,
                         dataclasses.replace(settings, budget_s=left), on_update=on_update, clock=clock)
         if sub.stop_reason == "disabled":  # the budget is spent: say where decisions are still open
             sub.per_batch = batch_stop_reasons(reps, rates_options, max_num_seqs, settings,
                                                sorted({b for _, b in reps}), open_reason="budget")
         _merge_report(report.remeasure, sub, budget_gone=left is not None and left <= 0)
-        todo = next_batch_sizes(reps, rates_options, max_num_seqs, grid, settings, report.skipped_ties)
-        todo = {b: why for b, why in todo.items() if b not in {bb for _, bb in reps}}
+        todo = _wanted(reps, rates_options, max_num_seqs, grid, settings, report)
         if not todo:
             return report
+
+
+def _wanted(reps: Reps, rates_options: Sequence[Sequence[float]], max_num_seqs: int, grid: Sequence[int],
+            settings: RemeasureSettings, report: BoundaryReport) -> dict[int, str]:
+    """``next_batch_sizes`` less the measured ones and the ones the budget already left out."""
+    measured = {b for _, b in reps}
+    todo = next_batch_sizes(reps, rates_options, max_num_seqs, grid, settings, report.skipped_ties)
+    return {b: why for b, why in todo.items() if b not in measured and b not in report.unmeasured}
 
 
 def _merge_report(total: RemeasureReport, sub: RemeasureReport, *, budget_gone: bool) -> None:

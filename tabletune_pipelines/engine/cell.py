@@ -204,10 +204,12 @@ def measure_cell_once(
     all_accepted: bool = False,
     max_attempts: int = 3,
     request_timeout: float = 300.0,
+    decode_steps: int = LONG_MAX_TOKENS - SHORT_MAX_TOKENS,
 ) -> Measurement:
-    """One repetition at (k, B) on a server already switched to k. Measures again when nothing timed
-    it, or when only the wall clock did and the batch was admitted late."""
-    decode_steps = LONG_MAX_TOKENS - SHORT_MAX_TOKENS
+    """One repetition at (k, B) on a server already switched to k: ``decode_steps`` decode steps
+    after the first token (fewer with every draft accepted). Measures again when nothing timed it,
+    or when only the wall clock did and the batch was admitted late."""
+    long_tokens = SHORT_MAX_TOKENS + decode_steps
     if all_accepted and k:
         decode_steps = math.ceil(decode_steps / (k + 1))
     min_steps = min(MIN_ENGINE_STEPS, max(2, decode_steps // 2))
@@ -218,7 +220,7 @@ def measure_cell_once(
         t1, _, _ = run_batch(server, prompts, SHORT_MAX_TOKENS, request_timeout)
         prompts = timing_prompts(batch_size, prompt_tokens, vocab_size, seed * 1000 + 500 + attempt)
         offset = server.step_log_offset()
-        t65, a, b = run_batch(server, prompts, LONG_MAX_TOKENS, request_timeout)
+        t65, a, b = run_batch(server, prompts, long_tokens, request_timeout)
         steps = server.read_steps(since=a, until=b + 0.5, offset=offset)
         intervals, together = analyse_steps(steps, batch_size, k)
         steady = steady_steps(steps, batch_size, k)

@@ -26,8 +26,16 @@ from tabletune_pipelines.errors import EngineError
 
 logger = logging.getLogger("tabletune.mixed")
 
-#: Output tokens of the decoding batch: long enough for several injected prompts on a slow CPU.
+#: Output tokens of the decoding batch by default (``mixed_decode_tokens`` of the default 64 decode
+#: steps a repetition times): long enough for several injected prompts on a slow CPU.
 MIXED_DECODE_TOKENS = 129
+
+
+def mixed_decode_tokens(decode_steps: int) -> int:
+    """Output tokens of the decoding batch of a profile whose repetitions time ``decode_steps``
+    steps: twice as many steps, plus the first token (129 for the default 64)."""
+    return 1 + 2 * int(decode_steps)
+
 #: Prompt length of the decoding batch's requests, in tokens.
 BATCH_PROMPT_TOKENS = 32
 #: Decode steps between two injected prompts (so each mixed step has decode steps around it).

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from tabletune_pipelines.core.evidence import ACCEPTED_LOSS
 from tabletune_pipelines.core.goodput import validate_acceptance
-from tabletune_pipelines.core.remeasure import DEFAULT_MAX_REPETITIONS, coarse_batch_sizes
-from tabletune_pipelines.core.steptime import LONG_MAX_TOKENS, batch_size_grid
+from tabletune_pipelines.core.remeasure import COARSE_POINTS, DEFAULT_MAX_REPETITIONS, coarse_batch_sizes
+from tabletune_pipelines.core.steptime import LONG_MAX_TOKENS, SHORT_MAX_TOKENS, batch_size_grid
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.errors import EngineConfigError
 from tabletune_pipelines.options import Bound, context_levels_problem, options_from_mapping
@@ -27,6 +27,8 @@ from tabletune_pipelines.vocab import DEFAULT_PROMPT_TOKENS, DEFAULT_REPETITIONS
 
 #: Default seconds of adaptive re-measurement after the first pass.
 DEFAULT_REMEASURE_BUDGET_S = 120.0
+#: Decode steps a repetition times by default (``PlanFields.decode_steps``).
+DEFAULT_DECODE_STEPS = LONG_MAX_TOKENS - SHORT_MAX_TOKENS
 
 #: The range of every number ``ProfileOptions`` holds, as ``options.Bound``s (the rule of every number
 #: read from outside: NaN, infinity and a bool are refused by name). One validation: ``ProfileOptions``,
@@ -47,6 +49,10 @@ PROFILE_LIMITS: dict[str, Bound] = {
     "kv_cache_space_gib": Bound(1, 4_096, integer=True, why="GiB of CPU memory for the KV cache"),
     "max_model_len": Bound(1, 2 ** 24, integer=True, why="tokens of context"),
     "accepted_loss": Bound(0.0, 0.5, why="the goodput loss a tie may leave, 0.01 = 1 %"),
+    "decode_steps": Bound(8, 1_024, integer=True, why="decode steps timed per repetition; fewer than 8 leave the "
+                                                      "engine timing too few steady steps"),
+    "coarse_points": Bound(2, 64, integer=True, why="batch sizes of the adaptive plan's first pass, the grid's "
+                                                    "first and last among them"),
 }
 
 #: How a profile picks its batch sizes: ``adaptive`` (coarse batch sizes, then bisection where the
@@ -157,12 +163,17 @@ class PlanFields:
     """Context levels in tokens, ascending: every cell is measured at each, its requests' prompts
     exactly that long, so the KV length of the timed decode steps is held there (``propose_context_levels``
     spans a deployment's context); None = one level, ``prompt_tokens`` (a profile as without levels)."""
+    decode_steps: int = DEFAULT_DECODE_STEPS
+    """Decode steps a repetition times: its long batch generates this many tokens after the first
+    (``max_tokens`` = 1 + this); 8..1024. Fewer steps make a repetition shorter and its value
+    noisier; the repetitions estimate that noise, so the evidence rule asks for more where it matters."""
 
     def __post_init__(self) -> None:
         for name in ("batch_sizes", "ks", "accept_batch_sizes", "context_levels"):
             object.__setattr__(self, name, _ints(name, getattr(self, name)))
         check_limit("repetitions", self.repetitions)
         check_limit("prompt_tokens", self.prompt_tokens)
+        check_limit("decode_steps", self.decode_steps)
         if self.context_levels is not None:
             check_context_levels(self.context_levels)
         _check_bool("include_no_spec", self.include_no_spec)
@@ -251,9 +262,10 @@ class ProfileOptions(PlanFields, LaunchOverrides):
     shapes JIT-compile kernels there: docs/engine-facts.md, "GPU (H200, vLLM 0.26)"), on the CPU
     build no."""
     remeasure_budget_s: float = DEFAULT_REMEASURE_BUDGET_S
-    """Seconds of adaptive re-measurement after the first pass (``one_launch`` mode): more
-    repetitions only for the cells behind decisions the evidence search finds ambiguous
-    (``core.remeasure``); 0 turns it off."""
+    """Seconds of measurement after the first pass (``one_launch`` mode), shared out over the
+    context levels: more repetitions only for the cells behind decisions the evidence search finds
+    ambiguous (``core.remeasure``) and, in the adaptive plan, the batch sizes its bisection and
+    verification add (``core.remeasure.search_boundaries``); 0 turns both off."""
     max_repetitions: int = DEFAULT_MAX_REPETITIONS
     """No cell gets more repetitions than this through re-measurement."""
     decision_rates: tuple[float, ...] | None = None
@@ -265,6 +277,9 @@ class ProfileOptions(PlanFields, LaunchOverrides):
     cells repeated until their decisions are settled or tied within ``accepted_loss`` (or the
     re-measurement budget is spent: ``core.remeasure.search_boundaries``); ``grid``: every batch
     size of ``batch_sizes`` with ``repetitions`` each, then the re-measurement."""
+    coarse_points: int = COARSE_POINTS
+    """Batch sizes of the adaptive plan's first pass, spread evenly over the grid with its first and
+    last among them (``core.remeasure.coarse_batch_sizes``); 2..64."""
     accepted_loss: float = ACCEPTED_LOSS
     """Candidate k whose goodput gain over the chosen one is bounded by this (at the evidence rule's
     confidence) are tied: a tie keeps the incumbent and needs no more repetitions."""
@@ -288,7 +303,7 @@ class ProfileOptions(PlanFields, LaunchOverrides):
         if self.fixed_k_ks is not None and (not self.fixed_k_ks or not all(1 <= k <= 64 for k in self.fixed_k_ks)):
             raise EngineConfigError(f"fixed_k_ks = {list(self.fixed_k_ks)!r}: give draft lengths k in 1..64 (the "
                                     "launches of the fixed-k baseline), or null for every k >= 1 of the plan")
-        for name in ("remeasure_budget_s", "max_repetitions", "accepted_loss"):
+        for name in ("remeasure_budget_s", "max_repetitions", "accepted_loss", "coarse_points"):
             check_limit(name, getattr(self, name))
         if self.plan_search not in PLAN_SEARCHES:
             raise EngineConfigError(f"plan_search = {self.plan_search!r} must be one of {PLAN_SEARCHES}")
@@ -378,7 +393,8 @@ def plan_from_options(config: ServerConfig, options: PlanFields) -> ProfilePlan:
         given[name] = None if values is None else tuple(sorted(set(values)))
     if given["accept_batch_sizes"] is None and getattr(options, "plan_search", "grid") == "adaptive" \
             and getattr(options, "mode", "one_launch") == "one_launch":
-        coarse = coarse_batch_sizes(given["batch_sizes"])  # measured in any case: the adaptive plan starts there
+        # measured in any case: the adaptive plan starts there
+        coarse = coarse_batch_sizes(given["batch_sizes"], getattr(options, "coarse_points", COARSE_POINTS))
         given["accept_batch_sizes"] = tuple(sorted({coarse[0], coarse[len(coarse) // 2], coarse[-1]}))
     plan = ProfilePlan(**given)
     plan.check_engine(config.max_num_seqs, K)
@@ -462,10 +478,11 @@ def plan_lines(plan: ProfilePlan, options: ProfileOptions) -> list[str]:
     coarse batch sizes) and, at each further level, the seed it takes from the level below; the grid
     plan's every batch size at every level."""
     adaptive = options.plan_search == "adaptive" and options.mode == "one_launch" and len(plan.ks) >= 2
-    first = coarse_batch_sizes(plan.batch_sizes) if adaptive else list(plan.batch_sizes)
+    first = coarse_batch_sizes(plan.batch_sizes, options.coarse_points) if adaptive else list(plan.batch_sizes)
     per_level = len(dataclasses.replace(plan, batch_sizes=tuple(first)).cells(options.mode))
     out = [f"plan ({options.plan_search}, mode {options.mode}): k {list(plan.ks)}, grid B {list(plan.batch_sizes)}, "
-           f"{plan.repetitions} repetitions, context levels {list(plan.context_levels)}"]
+           f"{plan.repetitions} repetitions of {plan.decode_steps} decode steps, context levels "
+           f"{list(plan.context_levels)}"]
     for i, level in enumerate(plan.context_levels):
         if not adaptive:
             how = f"every B of the grid: {per_level} cells"

@@ -129,7 +129,8 @@ class ProfileRun:
         if self.adaptive_search:
             complete = set(self._complete_batch_sizes())
             # a further level starts from its seed (``seed_from``); on a rerun, from what it measured
-            start = complete if shared is not None and complete else set(coarse_batch_sizes(self.grid)) | complete
+            coarse = set(coarse_batch_sizes(self.grid, target.options.coarse_points))
+            start = complete if shared is not None and complete else coarse | complete
             self.plan = dataclasses.replace(target.plan, batch_sizes=tuple(sorted(start)))
         self.wanted = self.plan.cells(target.options.mode)
         self.todo = [key for key in self.wanted if key not in self.have]
@@ -199,7 +200,10 @@ class ProfileRun:
                           f"measured: coarse {sr.coarse}"
                           + "".join(f", {b} ({why})" for b, why in sorted(sr.added.items()))
                           + (f"; not bisected (k tied within {self.target.options.accepted_loss:.0%}): "
-                             + ", ".join(f"{lo}..{hi}" for lo, hi in sr.skipped_ties) if sr.skipped_ties else ""))
+                             + ", ".join(f"{lo}..{hi}" for lo, hi in sr.skipped_ties) if sr.skipped_ties else "")
+                          + ("; not measured (budget spent): "
+                             + ", ".join(f"{b} ({why})" for b, why in sorted(sr.unmeasured.items()))
+                             if sr.unmeasured else ""))
         self.prog.say(
             f"[profile] done: {len(self.new_cells)} cells measured in {time.monotonic() - self.prog.started:.0f} s"
             + (f" (+{rr.measurements} repetitions of {len(rr.cells)} cells re-measured)" if rr else "") + "; "
@@ -250,7 +254,8 @@ class ProfileRun:
                     self.warm(server, k, b)
                     reps[k].append(measure_cell_once(
                         server, k, b, seed=cell_seed(b, k, r, acceptance), prompt_tokens=self.plan.prompt_tokens,
-                        vocab_size=self.vocab_size, all_accepted=acceptance == "accept"))
+                        vocab_size=self.vocab_size, all_accepted=acceptance == "accept",
+                        decode_steps=self.plan.decode_steps))
             for k in pending:
                 self.emit(*self._cell(reps[k], k, b, acceptance, launch_k))
 
@@ -317,13 +322,15 @@ class ProfileRun:
 
     def search_pending(self, options: ProfileOptions) -> bool:
         """Whether the adaptive search would measure something: a missing coarse cell, a batch size
-        to add (``core.remeasure.next_batch_sizes``) or an open decision."""
+        to add (``core.remeasure.next_batch_sizes``; only with a budget, which added batch sizes draw
+        on) or an open decision."""
         settings = self.adaptive_settings(options, budget=False)
         reps = self._reps(self.plan.ks)
         if settings is None or reps is None:
             return True
         try:
-            if next_batch_sizes(reps, settings[0], settings[1], self.grid, self._settings(options)):
+            if self.budget_s > 0 and next_batch_sizes(reps, settings[0], settings[1], self.grid,
+                                                      self._settings(options)):
                 return True
         except TableTuneError:
             return False
@@ -385,7 +392,8 @@ class ProfileRun:
         def measure(k: int, b: int) -> float:
             self.switch_k(server, k)
             m = measure_cell_once(server, k, b, seed=cell_seed(b, k, len(reps[(k, b)]), "reject"),
-                                  prompt_tokens=self.plan.prompt_tokens, vocab_size=self.vocab_size)
+                                  prompt_tokens=self.plan.prompt_tokens, vocab_size=self.vocab_size,
+                                  decode_steps=self.plan.decode_steps)
             self._count_fallbacks([m])
             last[(k, b)] = m
             return m.step_ms
@@ -410,8 +418,9 @@ class ProfileRun:
 
     def spent_s(self) -> float:
         """Seconds of re-measurement this run spent (the adaptive search's or the re-measurement's)."""
-        report = self.search_report.remeasure if self.search_report is not None else self.remeasure_report
-        return report.seconds if report is not None else 0.0
+        if self.search_report is not None:  # added batch sizes and repetitions: one budget
+            return self.search_report.seconds
+        return self.remeasure_report.seconds if self.remeasure_report is not None else 0.0
 
     def boundaries(self) -> list[tuple[int, int]]:
         """Where this level's tables change: neighbouring measured batch sizes (lo, hi) between which
@@ -457,7 +466,8 @@ class ProfileRun:
         measure, update = self._remeasure_callbacks(server, reps)
         try:
             report = search_boundaries(self.grid, measure_batch, reps, measure, rates_options, n,
-                                       self._settings(options), seed=self.seed, on_update=update)
+                                       self._settings(options), seed=self.seed, on_update=update,
+                                       coarse_points=options.coarse_points)
         except EngineError:
             raise  # a dead engine ends the profile: the cells measured so far are stored, a rerun resumes
         except TableTuneError as exc:  # the cells measured so far stay; the grid's coarse points are in the plan

@@ -11,7 +11,8 @@ Protocol (``mode="one_launch"``, the default):
    (k, B) first runs once untimed.
 3. ``repetitions`` (3) per cell, the k order rotated per repetition (k0 k1 k3, k1 k3 k0,
    k3 k0 k1) so drift cancels; the cell's value is the median.
-3b. Adaptive re-measurement (``options.remeasure_budget_s``, default 120 s; ``core.remeasure``):
+3b. Adaptive re-measurement (``options.remeasure_budget_s``, default 120 s, which the adaptive
+   plan's added batch sizes draw on too; ``core.remeasure``):
    in the same launch, more repetitions only for the cells behind the batch sizes whose table
    decision the evidence search finds ambiguous (judged under ``options.decision_rates``, or a
    low, middle and high acceptance when none is given), interleaved across k, until every
@@ -52,6 +53,7 @@ from tabletune_pipelines.engine.mixed import (
     default_mixed_batch_sizes,
     default_mixed_prefill_tokens,
     measure_mixed_steps,
+    mixed_decode_tokens,
 )
 from tabletune_pipelines.engine.plan import (
     ProfileOptions,
@@ -327,7 +329,8 @@ def _mixed_phase(run: ProfileRun, srv: Any) -> None:
             srv.set_k(k)  # every time (a switch to the same k is harmless)
             run.k_set[id(srv)] = k
             run.warm(srv, k, b)
-            got = measure_mixed_steps(srv, k, b, ps, vocab_size=run.vocab_size, seed=cell_seed(b, k, 0, "mixed"))
+            got = measure_mixed_steps(srv, k, b, ps, vocab_size=run.vocab_size, seed=cell_seed(b, k, 0, "mixed"),
+                                      decode_tokens=mixed_decode_tokens(plan.decode_steps))
             out.extend(got)
             run.prog.say(f"[profile] mixed k={k} B={b}: {sum(1 for s in got if s.prefill_tokens)} mixed steps, "
                          f"{sum(1 for s in got if not s.prefill_tokens)} decode steps")

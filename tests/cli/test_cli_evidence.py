@@ -108,4 +108,13 @@ def test_profile_takes_the_remeasurement_budget_and_reports_re_measured_cells(ho
     helps = {a.dest: a.help for a in sub._actions}
     assert f"default {DEFAULT_REMEASURE_BUDGET_S:.0f}," in helps["remeasure_budget"]
     assert f"(default {DEFAULT_MAX_REPETITIONS})" in helps["max_repetitions"]
+    from tabletune_pipelines.core.remeasure import COARSE_POINTS
+    from tabletune_pipelines.embedded import FULL_PROFILE
+    from tabletune_pipelines.engine.plan import DEFAULT_DECODE_STEPS
+
+    assert (seen["options"].decode_steps, seen["options"].coarse_points) == (DEFAULT_DECODE_STEPS, COARSE_POINTS)
+    assert f"(default {DEFAULT_DECODE_STEPS}; the main job uses {FULL_PROFILE['decode_steps']})" in helps["decode_steps"]
+    assert f"(default {COARSE_POINTS}; the main job uses {FULL_PROFILE['coarse_points']})" in helps["coarse_points"]
+    assert main(["profile", "--decode-steps", "16", "--coarse-points", "4"]) == 0
+    assert (seen["options"].decode_steps, seen["options"].coarse_points) == (16, 4)
 

@@ -55,6 +55,14 @@ def test_measurement_uses_engine_timing():
     assert [c[:2] for c in srv.completes()] == [(4, 1), (4, 65)]
 
 
+def test_a_repetition_times_the_decode_steps_it_is_asked_for():
+    srv = FakeServer(CFG)
+    srv.set_k(1)
+    m = measure_cell_once(srv, 1, 4, seed=3, vocab_size=100, decode_steps=32)
+    assert [c[:2] for c in srv.completes()] == [(4, 1), (4, 33)]  # 1 + 32 tokens: 32 decode steps
+    assert m.timing == "engine" and m.step_ms == step_ms(1, 4)
+
+
 class LateServer(FakeServer):
     """Admits the batch over two steps every time; its steady steps still run at exactly B."""
 

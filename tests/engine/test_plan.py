@@ -91,6 +91,9 @@ def test_options_defaults_and_mapping():
     ({"prompt_tokens": 10 ** 6}, r"prompt_tokens = 1000000 must be an integer >= 1 and <= 32768"),
     ({"kv_cache_space_gib": 10 ** 6}, r"kv_cache_space_gib = 1000000 must be an integer >= 1 and <= 4096"),
     ({"max_model_len": 2 ** 40}, r"max_model_len = 1099511627776 must be an integer >= 1 and <= 16777216"),
+    ({"decode_steps": 4}, r"decode_steps = 4 must be an integer >= 8 and <= 1024"),
+    ({"coarse_points": 1}, r"coarse_points = 1 must be an integer >= 2 and <= 64"),
+    ({"coarse_points": 2.5}, r"coarse_points = 2.5 must be an integer"),
 ])
 def test_options_name_the_bad_key_or_value(data, message):
     with pytest.raises(EngineConfigError, match=message):
@@ -169,7 +172,7 @@ def test_plan_and_options_fields_are_declared_once():
     shared = {f.name for f in dataclasses.fields(PlanFields)}
     launch = {f.name for f in dataclasses.fields(LaunchOverrides)}
     assert shared == {"batch_sizes", "ks", "repetitions", "include_no_spec", "accept_batch_sizes", "prompt_tokens",
-                      "context_levels"}
+                      "context_levels", "decode_steps"}
     assert launch == {"startup_timeout", "kv_cache_space_gib", "max_model_len"}
     for cls, bases in ((ProfilePlan, shared), (ProfileOptions, shared | launch), (AcceptanceOptions, launch)):
         assert bases <= {f.name for f in dataclasses.fields(cls)}
@@ -200,3 +203,16 @@ def test_launch_overrides_are_one_rule_for_profile_and_acceptance_options():
         assert cls().apply_to(CFG) is CFG
         with pytest.raises(EngineConfigError, match="kv_cache_space_gib = 0 must be an integer >= 1"):
             cls(kv_cache_space_gib=0)
+
+
+def test_the_first_pass_and_the_repetition_length_are_the_options():
+    from tabletune_pipelines.engine.plan import plan_from_options, plan_lines
+
+    cfg = ServerConfig(model="/m", method="ngram", num_speculative_tokens=3, max_num_seqs=16)
+    opts = ProfileOptions(coarse_points=3, decode_steps=32)
+    plan = plan_from_options(cfg, opts)
+    assert plan.decode_steps == 32 and plan.accept_batch_sizes == (1, 9, 16)  # the ends and middle of B 1, 9, 16
+    lines = plan_lines(plan, opts)
+    assert "3 repetitions of 32 decode steps" in lines[0] and "first pass B [1, 9, 16] (" in lines[1]
+    assert "first pass B [1, 5, 9, 12, 16] (" in plan_lines(plan_from_options(cfg, ProfileOptions()),
+                                                             ProfileOptions())[1]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +58,11 @@ def _install(tmp_path: Path) -> Path:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
+    # Created from inside a venv, "system" is the base interpreter's site-packages; this interpreter's
+    # own (setuptools with bdist_wheel, dagster, vllm) come first through a .pth file.
+    own = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    Path(own, "_tabletune_test_parent.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
                     "--no-index", str(src)], check=True, capture_output=True, cwd=tmp_path)
     return python

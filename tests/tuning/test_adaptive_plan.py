@@ -164,7 +164,7 @@ def test_the_budget_counts_repetitions_beyond_the_first_pass_only():
     def ms(k, b):  # k = 1 and k = 3 within 3 % of each other: open at 1 % with 20 % noise
         return (10.0 + b) * (1.0 if k == 1 else 2.952 / 1.8 * 1.03)
 
-    grid, ks, reps = list(range(1, 9)), [1, 3], {}
+    grid, ks, reps = [1, 4, 8], [1, 3], {}  # every batch size in the first pass: nothing to add
 
     def measure_batch(b):
         now[0] += 100.0
@@ -179,6 +179,42 @@ def test_the_budget_counts_repetitions_beyond_the_first_pass_only():
                                RemeasureSettings(max_repetitions=9, budget_s=10.0), clock=lambda: now[0])
     assert 10 <= report.remeasure.measurements <= 12  # the 10 s budget, a round in progress finishing
     assert report.remeasure.stop_reason == "budget"
+
+
+def test_added_batch_sizes_and_repetitions_share_the_budget_and_what_it_leaves_out_is_named():
+    # A boundary at B = 11 (the bisection test's surface) with 15 % noise; every batch size costs
+    # 50 s of the clock, every extra repetition 1 s. Unbounded, the search adds batch sizes until
+    # the boundary is pinned; with 60 s it adds what 60 s buy, gives repetitions at most half of
+    # what is left while batch sizes are wanted, and names the rest.
+    rates = (0.8, 0.64, 0.512)
+
+    def ms(k, b):
+        base = 10.0 + b
+        return base if k == 1 else base * 2.952 / 1.8 * (0.8 if b < 11 else 1.2)
+
+    def run(budget):
+        now, rng, reps = [0.0], np.random.default_rng(3), {}
+
+        def measure_batch(b):
+            now[0] += 50.0
+            for k in (1, 3):
+                reps[(k, b)] = [ms(k, b) * (1 + 0.15 * rng.standard_normal()) for _ in range(3)]
+
+        def measure(k, b):
+            now[0] += 1.0
+            return ms(k, b) * (1 + 0.15 * rng.standard_normal())
+
+        return search_boundaries(list(range(1, 17)), measure_batch, reps, measure, [rates], 16,
+                                 RemeasureSettings(max_repetitions=9, budget_s=budget), clock=lambda: now[0])
+
+    free, capped = run(None), run(60.0)
+    assert not free.unmeasured and len(free.added) >= 3
+    assert 0 < len(capped.added) < len(free.added)
+    assert capped.unmeasured and set(capped.unmeasured.values()) <= {"bisect", "verify"}
+    assert not set(capped.unmeasured) & set(capped.batch_sizes)
+    assert capped.search_seconds == 50.0 * len(capped.added)
+    assert capped.seconds <= 60.0 + 50.0 + 2.0  # one batch size or one round may cross the line
+    assert capped.remeasure.measurements >= 1 and capped.remeasure.seconds <= 30.0 + 2.0
 
 
 def test_a_longer_level_is_seeded_at_the_tables_boundaries_not_at_every_flip_of_the_best_point_estimate():
