@@ -214,7 +214,7 @@ def verify_on_server(server: Any, candidate_table: Sequence[Sequence[int]], *, K
         last = li == len(plan.loads) - 1
         why: StopReason = "rounds"
         try:
-            if li == 0 and plan.first_warmup_s > 0:  # every k's shapes once, off the budget's clock
+            if not windows and plan.first_warmup_s > 0:  # every k's shapes once before any window, off the clock
                 tw = clock()
                 first_warmup(server, list(every.values()), plan.first_warmup_s)
                 t0 += clock() - tw
