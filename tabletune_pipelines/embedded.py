@@ -47,7 +47,7 @@ LOGGERS = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 #: EngineResource profile_options (deployments.ProfileOptions fields) of ``--quick``.
 QUICK_PROFILE = {"batch_sizes": [1, 4, 16], "repetitions": 2, "accept_batch_sizes": [], "remeasure_budget_s": 30.0}
 #: EngineResource profile_options of the main job, sized to publish in about ten minutes on 2 cores
-#: (docs/usage.md, "The main job's plan"): repetitions of 32 decode steps, the adaptive plan from
+#: (docs/usage.md, "The main command"): repetitions of 32 decode steps, the adaptive plan from
 #: B = 1, 9, 16 with 45 s after the first pass for bisection and repetitions, all-accepted cells and
 #: mixed steps at the two ends of the grid.
 FULL_PROFILE = {"decode_steps": 32, "coarse_points": 3, "remeasure_budget_s": 45.0, "accept_batch_sizes": [1, 16],
