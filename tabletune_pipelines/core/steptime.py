@@ -25,9 +25,11 @@ from tabletune_pipelines.errors import (
 LONG_MAX_TOKENS = 65
 #: Output tokens of the short request (prefill + first token only).
 SHORT_MAX_TOKENS = 1
+#: Decode steps a repetition times by default (``engine.plan.PlanFields.decode_steps``).
+DEFAULT_DECODE_STEPS = LONG_MAX_TOKENS - SHORT_MAX_TOKENS
 
 
-def step_time_from_pair(t1_s: float, t65_s: float, decode_steps: int = LONG_MAX_TOKENS - SHORT_MAX_TOKENS) -> float:
+def step_time_from_pair(t1_s: float, t65_s: float, decode_steps: int = DEFAULT_DECODE_STEPS) -> float:
     """Milliseconds per decode step from the wall times of a 1-token and a 65-token batch.
 
     Both batches pay the same prefill, so the difference is pure decode: (t65 - t1) / 64.

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tabletune_pipelines.core.steptime import LONG_MAX_TOKENS, SHORT_MAX_TOKENS, step_time_from_pair
+from tabletune_pipelines.core.steptime import DEFAULT_DECODE_STEPS, SHORT_MAX_TOKENS, step_time_from_pair
 from tabletune_pipelines.errors import EngineError, TableTuneError
 from tabletune_pipelines.vocab import TimingSource
 
@@ -204,7 +204,7 @@ def measure_cell_once(
     all_accepted: bool = False,
     max_attempts: int = 3,
     request_timeout: float = 300.0,
-    decode_steps: int = LONG_MAX_TOKENS - SHORT_MAX_TOKENS,
+    decode_steps: int = DEFAULT_DECODE_STEPS,
 ) -> Measurement:
     """One repetition at (k, B) on a server already switched to k: ``decode_steps`` decode steps
     after the first token (fewer with every draft accepted). Measures again when nothing timed it,

@@ -21,20 +21,22 @@ from collections.abc import Sequence
 from typing import Any
 
 from tabletune_pipelines.core.stepcost import StepSample, attribute_mixed_steps, samples_from_step_log
+from tabletune_pipelines.core.steptime import DEFAULT_DECODE_STEPS
 from tabletune_pipelines.engine.cell import TimingServer, run_batch, timing_prompts
 from tabletune_pipelines.errors import EngineError
 
 logger = logging.getLogger("tabletune.mixed")
 
-#: Output tokens of the decoding batch by default (``mixed_decode_tokens`` of the default 64 decode
-#: steps a repetition times): long enough for several injected prompts on a slow CPU.
-MIXED_DECODE_TOKENS = 129
 
 
 def mixed_decode_tokens(decode_steps: int) -> int:
     """Output tokens of the decoding batch of a profile whose repetitions time ``decode_steps``
     steps: twice as many steps, plus the first token (129 for the default 64)."""
     return 1 + 2 * int(decode_steps)
+
+
+#: Output tokens of the decoding batch by default: long enough for several injected prompts on a slow CPU.
+MIXED_DECODE_TOKENS = mixed_decode_tokens(DEFAULT_DECODE_STEPS)
 
 #: Prompt length of the decoding batch's requests, in tokens.
 BATCH_PROMPT_TOKENS = 32

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tabletune_pipelines.core.evidence import ACCEPTED_LOSS
 from tabletune_pipelines.core.goodput import validate_acceptance
 from tabletune_pipelines.core.remeasure import COARSE_POINTS, DEFAULT_MAX_REPETITIONS, coarse_batch_sizes
-from tabletune_pipelines.core.steptime import LONG_MAX_TOKENS, SHORT_MAX_TOKENS, batch_size_grid
+from tabletune_pipelines.core.steptime import DEFAULT_DECODE_STEPS, LONG_MAX_TOKENS, batch_size_grid
 from tabletune_pipelines.engine.config import ServerConfig
 from tabletune_pipelines.errors import EngineConfigError
 from tabletune_pipelines.options import Bound, context_levels_problem, options_from_mapping
@@ -27,8 +27,6 @@ from tabletune_pipelines.vocab import DEFAULT_PROMPT_TOKENS, DEFAULT_REPETITIONS
 
 #: Default seconds of adaptive re-measurement after the first pass.
 DEFAULT_REMEASURE_BUDGET_S = 120.0
-#: Decode steps a repetition times by default (``PlanFields.decode_steps``).
-DEFAULT_DECODE_STEPS = LONG_MAX_TOKENS - SHORT_MAX_TOKENS
 
 #: The range of every number ``ProfileOptions`` holds, as ``options.Bound``s (the rule of every number
 #: read from outside: NaN, infinity and a bool are refused by name). One validation: ``ProfileOptions``,

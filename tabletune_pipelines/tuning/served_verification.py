@@ -96,12 +96,6 @@ MIN_OPEN_ROUNDS = 3
 many paired rounds: with two the t quantile is 12.7, and no plausible gap clears it."""
 
 
-def _unreachable(sizing: VerificationSizing) -> set[int]:
-    """Loads where the profile expects no verdict (a fixed k to judge against, but more rounds needed
-    than allowed)."""
-    return {n.load for n in sizing.unreachable}
-
-
 def _loads_sharing(left: Sequence[int], sizing: VerificationSizing | None) -> int:
     """How many of the loads ``left`` to measure split the budget left: all of them, or, sized from the
     profile and while a load where a verdict is expected is among them, those loads only."""
@@ -202,7 +196,7 @@ def verify_on_server(server: Any, candidate_table: Sequence[Sequence[int]], *, K
         if left < plan.warmup_s + len(names) * per_window:
             break
         share = left / _loads_sharing(plan.loads[li:], sizing)  # what is left, split among the loads still to measure
-        if sizing is not None and load in _unreachable(sizing) \
+        if sizing is not None and load in {n.load for n in sizing.unreachable} \
                 and share < plan.warmup_s + MIN_OPEN_ROUNDS * len(names) * per_window:
             # no verdict expected and too little left to find one anyway: the budget stops here
             stops.append((load, "budget"))

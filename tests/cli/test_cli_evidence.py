@@ -110,7 +110,7 @@ def test_profile_takes_the_remeasurement_budget_and_reports_re_measured_cells(ho
     assert f"(default {DEFAULT_MAX_REPETITIONS})" in helps["max_repetitions"]
     from tabletune_pipelines.core.remeasure import COARSE_POINTS
     from tabletune_pipelines.embedded import FULL_PROFILE
-    from tabletune_pipelines.engine.plan import DEFAULT_DECODE_STEPS
+    from tabletune_pipelines.core.steptime import DEFAULT_DECODE_STEPS
 
     assert (seen["options"].decode_steps, seen["options"].coarse_points) == (DEFAULT_DECODE_STEPS, COARSE_POINTS)
     assert f"(default {DEFAULT_DECODE_STEPS}; the main job uses {FULL_PROFILE['decode_steps']})" in helps["decode_steps"]

@@ -66,6 +66,14 @@ def test_mixed_steps_run_in_the_same_launch_after_the_decode_cells_and_resume():
     assert not launched or not [c for c in launched[0].calls if c[0] == "set_k"]
 
 
+def test_the_plans_decode_steps_set_every_timed_batch_and_the_mixed_batch():
+    # 64 steps by default: 65-token repetitions, 129-token mixed batches; 16 steps: 17 and 33
+    for steps, want in ((None, {1, 65, 129}), (16, {1, 17, 33})):
+        plan = PLAN if steps is None else dataclasses.replace(PLAN, decode_steps=steps)
+        _, launched = _run(ProfileOptions(), plan=plan, mixed=True)
+        assert {t for b, t, k in launched[0].completes()} == want
+
+
 def test_warmup_runs_each_k_and_batch_size_once_before_timing_it():
     _, launched = _run(ProfileOptions(warmup=True))
     spec = launched[0]
