@@ -1,7 +1,10 @@
-"""Render docs/test-times.md from a pytest JUnit XML file (``.ci/run`` writes test-artifacts/junit.xml):
-the wall time per test file, the 20 slowest tests, and the servers the run started.
+"""Render docs/test-times.md from the pytest JUnit XML files of one run (``.ci/run`` writes
+test-artifacts/junit-logic.xml for the pure-logic phase and test-artifacts/junit.xml for the engine
+phase, ``scripts/test.sh``): the wall time per test file, the 20 slowest tests, and the servers the
+run started.
 
-    python scripts/test_times.py test-artifacts/junit.xml --launches test-artifacts/launches.jsonl \\
+    python scripts/test_times.py test-artifacts/junit-logic.xml test-artifacts/junit.xml \\
+        --launches test-artifacts/launches.jsonl \\
         --machine "2 cores, native bf16" > docs/test-times.md
 """
 
@@ -17,14 +20,13 @@ from pathlib import Path
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("junit")
+    ap.add_argument("junit", nargs="+", help="the run's JUnit files (its phases)")
     ap.add_argument("--launches", default=None, help="the run's launch log (engine.process.LAUNCH_LOG_ENV)")
     ap.add_argument("--machine", default="", help="one phrase: the machine and dtype path of the run")
     ap.add_argument("--date", default="", help="the run's date")
     args = ap.parse_args(argv)
-    root = ET.parse(args.junit).getroot()
     cases = []
-    for tc in root.iter("testcase"):
+    for tc in (tc for path in args.junit for tc in ET.parse(path).getroot().iter("testcase")):
         name = f"{tc.get('classname', '')}::{tc.get('name', '')}"
         parts = tc.get("classname", "").split(".")
         upto = next((i for i, p in enumerate(parts) if p.startswith("test_")), len(parts) - 1)

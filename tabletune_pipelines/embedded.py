@@ -49,9 +49,14 @@ QUICK_PROFILE = {"batch_sizes": [1, 4, 16], "repetitions": 2, "accept_batch_size
 #: EngineResource profile_options of the main job, sized to publish in about ten minutes on 2 cores
 #: (docs/usage.md, "The main command"): repetitions of 32 decode steps, the adaptive plan from
 #: B = 1, 9, 16 with 45 s after the first pass for bisection and repetitions, all-accepted cells and
-#: mixed steps at the two ends of the grid.
+#: mixed steps at the two ends of the grid, and no no-speculation launch (its ~55 s feed only the
+#: non-blocking ``k0_costs_vs_no_spec`` check, which then says NOT MEASURED; ``tabletune profile``
+#: measures it).
 FULL_PROFILE = {"decode_steps": 32, "coarse_points": 3, "remeasure_budget_s": 45.0, "accept_batch_sizes": [1, 16],
-                "mixed_batch_sizes": [1, 15]}
+                "mixed_batch_sizes": [1, 15], "include_no_spec": False}
+#: EngineResource served_verification of the main job: each load serves the fixed k the profile does not
+#: rule out there (``served_plan.plausible_fixed_ks``), so a round is as short as the decision allows.
+FULL_VERIFICATION = {"fixed_k": "plausible"}
 #: The Dagster instance file that seeds a new Dagster home: package data, the same file as the checkout's
 #: top-level dagster.yaml, so an installed package seeds it too.
 DAGSTER_YAML = Path(str(files("tabletune_pipelines") / "data" / "dagster.yaml"))
@@ -186,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     fleet = load_fleet()
     week = args.week or last_complete_week(datetime.now(timezone.utc))
     resources = default_resources()
-    resources["engine"] = EngineResource(profile_options=QUICK_PROFILE if args.quick else FULL_PROFILE)
+    resources["engine"] = EngineResource(profile_options=QUICK_PROFILE if args.quick else FULL_PROFILE,
+                                         served_verification={} if args.quick else FULL_VERIFICATION)
     print(f"[tabletune] fleet {fleet.source}; store {resources['duckdb'].database}; Dagster home {dagster_home}")
     if not write_sample_weeks(fleet, week, args.mix):
         return 2

@@ -40,9 +40,9 @@ def test_profile_derive_verify_publish_in_one_launch(tmp_path, monkeypatch, capl
     cache = os.environ.get("TABLETUNE_TINY_MODELS") or str(Path(tempfile.gettempdir()) / "tabletune-tiny-models")
     work = tempfile.mkdtemp(prefix="tt-flow-")  # short: vLLM's IPC socket path lives under it (107 bytes)
     engine = LocalEngine(cache_dir=cache, work_dir=work, where="test", profile_options={
-        "batch_sizes": [1, 4, 8], "repetitions": 2, "remeasure_budget_s": 10, "include_no_spec": False,
-        "accept_batch_sizes": []},
-        served_verification={"acceptance": "prior", "loads": [8], "budget_s": 45, "window_s": 1.5,
+        "batch_sizes": [1, 4, 8], "repetitions": 2, "decode_steps": 16, "remeasure_budget_s": 10,
+        "include_no_spec": False, "accept_batch_sizes": []},
+        served_verification={"acceptance": "prior", "loads": [8], "budget_s": 30, "window_s": 1.5,
                              "first_warmup_s": 1.0})
     store = TableTuneStore(home / "tabletune_store.duckdb")
 

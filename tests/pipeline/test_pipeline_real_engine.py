@@ -39,12 +39,13 @@ from tests.pipeline.helpers import WEEK
 
 pytestmark = pytest.mark.engine
 
-#: Small plan on 2 cores: 3 batch sizes × k 0..3, 2 repetitions, no all-accepted cells, no no-spec
-#: launch, plus the fixed-k baseline's launch with K = 3 and no table (``fixed_k_ks``) for the
-#: engine-dependence check.
+#: Small plan on 2 cores: 3 batch sizes × k 0..3, 2 repetitions of 16 decode steps, no all-accepted
+#: cells, no no-spec launch, plus the fixed-k baseline's launch with K = 3 and no table
+#: (``fixed_k_ks``) for the engine-dependence check.
 #: No adaptive re-measurement: its time budget would make the work (and the table's error bars) depend on
 #: the machine's speed; the same cells and repetitions on every machine.
-PROFILE_OPTIONS = {"batch_sizes": [1, 4, 16], "include_no_spec": False, "repetitions": 2, "accept_batch_sizes": [],
+PROFILE_OPTIONS = {"batch_sizes": [1, 4, 16], "include_no_spec": False, "repetitions": 2, "decode_steps": 16,
+                   "accept_batch_sizes": [],
                    "fixed_k_baseline": True, "fixed_k_ks": [3], "remeasure_budget_s": 0}
 
 

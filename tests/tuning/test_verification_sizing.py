@@ -101,3 +101,22 @@ def test_loads_where_a_verdict_is_expected_go_first_and_share_the_budget():
     assert _loads_sharing((16, 8, 1), None) == 3  # sized by hand: every load gets its share
     fewer = dataclasses.replace(sizing, needs=(need(16, 0.8, 6), need(8, 0.7, 2), need(1, 1.39, None)))
     assert verdict_order((16, 8, 1), fewer) == (8, 16, 1)
+
+
+def test_the_main_jobs_verification_serves_the_fixed_k_its_profile_leaves_open():
+    """``embedded.FULL_VERIFICATION`` on run 1's table and evidence (benchmarks/data/cpu/2026-12-07-main-job):
+    at load 1 (B = 1) the profile ruled out k = 0 and 1, so the round is the table (k = 3) and fixed k = 2,
+    half the windows of serving every k; at loads 8 and 16 nothing is ruled out and every k is served."""
+    from tabletune_pipelines.embedded import FULL_VERIFICATION
+    from tabletune_pipelines.tuning.served_plan import ServedVerificationOptions
+
+    opts = ServedVerificationOptions(**FULL_VERIFICATION)
+    assert opts.fixed_k == "plausible"
+    table = [[1, 15, 3], [16, 16, 1]]
+    within = {1: [3], 2: [3], 3: [2, 3], 4: [2, 3], 5: [2, 3], 6: [1, 2, 3], 7: [1, 2, 3], 8: [1, 2, 3],
+              **{b: [0, 1, 2, 3] for b in range(9, 16)}, 16: [0, 1, 2]}
+    ks = {load: served_plan.plausible_fixed_ks(table, load, max_k=K, max_num_seqs=M, within_noise=within)
+          for load in (1, 8, 16)}
+    assert ks == {1: (2, 3), 8: (0, 1, 2, 3), 16: (0, 1, 2, 3)}
+    one = served_plan.load_policies(table, 1, max_k=K, max_num_seqs=M, fixed_ks=ks[1])
+    assert list(one.policies) == ["k=2", "k=3"] and one.same == "k=3"
