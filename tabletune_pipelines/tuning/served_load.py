@@ -59,10 +59,22 @@ class LoadGenerator:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        self._epoch: int | None = None
+
+    def reseed(self, epoch: int) -> None:
+        """From each client's next request on, draw prompts and lengths from a generator seeded by
+        (the client's seed, ``epoch``): windows reseeded with the same epoch serve the same request
+        sequence per client, so a paired comparison of policies sees the same requests (common random
+        numbers) rather than a new draw of prompts per window."""
+        self._epoch = int(epoch)
 
     def _client(self, i: int) -> None:
-        rng = random.Random(self.seed * 100_003 + i if self.first_seed is None else self.first_seed + i)
+        base = self.seed * 100_003 + i if self.first_seed is None else self.first_seed + i
+        rng, epoch = random.Random(base), None
         while not self._stop.is_set():
+            if self._epoch != epoch:
+                epoch = self._epoch
+                rng = random.Random(f"{base}:{epoch}")
             with self._lock:
                 self.sent += 1
             try:

@@ -4,7 +4,10 @@
 **Protocol** (docs/evaluation.md, "Served verification"). Launch-to-launch drift is larger than the
 differences between good tables, so every policy is measured in the same server: a policy's table is
 hot-swapped between windows through the timing scheduler's k control, the order of the policies
-rotates from round to round (``served_load.rotated``, so slow drift hits every policy alike), and
+rotates from round to round (``served_load.rotated``, so slow drift hits every policy alike), every
+policy of a round serves the same requests (each client's prompts and lengths are redrawn from the
+round's seed at every window, ``LoadGenerator.reseed``: with real acceptance the prompts move
+acceptance more than k does, and a new draw per window would put that into the paired ratio), and
 each window is counted and checked on the engine side from the step log
 (``served_windows.measure_window``). The load is ``served_load.LoadGenerator``; what each load serves
 and the budget come from ``served_plan``; the verdict and the result from ``served_verdict``.
@@ -221,6 +224,7 @@ def verify_on_server(server: Any, candidate_table: Sequence[Sequence[int]], *, K
                     break
                 for name in rotated(names, r + li):
                     tw = clock()
+                    gen.reseed(r)  # every policy of round r serves the same request sequence per client
                     w = measure_window(server, name, lp.policies[name], load=load, round_=r, window_s=plan.window_s,
                                        settle_s=plan.settle_s, max_num_seqs=max_num_seqs, max_k=K,
                                        min_steps=min_steps)

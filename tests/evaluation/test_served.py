@@ -568,3 +568,49 @@ def test_a_load_with_no_verdict_expected_is_not_measured_when_its_share_buys_too
     assert res.stop_reasons == ((8, "budget"),) and not res.windows and res.budget_cut
     assert any("load 8: not measured: no verdict expected" in s and "fewer than 3 paired rounds" in s for s in said)
     assert any("load 8:" in line and "none is expected" in line for line in res.expected_open)
+
+
+class _Recorder:
+    """Records each request's (prompt, max_tokens) per client thread."""
+
+    def __init__(self):
+        import threading
+
+        self.seen, self._lock = [], threading.Lock()
+
+    def complete(self, prompt, **kw):
+        with self._lock:
+            self.seen.append((tuple(prompt), kw["max_tokens"]))
+        time.sleep(0.001)
+        return {"choices": [{}]}
+
+
+def _sequence(epoch, n=6):
+    rec = _Recorder()
+    gen = served_load.LoadGenerator(rec, 1, 1000, seed=3)
+    if epoch is not None:
+        gen.reseed(epoch)
+    gen.start()
+    deadline = time.monotonic() + 30
+    while len(rec.seen) < n and time.monotonic() < deadline:
+        time.sleep(0.005)
+    gen.stop()
+    return rec.seen[:n]
+
+
+def test_a_reseeded_client_serves_the_epochs_request_sequence():
+    """Common random numbers: two windows reseeded with the same epoch draw the same prompts and
+    lengths; another epoch, or none, draws others."""
+    same = _sequence(5)
+    assert len(same) == 6 and same == _sequence(5)
+    assert _sequence(6) != same and _sequence(None) != same
+
+
+def test_every_window_of_a_round_is_reseeded_with_its_round(monkeypatch):
+    ms, kept = {0: 6.0, 1: 8.0, 2: 10.0, 3: 14.0}, {0: 0.0, 1: 0.8, 2: 1.5, 3: 1.8}
+    srv = ScriptedServer(ms, kept, 8, 3)
+    epochs = []
+    real = served_load.LoadGenerator.reseed
+    monkeypatch.setattr(served_load.LoadGenerator, "reseed", lambda gen, e: (epochs.append(e), real(gen, e))[1])
+    res = _verify(srv, [[1, 6, 2], [7, 8, 1]], (8,), monkeypatch)
+    assert len(res.windows) == 10 and epochs == [w.round for w in res.windows] == [0] * 5 + [1] * 5
