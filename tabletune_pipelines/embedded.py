@@ -50,8 +50,8 @@ QUICK_PROFILE = {"batch_sizes": [1, 4, 16], "repetitions": 2, "accept_batch_size
 #: (docs/usage.md, "The main command"): repetitions of 32 decode steps, the adaptive plan from
 #: B = 1, 9, 16 with 45 s after the first pass for bisection and repetitions, all-accepted cells and
 #: mixed steps at the two ends of the grid, and no no-speculation launch (its ~55 s feed only the
-#: non-blocking ``k0_costs_vs_no_spec`` check, which then says NOT MEASURED; ``tabletune profile``
-#: measures it).
+#: non-blocking ``k0_costs_vs_no_spec`` check, which then says NOT MEASURED; on the embedded default
+#: k = 0 measured within -9..+6 % of no speculation at B = 16; ``tabletune profile`` measures it).
 FULL_PROFILE = {"decode_steps": 32, "coarse_points": 3, "remeasure_budget_s": 45.0, "accept_batch_sizes": [1, 16],
                 "mixed_batch_sizes": [1, 15], "include_no_spec": False}
 #: EngineResource served_verification of the main job: each load serves the fixed k the profile does not
