@@ -6,8 +6,8 @@ differences between good tables, so every policy is measured in the same server:
 hot-swapped between windows through the timing scheduler's k control, the order of the policies
 rotates from round to round (``served_load.rotated``, so slow drift hits every policy alike), every
 policy of a round serves the same requests (each client's prompts and lengths are redrawn from the
-round's seed at every window, ``LoadGenerator.reseed``: with real acceptance the prompts move
-acceptance more than k does, and a new draw per window would put that into the paired ratio), and
+round's seed at every window, ``LoadGenerator.reseed``: with real acceptance each prompt sets how
+many drafts are kept, and a new draw per window would add that spread to the paired ratio), and
 each window is counted and checked on the engine side from the step log
 (``served_windows.measure_window``). The load is ``served_load.LoadGenerator``; what each load serves
 and the budget come from ``served_plan``; the verdict and the result from ``served_verdict``.
