@@ -114,8 +114,9 @@ def test_profile_one_launch_real(shared_server, shared_config, tmp_path):
     plan = default_plan(shared_config, batch_sizes=[1, 4, 8], ks=[0, 1, 3], accept_batch_sizes=[8])
     lines: list[str] = []
     t0 = time.monotonic()
-    # 8 s of re-measurement: enough to show it runs (the default 120 s took 31 s here to reach the
-    # repetition cap at every open cell, which tests/engine/test_flow_one_launch.py also exercises)
+    # 8 s of re-measurement (the default 120 s took 31 s here, every open cell up to the repetition
+    # cap; the cap and the budget are tests/tuning/test_adaptive_plan.py's, re-measurement on the
+    # engine also tests/engine/test_flow_one_launch.py's)
     prof = profile_step_times(shared_config, ProfileOptions(remeasure_budget_s=8.0), plan=plan, hooks=hooks,
                               servers=ProfileServers(server=shared_server),
                               identity=identity, progress=lines.append)
