@@ -6,11 +6,13 @@ deployment: real SmolLM2-135M-Instruct, n-gram drafting, vLLM CPU build, max_num
 
 Each plan profiles the all-rejected cells of k = 0..K in its own launch, into its own fresh DuckDB
 store (nothing resumes): ``adaptive`` (``ProfileOptions.plan_search``: coarse batch sizes, bisection,
-repetitions until each decision is settled or tied within 1 %, the default 120 s re-measurement
-budget) and ``grid`` (every batch size 1..16, 3 repetitions, then the same re-measurement). No
+repetitions until each decision is settled or tied within 1 %, then re-measurement within a time
+budget) and ``grid`` (every batch size 1..16, 3 repetitions, then the same re-measurement). With
+``--settings main-job`` (the default) both plans take the main job's decode steps, coarse points and
+re-measurement budget (``embedded.FULL_PROFILE``); ``--settings defaults`` takes ProfileOptions' defaults. No
 mixed steps, no no-speculation or all-accepted cells: those are the same for both plans. Decisions
 are judged under the acceptance prior of ``--prior-db`` (the newest prior ``tabletune run`` measured
-for this engine) or, without one, geometric rates a_i = 0.7^i.
+for this engine), the rates given with ``--rates``, or else geometric rates a_i = 0.7^i.
 
 Printed and written to ``--out``/result.json: per plan the wall time, the cells and repetitions, the
 batch sizes measured, the derived table; then each table judged on the grid's cells (goodput of
@@ -36,6 +38,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fleet", default="fleet.yaml")
     ap.add_argument("--prior-db", default=None, help="DuckDB store holding the engine's measured acceptance prior")
     ap.add_argument("--order", default="adaptive,grid")
+    ap.add_argument("--rejudge", action="store_true",
+                    help="judge the tables of --out/result.json again (no launch) and rewrite it")
+    ap.add_argument("--rates", default=None, help="acceptance rates a_1,a_2,... to judge decisions under "
+                                                  "(instead of --prior-db's prior)")
+    ap.add_argument("--settings", choices=("main-job", "defaults"), default="main-job",
+                    help="main-job: both plans take the main job's decode steps, coarse points and re-measurement "
+                         "budget (embedded.FULL_PROFILE); defaults: ProfileOptions' defaults")
     args = ap.parse_args(argv)
 
     from tabletune_pipelines.core.remeasure import geometric_rates
@@ -46,6 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     from tabletune_pipelines.tuning.derive import derive_table
 
     out = Path(args.out)
+    if args.rejudge:
+        result = json.loads((out / "result.json").read_text())
+        judge_tables(result)
+        (out / "result.json").write_text(json.dumps(result, indent=1))
+        return 0
     out.mkdir(parents=True, exist_ok=True)
     dep = load_fleet(args.fleet).deployments[0]
     identity = deployments.current_identity(dep)
@@ -55,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
                   if len(p.rates) >= identity.max_k]
         prior = priors[0] if priors else None  # newest week first
     if prior is None:
-        rates = geometric_rates(0.7, identity.max_k)
+        rates = (tuple(float(x) for x in args.rates.split(",")) if args.rates
+                 else geometric_rates(0.7, identity.max_k))
         prior = AcceptancePrior(rates=rates, num_drafts=0, drafted_per_pos=(0,) * len(rates),
                                 accepted_per_pos=(0,) * len(rates), prompt_fingerprint="given", prompt_count=0,
                                 source="synthetic")
@@ -63,11 +78,17 @@ def main(argv: list[str] | None = None) -> int:
     log = logging.getLogger("tabletune.bench")
     result: dict = {"identity": identity.key, "prior_rates": [round(r, 4) for r in prior.rates],
                     "prior": prior.prior_id, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "plans": {}}
+    from tabletune_pipelines.embedded import FULL_PROFILE
+
+    timing = ({k: FULL_PROFILE[k] for k in ("decode_steps", "coarse_points", "remeasure_budget_s")}
+              if args.settings == "main-job" else {})
+    result["settings"] = {"name": args.settings, **timing}
     tables, profiles = {}, {}
     for plan in args.order.split(","):
         store = TableTuneStore(str(out / f"{plan}.duckdb"))
         opts = deployments.ProfileOptions(plan_search=plan, mixed_steps=False, include_no_spec=False,
-                                          accept_batch_sizes=(), decision_rates=tuple(prior.rates[:identity.max_k]))
+                                          accept_batch_sizes=(), decision_rates=tuple(prior.rates[:identity.max_k]),
+                                          **timing)
         t0 = time.monotonic()
         prof = deployments.profile(identity, dep, store, log=log, options=opts, work_dir=str(out / f"work-{plan}"))
         wall = time.monotonic() - t0
@@ -83,22 +104,52 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{plan}: {wall:.0f} s, {len(prof.cells)} cells, B = {bs}, table {tuned.table.ranges}", flush=True)
         (out / "result.json").write_text(json.dumps(result, indent=1))  # what is measured so far
     if {"adaptive", "grid"} <= set(tables):
-        for judge, other in (("grid", "adaptive"), ("adaptive", "grid")):
-            g = tables[judge].choice.goodput
-            ks = list(tables[judge].choice.ks)
-            cols = np.arange(g.shape[1])
-            mine = g[[ks.index(k) for k in tables[other].choice.chosen], cols]
-            theirs = g[[ks.index(k) for k in tables[judge].choice.chosen], cols]
-            ratio = mine / theirs
-            result[f"{other}_table_on_{judge}_cells"] = {"mean_ratio": round(float(ratio.mean()), 4),
-                                                        "min_ratio": round(float(ratio.min()), 4),
-                                                        "per_b": [round(float(x), 4) for x in ratio]}
-            print(f"the {other} table judged on the {judge} plan's cells: goodput ratio mean {ratio.mean():.4f}, "
-                  f"min {ratio.min():.4f} (1 = the same as the {judge} table)", flush=True)
+        judge_tables(result)
     (out / "result.json").write_text(json.dumps(result, indent=1))
     for plan in args.order.split(","):
         (out / f"{plan}.duckdb").unlink(missing_ok=True)
     return 0
+
+
+def judge_tables(result: dict) -> None:
+    """Each plan's table judged on the other plan's cells (goodput ratio per batch size, under the
+    prior's rates), into ``result``; on the grid's cells (every B measured) with each ratio's
+    standard error from the two cells' repetitions: relative s.e. sqrt(cv_mine² + cv_theirs²), cv
+    = s.d./sqrt(n)/mean of a cell's repetitions (0 where both tables run the same k)."""
+    from tabletune_pipelines.core.goodput import tau_curve
+    from tabletune_pipelines.core.table import DraftTable
+
+    rates = result["prior_rates"]
+    tau = tau_curve(rates)
+    for judge, other in (("grid", "adaptive"), ("adaptive", "grid")):
+        cells = {tuple(int(x) for x in key.split(",")): v for key, v in result["plans"][judge]["cells_ms"].items()}
+        bs = sorted({b for _, b in cells})
+        n = max(bs)
+        kmax = max(k for k, _ in cells)
+        theirs_k = DraftTable.from_entries(result["plans"][judge]["table"]).vllm_lookup(n, kmax)[1:]
+        mine_k = DraftTable.from_entries(result["plans"][other]["table"]).vllm_lookup(n, kmax)[1:]
+        ms = {key: float(np.mean(v)) for key, v in cells.items()}
+        ratio, rel_se = [], []
+        for b in range(1, n + 1):
+            km, kt = mine_k[b - 1], theirs_k[b - 1]
+            if (km, b) not in ms or (kt, b) not in ms:
+                ratio.append(float("nan"))
+                rel_se.append(float("nan"))
+                continue
+            ratio.append(float(tau[km] / tau[kt] * ms[(kt, b)] / ms[(km, b)]))
+            cv = [float(np.std(cells[(k, b)], ddof=1) / np.sqrt(len(cells[(k, b)])) / ms[(k, b)]) for k in (km, kt)]
+            rel_se.append(0.0 if km == kt else float(np.hypot(*cv)))
+        r, e = np.asarray(ratio), np.asarray(rel_se) * np.asarray(ratio)
+        ok = ~np.isnan(r)
+        mean, mean_se = float(r[ok].mean()), float(np.sqrt((e[ok] ** 2).sum()) / ok.sum())
+        result[f"{other}_table_on_{judge}_cells"] = {
+            "batch_sizes_judged": [b for b, x in zip(range(1, n + 1), ok) if x],
+            "mean_ratio": round(mean, 4), "mean_ratio_se": round(mean_se, 4), "min_ratio": round(float(r[ok].min()), 4),
+            "per_b": [None if np.isnan(x) else round(float(x), 4) for x in r],
+            "per_b_se": [None if np.isnan(x) else round(float(x), 4) for x in e]}
+        print(f"the {other} table judged on the {judge} plan's cells ({int(ok.sum())} batch sizes measured): goodput "
+              f"ratio mean {mean:.4f} ± {mean_se:.4f}, min {float(r[ok].min()):.4f} (1 = the same as the {judge} "
+              f"table)", flush=True)
 
 
 if __name__ == "__main__":

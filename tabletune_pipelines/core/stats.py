@@ -58,3 +58,18 @@ def paired_ratio(a: Mapping[int, float], b: Mapping[int, float]) -> tuple[float,
     ratios = paired_ratios(a, b)
     m, se = mean_se(ratios)
     return m, se, len(ratios)
+
+
+def theil_sen(points: Iterable[tuple[float, float]], *, min_slope: float | None = None) -> tuple[float, float]:
+    """(intercept, slope) of the Theil-Sen line through ``points`` (x, y): the median of the slopes
+    of every pair with different x, raised to ``min_slope`` where one is given, and the median of
+    y − slope·x. Robust to the odd pause a step log holds. Raises ``InvalidValueError`` without two
+    different x."""
+    pts = [(float(x), float(y)) for x, y in points]
+    slopes = [(by - ay) / (bx - ax) for i, (ax, ay) in enumerate(pts) for bx, by in pts[i + 1:] if bx != ax]
+    if not slopes:
+        raise InvalidValueError(f"a line needs two different x; got {sorted({x for x, _ in pts})}")
+    slope = float(statistics.median(slopes))
+    if min_slope is not None:
+        slope = max(float(min_slope), slope)
+    return float(statistics.median(y - slope * x for x, y in pts)), slope

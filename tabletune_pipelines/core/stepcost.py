@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +43,7 @@ import numpy as np
 
 from tabletune_pipelines.core.goodput import tau_curve
 from tabletune_pipelines.core.served_calibration import ServedCalibration
+from tabletune_pipelines.core.stats import theil_sen
 from tabletune_pipelines.errors import InvalidValueError
 from tabletune_pipelines.vocab import GRAPH_MODES
 
@@ -312,27 +313,42 @@ def _ols(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
     return coef, s2 * xtx_inv, math.sqrt(float(resid @ resid) / max(1, x.shape[0]))
 
 
+def _decode_base(rows: Sequence[tuple[int, float]]) -> Callable[[int], float]:
+    """The pure decode steps' time at D decode tokens (``fit_prefill_costs``): their median where
+    every step carried the same D, else their Theil-Sen line (verifying more tokens is never
+    cheaper) at D held within the D they carried."""
+    ds = [d for d, _ in rows]
+    lo, hi = min(ds), max(ds)
+    if lo == hi:
+        med = float(np.median([ms for _, ms in rows]))
+        return lambda d: med
+    intercept, slope = theil_sen(((float(d), ms) for d, ms in rows), min_slope=0.0)
+    return lambda d: intercept + slope * min(max(float(d), lo), hi)
+
+
 def fit_prefill_costs(samples: Sequence[StepSample], decode_ms: Any, envelope: GraphEnvelope) -> dict[str, PrefillFit]:
     """One ``PrefillFit`` per transition seen in ``samples`` (those with P > 0 and ≥ ``MIN_FIT_STEPS``).
 
     The extra cost is measured against the pure decode steps of the same batch size and k among
     ``samples`` (same launch, so launch-to-launch drift cancels) where there are
-    ``MIN_FIT_STEPS`` of them, else against ``decode_ms(k, B)`` (the profile's surface). A term
-    whose regressor does not vary (one D, or one P) is held at 0.
+    ``MIN_FIT_STEPS`` of them, else against ``decode_ms(k, B)`` (the profile's surface). Where
+    those pure steps carry different decode tokens (a drafter that proposes fewer than k tokens for
+    part of the batch: n-gram lookup), the base is their Theil-Sen line over decode tokens at the
+    mixed step's own D (held within the pure steps' range); else their median. A term whose
+    regressor does not vary (one D, or one P) is held at 0.
     """
-    pure: dict[tuple[int, int], list[float]] = {}
+    pure: dict[tuple[int, int], list[tuple[int, float]]] = {}
     for s in samples:
         if s.prefill_tokens == 0:
-            pure.setdefault((s.k, s.batch), []).append(s.ms)
-    bases = {key: float(np.median(v)) for key, v in pure.items() if len(v) >= MIN_FIT_STEPS}
+            pure.setdefault((s.k, s.batch), []).append((s.decode_tokens, s.ms))
+    bases = {key: _decode_base(rows) for key, rows in pure.items() if len(rows) >= MIN_FIT_STEPS}
     groups: dict[str, list[tuple[float, float, float]]] = {}
     for s in samples:
         if s.prefill_tokens <= 0:
             continue
         tr = envelope.transition(s.decode_tokens, s.prefill_tokens)
-        base = bases.get((s.k, s.batch))
-        if base is None:
-            base = float(decode_ms(s.k, s.batch))
+        at = bases.get((s.k, s.batch))
+        base = float(decode_ms(s.k, s.batch)) if at is None else at(s.decode_tokens)
         groups.setdefault(tr, []).append((float(s.decode_tokens), float(s.prefill_tokens), s.ms - base))
     fits: dict[str, PrefillFit] = {}
     for tr, rows in sorted(groups.items()):

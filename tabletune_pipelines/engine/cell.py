@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from tabletune_pipelines.core.stats import theil_sen
 from tabletune_pipelines.core.steptime import DEFAULT_DECODE_STEPS, SHORT_MAX_TOKENS, step_time_from_pair
 from tabletune_pipelines.errors import EngineError, TableTuneError
 from tabletune_pipelines.vocab import TimingSource
@@ -186,10 +187,8 @@ def engine_step_ms(steady: Sequence[tuple[float, int]], batch_size: int, k: int 
         return None, f"{len(exact)} steps with all {want} drafts and draft counts that do not vary"
     if counts[-1] < MIN_FIT_REACH * want:
         return None, f"drafts per step reach only {counts[-1]} of {want}"
-    slopes = [(b_dt - a_dt) / (b_d - a_d) for i, (a_dt, a_d) in enumerate(steady)
-              for b_dt, b_d in steady[i + 1:] if b_d != a_d]
-    slope = max(0.0, float(statistics.median(slopes)))  # verifying more tokens cannot be cheaper
-    intercept = float(statistics.median(dt - slope * d for dt, d in steady))
+    # verifying more tokens cannot be cheaper: the slope is at least 0
+    intercept, slope = theil_sen(((d, dt) for dt, d in steady), min_slope=0.0)
     return intercept + slope * want, "fit"
 
 

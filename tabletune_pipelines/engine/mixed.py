@@ -111,10 +111,24 @@ def measure_mixed_steps(
         raise EngineError(f"the decoding batch of {batch_size} requests at k = {k} failed: {result['error']}",
                           server.log_tail(10))
     steps = server.read_steps(since=t0, offset=offset)
-    samples = attribute_mixed_steps([s for s in samples_from_step_log(steps) if s.batch == batch_size and s.k == k])
+    samples = batch_samples(steps, batch_size, k)
     logger.info("mixed steps at k=%d B=%d: %d prompts injected, %d samples (%d mixed)", k, batch_size, injected,
                 len(samples), sum(1 for s in samples if s.prefill_tokens > 0))
     return samples
+
+
+def batch_samples(steps: Sequence[dict[str, Any]], batch_size: int, k: int) -> list[StepSample]:
+    """The step log of one decoding batch at (k, B) as samples (``core.stepcost.attribute_mixed_steps``):
+    the steps in which every request verified k drafts; where no mixed step is among those (a drafter
+    that proposes fewer than k tokens for part of the batch in most steps: n-gram lookup on the
+    profile's random-token prompts at B = 15 leaves none), the steps of every draft count, each
+    carrying its own decode tokens (``core.stepcost.fit_prefill_costs`` prices their base at them)."""
+    def of(full: bool) -> list[StepSample]:
+        return attribute_mixed_steps([s for s in samples_from_step_log(steps, full_drafts=full)
+                                      if s.batch == batch_size and s.k == k])
+
+    full = of(True)
+    return full if any(s.prefill_tokens > 0 for s in full) else of(False)
 
 
 def default_mixed_batch_sizes(grid: Sequence[int], max_num_seqs: int) -> list[int]:

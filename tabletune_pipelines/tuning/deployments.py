@@ -495,9 +495,9 @@ def _run_verification(server: Any, table: Any, identity: EngineIdentity, opts: A
     M, K = identity.max_num_seqs, identity.max_k
     within = {int(b): tuple(int(k) for k in ks) for b, ks in (getattr(table, "within_noise", None) or {}).items()}
     return verify_on_server(
-        server, [list(r) for r in table.ranges], K=K, max_num_seqs=M,
-        loads=opts.loads, rounds=opts.rounds, window_s=opts.window_s, budget_s=opts.budget_s,
-        settle_s=opts.settle_s, warmup_s=opts.warmup_s,
+        server, [list(r) for r in table.ranges], K=K, max_num_seqs=M, loads=opts.loads, rounds=opts.rounds,
+        window_s=opts.window_s, budget_s=opts.budget_s, window=opts.window,
+        requests_per_client=opts.requests_per_client, settle_s=opts.settle_s, warmup_s=opts.warmup_s,
         first_warmup_s=opts.first_warmup_s, min_steps=opts.min_steps, tolerance=opts.tolerance,
         prompt=lambda rng: rng.choice(prompts), output_tokens=tuple(opts.output_tokens), acceptance=acceptance,
         progress=log.info, fixed_k=opts.fixed_k, within_noise=within,

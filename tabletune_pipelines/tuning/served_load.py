@@ -3,7 +3,9 @@ in which a round serves its policies (``rotated``).
 
 **Load**: ``L`` client threads in a closed loop, each sending one request at a time (``prompt(rng)``
 or ``prompt_tokens`` random token ids) with ``max_tokens`` drawn uniformly from ``output_tokens``
-(so clients do not finish in lockstep) and ``ignore_eos``. The one closed-loop load generator: the
+(so clients do not finish in lockstep) and ``ignore_eos``; or, for a window of fixed work
+(``serve_requests``), each client's first n requests of a round's sequence and no more. The one
+closed-loop load generator: the
 served verification (``tuning.served_verification``), the benchmarks and the engine tests' rig
 (``evaluation.rig``) all run it. No Dagster, no vLLM import: ``server`` is anything with
 ``complete(...)``.
@@ -68,30 +70,58 @@ class LoadGenerator:
         numbers) rather than a new draw of prompts per window."""
         self._epoch = int(epoch)
 
+    def _base(self, i: int) -> int:
+        return self.seed * 100_003 + i if self.first_seed is None else self.first_seed + i
+
     def _client(self, i: int) -> None:
-        base = self.seed * 100_003 + i if self.first_seed is None else self.first_seed + i
+        base = self._base(i)
         rng, epoch = random.Random(base), None
         while not self._stop.is_set():
             if self._epoch != epoch:
                 epoch = self._epoch
                 rng = random.Random(f"{base}:{epoch}")
-            with self._lock:
-                self.sent += 1
-            try:
-                prompt = (self.prompt(rng) if self.prompt is not None
-                          else [rng.randrange(3, self.vocab_size) for _ in range(self.prompt_tokens)])
-                kw = {} if self.temperature is None else {"temperature": self.temperature}
-                out = self.server.complete(prompt, max_tokens=rng.randint(*self.output_tokens),
-                                           ignore_eos=self.ignore_eos, timeout=self.request_timeout_s, **kw)
-                ok = not self.one_choice or len(out.get("choices", [])) == 1
-                with self._lock:
-                    self.completed += int(ok)
-                    if not ok:
-                        self.errors.append(f"answer without a choice: {str(out)[:200]}")
-            except Exception as exc:  # noqa: BLE001 - reported by the caller
-                with self._lock:
-                    self.errors.append(repr(exc)[:self.error_chars])
+            if not self._send(rng):
                 time.sleep(self.retry_pause_s)
+
+    def _send(self, rng: random.Random) -> bool:
+        """One request drawn from ``rng`` (its prompt, then its length), counted; False when it failed."""
+        with self._lock:
+            self.sent += 1
+        try:
+            prompt = (self.prompt(rng) if self.prompt is not None
+                      else [rng.randrange(3, self.vocab_size) for _ in range(self.prompt_tokens)])
+            kw = {} if self.temperature is None else {"temperature": self.temperature}
+            out = self.server.complete(prompt, max_tokens=rng.randint(*self.output_tokens),
+                                       ignore_eos=self.ignore_eos, timeout=self.request_timeout_s, **kw)
+            ok = not self.one_choice or len(out.get("choices", [])) == 1
+            with self._lock:
+                self.completed += int(ok)
+                if not ok:
+                    self.errors.append(f"answer without a choice: {str(out)[:200]}")
+            return ok
+        except Exception as exc:  # noqa: BLE001 - reported by the caller
+            with self._lock:
+                self.errors.append(repr(exc)[:self.error_chars])
+            return False
+
+    def serve_requests(self, epoch: int, requests: int) -> int:
+        """Fixed work instead of a running loop: ``load`` clients, each sending the first ``requests``
+        requests of its sequence for ``epoch`` (the one ``reseed(epoch)`` gives) one after another,
+        until all are answered; returns how many were. Two calls with the same epoch serve the same
+        requests (prompts and lengths per client), so two policies measured this way differ only in
+        how long the same work took. Call it while the loop is stopped."""
+        done = [0] * self.load
+
+        def client(i: int) -> None:
+            rng = random.Random(f"{self._base(i)}:{int(epoch)}")
+            done[i] = sum(self._send(rng) for _ in range(int(requests)))
+
+        threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(self.load)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=self.request_timeout_s * max(1, int(requests)))
+        return sum(done)
 
     def start(self) -> LoadGenerator:
         self._stop.clear()

@@ -20,8 +20,9 @@ from tabletune_pipelines.options import Bound, check_bounds, options_from_mappin
 from tabletune_pipelines.tuning.served_windows import CANDIDATE, fixed_name
 
 __all__ = [
-    "BUDGET_CAP", "DEFAULTS", "MIN_WINDOW_S", "PLANNED_ROUNDS", "RATIO_SD_PRIOR", "STEP_MARGIN", "SWAP_OVERHEAD_S",
-    "AcceptanceSource", "Device", "FixedKChoice", "LoadNeed", "LoadPolicies", "ServedVerificationOptions",
+    "BUDGET_CAP", "DEFAULTS", "MIN_WINDOW_S", "PLANNED_ROUNDS", "RATIO_SD_PRIOR", "RATIO_SD_PRIOR_REQUESTS",
+    "STEP_MARGIN", "SWAP_OVERHEAD_S",
+    "AcceptanceSource", "Device", "FixedKChoice", "WindowKind", "LoadNeed", "LoadPolicies", "ServedVerificationOptions",
     "VerificationPlan", "VerificationSizing", "default_loads", "k_over_load", "load_batch_sizes", "load_policies",
     "plan_verification", "plausible_fixed_ks", "size_verification",
 ]
@@ -39,12 +40,17 @@ class _Defaults:
     warmup_s: float
     min_steps: int
     first_warmup_s: float
+    window: WindowKind = "time"
+    requests_per_client: int = 3
 
 
 DEFAULTS: dict[str, _Defaults] = {
     # CPU build (2 cores, tiny models): steps of a few ms, so 1.5 s windows hold hundreds of steps.
+    # Windows of fixed work: on the embedded default at load 8 (real prompts) the paired ratio's
+    # per-round spread was 0.039 with 3 requests a client, against 0.17 with 5 s windows of a running
+    # loop (benchmarks/served_windows.py, 2026-12-07).
     "cpu": _Defaults(budget_s=90.0, rounds=8, window_s=1.5, settle_s=0.4, warmup_s=1.5, min_steps=20,
-                     first_warmup_s=1.5),
+                     first_warmup_s=1.5, window="requests", requests_per_client=3),
     # GPU (H200): 3 s windows gave 20-50% round-to-round spreads at loads 64-128, so longer ones. The
     # MoE compiles kernels for new batch shapes in its first ~30 s at high load: after a 5 s warm-up
     # the first three windows of a launch at load 128 served 0.56-0.76 of the same policies'
@@ -61,6 +67,13 @@ budget lasts and the verdict is open (up to ``rounds``)."""
 SWAP_OVERHEAD_S = 0.2
 """What a table swap costs beyond settle + window (the k-control acknowledgement), for planning."""
 MIN_WINDOW_S = 1.0
+
+WindowKind = Literal["time", "requests"]
+"""What a served window counts (``ServedVerificationOptions.window``): ``time``, ``window_s`` seconds
+of a closed loop that keeps running across windows (``served_windows.measure_window``); ``requests``,
+a fixed set of requests per round served from an idle engine until all are answered
+(``served_windows.measure_requests_window``), the same for every policy of the round."""
+
 
 FixedKChoice = Literal["all", "plausible"]
 """Which fixed k a load serves (``ServedVerificationOptions.fixed_k``): every k 0..K, or the k the
@@ -89,8 +102,16 @@ class ServedVerificationOptions:
     rounds: int | None = None
     """The most rotating rounds per load: a load stops earlier once its verdict is decided (fewer also
     when 1 s windows do not fit the budget)."""
+    window: WindowKind | None = None
+    """``requests``: every policy of a round serves the same requests (each client its first
+    ``requests_per_client`` of the round's sequence, from an idle engine, until all are answered), so
+    two policies differ only in how long the same work took; ``time``: ``window_s`` seconds of a
+    closed loop that runs across windows. None = the device default (``requests`` on the CPU build,
+    ``time`` on a GPU)."""
+    requests_per_client: int | None = None
+    """Requests each client sends in a ``requests`` window; None = the device default (3)."""
     window_s: float | None = None
-    """Seconds counted per window (shorter when the budget is tight, not under 1 s)."""
+    """Seconds counted per ``time`` window (shorter when the budget is tight, not under 1 s)."""
     settle_s: float | None = None
     """Seconds after a table swap before counting."""
     warmup_s: float | None = None
@@ -130,6 +151,8 @@ class ServedVerificationOptions:
                        why="concurrent requests; 4096 is the largest max_num_seqs a fleet has"),
         "rounds": Bound(1, 1000, integer=True, optional=True, why="rounds per load"),
         "window_s": Bound(0.0, 3600.0, low_open=True, optional=True, why="seconds per window; at most an hour"),
+        "requests_per_client": Bound(1, 10_000, integer=True, optional=True,
+                                     why="requests each client sends in a window"),
         "settle_s": Bound(0.0, 3600.0, optional=True, why="seconds after a table swap; at most an hour"),
         "warmup_s": Bound(0.0, 3600.0, optional=True, why="seconds of load before a load's first window"),
         "first_warmup_s": Bound(0.0, 3600.0, optional=True, why="seconds of load before the first window"),
@@ -155,6 +178,8 @@ class ServedVerificationOptions:
             raise InvalidValueError(f"served verification output_tokens = {self.output_tokens!r} must be 1 <= lo <= hi")
         if self.acceptance not in ("auto", "real", "prior"):
             raise InvalidValueError(f"served verification acceptance = {self.acceptance!r}: auto, real or prior")
+        if self.window not in (None, "time", "requests"):
+            raise InvalidValueError(f"served verification window = {self.window!r:.80}: time or requests")
         if self.fixed_k not in ("all", "plausible"):
             raise InvalidValueError(f"served verification fixed_k = {self.fixed_k!r:.80}: all or plausible")
         for name in ("compare_docs_table",):
@@ -296,6 +321,10 @@ RATIO_SD_PRIOR: dict[str, float] = {"cpu": 0.2, "gpu": 0.07}
 window, before a launch has measured its own: the CPU build on 2 cores gave 0.03-0.35 at loads 1-16
 with 1.5 s windows (median about 0.2; 2026-12-03..06), the H200 0.045-0.23 at loads 32-128 with 5 s
 windows (2026-12-03/04). A window w times longer is taken to scale it by 1/sqrt(w)."""
+RATIO_SD_PRIOR_REQUESTS: dict[str, float] = {"cpu": 0.04, "gpu": 0.07}
+"""The same for windows of fixed work (``window = "requests"``), not scaled by their length: on the
+CPU build 0.039 at load 8 with 3 requests a client on real prompts (6 rounds, 2026-12-07,
+benchmarks/served_windows.py). Not measured on a GPU: the time windows' figure stands in."""
 STEP_MARGIN = 1.5
 """Served steps are slower than the profile's decode steps (prefill joins them): a window is sized
 for this many times the profile's slowest decode step at the load."""
@@ -322,6 +351,7 @@ class VerificationSizing:
     (``size_verification``)."""
 
     window_s: float
+    """Seconds a window counts (windows of fixed work: what one is expected to take at the largest load)."""
     rounds: int
     budget_s: float
     ratio_sd: float
@@ -351,13 +381,17 @@ def _load_goodput(step_ms: Mapping[str, Mapping[str, float]], taus: Sequence[flo
 
 def size_verification(step_ms: Mapping[str, Mapping[str, float]], rates: Sequence[float],
                       per_load: Mapping[int, LoadPolicies], *, max_k: int, max_num_seqs: int, device: str,
-                      tolerance: float, most_rounds: int, min_steps: int | None = None) -> VerificationSizing:
+                      tolerance: float, most_rounds: int, min_steps: int | None = None, window: WindowKind = "time",
+                      requests: int = 3, output_tokens: tuple[int, int] = (32, 128)) -> VerificationSizing:
     """Windows long enough for ``min_steps`` of the slowest served k's steps at each load (the profile's
     decode step times, ``STEP_MARGIN`` for prefill), the rounds each load's verdict needs to tell the
     profile's predicted ratio from ``1 - tolerance`` at the expected per-round spread
     (``RATIO_SD_PRIOR``, scaled to the window), and the budget those rounds take (at most
     ``BUDGET_CAP`` times the device default). A load whose verdict needs more than ``most_rounds`` gets
-    two rounds (its measured spread may be smaller than expected) and is named (``unreachable``)."""
+    two rounds (its measured spread may be smaller than expected) and is named (``unreachable``).
+    Windows of fixed work (``window = "requests"``) last as long as ``requests`` requests of the mean
+    of ``output_tokens`` take each client at the slowest served k of the largest load (its decode
+    steps times ``STEP_MARGIN``, tau(k) tokens a step); their spread is ``RATIO_SD_PRIOR_REQUESTS``."""
     from tabletune_pipelines.core.goodput import tau_curve
 
     d = DEFAULTS.get(device, DEFAULTS["gpu"])
@@ -365,8 +399,15 @@ def size_verification(step_ms: Mapping[str, Mapping[str, float]], rates: Sequenc
     taus = [float(t) for t in tau_curve(rates)]
     slowest = max(float(step_ms[str(k)][str(min(ld, max_num_seqs))])
                   for ld, lp in per_load.items() for k in range(max_k + 1) if str(k) in step_ms)
-    window = max(d.window_s, math.ceil(steps * STEP_MARGIN * slowest / 100.0) / 10.0)
-    sd = RATIO_SD_PRIOR.get(device, RATIO_SD_PRIOR["gpu"]) * math.sqrt(d.window_s / window)
+    if window == "requests":
+        top = max(per_load)
+        per_token = max(float(step_ms[str(k)][str(min(top, max_num_seqs))]) / taus[k]
+                        for k in range(max_k + 1) if str(k) in step_ms)
+        window_s = math.ceil(requests * statistics.fmean(output_tokens) * per_token * STEP_MARGIN / 100.0) / 10.0
+        sd = RATIO_SD_PRIOR_REQUESTS.get(device, RATIO_SD_PRIOR_REQUESTS["gpu"])
+    else:
+        window_s = max(d.window_s, math.ceil(steps * STEP_MARGIN * slowest / 100.0) / 10.0)
+        sd = RATIO_SD_PRIOR.get(device, RATIO_SD_PRIOR["gpu"]) * math.sqrt(d.window_s / window_s)
     needs = []
     for load, lp in sorted(per_load.items()):
         cand = _load_goodput(step_ms, taus, lp.policies.get(CANDIDATE, lp.policies.get(lp.same or "", [])),
@@ -381,11 +422,11 @@ def size_verification(step_ms: Mapping[str, Mapping[str, float]], rates: Sequenc
                   if t_quantile(r - 1) * sd / math.sqrt(r) < abs(ratio - (1.0 - tolerance))), None)
         needs.append(LoadNeed(load, ratio, n))
     rounds = max([PLANNED_ROUNDS] + [n.rounds for n in needs if n.rounds is not None])
-    per_window = window + d.settle_s + SWAP_OVERHEAD_S
+    per_window = window_s + d.settle_s + SWAP_OVERHEAD_S
     # verify_on_server splits what is left equally among the loads still to measure: every load's share
     # must hold the neediest load's rounds
     neediest = max(d.warmup_s + min(n.rounds or 2, most_rounds) * len(per_load[n.load].policies) * per_window
                    for n in needs)
     budget = min(max(len(needs) * neediest, d.budget_s), BUDGET_CAP * d.budget_s)
-    return VerificationSizing(window_s=window, rounds=min(rounds, most_rounds), budget_s=math.ceil(budget),
+    return VerificationSizing(window_s=window_s, rounds=min(rounds, most_rounds), budget_s=math.ceil(budget),
                               ratio_sd=sd, needs=tuple(needs))

@@ -47,6 +47,7 @@ from tabletune_pipelines.tuning.served_plan import (
     FixedKChoice,
     LoadPolicies,
     VerificationSizing,
+    WindowKind,
     default_loads,
     load_batch_sizes,
     load_policies,
@@ -65,9 +66,11 @@ from tabletune_pipelines.tuning.served_windows import (
     CANDIDATE,
     Window,
     fixed_name,
+    measure_requests_window,
     measure_window,
     window_progress_line,
 )
+from tabletune_pipelines.vocab import DEFAULT_TEMPERATURE
 
 logger = logging.getLogger("tabletune.served")
 
@@ -116,6 +119,7 @@ def verify_on_server(server: Any, candidate_table: Sequence[Sequence[int]], *, K
                      prompt: Callable[[random.Random], Any] | None = None, output_tokens: tuple[int, int] = (32, 128),
                      acceptance: str = "", progress: Callable[[str], None] | None = None,
                      fixed_k: FixedKChoice = "all", within_noise: Mapping[int, Sequence[int]] | None = None,
+                     window: WindowKind | None = None, requests_per_client: int | None = None,
                      references: Mapping[str, Sequence[Sequence[int]]] | None = None,
                      profile_steps: tuple[Mapping[str, Mapping[str, float]], Sequence[float]] | None = None,
                      clock: Callable[[], float] = time.monotonic) -> ServedVerification:
@@ -127,11 +131,15 @@ def verify_on_server(server: Any, candidate_table: Sequence[Sequence[int]], *, K
     table's decode step times ``{k: {B: ms}}`` measured in this launch's profile and the acceptance
     rates; with them the windows, rounds and budget not given are sized by ``size_verification`` (the
     loss to detect is ``tolerance``), and the loads where no verdict is expected are named up front.
-    Other ``None`` options take the device's ``DEFAULTS`` (``device``: ``server.device`` when not
-    given). Loads are measured largest first, each with its share of the budget left, so a budget
-    that runs out leaves the smallest loads inconclusive; sized from the profile, the loads where a
-    verdict is expected go first, fewest rounds first, and share the budget among themselves, and
-    the loads where none is expected get what they leave (``verdict_order``)."""
+    ``window``: what a window counts (``served_plan.WindowKind``): ``time`` windows of a loop that
+    runs across them, or ``requests``, the round's fixed requests (``requests_per_client`` a client)
+    served from an idle engine at temperature ``DEFAULT_TEMPERATURE`` (the acceptance prior's), so
+    every policy of a round does the same work. Other ``None`` options take the device's ``DEFAULTS``
+    (``device``: ``server.device`` when not given). Loads are measured largest first, each with its
+    share of the budget left, so a budget that runs out leaves the smallest loads inconclusive; sized
+    from the profile, the loads where a verdict is expected go first, fewest rounds first, and share
+    the budget among themselves, and the loads where none is expected get what they leave
+    (``verdict_order``)."""
     say = progress or logger.info
     device = device or getattr(server, "device", None) or "cpu"
     d = DEFAULTS.get(device, DEFAULTS["gpu"])
@@ -146,10 +154,13 @@ def verify_on_server(server: Any, candidate_table: Sequence[Sequence[int]], *, K
     lookup = DraftTable.from_entries([list(r) for r in candidate_table]).vllm_lookup(max_num_seqs, K)[1:]
     same = fixed_name(lookup[0]) if len(set(lookup)) == 1 else None
     most = rounds or d.rounds
+    kind: WindowKind = window or d.window  # type: ignore[assignment]
+    requests = requests_per_client or d.requests_per_client
     sizing = None
     if profile_steps is not None:
         sizing = size_verification(profile_steps[0], profile_steps[1], per_load, max_k=K, max_num_seqs=max_num_seqs,
-                                   device=device, tolerance=tolerance, most_rounds=most, min_steps=min_steps)
+                                   device=device, tolerance=tolerance, most_rounds=most, min_steps=min_steps,
+                                   window=kind, requests=requests, output_tokens=output_tokens)
         budget_s, window_s = budget_s or sizing.budget_s, window_s or sizing.window_s
         say(f"[served] sized from the profile's step times and the {tolerance:.0%} loss to detect: "
             f"{window_s:g} s windows, a {budget_s:.0f} s budget, up to {sizing.rounds} planned rounds per load "
@@ -170,9 +181,11 @@ def verify_on_server(server: Any, candidate_table: Sequence[Sequence[int]], *, K
                                    estimated_s=sizing.budget_s, note="")
     plan = dataclasses.replace(plan, rounds=most,
                                first_warmup_s=d.first_warmup_s if first_warmup_s is None else first_warmup_s)
+    what = (f"windows of {requests} requests a client (~{plan.window_s:g} s at the largest load)" if kind == "requests"
+            else f"{plan.window_s:g} s windows")
     say(f"served verification of {[list(r) for r in candidate_table]}"
         + (f" (= fixed {same})" if same else "") + f" at loads {list(plan.loads)}: "
-        f"up to {plan.rounds} rounds (until decided) of {plan.window_s:g} s windows, "
+        f"up to {plan.rounds} rounds (until decided) of {what}, "
         f"~{plan.estimated_s:.0f} s for {planned} rounds "
         f"of a {plan.budget_s:.0f} s budget" + (f" ({plan.note})" if plan.note else "")
         + (f", after a {plan.first_warmup_s:g} s warm-up on every policy in turn" if plan.first_warmup_s else ""))
@@ -207,7 +220,10 @@ def verify_on_server(server: Any, candidate_table: Sequence[Sequence[int]], *, K
                 f"than {MIN_OPEN_ROUNDS} paired rounds of its {len(names)} policies")
             continue
         t_load = clock()
-        gen = LoadGenerator(server, load, vocab_size, output_tokens=output_tokens, seed=load, prompt=prompt).start()
+        gen = LoadGenerator(server, load, vocab_size, output_tokens=output_tokens, seed=load, prompt=prompt,
+                            temperature=DEFAULT_TEMPERATURE if kind == "requests" else None)
+        if kind == "time" or (not windows and plan.first_warmup_s > 0):  # the first warm-up runs on a flowing load
+            gen.start()
         last = li == len(plan.loads) - 1
         why: StopReason = "rounds"
         try:
@@ -216,7 +232,10 @@ def verify_on_server(server: Any, candidate_table: Sequence[Sequence[int]], *, K
                 first_warmup(server, list(every.values()), plan.first_warmup_s)
                 t0 += clock() - tw
                 t_load += clock() - tw
-            time.sleep(plan.warmup_s)
+            if kind == "requests":
+                gen.stop()  # windows of fixed work start from an idle engine
+            else:
+                time.sleep(plan.warmup_s)
             for r in range(plan.rounds):
                 round_s = len(names) * max(per_window, statistics.fmean(spent) if spent else 0.0)
                 if clock() - t_load + round_s > share:
@@ -224,10 +243,15 @@ def verify_on_server(server: Any, candidate_table: Sequence[Sequence[int]], *, K
                     break
                 for name in rotated(names, r + li):
                     tw = clock()
-                    gen.reseed(r)  # every policy of round r serves the same request sequence per client
-                    w = measure_window(server, name, lp.policies[name], load=load, round_=r, window_s=plan.window_s,
-                                       settle_s=plan.settle_s, max_num_seqs=max_num_seqs, max_k=K,
-                                       min_steps=min_steps)
+                    if kind == "requests":  # every policy of round r serves the round's requests
+                        w = measure_requests_window(server, name, lp.policies[name], gen, load=load, round_=r,
+                                                    requests=requests, settle_s=plan.settle_s,
+                                                    max_num_seqs=max_num_seqs, max_k=K)
+                    else:
+                        gen.reseed(r)  # every policy of round r serves the same request sequence per client
+                        w = measure_window(server, name, lp.policies[name], load=load, round_=r,
+                                           window_s=plan.window_s, settle_s=plan.settle_s,
+                                           max_num_seqs=max_num_seqs, max_k=K, min_steps=min_steps)
                     spent.append(clock() - tw)
                     windows.append(w)
                     say(f"[served] {clock() - t0:5.0f}/{plan.budget_s:.0f} s  " + window_progress_line(w))

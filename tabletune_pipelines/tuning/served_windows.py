@@ -1,5 +1,6 @@
 """What one served window counted: the policy names of a verification, the window (``Window``), its
-measurement from the step log (``measure_window``, ``counted_window``), the step-log check that
+measurement from the step log (``measure_window``: a span of time under a running load;
+``measure_requests_window``: a fixed set of requests; ``counted_window``), the step-log check that
 every step ran the window's table (``table_mismatches``), what the steps carried (``step_mix``), and
 what windows add up to: per-policy goodput (``summarize``), the paired ratio of two policies
 (``policy_ratio``) and the served wall time per step of each fixed k (``served_points``,
@@ -32,7 +33,8 @@ from tabletune_pipelines.errors import InvalidValueError
 
 __all__ = [
     "CANDIDATE", "PolicySummary", "StepMix", "Window", "by_round", "calibration_from_judges", "counted_window",
-    "fixed_k_of", "fixed_k_windows", "fixed_name", "measure_window", "policy_ratio", "served_points", "step_mix",
+    "fixed_k_of", "fixed_k_windows", "fixed_name", "measure_requests_window", "measure_window", "policy_ratio",
+    "served_points", "step_mix",
     "summarize", "table_mismatches", "window_progress_line",
 ]
 
@@ -92,10 +94,16 @@ def counted_window(server: Any, policy: str, *, load: int, round_: int, window_s
         time.sleep(min(limit - t1, max(0.05, window_s * (min_steps - len(steps)) / max(1, min_steps))))
         t1 = time.monotonic()
         steps = [s for s in server.read_steps(since=t0, until=t1, offset=offset) if s.get("b", 0) > 0]
+    return steps, _window(steps, policy, load, round_, t0, t1)
+
+
+def _window(steps: Sequence[Mapping[str, Any]], policy: str, load: int, round_: int, t0: float, t1: float) -> Window:
+    """The window the step-log records ``steps`` (of ``[t0, t1]``) make: kept tokens = Σ(b + a),
+    seconds = Σ dt (no table check: ``mismatched_steps`` 0)."""
     kept = sum(int(s["b"]) + int(s.get("a", 0)) for s in steps)
     seconds = sum(float(s.get("dt") or 0.0) for s in steps) / 1000.0
     mean_b = statistics.fmean(int(s["b"]) for s in steps) if steps else 0.0
-    return steps, Window(policy, load, round_, kept, seconds, len(steps), mean_b, 0, t_start=t0, t_end=t1)
+    return Window(policy, load, round_, kept, seconds, len(steps), mean_b, 0, t_start=t0, t_end=t1)
 
 
 def table_mismatches(steps: Sequence[Mapping[str, Any]], table: Sequence[Sequence[int]], max_num_seqs: int,
@@ -166,6 +174,29 @@ def measure_window(server: Any, policy: str, table: Sequence[Sequence[int]], *, 
     server.set_k(table=table)
     time.sleep(settle_s)
     steps, w = counted_window(server, policy, load=load, round_=round_, window_s=window_s, min_steps=min_steps)
+    bad = table_mismatches(steps, table, max_num_seqs, max_k)
+    w.mismatched_steps, w.mismatch_examples = len(bad), bad[:5]
+    return w
+
+
+def measure_requests_window(server: Any, policy: str, table: Sequence[Sequence[int]], load_generator: Any, *,
+                            load: int, round_: int, requests: int, settle_s: float, max_num_seqs: int,
+                            max_k: int) -> Window:
+    """A window of fixed work: swap to ``table`` on an idle engine, let it settle, then serve round
+    ``round_``'s requests (``LoadGenerator.serve_requests``: each of ``load`` clients its first
+    ``requests`` of the round's sequence) until every one is answered, and count that span's steps
+    from the step log as ``counted_window`` does, checking every step against the table. Every
+    policy of a round serves the same requests, so its goodput differs from theirs only by how long
+    the same work took; the span includes the drain at its end (the batch falls from ``load`` to 1
+    as clients finish), whose mean batch the window records."""
+    server.set_k(table=table)
+    time.sleep(settle_s)
+    offset = server.step_log_offset()
+    t0 = time.monotonic()
+    load_generator.serve_requests(round_, requests)
+    t1 = time.monotonic()
+    steps = [s for s in server.read_steps(since=t0, until=t1, offset=offset) if s.get("b", 0) > 0]
+    w = _window(steps, policy, load, round_, t0, t1)
     bad = table_mismatches(steps, table, max_num_seqs, max_k)
     w.mismatched_steps, w.mismatch_examples = len(bad), bad[:5]
     return w

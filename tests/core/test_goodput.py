@@ -76,3 +76,17 @@ def test_one_student_t_never_below_the_exact_quantile():
         assert t <= t_quantile(dof) <= t + 0.02, dof
     assert [t_quantile(d) for d in (1, 2, 3, 10, 30)] == [12.706, 4.303, 3.182, 2.228, 2.042]
     assert all(t_quantile(d) >= t_quantile(d + 1) for d in range(1, 500))
+
+
+def test_theil_sen_worked_numbers_and_its_refusals():
+    from tabletune_pipelines.core.stats import theil_sen
+    from tabletune_pipelines.errors import InvalidValueError
+
+    # y = 2 + 3x with one pause: the pairwise slopes' median and the intercepts' median ignore it
+    pts = [(0, 2.0), (1, 5.0), (2, 8.0), (3, 11.0), (4, 500.0)]
+    assert theil_sen(pts) == (2.0, 3.0)
+    # a falling line, and the same points with the slope held at 0 or above
+    assert theil_sen([(0, 4.0), (2, 0.0), (4, -4.0)]) == (4.0, -2.0)
+    assert theil_sen([(0, 4.0), (2, 0.0), (4, -4.0)], min_slope=0.0) == (0.0, 0.0)
+    with pytest.raises(InvalidValueError, match=r"two different x; got \[3.0\]"):
+        theil_sen([(3, 1.0), (3, 2.0)])

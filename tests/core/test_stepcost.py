@@ -79,6 +79,34 @@ def test_fit_recovers_a_known_extra_cost():
     assert PrefillFit.from_dict(f.to_dict()) == f
 
 
+def test_pure_steps_of_varying_drafts_price_each_mixed_step_at_its_own_decode_tokens():
+    """n-gram lookup drafts fewer than k for part of a batch: at B = 15, k = 3 the pure steps carry
+    15..60 decode tokens, costing 20 + 0.5 ms a token. A mixed step of D decode tokens and P prompt
+    tokens costs its pure step plus 1 + 0.03·P ms. Against the pure steps' median (the pure step at
+    the median D) every mixed step with another D would read 0.5 ms a token too high or low; priced
+    at its own D the fit recovers the extra exactly. The surface (``decode_ms``) is never asked."""
+    rng = np.random.default_rng(1)
+    ds = [15, 60, *rng.integers(15, 61, 38)]
+    pure = [StepSample(15, 3, int(d), 0, 20.0 + 0.5 * int(d)) for d in ds]
+    mixed = [StepSample(15, 3, int(d), p, 20.0 + 0.5 * int(d) + 1.0 + 0.03 * p)
+             for d, p in zip(rng.integers(15, 61, 12), (16, 64, 256) * 4)]
+
+    def never(k, b):
+        raise AssertionError("the surface is not the base where the batch's own pure steps are")
+
+    f = fit_prefill_costs(pure + mixed, never, CPU)["none>none"]
+    assert f.coef[0] == pytest.approx(1.0, abs=1e-6) and f.coef[2] == pytest.approx(0.03, abs=1e-8)
+    assert f.coef[1] == pytest.approx(0.0, abs=1e-8)  # the extra does not grow with D: the base carries it
+    assert f.n == 12 and f.decode_tokens_range[1] - f.decode_tokens_range[0] > 20
+
+
+def test_pure_steps_of_one_draft_count_are_the_median_base():
+    pure = [StepSample(4, 1, 8, 0, ms) for ms in (5.0, 5.0, 5.2, 9.0, 5.1, 4.9)]
+    mixed = [StepSample(4, 1, 8, p, 5.0 + 0.5 + 0.01 * p) for p in (10, 20, 40, 80, 160, 320)]
+    f = fit_prefill_costs(pure + mixed, lambda k, b: 100.0, CPU)["none>none"]
+    assert f.coef[0] == pytest.approx(0.5 - 0.05) and f.coef[2] == pytest.approx(0.01)  # median 5.05
+
+
 def test_a_prefill_fit_range_that_is_not_a_pair_is_refused():
     fit = PrefillFit(transition="none>none", coef=(0.5, 0.01, 0.02), cov=((1.0, 0.0, 0.0),) * 3, n=12,
                      rmse_ms=0.1, decode_tokens_range=(2, 16), prefill_tokens_range=(1, 399))

@@ -612,5 +612,52 @@ def test_every_window_of_a_round_is_reseeded_with_its_round(monkeypatch):
     epochs = []
     real = served_load.LoadGenerator.reseed
     monkeypatch.setattr(served_load.LoadGenerator, "reseed", lambda gen, e: (epochs.append(e), real(gen, e))[1])
-    res = _verify(srv, [[1, 6, 2], [7, 8, 1]], (8,), monkeypatch)
+    res = _verify(srv, [[1, 6, 2], [7, 8, 1]], (8,), monkeypatch, window="time")
     assert len(res.windows) == 10 and epochs == [w.round for w in res.windows] == [0] * 5 + [1] * 5
+
+
+def test_fixed_work_serves_each_clients_first_requests_of_the_epoch_and_waits_for_all():
+    """``serve_requests``: 3 clients x 4 requests, all answered before it returns; the same epoch
+    again sends the same requests per client (prompts and lengths) as ``reseed`` + the loop would,
+    and another epoch others."""
+    rec = _Recorder()
+    gen = served_load.LoadGenerator(rec, 3, 1000, seed=3)
+    assert gen.serve_requests(7, 4) == 12 and len(rec.seen) == 12 and gen.completed == 12
+    first = sorted(rec.seen)
+    rec.seen.clear()
+    gen.serve_requests(7, 4)
+    assert sorted(rec.seen) == first
+    rec.seen.clear()
+    gen.serve_requests(8, 4)
+    assert sorted(rec.seen) != first
+    one = served_load.LoadGenerator(rec, 1, 1000, seed=3)
+    rec.seen.clear()
+    one.serve_requests(5, 6)
+    assert rec.seen == _sequence(5)  # client 0's sequence for epoch 5, as the reseeded loop sends it
+
+
+def test_windows_of_fixed_work_serve_the_rounds_requests_for_every_policy(monkeypatch):
+    """``window = "requests"`` (the CPU default): no request flows between windows, each window serves
+    round r's requests (``serve_requests(r, requests_per_client)``) with the acceptance prior's
+    temperature, so every policy of a round gets the same prompts."""
+    ms, kept = {0: 6.0, 1: 8.0, 2: 10.0, 3: 14.0}, {0: 0.0, 1: 0.8, 2: 1.5, 3: 1.8}
+    srv = ScriptedServer(ms, kept, 8, 3)
+    calls, temps = [], set()
+    real = served_load.LoadGenerator.serve_requests
+
+    def spy(gen, epoch, requests):
+        calls.append((epoch, requests, len(srv.prompts)))
+        temps.add(gen.temperature)
+        return real(gen, epoch, requests)
+
+    monkeypatch.setattr(served_load.LoadGenerator, "serve_requests", spy)
+    res = _verify(srv, [[1, 6, 2], [7, 8, 1]], (8,), monkeypatch, prompt=lambda rng: rng.random(),
+                  requests_per_client=2)
+    assert served_plan.DEFAULTS["cpu"].window == "requests" and temps == {0.0}
+    assert [(e, n) for e, n, _ in calls] == [(w.round, 2) for w in res.windows] == [(0, 2)] * 5 + [(1, 2)] * 5
+    # nothing is sent between windows: each window's 16 requests (8 clients x 2) are all there is
+    assert [b - a for (_, _, a), (_, _, b) in zip(calls, calls[1:])] == [16] * 9 and calls[0][2] == 0
+    per_window = [sorted(srv.prompts[i:i + 16]) for i in range(0, 160, 16)]
+    assert all(p == per_window[0] for p in per_window[:5]) and all(p == per_window[5] for p in per_window[5:])
+    assert per_window[0] != per_window[5]
+    assert res.verdicts and all(w.table_verified for w in res.windows)

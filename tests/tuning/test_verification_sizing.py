@@ -120,3 +120,24 @@ def test_the_main_jobs_verification_serves_the_fixed_k_its_profile_leaves_open()
     assert ks == {1: (2, 3), 8: (0, 1, 2, 3), 16: (0, 1, 2, 3)}
     one = served_plan.load_policies(table, 1, max_k=K, max_num_seqs=M, fixed_ks=ks[1])
     assert list(one.policies) == ["k=2", "k=3"] and one.same == "k=3"
+
+
+def test_windows_of_fixed_work_last_as_long_as_their_requests_at_the_slowest_k():
+    """``window = "requests"``: 3 requests of 80 tokens (the mean of 32..128) a client at the largest load
+    (16), at the k that takes longest per token there, times the 1.5 step margin. With ``_steps()``:
+    T(16, k) = 62 ms x (1 + 0.1 k), tau = 1, 1.8, 2.44, 2.952: k = 0 is slowest per token (62 ms), so
+    3 x 80 x 62 ms x 1.5 = 22.32 s, rounded up to 22.4 s. The spread is the fixed-work prior, whatever
+    the windows' length."""
+    table = [[1, 16, 3]]
+    sz = served_plan.size_verification(_steps(), RATES, _per_load(table), max_k=K, max_num_seqs=M, device="cpu",
+                                       tolerance=0.03, most_rounds=8, window="requests", requests=3)
+    assert sz.window_s == 22.4 and sz.ratio_sd == served_plan.RATIO_SD_PRIOR_REQUESTS["cpu"] == 0.04
+    slow = served_plan.size_verification(_steps(slow=2.0), RATES, _per_load(table), max_k=K, max_num_seqs=M,
+                                         device="cpu", tolerance=0.03, most_rounds=8, window="requests", requests=3)
+    assert slow.window_s == 44.7 and slow.ratio_sd == sz.ratio_sd
+    time_windows = served_plan.size_verification(_steps(), RATES, _per_load(table), max_k=K, max_num_seqs=M,
+                                                 device="cpu", tolerance=0.03, most_rounds=8)
+    # against 0.155 for the time windows sized here (2.5 s): the table, predicted 1.117 x the best other
+    # fixed k, needs 3 paired rounds instead of 7 (t = 4.30 x 0.04 / sqrt 3 = 0.099 < 1.117 - 0.97)
+    assert round(time_windows.ratio_sd, 3) == 0.155
+    assert [n.rounds for n in sz.needs] == [3, 3, 3] and [n.rounds for n in time_windows.needs] == [7, 7, 7]
