@@ -49,7 +49,7 @@ DEFAULTS: dict[str, _Defaults] = {
     # Windows of fixed work: on the embedded default at load 8 (real prompts) the paired ratio's
     # per-round spread was 0.039 with 3 requests a client, against 0.17 with 5 s windows of a running
     # loop (benchmarks/served_windows.py, 2026-12-07).
-    "cpu": _Defaults(budget_s=90.0, rounds=8, window_s=1.5, settle_s=0.4, warmup_s=1.5, min_steps=20,
+    "cpu": _Defaults(budget_s=120.0, rounds=8, window_s=1.5, settle_s=0.4, warmup_s=1.5, min_steps=20,
                      first_warmup_s=1.5, window="requests", requests_per_client=3),
     # GPU (H200): 3 s windows gave 20-50% round-to-round spreads at loads 64-128, so longer ones. The
     # MoE compiles kernels for new batch shapes in its first ~30 s at high load: after a 5 s warm-up

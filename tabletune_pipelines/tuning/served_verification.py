@@ -17,8 +17,9 @@ is expected first, ``verdict_order``) runs rounds until its verdict is decided, 
 most per load) are spent or its share of the budget is (what is left, split among the loads still
 to measure, or among the ones still to measure where a verdict is expected); after 2 rounds the
 window-to-window spread of the paired ratio says how many rounds a decision needs, and that figure
-is printed. Each load's stop reason is kept:
-``decided``, ``rounds`` or ``budget``.
+is printed; and a fixed k that the best fixed k out-serves beyond the paired noise is not served in
+the load's later rounds (``outserved``: it cannot become the k the candidate is judged against).
+Each load's stop reason is kept: ``decided``, ``rounds`` or ``budget``.
 
 No Dagster, no vLLM import: ``server`` is anything with ``set_k(table=...)``, ``step_log_offset()``,
 ``read_steps(...)`` and ``complete(...)``, i.e. ``engine.process.VLLMServer`` launched with
@@ -38,6 +39,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from tabletune_pipelines.core.stats import mean_se, paired_ratios, t_quantile
 from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.tuning.served_load import LoadGenerator, rotated
 from tabletune_pipelines.tuning.served_plan import (
@@ -65,6 +67,7 @@ from tabletune_pipelines.tuning.served_verdict import (
 from tabletune_pipelines.tuning.served_windows import (
     CANDIDATE,
     Window,
+    by_round,
     fixed_name,
     measure_requests_window,
     measure_window,
@@ -74,7 +77,7 @@ from tabletune_pipelines.vocab import DEFAULT_TEMPERATURE
 
 logger = logging.getLogger("tabletune.served")
 
-__all__ = ["first_warmup", "verify_on_server"]
+__all__ = ["first_warmup", "outserved", "verify_on_server"]
 
 
 def first_warmup(server: Any, tables: Sequence[Sequence[Sequence[int]]], seconds: float,
@@ -258,6 +261,12 @@ def verify_on_server(server: Any, candidate_table: Sequence[Sequence[int]], *, K
                 if r >= 1 and _progress(windows, lp, fixed, tolerance, say).status != "inconclusive":
                     why = "decided"
                     break
+                if r >= 1:
+                    out = outserved(windows, lp, [n for n in names if n in fixed])
+                    if out:
+                        names = [n for n in names if n not in out]
+                        say(f"[served] load {load}: {', '.join(out)} served less than {_best(windows, lp, fixed)} "
+                            "beyond the paired noise: not served in the rounds left")
         finally:
             gen.stop(wait=not (why == "budget" or last))  # the next load starts from an empty engine
         stops.append((load, why))
@@ -279,6 +288,36 @@ def verify_on_server(server: Any, candidate_table: Sequence[Sequence[int]], *, K
         stop_reasons=tuple(stops), expected_open=tuple(sizing.lines(tolerance, most)) if sizing else ())
     say(f"[served] {elapsed:.0f} s: {result.summary()}")
     return result
+
+
+def _best(windows: Sequence[Window], lp: LoadPolicies, fixed: Sequence[str]) -> str | None:
+    """The fixed k with the highest mean goodput at the load so far, other than the candidate's own k
+    there (the one the verdict judges the candidate against)."""
+    by = by_round(windows, lp.load)
+    means = {f: statistics.fmean(by[f].values()) for f in fixed if f != lp.same and by.get(f)}
+    return max(means, key=lambda f: (means[f], f)) if means else None
+
+
+def outserved(windows: Sequence[Window], lp: LoadPolicies, served: Sequence[str]) -> list[str]:
+    """The fixed k among ``served`` that the best fixed k (``_best``) out-serves beyond the paired
+    noise: the upper end of the interval of their paired ratio to it (mean ± t·s.e. over the rounds
+    both ran, Student's t as the verdict's) lies below 1. Such a k cannot become the best fixed k the
+    candidate is judged against, so its windows stop (sequential elimination); the candidate's own
+    k and the best are never among them."""
+    best = _best(windows, lp, served)
+    if best is None:
+        return []
+    by = by_round(windows, lp.load)
+    out = []
+    for f in served:
+        if f in (best, lp.same):
+            continue
+        ratios = paired_ratios(by.get(f, {}), by[best])
+        if len(ratios) >= 2:
+            r, se = mean_se(ratios)
+            if r + t_quantile(len(ratios) - 1) * se < 1.0:
+                out.append(f)
+    return out
 
 
 def _progress(windows: Sequence[Window], lp: LoadPolicies, fixed: Sequence[str], tolerance: float,

@@ -661,3 +661,49 @@ def test_windows_of_fixed_work_serve_the_rounds_requests_for_every_policy(monkey
     assert all(p == per_window[0] for p in per_window[:5]) and all(p == per_window[5] for p in per_window[5:])
     assert per_window[0] != per_window[5]
     assert res.verdicts and all(w.table_verified for w in res.windows)
+
+
+def test_a_fixed_k_the_best_outserves_beyond_the_noise_stops_being_served():
+    """``outserved`` worked numbers at load 8, two rounds: k = 2 is best (100, 104); k = 0 serves
+    (80, 84) of it: ratios 0.8 and 0.8077, mean 0.8038 ± 0.0038, upper end 0.8038 + 12.71 x 0.0038
+    = 0.853 < 1: out. k = 1 serves (90, 104): ratios 0.9, 1.0, upper end 0.95 + 12.71 x 0.05 > 1:
+    kept. The candidate's own k (k = 3 where the table is k = 3) is never dropped, however it does."""
+    from tabletune_pipelines.tuning.served_plan import LoadPolicies
+
+    def ws(name, goodputs):
+        return [Window(name, 8, r, int(g * 10), 10.0, 50, 8.0, 0) for r, g in enumerate(goodputs)]
+
+    windows = ws("k=2", (100, 104)) + ws("k=0", (80, 84)) + ws("k=1", (90, 104)) + ws("k=3", (50, 52))
+    fixed = ["k=0", "k=1", "k=2", "k=3"]
+    plain = LoadPolicies(8, {"table": [[1, 8, 1]], **{f: [[1, 8, int(f[2])]] for f in fixed}}, tuple(fixed), None, {})
+    assert served_verification.outserved(windows, plain, fixed) == ["k=0", "k=3"]
+    same = LoadPolicies(8, {f: [[1, 8, int(f[2])]] for f in fixed}, tuple(fixed), "k=3", {})
+    assert served_verification.outserved(windows, same, fixed) == ["k=0"]
+    assert served_verification.outserved(windows[:1] + windows[2:3], plain, fixed) == []  # one round: no noise estimate
+
+
+def test_rounds_after_an_elimination_serve_only_the_policies_left(monkeypatch):
+    """The table is k = 3 at load 8 and serves ~0.965 of k = 2 (each window's steps 3 % slower or faster
+    at random): undecided for 3 rounds. k = 0 keeps nothing at 6 ms, 2/3 of k = 2: out after two."""
+    import random
+
+    class Noisy(ScriptedServer):
+        rng = random.Random(4)
+
+        def read_steps(self, since=None, until=None, offset=0):
+            f = 1 + self.rng.uniform(-0.03, 0.03)
+            return [dict(x, dt=x["dt"] * f) for x in super().read_steps()]
+
+    srv = Noisy({0: 6.0, 1: 8.0, 2: 10.0, 3: 14.0}, {0: 0.0, 1: 0.8, 2: 1.5, 3: 2.4}, 8, 3)
+    lines = []
+    real = served_load.LoadGenerator.__post_init__
+    monkeypatch.setattr(served_load.LoadGenerator, "__post_init__", lambda gen: (setattr(srv, "load", gen.load),
+                                                                                   real(gen))[1])
+    res = served_verification.verify_on_server(srv, [[1, 8, 3]], K=3, max_num_seqs=8, loads=(8,), rounds=3,
+                                               window="requests", requests_per_client=1, settle_s=0.0, budget_s=60,
+                                               first_warmup_s=0.0, progress=lines.append)
+    by = {r: sorted(w.policy for w in res.windows if w.round == r) for r in range(3)}
+    assert by[0] == by[1] == ["k=0", "k=1", "k=2", "k=3"], by
+    assert by[2] == ["k=2", "k=3"], (by, lines)  # k = 1 (0.875 of k = 2) goes too
+    assert any("not served in the rounds left" in line for line in lines)
+    assert res.verdicts[0].rounds == 3 and res.verdicts[0].best_fixed == "k=2"
