@@ -47,10 +47,10 @@ class _Defaults:
 DEFAULTS: dict[str, _Defaults] = {
     # CPU build (2 cores, tiny models): steps of a few ms, so 1.5 s windows hold hundreds of steps.
     # Windows of fixed work: on the embedded default at load 8 (real prompts) the paired ratio's
-    # per-round spread was 0.039 with 3 requests a client, against 0.17 with 5 s windows of a running
-    # loop (benchmarks/served_windows.py, 2026-12-07).
+    # per-round spread was 0.043 with 2 requests a client (7.9 s windows) and 0.052 with 3 (11.7 s),
+    # against 0.186 with 5 s windows of a running loop (benchmarks/served_windows.py, 2026-12-07).
     "cpu": _Defaults(budget_s=120.0, rounds=8, window_s=1.5, settle_s=0.4, warmup_s=1.5, min_steps=20,
-                     first_warmup_s=1.5, window="requests", requests_per_client=3),
+                     first_warmup_s=1.5, window="requests", requests_per_client=2),
     # GPU (H200): 3 s windows gave 20-50% round-to-round spreads at loads 64-128, so longer ones. The
     # MoE compiles kernels for new batch shapes in its first ~30 s at high load: after a 5 s warm-up
     # the first three windows of a launch at load 128 served 0.56-0.76 of the same policies'
@@ -109,7 +109,7 @@ class ServedVerificationOptions:
     closed loop that runs across windows. None = the device default (``requests`` on the CPU build,
     ``time`` on a GPU)."""
     requests_per_client: int | None = None
-    """Requests each client sends in a ``requests`` window; None = the device default (3)."""
+    """Requests each client sends in a ``requests`` window; None = the device default (2)."""
     window_s: float | None = None
     """Seconds counted per ``time`` window (shorter when the budget is tight, not under 1 s)."""
     settle_s: float | None = None
@@ -321,10 +321,11 @@ RATIO_SD_PRIOR: dict[str, float] = {"cpu": 0.2, "gpu": 0.07}
 window, before a launch has measured its own: the CPU build on 2 cores gave 0.03-0.35 at loads 1-16
 with 1.5 s windows (median about 0.2; 2026-12-03..06), the H200 0.045-0.23 at loads 32-128 with 5 s
 windows (2026-12-03/04). A window w times longer is taken to scale it by 1/sqrt(w)."""
-RATIO_SD_PRIOR_REQUESTS: dict[str, float] = {"cpu": 0.04, "gpu": 0.07}
+RATIO_SD_PRIOR_REQUESTS: dict[str, float] = {"cpu": 0.05, "gpu": 0.07}
 """The same for windows of fixed work (``window = "requests"``), not scaled by their length: on the
-CPU build 0.039 at load 8 with 3 requests a client on real prompts (6 rounds, 2026-12-07,
-benchmarks/served_windows.py). Not measured on a GPU: the time windows' figure stands in."""
+CPU build at load 8 on real prompts, 6 rounds each (2026-12-07, benchmarks/served_windows.py and the
+exploration before it), 0.043 with 2 requests a client, 0.039 and 0.052 with 3. Not measured on a
+GPU: the time windows' figure stands in."""
 STEP_MARGIN = 1.5
 """Served steps are slower than the profile's decode steps (prefill joins them): a window is sized
 for this many times the profile's slowest decode step at the load."""
@@ -382,7 +383,7 @@ def _load_goodput(step_ms: Mapping[str, Mapping[str, float]], taus: Sequence[flo
 def size_verification(step_ms: Mapping[str, Mapping[str, float]], rates: Sequence[float],
                       per_load: Mapping[int, LoadPolicies], *, max_k: int, max_num_seqs: int, device: str,
                       tolerance: float, most_rounds: int, min_steps: int | None = None, window: WindowKind = "time",
-                      requests: int = 3, output_tokens: tuple[int, int] = (32, 128)) -> VerificationSizing:
+                      requests: int = 2, output_tokens: tuple[int, int] = (32, 128)) -> VerificationSizing:
     """Windows long enough for ``min_steps`` of the slowest served k's steps at each load (the profile's
     decode step times, ``STEP_MARGIN`` for prefill), the rounds each load's verdict needs to tell the
     profile's predicted ratio from ``1 - tolerance`` at the expected per-round spread
