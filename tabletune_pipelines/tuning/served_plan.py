@@ -41,7 +41,7 @@ class _Defaults:
     min_steps: int
     first_warmup_s: float
     window: WindowKind = "time"
-    requests_per_client: int = 3
+    requests_per_client: int = 2
 
 
 DEFAULTS: dict[str, _Defaults] = {
@@ -323,9 +323,8 @@ with 1.5 s windows (median about 0.2; 2026-12-03..06), the H200 0.045-0.23 at lo
 windows (2026-12-03/04). A window w times longer is taken to scale it by 1/sqrt(w)."""
 RATIO_SD_PRIOR_REQUESTS: dict[str, float] = {"cpu": 0.05, "gpu": 0.07}
 """The same for windows of fixed work (``window = "requests"``), not scaled by their length: on the
-CPU build at load 8 on real prompts, 6 rounds each (2026-12-07, benchmarks/served_windows.py and the
-exploration before it), 0.043 with 2 requests a client, 0.039 and 0.052 with 3. Not measured on a
-GPU: the time windows' figure stands in."""
+CPU build at load 8 on real prompts, 6 rounds each (2026-12-07, benchmarks/served_windows.py), 0.043
+with 2 requests a client and 0.052 with 3. Not measured on a GPU: the time windows' figure stands in."""
 STEP_MARGIN = 1.5
 """Served steps are slower than the profile's decode steps (prefill joins them): a window is sized
 for this many times the profile's slowest decode step at the load."""

@@ -157,7 +157,7 @@ def verify_on_server(server: Any, candidate_table: Sequence[Sequence[int]], *, K
     lookup = DraftTable.from_entries([list(r) for r in candidate_table]).vllm_lookup(max_num_seqs, K)[1:]
     same = fixed_name(lookup[0]) if len(set(lookup)) == 1 else None
     most = rounds or d.rounds
-    kind: WindowKind = window or d.window  # type: ignore[assignment]
+    kind: WindowKind = window or d.window
     requests = requests_per_client or d.requests_per_client
     sizing = None
     if profile_steps is not None:
