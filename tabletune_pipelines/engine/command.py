@@ -119,6 +119,33 @@ def build_command(config: ServerConfig, port: int, device: str) -> list[str]:
     return cmd
 
 
+SOCKET_PATH_MAX = 107
+"""The longest path of a Unix socket (``sizeof(sockaddr_un.sun_path)`` less its NUL, Linux)."""
+IPC_NAME_CHARS = 37
+"""What vLLM appends to TMPDIR for each of its IPC sockets: a slash and a uuid4 (36 characters)."""
+
+
+def socket_safe_dir(folder: Path) -> Path:
+    """``folder``, or, where vLLM's IPC sockets under it would exceed ``SOCKET_PATH_MAX`` (a long
+    ``$TABLETUNE_HOME``: ZMQ then refuses to start the engine), a short symbolic link to it in the
+    system's temp folder (``/tmp/tt-`` and a hash of the folder, the same link for the same folder)."""
+    if len(str(folder)) + IPC_NAME_CHARS <= SOCKET_PATH_MAX:
+        return folder
+    import hashlib
+    import tempfile
+
+    base = Path(tempfile.gettempdir())
+    if len(str(base)) > 40:
+        base = Path("/tmp")
+    link = base / f"tt-{hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:16]}"
+    if not (link.is_symlink() and Path(os.readlink(link)) == folder.resolve()):
+        staging = link.with_name(f"{link.name}.{os.getpid()}")
+        staging.unlink(missing_ok=True)
+        staging.symlink_to(folder.resolve(), target_is_directory=True)
+        os.replace(staging, link)  # atomic: a concurrent launch sees the old link or the new one
+    return link
+
+
 def build_env(config: ServerConfig, device: str, work_dir: Path, step_log: Path, control: Path,
               synthetic_control: Path | None = None, *, base: dict[str, str] | None = None) -> dict[str, str]:
     """The server's environment: ``base`` (default: this process's) plus the device's settings
@@ -135,7 +162,7 @@ def build_env(config: ServerConfig, device: str, work_dir: Path, step_log: Path,
         cache.mkdir(parents=True, exist_ok=True)
         env.update({
             "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_space_gib),
-            "TMPDIR": str(tmp),
+            "TMPDIR": str(socket_safe_dir(tmp)),
             "VLLM_CACHE_ROOT": str(cache),
             "HF_HUB_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1",

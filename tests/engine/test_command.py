@@ -162,3 +162,24 @@ def test_a_batch_only_file_launches_its_ranges_everywhere(tmp_path):
         for ctl in (True, False):
             assert published_schedule(pub, path, context_form=form, controller=ctl) == {
                 "num_speculative_tokens_per_batch_size": [[1, 16, 2]]}
+
+
+def test_a_work_folder_too_long_for_vllms_sockets_gets_a_short_link(tmp_path):
+    """vLLM names its IPC sockets TMPDIR/<uuid4>; a Unix socket path holds 107 characters, so a long
+    work folder (a deep $TABLETUNE_HOME) gets a short link to its tmp folder instead."""
+    from tabletune_pipelines.engine.command import IPC_NAME_CHARS, SOCKET_PATH_MAX, socket_safe_dir
+
+    short = tmp_path / "w" / "tmp"
+    assert socket_safe_dir(short) == short
+    deep = tmp_path / ("d" * 60) / "work" / "profile" / "tmp"
+    deep.mkdir(parents=True)
+    link = socket_safe_dir(deep)
+    assert link != deep and len(str(link)) + IPC_NAME_CHARS <= SOCKET_PATH_MAX
+    assert link.resolve() == deep.resolve() and (link / "x").parent.resolve() == deep.resolve()
+    assert socket_safe_dir(deep) == link  # the same folder, the same link
+    (deep / "probe").write_text("1")
+    assert (link / "probe").read_text() == "1"
+    env = build_env(ServerConfig(model="m", work_dir=str(deep.parent)), "cpu", deep.parent, deep.parent / "s.jsonl",
+                    deep.parent / "c.json")
+    assert env["TMPDIR"] == str(link)
+    link.unlink()
