@@ -137,12 +137,14 @@ def socket_safe_dir(folder: Path) -> Path:
     base = Path(tempfile.gettempdir())
     if len(str(base)) > 40:
         base = Path("/tmp")
-    link = base / f"tt-{hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:16]}"
-    if not (link.is_symlink() and Path(os.readlink(link)) == folder.resolve()):
-        staging = link.with_name(f"{link.name}.{os.getpid()}")
-        staging.unlink(missing_ok=True)
-        staging.symlink_to(folder.resolve(), target_is_directory=True)
-        os.replace(staging, link)  # atomic: a concurrent launch sees the old link or the new one
+    target = folder.resolve()
+    link = base / f"tt-{hashlib.sha256(str(target).encode()).hexdigest()[:16]}"
+    try:
+        link.symlink_to(target, target_is_directory=True)
+    except FileExistsError:  # made by an earlier launch of this folder (or something else: replaced)
+        if not (link.is_symlink() and Path(os.readlink(link)) == target):
+            link.unlink()
+            link.symlink_to(target, target_is_directory=True)
     return link
 
 

@@ -169,14 +169,17 @@ def test_a_work_folder_too_long_for_vllms_sockets_gets_a_short_link(tmp_path):
     work folder (a deep $TABLETUNE_HOME) gets a short link to its tmp folder instead."""
     from tabletune_pipelines.engine.command import IPC_NAME_CHARS, SOCKET_PATH_MAX, socket_safe_dir
 
-    short = tmp_path / "w" / "tmp"
-    assert socket_safe_dir(short) == short
+    short = Path("/tmp/tt-home/work/tmp")
+    assert socket_safe_dir(short) == short  # short enough: kept (and not made)
     deep = tmp_path / ("d" * 60) / "work" / "profile" / "tmp"
     deep.mkdir(parents=True)
     link = socket_safe_dir(deep)
     assert link != deep and len(str(link)) + IPC_NAME_CHARS <= SOCKET_PATH_MAX
     assert link.resolve() == deep.resolve() and (link / "x").parent.resolve() == deep.resolve()
     assert socket_safe_dir(deep) == link  # the same folder, the same link
+    link.unlink()
+    link.symlink_to(tmp_path, target_is_directory=True)  # a stale link of the same name is replaced
+    assert socket_safe_dir(deep) == link and link.resolve() == deep.resolve()
     (deep / "probe").write_text("1")
     assert (link / "probe").read_text() == "1"
     env = build_env(ServerConfig(model="m", work_dir=str(deep.parent)), "cpu", deep.parent, deep.parent / "s.jsonl",
