@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -158,12 +158,17 @@ def rounds_to_decide(ratios_sd: float, ratio: float, tolerance: float, *, t: flo
 
 def judge(windows: Sequence[Window], loads: Sequence[int], fixed: Sequence[str], *, candidate: str = CANDIDATE,
           tolerance: float, same: Mapping[int, str | None] | None = None,
-          references: Mapping[int, Mapping[str, str | None]] | None = None
+          references: Mapping[int, Mapping[str, str | None]] | None = None,
+          dropped: Mapping[int, Collection[str]] | None = None
           ) -> tuple[list[PolicyGoodput], list[LoadVerdict]]:
     """Per load: every policy's mean goodput ± s.e. and the candidate's verdict (``judge_load``).
     ``same``: per load, the fixed-k policy the candidate equals there (its windows are the candidate's,
     and the candidate is judged against the best other fixed k). ``references``: per load, reference
-    name -> ``candidate`` (A/A), a fixed-k policy that stands for it, or None (measured as itself)."""
+    name -> ``candidate`` (A/A), a fixed-k policy that stands for it, or None (measured as itself).
+    ``dropped``: per load, fixed-k policies that stopped being served once the best fixed k out-served
+    them beyond the paired noise (``served_verification.outserved``): listed with their goodput, never
+    the best the candidate is judged against (their means come from the early rounds only, which
+    round-to-round drift makes incomparable with the others')."""
     goodput, verdicts = [], []
     same = same or {}
     for load in loads:
@@ -177,7 +182,9 @@ def judge(windows: Sequence[Window], loads: Sequence[int], fixed: Sequence[str],
             m, se = mean_se(vals)
             if vals or name in (candidate, *fixed):
                 goodput.append(PolicyGoodput(name, load, m, se, len(vals)))
-        v = judge_load(load, cand, {f: by.get(f, {}) for f in fixed if f != here}, tolerance=tolerance)
+        out = set((dropped or {}).get(load, ()))
+        v = judge_load(load, cand, {f: by.get(f, {}) for f in fixed if f != here and f not in out},
+                       tolerance=tolerance)
         if here:
             v = dataclasses.replace(v, candidate_is=here, reason=v.reason + f" (the table is {here} at this load: "
                                     f"judged against the other fixed k)")

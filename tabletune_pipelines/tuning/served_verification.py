@@ -208,6 +208,7 @@ def verify_on_server(server: Any, candidate_table: Sequence[Sequence[int]], *, K
     min_steps = d.min_steps if min_steps is None else min_steps
     per_window = plan.window_s + plan.settle_s + SWAP_OVERHEAD_S
     spent: list[float] = []  # wall seconds per window so far (swaps and extended windows included)
+    dropped: dict[int, set[str]] = {}  # per load, the fixed k no longer served (``outserved``)
     for li, load in enumerate(plan.loads):
         lp = per_load[load]
         names = list(lp.policies)
@@ -258,13 +259,14 @@ def verify_on_server(server: Any, candidate_table: Sequence[Sequence[int]], *, K
                     spent.append(clock() - tw)
                     windows.append(w)
                     say(f"[served] {clock() - t0:5.0f}/{plan.budget_s:.0f} s  " + window_progress_line(w))
-                if r >= 1 and _progress(windows, lp, fixed, tolerance, say).status != "inconclusive":
+                if r >= 1 and _progress(windows, lp, fixed, tolerance, say, dropped).status != "inconclusive":
                     why = "decided"
                     break
                 if r >= 1:
                     out = outserved(windows, lp, [n for n in names if n in fixed])
                     if out:
                         names = [n for n in names if n not in out]
+                        dropped.setdefault(load, set()).update(out)
                         say(f"[served] load {load}: {', '.join(out)} served less than {_best(windows, lp, fixed)} "
                             "beyond the paired noise: not served in the rounds left")
         finally:
@@ -278,7 +280,7 @@ def verify_on_server(server: Any, candidate_table: Sequence[Sequence[int]], *, K
     elapsed = clock() - t0
     goodput, verdicts = judge(windows, sorted(plan.loads), fixed, tolerance=tolerance,
                               same={ld: lp.same for ld, lp in per_load.items()},
-                              references={ld: lp.references for ld, lp in per_load.items()})
+                              references={ld: lp.references for ld, lp in per_load.items()}, dropped=dropped)
     result = ServedVerification(
         candidate=tuple((int(lo), int(hi), int(k)) for lo, hi, k in candidate_table), max_k=K,
         max_num_seqs=max_num_seqs,
@@ -321,9 +323,9 @@ def outserved(windows: Sequence[Window], lp: LoadPolicies, served: Sequence[str]
 
 
 def _progress(windows: Sequence[Window], lp: LoadPolicies, fixed: Sequence[str], tolerance: float,
-              say: Callable[[str], None]) -> LoadVerdict:
+              say: Callable[[str], None], dropped: Mapping[int, set[str]]) -> LoadVerdict:
     """The load's verdict so far, printed with the rounds a decision needs at the spread measured."""
-    _, (v,) = judge(windows, [lp.load], fixed, tolerance=tolerance, same={lp.load: lp.same})
+    _, (v,) = judge(windows, [lp.load], fixed, tolerance=tolerance, same={lp.load: lp.same}, dropped=dropped)
     need = ""
     if v.status == "inconclusive" and v.ratio is not None and v.ratio_se is not None and v.rounds >= 2:
         n = rounds_to_decide(v.ratio_se * math.sqrt(v.rounds), v.ratio, tolerance)

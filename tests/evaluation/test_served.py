@@ -707,3 +707,21 @@ def test_rounds_after_an_elimination_serve_only_the_policies_left(monkeypatch):
     assert by[2] == ["k=2", "k=3"], (by, lines)  # k = 1 (0.875 of k = 2) goes too
     assert any("not served in the rounds left" in line for line in lines)
     assert res.verdicts[0].rounds == 3 and res.verdicts[0].best_fixed == "k=2"
+
+
+def test_a_dropped_fixed_k_is_listed_but_never_the_best_the_candidate_is_judged_against():
+    """Drift: rounds 0-1 serve everything 30 % faster than rounds 2-4. k = 1 ran only rounds 0-1
+    (paired, 0.9 of k = 2: dropped), so its mean (117) tops k = 2's over five rounds (112): without
+    ``dropped`` it would be the best, paired with the candidate on 2 rounds only (t = 12.7)."""
+    fast, slow = 1.3, 1.0
+    speed = [fast, fast, slow, slow, slow]
+    ws = [Window("k=2", 8, r, int(1000 * speed[r]), 10.0, 50, 8.0, 0) for r in range(5)]
+    ws += [Window("k=1", 8, r, int(1000 * speed[r] * 0.9), 10.0, 50, 8.0, 0) for r in range(2)]
+    table = [1.03, 1.0, 1.04, 1.02, 1.03]  # of k = 2, round by round
+    ws += [Window("table", 8, r, int(1000 * speed[r] * table[r]), 10.0, 50, 8.0, 0) for r in range(5)]
+    fixed = ["k=1", "k=2"]
+    _, (plain,) = judge(ws, [8], fixed, tolerance=0.03)
+    assert plain.best_fixed == "k=1" and plain.rounds == 2 and plain.status == "inconclusive"
+    goodput, (v,) = judge(ws, [8], fixed, tolerance=0.03, dropped={8: {"k=1"}})
+    assert v.best_fixed == "k=2" and v.rounds == 5 and v.status == "pass", v.reason
+    assert {g.policy for g in goodput} >= {"k=1", "k=2", "table"}
