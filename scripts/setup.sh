@@ -34,7 +34,8 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 # machine; an unpinned torch (pulled in by vLLM) would download a multi-GB CUDA build.
 echo "[setup] installing torch 2.13.0 (CPU build)"
 # --no-compile: no bytecode for the tens of thousands of modules nothing imports (torch's, vLLM's);
-# Python compiles what is imported, once, at first import (23 s less setup on 2 cores, 2026-12-07).
+# Python compiles what is imported, once, at first import (one side-by-side pair of fresh clones
+# with a warm package cache, 2026-12-07: 78.3 s against 101.7 s; one pair, so no spread).
 "${PIP[@]}" install -q --no-compile "torch==2.13.0"
 echo "[setup] installing TableTune with the pipeline, CPU-engine and test extras (~1-2 min)"
 "${PIP[@]}" install -q --no-compile -e ".[pipeline,cpu,test]"
