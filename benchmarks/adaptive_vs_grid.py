@@ -56,8 +56,15 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.out)
     if args.rejudge:
+        from tabletune_pipelines.formats.documents import AcceptancePrior, StepTimeProfile
+
         result = json.loads((out / "result.json").read_text())
-        judge_tables(result)
+        rates = tuple(result["prior_rates"])
+        prior = AcceptancePrior(rates=rates, num_drafts=0, drafted_per_pos=(0,) * len(rates),
+                                accepted_per_pos=(0,) * len(rates), prompt_fingerprint="given", prompt_count=0,
+                                source="synthetic")
+        judge_tables(result, {p: StepTimeProfile.from_json((out / f"{p}.profile.json").read_text())
+                              for p in ("adaptive", "grid")}, prior)
         (out / "result.json").write_text(json.dumps(result, indent=1))
         return 0
     out.mkdir(parents=True, exist_ok=True)
@@ -104,52 +111,49 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{plan}: {wall:.0f} s, {len(prof.cells)} cells, B = {bs}, table {tuned.table.ranges}", flush=True)
         (out / "result.json").write_text(json.dumps(result, indent=1))  # what is measured so far
     if {"adaptive", "grid"} <= set(tables):
-        judge_tables(result)
+        judge_tables(result, profiles, prior)
     (out / "result.json").write_text(json.dumps(result, indent=1))
     for plan in args.order.split(","):
         (out / f"{plan}.duckdb").unlink(missing_ok=True)
     return 0
 
 
-def judge_tables(result: dict) -> None:
-    """Each plan's table judged on the other plan's cells (goodput ratio per batch size, under the
-    prior's rates), into ``result``; on the grid's cells (every B measured) with each ratio's
-    standard error from the two cells' repetitions: relative s.e. sqrt(cv_mine² + cv_theirs²), cv
-    = s.d./sqrt(n)/mean of a cell's repetitions (0 where both tables run the same k)."""
-    from tabletune_pipelines.core.goodput import tau_curve
-    from tabletune_pipelines.core.table import DraftTable
+def judge_tables(result: dict, profiles: dict, prior) -> None:  # noqa: ANN001
+    """Each plan's table judged on the other plan's cells, into ``result``: the goodput ratio per
+    batch size from ``derive_table`` of the judging plan's profile under ``prior`` (its surface and
+    goodput, the derive's own), and, where both ks were measured at that B, the ratio's standard
+    error from the two cells' repetitions: relative s.e. sqrt(cv_mine² + cv_theirs²), cv =
+    s.d./sqrt(n)/mean of a cell's repetitions (0 where both tables run the same k)."""
+    from tabletune_pipelines.tuning.derive import derive_table
 
-    rates = result["prior_rates"]
-    tau = tau_curve(rates)
+    tables = {plan: derive_table(prof, prior) for plan, prof in profiles.items()}
     for judge, other in (("grid", "adaptive"), ("adaptive", "grid")):
+        choice = tables[judge].choice
+        g, ks = choice.goodput, list(choice.ks)
+        cols = np.arange(g.shape[1])
+        mine_k, theirs_k = list(tables[other].choice.chosen), list(choice.chosen)
+        r = g[[ks.index(k) for k in mine_k], cols] / g[[ks.index(k) for k in theirs_k], cols]
         cells = {tuple(int(x) for x in key.split(",")): v for key, v in result["plans"][judge]["cells_ms"].items()}
-        bs = sorted({b for _, b in cells})
-        n = max(bs)
-        kmax = max(k for k, _ in cells)
-        theirs_k = DraftTable.from_entries(result["plans"][judge]["table"]).vllm_lookup(n, kmax)[1:]
-        mine_k = DraftTable.from_entries(result["plans"][other]["table"]).vllm_lookup(n, kmax)[1:]
-        ms = {key: float(np.mean(v)) for key, v in cells.items()}
-        ratio, rel_se = [], []
-        for b in range(1, n + 1):
+        rel_se = []
+        for b in range(1, g.shape[1] + 1):
             km, kt = mine_k[b - 1], theirs_k[b - 1]
-            if (km, b) not in ms or (kt, b) not in ms:
-                ratio.append(float("nan"))
-                rel_se.append(float("nan"))
-                continue
-            ratio.append(float(tau[km] / tau[kt] * ms[(kt, b)] / ms[(km, b)]))
-            cv = [float(np.std(cells[(k, b)], ddof=1) / np.sqrt(len(cells[(k, b)])) / ms[(k, b)]) for k in (km, kt)]
-            rel_se.append(0.0 if km == kt else float(np.hypot(*cv)))
-        r, e = np.asarray(ratio), np.asarray(rel_se) * np.asarray(ratio)
-        ok = ~np.isnan(r)
-        mean, mean_se = float(r[ok].mean()), float(np.sqrt((e[ok] ** 2).sum()) / ok.sum())
+            if km == kt:
+                rel_se.append(0.0)
+            elif (km, b) in cells and (kt, b) in cells:
+                rel_se.append(float(np.hypot(*[np.std(cells[(k, b)], ddof=1) / np.sqrt(len(cells[(k, b)]))
+                                               / np.mean(cells[(k, b)]) for k in (km, kt)])))
+            else:
+                rel_se.append(float("nan"))  # a batch size this plan did not measure: the surface interpolates
+        e = np.asarray(rel_se) * r
+        known = ~np.isnan(e)
+        mean_se = float(np.sqrt((e[known] ** 2).sum()) / len(e)) if known.all() else None
         result[f"{other}_table_on_{judge}_cells"] = {
-            "batch_sizes_judged": [b for b, x in zip(range(1, n + 1), ok) if x],
-            "mean_ratio": round(mean, 4), "mean_ratio_se": round(mean_se, 4), "min_ratio": round(float(r[ok].min()), 4),
-            "per_b": [None if np.isnan(x) else round(float(x), 4) for x in r],
+            "mean_ratio": round(float(r.mean()), 4), "mean_ratio_se": None if mean_se is None else round(mean_se, 4),
+            "min_ratio": round(float(r.min()), 4), "per_b": [round(float(x), 4) for x in r],
             "per_b_se": [None if np.isnan(x) else round(float(x), 4) for x in e]}
-        print(f"the {other} table judged on the {judge} plan's cells ({int(ok.sum())} batch sizes measured): goodput "
-              f"ratio mean {mean:.4f} ± {mean_se:.4f}, min {float(r[ok].min()):.4f} (1 = the same as the {judge} "
-              f"table)", flush=True)
+        se = f" ± {mean_se:.4f}" if mean_se is not None else " (s.e. only where both ks were measured: per_b_se)"
+        print(f"the {other} table judged on the {judge} plan's cells: goodput ratio mean {r.mean():.4f}{se}, "
+              f"min {r.min():.4f} (1 = the same as the {judge} table)", flush=True)
 
 
 if __name__ == "__main__":
