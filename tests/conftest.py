@@ -2,7 +2,12 @@
 started in subprocesses, e.g. by the ``tabletune`` CLI, count too) and print the count at the end;
 the tiny models and the ONE shared tiny draft-model server every folder's engine tests use (a
 launch costs 30-40 s of start-up on 2 cores, so tests on the same settings share it and put back
-what they change through its runtime controls)."""
+what they change through its runtime controls).
+
+Shared servers (this file's ``shared_server`` and ``real_model_server``, tests/controller/conftest.py's
+``controller_server``) live only as long as their users: tests/server_lifetimes.py orders the test
+modules so each server's users run one after another and stops a server right after the last test
+that uses it."""
 
 from __future__ import annotations
 
@@ -10,10 +15,14 @@ import json
 import os
 import tempfile
 from pathlib import Path
-
 import pytest
 
 from tabletune_pipelines.engine.process import LAUNCH_LOG_ENV
+from tests.server_lifetimes import (  # noqa: F401  (hooks: pytest registers them from this conftest)
+    pytest_collection_modifyitems,
+    pytest_runtest_teardown,
+    release_after_last_user,
+)
 
 _LOG = Path(tempfile.mkdtemp(prefix="tt-launches-")) / "launches.jsonl"
 
@@ -67,6 +76,7 @@ def shared_server(shared_config):
 
     srv = VLLMServer(shared_config)
     srv.start()
+    release_after_last_user("shared_server", srv)
     try:
         yield srv
     finally:
@@ -108,6 +118,7 @@ def real_model_server(tmp_path_factory):
         speculative_extra={"prompt_lookup_max": 4, "prompt_lookup_min": 2}, extra_env={PUBLISHED_ENV: str(published), **VLLM_CACHE_ENV})
     srv = VLLMServer(cfg)
     srv.start()
+    release_after_last_user("real_model_server", srv)
     try:
         yield SimpleNamespace(server=srv, published=published,
                               identity=dict(IDENTITY, model=str(m.model_dir), drafter=None, method="ngram",

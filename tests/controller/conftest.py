@@ -31,12 +31,12 @@ replace another deployment's file)."""
 
 @pytest.fixture(scope="package")
 def controller_server(tmp_path_factory):
-    """Started at the first test that asks, stopped after the last test of tests/controller/."""
+    """Started at the first test that asks, stopped after the last test that uses it (tests/conftest.py)."""
     from tabletune_pipelines.engine import VLLMServer
     from tabletune_pipelines.evaluation.rig import server_config
 
     from tabletune_pipelines.controller.metrics import MULTIPROC_ENV
-    from tests.conftest import VLLM_CACHE_ENV
+    from tests.conftest import VLLM_CACHE_ENV, release_after_last_user
 
     wd = tmp_path_factory.mktemp("controller-server")
     # Prometheus's multiprocess folder (empty): the controller's series reach vLLM's /metrics from the
@@ -45,6 +45,7 @@ def controller_server(tmp_path_factory):
     srv = VLLMServer(server_config(wd, wd / "local.json", rates=(0.7, 0.5, 0.3), cls=EVALUATION_SCHEDULER,
                                    extra_env={MULTIPROC_ENV: str(prom), **VLLM_CACHE_ENV}))
     srv.start()
+    release_after_last_user("controller_server", srv)
     try:
         yield srv
     finally:
