@@ -63,8 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         prior = AcceptancePrior(rates=rates, num_drafts=0, drafted_per_pos=(0,) * len(rates),
                                 accepted_per_pos=(0,) * len(rates), prompt_fingerprint="given", prompt_count=0,
                                 source="synthetic")
-        judge_tables(result, {p: StepTimeProfile.from_json((out / f"{p}.profile.json").read_text())
-                              for p in ("adaptive", "grid")}, prior)
+        profiles = {p: StepTimeProfile.from_json((out / f"{p}.profile.json").read_text()) for p in ("adaptive", "grid")}
+        judge_tables(result, profiles, prior)
+        replay_on_grid(result, profiles["grid"], prior)
         (out / "result.json").write_text(json.dumps(result, indent=1))
         return 0
     out.mkdir(parents=True, exist_ok=True)
@@ -112,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         (out / "result.json").write_text(json.dumps(result, indent=1))  # what is measured so far
     if {"adaptive", "grid"} <= set(tables):
         judge_tables(result, profiles, prior)
+    if "grid" in profiles:
+        replay_on_grid(result, profiles["grid"], prior)
     (out / "result.json").write_text(json.dumps(result, indent=1))
     for plan in args.order.split(","):
         (out / f"{plan}.duckdb").unlink(missing_ok=True)
@@ -154,6 +157,38 @@ def judge_tables(result: dict, profiles: dict, prior) -> None:  # noqa: ANN001
         se = f" ± {mean_se:.4f}" if mean_se is not None else " (s.e. only where both ks were measured: per_b_se)"
         print(f"the {other} table judged on the {judge} plan's cells: goodput ratio mean {r.mean():.4f}{se}, "
               f"min {r.min():.4f} (1 = the same as the {judge} table)", flush=True)
+
+
+def replay_on_grid(result: dict, grid, prior) -> None:  # noqa: ANN001
+    """The adaptive plan replayed on the grid's recorded repetitions (``core.remeasure.replay_search``,
+    the plan's settings of ``result["settings"]``, decisions under ``prior``): the batch sizes it
+    asks for, and its table judged on the grid's cells against the grid's table. The same data for
+    both, so launch-to-launch drift plays no part; into ``result["adaptive_replayed_on_grid_cells"]``."""
+    import dataclasses
+
+    from tabletune_pipelines.core.remeasure import RemeasureSettings, replay_search
+    from tabletune_pipelines.engine.plan import ProfileOptions
+    from tabletune_pipelines.tuning.derive import derive_table
+
+    opts = ProfileOptions(**{k: v for k, v in result["settings"].items() if k in ("coarse_points",)})
+    full = {(c.k, c.batch_size): list(c.repetitions_ms) for c in grid.cells if c.acceptance == "reject"}
+    kmax = max(k for k, _ in full)
+    report = replay_search(full, [tuple(prior.rates[:kmax])], grid.identity.max_num_seqs,
+                           RemeasureSettings(max_repetitions=opts.max_repetitions, tolerance=opts.accepted_loss),
+                           coarse_points=opts.coarse_points)
+    kept = set(report.batch_sizes)
+    sub = dataclasses.replace(grid, cells=tuple(c for c in grid.cells if c.acceptance != "reject" or c.batch_size in kept))
+    mine, theirs = derive_table(sub, prior), derive_table(grid, prior)
+    g, ks = theirs.choice.goodput, list(theirs.choice.ks)
+    cols = np.arange(g.shape[1])
+    r = g[[ks.index(k) for k in mine.choice.chosen], cols] / g[[ks.index(k) for k in theirs.choice.chosen], cols]
+    result["adaptive_replayed_on_grid_cells"] = {
+        "batch_sizes": report.batch_sizes, "table": [list(x) for x in mine.table.ranges],
+        "grid_table": [list(x) for x in theirs.table.ranges], "mean_ratio": round(float(r.mean()), 4),
+        "min_ratio": round(float(r.min()), 4), "per_b": [round(float(x), 4) for x in r]}
+    print(f"the adaptive plan replayed on the grid's recorded cells: B = {report.batch_sizes} of "
+          f"{len(sorted({b for _, b in full}))}, table {mine.table.ranges} against the grid's {theirs.table.ranges}; "
+          f"goodput ratio on the grid's cells mean {r.mean():.4f}, min {r.min():.4f}", flush=True)
 
 
 if __name__ == "__main__":

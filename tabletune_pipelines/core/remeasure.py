@@ -458,3 +458,31 @@ def _merge_report(total: RemeasureReport, sub: RemeasureReport, *, budget_gone: 
     total.ambiguous_left = sub.ambiguous_left
     total.stop_reason = "budget" if budget_gone and sub.stop_reason == "disabled" else sub.stop_reason
     total.per_batch = sub.per_batch
+
+
+def replay_search(recorded: Mapping[tuple[int, int], Sequence[float]], rates_options: Sequence[Sequence[float]],
+                  max_num_seqs: int, settings: RemeasureSettings = RemeasureSettings(), *,
+                  coarse_points: int = COARSE_POINTS) -> BoundaryReport:
+    """``search_boundaries`` replayed on a full grid's recorded repetitions ``{(k, B): [ms, ...]}``
+    (every k at every batch size of the grid): the plan sees only the batch sizes it asks for, each
+    with every recorded repetition, and never more than the record holds (``settings.max_repetitions``
+    is capped at the smallest recorded count, so no repetition is asked for). Judges the plan against
+    the grid on the same data, without launch-to-launch drift."""
+    grid = sorted({b for _, b in recorded})
+    ks = sorted({k for k, _ in recorded})
+    missing = [(k, b) for k in ks for b in grid if not recorded.get((k, b))]
+    if missing:
+        raise InvalidValueError(f"replay_search needs repetitions of every k at every batch size of the grid; "
+                                f"none for (k, B) = {missing[:5]}")
+    reps: dict[tuple[int, int], list[float]] = {}
+
+    def measure_batch(b: int) -> None:
+        for k in ks:
+            reps[(k, b)] = [float(x) for x in recorded[(k, b)]]
+
+    def measure(k: int, b: int) -> float:
+        raise AssertionError(f"replay_search asked for a repetition of (k={k}, B={b}) beyond the record")
+
+    cap = min(settings.max_repetitions, min(len(v) for v in recorded.values()))
+    return search_boundaries(grid, measure_batch, reps, measure, rates_options, max_num_seqs,
+                             dataclasses.replace(settings, max_repetitions=cap), coarse_points=coarse_points)

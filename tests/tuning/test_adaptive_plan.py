@@ -1,7 +1,8 @@
 """The adaptive profile plan (``core.remeasure.search_boundaries``) against the full grid on the
-same data: the step-time profiles measured on a real H200 (benchmarks/data/h200/, every batch size
-of the grid, 3 repetitions each) and the embedded default's full grid on the CPU build
-(benchmarks/data/cpu/2026-12-06-adaptive-vs-grid/). The adaptive plan sees only the batch sizes it asks for; its table
+same data (``core.remeasure.replay_search``): the step-time profiles measured on a real H200
+(benchmarks/data/h200/, every batch size of the grid, 3 repetitions each) and the embedded default's
+full grids on the CPU build (benchmarks/data/cpu/2026-12-0[67]-adaptive-vs-grid/). The adaptive plan
+sees only the batch sizes it asks for; its table
 must be the grid's table or lose at most the accepted loss (1 %) of goodput against it, judged on
 the grid's own cells, averaged over the batch sizes (a uniform load)."""
 
@@ -21,15 +22,18 @@ from tabletune_pipelines.core.remeasure import (
     coarse_batch_sizes,
     geometric_rates,
     next_batch_sizes,
+    replay_search,
     search_boundaries,
 )
+from tabletune_pipelines.errors import InvalidValueError
 from tabletune_pipelines.formats.documents import AcceptancePrior, StepTimeProfile
 from tabletune_pipelines.tuning.derive import derive_table
 
 DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "h200"
-#: The embedded default's full grid on the CPU build (benchmarks/adaptive_vs_grid.py, 2026-12-06).
-CPU_GRID = DATA.parent / "cpu" / "2026-12-06-adaptive-vs-grid" / "grid.profile.json"
-PROFILES = [*sorted(DATA.glob("**/*.one_launch.json")), CPU_GRID]
+#: The embedded default's full grids on the CPU build (benchmarks/adaptive_vs_grid.py, 2026-12-06 with
+#: ProfileOptions' defaults, 2026-12-07 with the main job's settings).
+CPU_GRIDS = [DATA.parent / "cpu" / f"{day}-adaptive-vs-grid" / "grid.profile.json" for day in ("2026-12-06", "2026-12-07")]
+PROFILES = [*sorted(DATA.glob("**/*.one_launch.json")), *CPU_GRIDS]
 
 
 def _prior(rates):
@@ -39,29 +43,27 @@ def _prior(rates):
 
 
 def _adaptive(prof: StepTimeProfile):
-    """The adaptive plan replayed on the profile's recorded repetitions: (report, profile of what it measured)."""
+    """The adaptive plan replayed on the profile's recorded repetitions (``replay_search``): (report,
+    grid, profile of what it measured)."""
     full = {(c.k, c.batch_size): list(c.repetitions_ms) for c in prof.cells if c.acceptance == "reject"}
     grid = sorted({b for _, b in full})
-    ks = sorted({k for k, _ in full})
-    reps: dict = {}
-    asked: list[int] = []
-
-    def measure_batch(b):
-        asked.append(b)
-        for k in ks:
-            reps[(k, b)] = list(full[(k, b)])
-
-    def measure(k, b):  # never called: the first pass takes every recorded repetition, the cap is 3
-        raise AssertionError("no repetition beyond the recorded ones")
-
-    rates = [geometric_rates(p, max(ks)) for p in DEFAULT_DECISION_RATES]
-    report = search_boundaries(grid, measure_batch, reps, measure, rates, prof.identity.max_num_seqs,
-                               RemeasureSettings(max_repetitions=3, tolerance=ACCEPTED_LOSS))
-    assert sorted(asked) == report.batch_sizes and len(set(asked)) == len(asked)  # each batch size once
+    rates = [geometric_rates(p, max(k for k, _ in full)) for p in DEFAULT_DECISION_RATES]
+    report = replay_search(full, rates, prof.identity.max_num_seqs,
+                           RemeasureSettings(max_repetitions=3, tolerance=ACCEPTED_LOSS))
     kept = set(report.batch_sizes)
     sub = dataclasses.replace(prof, cells=tuple(c for c in prof.cells
                                                 if c.acceptance != "reject" or c.batch_size in kept))
     return report, grid, sub
+
+
+def test_a_replay_sees_only_the_batch_sizes_it_asks_for_and_refuses_a_partial_record():
+    recorded = {(k, b): [10.0 + b + 3 * k, 10.2 + b + 3 * k, 9.9 + b + 3 * k] for k in (0, 1, 3) for b in range(1, 17)}
+    report = replay_search(recorded, [geometric_rates(0.7, 3)], 16, RemeasureSettings(max_repetitions=9))
+    assert set(coarse_batch_sizes(range(1, 17))) <= set(report.batch_sizes) < set(range(1, 17))
+    assert report.remeasure.measurements == 0  # never past the record (3 repetitions a cell)
+    del recorded[(3, 7)]
+    with pytest.raises(InvalidValueError, match=r"\(3, 7\)"):
+        replay_search(recorded, [geometric_rates(0.7, 3)], 16)
 
 
 @pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.parent.name[:30] + "/" + p.name[:32])
