@@ -58,7 +58,14 @@ ContextAggregate = Literal["mean", "median", "max"]
 """How one step's context length is read from its running requests' context lengths, to pick the
 column of a (batch size, context) table (vLLM's ``ctx_agg``); TableTune serves ``mean``."""
 
+WindowKind = Literal["time", "requests"]
+"""What a served window counts (``ServedVerificationOptions.window``): ``time``, ``window_s`` seconds
+of a closed loop that keeps running across windows (``served_windows.measure_window``); ``requests``,
+a fixed set of requests per round served from an idle engine until all are answered
+(``served_windows.measure_requests_window``), the same for every policy of the round."""
+
 PROFILE_MODES: tuple[str, ...] = get_args(ProfileMode)
+WINDOW_KINDS: tuple[str, ...] = get_args(WindowKind)
 CONTEXT_AGGREGATES: tuple[str, ...] = get_args(ContextAggregate)
 GRAPH_MODES: tuple[str, ...] = get_args(GraphMode)
 SEARCH_RULES: tuple[str, ...] = get_args(SearchRule)

@@ -38,14 +38,14 @@ from tabletune_pipelines.formats.published_schema import (
     PublishedTable,
 )
 from tabletune_pipelines.options import STEP_MS, Bound, check_value
-from tabletune_pipelines.vocab import CONTEXT_AGGREGATES, ContextAggregate
+from tabletune_pipelines.vocab import CONTEXT_AGGREGATES, WINDOW_KINDS, ContextAggregate
 
 # The ``served_verification`` section's keys and words (``published_schema.SERVED_VERIFICATION_FORMAT``).
 _SERVED_KEYS = {"passed", "verdict", "rule", "tolerance", "candidate", "candidate_is", "loads", "rounds", "window_s",
                 "budget_s", "elapsed_s", "budget_cut", "launch_s", "device", "acceptance", "excluded_windows",
-                "client_errors", "plot", "per_load", "no_verdict_expected"}
+                "client_errors", "plot", "per_load", "no_verdict_expected", "window", "requests_per_client"}
 _SERVED_LOAD_KEYS = {"load", "status", "best_fixed_k", "ratio", "ratio_se", "rounds", "t", "goodput", "stop",
-                     "candidate_is", "references"}
+                     "candidate_is", "references", "mean_batch"}
 _SERVED_REF_KEYS = {"ratio", "ratio_se", "rounds", "same_as"}
 _SERVED_STATUS = ("pass", "fail", "inconclusive")
 _SERVED_VERDICTS = ("verified", "unverified")  # a failed verification publishes nothing
@@ -507,6 +507,10 @@ def _served_loads(where: str, sv: dict[str, Any], max_num_seqs: int) -> set[int]
     for name in ("excluded_windows", "client_errors"):
         if name in sv:
             _int(where, f"{key}.{name}", sv[name], 0)
+    if sv.get("window") is not None and sv["window"] not in WINDOW_KINDS:
+        raise _fail(where, f"{key}.window = {sv['window']!r:.40} must be one of {list(WINDOW_KINDS)}")
+    if sv.get("requests_per_client") is not None:
+        _int(where, f"{key}.requests_per_client", sv["requests_per_client"], 1)
     return load_set
 
 
@@ -525,6 +529,7 @@ def _served_load_row(where: str, at: str, row: Any, load_set: set[int], max_k: i
     _opt_num(where, f"{at}.ratio", r.get("ratio"), 0.0)
     _opt_num(where, f"{at}.ratio_se", r.get("ratio_se"), 0.0)
     _opt_num(where, f"{at}.t", r.get("t"), 0.0)
+    _opt_num(where, f"{at}.mean_batch", r.get("mean_batch"), 0.0)
     if "rounds" in r:
         _int(where, f"{at}.rounds", r["rounds"], 0)
     if r.get("stop") is not None and r["stop"] not in _SERVED_STOPS:

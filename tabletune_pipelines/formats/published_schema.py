@@ -70,6 +70,8 @@ SERVED_VERIFICATION_FORMAT = """\
   "candidate_is": "k=3",              # the fixed-k policy the table equals at every B, or null
   "loads": [1, 8, 16],                # closed-loop concurrencies checked (each 1..max_num_seqs)
   "rounds": 3, "window_s": 1.5,       # the plan after the budget (rounds per load, seconds per window)
+  "window": "time" | "requests",      # optional: a span of a running load, or a fixed set of requests
+  "requests_per_client": 2 (or null), # optional: requests each client sends in a "requests" window
   "budget_s": 75.0, "elapsed_s": 71.2, "budget_cut": false, "launch_s": 31.0 (or null),
   "device": "cpu", "acceptance": "real" (or "prior [0.7, 0.5, 0.3]", or null),
   "excluded_windows": 0,              # windows the step-log check left out
@@ -79,6 +81,8 @@ SERVED_VERIFICATION_FORMAT = """\
                                       profile's step times expected no verdict within the most rounds),
   "per_load": [{"load": 16, "status": "pass" | "fail" | "inconclusive", "best_fixed_k": 2 (or null),
                 "ratio": 0.987 (or null), "ratio_se": 0.011 (or null), "rounds": 3, "t": 4.303 (or null),
+                "mean_batch": 5.5 (optional, or null: requests per step over the load's windows; a
+                               "requests" window ends with its drain, so it sits below the load),
                 "stop": "decided" | "rounds" | "budget" (optional: why the load's rounds stopped),
                 "candidate_is": "k=3" (optional, or null: the fixed k the table runs at this load's batch sizes;
                                  the table is then judged against the other fixed k),

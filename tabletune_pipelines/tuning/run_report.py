@@ -48,10 +48,13 @@ def docs_table(max_num_seqs: int, max_k: int) -> list[list[int]]:
 
 
 @dataclass(frozen=True)
-class DocsComparison:
+class TableComparison:
+    """One table's predicted goodput against another's on one profile, per batch size."""
+
     docs: list[list[int]]
+    """The table compared against (the docs' table in ``compare_to_docs``)."""
     ratio: np.ndarray
-    """G(table) / G(docs' table) per batch size 1..N."""
+    """G(table) / G(the other table) per batch size 1..N."""
     sd: np.ndarray
     """Standard error of the ratio per batch size."""
 
@@ -68,13 +71,13 @@ class DocsComparison:
         return [b + 1 for b in range(len(self.ratio)) if self.sd[b] > 0 or abs(self.ratio[b] - 1.0) > 1e-12]
 
 
-def compare_to_docs(evidence, ks: Sequence[int], table: Sequence[Sequence[int]], max_num_seqs: int,
-                    max_k: int) -> DocsComparison:
-    """``evidence``: the ``EvidenceTable`` of ``derive_table`` (its ``log_ratio`` and ``log_sd``, (K, K, N))."""
+def compare_tables(evidence, ks: Sequence[int], table: Sequence[Sequence[int]], other: Sequence[Sequence[int]],
+                   max_num_seqs: int) -> TableComparison:
+    """``table``'s goodput over ``other``'s per batch size, from ``evidence``: the ``EvidenceTable`` of
+    ``derive_table`` (its ``log_ratio`` and ``log_sd``, (K, K, N)) on one profile and prior."""
     ks = [int(k) for k in ks]
-    docs = docs_table(max_num_seqs, max_k)
     mine = DraftTable.from_entries([list(r) for r in table]).dense(max_num_seqs).tolist()
-    theirs = DraftTable.from_entries(docs).dense(max_num_seqs).tolist()
+    theirs = DraftTable.from_entries([list(r) for r in other]).dense(max_num_seqs).tolist()
     lr, ls = np.asarray(evidence.log_ratio), np.asarray(evidence.log_sd)
     ratio, sd = np.ones(max_num_seqs), np.zeros(max_num_seqs)
     for b in range(max_num_seqs):
@@ -83,7 +86,13 @@ def compare_to_docs(evidence, ks: Sequence[int], table: Sequence[Sequence[int]],
         i, j = ks.index(mine[b]), ks.index(theirs[b])
         ratio[b] = math.exp(float(lr[i, j, b]))
         sd[b] = ratio[b] * float(ls[i, j, b])
-    return DocsComparison(docs, ratio, sd)
+    return TableComparison([list(r) for r in other], ratio, sd)
+
+
+def compare_to_docs(evidence, ks: Sequence[int], table: Sequence[Sequence[int]], max_num_seqs: int,
+                    max_k: int) -> TableComparison:
+    """``compare_tables`` against the docs' table (``docs_table``)."""
+    return compare_tables(evidence, ks, table, docs_table(max_num_seqs, max_k), max_num_seqs)
 
 
 def tie_lines(evidence, tolerance: float) -> list[str]:
@@ -197,7 +206,9 @@ def served_verdict(section: dict | None) -> tuple[str, list[str]]:
                 rse = ref.get("ratio_se")
                 se = f" ± {rse:.3f}" if isinstance(rse, (int, float)) else ""
                 refs.append(f"vs {name}: {ref['ratio']:.3f}{se} ({ref.get('rounds')} paired round(s))")
-        lines.append(f"load {r.get('load')}: {r.get('status')}{figure}{done}{aa}" + "".join(f"; {x}" for x in refs))
+        mb = r.get("mean_batch")
+        batch = f" (mean batch {mb:.1f})" if isinstance(mb, (int, float)) else ""
+        lines.append(f"load {r.get('load')}{batch}: {r.get('status')}{figure}{done}{aa}" + "".join(f"; {x}" for x in refs))
     stated = section.get("verdict")
     if isinstance(stated, str) and stated:
         return stated, lines
@@ -218,7 +229,10 @@ def _served_lines(pub: PublishedTable, dep: Deployment) -> list[str]:
     if sv:
         cut = (f"; the {sv['budget_s']:g} s budget cut it short"
                if sv.get("budget_cut") and isinstance(sv.get("budget_s"), (int, float)) else "")
-        lines.append(f"              up to {sv.get('rounds')} round(s) of {sv.get('window_s')} s per policy at load "
+        per = sv.get("requests_per_client")
+        window = (f"windows of {per} request(s) a client (~{sv.get('window_s')} s at the largest load)"
+                  if sv.get("window") == "requests" and isinstance(per, int) else f"{sv.get('window_s')} s")
+        lines.append(f"              up to {sv.get('rounds')} round(s) of {window} per policy at load "
                      f"{', '.join(map(str, sv.get('loads') or []))} on {sv.get('device') or '?'}, acceptance "
                      f"{sv.get('acceptance') or '?'}{cut}")
     lines += [f"              {line}" for line in per_load]

@@ -18,6 +18,7 @@ from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.errors import InvalidValueError
 from tabletune_pipelines.options import Bound, check_bounds, options_from_mapping
 from tabletune_pipelines.tuning.served_windows import CANDIDATE, fixed_name
+from tabletune_pipelines.vocab import WINDOW_KINDS, WindowKind
 
 __all__ = [
     "BUDGET_CAP", "DEFAULTS", "MIN_WINDOW_S", "PLANNED_ROUNDS", "RATIO_SD_PRIOR", "RATIO_SD_PRIOR_REQUESTS",
@@ -67,13 +68,6 @@ budget lasts and the verdict is open (up to ``rounds``)."""
 SWAP_OVERHEAD_S = 0.2
 """What a table swap costs beyond settle + window (the k-control acknowledgement), for planning."""
 MIN_WINDOW_S = 1.0
-
-WindowKind = Literal["time", "requests"]
-"""What a served window counts (``ServedVerificationOptions.window``): ``time``, ``window_s`` seconds
-of a closed loop that keeps running across windows (``served_windows.measure_window``); ``requests``,
-a fixed set of requests per round served from an idle engine until all are answered
-(``served_windows.measure_requests_window``), the same for every policy of the round."""
-
 
 FixedKChoice = Literal["all", "plausible"]
 """Which fixed k a load serves (``ServedVerificationOptions.fixed_k``): every k 0..K, or the k the
@@ -178,8 +172,8 @@ class ServedVerificationOptions:
             raise InvalidValueError(f"served verification output_tokens = {self.output_tokens!r} must be 1 <= lo <= hi")
         if self.acceptance not in ("auto", "real", "prior"):
             raise InvalidValueError(f"served verification acceptance = {self.acceptance!r}: auto, real or prior")
-        if self.window not in (None, "time", "requests"):
-            raise InvalidValueError(f"served verification window = {self.window!r:.80}: time or requests")
+        if self.window is not None and self.window not in WINDOW_KINDS:
+            raise InvalidValueError(f"served verification window = {self.window!r:.80}: one of {list(WINDOW_KINDS)}")
         if self.fixed_k not in ("all", "plausible"):
             raise InvalidValueError(f"served verification fixed_k = {self.fixed_k!r:.80}: all or plausible")
         for name in ("compare_docs_table",):

@@ -232,6 +232,17 @@ class ServedVerification:
     the budget never reached is not listed."""
     expected_open: tuple[str, ...] = ()
     """Loads where the sizing expected no verdict within the most rounds, one line each (``size_verification``)."""
+    window: str = "time"
+    """What a window counts (``served_plan.WindowKind``): ``time`` (a span of a running load) or
+    ``requests`` (a fixed set of requests, ``requests_per_client`` a client, served to the last answer)."""
+    requests_per_client: int | None = None
+    """Requests each client sends in a ``requests`` window (None for ``time`` windows)."""
+
+    def mean_batch(self, load: int) -> float | None:
+        """Mean requests per step over the load's verified windows: a ``requests`` window ends with its
+        drain, so it sits below the load (None: no window)."""
+        got = [w.mean_batch for w in self.windows if w.load == load and w.table_verified]
+        return statistics.fmean(got) if got else None
 
     @property
     def passed(self) -> bool:
@@ -306,6 +317,7 @@ class ServedVerification:
                                         "same_as": r.same_as} for r in v.references},
                 "goodput": {g.policy: [num(g.goodput, 2), num(g.stderr, 2), g.rounds]
                             for g in self.goodput if g.load == v.load},
+                "mean_batch": num(self.mean_batch(v.load), 2),
             })
         stops = dict(self.stop_reasons)
         for row in per_load:
@@ -315,6 +327,7 @@ class ServedVerification:
             "passed": self.passed, "verdict": self.verdict, "rule": self.rule, "tolerance": self.tolerance,
             "candidate": [list(r) for r in self.candidate], "candidate_is": self.candidate_is,
             "loads": sorted(self.plan.loads), "rounds": self.plan.rounds, "window_s": self.plan.window_s,
+            "window": self.window, "requests_per_client": self.requests_per_client,
             "budget_s": self.plan.budget_s, "elapsed_s": round(self.elapsed_s, 1), "budget_cut": self.budget_cut,
             "launch_s": num(self.launch_s, 1), "device": self.device or None, "acceptance": self.acceptance or None,
             "excluded_windows": self.excluded_windows, "client_errors": self.client_errors, "per_load": per_load,

@@ -287,7 +287,8 @@ def verify_on_server(server: Any, candidate_table: Sequence[Sequence[int]], *, K
         plan=plan, goodput=tuple(goodput), verdicts=tuple(verdicts), tolerance=tolerance, elapsed_s=elapsed,
         budget_cut=cut, candidate_is=same, windows=tuple(windows), client_errors=len(errors),
         first_client_error=errors[0] if errors else "", device=device, acceptance=acceptance,
-        stop_reasons=tuple(stops), expected_open=tuple(sizing.lines(tolerance, most)) if sizing else ())
+        stop_reasons=tuple(stops), expected_open=tuple(sizing.lines(tolerance, most)) if sizing else (),
+        window=kind, requests_per_client=requests if kind == "requests" else None)
     say(f"[served] {elapsed:.0f} s: {result.summary()}")
     return result
 

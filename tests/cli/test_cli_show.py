@@ -95,6 +95,17 @@ def test_the_summary_says_verified_unverified_or_failed(home, capsys):
     assert "  served      failed\n" in out and "load 2: fail: table / best fixed k (k=1) = 0.900 ± 0.010" in out
 
 
+def test_windows_of_fixed_work_are_named_with_the_batch_each_load_ran(home, capsys):
+    def fixed_work(r):
+        sec = _section(r, ["pass", "pass"], window="requests", requests_per_client=2, window_s=7.5)
+        sec["per_load"][1]["mean_batch"] = 1.62
+        return sec
+    publish(served=fixed_work)
+    out = summary(capsys)
+    assert "up to 3 round(s) of windows of 2 request(s) a client (~7.5 s at the largest load) per policy" in out
+    assert "load 1: pass: table" in out and "load 2 (mean batch 1.6): pass: table" in out
+
+
 def test_a_stated_verdict_is_shown_as_it_is_else_judged_from_the_loads():
     assert served_verdict(None) == ("not verified yet", [])
     assert served_verdict({**_section([[1, 16, 1]], ["pass"]), "verdict": "unverified"})[0] == "unverified"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 import subprocess
 import sys
 
@@ -425,6 +426,10 @@ def test_published_section_round_trips_and_the_reader_is_strict():
     assert "[goodput, s.e., windows]" in broken(lambda s: s["per_load"][0]["goodput"].update(table=[1.0]))
     assert "file name of a PNG" in broken(lambda s: s.update(plot="../x.png"))
     assert "lacks the field" in broken(lambda s: s.pop("per_load"))
+    assert sv["window"] == "time" and sv["requests_per_client"] is None and sv["per_load"][0]["mean_batch"] == 1.0
+    assert "window = 'hours' must be one of ['time', 'requests']" in broken(lambda s: s.update(window="hours"))
+    assert "requests_per_client" in broken(lambda s: s.update(window="requests", requests_per_client=0))
+    assert "mean_batch" in broken(lambda s: s["per_load"][0].update(mean_batch=-1.0))
 
 
 def test_served_gate_is_blocking_and_reports_the_figures():
@@ -661,6 +666,11 @@ def test_windows_of_fixed_work_serve_the_rounds_requests_for_every_policy(monkey
     assert all(p == per_window[0] for p in per_window[:5]) and all(p == per_window[5] for p in per_window[5:])
     assert per_window[0] != per_window[5]
     assert res.verdicts and all(w.table_verified for w in res.windows)
+    # the published section says what a window counted and the batch it ran at each load
+    sv = res.to_dict()
+    assert (sv["window"], sv["requests_per_client"]) == ("requests", 2)
+    mean_b = statistics.fmean(w.mean_batch for w in res.windows)
+    assert sv["per_load"][0]["mean_batch"] == round(mean_b, 2) == round(res.mean_batch(8), 2)
 
 
 def test_a_fixed_k_the_best_outserves_beyond_the_noise_stops_being_served():
