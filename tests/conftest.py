@@ -15,6 +15,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
+
 import pytest
 
 from tabletune_pipelines.engine.process import LAUNCH_LOG_ENV
