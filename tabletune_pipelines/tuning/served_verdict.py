@@ -31,6 +31,7 @@ from tabletune_pipelines.core.noise import units_to_detect
 from tabletune_pipelines.core.stats import mean_se, paired_ratios, t_quantile
 from tabletune_pipelines.tuning.served_plan import VerificationPlan
 from tabletune_pipelines.tuning.served_windows import CANDIDATE, Window, by_round
+from tabletune_pipelines.vocab import WindowKind
 
 __all__ = [
     "LoadVerdict", "PolicyGoodput", "ReferenceRatio", "ServedVerdict", "ServedVerification", "Status", "StopReason",
@@ -232,8 +233,8 @@ class ServedVerification:
     the budget never reached is not listed."""
     expected_open: tuple[str, ...] = ()
     """Loads where the sizing expected no verdict within the most rounds, one line each (``size_verification``)."""
-    window: str = "time"
-    """What a window counts (``served_plan.WindowKind``): ``time`` (a span of a running load) or
+    window: WindowKind = "time"
+    """What a window counts (``vocab.WindowKind``): ``time`` (a span of a running load) or
     ``requests`` (a fixed set of requests, ``requests_per_client`` a client, served to the last answer)."""
     requests_per_client: int | None = None
     """Requests each client sends in a ``requests`` window (None for ``time`` windows)."""

@@ -134,7 +134,7 @@ def verify_on_server(server: Any, candidate_table: Sequence[Sequence[int]], *, K
     table's decode step times ``{k: {B: ms}}`` measured in this launch's profile and the acceptance
     rates; with them the windows, rounds and budget not given are sized by ``size_verification`` (the
     loss to detect is ``tolerance``), and the loads where no verdict is expected are named up front.
-    ``window``: what a window counts (``served_plan.WindowKind``): ``time`` windows of a loop that
+    ``window``: what a window counts (``vocab.WindowKind``): ``time`` windows of a loop that
     runs across them, or ``requests``, the round's fixed requests (``requests_per_client`` a client)
     served from an idle engine at temperature ``DEFAULT_TEMPERATURE`` (the acceptance prior's), so
     every policy of a round does the same work. Other ``None`` options take the device's ``DEFAULTS``
