@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                                 source="synthetic")
         profiles = {p: StepTimeProfile.from_json((out / f"{p}.profile.json").read_text()) for p in ("adaptive", "grid")}
         judge_tables(result, profiles, prior)
-        replay_on_grid(result, profiles["grid"], prior)
+        replay_on_grid_cells(result, profiles["grid"], prior)
         (out / "result.json").write_text(json.dumps(result, indent=1))
         return 0
     out.mkdir(parents=True, exist_ok=True)
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     if {"adaptive", "grid"} <= set(tables):
         judge_tables(result, profiles, prior)
     if "grid" in profiles:
-        replay_on_grid(result, profiles["grid"], prior)
+        replay_on_grid_cells(result, profiles["grid"], prior)
     (out / "result.json").write_text(json.dumps(result, indent=1))
     for plan in args.order.split(","):
         (out / f"{plan}.duckdb").unlink(missing_ok=True)
@@ -159,7 +159,7 @@ def judge_tables(result: dict, profiles: dict, prior) -> None:  # noqa: ANN001
               f"min {r.min():.4f} (1 = the same as the {judge} table)", flush=True)
 
 
-def replay_on_grid(result: dict, grid, prior) -> None:  # noqa: ANN001
+def replay_on_grid_cells(result: dict, grid, prior) -> None:  # noqa: ANN001
     """The adaptive plan replayed on the grid's recorded repetitions (``core.remeasure.replay_search``,
     the plan's settings of ``result["settings"]``, decisions under ``prior``): the batch sizes it
     asks for, and its table judged on the grid's cells against the grid's table. The same data for
