@@ -208,7 +208,8 @@ def served_verdict(section: dict | None) -> tuple[str, list[str]]:
                 refs.append(f"vs {name}: {ref['ratio']:.3f}{se} ({ref.get('rounds')} paired round(s))")
         mb = r.get("mean_batch")
         batch = f" (mean batch {mb:.1f})" if isinstance(mb, (int, float)) else ""
-        lines.append(f"load {r.get('load')}{batch}: {r.get('status')}{figure}{done}{aa}" + "".join(f"; {x}" for x in refs))
+        lines.append(f"load {r.get('load')}{batch}: {r.get('status')}{figure}{done}{aa}"
+                     + "".join(f"; {x}" for x in refs))
     stated = section.get("verdict")
     if isinstance(stated, str) and stated:
         return stated, lines
