@@ -29,8 +29,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -123,40 +121,27 @@ def main(argv: list[str] | None = None) -> int:
 
 def judge_tables(result: dict, profiles: dict, prior) -> None:  # noqa: ANN001
     """Each plan's table judged on the other plan's cells, into ``result``: the goodput ratio per
-    batch size from ``derive_table`` of the judging plan's profile under ``prior`` (its surface and
-    goodput, the derive's own), and, where both ks were measured at that B, the ratio's standard
-    error from the two cells' repetitions: relative s.e. sqrt(cv_mine² + cv_theirs²), cv =
-    s.d./sqrt(n)/mean of a cell's repetitions (0 where both tables run the same k)."""
+    batch size and its standard error from ``derive_table`` of the judging plan's profile under
+    ``prior`` (``run_report.compare_tables``); the mean's s.e. takes the per-B errors as fully
+    correlated, an upper bound."""
     from tabletune_pipelines.tuning.derive import derive_table
 
     tables = {plan: derive_table(prof, prior) for plan, prof in profiles.items()}
     for judge, other in (("grid", "adaptive"), ("adaptive", "grid")):
-        choice = tables[judge].choice
-        g, ks = choice.goodput, list(choice.ks)
-        cols = np.arange(g.shape[1])
-        mine_k, theirs_k = list(tables[other].choice.chosen), list(choice.chosen)
-        r = g[[ks.index(k) for k in mine_k], cols] / g[[ks.index(k) for k in theirs_k], cols]
-        cells = {tuple(int(x) for x in key.split(",")): v for key, v in result["plans"][judge]["cells_ms"].items()}
-        rel_se = []
-        for b in range(1, g.shape[1] + 1):
-            km, kt = mine_k[b - 1], theirs_k[b - 1]
-            if km == kt:
-                rel_se.append(0.0)
-            elif (km, b) in cells and (kt, b) in cells:
-                rel_se.append(float(np.hypot(*[np.std(cells[(k, b)], ddof=1) / np.sqrt(len(cells[(k, b)]))
-                                               / np.mean(cells[(k, b)]) for k in (km, kt)])))
-            else:
-                rel_se.append(float("nan"))  # a batch size this plan did not measure: the surface interpolates
-        e = np.asarray(rel_se) * r
-        known = ~np.isnan(e)
-        mean_se = float(np.sqrt((e[known] ** 2).sum()) / len(e)) if known.all() else None
+        cmp = _on_cells(tables[judge], tables[other].table.ranges)
         result[f"{other}_table_on_{judge}_cells"] = {
-            "mean_ratio": round(float(r.mean()), 4), "mean_ratio_se": None if mean_se is None else round(mean_se, 4),
-            "min_ratio": round(float(r.min()), 4), "per_b": [round(float(x), 4) for x in r],
-            "per_b_se": [None if np.isnan(x) else round(float(x), 4) for x in e]}
-        se = f" ± {mean_se:.4f}" if mean_se is not None else " (s.e. only where both ks were measured: per_b_se)"
-        print(f"the {other} table judged on the {judge} plan's cells: goodput ratio mean {r.mean():.4f}{se}, "
-              f"min {r.min():.4f} (1 = the same as the {judge} table)", flush=True)
+            "mean_ratio": round(cmp.mean, 4), "mean_ratio_se": round(cmp.mean_sd, 4),
+            "min_ratio": round(float(cmp.ratio.min()), 4), "per_b": [round(float(x), 4) for x in cmp.ratio],
+            "per_b_se": [round(float(x), 4) for x in cmp.sd]}
+        print(f"the {other} table judged on the {judge} plan's cells: goodput ratio mean {cmp.mean:.4f} ± "
+              f"{cmp.mean_sd:.4f}, min {cmp.ratio.min():.4f} (1 = the same as the {judge} table)", flush=True)
+
+
+def _on_cells(judge, ranges):  # noqa: ANN001, ANN202
+    """``ranges`` over the judging derive's own table, on its profile (``run_report.compare_tables``)."""
+    from tabletune_pipelines.tuning.run_report import compare_tables
+
+    return compare_tables(judge.evidence, judge.choice.ks, ranges, judge.table.ranges, judge.table.max_num_seqs)
 
 
 def replay_on_grid_cells(result: dict, grid, prior) -> None:  # noqa: ANN001
@@ -166,11 +151,11 @@ def replay_on_grid_cells(result: dict, grid, prior) -> None:  # noqa: ANN001
     both, so launch-to-launch drift plays no part; into ``result["adaptive_replayed_on_grid_cells"]``."""
     import dataclasses
 
-    from tabletune_pipelines.core.remeasure import RemeasureSettings, replay_search
+    from tabletune_pipelines.core.remeasure import COARSE_POINTS, RemeasureSettings, replay_search
     from tabletune_pipelines.engine.plan import ProfileOptions
     from tabletune_pipelines.tuning.derive import derive_table
 
-    opts = ProfileOptions(**{k: v for k, v in result["settings"].items() if k in ("coarse_points",)})
+    opts = ProfileOptions(coarse_points=result["settings"].get("coarse_points", COARSE_POINTS))
     full = {(c.k, c.batch_size): list(c.repetitions_ms) for c in grid.cells if c.acceptance == "reject"}
     kmax = max(k for k, _ in full)
     report = replay_search(full, [tuple(prior.rates[:kmax])], grid.identity.max_num_seqs,
@@ -179,16 +164,16 @@ def replay_on_grid_cells(result: dict, grid, prior) -> None:  # noqa: ANN001
     kept = set(report.batch_sizes)
     sub = dataclasses.replace(grid, cells=tuple(c for c in grid.cells if c.acceptance != "reject" or c.batch_size in kept))
     mine, theirs = derive_table(sub, prior), derive_table(grid, prior)
-    g, ks = theirs.choice.goodput, list(theirs.choice.ks)
-    cols = np.arange(g.shape[1])
-    r = g[[ks.index(k) for k in mine.choice.chosen], cols] / g[[ks.index(k) for k in theirs.choice.chosen], cols]
+    cmp = _on_cells(theirs, mine.table.ranges)
     result["adaptive_replayed_on_grid_cells"] = {
         "batch_sizes": report.batch_sizes, "table": [list(x) for x in mine.table.ranges],
-        "grid_table": [list(x) for x in theirs.table.ranges], "mean_ratio": round(float(r.mean()), 4),
-        "min_ratio": round(float(r.min()), 4), "per_b": [round(float(x), 4) for x in r]}
+        "grid_table": [list(x) for x in theirs.table.ranges], "mean_ratio": round(cmp.mean, 4),
+        "mean_ratio_se": round(cmp.mean_sd, 4), "min_ratio": round(float(cmp.ratio.min()), 4),
+        "per_b": [round(float(x), 4) for x in cmp.ratio]}
     print(f"the adaptive plan replayed on the grid's recorded cells: B = {report.batch_sizes} of "
-          f"{len(sorted({b for _, b in full}))}, table {mine.table.ranges} against the grid's {theirs.table.ranges}; "
-          f"goodput ratio on the grid's cells mean {r.mean():.4f}, min {r.min():.4f}", flush=True)
+          f"{len({b for _, b in full})}, table {mine.table.ranges} against the grid's {theirs.table.ranges}; "
+          f"goodput ratio on the grid's cells mean {cmp.mean:.4f} ± {cmp.mean_sd:.4f}, min {cmp.ratio.min():.4f}",
+          flush=True)
 
 
 if __name__ == "__main__":

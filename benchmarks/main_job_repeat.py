@@ -63,7 +63,7 @@ def load_run(home: Path) -> dict:
             "prior": store.acceptance_prior(table.prior_id), "n": table.max_num_seqs, "max_k": table.max_k}
 
 
-def judge(out: Path, rows: list[dict]) -> dict:
+def judge(rows: list[dict]) -> dict:
     from tabletune_pipelines.tuning.derive import derive_table
     from tabletune_pipelines.tuning.run_report import compare_tables, docs_table
 
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = run_jobs(out, args.runs)
         path.write_text(json.dumps({"runs": rows}, indent=1))
     result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": rows,
-              **judge(out, [r for r in rows if r["status"] in (0, "kept")])}
+              **judge([r for r in rows if r["status"] in (0, "kept")])}
     path.write_text(json.dumps(result, indent=1))
     return 0
 

@@ -51,7 +51,7 @@ def docs_table(max_num_seqs: int, max_k: int) -> list[list[int]]:
 class TableComparison:
     """One table's predicted goodput against another's on one profile, per batch size."""
 
-    docs: list[list[int]]
+    other: list[list[int]]
     """The table compared against (the docs' table in ``compare_to_docs``)."""
     ratio: np.ndarray
     """G(table) / G(the other table) per batch size 1..N."""
