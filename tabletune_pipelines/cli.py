@@ -300,7 +300,12 @@ def _plot_option() -> Iterator[None]:
 
 def cmd_table(args: argparse.Namespace) -> int:
     from tabletune_pipelines.tuning.derive import DeriveOptions
-    from tabletune_pipelines.tuning.derive_context import derive_context_table, rates_per_level, stored_context_surface
+    from tabletune_pipelines.tuning.derive_context import (
+        derive_context_table,
+        rates_per_level,
+        stored_context_surface,
+        stored_decode_surface,
+    )
     from tabletune_pipelines.tuning.report import (
         context_grid_lines,
         evidence_markdown,
@@ -336,7 +341,8 @@ def cmd_table(args: argparse.Namespace) -> int:
     rates, pooled_why = rates_per_level(prior, sorted(surfaces))
     if pooled_why:
         print(f"warning: {pooled_why}", file=sys.stderr)
-    tuned = derive_context_table(profile, prior, surfaces, rates=rates, options=options)
+    decode = stored_decode_surface(profile, prior, options) if len(surfaces) > 1 else None
+    tuned = derive_context_table(profile, prior, surfaces, rates=rates, options=options, decode=decode)
     if args.format == "vllm":
         print(json.dumps(tuned.table.as_vllm()))
         for w in tuned.warnings:

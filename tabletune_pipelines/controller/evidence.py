@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from tabletune_pipelines.controller.loader import StartPoint
+from tabletune_pipelines.controller.loader import ColumnStart, StartPoint
 from tabletune_pipelines.controller.observations import CostObserver
 from tabletune_pipelines.controller.step import count_drafts, fold, longest
 from tabletune_pipelines.controller.step_correction import ServedPrior, StepTimeModel, served_prior
@@ -59,33 +59,41 @@ class Evidence:
         """â at the last rebuild (the table in force was built from it); () before the first."""
 
     @classmethod
-    def build(cls, start: StartPoint, max_k: int, n: int, note: Callable[..., None]) -> Evidence:
+    def build(cls, start: StartPoint, max_k: int, n: int, note: Callable[..., None], *,
+              column: ColumnStart | None = None) -> Evidence:
         """The evidence of a validated published file, empty: its prior, its profile, its served model
-        (one that cannot be read is told to ``note(key, msg, *args)`` and left out)."""
+        (one that cannot be read is told to ``note(key, msg, *args)`` and left out). ``column``: one
+        context bucket's evidence instead, started from the bucket's prior and profile (its level's
+        decode steps; the served model prices the file's base level and is left out)."""
         s = start.settings
+        prior = start.prior if column is None else column.prior
         estimator: AcceptanceEstimator | None = None
-        if start.prior:
+        if prior:
             w = float(s.prior_weight)
             if start.prior_count > 0:
                 w = min(w, float(start.prior_count))  # a prior is worth no more drafts than it saw
-            estimator = AcceptanceEstimator(start.prior, EstimatorConfig(
+            estimator = AcceptanceEstimator(prior, EstimatorConfig(
                 prior_weight=w, halve_after_rebuild=s.halve_after_rebuild, prior_decay=s.prior_decay,
                 min_prior_weight=min(float(s.min_prior_weight), w)))
         ks = start.allowed_k
-        if start.profile_ms is None:
+        profile_ms = start.profile_ms if column is None else column.profile_ms
+        if profile_ms is None:
             return cls(max_k, estimator=estimator)
-        model = StepTimeModel(ks, start.profile_ms, prior_weight=s.step_time_prior_weight,
+        model = StepTimeModel(ks, profile_ms, prior_weight=s.step_time_prior_weight,
                               min_prior_weight=s.step_time_min_prior_weight, max_count=s.step_time_max_count,
                               hysteresis=int(s.hysteresis))
+        if column is not None:
+            return cls(max_k, estimator=estimator, model=model,
+                       costs=CostObserver(ks, profile_ms, float(s.step_time_outlier_ratio), max_k, n, None))
         served = served_prior(start.published.document)
         if isinstance(served, str):
             note("served:" + served, "TableTune controller: published v%d: %s", start.published.version, served)
             served = None
         # Each served step's own prefill priced by the published served model (the one step-cost model).
         extra = (None if served is None else
-                 StepCost(ks=tuple(ks), decode_ms=start.profile_ms, envelope=served.envelope,
+                 StepCost(ks=tuple(ks), decode_ms=profile_ms, envelope=served.envelope,
                           fits=served.fits).step_extra())
-        costs = CostObserver(ks, start.profile_ms, float(s.step_time_outlier_ratio), max_k, n, extra)
+        costs = CostObserver(ks, profile_ms, float(s.step_time_outlier_ratio), max_k, n, extra)
         return cls(max_k, estimator=estimator, model=model, costs=costs, served=served)
 
     # ------------------------------------------------------------------ counting

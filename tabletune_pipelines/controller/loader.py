@@ -19,7 +19,7 @@ log; the caller keeps the engine's configured table. Stdlib + numpy, no vLLM.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,6 +79,18 @@ class EngineFacts:
 
 
 @dataclass(frozen=True)
+class ColumnStart:
+    """One context bucket's starting point (``formats.context_columns``), checked against this engine."""
+
+    bucket: tuple[int, int]
+    """The bucket, inclusive tokens."""
+    prior: tuple[float, ...]
+    """a_1..a_K its level was searched under."""
+    profile_ms: np.ndarray
+    """T(B, k) of its level for ``StartPoint.allowed_k`` rows and B = 1..max_num_seqs."""
+
+
+@dataclass(frozen=True)
 class StartPoint:
     """A published file that passed every check, with the arrays the controller needs."""
 
@@ -100,6 +112,9 @@ class StartPoint:
     """Things worth one log line that do not stop the file from being used."""
     grid: DraftTable | None = None
     """The file's (batch size x context) table (``table.context_entries``; None: batch-only, ``ranges``)."""
+    columns: tuple[ColumnStart, ...] | None = None
+    """Per context bucket of ``grid``, what its correction starts from (``table.context_columns``);
+    None: the file has none usable, and the grid is served as published."""
 
     @property
     def can_control(self) -> bool:
@@ -113,11 +128,11 @@ def identity_mismatches(pub: PublishedTable, engine: EngineFacts) -> list[str]:
     return _mismatches(made_for, engine.identity_fields())
 
 
-def profile_rows(pub: PublishedTable, ks: Sequence[int], n: int) -> np.ndarray | str:
-    """T(B, k) for B = 1..n per k in ``ks`` from the file's ``step_ms``, or why it cannot be had."""
+def profile_rows(step_ms: Mapping[int, Mapping[int, float]], ks: Sequence[int], n: int) -> np.ndarray | str:
+    """T(B, k) for B = 1..n per k in ``ks`` from a file's ``step_ms`` ``{k: {B: ms}}``, or why it cannot be had."""
     rows = []
     for k in ks:
-        cells = pub.step_ms.get(int(k))
+        cells = step_ms.get(int(k))
         if not cells:
             return f"its step-time profile has no k = {k}"
         bs = sorted(cells)
@@ -184,7 +199,7 @@ def start_from(pub: PublishedTable, path: Path, engine: EngineFacts) -> StartPoi
             notes.append(f"allowed k {dropped} are not in the launch table and are left out")
             allowed = [k for k in allowed if k in launch]
     prior = tuple(pub.prior.rates[: engine.max_k])
-    rows = profile_rows(pub, allowed, engine.max_num_seqs)
+    rows = profile_rows(pub.step_ms, allowed, engine.max_num_seqs)
     if isinstance(rows, str):
         notes.append(f"{rows}: the controller applies the published table and only observes")
     profile = None if isinstance(rows, str) else rows
@@ -193,6 +208,27 @@ def start_from(pub: PublishedTable, path: Path, engine: EngineFacts) -> StartPoi
     export = Path(settings.export_path) if settings.export_path else default_export_path(path)
     if not export.is_absolute():
         export = path.parent / export
+    columns = None if grid is None else column_starts(pub, allowed, engine.max_k, engine.max_num_seqs, notes)
     return StartPoint(published=pub, settings=settings, allowed_k=tuple(allowed), prior=prior,
                       prior_count=int(pub.prior.num_drafts), profile_ms=profile, export_path=export,
-                      notes=tuple(notes), grid=grid)
+                      notes=tuple(notes), grid=grid, columns=columns)
+
+
+def column_starts(pub: PublishedTable, allowed: Sequence[int], max_k: int, n: int,
+                  notes: list[str]) -> tuple[ColumnStart, ...] | None:
+    """The grid's columns as this engine starts them (``table.context_columns``), or None, with the
+    reason in ``notes``, when the file has none or one lacks a k or batch size (the grid is then
+    served as published)."""
+    if pub.context_columns is None:
+        notes.append("its (batch size x context) table carries no context_columns (step times and acceptance per "
+                     "context bucket): it is served as published, without correction")
+        return None
+    out = []
+    for col in pub.context_columns:
+        rows = profile_rows(col.step_ms, allowed, n)
+        if isinstance(rows, str):
+            notes.append(f"context bucket {list(col.ctx)}: {rows}: the (batch size x context) table is served as "
+                         "published, without correction")
+            return None
+        out.append(ColumnStart(bucket=col.ctx, prior=tuple(col.acceptance_rates[:max_k]), profile_ms=rows))
+    return tuple(out)

@@ -56,6 +56,7 @@ from typing import Any
 
 import numpy as np
 
+from tabletune_pipelines.controller.columns import Columns
 from tabletune_pipelines.controller.evidence import Evidence
 from tabletune_pipelines.controller.exploration import Exploration
 from tabletune_pipelines.controller.flapping import FlapCounter
@@ -65,10 +66,9 @@ from tabletune_pipelines.controller.record import Counters, Notes, fmt_table
 from tabletune_pipelines.controller.search import (
     ContextInForce,
     TableInForce,
-    compact,
     context_state,
     dense_of,
-    lookups_of,
+    put_in_force,
 )
 from tabletune_pipelines.controller.step import StepOutcome, count_drafts
 from tabletune_pipelines.controller.version import FileWatch, Installed, announce, prepare
@@ -120,6 +120,7 @@ class Controller:
         self.evidence = Evidence(K)
         self.exploration: Exploration | None = None
         self.grid = ContextInForce()  # a (batch size x context) table in force, and the step's bucket
+        self.cols: Columns | None = None  # its columns while they are corrected (version.Installed.columns)
         self.fallback_reason: str | None = None
         self.watch = FileWatch(published_path)
         res = self.watch.first_look(engine)
@@ -166,6 +167,7 @@ class Controller:
         """Put a prepared version in force (plain assignments: nothing can fail half-way), then say so."""
         self.version, self.evidence, self.exploration, self.flaps = new, new.evidence, new.exploration, new.flaps
         self.grid.install(new.context)
+        self.cols = new.columns
         self.table.install(new.table, new.lookups, new.settings.hysteresis_hold_steps)
         self._next_rebuild = self.steps + int(new.settings.rebuild_every_steps)
         self.fallback_reason = None
@@ -198,7 +200,12 @@ class Controller:
     def next_lookup(self, lengths: Sequence[int] | None = None) -> list[int] | None:
         """The lookup for the next step (None: leave vLLM's); ``lengths``: the running requests' KV lengths."""
         if self.grid.lookups is not None:  # a (batch size x context) table: its bucket's column; nothing explores
-            return self.grid.pick(lengths)
+            cols = self.cols
+            if cols is None:
+                return self.grid.pick(lengths)
+            lookup = cols.pick(lengths)
+            self.grid.column = cols.column  # the adapter keeps the step's bucket with its SchedulerOutput
+            return lookup
         ex = self.exploration  # None unless controlling (and then a run of steps at K, then at another k)
         if ex is not None and (ex.left > 0 or self.steps >= ex.next_at):
             self.counters.exploration_steps += 1
@@ -215,10 +222,12 @@ class Controller:
             self._prev_b = 0
             return
         self.steps += 1
-        ev, win = self.evidence, self.window
+        ev, win, cols = self.evidence, self.window, self.cols
         k_next, num_new, total_tokens = step.k_next, step.num_new, step.total_tokens
         if self.metrics is not None:  # the step's cell and k; the counts before it are the cell before's
             self.metrics.cells.enter(b, k_next, ev.hist_d, ev.hist_a, step.column)
+        if cols is not None:  # the counts before it are the column before's
+            cols.enter(step.column, ev.hist_d, ev.hist_a)
         if k_next is not None:
             drafted, kept, _ = count_drafts(step.spec_tokens, step.req_id_to_index, step.sampled, self._K,
                                             ev.hist_d, ev.hist_a, self._anomaly)
@@ -233,16 +242,17 @@ class Controller:
         if last is not None and self._prev_b:
             dt = now - last
             win.busy += dt
-            if ev.costs is not None:  # which intervals observe T(B, k): CostObserver.observe
+            costs = ev.costs if cols is None else cols.columns[step.column].evidence.costs
+            if costs is not None:  # which intervals observe T(B, k): CostObserver.observe
                 decode_only = step.decode_only(drafted)
                 dec = b - num_new + drafted  # the decoding requests' tokens and drafts (StepSample's)
-                ev.costs.observe(dt, b, k_next, self._prev_b, self._prev_k, decode_only, dec, total_tokens - dec)
+                costs.observe(dt, b, k_next, self._prev_b, self._prev_k, decode_only, dec, total_tokens - dec)
         self._prev_b, self._prev_k = b, k_next
         ex = self.exploration
         if ex is not None and ex.pending and k_next == ex.k:
             ex.pending -= 1  # an exploration step: the k in force for hysteresis stays
-        else:
-            self.table.served(b, k_next)  # vLLM looked the step's k up at b = len(num_scheduled_tokens)
+        else:  # vLLM looked the step's k up at b = len(num_scheduled_tokens)
+            (self.table if cols is None else cols.columns[step.column].table).served(b, k_next)
         win.steps += 1
         # Per-step cost of this hook (the counting above); the occasional rebuild and poll are timed on their own.
         hook = perf_counter() - t_in
@@ -264,9 +274,12 @@ class Controller:
         """Fold the counts in and, when a search is possible, rebuild the table (module docstring)."""
         t0 = perf_counter()
         ev = self.evidence
-        self.window.add_counts(*take_counts(ev, self.metrics))
+        self.window.add_counts(*self._take_counts())
         ev.hand_over_costs()
-        if self.version is not None and ev.estimator is not None and ev.model is not None:
+        if self.cols is not None and self.version is not None:
+            self.cols.take_counts()
+            self._search_columns(t0, self.version, self.cols)
+        elif self.version is not None and ev.estimator is not None and ev.model is not None:
             self._search(t0, self.version, ev, ev.estimator.estimate())
         self.export(now)
         note_state(self.metrics, self)
@@ -283,17 +296,33 @@ class Controller:
             self.counters.skipped_rebuilds += 1
             self.notes.skipped(elapsed * 1000.0, s.rebuild_budget_ms, t.ranges)
             return
-        new, old = compact(chosen), t.candidate
-        changed = new != old
-        if changed:
-            self.flaps.count(incumbent, chosen, self.counters.rebuilds)
-        # The lookups first: if building them failed, nothing below (halving, decay) has happened.
-        control = v.controlling and changed
-        lookups = lookups_of(new, n, v.allowed_k, s.hysteresis, applying=True, controlling=True) if control else None
-        live = ev.settle(s, rates, (incumbent, chosen) if control and s.step_time_correction else None)
-        t.revise(new, lookups)
-        self.counters.rebuilt((perf_counter() - t0) * 1000.0, changed=changed)
+        old, new, live = put_in_force(t, incumbent, chosen, ev, self.flaps, s, v.allowed_k, n, self.counters.rebuilds,
+                                      rates, controlling=v.controlling)
+        self.counters.rebuilt((perf_counter() - t0) * 1000.0, changed=new != old)
         self.notes.rebuilt(self.counters, self.steps, v, (old, new), rates, live, ev.model, self._clock())
+
+    def _take_counts(self, *, always: bool = True) -> tuple[list[int], list[int]]:
+        """The step histograms folded into counts (``metrics.take_counts``), the grid's columns first
+        taking their share (``Columns.before_fold``)."""
+        ev = self.evidence
+        if self.cols is not None:
+            self.cols.before_fold(ev.hist_d, ev.hist_a)
+        return take_counts(ev, self.metrics, always=always)
+
+    def _search_columns(self, t0: float, v: Installed, cols: Columns) -> None:
+        """Steps 2-5 of the module docstring for each column of a grid (``Columns.search``), within
+        ``rebuild_budget_ms`` of ``t0``: the columns not reached in it are skipped (counted)."""
+        s = v.settings
+        budget = float(s.rebuild_budget_ms) / 1000.0
+        results, done = cols.search(s, v.allowed_k, self._n, self.counters.rebuilds,
+                                    over=lambda: perf_counter() - t0 > budget)
+        if not done:
+            self.counters.skipped_rebuilds += 1
+            self.notes.skipped((perf_counter() - t0) * 1000.0, s.rebuild_budget_ms, self.table.ranges)
+        self.counters.rebuilt((perf_counter() - t0) * 1000.0, changed=any(old != new for old, new, _, _ in results))
+        for c, (old, new, rates, live) in zip(cols.columns, results, strict=False):
+            self.notes.rebuilt(self.counters, self.steps, v, (old, new), rates, live, c.evidence.model, self._clock(),
+                               where=f" (context {c.bucket[0]}-{c.bucket[1]})")
 
     # ------------------------------------------------------------------ export
     def estimate(self) -> tuple[float, ...]:
@@ -316,6 +345,7 @@ class Controller:
             **self.evidence.step_time_state(), "refused_files": self.watch.refused,
             # switches of k per batch size since the controller started, flips back, holds
             **self.flaps.summary(self.counters.rebuilds, max(self._clock() - self._t_started, 1e-9) / 3600.0),
+            **(self.cols.state(self._n) if self.cols is not None else {}),
         }
 
     def export(self, now: float, *, force: bool = False) -> bool:
@@ -323,7 +353,7 @@ class Controller:
         v, win = self.version, self.window
         if v is None or not win.due(now, v.settings, force):
             return False
-        win.add_counts(*take_counts(self.evidence, self.metrics, always=False))  # counts still in the histograms
+        win.add_counts(*self._take_counts(always=False))  # counts still in the histograms
         return win.write(now, v.start, self.estimate, self.state, self.counters, self.notes)
 
     # ------------------------------------------------------------------ failures

@@ -287,14 +287,17 @@ class PromSink:
         v = ctl.version
         ranges = self.table = ctl.table.ranges
         s.version.labels(*lv).set(v.start.published.version if v is not None else 0)
-        src = "launch" if v is None else ("published" if tuple(map(tuple, ranges)) == tuple(map(tuple, v.table))
-                                          else "corrected")
-        for x in SOURCES:
-            s.source.labels(*lv, x).set(1 if x == src else 0)
         grid = v.start.grid if v is not None and ctl.grid.lookups is not None else None
         n = len(cells.of_b) - 1
-        columns = [ranges] if grid is None else [DraftTable.from_dense(grid.dense(n)[:, j]).entries()
-                                                 for j in range(grid.axes.shape[1])]
+        published = [ranges] if grid is None else [DraftTable.from_dense(grid.dense(n)[:, j]).entries()
+                                                   for j in range(grid.axes.shape[1])]
+        # a grid's columns under correction: each bucket's table in force (columns.Columns)
+        columns = published if ctl.cols is None else [c.table.ranges for c in ctl.cols.columns]
+        same = (tuple(map(tuple, ranges)) == tuple(map(tuple, v.table)) if ctl.cols is None else
+                [list(map(list, c)) for c in columns] == [list(map(list, c)) for c in published]) if v else False
+        src = "launch" if v is None else ("published" if same else "corrected")
+        for x in SOURCES:
+            s.source.labels(*lv, x).set(1 if x == src else 0)
         k_keys: set[tuple[str, str]] = set()
         for j, column in enumerate(columns):
             for c, k in enumerate(table_k_per_cell(column, cells.cells)):

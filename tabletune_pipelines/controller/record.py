@@ -107,23 +107,24 @@ class Notes:
 
     def rebuilt(self, counters: Counters, steps: int, version: Any, tables: tuple[Sequence[Sequence[int]], ...],
                 rates: Sequence[float] | np.ndarray, live: tuple[Any, Any, float], model: Any,
-                now: float) -> None:
+                now: float, where: str = "") -> None:
         """The line of a rebuild (``version``: the ``version.Installed`` in force; ``tables``: the
         table before and after; ``live``: the live drafted and kept counts and the prior weight it
         used; ``model``: the step-time model) at clock time ``now``: one per change of the table, a
-        summary of unchanged ones at most every ``log_unchanged_every_s``."""
+        summary of unchanged ones at most every ``log_unchanged_every_s``; ``where``: which table
+        (a grid's context bucket), after the step."""
         (old, new), (drafted, accepted, w), s = tables, live, version.settings
         if old != new:
             ratios = model.ratios()
             corr = ", ".join(f"k{k} x{float(np.median(ratios[i])):.2f}" for i, k in enumerate(model.ks)
                              if np.any(model.count[i] > 0))
-            self.log.info("TableTune controller: rebuild %d at step %d%s: table %s -> %s; a = %s; live drafted %s "
-                          "kept %s; prior weight %g; step-time correction %s; %.2f ms", counters.rebuilds, steps,
+            self.log.info("TableTune controller: rebuild %d at step %d%s%s: table %s -> %s; a = %s; live drafted %s "
+                          "kept %s; prior weight %g; step-time correction %s; %.2f ms", counters.rebuilds, steps, where,
                           "" if version.controlling else " (observing: not applied)", fmt_table(old), fmt_table(new),
                           fmt_rates(rates), [int(x) for x in drafted], [int(x) for x in accepted], w,
                           (corr or "none observed") if s.step_time_correction else "off", counters.last_rebuild_ms)
             self.last_summary = now
         elif self.summary_due(now, float(s.log_unchanged_every_s)):
-            self.log.info("TableTune controller: rebuild %d at step %d: table %s unchanged; a = %s; prior weight %g; "
-                          "%.2f ms", counters.rebuilds, steps, fmt_table(new), fmt_rates(rates), w,
+            self.log.info("TableTune controller: rebuild %d at step %d%s: table %s unchanged; a = %s; prior weight %g; "
+                          "%.2f ms", counters.rebuilds, steps, where, fmt_table(new), fmt_rates(rates), w,
                           counters.last_rebuild_ms)

@@ -22,7 +22,7 @@ import numpy as np
 from tabletune_pipelines.core.table import ContextLookups, DraftTable, vllm_layout
 
 __all__ = ["ContextInForce", "Lookups", "Ranges", "TableInForce", "compact", "context_state", "dense_of",
-           "hysteresis_lookups", "lookups_of"]
+           "hysteresis_lookups", "lookups_of", "put_in_force"]
 
 Ranges = tuple[tuple[int, int, int], ...]
 """A table as ``((start, end, k), ...)``, the form the controller compares and stores."""
@@ -154,3 +154,24 @@ class TableInForce:
         lk = self.lookup
         if lk is not None and b < len(lk):
             self.off_table = self.off_table + 1 if k != lk[b] else 0
+
+
+def put_in_force(t: TableInForce, incumbent: np.ndarray, chosen: np.ndarray, evidence: Any, flaps: Any,
+                 settings: Any, allowed_k: Sequence[int], n: int, rebuild: int, rates: np.ndarray, *,
+                 controlling: bool) -> tuple[Ranges, Ranges, tuple[Any, Any, float]]:
+    """A rebuild's chosen k per batch size (``chosen``, revising ``incumbent``) into the table ``t``:
+    a change is counted by ``flaps`` (``FlapCounter.count``) and, ``controlling``, put in force with
+    its hysteresis lookups; the ``evidence`` settles (``Evidence.settle``: the step times of the k a
+    batch size left are dropped only when the change is in force). The one place a search's result
+    enters a table, for a batch-only table and for each column of a grid (``columns.Columns``).
+    Returns (old ranges, new ranges, what ``settle`` returned)."""
+    new, old = compact(chosen), t.candidate
+    changed = new != old
+    if changed:
+        flaps.count(incumbent, chosen, rebuild)
+    control = controlling and changed
+    # The lookups first: if building them failed, nothing below (halving, decay) has happened.
+    lookups = lookups_of(new, n, allowed_k, settings.hysteresis, applying=True, controlling=True) if control else None
+    live = evidence.settle(settings, rates, (incumbent, chosen) if control and settings.step_time_correction else None)
+    t.revise(new, lookups)
+    return old, new, live

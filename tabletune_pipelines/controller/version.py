@@ -20,12 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
+from tabletune_pipelines.controller.columns import Column, Columns
 from tabletune_pipelines.controller.evidence import Evidence
 from tabletune_pipelines.controller.exploration import Exploration
 from tabletune_pipelines.controller.flapping import FlapCounter
 from tabletune_pipelines.controller.loader import EngineFacts, StartPoint, load_start
 from tabletune_pipelines.controller.record import Notes, fmt_rates, fmt_table
-from tabletune_pipelines.controller.search import Lookups, Ranges, lookups_of
+from tabletune_pipelines.controller.search import Lookups, Ranges, TableInForce, compact, lookups_of
 from tabletune_pipelines.core.table import ContextLookups, context_lookups
 from tabletune_pipelines.formats.controller_settings import ControllerSettings
 
@@ -54,6 +55,9 @@ class Installed:
     context: ContextLookups | None = None
     """The file's (batch size x context) table, one lookup per context bucket, served at every step in
     place of ``lookups`` (None: a batch-only table, or k cannot be switched)."""
+    columns: Columns | None = None
+    """While controlling a (batch size x context) table: its columns, each corrected on its own
+    bucket's evidence (``columns.Columns``); None: a batch-only table, or a grid served as published."""
 
     @property
     def settings(self) -> ControllerSettings:
@@ -89,25 +93,41 @@ def prepare(start: StartPoint, engine: EngineFacts, flaps: FlapCounter, steps: i
     # The published table is put in force whenever k can be switched; only in control mode (with a
     # prior and a profile) is it rebuilt, explored around and held with hysteresis. A baseline policy
     # (evaluation.baselines) chooses k itself: TableTune's rebuilds are then only observed.
-    # A (batch size x context) table is served as published, its bucket chosen at every step; the
-    # online correction (rebuilds, exploration, hysteresis) revises a batch-only table and stays off.
+    # A (batch size x context) table is served with its bucket chosen at every step. With the
+    # file's context columns each bucket's column is corrected on its own evidence (columns.Columns);
+    # without them it is served as published. Nothing explores around a grid.
     controlling = (s.mode == "control" and start.can_control and can_switch and s.policy == "tabletune"
-                   and start.grid is None)
+                   and (start.grid is None or start.columns is not None))
     context = (context_lookups(start.grid, n, K, pub.ctx_agg) if start.grid is not None and can_switch
                else None)
     table = tuple((a, b, min(K, k)) for a, b, k in pub.ranges)
     lookups = lookups_of(table, n, ks, s.hysteresis, applying=can_switch, controlling=controlling)
+    columns = None
+    if controlling and context is not None and start.columns is not None:
+        columns = Columns(context, [
+            Column(col.bucket, Evidence.build(start, K, n, note, column=col), _column_table(lookup, n, ks, s),
+                   FlapCounter(n, int(s.flap_backoff_rebuilds)))
+            for col, lookup in zip(start.columns, context.columns, strict=True)])
     # With step-time correction, each exploration runs at the largest k and then, for as many steps,
     # at the next other allowed k in turn, so every k's cost is observed, not only the largest one's
     # (a k never run keeps its profile however wrong, and a wrong profile of an unused k pulls the
     # table towards it); the largest k keeps its full share of exploration.
-    exploration = Exploration.plan(n, ks, s, controlling=controlling, steps=steps,
+    exploration = Exploration.plan(n, ks, s, controlling=controlling and start.grid is None, steps=steps,
                                    correcting=evidence.model is not None and bool(s.step_time_correction))
     # A new version starts its own flap history (its table is not the old one's); the switch counts
     # stay cumulative for the export.
     return Installed(start=start, applying=can_switch, controlling=controlling, table=table, lookups=lookups,
                      evidence=evidence, exploration=exploration,
-                     flaps=flaps.restarted(int(s.flap_backoff_rebuilds)), context=context)
+                     flaps=flaps.restarted(int(s.flap_backoff_rebuilds)), context=context, columns=columns)
+
+
+def _column_table(lookup: list[int], n: int, ks: tuple[int, ...], s: ControllerSettings) -> TableInForce:
+    """A context bucket's table in force, from its column of the published grid (vLLM's lookup)."""
+    ranges = compact(lookup[1:n + 1])
+    t = TableInForce(ranges)
+    t.install(ranges, lookups_of(ranges, n, ks, s.hysteresis, applying=True, controlling=True),
+              s.hysteresis_hold_steps)
+    return t
 
 
 def announce(log: logging.Logger, new: Installed, *, honours_policy: bool) -> None:
@@ -126,9 +146,10 @@ def announce(log: logging.Logger, new: Installed, *, honours_policy: bool) -> No
                     "cannot change; only observing (launch with a table listing every k in %s)", list(ks))
     if start.grid is not None:
         log.info("TableTune controller: published v%d serves the (batch size x context) table %s, its context "
-                 "bucket chosen at every step by the %s of the running requests' KV lengths; the online "
-                 "correction is off for it (it revises batch-only tables)", pub.version,
-                 [list(e) for e in start.grid.entries()], pub.ctx_agg)
+                 "bucket chosen at every step by the %s of the running requests' KV lengths; %s", pub.version,
+                 [list(e) for e in start.grid.entries()], pub.ctx_agg,
+                 "each bucket's column corrected on its own evidence" if new.columns is not None else
+                 "served as published, without correction")
     est = new.evidence.estimator
     log.info("TableTune controller: published v%d of %s loaded (%s; table %s; allowed k %s; prior %s "
              "from %d drafts; w = %s; export %s)", pub.version, pub.deployment,

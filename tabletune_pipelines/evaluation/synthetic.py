@@ -82,10 +82,11 @@ REBUILD_BUDGET_MS = 60_000.0
 def publish(path: Path, *, ranges, rates, profile=None, version: int = 1, controller: dict | None = None,
             identity: dict | None = IDENTITY, prior_count: int = 0, allowed_k=None, n: int = N, k_max: int = K,
             over_junk: bool = False, served_cost: dict | None = None, deployment: str = "test",
-            context_entries=None, ctx_agg: str | None = None) -> Path:
+            context_entries=None, ctx_agg: str | None = None, context_columns=None) -> Path:
     """Publish a table of ``deployment`` for the test engine (``profile``: T(B, k) as ``{k: {B: ms}}``,
     by default ``linear_profile``; ``context_entries``: a (batch size x context) table's 5-item entries,
-    with its ``ctx_agg``). ``over_junk``: a deliberately broken file was left there, which publishing
+    with its ``ctx_agg``; ``context_columns``: its columns, ``formats.context_columns.ContextColumn.to_dict``
+    forms). ``over_junk``: a deliberately broken file was left there, which publishing
     refuses to replace: remove it first."""
     if over_junk:
         path.unlink(missing_ok=True)
@@ -100,6 +101,8 @@ def publish(path: Path, *, ranges, rates, profile=None, version: int = 1, contro
         table["context_entries"] = [list(e) for e in context_entries]
     if ctx_agg is not None:
         table["ctx_agg"] = ctx_agg
+    if context_columns is not None:
+        table["context_columns"] = [dict(c) for c in context_columns]
     doc = published_document(
         PublishedVersion(deployment=deployment, version=version, table=table,
                          speculative_config={"method": "draft_model", "num_speculative_tokens": k_max,

@@ -160,9 +160,8 @@ class StepTimeCell:
     timing: TimingSource = "engine"
     """``"engine"`` (intervals between scheduler updates) or ``"wall"`` ((t65 - t1)/64)."""
     stderr_ms: float | None = None
-    """Standard error of ``median_ms`` from the repetitions, ms (``core.steptime.median_standard_error``);
-    None with fewer than two repetitions. Computed from the repetitions when not given (cells stored
-    before the field existed)."""
+    """Standard error of ``median_ms`` from the repetitions, ms (``core.steptime.median_standard_error``;
+    None with fewer than two); computed when not given (cells stored before the field existed)."""
     context_tokens: int = DEFAULT_PROMPT_TOKENS
     """The context level: tokens of each timed prompt, so the KV length its steps are timed at."""
 
@@ -464,8 +463,7 @@ class DraftLengthTable(Document):
     """The decode surface T(B, k) the table was derived from, ``{k: {B: ms}}`` (string keys for
     JSON); when the search priced served steps, the expected extra per step is in ``served_cost``."""
     search_policy: SearchRule = "stickiness"
-    """The search's rule (``vocab.SearchRule``); tables stored before the evidence rule used the
-    method's ``stickiness``."""
+    """The search's rule (``vocab.SearchRule``); tables stored before the evidence rule: ``stickiness``."""
     confidence: float | None = None
     """Confidence level of the bounds below (None: a table stored before they were computed)."""
     has_error_estimates: bool = False
@@ -496,6 +494,9 @@ class DraftLengthTable(Document):
     ctx_agg: ContextAggregate = "mean"
     """How a step's context is aggregated over its running requests (``vocab.ContextAggregate``);
     read only with ``context_entries``."""
+    context_columns: tuple[dict[str, Any], ...] = ()
+    """With ``context_entries``: per context bucket, the step times and rates the controller corrects
+    it from (``formats.context_columns.ContextColumn.to_dict``); empty with one bucket."""
 
     BOUNDS: ClassVar[dict[str, Bound]] = {
         "max_num_seqs": BATCH_SIZE, "max_k": LAUNCH_K,
@@ -527,8 +528,7 @@ class DraftLengthTable(Document):
 
     @property
     def full_table(self) -> DraftTable:
-        """The full (B, ctx) table: ``context_entries`` (validated as ``draft`` is) when k depends on the
-        context, else ``draft``."""
+        """The full (B, ctx) table: ``context_entries`` (validated as ``draft``) with a context axis, else ``draft``."""
         if not self.context_entries:
             return self.draft
         return DraftTable.from_entries([list(e) for e in self.context_entries], max_num_seqs=self.max_num_seqs,
@@ -536,9 +536,10 @@ class DraftLengthTable(Document):
 
     def to_dict(self) -> dict[str, Any]:
         body = super().to_dict()
-        if not self.context_entries:  # a table with one bucket is written as it was before the context axis
-            body.pop("context_entries")
-            body.pop("ctx_agg")
+        for key in ("context_entries", "ctx_agg") if not self.context_entries else ():
+            body.pop(key)  # a table with one bucket is written as it was before the context axis
+        if not self.context_columns:  # written only where there are columns: older tables keep their ids
+            body.pop("context_columns")
         return body
 
     @property
@@ -588,9 +589,11 @@ class DraftLengthTable(Document):
         body["acceptance_rates"] = tuple(rates)
         body["boundaries"] = tuple(Boundary(**b) for b in body.get("boundaries", ()))
         body["context_entries"] = tuple(tuple(int(x) for x in e) for e in body.get("context_entries", ()))
+        body["context_columns"] = tuple(dict(c) for c in body.get("context_columns", ()))
         return cls(**body)
 
 
 PUBLISHED_TABLE_FIELDS = ("schema", "schema_version", "ranges", "max_num_seqs", "max_k", "identity_key", "prior_id",
-                          "acceptance_rates", "predicted_worst_loss", "step_ms", "context_entries", "ctx_agg")
+                          "acceptance_rates", "predicted_worst_loss", "step_ms", "context_entries", "ctx_agg",
+                          "context_columns")
 """DraftLengthTable fields that go to the published file's ``table``; the others go to ``evidence``."""

@@ -10,22 +10,38 @@ duplicate keys, nesting past 64 levels, integers of more than 32 digits, non-UTF
 where integers belong, unknown keys, step times outside ``options.STEP_MS``, a version outside
 ``VERSION``, files over ``MAX_PUBLISHED_BYTES`` and paths that are not regular files (a named pipe is
 never waited on; the file rules and the JSON parser are ``strict_io``'s); every message names the file
-and the key. ``published_build.published_document`` runs the same checks on what it builds, so the
-pipeline cannot publish a file the controller would refuse.
+and the key (the field checks are ``published_fields``'). ``published_build.published_document``
+runs the same checks on what it builds, so the pipeline cannot publish a file the controller would
+refuse.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import Any
 
 from tabletune_pipelines.core.table import DraftTable
-from tabletune_pipelines.errors import InvalidTableError, PublishedTableError, SettingsError
+from tabletune_pipelines.errors import PublishedTableError, SettingsError
 from tabletune_pipelines.formats import strict_io
+from tabletune_pipelines.formats.context_columns import COLUMN_KEYS, ContextColumn
 from tabletune_pipelines.formats.controller_settings import ControllerSettings
+from tabletune_pipelines.formats.published_fields import (
+    bool_field,
+    bounded_field,
+    counts_field,
+    fail,
+    int_field,
+    num_field,
+    obj_field,
+    opt_num_field,
+    rates_field,
+    step_ms_field,
+    str_field,
+    validate_context_entries,
+    validate_ranges,
+)
 from tabletune_pipelines.formats.published_schema import (
     CONTEXT_SCHEDULE_KEY,
     MAX_PUBLISHED_BYTES,
@@ -37,7 +53,6 @@ from tabletune_pipelines.formats.published_schema import (
     PublishedPrior,
     PublishedTable,
 )
-from tabletune_pipelines.options import STEP_MS, Bound, check_value
 from tabletune_pipelines.vocab import CONTEXT_AGGREGATES, WINDOW_KINDS, ContextAggregate
 
 # The ``served_verification`` section's keys and words (``published_schema.SERVED_VERIFICATION_FORMAT``).
@@ -58,158 +73,6 @@ def strict_json_loads(text: str) -> Any:
     """``json.loads`` that rejects NaN/Infinity, duplicate keys, deep nesting and huge integers
     (raises ``ValueError``): ``strict_io.loads``, the one strict parser of every reader."""
     return strict_io.loads(text)
-
-
-# -- field checks (each raises PublishedTableError naming where and the key) -------------------
-
-def _fail(where: str, msg: str) -> PublishedTableError:
-    return PublishedTableError(f"published table {where}: {msg}")
-
-
-def _int(where: str, key: str, v: Any, lo: int | None = None) -> int:
-    if type(v) is not int:
-        raise _fail(where, f"{key} = {v!r} must be an integer")
-    if lo is not None and v < lo:
-        raise _fail(where, f"{key} = {v} must be >= {lo}")
-    return v
-
-
-def _num(where: str, key: str, v: Any) -> float:
-    if type(v) not in (int, float) or not math.isfinite(v):
-        raise _fail(where, f"{key} = {v!r} must be a finite number")
-    return float(v)
-
-
-def _bounded(where: str, bound: Bound, key: str, v: Any) -> Any:
-    """``v`` within ``bound`` (``options.Bound``, the one rule of every number), else a ``PublishedTableError``."""
-    return check_value(bound, key, v, where=f"published table {where}", error=PublishedTableError)
-
-
-@overload
-def _str(where: str, key: str, v: Any, *, allow_none: Literal[False] = False) -> str: ...
-
-
-@overload
-def _str(where: str, key: str, v: Any, *, allow_none: bool) -> str | None: ...
-
-
-def _str(where: str, key: str, v: Any, *, allow_none: bool = False) -> str | None:
-    if v is None and allow_none:
-        return None
-    if not isinstance(v, str) or not v or "\n" in v:
-        raise _fail(where, f"{key} = {v!r} must be a non-empty one-line string")
-    return v
-
-
-def _obj(where: str, key: str, v: Any, allowed: set[str] | frozenset[str] | None = None) -> dict[str, Any]:
-    if not isinstance(v, dict):
-        raise _fail(where, f"{key} must be a JSON object, got {type(v).__name__}")
-    if allowed is not None:
-        unknown = sorted(set(v) - allowed)
-        if unknown:
-            raise _fail(where, f"{key} has unknown key(s) {unknown}; allowed: {sorted(allowed)}")
-    return v
-
-
-def _rates(where: str, key: str, v: Any) -> tuple[float, ...]:
-    if not isinstance(v, list):
-        raise _fail(where, f"{key} must be a list of acceptance rates, got {type(v).__name__}")
-    out = tuple(_num(where, f"{key}[{i}]", x) for i, x in enumerate(v))
-    for i, a in enumerate(out):
-        if not 0.0 <= a <= 1.0:
-            raise _fail(where, f"{key}[{i}] = {a!r} is outside [0, 1]")
-        if i and a > out[i - 1] + 1e-9:
-            raise _fail(where, f"{key}[{i}] = {a!r} > {key}[{i - 1}] = {out[i - 1]!r}; survival rates must be "
-                               "non-increasing with position")
-    return out
-
-
-def validate_ranges(where: str, ranges: Any, max_num_seqs: int, max_k: int) -> tuple[tuple[int, int, int], ...]:
-    """``table.ranges`` of a file, by the publish gate's rules (``core.table.DraftTable.from_entries``,
-    the one table validator), after the strict JSON shape: a non-empty list of ``[start, end, k]`` lists of
-    integers (no booleans, floats or strings, which vLLM's ``int()`` would accept)."""
-    if not isinstance(ranges, list) or not ranges:
-        raise _fail(where, f"table.ranges must be a non-empty list of [start, end, k], got {ranges!r:.80}")
-    for i, entry in enumerate(ranges):
-        if not isinstance(entry, list) or len(entry) != 3:
-            raise _fail(where, f"table.ranges[{i}] = {entry!r:.80} must be a [start, end, k] list")
-        for j, x in enumerate(entry):
-            _int(where, f"table.ranges[{i}][{j}]", x)
-    try:
-        table = DraftTable.from_entries(ranges, max_num_seqs=max_num_seqs, max_k=max_k)
-        return tuple((lo, hi, k) for lo, hi, k in table.entries())  # 3-item entries: no context axis
-    except InvalidTableError as exc:
-        raise _fail(where, f"table.ranges: {exc}") from None
-
-
-def validate_context_entries(where: str, entries: Any, max_num_seqs: int,
-                             max_k: int) -> tuple[tuple[int, int, int, int, int], ...]:
-    """``table.context_entries`` of a file: a non-empty list of 5-item ``[bs_lo, bs_hi, ctx_lo, ctx_hi, k]``
-    lists of integers, a rectangular grid with context buckets contiguous from 1 and the publish gate's
-    batch-size rules (``DraftTable.from_entries``, the one table validator); sorted as ``entries()``."""
-    key = "table.context_entries"
-    if not isinstance(entries, list) or not entries:
-        raise _fail(where, f"{key} must be a non-empty list of [bs_lo, bs_hi, ctx_lo, ctx_hi, k], got {entries!r:.80}")
-    for i, entry in enumerate(entries):
-        if not isinstance(entry, list) or len(entry) != 5:
-            raise _fail(where, f"{key}[{i}] = {entry!r:.80} must be a [bs_lo, bs_hi, ctx_lo, ctx_hi, k] list")
-        for j, x in enumerate(entry):
-            _int(where, f"{key}[{i}][{j}]", x)
-    try:
-        table = DraftTable.from_entries(entries, max_num_seqs=max_num_seqs, max_k=max_k, allow_context=True)
-    except InvalidTableError as exc:
-        raise _fail(where, f"{key}: {exc}") from None
-    return tuple((a, b, c, d, k) for a, b, c, d, k in table.entries())
-
-
-def _key_int(key: Any) -> int | None:
-    """A JSON key that spells a small non-negative integer in ASCII digits (``"²"`` is a digit to
-    ``str.isdigit`` but not to ``int``), else None."""
-    return int(key) if isinstance(key, str) and 0 < len(key) <= 9 and key.isascii() and key.isdigit() else None
-
-
-def _step_ms(where: str, v: Any, max_k: int) -> dict[int, dict[int, float]]:
-    out: dict[int, dict[int, float]] = {}
-    for ks, row in _obj(where, "table.step_ms", v).items():
-        k = _key_int(ks)
-        if k is None or k > max_k:
-            raise _fail(where, f"table.step_ms key {ks!r:.40} must be a k in 0..{max_k}")
-        cells: dict[int, float] = {}
-        for bs, ms in _obj(where, f"table.step_ms[{ks}]", row).items():
-            b = _key_int(bs)
-            if b is None or b < 1:
-                raise _fail(where, f"table.step_ms[{ks}] key {bs!r:.40} must be a batch size >= 1")
-            t = _num(where, f"table.step_ms[{ks}][{bs}]", ms)
-            if t <= 0:
-                raise _fail(where, f"table.step_ms[{ks}][{bs}] = {t!r} ms must be positive")
-            _bounded(where, STEP_MS, f"table.step_ms[{ks}][{bs}]", t)  # near zero or beyond any step: refused
-            cells[b] = t
-        out[k] = cells
-    return out
-
-
-def _counts(where: str, key: str, v: Any, n: int) -> tuple[int, ...]:
-    if not isinstance(v, list):
-        raise _fail(where, f"{key} must be a list of counts")
-    out = tuple(_int(where, f"{key}[{i}]", x, 0) for i, x in enumerate(v))
-    if out and len(out) != n:
-        raise _fail(where, f"{key} has {len(out)} entries; the rates have {n}")
-    return out
-
-
-def _bool(where: str, key: str, v: Any) -> bool:
-    if type(v) is not bool:
-        raise _fail(where, f"{key} = {v!r:.40} must be true or false")
-    return v
-
-
-def _opt_num(where: str, key: str, v: Any, lo: float | None = None) -> float | None:
-    if v is None:
-        return None
-    x = _num(where, key, v)
-    if lo is not None and x < lo:
-        raise _fail(where, f"{key} = {x!r} must be >= {lo:g}")
-    return x
 
 
 @dataclass(frozen=True)
@@ -234,6 +97,8 @@ class _TableFields:
     """``table.context_entries``, validated (None: absent)."""
     ctx_agg: ContextAggregate
     """``table.ctx_agg`` (default ``mean``)."""
+    context_columns: tuple[ContextColumn, ...] | None = None
+    """``table.context_columns``, validated against the grid's buckets (None: absent)."""
 
     @property
     def ks(self) -> list[int]:
@@ -245,16 +110,16 @@ def parse_published(doc: Any, where: str = "<document>") -> PublishedTable:
     """Validate a decoded published document strictly and return it typed (one parser per section,
     in the order below: the first rule broken is the one reported)."""
     _check_envelope(doc, where)
-    deployment = _str(where, "deployment", doc["deployment"])
-    version = _bounded(where, VERSION, "version", _int(where, "version", doc["version"], 1))
-    published_at = _str(where, "published_at", doc.get("published_at", "unknown"))
+    deployment = str_field(where, "deployment", doc["deployment"])
+    version = bounded_field(where, VERSION, "version", int_field(where, "version", doc["version"], 1))
+    published_at = str_field(where, "published_at", doc.get("published_at", "unknown"))
     table = _table_section(where, doc["table"])
     _speculative_config_section(where, doc["speculative_config"], table)
     identity = _identity_section(where, doc.get("identity"), table)
     prior = _prior_section(where, doc.get("prior"), table)
     allowed = _allowed_k_section(where, doc.get("allowed_k"), table)
     if doc.get("evidence") is not None:  # the table search's evidence: reported, not used to serve
-        _obj(where, "evidence", doc["evidence"])
+        obj_field(where, "evidence", doc["evidence"])
     _serving_section(where, doc.get("serving"))
     served = None
     if doc.get("served_verification") is not None:  # the served verification: reported, not used to serve
@@ -264,7 +129,8 @@ def parse_published(doc: Any, where: str = "<document>") -> PublishedTable:
         deployment=deployment, version=version, published_at=published_at, ranges=table.ranges,
         max_num_seqs=table.max_num_seqs, max_k=table.max_k, identity_key=table.identity_key, prior=prior,
         step_ms=table.step_ms, allowed_k=tuple(allowed), identity=identity, controller=controller,
-        served_verification=served, context_entries=table.context_entries, ctx_agg=table.ctx_agg, document=doc)
+        served_verification=served, context_entries=table.context_entries, ctx_agg=table.ctx_agg,
+        context_columns=table.context_columns, document=doc)
 
 
 def _check_envelope(doc: Any, where: str) -> None:
@@ -277,7 +143,7 @@ def _check_envelope(doc: Any, where: str) -> None:
         raise PublishedTableError(
             f"{where} has schema_version {sv!r}; this reader understands {PUBLISHED_SCHEMA_VERSION} "
             "(re-publish it with this TableTune, or upgrade the reader)")
-    _obj(where, "the document", doc, TOP_KEYS)
+    obj_field(where, "the document", doc, TOP_KEYS)
     for key in ("deployment", "version", "table", "speculative_config"):
         if key not in doc:
             raise PublishedTableError(f"published table {where} lacks the field {key!r}")
@@ -286,43 +152,81 @@ def _check_envelope(doc: Any, where: str) -> None:
 def _table_section(where: str, v: Any) -> _TableFields:
     """``table``: a DraftLengthTable document, which grows fields of its own (documents.py owns
     them): the fields read here are checked strictly, the others only as JSON."""
-    t = _obj(where, "table", v)
+    t = obj_field(where, "table", v)
     for key in ("ranges", "max_num_seqs", "max_k", "identity_key", "prior_id"):
         if key not in t:
-            raise _fail(where, f"table lacks the field {key!r}")
-    max_num_seqs = _int(where, "table.max_num_seqs", t["max_num_seqs"], 1)
-    max_k = _int(where, "table.max_k", t["max_k"], 1)
+            raise fail(where, f"table lacks the field {key!r}")
+    max_num_seqs = int_field(where, "table.max_num_seqs", t["max_num_seqs"], 1)
+    max_k = int_field(where, "table.max_k", t["max_k"], 1)
     ranges = validate_ranges(where, t["ranges"], max_num_seqs, max_k)
-    identity_key = _str(where, "table.identity_key", t["identity_key"])
-    prior_id = _str(where, "table.prior_id", t["prior_id"])
-    rates = _rates(where, "table.acceptance_rates", t.get("acceptance_rates", []))
-    _num(where, "table.predicted_worst_loss", t.get("predicted_worst_loss", 0.0))
-    step_ms = _step_ms(where, t.get("step_ms", {}), max_k)
+    identity_key = str_field(where, "table.identity_key", t["identity_key"])
+    prior_id = str_field(where, "table.prior_id", t["prior_id"])
+    rates = rates_field(where, "table.acceptance_rates", t.get("acceptance_rates", []))
+    num_field(where, "table.predicted_worst_loss", t.get("predicted_worst_loss", 0.0))
+    step_ms = step_ms_field(where, t.get("step_ms", {}), max_k)
     grid = None
     if t.get("context_entries") is not None:
         grid = validate_context_entries(where, t["context_entries"], max_num_seqs, max_k)
     agg = t.get("ctx_agg", "mean")
     if agg not in CONTEXT_AGGREGATES:
-        raise _fail(where, f"table.ctx_agg = {agg!r:.40} must be one of {list(CONTEXT_AGGREGATES)}")
+        raise fail(where, f"table.ctx_agg = {agg!r:.40} must be one of {list(CONTEXT_AGGREGATES)}")
     if "ctx_agg" in t and grid is None:
-        raise _fail(where, f"table.ctx_agg = {agg!r} is set without table.context_entries; it says how a step's "
+        raise fail(where, f"table.ctx_agg = {agg!r} is set without table.context_entries; it says how a step's "
                            "context length picks a context bucket, and the table has none")
+    columns = None
+    if t.get("context_columns") is not None:
+        if grid is None:
+            raise fail(where, "table.context_columns is set without table.context_entries; it prices the context "
+                              "buckets of a (batch size x context) table, and the table has none")
+        buckets = DraftTable.from_entries([list(e) for e in grid], allow_context=True).axes.context or ()
+        columns = context_columns_field(where, t["context_columns"], tuple(buckets), max_k)
     return _TableFields(ranges=ranges, max_num_seqs=max_num_seqs, max_k=max_k, identity_key=identity_key,
-                        prior_id=prior_id, rates=rates, step_ms=step_ms, context_entries=grid, ctx_agg=agg)
+                        prior_id=prior_id, rates=rates, step_ms=step_ms, context_entries=grid, ctx_agg=agg,
+                        context_columns=columns)
+
+
+def context_columns_field(where: str, v: Any, buckets: tuple[tuple[int, int], ...],
+                          max_k: int) -> tuple[ContextColumn, ...]:
+    """``table.context_columns`` (``formats.context_columns``): one entry per context bucket of the
+    grid, in order, each naming its bucket, a level inside it, the level's step times and rates."""
+    key = "table.context_columns"
+    if not isinstance(v, list) or len(v) != len(buckets):
+        raise fail(where, f"{key} must be a list of {len(buckets)} entries, one per context bucket "
+                          f"{[list(b) for b in buckets]}, got {v!r:.60}")
+    out = []
+    for i, (raw, bucket) in enumerate(zip(v, buckets, strict=True)):
+        at = f"{key}[{i}]"
+        col = obj_field(where, at, raw, COLUMN_KEYS)
+        missing = sorted(COLUMN_KEYS - set(col))
+        if missing:
+            raise fail(where, f"{at} lacks {', '.join(missing)}")
+        ctx = col["ctx"]
+        if not (isinstance(ctx, list) and all(type(x) is int for x in ctx)) or tuple(ctx) != bucket:
+            raise fail(where, f"{at}.ctx = {ctx!r:.40} must be its context bucket {list(bucket)}")
+        level = int_field(where, f"{at}.level", col["level"], 1)
+        if not bucket[0] <= level <= bucket[1]:
+            raise fail(where, f"{at}.level = {level} must lie in its context bucket {list(bucket)}")
+        rates = rates_field(where, f"{at}.acceptance_rates", col["acceptance_rates"])
+        if not 1 <= len(rates) <= max_k:
+            raise fail(where, f"{at}.acceptance_rates holds {len(rates)} rates; 1..{max_k} (table.max_k) are allowed")
+        out.append(ContextColumn(ctx=bucket, level=level,
+                                 step_ms=step_ms_field(where, col["step_ms"], max_k, key=f"{at}.step_ms"),
+                                 acceptance_rates=rates, pooled=bool_field(where, f"{at}.pooled", col["pooled"])))
+    return tuple(out)
 
 
 def _speculative_config_section(where: str, v: Any, table: _TableFields) -> None:
     """``speculative_config``: its K and its per-batch-size table are the table's."""
-    spec = _obj(where, "speculative_config", v)
+    spec = obj_field(where, "speculative_config", v)
     if "num_speculative_tokens" in spec and spec["num_speculative_tokens"] != table.max_k:
-        raise _fail(where, f"speculative_config.num_speculative_tokens = {spec['num_speculative_tokens']!r} "
+        raise fail(where, f"speculative_config.num_speculative_tokens = {spec['num_speculative_tokens']!r} "
                            f"differs from table.max_k = {table.max_k}")
     if "num_speculative_tokens_per_batch_size" in spec:
         spec_ranges = spec["num_speculative_tokens_per_batch_size"]
         plain = isinstance(spec_ranges, list) and all(  # only then can they be sorted and compared
             isinstance(r, list) and len(r) == 3 and all(type(x) is int for x in r) for r in spec_ranges)
         if not plain or sorted(tuple(r) for r in spec_ranges) != list(table.ranges):
-            raise _fail(where, "speculative_config.num_speculative_tokens_per_batch_size differs from table.ranges")
+            raise fail(where, "speculative_config.num_speculative_tokens_per_batch_size differs from table.ranges")
     if CONTEXT_SCHEDULE_KEY in spec:
         _context_schedule(where, spec, table)
 
@@ -332,17 +236,17 @@ def _context_schedule(where: str, spec: dict[str, Any], table: _TableFields) -> 
     ``table.context_entries``, never beside its 3-item alias, its ``ctx_agg`` the table's."""
     key = f"speculative_config.{CONTEXT_SCHEDULE_KEY}"
     if table.context_entries is None:
-        raise _fail(where, f"{key} is set but the table has no context_entries; a batch-only table is "
+        raise fail(where, f"{key} is set but the table has no context_entries; a batch-only table is "
                            "launched with num_speculative_tokens_per_batch_size")
     if "num_speculative_tokens_per_batch_size" in spec:
-        raise _fail(where, f"{key} and its alias num_speculative_tokens_per_batch_size are both set; vLLM takes one")
+        raise fail(where, f"{key} and its alias num_speculative_tokens_per_batch_size are both set; vLLM takes one")
     sched = spec[CONTEXT_SCHEDULE_KEY]
     plain = isinstance(sched, list) and all(
         isinstance(r, list) and len(r) == 5 and all(type(x) is int for x in r) for r in sched)
     if not plain or sorted(tuple(r) for r in sched) != list(table.context_entries):
-        raise _fail(where, f"{key} = {sched!r:.80} differs from table.context_entries")
+        raise fail(where, f"{key} = {sched!r:.80} differs from table.context_entries")
     if spec.get("ctx_agg", table.ctx_agg) != table.ctx_agg:
-        raise _fail(where, f"speculative_config.ctx_agg = {spec['ctx_agg']!r:.40} differs from table.ctx_agg = "
+        raise fail(where, f"speculative_config.ctx_agg = {spec['ctx_agg']!r:.40} differs from table.ctx_agg = "
                            f"{table.ctx_agg!r}")
 
 
@@ -351,20 +255,20 @@ def _identity_section(where: str, v: Any, table: _TableFields) -> dict[str, Any]
     the ones it knows), so other keys are allowed as long as they hold plain one-line values."""
     if v is None:
         return None
-    identity = dict(_obj(where, "identity", v))
+    identity = dict(obj_field(where, "identity", v))
     if len(identity) > 64:
-        raise _fail(where, f"identity has {len(identity)} keys; not an engine identity")
+        raise fail(where, f"identity has {len(identity)} keys; not an engine identity")
     for key, value in identity.items():
         if value is not None and type(value) not in (str, int, bool) or (isinstance(value, str) and "\n" in value):
-            raise _fail(where, f"identity.{key} = {value!r:.80} must be a one-line string, an integer or null")
+            raise fail(where, f"identity.{key} = {value!r:.80} must be a one-line string, an integer or null")
     for key in ("gpu", "vllm_version", "model", "method"):
         if key in identity:
-            _str(where, f"identity.{key}", identity[key])
+            str_field(where, f"identity.{key}", identity[key])
     if "drafter" in identity:
-        _str(where, "identity.drafter", identity["drafter"], allow_none=True)
+        str_field(where, "identity.drafter", identity["drafter"], allow_none=True)
     for key, want in (("max_k", table.max_k), ("max_num_seqs", table.max_num_seqs)):
-        if key in identity and _int(where, f"identity.{key}", identity[key], 1) != want:
-            raise _fail(where, f"identity.{key} = {identity[key]} differs from table.{key} = {want}")
+        if key in identity and int_field(where, f"identity.{key}", identity[key], 1) != want:
+            raise fail(where, f"identity.{key} = {identity[key]} differs from table.{key} = {want}")
     return identity
 
 
@@ -375,30 +279,30 @@ def _prior_section(where: str, v: Any, table: _TableFields) -> PublishedPrior:
     else:
         prior = PublishedPrior(rates=table.rates, prior_id=table.prior_id)
     if prior.rates and len(prior.rates) < table.max_k:
-        raise _fail(where, f"the prior has {len(prior.rates)} rates; max_k = {table.max_k} needs {table.max_k}")
+        raise fail(where, f"the prior has {len(prior.rates)} rates; max_k = {table.max_k} needs {table.max_k}")
     return prior
 
 
 def _measured_prior(where: str, v: Any, table_rates: tuple[float, ...]) -> PublishedPrior:
     """A ``prior`` section: rates equal to the table's (when it has them) and consistent counts."""
-    p = _obj(where, "prior", v, PRIOR_KEYS)
+    p = obj_field(where, "prior", v, PRIOR_KEYS)
     if "rates" not in p:
-        raise _fail(where, "prior lacks the field 'rates'")
-    rates = _rates(where, "prior.rates", p["rates"])
+        raise fail(where, "prior lacks the field 'rates'")
+    rates = rates_field(where, "prior.rates", p["rates"])
     if table_rates and tuple(round(r, 9) for r in table_rates) != tuple(round(r, 9) for r in rates):
-        raise _fail(where, f"prior.rates {list(rates)} differ from table.acceptance_rates {list(table_rates)}")
-    drafted = _counts(where, "prior.drafted_per_pos", p.get("drafted_per_pos", []), len(rates))
-    accepted = _counts(where, "prior.accepted_per_pos", p.get("accepted_per_pos", []), len(rates))
+        raise fail(where, f"prior.rates {list(rates)} differ from table.acceptance_rates {list(table_rates)}")
+    drafted = counts_field(where, "prior.drafted_per_pos", p.get("drafted_per_pos", []), len(rates))
+    accepted = counts_field(where, "prior.accepted_per_pos", p.get("accepted_per_pos", []), len(rates))
     if len(drafted) != len(accepted):
-        raise _fail(where, "prior.drafted_per_pos and prior.accepted_per_pos differ in length")
+        raise fail(where, "prior.drafted_per_pos and prior.accepted_per_pos differ in length")
     for i, (d, a) in enumerate(zip(drafted, accepted, strict=True), 1):
         if a > d:
-            raise _fail(where, f"prior position {i}: accepted {a} > drafted {d}")
+            raise fail(where, f"prior position {i}: accepted {a} > drafted {d}")
     return PublishedPrior(
-        rates=rates, num_drafts=_int(where, "prior.num_drafts", p.get("num_drafts", 0), 0),
+        rates=rates, num_drafts=int_field(where, "prior.num_drafts", p.get("num_drafts", 0), 0),
         drafted_per_pos=drafted, accepted_per_pos=accepted,
-        prior_id=_str(where, "prior.prior_id", p.get("prior_id"), allow_none=True),
-        source=_str(where, "prior.source", p.get("source"), allow_none=True))
+        prior_id=str_field(where, "prior.prior_id", p.get("prior_id"), allow_none=True),
+        source=str_field(where, "prior.source", p.get("source"), allow_none=True))
 
 
 def _allowed_k_section(where: str, raw: Any, table: _TableFields) -> list[int]:
@@ -407,13 +311,13 @@ def _allowed_k_section(where: str, raw: Any, table: _TableFields) -> list[int]:
     if raw is None:
         return table_ks
     if not isinstance(raw, list) or not raw:
-        raise _fail(where, f"allowed_k = {raw!r:.80} must be a non-empty list of k values")
-    allowed = sorted({_int(where, f"allowed_k[{i}]", k, 0) for i, k in enumerate(raw)})
+        raise fail(where, f"allowed_k = {raw!r:.80} must be a non-empty list of k values")
+    allowed = sorted({int_field(where, f"allowed_k[{i}]", k, 0) for i, k in enumerate(raw)})
     if allowed[-1] > table.max_k:
-        raise _fail(where, f"allowed_k has k = {allowed[-1]} > max_k = {table.max_k}")
+        raise fail(where, f"allowed_k has k = {allowed[-1]} > max_k = {table.max_k}")
     missing = sorted(set(table_ks) - set(allowed))
     if missing:
-        raise _fail(where, f"the table uses k = {missing}, which allowed_k {allowed} does not list")
+        raise fail(where, f"the table uses k = {missing}, which allowed_k {allowed} does not list")
     return allowed
 
 
@@ -421,7 +325,7 @@ def _serving_section(where: str, v: Any) -> None:
     """``serving`` (optional): the serving flags and environment the table assumes (reported)."""
     if v is None:
         return
-    serving = _obj(where, "serving", v)
+    serving = obj_field(where, "serving", v)
     flags, env = serving.get("flags"), serving.get("env")
     if (set(serving) - {"flags", "env"} or not isinstance(flags, list) or not all(isinstance(f, str) for f in flags)
             or not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
@@ -431,7 +335,7 @@ def _serving_section(where: str, v: Any) -> None:
 
 def _controller_section(where: str, v: Any) -> dict[str, Any]:
     """``controller`` (optional): keys of ControllerSettings, checked by its own reader."""
-    controller = dict(_obj(where, "controller", v or {}))
+    controller = dict(obj_field(where, "controller", v or {}))
     if controller:
         try:
             ControllerSettings.from_mapping(controller, where=f"{where}: controller")
@@ -443,48 +347,48 @@ def _controller_section(where: str, v: Any) -> dict[str, Any]:
 def _served_verification(where: str, v: Any, table: _TableFields) -> dict[str, Any]:
     """The ``served_verification`` section, strictly (``published_schema.SERVED_VERIFICATION_FORMAT``)."""
     key = "served_verification"
-    sv = _obj(where, key, v, _SERVED_KEYS)
+    sv = obj_field(where, key, v, _SERVED_KEYS)
     for name in ("passed", "tolerance", "candidate", "loads", "rounds", "window_s", "budget_s", "elapsed_s",
                  "budget_cut", "per_load"):
         if name not in sv:
-            raise _fail(where, f"{key} lacks the field {name!r}")
-    passed = _bool(where, f"{key}.passed", sv["passed"])
-    _bool(where, f"{key}.budget_cut", sv["budget_cut"])
+            raise fail(where, f"{key} lacks the field {name!r}")
+    passed = bool_field(where, f"{key}.passed", sv["passed"])
+    bool_field(where, f"{key}.budget_cut", sv["budget_cut"])
     if "rule" in sv:
-        _str(where, f"{key}.rule", sv["rule"])
-    tol = _num(where, f"{key}.tolerance", sv["tolerance"])
+        str_field(where, f"{key}.rule", sv["rule"])
+    tol = num_field(where, f"{key}.tolerance", sv["tolerance"])
     if not 0.0 <= tol < 1.0:
-        raise _fail(where, f"{key}.tolerance = {tol!r} must be in [0, 1)")
+        raise fail(where, f"{key}.tolerance = {tol!r} must be in [0, 1)")
     cand = validate_ranges(where, sv["candidate"], table.max_num_seqs, table.max_k)
     if [list(r) for r in cand] != [list(r) for r in table.ranges]:
-        raise _fail(where, f"{key}.candidate {[list(r) for r in cand]} is not the published table.ranges")
+        raise fail(where, f"{key}.candidate {[list(r) for r in cand]} is not the published table.ranges")
     for name in ("candidate_is", "device", "acceptance", "plot"):
         if sv.get(name) is not None:
-            _str(where, f"{key}.{name}", sv[name])
+            str_field(where, f"{key}.{name}", sv[name])
     expected = sv.get("no_verdict_expected", [])
     if not isinstance(expected, list):
-        raise _fail(where, f"{key}.no_verdict_expected must be a list of lines")
+        raise fail(where, f"{key}.no_verdict_expected must be a list of lines")
     for i, line in enumerate(expected):
-        _str(where, f"{key}.no_verdict_expected[{i}]", line)
+        str_field(where, f"{key}.no_verdict_expected[{i}]", line)
     if sv.get("plot") is not None and ("/" in sv["plot"] or "\\" in sv["plot"] or not sv["plot"].endswith(".png")):
-        raise _fail(where, f"{key}.plot = {sv['plot']!r:.80} must be the file name of a PNG beside the published table")
+        raise fail(where, f"{key}.plot = {sv['plot']!r:.80} must be the file name of a PNG beside the published table")
     load_set = _served_loads(where, sv, table.max_num_seqs)
     per = sv["per_load"]
     if not isinstance(per, list):
-        raise _fail(where, f"{key}.per_load must be a list")
+        raise fail(where, f"{key}.per_load must be a list")
     statuses = [_served_load_row(where, f"{key}.per_load[{i}]", row, load_set, table.max_k)
                  for i, row in enumerate(per)]
     failed = "fail" in statuses
     if passed == failed:
-        raise _fail(where, f"{key}.passed = {str(passed).lower()} contradicts per_load "
+        raise fail(where, f"{key}.passed = {str(passed).lower()} contradicts per_load "
                            f"({'a' if failed else 'no'} load failed)")
     if sv.get("verdict") is not None:
         verdict = sv["verdict"]
         if verdict not in _SERVED_VERDICTS:
-            raise _fail(where, f"{key}.verdict = {verdict!r:.40} must be one of {list(_SERVED_VERDICTS)}")
+            raise fail(where, f"{key}.verdict = {verdict!r:.40} must be one of {list(_SERVED_VERDICTS)}")
         every = bool(statuses) and all(st == "pass" for st in statuses)
         if (verdict == "verified") != every:
-            raise _fail(where, f"{key}.verdict = {verdict!r} contradicts per_load "
+            raise fail(where, f"{key}.verdict = {verdict!r} contradicts per_load "
                                f"({'every' if every else 'not every'} load passed)")
     return sv
 
@@ -494,61 +398,61 @@ def _served_loads(where: str, sv: dict[str, Any], max_num_seqs: int) -> set[int]
     key = "served_verification"
     loads = sv["loads"]
     if not isinstance(loads, list) or not loads:
-        raise _fail(where, f"{key}.loads must be a non-empty list of loads")
-    load_set = {_int(where, f"{key}.loads[{i}]", x, 1) for i, x in enumerate(loads)}
+        raise fail(where, f"{key}.loads must be a non-empty list of loads")
+    load_set = {int_field(where, f"{key}.loads[{i}]", x, 1) for i, x in enumerate(loads)}
     if max(load_set) > max_num_seqs:
-        raise _fail(where, f"{key}.loads has a load above max_num_seqs = {max_num_seqs}")
-    _int(where, f"{key}.rounds", sv["rounds"], 1)
+        raise fail(where, f"{key}.loads has a load above max_num_seqs = {max_num_seqs}")
+    int_field(where, f"{key}.rounds", sv["rounds"], 1)
     for name in ("window_s", "budget_s"):
-        if _num(where, f"{key}.{name}", sv[name]) <= 0:
-            raise _fail(where, f"{key}.{name} must be > 0 seconds")
-    _opt_num(where, f"{key}.elapsed_s", sv["elapsed_s"], 0.0)
-    _opt_num(where, f"{key}.launch_s", sv.get("launch_s"), 0.0)
+        if num_field(where, f"{key}.{name}", sv[name]) <= 0:
+            raise fail(where, f"{key}.{name} must be > 0 seconds")
+    opt_num_field(where, f"{key}.elapsed_s", sv["elapsed_s"], 0.0)
+    opt_num_field(where, f"{key}.launch_s", sv.get("launch_s"), 0.0)
     for name in ("excluded_windows", "client_errors"):
         if name in sv:
-            _int(where, f"{key}.{name}", sv[name], 0)
+            int_field(where, f"{key}.{name}", sv[name], 0)
     if sv.get("window") is not None and sv["window"] not in WINDOW_KINDS:
-        raise _fail(where, f"{key}.window = {sv['window']!r:.40} must be one of {list(WINDOW_KINDS)}")
+        raise fail(where, f"{key}.window = {sv['window']!r:.40} must be one of {list(WINDOW_KINDS)}")
     if sv.get("requests_per_client") is not None:
-        _int(where, f"{key}.requests_per_client", sv["requests_per_client"], 1)
+        int_field(where, f"{key}.requests_per_client", sv["requests_per_client"], 1)
     return load_set
 
 
 def _served_load_row(where: str, at: str, row: Any, load_set: set[int], max_k: int) -> str:
     """One ``per_load`` row of the served verification; its status."""
-    r = _obj(where, at, row, _SERVED_LOAD_KEYS)
+    r = obj_field(where, at, row, _SERVED_LOAD_KEYS)
     for name in ("load", "status", "goodput"):
         if name not in r:
-            raise _fail(where, f"{at} lacks the field {name!r}")
-    if _int(where, f"{at}.load", r["load"], 1) not in load_set:
-        raise _fail(where, f"{at}.load = {r['load']} is not one of served_verification.loads")
+            raise fail(where, f"{at} lacks the field {name!r}")
+    if int_field(where, f"{at}.load", r["load"], 1) not in load_set:
+        raise fail(where, f"{at}.load = {r['load']} is not one of served_verification.loads")
     if r["status"] not in _SERVED_STATUS:
-        raise _fail(where, f"{at}.status = {r['status']!r:.40} must be one of {list(_SERVED_STATUS)}")
-    if r.get("best_fixed_k") is not None and _int(where, f"{at}.best_fixed_k", r["best_fixed_k"], 0) > max_k:
-        raise _fail(where, f"{at}.best_fixed_k = {r['best_fixed_k']} > max_k = {max_k}")
-    _opt_num(where, f"{at}.ratio", r.get("ratio"), 0.0)
-    _opt_num(where, f"{at}.ratio_se", r.get("ratio_se"), 0.0)
-    _opt_num(where, f"{at}.t", r.get("t"), 0.0)
-    _opt_num(where, f"{at}.mean_batch", r.get("mean_batch"), 0.0)
+        raise fail(where, f"{at}.status = {r['status']!r:.40} must be one of {list(_SERVED_STATUS)}")
+    if r.get("best_fixed_k") is not None and int_field(where, f"{at}.best_fixed_k", r["best_fixed_k"], 0) > max_k:
+        raise fail(where, f"{at}.best_fixed_k = {r['best_fixed_k']} > max_k = {max_k}")
+    opt_num_field(where, f"{at}.ratio", r.get("ratio"), 0.0)
+    opt_num_field(where, f"{at}.ratio_se", r.get("ratio_se"), 0.0)
+    opt_num_field(where, f"{at}.t", r.get("t"), 0.0)
+    opt_num_field(where, f"{at}.mean_batch", r.get("mean_batch"), 0.0)
     if "rounds" in r:
-        _int(where, f"{at}.rounds", r["rounds"], 0)
+        int_field(where, f"{at}.rounds", r["rounds"], 0)
     if r.get("stop") is not None and r["stop"] not in _SERVED_STOPS:
-        raise _fail(where, f"{at}.stop = {r['stop']!r:.40} must be one of {list(_SERVED_STOPS)}")
+        raise fail(where, f"{at}.stop = {r['stop']!r:.40} must be one of {list(_SERVED_STOPS)}")
     if r.get("candidate_is") is not None and (not isinstance(r["candidate_is"], str) or len(r["candidate_is"]) > 40):
-        raise _fail(where, f"{at}.candidate_is = {r['candidate_is']!r:.40} must be a policy name such as 'k=2'")
-    for name, ref in _obj(where, f"{at}.references", r.get("references", {})).items():
-        ref = _obj(where, f"{at}.references[{name!r:.40}]", ref, _SERVED_REF_KEYS)
-        _opt_num(where, f"{at}.references[{name!r:.40}].ratio", ref.get("ratio"), 0.0)
-        _opt_num(where, f"{at}.references[{name!r:.40}].ratio_se", ref.get("ratio_se"), 0.0)
-        _int(where, f"{at}.references[{name!r:.40}].rounds", ref.get("rounds", 0), 0)
+        raise fail(where, f"{at}.candidate_is = {r['candidate_is']!r:.40} must be a policy name such as 'k=2'")
+    for name, ref in obj_field(where, f"{at}.references", r.get("references", {})).items():
+        ref = obj_field(where, f"{at}.references[{name!r:.40}]", ref, _SERVED_REF_KEYS)
+        opt_num_field(where, f"{at}.references[{name!r:.40}].ratio", ref.get("ratio"), 0.0)
+        opt_num_field(where, f"{at}.references[{name!r:.40}].ratio_se", ref.get("ratio_se"), 0.0)
+        int_field(where, f"{at}.references[{name!r:.40}].rounds", ref.get("rounds", 0), 0)
         if ref.get("same_as") is not None and not isinstance(ref["same_as"], str):
-            raise _fail(where, f"{at}.references[{name!r:.40}].same_as must be a policy name or null")
-    for pol, cell in _obj(where, f"{at}.goodput", r["goodput"]).items():
+            raise fail(where, f"{at}.references[{name!r:.40}].same_as must be a policy name or null")
+    for pol, cell in obj_field(where, f"{at}.goodput", r["goodput"]).items():
         if not isinstance(cell, list) or len(cell) != 3:
-            raise _fail(where, f"{at}.goodput[{pol!r:.40}] must be [goodput, s.e., windows]")
-        _opt_num(where, f"{at}.goodput[{pol!r:.40}][0]", cell[0], 0.0)
-        _opt_num(where, f"{at}.goodput[{pol!r:.40}][1]", cell[1], 0.0)
-        _int(where, f"{at}.goodput[{pol!r:.40}][2]", cell[2], 0)
+            raise fail(where, f"{at}.goodput[{pol!r:.40}] must be [goodput, s.e., windows]")
+        opt_num_field(where, f"{at}.goodput[{pol!r:.40}][0]", cell[0], 0.0)
+        opt_num_field(where, f"{at}.goodput[{pol!r:.40}][1]", cell[1], 0.0)
+        int_field(where, f"{at}.goodput[{pol!r:.40}][2]", cell[2], 0)
     return r["status"]
 
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tabletune_pipelines.formats.context_columns import ContextColumn
 from tabletune_pipelines.options import Bound
 from tabletune_pipelines.vocab import ContextAggregate
 
@@ -148,6 +149,10 @@ class PublishedTable:
     ctx_agg: ContextAggregate = "mean"
     """``table.ctx_agg``: how one step's context length is taken from its running requests' (mean,
     median or max; ``core.table.aggregate_context``)."""
+    context_columns: tuple[ContextColumn, ...] | None = None
+    """``table.context_columns``: per context bucket of ``context_entries`` (in order), the level's
+    step times and acceptance the controller corrects that bucket from (``formats.context_columns``);
+    None: absent (the grid is then served as published)."""
     document: dict[str, Any] = field(default_factory=dict, repr=False)
     """The whole JSON document as read."""
 

@@ -20,7 +20,12 @@ from tabletune_pipelines.core.table import DEFAULT_STICKINESS
 from tabletune_pipelines.errors import InvalidValueError, PipelineFailure, TableTuneError
 from tabletune_pipelines.formats.documents import AcceptancePrior, DraftLengthTable, StepTimeProfile
 from tabletune_pipelines.tuning.derive import DeriveOptions, TunedTable
-from tabletune_pipelines.tuning.derive_context import derive_context_table, rates_per_level, stored_context_surface
+from tabletune_pipelines.tuning.derive_context import (
+    derive_context_table,
+    rates_per_level,
+    stored_context_surface,
+    stored_decode_surface,
+)
 from tabletune_pipelines.tuning.gates import (
     Gate,
     GateThresholds,
@@ -143,7 +148,8 @@ def build_table(store: Any, key: str, settings: BuildSettings, *, allowed_ks: It
         rates, pooled_why = rates_per_level(prior, sorted(surfaces))
         if pooled_why:
             log.warning(pooled_why)
-        tuned = derive_context_table(profile, prior, surfaces, rates=rates, options=options)
+        decode = stored_decode_surface(profile, prior, options) if len(surfaces) > 1 else None
+        tuned = derive_context_table(profile, prior, surfaces, rates=rates, options=options, decode=decode)
     except (TableTuneError, ValueError) as exc:
         raise PipelineFailure(f"cannot derive a table for {key}: {exc}") from exc
     table = tuned.table

@@ -264,6 +264,14 @@ def judged_step_times(profile: StepTimeProfile, prior: AcceptancePrior,
     return _judged_times(_step_surface(profile, prior, options))
 
 
+def decode_step_times(profile: StepTimeProfile, prior: AcceptancePrior,
+                      options: DeriveOptions = DeriveOptions()) -> StepTimes:
+    """The decode surface ``derive_table`` stores as the table's ``step_ms`` (after the accepted-work
+    correction, before served steps are priced), without errors: one context level's."""
+    surface = _step_surface(profile, prior, options)
+    return StepTimes(surface.noisy.ks, surface.decode_ms)
+
+
 def search_times(times: StepTimes, prior: AcceptancePrior | Sequence[float], options: DeriveOptions, *,
                  incumbent: Sequence[int] | None = None) -> EvidenceTable:
     """Step 3 on any judged surface (one context level's, ``tuning.derive_context``): the evidence rule

@@ -15,7 +15,10 @@ the table has no context axis and the result is ``derive_table``'s, byte for byt
 
 The stored and published document keeps the base level's derivation: ``ranges`` is the batch-only
 table of the first (shortest) level, the one an engine without the 5-item form launches with, with
-that level's evidence and provenance; ``context_entries`` carries the full (B, ctx) table.
+that level's evidence and provenance; ``context_entries`` carries the full (B, ctx) table, and
+``context_columns`` per bucket the level that priced it (the first level merged into it), its decode
+step times and the rates it was searched under: what the controller corrects each bucket from
+(``formats.context_columns``).
 """
 
 from __future__ import annotations
@@ -26,12 +29,14 @@ from collections.abc import Mapping, Sequence
 from tabletune_pipelines.core.steptime import StepTimes
 from tabletune_pipelines.core.table import DraftTable, context_buckets
 from tabletune_pipelines.errors import InvalidValueError
+from tabletune_pipelines.formats.context_columns import ContextColumn
 from tabletune_pipelines.formats.documents import AcceptancePrior, StepTimeProfile
 from tabletune_pipelines.formats.profile_levels import at_context, context_levels
 from tabletune_pipelines.tuning.derive import (
     DeriveOptions,
     LevelSearch,
     TunedTable,
+    decode_step_times,
     derive_table,
     judged_step_times,
     search_times,
@@ -44,11 +49,13 @@ LevelRates = AcceptancePrior | Sequence[float]
 
 def derive_context_table(profile: StepTimeProfile, prior: AcceptancePrior, surfaces: Mapping[int, StepTimes], *,
                          max_model_len: int | None = None, rates: Mapping[int, LevelRates] | None = None,
-                         options: DeriveOptions = DeriveOptions(), ctx_agg: ContextAggregate = "mean") -> TunedTable:
+                         options: DeriveOptions = DeriveOptions(), ctx_agg: ContextAggregate = "mean",
+                         decode: Mapping[int, StepTimes] | None = None) -> TunedTable:
     """The (B, ctx) table of ``profile``'s engine (module docstring). ``surfaces``: the judged step
     times per context level; ``rates``: acceptance per level (a level without: ``prior``, the pooled
     one); ``max_model_len``: where the last bucket ends (None: at the last level); ``ctx_agg``: how
-    the served step's context is aggregated, written with a context axis."""
+    the served step's context is aggregated, written with a context axis; ``decode``: the decode
+    surface per level (``stored_decode_surface``) the columns carry (None: the judged ones)."""
     levels = _levels(surfaces, profile.identity.max_num_seqs)
     if ctx_agg not in CONTEXT_AGGREGATES:
         raise InvalidValueError(f"ctx_agg = {ctx_agg!r} must be one of {list(CONTEXT_AGGREGATES)}")
@@ -69,8 +76,25 @@ def derive_context_table(profile: StepTimeProfile, prior: AcceptancePrior, surfa
                                     level not in own))
     draft = DraftTable.from_columns([s.evidence.choice.chosen for s in searches], buckets)
     table = base.table if draft.axes.context is None else dataclasses.replace(
-        base.table, context_entries=draft.entry_tuples(), ctx_agg=ctx_agg)
+        base.table, context_entries=draft.entry_tuples(), ctx_agg=ctx_agg,
+        context_columns=_columns(draft, searches, priors, decode or surfaces))
     return dataclasses.replace(base, table=table, by_context=tuple(searches))
+
+
+def _columns(draft: DraftTable, searches: Sequence[LevelSearch], priors: Sequence[AcceptancePrior],
+             decode: Mapping[int, StepTimes]) -> tuple[dict, ...]:
+    """Per context bucket of ``draft`` (merged), the column the controller corrects it from: the
+    first level merged into the bucket, its decode step times and the rates it was searched under."""
+    out = []
+    for lo, hi in draft.axes.context or ():
+        j = next(i for i, s in enumerate(searches) if s.bucket[0] == lo)
+        times = decode[searches[j].level]
+        step_ms = {k: {b: float(times.ms[i, b - 1]) for b in range(1, times.max_batch_size + 1)}
+                   for i, k in enumerate(times.ks)}
+        out.append(ContextColumn(ctx=(lo, hi), level=searches[j].level, step_ms=step_ms,
+                                 acceptance_rates=tuple(float(a) for a in priors[j].rates),
+                                 pooled=searches[j].pooled).to_dict())
+    return tuple(out)
 
 
 def _prior_at(level: int, own: Mapping[int, LevelRates], pooled: AcceptancePrior) -> AcceptancePrior:
@@ -109,6 +133,16 @@ def stored_context_surface(profile: StepTimeProfile, prior: AcceptancePrior,
     if len(levels) == 1:
         return {levels[0]: judged_step_times(profile, prior, options)}
     return {level: judged_step_times(at_context(profile, level), prior, options) for level in levels}
+
+
+def stored_decode_surface(profile: StepTimeProfile, prior: AcceptancePrior,
+                          options: DeriveOptions) -> dict[int, StepTimes]:
+    """The decode surface per context level of ``profile`` (``derive.decode_step_times``, each level's
+    cells alone, as ``stored_context_surface`` judges them): what a (B, ctx) table's columns carry."""
+    levels = context_levels(profile)
+    if len(levels) == 1:
+        return {levels[0]: decode_step_times(profile, prior, options)}
+    return {level: decode_step_times(at_context(profile, level), prior, options) for level in levels}
 
 
 def rates_per_level(prior: AcceptancePrior, levels: Sequence[int]) -> tuple[dict[int, tuple[float, ...]], str | None]:

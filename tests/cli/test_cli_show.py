@@ -299,3 +299,13 @@ def test_a_table_with_a_context_axis_shows_its_grid(home, capsys):
     assert lines[0].split() == ["B", "\\", "ctx", "|", "1-1024", "|", "1025-4096"]
     assert [line.split()[-3:] for line in lines[1:]] == [[str(row[0]), "|", str(row[1])] for row in table.full_table.ks]
     assert f"  table       {ranges_line(table.ranges)}" in out  # the first bucket's batch-only table
+    # the published file carries a column per bucket, and a controller on this engine corrects each one
+    from tabletune_pipelines.controller.loader import EngineFacts, load_start
+
+    launch = ((1, 1, 0), (2, 2, 1), (3, 3, 2), (4, IDENT.max_num_seqs, 3))  # a launch table listing every k
+    facts = EngineFacts(max_k=IDENT.max_k, max_num_seqs=IDENT.max_num_seqs, launch_ranges=launch, model=IDENT.model,
+                        method=IDENT.method, drafter=IDENT.drafter, vllm_version=IDENT.vllm_version, gpu=IDENT.gpu)
+    start = load_start(dep.published_table, facts)
+    assert not isinstance(start, str), start
+    assert start.columns is not None and [c.bucket for c in start.columns] == [(1, 1024), (1025, 4096)]
+    assert np.allclose(start.columns[1].profile_ms, long.ms[[long.ks.index(k) for k in start.allowed_k]])

@@ -356,6 +356,49 @@ GRID_CASES = [
 ]
 
 
+def _column(lo, hi, level, rates=(0.7, 0.5, 0.3), ms=10.0, pooled=False):
+    return {"ctx": [lo, hi], "level": level, "step_ms": {str(k): {"1": ms + k, "16": 2 * ms + k} for k in range(4)},
+            "acceptance_rates": list(rates), "pooled": pooled}
+
+
+COLUMNS = [_column(1, 512, 128), _column(513, 4096, 1024, rates=(0.5, 0.3, 0.2), ms=20.0, pooled=True)]
+
+
+def test_a_grid_file_carries_its_columns_typed(tmp_path):
+    pub = load_published(_grid_file(tmp_path, context_columns=COLUMNS))
+    assert pub.context_columns is not None and [c.ctx for c in pub.context_columns] == [(1, 512), (513, 4096)]
+    long = pub.context_columns[1]
+    assert long.level == 1024 and long.pooled and long.acceptance_rates == (0.5, 0.3, 0.2)
+    assert long.step_ms[3] == {1: 23.0, 16: 43.0} and long.to_dict() == COLUMNS[1]
+    assert load_published(_grid_file(tmp_path)).context_columns is None
+
+
+GRID_CASES += [
+    ({"context_columns": COLUMNS, "context_entries": None}, "table.context_columns is set without table.context_entries"),
+    ({"context_columns": COLUMNS[:1]}, "table.context_columns must be a list of 2 entries, one per context bucket"),
+    ({"context_columns": {"0": COLUMNS[0]}}, "table.context_columns must be a list of 2 entries"),
+    ({"context_columns": [COLUMNS[1], COLUMNS[0]]}, "table.context_columns[0].ctx = [513, 4096] must be its context "
+                                                    "bucket [1, 512]"),
+    ({"context_columns": [{**COLUMNS[0], "level": 600}, COLUMNS[1]]},
+     "table.context_columns[0].level = 600 must lie in its context bucket [1, 512]"),
+    ({"context_columns": [{**COLUMNS[0], "level": True}, COLUMNS[1]]}, "table.context_columns[0].level"),
+    ({"context_columns": [{**COLUMNS[0], "extra": 1}, COLUMNS[1]]},
+     "table.context_columns[0] has unknown key(s) ['extra']"),
+    ({"context_columns": [{k: v for k, v in COLUMNS[0].items() if k != "pooled"}, COLUMNS[1]]},
+     "table.context_columns[0] lacks pooled"),
+    ({"context_columns": [COLUMNS[0], {**COLUMNS[1], "acceptance_rates": [0.5, 0.6]}]},
+     "table.context_columns[1].acceptance_rates[1] = 0.6 > table.context_columns[1].acceptance_rates[0] = 0.5"),
+    ({"context_columns": [COLUMNS[0], {**COLUMNS[1], "acceptance_rates": [0.5, 0.4, 0.3, 0.2]}]},
+     "table.context_columns[1].acceptance_rates holds 4 rates; 1..3 (table.max_k) are allowed"),
+    ({"context_columns": [COLUMNS[0], {**COLUMNS[1], "step_ms": {"4": {"1": 3.0}}}]},
+     "table.context_columns[1].step_ms key '4' must be a k in 0..3"),
+    ({"context_columns": [COLUMNS[0], {**COLUMNS[1], "step_ms": {"1": {"1": -3.0}}}]},
+     "table.context_columns[1].step_ms[1][1] = -3.0 ms must be positive"),
+    ({"context_columns": [COLUMNS[0], {**COLUMNS[1], "pooled": "yes"}]},
+     "table.context_columns[1].pooled = 'yes' must be true or false"),
+]
+
+
 @pytest.mark.parametrize("over,message", GRID_CASES, ids=[str(c[0])[:50] for c in GRID_CASES])
 def test_a_bad_grid_is_one_line_naming_the_value_and_nothing_is_written(tmp_path, over, message):
     over = dict(over)

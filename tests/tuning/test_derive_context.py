@@ -54,6 +54,26 @@ def test_the_table_document_round_trips_and_keeps_its_5_item_entries():
                      "num_speculative_tokens_per_batch_size": [[1, 16, 3]]}
 
 
+def test_each_bucket_carries_the_column_the_controller_corrects_it_from():
+    decode = {256: StepTimes(SHORT.ks, SHORT.ms - 1.0), 4096: StepTimes(LONG.ks, LONG.ms - 2.0),
+              1024: StepTimes(SHORT.ks, SHORT.ms - 0.5)}
+    tuned = derive_context_table(samples.profile(), samples.prior(), {256: SHORT, 1024: SHORT, 4096: LONG},
+                                 max_model_len=8192, rates={4096: (0.6, 0.4, 0.2)}, decode=decode)
+    short, long = tuned.table.context_columns
+    # buckets (1, 512) and (513, 2048) agree and merge: the merged bucket is priced by its first level, 256
+    assert (short["ctx"], short["level"], short["pooled"]) == ([1, 2048], 256, True)
+    assert short["acceptance_rates"] == list(samples.prior().rates) and short["step_ms"]["3"]["16"] == 12.0
+    assert (long["ctx"], long["level"], long["pooled"]) == ([2049, 8192], 4096, False)
+    assert long["acceptance_rates"] == [0.6, 0.4, 0.2] and long["step_ms"]["1"]["1"] == 20.0
+    body, _ = tuned.table.published_parts()
+    assert list(body["context_columns"]) == [short, long]
+    back = DraftLengthTable.from_json(tuned.table.to_json())
+    assert back == tuned.table and back.table_id == tuned.table.table_id
+    # one bucket: no columns, the document as without the context axis
+    one = derive_context_table(samples.profile(), samples.prior(), {256: SHORT, 4096: SHORT}, max_model_len=8192)
+    assert one.table.context_columns == () and "context_columns" not in one.table.to_dict()
+
+
 def test_adjacent_levels_that_agree_merge_into_one_bucket():
     tuned = derive_context_table(samples.profile(), samples.prior(), {256: SHORT, 1024: SHORT, 4096: LONG},
                                  max_model_len=8192)
