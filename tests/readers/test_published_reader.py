@@ -374,7 +374,8 @@ def test_a_grid_file_carries_its_columns_typed(tmp_path):
 
 
 GRID_CASES += [
-    ({"context_columns": COLUMNS, "context_entries": None}, "table.context_columns is set without table.context_entries"),
+    ({"context_columns": COLUMNS, "context_entries": None},
+     "table.context_columns is set without table.context_entries"),
     ({"context_columns": COLUMNS[:1]}, "table.context_columns must be a list of 2 entries, one per context bucket"),
     ({"context_columns": {"0": COLUMNS[0]}}, "table.context_columns must be a list of 2 entries"),
     ({"context_columns": [COLUMNS[1], COLUMNS[0]]}, "table.context_columns[0].ctx = [513, 4096] must be its context "
