@@ -5,7 +5,10 @@ margin: the figures behind a (batch size x context) table, read straight from th
 
 Each all-rejected cell's median step time ± its standard error, and G = B · τ(k) / T at the given
 acceptance (``core.goodput.tau_curve``); per row the best k and how much it leads the next best,
-± the lead's standard error from the two cells' standard errors.
+± the lead's standard error from the two cells' standard errors. Where both cells have the same
+number of repetitions (one launch measures the k of a batch size in rotating order, one repetition
+of each per round), the lead paired by round follows: the mean of the per-round goodput ratios ±
+its standard error (``core.stats.paired_ratio``), which takes out the drift both k share.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import math
 from pathlib import Path
 
 from tabletune_pipelines.core.goodput import tau_curve
+from tabletune_pipelines.core.stats import paired_ratio
 from tabletune_pipelines.core.steptime import median_standard_error
 from tabletune_pipelines.formats.documents import StepTimeProfile
 
@@ -45,7 +49,13 @@ def main(argv: list[str] | None = None) -> int:
             if len(order) > 1:  # the lead's s.e.: the two cells' relative errors, independent
                 ratio = g[order[0]] / g[order[1]]
                 se_lead = 100 * ratio * math.hypot(rel[order[0]], rel[order[1]])
-                lead = f" (+{100 * (ratio - 1):.1f} ± {se_lead:.1f}% over k={order[1]})"
+                lead = f" (+{100 * (ratio - 1):.1f} ± {se_lead:.1f}% over k={order[1]}"
+                a, b2 = cells[(level, b, order[0])].repetitions_ms, cells[(level, b, order[1])].repetitions_ms
+                if len(a) == len(b2) > 1:  # G ratio per round: tau ratio times T(second) / T(first)
+                    t = tau[order[0]] / tau[order[1]]
+                    m, se, n = paired_ratio({r: t * y for r, y in enumerate(b2)}, dict(enumerate(a)))
+                    lead += f"; paired by round: +{100 * (m - 1):.1f} ± {100 * se:.1f}% over {n} rounds"
+                lead += ")"
             print(f"  B={b:3d} " + " | ".join(row) + f"  best k={order[0]}{lead}")
     return 0
 
