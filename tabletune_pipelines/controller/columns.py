@@ -26,6 +26,7 @@ last step's, what the histograms gained since the last snapshot goes to the colu
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from time import perf_counter
 from typing import Any
 
 import numpy as np
@@ -62,13 +63,15 @@ class Columns:
     scheduled uses. ``lookups``: the published grid's (the buckets and their aggregate); ``columns``
     one per bucket, in bucket order."""
 
-    __slots__ = ("lookups", "columns", "column", "cur", "snap_d", "snap_a")
+    __slots__ = ("lookups", "columns", "n", "column", "cur", "snap_d", "snap_a")
 
     def __init__(self, lookups: ContextLookups, columns: Sequence[Column]) -> None:
         if len(columns) != len(lookups.columns):
             raise ValueError(f"{len(columns)} column(s) for a grid of {len(lookups.columns)} context bucket(s)")
         self.lookups = lookups
         self.columns = tuple(columns)
+        self.n = len(lookups.columns[0]) - 1
+        """max_num_seqs (vLLM's lookup has index 0 unused)."""
         self.column = 0
         """The bucket of the step being scheduled."""
         self.cur = 0
@@ -138,6 +141,25 @@ class Columns:
                                           rates, controlling=True)
             out.append((old, new, rates, live))
         return out, True
+
+    def rebuild(self, t0: float, v: Any, counters: Any, notes: Any, steps: int, now: float, table: Ranges) -> None:
+        """A rebuild of the grid (``logic.Controller.rebuild``; ``v``: the ``version.Installed`` in
+        force): each column's counts and step times taken in (``take_counts``), then ``search`` within
+        ``rebuild_budget_ms`` of ``t0`` (the columns not reached in it are skipped, counted once;
+        ``table``: what the skip's note names), then the rebuild counted and each column's line
+        (``record.Notes.rebuilt``, its bucket named)."""
+        self.take_counts()
+        s = v.settings
+        budget = float(s.rebuild_budget_ms) / 1000.0
+        results, done = self.search(s, v.allowed_k, self.n, counters.rebuilds,
+                                    over=lambda: perf_counter() - t0 > budget)
+        if not done:
+            counters.skipped_rebuilds += 1
+            notes.skipped((perf_counter() - t0) * 1000.0, s.rebuild_budget_ms, table)
+        counters.rebuilt((perf_counter() - t0) * 1000.0, changed=any(old != new for old, new, _, _ in results))
+        for c, (old, new, rates, live) in zip(self.columns, results, strict=False):
+            notes.rebuilt(counters, steps, v, (old, new), rates, live, c.evidence.model, now,
+                          where=f" (context {c.bucket[0]}-{c.bucket[1]})")
 
     # -- what is in force ------------------------------------------------------------------------
     def grid(self, n: int) -> DraftTable:

@@ -54,6 +54,9 @@ class Evidence:
         self.wl = [0.0, 0.0, 0.0]
         """The live workload: requests admitted, prefill tokens, tokens produced (halved at rebuilds;
         counted only with a published served model, the only thing it prices)."""
+        self.on_fold: Callable[[list[int], list[int]], None] | None = None
+        """Called with the histograms just before ``take_counts`` empties them (a grid's columns take
+        their share: ``columns.Columns.before_fold``)."""
         self._served_cache: tuple[Any, np.ndarray, np.ndarray] | None = None
         self.last_estimate: tuple[float, ...] = ()
         """â at the last rebuild (the table in force was built from it); () before the first."""
@@ -111,6 +114,8 @@ class Evidence:
     def take_counts(self, *, always: bool = True) -> tuple[list[int], list[int]]:
         """Fold the histograms into per-position counts (``step.fold``, which empties them), add
         them to the estimator (with ``always`` False only when something was drafted) and return them."""
+        if self.on_fold is not None:
+            self.on_fold(self.hist_d, self.hist_a)
         d, a = fold(self.hist_d, self.hist_a)
         if self.estimator is not None and (always or any(d)):
             self.estimator.observe_counts(d, a)

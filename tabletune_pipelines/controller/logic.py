@@ -56,7 +56,6 @@ from typing import Any
 
 import numpy as np
 
-from tabletune_pipelines.controller.columns import Columns
 from tabletune_pipelines.controller.evidence import Evidence
 from tabletune_pipelines.controller.exploration import Exploration
 from tabletune_pipelines.controller.flapping import FlapCounter
@@ -120,7 +119,6 @@ class Controller:
         self.evidence = Evidence(K)
         self.exploration: Exploration | None = None
         self.grid = ContextInForce()  # a (batch size x context) table in force, and the step's bucket
-        self.cols: Columns | None = None  # its columns while they are corrected (version.Installed.columns)
         self.fallback_reason: str | None = None
         self.watch = FileWatch(published_path)
         res = self.watch.first_look(engine)
@@ -166,8 +164,7 @@ class Controller:
     def _commit(self, new: Installed) -> None:
         """Put a prepared version in force (plain assignments: nothing can fail half-way), then say so."""
         self.version, self.evidence, self.exploration, self.flaps = new, new.evidence, new.exploration, new.flaps
-        self.grid.install(new.context)
-        self.cols = new.columns
+        self.grid.install(new.context, new.columns)
         self.table.install(new.table, new.lookups, new.settings.hysteresis_hold_steps)
         self._next_rebuild = self.steps + int(new.settings.rebuild_every_steps)
         self.fallback_reason = None
@@ -200,12 +197,7 @@ class Controller:
     def next_lookup(self, lengths: Sequence[int] | None = None) -> list[int] | None:
         """The lookup for the next step (None: leave vLLM's); ``lengths``: the running requests' KV lengths."""
         if self.grid.lookups is not None:  # a (batch size x context) table: its bucket's column; nothing explores
-            cols = self.cols
-            if cols is None:
-                return self.grid.pick(lengths)
-            lookup = cols.pick(lengths)
-            self.grid.column = cols.column  # the adapter keeps the step's bucket with its SchedulerOutput
-            return lookup
+            return self.grid.pick(lengths)
         ex = self.exploration  # None unless controlling (and then a run of steps at K, then at another k)
         if ex is not None and (ex.left > 0 or self.steps >= ex.next_at):
             self.counters.exploration_steps += 1
@@ -222,7 +214,7 @@ class Controller:
             self._prev_b = 0
             return
         self.steps += 1
-        ev, win, cols = self.evidence, self.window, self.cols
+        ev, win, cols = self.evidence, self.window, self.grid.cols
         k_next, num_new, total_tokens = step.k_next, step.num_new, step.total_tokens
         if self.metrics is not None:  # the step's cell and k; the counts before it are the cell before's
             self.metrics.cells.enter(b, k_next, ev.hist_d, ev.hist_a, step.column)
@@ -274,11 +266,11 @@ class Controller:
         """Fold the counts in and, when a search is possible, rebuild the table (module docstring)."""
         t0 = perf_counter()
         ev = self.evidence
-        self.window.add_counts(*self._take_counts())
+        self.window.add_counts(*take_counts(ev, self.metrics))
         ev.hand_over_costs()
-        if self.cols is not None and self.version is not None:
-            self.cols.take_counts()
-            self._search_columns(t0, self.version, self.cols)
+        cols = self.grid.cols
+        if cols is not None and self.version is not None:  # a grid: each column on its own evidence
+            cols.rebuild(t0, self.version, self.counters, self.notes, self.steps, self._clock(), self.table.ranges)
         elif self.version is not None and ev.estimator is not None and ev.model is not None:
             self._search(t0, self.version, ev, ev.estimator.estimate())
         self.export(now)
@@ -301,29 +293,6 @@ class Controller:
         self.counters.rebuilt((perf_counter() - t0) * 1000.0, changed=new != old)
         self.notes.rebuilt(self.counters, self.steps, v, (old, new), rates, live, ev.model, self._clock())
 
-    def _take_counts(self, *, always: bool = True) -> tuple[list[int], list[int]]:
-        """The step histograms folded into counts (``metrics.take_counts``), the grid's columns first
-        taking their share (``Columns.before_fold``)."""
-        ev = self.evidence
-        if self.cols is not None:
-            self.cols.before_fold(ev.hist_d, ev.hist_a)
-        return take_counts(ev, self.metrics, always=always)
-
-    def _search_columns(self, t0: float, v: Installed, cols: Columns) -> None:
-        """Steps 2-5 of the module docstring for each column of a grid (``Columns.search``), within
-        ``rebuild_budget_ms`` of ``t0``: the columns not reached in it are skipped (counted)."""
-        s = v.settings
-        budget = float(s.rebuild_budget_ms) / 1000.0
-        results, done = cols.search(s, v.allowed_k, self._n, self.counters.rebuilds,
-                                    over=lambda: perf_counter() - t0 > budget)
-        if not done:
-            self.counters.skipped_rebuilds += 1
-            self.notes.skipped((perf_counter() - t0) * 1000.0, s.rebuild_budget_ms, self.table.ranges)
-        self.counters.rebuilt((perf_counter() - t0) * 1000.0, changed=any(old != new for old, new, _, _ in results))
-        for c, (old, new, rates, live) in zip(cols.columns, results, strict=False):
-            self.notes.rebuilt(self.counters, self.steps, v, (old, new), rates, live, c.evidence.model, self._clock(),
-                               where=f" (context {c.bucket[0]}-{c.bucket[1]})")
-
     # ------------------------------------------------------------------ export
     def estimate(self) -> tuple[float, ...]:
         """â_i in force: the last rebuild's, else the current blend (the live counts alone without a prior)."""
@@ -345,7 +314,7 @@ class Controller:
             **self.evidence.step_time_state(), "refused_files": self.watch.refused,
             # switches of k per batch size since the controller started, flips back, holds
             **self.flaps.summary(self.counters.rebuilds, max(self._clock() - self._t_started, 1e-9) / 3600.0),
-            **(self.cols.state(self._n) if self.cols is not None else {}),
+            **(self.grid.cols.state(self._n) if self.grid.cols is not None else {}),
         }
 
     def export(self, now: float, *, force: bool = False) -> bool:
@@ -353,7 +322,7 @@ class Controller:
         v, win = self.version, self.window
         if v is None or not win.due(now, v.settings, force):
             return False
-        win.add_counts(*self._take_counts(always=False))  # counts still in the histograms
+        win.add_counts(*take_counts(self.evidence, self.metrics, always=False))  # counts still in the histograms
         return win.write(now, v.start, self.estimate, self.state, self.counters, self.notes)
 
     # ------------------------------------------------------------------ failures

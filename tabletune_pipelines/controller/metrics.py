@@ -292,8 +292,8 @@ class PromSink:
         published = [ranges] if grid is None else [DraftTable.from_dense(grid.dense(n)[:, j]).entries()
                                                    for j in range(grid.axes.shape[1])]
         # a grid's columns under correction: each bucket's table in force (columns.Columns)
-        columns = published if ctl.cols is None else [c.table.ranges for c in ctl.cols.columns]
-        same = (tuple(map(tuple, ranges)) == tuple(map(tuple, v.table)) if ctl.cols is None else
+        columns = published if ctl.grid.cols is None else [c.table.ranges for c in ctl.grid.cols.columns]
+        same = (tuple(map(tuple, ranges)) == tuple(map(tuple, v.table)) if ctl.grid.cols is None else
                 [list(map(list, c)) for c in columns] == [list(map(list, c)) for c in published]) if v else False
         src = "launch" if v is None else ("published" if same else "corrected")
         for x in SOURCES:

@@ -71,22 +71,29 @@ def lookups_of(ranges: Ranges, n: int, ks: Sequence[int], h: int, *, applying: b
 
 
 class ContextInForce:
-    """The (batch size x context) table in force (``lookups``; None: a batch-only table) and the
+    """The (batch size x context) table in force (``lookups``; None: a batch-only table), its columns
+    while they are corrected (``cols``, ``columns.Columns``; None: served as published) and the
     context bucket of the step being scheduled (``column``). Owned by ``logic.Controller``."""
 
-    __slots__ = ("lookups", "column")
+    __slots__ = ("lookups", "cols", "column")
 
     def __init__(self) -> None:
         self.lookups: ContextLookups | None = None
+        self.cols: Any = None
         self.column = 0
 
-    def install(self, lookups: ContextLookups | None) -> None:
-        """A new version's grid (None: batch-only)."""
-        self.lookups, self.column = lookups, 0
+    def install(self, lookups: ContextLookups | None, cols: Any = None) -> None:
+        """A new version's grid (None: batch-only) and its columns under correction (None: none)."""
+        self.lookups, self.cols, self.column = lookups, cols, 0
 
-    def pick(self, lengths: Sequence[int] | None) -> list[int]:
-        """The lookup of the bucket of the running requests' KV ``lengths`` (``lookups`` is set)."""
+    def pick(self, lengths: Sequence[int] | None) -> list[int] | None:
+        """The lookup of the bucket of the running requests' KV ``lengths`` (``lookups`` is set): the
+        published column's, or the corrected column's table in force with its hysteresis."""
         assert self.lookups is not None
+        if self.cols is not None:
+            lookup = self.cols.pick(lengths)
+            self.column = self.cols.column  # the adapter keeps the step's bucket with its SchedulerOutput
+            return lookup
         col = self.column = self.lookups.column(lengths or ())
         return self.lookups.columns[col]
 

@@ -108,6 +108,7 @@ def prepare(start: StartPoint, engine: EngineFacts, flaps: FlapCounter, steps: i
             Column(col.bucket, Evidence.build(start, K, n, note, column=col), _column_table(lookup, n, ks, s),
                    FlapCounter(n, int(s.flap_backoff_rebuilds)))
             for col, lookup in zip(start.columns, context.columns, strict=True)])
+        evidence.on_fold = columns.before_fold  # the step histograms' counts go to their columns first
     # With step-time correction, each exploration runs at the largest k and then, for as many steps,
     # at the next other allowed k in turn, so every k's cost is observed, not only the largest one's
     # (a k never run keeps its profile however wrong, and a wrong profile of an unused k pulls the

@@ -59,10 +59,10 @@ def step(c, clock, lengths, kept):
 
 def test_a_grid_with_columns_is_controlled_column_by_column(tmp_path, clock):
     c = controller(tmp_path, clock)
-    assert c.controlling and c.exploration is None and c.cols is not None
-    assert [col.bucket for col in c.cols.columns] == BUCKETS
+    assert c.controlling and c.exploration is None and c.grid.cols is not None
+    assert [col.bucket for col in c.grid.cols.columns] == BUCKETS
     assert [c.next_lookup(lengths) for lengths in ([20], [100], [2000])] == [COL0, COL1, COL2]
-    assert [list(map(list, col.table.ranges)) for col in c.cols.columns] == [[[1, 4, 3], [5, 16, 2]],
+    assert [list(map(list, col.table.ranges)) for col in c.grid.cols.columns] == [[[1, 4, 3], [5, 16, 2]],
                                                                               [[1, 4, 2], [5, 16, 1]],
                                                                               [[1, 4, 1], [5, 16, 0]]]
     st = c.state()
@@ -78,7 +78,7 @@ def test_the_drafts_and_step_times_of_a_step_go_to_its_own_column(tmp_path, cloc
     for _ in range(4):  # clean decode steps in bucket 65-256 only (same B and k as the step before)
         step(c, clock, [100, 120], kept=0)
     c.rebuild(clock[0])
-    short, mid, long = (col.evidence for col in c.cols.columns)
+    short, mid, long = (col.evidence for col in c.grid.cols.columns)
     # drafted per position: request-steps that drafted >= i; bucket 1-64: 3 steps x 2 requests at k = 3
     assert list(short.estimator.drafted) == [6, 6, 6] and list(short.estimator.accepted) == [6, 6, 6]
     assert list(mid.estimator.drafted) == [14, 14, 0] and list(mid.estimator.accepted) == [0, 0, 0]
@@ -95,17 +95,17 @@ def test_a_bucket_whose_drafts_are_rejected_lowers_its_own_k_and_no_other(tmp_pa
     served = [step(c, clock, [100, 120], kept=0) for _ in range(400)]
     # every draft rejected: tau(k) = 1 at every k, so k = 0, the cheapest step, wins at B = 2 in 65-256
     assert served[0] == 2 and served[-1] == 0
-    mid = dict((b, k) for lo, hi, k in c.cols.columns[1].table.ranges for b in range(lo, hi + 1))
+    mid = dict((b, k) for lo, hi, k in c.grid.cols.columns[1].table.ranges for b in range(lo, hi + 1))
     assert mid[2] == 0
     # the other buckets saw no step: their tables are what a controller that served nothing makes of
     # the same file after as many rebuilds (their own prior evidence may revise the published grid)
     idle = controller(tmp_path / "idle", clock)
     for _ in range(c.rebuilds):
         idle.rebuild(clock[0])
-    assert [col.table.ranges for col in c.cols.columns] != [col.table.ranges for col in idle.cols.columns]
+    assert [col.table.ranges for col in c.grid.cols.columns] != [col.table.ranges for col in idle.grid.cols.columns]
     for j in (0, 2):
-        assert c.cols.columns[j].table.ranges == idle.cols.columns[j].table.ranges
-    assert c.cols.columns[1].table.ranges != idle.cols.columns[1].table.ranges
+        assert c.grid.cols.columns[j].table.ranges == idle.grid.cols.columns[j].table.ranges
+    assert c.grid.cols.columns[1].table.ranges != idle.grid.cols.columns[1].table.ranges
     assert c.state()["columns"][1]["switches"] > idle.state()["columns"][1]["switches"]
 
 
@@ -114,7 +114,7 @@ def test_a_grid_without_columns_is_served_as_published(tmp_path, clock, caplog):
 
     with caplog.at_level(logging.INFO, logger="tabletune.controller"):
         c = controller(tmp_path, clock, cols=False)
-    assert not c.controlling and c.cols is None
+    assert not c.controlling and c.grid.cols is None
     served = [step(c, clock, [100, 120], kept=0) for _ in range(100)]
     assert set(served) == {2} and c.next_lookup([100, 120]) == COL1
     assert "carries no context_columns" in caplog.text and "served as published, without correction" in caplog.text
@@ -126,5 +126,5 @@ def test_a_column_lacking_a_k_leaves_the_grid_served_as_published(tmp_path, cloc
     p = publish(tmp_path / "pub.json", ranges=[(1, 4, 3), (5, 16, 2)], rates=RATES, allowed_k=[0, 1, 2, 3],
                 context_entries=GRID, context_columns=cols, controller=FAST)
     c = fake_controller(p, clock)
-    assert c.cols is None and not c.controlling and c.next_lookup([2000]) == COL2
+    assert c.grid.cols is None and not c.controlling and c.next_lookup([2000]) == COL2
     assert any("context bucket [257, 4096]: its step-time profile has no k = 0" in n for n in c.start.notes)
