@@ -57,3 +57,55 @@ def test_every_step_runs_the_k_of_its_batch_size_and_mean_context(controller_rig
           if n == "tabletune_k" and lab["context"] in ("1-48", "49-512")}
     assert ks == {(cell_label(*b), c): cell_k(cell_label(*b), c) for b in batch_cells(16) for c in ("1-48", "49-512")}
     assert ws[-1].controller["errors"] == 0 == rig.windows()[-1].controller["errors"]
+
+
+# -- correction per context bucket (``controller/columns.py``) -----------------------------------------
+
+ACTUAL = (0.05, 0.0, 0.0)
+"""What the server's drafts keep: almost nothing, so every k >= 1 costs more than it brings."""
+SPLIT = [(1, 16, 1, 48, 0), (1, 16, 49, 512, 3)]
+"""k = 0 at short contexts (its column's prior is the true acceptance: nothing to correct) and k = 3
+at long ones (its column's prior promises 0.95, 0.9, 0.85: wrong)."""
+
+
+def test_each_context_bucket_is_corrected_on_its_own_drafts(controller_rig, controller_server):
+    from tabletune_pipelines.evaluation.synthetic import linear_profile
+    from tabletune_pipelines.formats.context_columns import ContextColumn
+
+    rig = controller_rig(ACTUAL)
+    cols = [ContextColumn(ctx=(1, 48), level=32, step_ms=linear_profile(16, 3), acceptance_rates=ACTUAL,
+                          pooled=False).to_dict(),
+            ContextColumn(ctx=(49, 512), level=128, step_ms=linear_profile(16, 3), acceptance_rates=(0.95, 0.9, 0.85),
+                          pooled=False).to_dict()]
+    v = rig.publish(ranges=[(1, 16, 0)], rates=ACTUAL, context_entries=SPLIT, context_columns=cols,
+                    controller={"export_every_steps": 20, "rebuild_every_steps": 20, "prior_weight": 50.0,
+                                "min_prior_weight": 1.0, "hysteresis": 0})
+
+    def state():
+        ws = [w for w in rig.windows() if w.table_version == v and w.controller]
+        return ws[-1].controller if ws else None
+
+    def long_lowered() -> bool:
+        st = state()
+        return bool(st and any(k < 3 for _, _, k in st["columns"][1]["table"]))
+
+    serve_until(rig, 7, long_lowered, max_steps=3000)
+    st = state()
+    assert st is not None and st["mode"] == "control" and st["context_served"], st
+    short, long = st["columns"]
+    print(f"\n[corrected per bucket] short {short['table']} rates {short['rates']}; long {long['table']} rates "
+          f"{long['rates']} (live drafted {long['live_drafted']})")
+    # the long bucket's drafts taught its column that k = 3 does not pay; the short bucket never drafted
+    assert any(k < 3 for _, _, k in long["table"]) and long["rates"][0] < 0.5 and long["switches"] >= 1
+    assert short["table"] == [[1, 16, 0]] and short["live_drafted"] == [0.0, 0.0, 0.0] and short["switches"] == 0
+    assert st["context_table"] != [list(e) for e in SPLIT] and st["errors"] == 0
+    # and vLLM ran the corrected k: steps of the long bucket at k < 3 after the change (a difference of
+    # the cumulative series: the module's other test served this bucket too)
+
+    def long_steps_below_3() -> float:
+        return sum(val for n, lab, val in scrape(controller_server) if n == "tabletune_steps_total"
+                   and lab["context"] == "49-512" and lab["k"] in ("0", "1", "2"))
+
+    before = long_steps_below_3()
+    serve(rig, 7, 200)
+    assert long_steps_below_3() > before
