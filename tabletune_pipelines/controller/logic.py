@@ -196,13 +196,14 @@ class Controller:
     # ------------------------------------------------------------------ the hot path
     def next_lookup(self, lengths: Sequence[int] | None = None) -> list[int] | None:
         """The lookup for the next step (None: leave vLLM's); ``lengths``: the running requests' KV lengths."""
-        if self.grid.lookups is not None:  # a (batch size x context) table: its bucket's column; nothing explores
-            return self.grid.pick(lengths)
+        grid = self.grid  # a (batch size x context) table: its bucket's column (explored as a batch-only one)
         ex = self.exploration  # None unless controlling (and then a run of steps at K, then at another k)
         if ex is not None and (ex.left > 0 or self.steps >= ex.next_at):
+            if grid.lookups is not None:
+                grid.locate(lengths)  # the step's drafts and time go to its bucket's column
             self.counters.exploration_steps += 1
             return ex.next(self.steps)
-        return self.table.pick()
+        return self.table.pick() if grid.lookups is None else grid.pick(lengths)
 
     def on_step(self, step: StepOutcome) -> None:
         """One engine step's outcome (``update_from_output``; ``step.now`` is ``time.monotonic()``)."""

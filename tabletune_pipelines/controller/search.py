@@ -86,6 +86,14 @@ class ContextInForce:
         """A new version's grid (None: batch-only) and its columns under correction (None: none)."""
         self.lookups, self.cols, self.column = lookups, cols, 0
 
+    def locate(self, lengths: Sequence[int] | None) -> None:
+        """The bucket of the running requests' KV ``lengths`` becomes the step's (``lookups`` is set),
+        without picking its lookup: an exploration step's drafts and time go to that bucket's column."""
+        assert self.lookups is not None
+        self.column = self.lookups.column(lengths or ())
+        if self.cols is not None:
+            self.cols.column = self.column
+
     def pick(self, lengths: Sequence[int] | None) -> list[int] | None:
         """The lookup of the bucket of the running requests' KV ``lengths`` (``lookups`` is set): the
         published column's, or the corrected column's table in force with its hysteresis."""

@@ -95,7 +95,7 @@ def prepare(start: StartPoint, engine: EngineFacts, flaps: FlapCounter, steps: i
     # (evaluation.baselines) chooses k itself: TableTune's rebuilds are then only observed.
     # A (batch size x context) table is served with its bucket chosen at every step. With the
     # file's context columns each bucket's column is corrected on its own evidence (columns.Columns);
-    # without them it is served as published. Nothing explores around a grid.
+    # without them it is served as published (not controlled: nothing explores).
     controlling = (s.mode == "control" and start.can_control and can_switch and s.policy == "tabletune"
                    and (start.grid is None or start.columns is not None))
     context = (context_lookups(start.grid, n, K, pub.ctx_agg) if start.grid is not None and can_switch
@@ -113,7 +113,9 @@ def prepare(start: StartPoint, engine: EngineFacts, flaps: FlapCounter, steps: i
     # at the next other allowed k in turn, so every k's cost is observed, not only the largest one's
     # (a k never run keeps its profile however wrong, and a wrong profile of an unused k pulls the
     # table towards it); the largest k keeps its full share of exploration.
-    exploration = Exploration.plan(n, ks, s, controlling=controlling and start.grid is None, steps=steps,
+    # A grid's columns are explored together: an exploration lookup runs one k at every batch size
+    # whatever the context, and each step's observations go to the column of its context bucket.
+    exploration = Exploration.plan(n, ks, s, controlling=controlling, steps=steps,
                                    correcting=evidence.model is not None and bool(s.step_time_correction))
     # A new version starts its own flap history (its table is not the old one's); the switch counts
     # stay cumulative for the export.

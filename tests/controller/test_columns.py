@@ -59,7 +59,7 @@ def step(c, clock, lengths, kept):
 
 def test_a_grid_with_columns_is_controlled_column_by_column(tmp_path, clock):
     c = controller(tmp_path, clock)
-    assert c.controlling and c.exploration is None and c.grid.cols is not None
+    assert c.controlling and c.exploration is not None and c.grid.cols is not None
     assert [col.bucket for col in c.grid.cols.columns] == BUCKETS
     assert [c.next_lookup(lengths) for lengths in ([20], [100], [2000])] == [COL0, COL1, COL2]
     assert [list(map(list, col.table.ranges)) for col in c.grid.cols.columns] == [[[1, 4, 3], [5, 16, 2]],
@@ -128,3 +128,13 @@ def test_a_column_lacking_a_k_leaves_the_grid_served_as_published(tmp_path, cloc
     c = fake_controller(p, clock)
     assert c.grid.cols is None and not c.controlling and c.next_lookup([2000]) == COL2
     assert any("context bucket [257, 4096]: its step-time profile has no k = 0" in n for n in c.start.notes)
+
+
+def test_exploration_runs_every_k_and_its_steps_go_to_their_own_bucket(tmp_path, clock):
+    c = controller(tmp_path, clock, controller={"exploration_every_steps": 5, "rebuild_every_steps": 100_000})
+    # bucket 65-256 serves k = 2 at B = 2; the runs every 5 steps go to K = 3 and then each other k
+    ks = {step(c, clock, [100, 120], kept=0) for _ in range(200)}
+    assert ks == {0, 1, 2, 3} and c.counters.exploration_steps > 0
+    c.rebuild(clock[0])
+    short, mid = c.grid.cols.columns[0].evidence.model, c.grid.cols.columns[1].evidence.model
+    assert all(mid.all_count[mid.ks.index(k), 1] > 0 for k in (0, 1, 2, 3)) and short.all_count.sum() == 0
