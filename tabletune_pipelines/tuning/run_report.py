@@ -257,7 +257,12 @@ def _context_lines(pub: PublishedTable) -> list[str]:
         return [f"  (B, ctx)    table.context_entries cannot be read: {exc}"]
     head = (f"  (B, ctx)    k by batch size and context (a step's context: the {table.get('ctx_agg', 'mean')} over "
             "its requests); the line above is the batch-only table for an engine without 5-item entries")
-    return [head, *(f"              {line}" for line in context_grid_lines(full))]
+    cols = pub.context_columns
+    tail = ("              the controller serves it as published (the file carries no context_columns)" if cols is None
+            else "              the controller corrects each bucket from its own level: " + "; ".join(
+                f"{c.ctx[0]}-{c.ctx[1]} from {c.level} tokens, a = {', '.join(f'{a:.3f}' for a in c.acceptance_rates)}"
+                + (" (pooled)" if c.pooled else "") for c in cols))
+    return [head, *(f"              {line}" for line in context_grid_lines(full)), tail]
 
 
 def _identity_line(pub: PublishedTable) -> str:

@@ -299,6 +299,9 @@ def test_a_table_with_a_context_axis_shows_its_grid(home, capsys):
     assert lines[0].split() == ["B", "\\", "ctx", "|", "1-1024", "|", "1025-4096"]
     assert [line.split()[-3:] for line in lines[1:]] == [[str(row[0]), "|", str(row[1])] for row in table.full_table.ks]
     assert f"  table       {ranges_line(table.ranges)}" in out  # the first bucket's batch-only table
+    a = ", ".join(f"{x:.3f}" for x in prior.rates)
+    assert (f"the controller corrects each bucket from its own level: 1-1024 from 256 tokens, a = {a} (pooled); "
+            f"1025-4096 from 4096 tokens, a = {a} (pooled)") in out
     # the published file carries a column per bucket, and a controller on this engine corrects each one
     from tabletune_pipelines.controller.loader import EngineFacts, load_start
 
