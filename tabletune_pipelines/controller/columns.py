@@ -36,6 +36,7 @@ from tabletune_pipelines.controller.flapping import FlapCounter
 from tabletune_pipelines.controller.search import Ranges, TableInForce, dense_of, put_in_force
 from tabletune_pipelines.controller.step import fold
 from tabletune_pipelines.core.table import ContextLookups, DraftTable, vllm_layout
+from tabletune_pipelines.errors import InvalidTableError
 from tabletune_pipelines.formats.controller_settings import ControllerSettings
 
 Revision = tuple[Ranges, Ranges, np.ndarray, tuple[Any, Any, float]]
@@ -67,7 +68,7 @@ class Columns:
 
     def __init__(self, lookups: ContextLookups, columns: Sequence[Column]) -> None:
         if len(columns) != len(lookups.columns):
-            raise ValueError(f"{len(columns)} column(s) for a grid of {len(lookups.columns)} context bucket(s)")
+            raise InvalidTableError(f"{len(columns)} column(s) for a grid of {len(lookups.columns)} context bucket(s)")
         self.lookups = lookups
         self.columns = tuple(columns)
         self.n = len(lookups.columns[0]) - 1

@@ -199,8 +199,7 @@ class Controller:
         grid = self.grid  # a (batch size x context) table: its bucket's column (explored as a batch-only one)
         ex = self.exploration  # None unless controlling (and then a run of steps at K, then at another k)
         if ex is not None and (ex.left > 0 or self.steps >= ex.next_at):
-            if grid.lookups is not None:
-                grid.locate(lengths)  # the step's drafts and time go to its bucket's column
+            grid.locate(lengths)  # a grid: the step's drafts and time go to its bucket's column
             self.counters.exploration_steps += 1
             return ex.next(self.steps)
         return self.table.pick() if grid.lookups is None else grid.pick(lengths)

@@ -87,9 +87,10 @@ class ContextInForce:
         self.lookups, self.cols, self.column = lookups, cols, 0
 
     def locate(self, lengths: Sequence[int] | None) -> None:
-        """The bucket of the running requests' KV ``lengths`` becomes the step's (``lookups`` is set),
-        without picking its lookup: an exploration step's drafts and time go to that bucket's column."""
-        assert self.lookups is not None
+        """The bucket of the running requests' KV ``lengths`` becomes the step's, without picking its
+        lookup: an exploration step's drafts and time go to that bucket's column (no grid: nothing)."""
+        if self.lookups is None:
+            return
         self.column = self.lookups.column(lengths or ())
         if self.cols is not None:
             self.cols.column = self.column
