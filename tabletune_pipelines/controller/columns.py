@@ -64,7 +64,7 @@ class Columns:
     scheduled uses. ``lookups``: the published grid's (the buckets and their aggregate); ``columns``
     one per bucket, in bucket order."""
 
-    __slots__ = ("lookups", "columns", "n", "column", "cur", "snap_d", "snap_a")
+    __slots__ = ("lookups", "columns", "n", "column", "cur", "snap_d", "snap_a", "first")
 
     def __init__(self, lookups: ContextLookups, columns: Sequence[Column]) -> None:
         if len(columns) != len(lookups.columns):
@@ -80,6 +80,8 @@ class Columns:
         k = columns[0].evidence.K
         self.snap_d = [0] * (k + 1)
         self.snap_a = [0] * (k + 1)
+        self.first = 0
+        """The column the next rebuild searches first: the one a rebuild over its budget stopped at."""
 
     # -- per step ------------------------------------------------------------------------------
     def pick(self, lengths: Sequence[int] | None) -> list[int] | None:
@@ -122,16 +124,22 @@ class Columns:
             c.evidence.hand_over_costs()
 
     def search(self, settings: ControllerSettings, allowed_k: tuple[int, ...], n: int, rebuild: int, *,
-               over: Callable[[], bool]) -> tuple[list[Revision], bool]:
+               over: Callable[[], bool]) -> tuple[list[tuple[int, Revision]], bool]:
         """Each column's evidence rule revising its table (``Evidence.search``), restrained by its flap
         history and put in force with its hysteresis lookups (``search.put_in_force``, which settles
-        the column's evidence), in bucket order while ``over()`` (the rebuild budget) is False.
-        Returns per column searched (old ranges, new ranges, the rates it was searched under, what
-        its evidence's ``settle`` returned), and whether every column was searched."""
-        out: list[Revision] = []
-        for c in self.columns:
-            if over():
+        the column's evidence), while ``over()`` (the rebuild budget) is False, in bucket order from
+        ``first``: the column a search over its budget stopped at is the next search's first, so every
+        column is searched in turn however tight the budget. Returns per column searched its index and
+        (old ranges, new ranges, the rates it was searched under, what its evidence's ``settle``
+        returned), and whether every column was searched."""
+        out: list[tuple[int, Revision]] = []
+        m = len(self.columns)
+        for j in range(m):
+            i = (self.first + j) % m
+            if j and over():  # the first column is always searched: a tight budget still moves on
+                self.first = i
                 return out, False
+            c = self.columns[i]
             ev = c.evidence
             assert ev.estimator is not None and ev.model is not None  # prepare builds columns only with both
             rates = ev.estimator.estimate()
@@ -140,13 +148,15 @@ class Columns:
             chosen = c.flaps.restrain(incumbent, np.asarray(found.choice.chosen, dtype=np.int64), rebuild, found)
             old, new, live = put_in_force(c.table, incumbent, chosen, ev, c.flaps, settings, allowed_k, n, rebuild,
                                           rates, controlling=True)
-            out.append((old, new, rates, live))
+            out.append((i, (old, new, rates, live)))
+        self.first = 0
         return out, True
 
     def rebuild(self, t0: float, v: Any, counters: Any, notes: Any, steps: int, now: float, table: Ranges) -> None:
         """A rebuild of the grid (``logic.Controller.rebuild``; ``v``: the ``version.Installed`` in
         force): each column's counts and step times taken in (``take_counts``), then ``search`` within
-        ``rebuild_budget_ms`` of ``t0`` (the columns not reached in it are skipped, counted once;
+        ``rebuild_budget_ms`` of ``t0`` (the columns not reached in it wait for the next rebuild, which
+        starts with them; the skip counted once;
         ``table``: what the skip's note names), then the rebuild counted and each column's line
         (``record.Notes.rebuilt``, its bucket named)."""
         self.take_counts()
@@ -157,8 +167,9 @@ class Columns:
         if not done:
             counters.skipped_rebuilds += 1
             notes.skipped((perf_counter() - t0) * 1000.0, s.rebuild_budget_ms, table)
-        counters.rebuilt((perf_counter() - t0) * 1000.0, changed=any(old != new for old, new, _, _ in results))
-        for c, (old, new, rates, live) in zip(self.columns, results, strict=False):
+        counters.rebuilt((perf_counter() - t0) * 1000.0, changed=any(r[0] != r[1] for _, r in results))
+        for i, (old, new, rates, live) in results:
+            c = self.columns[i]
             notes.rebuilt(counters, steps, v, (old, new), rates, live, c.evidence.model, now,
                           where=f" (context {c.bucket[0]}-{c.bucket[1]})")
 

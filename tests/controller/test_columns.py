@@ -138,3 +138,21 @@ def test_exploration_runs_every_k_and_its_steps_go_to_their_own_bucket(tmp_path,
     c.grid.cols.take_counts()  # step times to each column (a search would drop those of a k its table left)
     short, mid = c.grid.cols.columns[0].evidence.model, c.grid.cols.columns[1].evidence.model
     assert all(mid.all_count[mid.ks.index(k), 1] > 0 for k in (0, 1, 2, 3)) and short.all_count.sum() == 0
+
+
+def test_a_rebuild_over_its_budget_leaves_no_column_unsearched(tmp_path, clock):
+    """A budget too tight for a whole grid: each search takes one column and the next search starts
+    at the column the last one stopped at, so the buckets are searched in turn (0, 1, 2, 0, ...)
+    instead of the first bucket every time; a search within its budget takes all, from that point."""
+    c = controller(tmp_path, clock)
+    cols, v = c.grid.cols, c.version
+    order = []
+    for _ in range(4):
+        out, done = cols.search(v.settings, v.allowed_k, cols.n, 0, over=lambda: True)
+        assert not done and len(out) == 1
+        order.append(out[0][0])
+    assert order == [0, 1, 2, 0]
+    out, done = cols.search(v.settings, v.allowed_k, cols.n, 0, over=lambda: False)
+    assert done and [i for i, _ in out] == [1, 2, 0]
+    out, done = cols.search(v.settings, v.allowed_k, cols.n, 0, over=lambda: False)
+    assert done and [i for i, _ in out] == [0, 1, 2]
