@@ -3,8 +3,9 @@ prints after publishing, ``tabletune show`` prints for the deployment's file and
 ``published_table`` metadata ``what_was_measured`` (``measured_lines``). It gives the table, the
 engine it was measured on, the measured acceptance per position with its interval and the mix of the
 sample it was measured on, the predicted loss and what serving the docs' table instead would cost
-(docs/method.md, "How a table is judged"), the batch sizes where k are tied or undecided, and the
-served verification's verdict per load.
+(docs/method.md, "How a table is judged"), the batch sizes where k are tied or undecided, the
+changes of k the profile did not measure where (``boundary_lines``), and the served verification's
+verdict per load.
 
 The docs' table is vLLM's documented example (``[[1, 64, 3], [65, 128, 1], [129, 512, 0]]``, the
 shape the project's GPU runs compare against), cut to the deployment's ``max_num_seqs`` and K.
@@ -130,6 +131,43 @@ def tie_lines(evidence, tolerance: float) -> list[str]:
                      + "; the profile cannot tell these apart: any of them may serve as well, and more repetitions "
                        "(or the served verification) would settle it")
     return lines
+
+
+def boundary_lines(evidence, ks: Sequence[int], table: Sequence[Sequence[int]], measured: Sequence[int],
+                   max_num_seqs: int) -> list[str]:
+    """Where the table changes k between two measured batch sizes with unmeasured ones between them
+    (the adaptive plan measures a few batch sizes and bisects only where its budget lets it): the
+    change could sit anywhere in that gap, and a run that measures it may put it elsewhere. Per gap,
+    the goodput of each other placement of one change from the gap's left k to its right k, over
+    this table's (``compare_tables``: the profile's interpolation between the measured batch sizes),
+    its range and its largest s.e. Nothing when every change sits between measured neighbours."""
+    n = max_num_seqs
+    dense = DraftTable.from_entries([list(r) for r in table]).dense(n).tolist()
+    points = sorted({int(b) for b in measured if 1 <= int(b) <= n} | {1, n})
+    parts = []
+    for lo, hi in zip(points, points[1:], strict=False):
+        if hi - lo < 2 or all(dense[b - 1] == dense[lo - 1] for b in range(lo, hi + 1)):
+            continue
+        left, right = dense[lo - 1], dense[hi - 1]
+        ratios, sds = [], []
+        for c in range(lo, hi):  # k = left up to c, k = right from c + 1 on (within the gap)
+            other = list(dense)
+            other[lo:hi - 1] = [left if b <= c else right for b in range(lo + 1, hi)]
+            if other == dense:
+                continue
+            cmp = compare_tables(evidence, ks, DraftTable.from_dense(other).entries(), table, n)
+            ratios.append(cmp.mean)
+            sds.append(cmp.mean_sd)
+        changes = [b for b in range(lo, hi) if dense[b - 1] != dense[b]]
+        at = ", ".join(f"{b}/{b + 1}" for b in changes)
+        span = (f"the other placements predict {min(ratios):.3f}-{max(ratios):.3f} of this table's goodput "
+                f"(s.e. up to {max(sds):.3f})" if ratios else "no other placement of one change")
+        parts.append(f"B = {lo + 1}-{hi - 1} (k {left} at B = {lo}, k {right} at B = {hi}; this table changes "
+                     f"at {at}): {span}")
+    if not parts:
+        return []
+    return ["  not measured where k changes (a run that measures these batch sizes may place the change "
+            "elsewhere): " + "; ".join(parts)]
 
 
 def no_verdict_lines(section: dict | None) -> list[str]:
@@ -318,8 +356,8 @@ def _prior_lines(pub: PublishedTable, dep: Deployment, store: Any, sample_seed: 
 
 def _loss_lines(pub: PublishedTable, store: Any) -> list[str]:
     """The predicted worst loss against the best fixed k (the file's evidence), the predicted goodput
-    against vLLM docs' example table and the ties (both re-derived from the store's profile and
-    prior, with their errors)."""
+    against vLLM docs' example table, the ties and the changes of k between measured batch sizes
+    (re-derived from the store's profile and prior, with their errors)."""
     from tabletune_pipelines.core.evidence import ACCEPTED_LOSS
 
     doc = pub.document
@@ -335,7 +373,8 @@ def _loss_lines(pub: PublishedTable, store: Any) -> list[str]:
     lines = [f"  predicted   worst loss against the best fixed k at any B: {loss:.2%}{bounds}"]
     docs = docs_table(pub.max_num_seqs, pub.max_k)
     vs = f"              against vLLM docs' table {json.dumps(docs)}: "
-    tuned = _derived(pub, docs, store)
+    derived = _derived(pub, docs, store)
+    tuned, measured = derived if not isinstance(derived, str) else (derived, ())
     if _same_dense(pub.ranges, docs, pub.max_num_seqs):
         lines.append(vs + "the same k at every batch size (ratio 1.000)")
     elif isinstance(tuned, str):
@@ -351,6 +390,8 @@ def _loss_lines(pub: PublishedTable, store: Any) -> list[str]:
                   f"the same k at the other {pub.max_num_seqs - len(diff)} B"]
     if not isinstance(tuned, str):
         lines += ["            " + line for line in tie_lines(tuned.evidence, ACCEPTED_LOSS)]
+        lines += ["            " + line for line in boundary_lines(tuned.evidence, list(tuned.choice.ks), pub.ranges,
+                                                                   measured, pub.max_num_seqs)]
     return lines
 
 
@@ -360,7 +401,8 @@ def _same_dense(ranges: Sequence[Sequence[int]], docs: list[list[int]], n: int) 
 
 def _derived(pub: PublishedTable, docs: list[list[int]], store: Any) -> Any:
     """The table's profile and prior in the store, derived again (``derive_table``: its evidence
-    prices the docs' comparison and the ties), or why not."""
+    prices the docs' comparison and the ties), with the batch sizes the profile measured at every k,
+    or why not."""
     if isinstance(store, str):
         return store
     from tabletune_pipelines.tuning.derive import derive_table
@@ -379,4 +421,6 @@ def _derived(pub: PublishedTable, docs: list[list[int]], store: Any) -> Any:
     missing = sorted({k for _, _, k in [*pub.ranges, *docs]} - set(tuned.choice.ks))
     if missing:
         return f"the stored profile has no k = {missing}"
-    return tuned
+    cells = profile.estimates("reject")
+    measured = tuple(sorted(set.intersection(*(set(by_b) for by_b in cells.values())))) if cells else ()
+    return tuned, measured

@@ -23,12 +23,15 @@ RATES = (0.7, 0.5, 0.3)
 REMEASURED = {(1, 7), (3, 7), (1, 8), (3, 8), (1, 9), (3, 9)}
 
 
-def noisy_store(db) -> TableTuneStore:
+def noisy_store(db, batch_sizes=None) -> TableTuneStore:
     """A store with a noisy profile (5 % noise, 3 repetitions; six cells with three more, as the
-    adaptive re-measurement leaves them) and a measured prior."""
+    adaptive re-measurement leaves them) and a measured prior. ``batch_sizes``: the all-rejected
+    cells kept (None: every batch size, 1-16)."""
     rng = np.random.default_rng(9)
     cells = []
     for c in noisy_profile(0.05, seed=1, identity=IDENT).cells:
+        if batch_sizes is not None and c.acceptance == "reject" and c.batch_size not in batch_sizes:
+            continue
         if c.acceptance == "reject" and (c.k, c.batch_size) in REMEASURED:
             reps = c.repetitions_ms + tuple(float(x) for x in c.median_ms * (1 + 0.05 * rng.standard_normal(3)))
             c = dataclasses.replace(c, repetitions_ms=reps, median_ms=float(np.median(reps)), stderr_ms=None)

@@ -78,6 +78,7 @@ def test_the_summary_of_a_table_not_verified_yet(home, capsys):
     assert lines[lines.index(docs_line) + 1].strip().startswith("where the k differ: ")
     assert "  served      not verified yet" in lines
     assert f"  file        {dep.published_table}" in lines
+    assert "not measured where k changes" not in out  # every batch size of the profile measured
 
 
 def test_the_summary_says_verified_unverified_or_failed(home, capsys):
@@ -312,3 +313,21 @@ def test_a_table_with_a_context_axis_shows_its_grid(home, capsys):
     assert not isinstance(start, str), start
     assert start.columns is not None and [c.bucket for c in start.columns] == [(1, 1024), (1025, 4096)]
     assert np.allclose(start.columns[1].profile_ms, long.ms[[long.ks.index(k) for k in start.allowed_k]])
+
+
+def test_the_summary_names_a_change_of_k_the_profile_did_not_measure_where(home, capsys):
+    """A profile measured at B = 1, 5, 9 and 16 only (the adaptive plan's coarse pass and one
+    bisection): each change of k between two of them is named with its unmeasured batch sizes and
+    what its other placements predict; the full profile has no such line."""
+    from tabletune_pipelines.core.table import DraftTable
+
+    measured = (1, 5, 9, 16)
+    dep, table, _ = publish(store=noisy_store(default_store_path(), batch_sizes=measured))
+    dense = DraftTable.from_entries([list(r) for r in table.ranges]).dense(16).tolist()
+    gaps = [(lo, hi) for lo, hi in zip(measured, measured[1:]) if len(set(dense[lo - 1:hi])) > 1]
+    assert gaps, f"the derived table {table.ranges} changes k only at measured batch sizes: no case here"
+    out = summary(capsys)
+    line = next(x for x in out.splitlines() if "not measured where k changes" in x)
+    for lo, hi in gaps:
+        assert f"B = {lo + 1}-{hi - 1} (k {dense[lo - 1]} at B = {lo}, k {dense[hi - 1]} at B = {hi};" in line
+    assert "of this table's goodput (s.e. up to " in line

@@ -154,6 +154,32 @@ def test_the_run_summary_names_tied_batch_sizes_within_the_accepted_loss():
                for line in tie_lines(loose, ACCEPTED_LOSS))
 
 
+def test_the_run_summary_prices_the_other_placements_of_a_change_between_measured_batch_sizes():
+    from tabletune_pipelines.core.evidence import SearchSettings, search_with_evidence
+    from tabletune_pipelines.tuning.run_report import boundary_lines
+
+    rates = (0.8, 0.64, 0.512)  # tau(1) = 1.8, tau(3) = 2.952
+    n, ks = 16, (1, 3)
+    t1 = np.array([10.0 + b for b in range(1, n + 1)])
+    # G(3) / G(1) = 1 / 0.7 below B = 12 and 1 / 1.3 from B = 12 on: the table is k = 3 up to 11.
+    t3 = np.array([t * 2.952 / 1.8 * (0.7 if b < 12 else 1.3) for b, t in enumerate(t1, start=1)])
+    ev = search_with_evidence(StepTimes(ks, np.vstack([t1, t3]), (0.001 * np.vstack([t1, t3])) ** 2), rates,
+                              settings=SearchSettings())
+    table = ev.choice.ranges
+    assert table == [[1, 11, 3], [12, 16, 1]]
+    # Measured at 1, 5, 9 and 16 (the adaptive plan's coarse pass and one bisection): the change at
+    # 11/12 could sit anywhere from 9/10 to 15/16. Moving it to 9/10 serves B = 10, 11 at k = 1, 0.7 of
+    # k = 3 there: (14 + 2 x 0.7) / 16 = 0.9625; to 15/16 serves B = 12-15 at k = 3, 1/1.3 of k = 1
+    # there: (12 + 4 / 1.3) / 16 = 0.9423 (the lowest); to 12/13: (15 + 1 / 1.3) / 16 = 0.9856 (the highest).
+    lines = boundary_lines(ev, ks, table, [1, 5, 9, 16], n)
+    assert len(lines) == 1
+    assert "B = 10-15 (k 3 at B = 9, k 1 at B = 16; this table changes at 11/12)" in lines[0]
+    assert "predict 0.942-0.986 of this table's goodput" in lines[0]
+    # The change between measured neighbours (11 and 12), or every batch size measured: nothing to say.
+    assert boundary_lines(ev, ks, table, [1, 5, 9, 11, 12, 16], n) == []
+    assert boundary_lines(ev, ks, table, range(1, n + 1), n) == []
+
+
 def test_the_budget_counts_repetitions_beyond_the_first_pass_only():
     # Every first-pass measurement takes 100 s of the clock; each extra repetition 1 s. The 10 s
     # budget must still buy extra repetitions after a first pass far longer than it.
