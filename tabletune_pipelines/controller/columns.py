@@ -14,8 +14,10 @@ as the controller corrects a batch-only table, from that bucket's own evidence. 
 At every rebuild each column is searched with the offline tuner's evidence rule, revising its own
 table; the column's k at a batch size changes only on that column's evidence, held by its own
 hysteresis and flap bounds. A k = 0 cell is judged as every other k: a lookup entry of 0, costed
-against the cells at k >= 1 of the same column (nothing explores around a grid, so a column learns
-only the step times of the k it serves and keeps the profile's for the others).
+against the cells at k >= 1 of the same column. Exploration runs over a grid as over a batch-only
+table (one k at every batch size whatever the context), and each exploration step counts in the
+column of its context bucket, so every column observes every k at the contexts it serves. A rebuild
+over its budget leaves the columns it did not reach to the next rebuild, which searches them first.
 
 Counting without a second histogram pass: drafts of every step go to the controller's one pair of
 step histograms (the pooled counts, the Prometheus series); when a step's column differs from the
