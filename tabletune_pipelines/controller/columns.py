@@ -37,7 +37,7 @@ from tabletune_pipelines.controller.evidence import Evidence
 from tabletune_pipelines.controller.flapping import FlapCounter
 from tabletune_pipelines.controller.search import Ranges, TableInForce, dense_of, put_in_force
 from tabletune_pipelines.controller.step import fold
-from tabletune_pipelines.core.table import ContextLookups, DraftTable, vllm_layout
+from tabletune_pipelines.core.table import ContextLookups, DraftTable
 from tabletune_pipelines.errors import InvalidTableError
 from tabletune_pipelines.formats.controller_settings import ControllerSettings
 
@@ -62,11 +62,11 @@ class Column:
 
 
 class Columns:
-    """The columns of a (batch size x context) table in force, and which one the step being
-    scheduled uses. ``lookups``: the published grid's (the buckets and their aggregate); ``columns``
-    one per bucket, in bucket order."""
+    """The columns of a (batch size x context) table in force. ``lookups``: the published grid's (the
+    buckets and their aggregate); ``columns`` one per bucket, in bucket order. Which bucket a step
+    uses is ``search.ContextInForce``'s (its ``column``)."""
 
-    __slots__ = ("lookups", "columns", "n", "column", "cur", "snap_d", "snap_a", "first")
+    __slots__ = ("lookups", "columns", "n", "cur", "snap_d", "snap_a", "first")
 
     def __init__(self, lookups: ContextLookups, columns: Sequence[Column]) -> None:
         if len(columns) != len(lookups.columns):
@@ -75,8 +75,6 @@ class Columns:
         self.columns = tuple(columns)
         self.n = len(lookups.columns[0]) - 1
         """max_num_seqs (vLLM's lookup has index 0 unused)."""
-        self.column = 0
-        """The bucket of the step being scheduled."""
         self.cur = 0
         """The bucket whose drafts the step histograms gather now."""
         k = columns[0].evidence.K
@@ -85,13 +83,7 @@ class Columns:
         self.first = 0
         """The column the next rebuild searches first: the one a rebuild over its budget stopped at."""
 
-    # -- per step ------------------------------------------------------------------------------
-    def pick(self, lengths: Sequence[int] | None) -> list[int] | None:
-        """The lookup of the bucket of the running requests' KV ``lengths``: its column's table in
-        force with hysteresis (``TableInForce.pick``)."""
-        col = self.column = self.lookups.column(lengths or ())
-        return self.columns[col].table.pick()
-
+    # -- per step (the step's bucket and its lookup: ``search.ContextInForce``) -----------------------
     def enter(self, column: int, hist_d: Sequence[int], hist_a: Sequence[int]) -> None:
         """A step of bucket ``column`` is about to be counted into the step histograms: when it is
         another bucket than the last step's, the histograms' gains so far go to that one."""
@@ -180,10 +172,6 @@ class Columns:
         """The (batch size x context) table the columns hold now (equal neighbouring buckets merged)."""
         return DraftTable.from_columns([dense_of(c.table.ranges, n) for c in self.columns],
                                        [c.bucket for c in self.columns])
-
-    def served_lookups(self, n: int) -> tuple[list[int], ...]:
-        """vLLM's lookup of each column's table in force, without hysteresis (the state's export)."""
-        return tuple(vllm_layout(dense_of(c.table.ranges, n)) for c in self.columns)
 
     def state(self, n: int) -> dict[str, Any]:
         """The exported state's part about the columns: the grid in force, and per column its bucket,

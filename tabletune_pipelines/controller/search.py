@@ -15,11 +15,14 @@ unused, length max_num_seqs + 1.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tabletune_pipelines.core.table import ContextLookups, DraftTable, vllm_layout
+
+if TYPE_CHECKING:  # columns imports this module
+    from tabletune_pipelines.controller.columns import Columns
 
 __all__ = ["ContextInForce", "Lookups", "Ranges", "TableInForce", "compact", "context_state", "dense_of",
            "hysteresis_lookups", "lookups_of", "put_in_force"]
@@ -79,32 +82,25 @@ class ContextInForce:
 
     def __init__(self) -> None:
         self.lookups: ContextLookups | None = None
-        self.cols: Any = None
+        self.cols: Columns | None = None
         self.column = 0
 
-    def install(self, lookups: ContextLookups | None, cols: Any = None) -> None:
+    def install(self, lookups: ContextLookups | None, cols: Columns | None = None) -> None:
         """A new version's grid (None: batch-only) and its columns under correction (None: none)."""
         self.lookups, self.cols, self.column = lookups, cols, 0
 
     def locate(self, lengths: Sequence[int] | None) -> None:
         """The bucket of the running requests' KV ``lengths`` becomes the step's, without picking its
         lookup: an exploration step's drafts and time go to that bucket's column (no grid: nothing)."""
-        if self.lookups is None:
-            return
-        self.column = self.lookups.column(lengths or ())
-        if self.cols is not None:
-            self.cols.column = self.column
+        if self.lookups is not None:
+            self.column = self.lookups.column(lengths or ())
 
     def pick(self, lengths: Sequence[int] | None) -> list[int] | None:
         """The lookup of the bucket of the running requests' KV ``lengths`` (``lookups`` is set): the
         published column's, or the corrected column's table in force with its hysteresis."""
         assert self.lookups is not None
-        if self.cols is not None:
-            lookup = self.cols.pick(lengths)
-            self.column = self.cols.column  # the adapter keeps the step's bucket with its SchedulerOutput
-            return lookup
-        col = self.column = self.lookups.column(lengths or ())
-        return self.lookups.columns[col]
+        col = self.column = self.lookups.column(lengths or ())  # the adapter keeps it with its SchedulerOutput
+        return self.lookups.columns[col] if self.cols is None else self.cols.columns[col].table.pick()
 
 
 def context_state(start: Any, served: ContextLookups | None) -> dict[str, Any]:
