@@ -293,9 +293,12 @@ class PromSink:
                                                    for j in range(grid.axes.shape[1])]
         # a grid's columns under correction: each bucket's table in force (columns.Columns)
         columns = published if ctl.grid.cols is None else [c.table.ranges for c in ctl.grid.cols.columns]
-        same = (tuple(map(tuple, ranges)) == tuple(map(tuple, v.table)) if ctl.grid.cols is None else
-                [list(map(list, c)) for c in columns] == [list(map(list, c)) for c in published]) if v else False
-        src = "launch" if v is None else ("published" if same else "corrected")
+        if v is None:
+            src = "launch"
+        else:  # in force against the file's: its batch-only table, or its grid's columns
+            base = [v.table] if grid is None else published
+            same = [tuple(map(tuple, c)) for c in columns] == [tuple(map(tuple, c)) for c in base]
+            src = "published" if same else "corrected"
         for x in SOURCES:
             s.source.labels(*lv, x).set(1 if x == src else 0)
         k_keys: set[tuple[str, str]] = set()

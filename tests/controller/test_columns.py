@@ -156,3 +156,26 @@ def test_a_rebuild_over_its_budget_leaves_no_column_unsearched(tmp_path, clock):
     assert done and [i for i, _ in out] == [1, 2, 0]
     out, done = cols.search(v.settings, v.allowed_k, cols.n, 0, over=lambda: False)
     assert done and [i for i, _ in out] == [0, 1, 2]
+
+
+def test_the_metrics_say_corrected_once_a_column_leaves_the_published_grid(tmp_path, clock):
+    import logging
+
+    from prometheus_client import CollectorRegistry
+
+    from tabletune_pipelines.controller.metrics import CellCounts, Metrics, PromSink
+    from tests.controller.test_metrics import LABELS, sample
+
+    reg, cells, log = CollectorRegistry(), CellCounts(3, 16), logging.getLogger("tabletune.tests.columns")
+    p = publish(tmp_path / "pub.json", ranges=[(1, 4, 3), (5, 16, 2)], rates=RATES, allowed_k=[0, 1, 2, 3],
+                context_entries=GRID, context_columns=columns(), controller={**FAST, "export_every_steps": 1})
+    c = fake_controller(p, clock, metrics=Metrics(cells, PromSink(LABELS, cells, registry=reg, log=log), log))
+    step(c, clock, [100, 120], kept=0)
+    c.export(clock[0], force=True)  # no rebuild yet: every column is the published grid's
+    assert sample(reg, "tabletune_table_source", source="published") == 1
+    for _ in range(400):  # bucket 65-256 rejects every draft: its column moves to k = 0 at B = 2
+        step(c, clock, [100, 120], kept=0)
+    c.rebuild(clock[0])
+    assert c.grid.cols.columns[1].table.ranges != ((1, 4, 2), (5, 16, 1))
+    assert sample(reg, "tabletune_table_source", source="corrected") == 1
+    assert sample(reg, "tabletune_table_source", source="published") == 0
