@@ -12,7 +12,7 @@ order, the measurement that stands for the bucket (``table.context_columns``):
 
 The controller starts each bucket's correction from its column (``controller.columns``); a file
 without ``context_columns`` is served as published. The strict reader is ``formats.published``'s
-(``context_columns_section``): each bad value gets one line naming it.
+(``context_columns_field``): each bad value gets one line naming it.
 """
 
 from __future__ import annotations

@@ -536,8 +536,8 @@ class DraftLengthTable(Document):
 
     def to_dict(self) -> dict[str, Any]:
         body = super().to_dict()
-        for key in ("context_entries", "ctx_agg") if not self.context_entries else ():
-            body.pop(key)  # a table with one bucket is written as it was before the context axis
+        if not self.context_entries:  # a table with one bucket is written as it was before the context axis
+            del body["context_entries"], body["ctx_agg"]
         if not self.context_columns:  # written only where there are columns: older tables keep their ids
             body.pop("context_columns")
         return body

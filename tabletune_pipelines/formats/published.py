@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tabletune_pipelines.core.table import DraftTable
 from tabletune_pipelines.errors import PublishedTableError, SettingsError
 from tabletune_pipelines.formats import strict_io
 from tabletune_pipelines.formats.context_columns import COLUMN_KEYS, ContextColumn
 from tabletune_pipelines.formats.controller_settings import ControllerSettings
 from tabletune_pipelines.formats.published_fields import (
+    Buckets,
     bool_field,
     bounded_field,
     counts_field,
@@ -165,8 +165,9 @@ def _table_section(where: str, v: Any) -> _TableFields:
     num_field(where, "table.predicted_worst_loss", t.get("predicted_worst_loss", 0.0))
     step_ms = step_ms_field(where, t.get("step_ms", {}), max_k)
     grid = None
+    buckets: Buckets = ()
     if t.get("context_entries") is not None:
-        grid = validate_context_entries(where, t["context_entries"], max_num_seqs, max_k)
+        grid, buckets = validate_context_entries(where, t["context_entries"], max_num_seqs, max_k)
     agg = t.get("ctx_agg", "mean")
     if agg not in CONTEXT_AGGREGATES:
         raise fail(where, f"table.ctx_agg = {agg!r:.40} must be one of {list(CONTEXT_AGGREGATES)}")
@@ -178,8 +179,7 @@ def _table_section(where: str, v: Any) -> _TableFields:
         if grid is None:
             raise fail(where, "table.context_columns is set without table.context_entries; it prices the context "
                               "buckets of a (batch size x context) table, and the table has none")
-        buckets = DraftTable.from_entries([list(e) for e in grid], allow_context=True).axes.context or ()
-        columns = context_columns_field(where, t["context_columns"], tuple(buckets), max_k)
+        columns = context_columns_field(where, t["context_columns"], buckets, max_k)
     return _TableFields(ranges=ranges, max_num_seqs=max_num_seqs, max_k=max_k, identity_key=identity_key,
                         prior_id=prior_id, rates=rates, step_ms=step_ms, context_entries=grid, ctx_agg=agg,
                         context_columns=columns)

@@ -75,42 +75,50 @@ def rates_field(where: str, key: str, v: Any) -> tuple[float, ...]:
     return out
 
 
-def validate_ranges(where: str, ranges: Any, max_num_seqs: int, max_k: int) -> tuple[tuple[int, int, int], ...]:
-    """``table.ranges`` of a file, by the publish gate's rules (``core.table.DraftTable.from_entries``,
-    the one table validator), after the strict JSON shape: a non-empty list of ``[start, end, k]`` lists of
-    integers (no booleans, floats or strings, which vLLM's ``int()`` would accept)."""
-    if not isinstance(ranges, list) or not ranges:
-        raise fail(where, f"table.ranges must be a non-empty list of [start, end, k], got {ranges!r:.80}")
-    for i, entry in enumerate(ranges):
-        if not isinstance(entry, list) or len(entry) != 3:
-            raise fail(where, f"table.ranges[{i}] = {entry!r:.80} must be a [start, end, k] list")
+def _integer_entries(where: str, key: str, entries: Any, width: int, shape: str) -> list[list[int]]:
+    """The strict JSON shape of a table's entries at ``key``: a non-empty list of ``width``-item lists
+    of integers (no booleans, floats or strings, which vLLM's ``int()`` would accept)."""
+    if not isinstance(entries, list) or not entries:
+        raise fail(where, f"{key} must be a non-empty list of {shape}, got {entries!r:.80}")
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, list) or len(entry) != width:
+            raise fail(where, f"{key}[{i}] = {entry!r:.80} must be a {shape} list")
         for j, x in enumerate(entry):
-            int_field(where, f"table.ranges[{i}][{j}]", x)
+            int_field(where, f"{key}[{i}][{j}]", x)
+    return entries
+
+
+def _table(where: str, key: str, entries: list[list[int]], max_num_seqs: int, max_k: int, *,
+           context: bool) -> DraftTable:
+    """``entries`` by the publish gate's rules (``core.table.DraftTable.from_entries``, the one table
+    validator), its finding one line naming ``key``."""
     try:
-        table = DraftTable.from_entries(ranges, max_num_seqs=max_num_seqs, max_k=max_k)
-        return tuple((lo, hi, k) for lo, hi, k in table.entries())  # 3-item entries: no context axis
+        return DraftTable.from_entries(entries, max_num_seqs=max_num_seqs, max_k=max_k, allow_context=context)
     except InvalidTableError as exc:
-        raise fail(where, f"table.ranges: {exc}") from None
+        raise fail(where, f"{key}: {exc}") from None
+
+
+def validate_ranges(where: str, ranges: Any, max_num_seqs: int, max_k: int) -> tuple[tuple[int, int, int], ...]:
+    """``table.ranges`` of a file: ``[start, end, k]`` lists of integers, by the publish gate's rules."""
+    key = "table.ranges"
+    table = _table(where, key, _integer_entries(where, key, ranges, 3, "[start, end, k]"), max_num_seqs, max_k,
+                   context=False)
+    return tuple((lo, hi, k) for lo, hi, k in table.entries())  # 3-item entries: no context axis
+
+
+Buckets = tuple[tuple[int, int], ...]
+"""Context buckets, inclusive tokens, contiguous from 1."""
 
 
 def validate_context_entries(where: str, entries: Any, max_num_seqs: int,
-                             max_k: int) -> tuple[tuple[int, int, int, int, int], ...]:
-    """``table.context_entries`` of a file: a non-empty list of 5-item ``[bs_lo, bs_hi, ctx_lo, ctx_hi, k]``
-    lists of integers, a rectangular grid with context buckets contiguous from 1 and the publish gate's
-    batch-size rules (``DraftTable.from_entries``, the one table validator); sorted as ``entries()``."""
+                             max_k: int) -> tuple[tuple[tuple[int, int, int, int, int], ...], Buckets]:
+    """``table.context_entries`` of a file: 5-item ``[bs_lo, bs_hi, ctx_lo, ctx_hi, k]`` lists of
+    integers, a rectangular grid with context buckets contiguous from 1 and the publish gate's
+    batch-size rules. Returns the entries sorted as ``entries()`` and the grid's context buckets."""
     key = "table.context_entries"
-    if not isinstance(entries, list) or not entries:
-        raise fail(where, f"{key} must be a non-empty list of [bs_lo, bs_hi, ctx_lo, ctx_hi, k], got {entries!r:.80}")
-    for i, entry in enumerate(entries):
-        if not isinstance(entry, list) or len(entry) != 5:
-            raise fail(where, f"{key}[{i}] = {entry!r:.80} must be a [bs_lo, bs_hi, ctx_lo, ctx_hi, k] list")
-        for j, x in enumerate(entry):
-            int_field(where, f"{key}[{i}][{j}]", x)
-    try:
-        table = DraftTable.from_entries(entries, max_num_seqs=max_num_seqs, max_k=max_k, allow_context=True)
-    except InvalidTableError as exc:
-        raise fail(where, f"{key}: {exc}") from None
-    return tuple((a, b, c, d, k) for a, b, c, d, k in table.entries())
+    shape = "[bs_lo, bs_hi, ctx_lo, ctx_hi, k]"
+    table = _table(where, key, _integer_entries(where, key, entries, 5, shape), max_num_seqs, max_k, context=True)
+    return tuple((a, b, c, d, k) for a, b, c, d, k in table.entries()), tuple(table.axes.context or ())
 
 
 def key_int(key: Any) -> int | None:
